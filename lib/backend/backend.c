@@ -1,0 +1,136 @@
+/* backend.c: the non-virtual wrappers around gmr_backend_ops_t.
+ *
+ * Every policy reaches the device through these, so the device-level figures
+ * of gmr_stats_t (reserved bytes, segments, device allocations and frees) are
+ * counted once, here, the same way for every policy:
+ *   reserved_bytes = Σ live reserve sizes + Σ live mapped sizes
+ *   segments       = number of live reserve ranges
+ * Virtual reservations (va_reserve) hold no memory and are not counted.
+ */
+#include "internal.h"
+
+#include "backend/backend.h"
+
+static void counter_add_peak(_Atomic uint64_t *cur, _Atomic uint64_t *peak, uint64_t n) {
+  uint64_t now = atomic_fetch_add(cur, n) + n;
+  uint64_t p = atomic_load_explicit(peak, memory_order_relaxed);
+  while (now > p && !atomic_compare_exchange_weak(peak, &p, now)) {
+  }
+}
+
+int gmr__backend_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+  gmr_assert(size > 0 && out_ptr != NULL);
+  void *p = NULL;
+  int err = be->ops->reserve(be, size, &p);
+  if (err != 0) return err;
+  counter_add_peak(&be->counters.reserved_bytes, &be->counters.peak_reserved_bytes, size);
+  counter_add_peak(&be->counters.segments, &be->counters.peak_segments, 1);
+  atomic_fetch_add(&be->counters.device_allocs, 1);
+  *out_ptr = p;
+  return 0;
+}
+
+int gmr__backend_release(gmr_backend_t *be, void *ptr, size_t size) {
+  int err = be->ops->release(be, ptr, size);
+  if (err != 0) return err;
+  atomic_fetch_sub(&be->counters.reserved_bytes, size);
+  atomic_fetch_sub(&be->counters.segments, 1);
+  atomic_fetch_add(&be->counters.device_frees, 1);
+  return 0;
+}
+
+int gmr__backend_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
+  if (be->ops->va_reserve == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot reserve virtual address ranges",
+                          be->ops->name);
+  void *p = NULL;
+  int err = be->ops->va_reserve(be, size, &p);
+  if (err == 0) *out_base = p;
+  return err;
+}
+
+int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size) {
+  if (be->ops->va_release == NULL) return GMR_ENOTSUP;
+  return be->ops->va_release(be, base, size);
+}
+
+int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size) {
+  if (be->ops->map == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot map pages", be->ops->name);
+  gmr_assert(size % be->granularity == 0);
+  int err = be->ops->map(be, addr, size);
+  if (err != 0) return err;
+  counter_add_peak(&be->counters.reserved_bytes, &be->counters.peak_reserved_bytes, size);
+  atomic_fetch_add(&be->counters.device_allocs, 1);
+  return 0;
+}
+
+int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  if (be->ops->unmap == NULL) return GMR_ENOTSUP;
+  int err = be->ops->unmap(be, addr, size);
+  if (err != 0) return err;
+  atomic_fetch_sub(&be->counters.reserved_bytes, size);
+  atomic_fetch_add(&be->counters.device_frees, 1);
+  return 0;
+}
+
+int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
+  return be->ops->mem_info(be, out_free, out_total);
+}
+
+int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
+  if (be->ops->event_record == NULL) return GMR_ENOTSUP;
+  return be->ops->event_record(be, s, out_ev);
+}
+
+int gmr__backend_event_query(gmr_backend_t *be, gmr_event_t ev) {
+  if (be->ops->event_query == NULL) return 0;
+  return be->ops->event_query(be, ev);
+}
+
+int gmr__backend_event_sync(gmr_backend_t *be, gmr_event_t ev) {
+  if (be->ops->event_sync == NULL) return 0;
+  return be->ops->event_sync(be, ev);
+}
+
+void gmr__backend_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
+  if (be->ops->event_destroy != NULL) be->ops->event_destroy(be, ev);
+}
+
+int gmr__backend_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
+  if (be->ops->stream_sync == NULL) return 0;
+  return be->ops->stream_sync(be, s);
+}
+
+int gmr__backend_device_sync(gmr_backend_t *be) {
+  if (be->ops->device_sync == NULL) return 0;
+  return be->ops->device_sync(be);
+}
+
+uint64_t gmr__backend_now_ns(gmr_backend_t *be) { return be->ops->now_ns(be); }
+
+void gmr__backend_counters_reset_peak(gmr_backend_t *be) {
+  atomic_store(&be->counters.peak_reserved_bytes, atomic_load(&be->counters.reserved_bytes));
+  atomic_store(&be->counters.peak_segments, atomic_load(&be->counters.segments));
+}
+
+void gmr__backend_counters_reset_accumulated(gmr_backend_t *be) {
+  atomic_store(&be->counters.device_allocs, 0);
+  atomic_store(&be->counters.device_frees, 0);
+}
+
+void gmr__backend_free(gmr_backend_t *be) {
+  if (be != NULL) be->ops->destroy(be);
+}
+
+#ifndef GMR_HAVE_CUDA
+/* Built without the CUDA Toolkit: the simulator is the only device. */
+int gmr__cuda_available(void) { return 0; }
+
+int gmr__cuda_backend_new(int device, gmr_backend_t **out) {
+  (void)device;
+  (void)out;
+  return gmr__error_set(GMR_EDEVICE, "gmr was built without CUDA (configure found no CUDA "
+                                     "Toolkit); only the simulated device is available");
+}
+#endif

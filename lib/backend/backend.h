@@ -1,0 +1,115 @@
+/* backend.h: the contract between policies and devices (mechanism only).
+ *
+ * A backend reserves and releases raw device ranges, maps physical pages
+ * into a reserved virtual range (for expandable segments and VMM growth),
+ * reports memory info, records and queries events on streams, and keeps a
+ * clock.  Implementations: sim.c (simulated device), cuda.c (the only file
+ * with CUDA calls).  A NULL slot means "unsupported".
+ *
+ * Rules:
+ *  - ops are called only through the gmr__backend_* wrappers below, which
+ *    count device operations and reserved bytes for every policy;
+ *  - reserve takes any size > 0 (like cudaMalloc); sizes given to map and
+ *    va_reserve are multiples of `granularity`;
+ *  - unmap takes exactly a range that one map call mapped;
+ *  - 0 is success; GMR_ENOMEM means the device is out of memory (a policy may
+ *    free its cache and retry); GMR_EDEVICE is any other device failure, with
+ *    the device's own text in the thread's last error.
+ *
+ * Synchronization: backends are thread-safe; the wrappers' counters are
+ * atomics.
+ */
+#ifndef GMR_BACKEND_H
+#define GMR_BACKEND_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "gmr.h"
+
+typedef struct gmr_backend_s gmr_backend_t;
+typedef void *gmr_event_t;
+
+typedef struct gmr_backend_ops_s {
+  const char *name; /* "sim", "cuda" */
+  /* Physical ranges: reserve `size` bytes of device memory. */
+  int (*reserve)(gmr_backend_t *self, size_t size, void **out_ptr);
+  int (*release)(gmr_backend_t *self, void *ptr, size_t size);
+  /* Virtual ranges: address space only, no memory behind it. */
+  int (*va_reserve)(gmr_backend_t *self, size_t size, void **out_base);
+  int (*va_release)(gmr_backend_t *self, void *base, size_t size);
+  /* Back [addr, addr+size) of a reserved virtual range with new memory, and
+   * make it accessible; undo with unmap of the same range. */
+  int (*map)(gmr_backend_t *self, void *addr, size_t size);
+  int (*unmap)(gmr_backend_t *self, void *addr, size_t size);
+  int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
+  /* Events: record on a stream; query returns 0 (complete), 1 (not ready) or
+   * an error; sync waits for completion. */
+  int (*event_record)(gmr_backend_t *self, gmr_stream_t s, gmr_event_t *out_ev);
+  int (*event_query)(gmr_backend_t *self, gmr_event_t ev);
+  int (*event_sync)(gmr_backend_t *self, gmr_event_t ev);
+  void (*event_destroy)(gmr_backend_t *self, gmr_event_t ev);
+  int (*stream_sync)(gmr_backend_t *self, gmr_stream_t s);
+  int (*device_sync)(gmr_backend_t *self);
+  uint64_t (*now_ns)(gmr_backend_t *self);
+  void (*destroy)(gmr_backend_t *self);
+} gmr_backend_ops_t;
+
+/* Device-level counters, kept by the wrappers for every backend. */
+typedef struct gmr_backend_counters_s {
+  _Atomic uint64_t reserved_bytes;      /* reserve + map, minus release + unmap */
+  _Atomic uint64_t peak_reserved_bytes;
+  _Atomic uint64_t segments;            /* live reserve ranges */
+  _Atomic uint64_t peak_segments;
+  _Atomic uint64_t device_allocs;       /* successful reserve + map calls */
+  _Atomic uint64_t device_frees;        /* release + unmap calls */
+} gmr_backend_counters_t;
+
+struct gmr_backend_s {
+  const gmr_backend_ops_t *ops;
+  size_t granularity;     /* bytes; reserve/map sizes are multiples of it */
+  int device;             /* CUDA ordinal, 0 for the simulator */
+  gmr_backend_counters_t counters;
+};
+
+/* Constructors (one per backend). */
+int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out);
+int gmr__cuda_backend_new(int device, gmr_backend_t **out);
+/* 1 when a CUDA device can be used, 0 otherwise (no toolkit, no driver...). */
+int gmr__cuda_available(void);
+bool gmr__backend_is_sim(const gmr_backend_t *be);
+void gmr__backend_free(gmr_backend_t *be);
+
+/* Wrappers: the only way policies reach the ops. */
+int gmr__backend_reserve(gmr_backend_t *be, size_t size, void **out_ptr);
+int gmr__backend_release(gmr_backend_t *be, void *ptr, size_t size);
+int gmr__backend_va_reserve(gmr_backend_t *be, size_t size, void **out_base);
+int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size);
+int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
+int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev);
+int gmr__backend_event_query(gmr_backend_t *be, gmr_event_t ev);
+int gmr__backend_event_sync(gmr_backend_t *be, gmr_event_t ev);
+void gmr__backend_event_destroy(gmr_backend_t *be, gmr_event_t ev);
+int gmr__backend_stream_sync(gmr_backend_t *be, gmr_stream_t s);
+int gmr__backend_device_sync(gmr_backend_t *be);
+uint64_t gmr__backend_now_ns(gmr_backend_t *be);
+static inline bool gmr__backend_has_vmm(const gmr_backend_t *be) {
+  return be->ops->va_reserve != NULL && be->ops->map != NULL;
+}
+void gmr__backend_counters_reset_peak(gmr_backend_t *be);
+void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
+
+/* Simulator controls used by the public gmr_sim_* calls. */
+typedef struct gmr_sim_s gmr_sim_t;
+gmr_sim_t *gmr__sim_of(gmr_backend_t *be); /* NULL unless a simulator */
+void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k);
+void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes);
+void gmr__sim_fail_all(gmr_sim_t *sim, int on);
+int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s);
+int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s);
+void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
+void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out);
+
+#endif /* GMR_BACKEND_H */

@@ -1,0 +1,340 @@
+/* cuda.c: the CUDA backend, the only file with CUDA calls.
+ *
+ * Physical ranges are cudaMalloc/cudaFree; events and streams are the CUDA
+ * runtime's.  The virtual memory calls (cuMemAddressReserve, cuMemCreate,
+ * cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree) are
+ * driver API, reached through cudaGetDriverEntryPointByVersion as PyTorch
+ * does, so the library links only the (static) CUDA runtime and loads on a
+ * machine with the toolkit but no driver: there gmr__cuda_available() says
+ * 0 and the simulator still works.
+ *
+ * A CUDA failure becomes GMR_EDEVICE with CUDA's own error text in the
+ * thread's last error; cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY
+ * become GMR_ENOMEM, so policies can free their cache and retry.
+ *
+ * map() creates one physical allocation per call (cuMemCreate of the whole
+ * range), maps it and grants read/write access to this device; unmap() finds
+ * the handle again with cuMemRetainAllocationHandle, so no table is kept.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+
+typedef CUresult (*pfn_cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                            unsigned long long);
+typedef CUresult (*pfn_cuMemAddressFree)(CUdeviceptr, size_t);
+typedef CUresult (*pfn_cuMemCreate)(CUmemGenericAllocationHandle *, size_t,
+                                    const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*pfn_cuMemRelease)(CUmemGenericAllocationHandle);
+typedef CUresult (*pfn_cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                 unsigned long long);
+typedef CUresult (*pfn_cuMemUnmap)(CUdeviceptr, size_t);
+typedef CUresult (*pfn_cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*pfn_cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+typedef CUresult (*pfn_cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
+                                                      CUmemAllocationGranularity_flags);
+typedef CUresult (*pfn_cuGetErrorString)(CUresult, const char **);
+
+typedef struct cuda_driver_s {
+  pfn_cuMemAddressReserve address_reserve;
+  pfn_cuMemAddressFree address_free;
+  pfn_cuMemCreate create;
+  pfn_cuMemRelease release;
+  pfn_cuMemMap map;
+  pfn_cuMemUnmap unmap;
+  pfn_cuMemSetAccess set_access;
+  pfn_cuMemRetainAllocationHandle retain;
+  pfn_cuMemGetAllocationGranularity granularity;
+  pfn_cuGetErrorString error_string;
+} cuda_driver_t;
+
+typedef struct cuda_be_s {
+  gmr_backend_t base;     /* must be first */
+  int ordinal;            /* CUDA device */
+  bool vmm;               /* the driver entry points were found and VMM is supported */
+  cuda_driver_t drv;
+} cuda_be_t;
+
+static inline cuda_be_t *cuda_of(gmr_backend_t *be) { return (cuda_be_t *)be; }
+
+static int cuda_fail(cudaError_t e, const char *what) {
+  cudaGetLastError(); /* clear the sticky-free error state */
+  if (e == cudaErrorMemoryAllocation)
+    return gmr__error_set(GMR_ENOMEM, "CUDA: %s: %s", what, cudaGetErrorString(e));
+  return gmr__error_set(GMR_EDEVICE, "CUDA: %s: %s (%s)", what, cudaGetErrorString(e),
+                        cudaGetErrorName(e));
+}
+
+static int drv_fail(cuda_be_t *c, CUresult r, const char *what) {
+  const char *text = NULL;
+  if (c->drv.error_string == NULL || c->drv.error_string(r, &text) != CUDA_SUCCESS) text = NULL;
+  int code = r == CUDA_ERROR_OUT_OF_MEMORY ? GMR_ENOMEM : GMR_EDEVICE;
+  return gmr__error_set(code, "CUDA driver: %s: %s (error %d)", what, text ? text : "unknown",
+                        (int)r);
+}
+
+/* Make the backend's device current for this thread (cheap when it is). */
+static int use_device(cuda_be_t *c) {
+  int cur = -1;
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e == cudaSuccess && cur == c->ordinal) return 0;
+  e = cudaSetDevice(c->ordinal);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaSetDevice");
+}
+
+static int cuda_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+  cuda_be_t *c = cuda_of(be);
+  int err = use_device(c);
+  if (err != 0) return err;
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, size);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaMalloc");
+  *out_ptr = p;
+  return 0;
+}
+
+static int cuda_release(gmr_backend_t *be, void *ptr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  int err = use_device(c);
+  if (err != 0) return err;
+  cudaError_t e = cudaFree(ptr);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaFree");
+}
+
+static int cuda_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
+  cuda_be_t *c = cuda_of(be);
+  if (!c->vmm) return gmr__error_set(GMR_ENOTSUP, "CUDA: virtual memory management unavailable");
+  CUdeviceptr base = 0;
+  CUresult r = c->drv.address_reserve(&base, size, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(c, r, "cuMemAddressReserve");
+  *out_base = (void *)(uintptr_t)base;
+  return 0;
+}
+
+static int cuda_va_release(gmr_backend_t *be, void *base, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUresult r = c->drv.address_free((CUdeviceptr)(uintptr_t)base, size);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemAddressFree");
+}
+
+static void alloc_prop(cuda_be_t *c, CUmemAllocationProp *prop) {
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = c->ordinal;
+}
+
+static int cuda_map(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUmemAllocationProp prop;
+  alloc_prop(c, &prop);
+  CUmemGenericAllocationHandle h;
+  CUresult r = c->drv.create(&h, size, &prop, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(c, r, "cuMemCreate");
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)addr;
+  r = c->drv.map(d, size, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
+    c->drv.release(h);
+    return drv_fail(c, r, "cuMemMap");
+  }
+  CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->ordinal},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  r = c->drv.set_access(d, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    c->drv.unmap(d, size);
+    c->drv.release(h);
+    return drv_fail(c, r, "cuMemSetAccess");
+  }
+  /* The mapping keeps the memory alive; drop our reference now. */
+  c->drv.release(h);
+  return 0;
+}
+
+static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)addr;
+  CUresult r = c->drv.unmap(d, size);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemUnmap");
+}
+
+static int cuda_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
+  cuda_be_t *c = cuda_of(be);
+  int err = use_device(c);
+  if (err != 0) return err;
+  size_t f = 0, t = 0;
+  cudaError_t e = cudaMemGetInfo(&f, &t);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaMemGetInfo");
+  *out_free = f;
+  *out_total = t;
+  return 0;
+}
+
+static int cuda_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
+  cuda_be_t *c = cuda_of(be);
+  int err = use_device(c);
+  if (err != 0) return err;
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaEventCreateWithFlags");
+  e = cudaEventRecord(ev, (cudaStream_t)s);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cuda_fail(e, "cudaEventRecord");
+  }
+  *out_ev = ev;
+  return 0;
+}
+
+static int cuda_event_query(gmr_backend_t *be, gmr_event_t ev) {
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  if (e == cudaSuccess) return 0;
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return 1;
+  }
+  return cuda_fail(e, "cudaEventQuery");
+}
+
+static int cuda_event_sync(gmr_backend_t *be, gmr_event_t ev) {
+  cudaError_t e = cudaEventSynchronize((cudaEvent_t)ev);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaEventSynchronize");
+}
+
+static void cuda_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
+  cudaEventDestroy((cudaEvent_t)ev);
+}
+
+static int cuda_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)s);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaStreamSynchronize");
+}
+
+static int cuda_device_sync(gmr_backend_t *be) {
+  int err = use_device(cuda_of(be));
+  if (err != 0) return err;
+  cudaError_t e = cudaDeviceSynchronize();
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaDeviceSynchronize");
+}
+
+static uint64_t cuda_now_ns(gmr_backend_t *be) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void cuda_destroy(gmr_backend_t *be) { gmr__free(be); }
+
+static const gmr_backend_ops_t cuda_ops = {
+    .name = "cuda",
+    .reserve = cuda_reserve,
+    .release = cuda_release,
+    .va_reserve = cuda_va_reserve,
+    .va_release = cuda_va_release,
+    .map = cuda_map,
+    .unmap = cuda_unmap,
+    .mem_info = cuda_mem_info,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_sync = cuda_event_sync,
+    .event_destroy = cuda_event_destroy,
+    .stream_sync = cuda_stream_sync,
+    .device_sync = cuda_device_sync,
+    .now_ns = cuda_now_ns,
+    .destroy = cuda_destroy,
+};
+
+/* The same ops without the virtual memory calls, when the driver lacks them. */
+static const gmr_backend_ops_t cuda_ops_novmm = {
+    .name = "cuda",
+    .reserve = cuda_reserve,
+    .release = cuda_release,
+    .mem_info = cuda_mem_info,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_sync = cuda_event_sync,
+    .event_destroy = cuda_event_destroy,
+    .stream_sync = cuda_stream_sync,
+    .device_sync = cuda_device_sync,
+    .now_ns = cuda_now_ns,
+    .destroy = cuda_destroy,
+};
+
+static bool entry(const char *name, void **fn) {
+  enum cudaDriverEntryPointQueryResult q;
+  *fn = NULL;
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    *fn = NULL;
+  }
+  return *fn != NULL;
+}
+
+static bool load_driver(cuda_be_t *c) {
+  bool ok = true;
+  ok &= entry("cuMemAddressReserve", (void **)&c->drv.address_reserve);
+  ok &= entry("cuMemAddressFree", (void **)&c->drv.address_free);
+  ok &= entry("cuMemCreate", (void **)&c->drv.create);
+  ok &= entry("cuMemRelease", (void **)&c->drv.release);
+  ok &= entry("cuMemMap", (void **)&c->drv.map);
+  ok &= entry("cuMemUnmap", (void **)&c->drv.unmap);
+  ok &= entry("cuMemSetAccess", (void **)&c->drv.set_access);
+  ok &= entry("cuMemRetainAllocationHandle", (void **)&c->drv.retain);
+  ok &= entry("cuMemGetAllocationGranularity", (void **)&c->drv.granularity);
+  entry("cuGetErrorString", (void **)&c->drv.error_string);
+  return ok;
+}
+
+int gmr__cuda_available(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n > 0;
+}
+
+int gmr__cuda_backend_new(int device, gmr_backend_t **out) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return cuda_fail(e, "no usable CUDA device (cudaGetDeviceCount)");
+  if (device >= n)
+    return gmr__error_set(GMR_EDEVICE, "CUDA: device %d does not exist (%d device%s)", device, n,
+                          n == 1 ? "" : "s");
+  cuda_be_t *c = gmr__calloc(1, sizeof *c);
+  if (c == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory for the CUDA backend");
+  c->ordinal = device;
+  c->base.device = device;
+  c->base.granularity = (size_t)2 << 20;
+  int err = use_device(c);
+  if (err != 0) {
+    gmr__free(c);
+    return err;
+  }
+  c->vmm = load_driver(c);
+  if (c->vmm) {
+    typedef CUresult (*pfn_attr)(int *, CUdevice_attribute, CUdevice);
+    pfn_attr attr = NULL;
+    int supported = 0;
+    c->vmm = entry("cuDeviceGetAttribute", (void **)&attr) &&
+             attr(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) ==
+                 CUDA_SUCCESS &&
+             supported;
+  }
+  if (c->vmm) {
+    CUmemAllocationProp prop;
+    alloc_prop(c, &prop);
+    size_t g = 0;
+    if (c->drv.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && g)
+      c->base.granularity = g;
+  }
+  c->base.ops = c->vmm ? &cuda_ops : &cuda_ops_novmm;
+  *out = &c->base;
+  return 0;
+}

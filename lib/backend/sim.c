@@ -1,0 +1,603 @@
+/* sim.c: the simulated device, a first-class backend.
+ *
+ * Two modes:
+ *  - address-only (default): addresses come from a fake 64 TiB address space
+ *    with no memory behind them, so an 80 GB training trace replays on a
+ *    small machine.  Only `capacity` limits what can be reserved.
+ *  - host-backed: every reservation is real host memory (posix_memalign, so
+ *    AddressSanitizer sees each range separately), and virtual ranges are
+ *    PROT_NONE mappings whose pages map() makes readable and writable, so
+ *    tests can write patterns into blocks and verify them.
+ *
+ * Test controls: a fault schedule (fail the k-th reserve or map, fail above
+ * N bytes, fail all), streams whose work completes only when a test says so,
+ * an injectable clock and spy counters.
+ *
+ * Invariants:
+ *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes <= capacity
+ *   free ranges of the fake address space are sorted, disjoint and never
+ *   adjacent (merged on release).
+ * Synchronization: one mutex guards everything in gmr_sim_t.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+
+#define SIM_SPACE_BASE ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
+#define SIM_SPACE_SIZE ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
+#define SIM_DEFAULT_CAPACITY ((uint64_t)80 << 30)
+#define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
+#define SIM_RESERVE_ALIGN 512                         /* cudaMalloc's minimum */
+
+typedef struct sim_range_s {
+  uintptr_t addr;
+  size_t size;
+} sim_range_t;
+
+typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3 } sim_kind_t;
+
+typedef struct sim_live_s {
+  uintptr_t addr;
+  size_t size;
+  sim_kind_t kind;
+} sim_live_t;
+
+typedef struct sim_stream_s {
+  uintptr_t id;
+  uint64_t enqueued;   /* units of work queued so far */
+  uint64_t completed;  /* units of work completed so far (<= enqueued) */
+} sim_stream_t;
+
+typedef struct sim_event_s {
+  uintptr_t stream;
+  uint64_t seq;        /* complete when the stream's completed >= seq */
+} sim_event_t;
+
+struct gmr_sim_s {
+  gmr_backend_t base;        /* must be first */
+  pthread_mutex_t lock;
+  uint64_t capacity;         /* bytes */
+  bool host_backed;
+  uint64_t bytes_in_use;     /* physical bytes reserved or mapped */
+  /* Fake address space (address-only mode): sorted free ranges. */
+  sim_range_t *free_ranges;
+  size_t n_free, cap_free;
+  /* Live ranges, sorted by address, to validate release/unmap. */
+  sim_live_t *live;
+  size_t n_live, cap_live;
+  /* Streams. */
+  sim_stream_t *streams;
+  size_t n_streams, cap_streams;
+  /* Fault schedule. */
+  uint64_t fail_countdown;   /* 0: off; 1: the next reserve/map fails */
+  uint64_t fail_above;       /* 0: off */
+  bool fail_all;
+  /* Clock. */
+  bool clock_fixed;
+  uint64_t clock_ns;
+  gmr_sim_counters_t counters;
+};
+
+static inline gmr_sim_t *sim_of(gmr_backend_t *be) { return (gmr_sim_t *)be; }
+
+/* ---- sorted arrays -------------------------------------------------------- */
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return true;
+  size_t c = *cap ? *cap * 2 : 16;
+  while (c < need) c *= 2;
+  void *n = gmr__realloc(*arr, c * elem);
+  if (n == NULL) return false;
+  *arr = n;
+  *cap = c;
+  return true;
+}
+
+/* Index of the first live range with addr >= a. */
+static size_t live_lower(gmr_sim_t *sim, uintptr_t a) {
+  size_t lo = 0, hi = sim->n_live;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (sim->live[mid].addr < a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
+  if (!grow((void **)&sim->live, &sim->cap_live, sim->n_live + 1, sizeof *sim->live))
+    return gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its range table");
+  size_t i = live_lower(sim, a);
+  memmove(&sim->live[i + 1], &sim->live[i], (sim->n_live - i) * sizeof *sim->live);
+  sim->live[i] = (sim_live_t){a, size, kind};
+  ++sim->n_live;
+  return 0;
+}
+
+/* Remove exactly (a, size, kind); GMR_EINVAL when no such live range. */
+static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
+  size_t i = live_lower(sim, a);
+  /* A mapping and its virtual range may start at the same address. */
+  for (; i < sim->n_live && sim->live[i].addr == a; ++i) {
+    if (sim->live[i].kind == kind) {
+      if (sim->live[i].size != size) break;
+      memmove(&sim->live[i], &sim->live[i + 1], (sim->n_live - i - 1) * sizeof *sim->live);
+      --sim->n_live;
+      return 0;
+    }
+  }
+  return gmr__error_set(GMR_EINVAL,
+                        "simulated device: no %s range of %zu bytes at %p to give back",
+                        kind == SIM_RESERVED ? "reserved" : kind == SIM_VA ? "virtual" : "mapped",
+                        size, (void *)a);
+}
+
+/* The virtual range that wholly contains [a, a+size), or NULL. */
+static sim_live_t *va_containing(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  size_t i = live_lower(sim, a + 1);
+  while (i > 0) {
+    --i;
+    sim_live_t *r = &sim->live[i];
+    if (r->kind == SIM_VA) return (a >= r->addr && a + size <= r->addr + r->size) ? r : NULL;
+  }
+  return NULL;
+}
+
+/* Is any page of [a, a+size) already mapped?  Mappings never overlap each
+ * other, so only mappings starting inside the range and the last mapping
+ * starting before it can touch it. */
+static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  size_t i = live_lower(sim, a + size);
+  while (i > 0) {
+    sim_live_t *r = &sim->live[--i];
+    if (r->kind != SIM_MAPPED) continue;
+    if (r->addr >= a) return true;
+    return r->addr + r->size > a;
+  }
+  return false;
+}
+
+/* ---- the fake address space (first fit, merged free list) ---------------- */
+
+static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
+  for (size_t i = 0; i < sim->n_free; ++i) {
+    sim_range_t *r = &sim->free_ranges[i];
+    uintptr_t start = (r->addr + align - 1) / align * align;
+    if (start + size > r->addr + r->size || start < r->addr) continue;
+    uintptr_t tail = start + size, end = r->addr + r->size;
+    if (start > r->addr) {
+      /* keep the aligned-away head; add the tail after it if any */
+      sim_range_t head = {r->addr, start - r->addr};
+      if (tail < end) {
+        if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
+                  sizeof *sim->free_ranges))
+          return GMR_ENOMEM;
+        r = &sim->free_ranges[i];
+        memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
+                (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+        sim->free_ranges[i + 1] = (sim_range_t){tail, end - tail};
+        ++sim->n_free;
+      }
+      *r = head;
+    } else if (tail < end) {
+      r->addr = tail;
+      r->size = end - tail;
+    } else {
+      memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
+              (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+      --sim->n_free;
+    }
+    *out = start;
+    return 0;
+  }
+  return GMR_ENOMEM;
+}
+
+static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  size_t i = 0;
+  while (i < sim->n_free && sim->free_ranges[i].addr < a) ++i;
+  bool merge_prev = i > 0 && sim->free_ranges[i - 1].addr + sim->free_ranges[i - 1].size == a;
+  bool merge_next = i < sim->n_free && a + size == sim->free_ranges[i].addr;
+  if (merge_prev && merge_next) {
+    sim->free_ranges[i - 1].size += size + sim->free_ranges[i].size;
+    memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
+            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+    --sim->n_free;
+  } else if (merge_prev) {
+    sim->free_ranges[i - 1].size += size;
+  } else if (merge_next) {
+    sim->free_ranges[i].addr = a;
+    sim->free_ranges[i].size += size;
+  } else {
+    /* Cannot fail in practice: the array only shrinks between a take and
+     * its give, except for the split in space_take, which reserved room. */
+    if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
+              sizeof *sim->free_ranges))
+      return; /* leak the addresses, never corrupt */
+    memmove(&sim->free_ranges[i + 1], &sim->free_ranges[i],
+            (sim->n_free - i) * sizeof *sim->free_ranges);
+    sim->free_ranges[i] = (sim_range_t){a, size};
+    ++sim->n_free;
+  }
+}
+
+/* ---- fault schedule -------------------------------------------------------- */
+
+/* Called with the lock held for every reserve and map. */
+static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
+  if (sim->fail_all)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (fail all)", what,
+                          size);
+  if (sim->fail_above != 0 && size > sim->fail_above)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (above %llu)",
+                          what, size, (unsigned long long)sim->fail_above);
+  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)",
+                          what, size);
+  if (sim->bytes_in_use + size > sim->capacity || size > sim->capacity) {
+    char need[32], free_[32];
+    gmr__format_size(size, need, sizeof need);
+    gmr__format_size(sim->capacity - sim->bytes_in_use, free_, sizeof free_);
+    return gmr__error_set(GMR_ENOMEM, "simulated device: out of memory (%s %s, %s free)", what,
+                          need, free_);
+  }
+  return 0;
+}
+
+/* ---- ops ------------------------------------------------------------------- */
+
+static int sim_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.reserve_calls;
+  int err = sim_check_faults(sim, size, "reserve");
+  uintptr_t a = 0;
+  void *host = NULL;
+  if (err == 0) {
+    if (sim->host_backed) {
+      if (posix_memalign(&host, SIM_RESERVE_ALIGN, size) != 0)
+        err = gmr__error_set(GMR_ENOMEM, "simulated device: host memory for %zu bytes refused",
+                             size);
+      a = (uintptr_t)host;
+    } else {
+      /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes. */
+      size_t align = size >= sim->base.granularity ? sim->base.granularity : SIM_RESERVE_ALIGN;
+      if (space_take(sim, gmr__align_up(size, SIM_RESERVE_ALIGN), align, &a) != 0)
+        err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
+    }
+  }
+  if (err == 0 && (err = live_add(sim, a, size, SIM_RESERVED)) != 0) {
+    if (sim->host_backed)
+      free(host);
+    else
+      space_give(sim, a, gmr__align_up(size, SIM_RESERVE_ALIGN));
+  }
+  if (err == 0) {
+    sim->bytes_in_use += size;
+    if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
+      sim->counters.peak_bytes_in_use = sim->bytes_in_use;
+    *out_ptr = (void *)a;
+  } else {
+    ++sim->counters.reserve_failures;
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_release(gmr_backend_t *be, void *ptr, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.release_calls;
+  int err = live_remove(sim, (uintptr_t)ptr, size, SIM_RESERVED);
+  if (err == 0) {
+    sim->bytes_in_use -= size;
+    if (sim->host_backed)
+      free(ptr);
+    else
+      space_give(sim, (uintptr_t)ptr, gmr__align_up(size, SIM_RESERVE_ALIGN));
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.va_reserve_calls;
+  uintptr_t a = 0;
+  int err = 0;
+  if (sim->host_backed) {
+    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      err = gmr__error_set(GMR_ENOMEM, "simulated device: cannot reserve %zu bytes of addresses",
+                           size);
+    a = (uintptr_t)p;
+  } else if (space_take(sim, size, sim->base.granularity, &a) != 0) {
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
+  }
+  if (err == 0 && (err = live_add(sim, a, size, SIM_VA)) != 0) {
+    if (sim->host_backed)
+      munmap((void *)a, size);
+    else
+      space_give(sim, a, size);
+  }
+  if (err == 0) *out_base = (void *)a;
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.va_release_calls;
+  int err = 0;
+  if (mapped_overlaps(sim, (uintptr_t)base, size))
+    err = gmr__error_set(GMR_EINVAL, "simulated device: virtual range at %p still has mapped pages",
+                         base);
+  if (err == 0) err = live_remove(sim, (uintptr_t)base, size, SIM_VA);
+  if (err == 0) {
+    if (sim->host_backed)
+      munmap(base, size);
+    else
+      space_give(sim, (uintptr_t)base, size);
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_map(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.map_calls;
+  int err = 0;
+  if (va_containing(sim, (uintptr_t)addr, size) == NULL || mapped_overlaps(sim, (uintptr_t)addr, size))
+    err = gmr__error_set(GMR_EINVAL,
+                         "simulated device: cannot map %zu bytes at %p (outside a virtual range, "
+                         "or already mapped)",
+                         size, addr);
+  if (err == 0) err = sim_check_faults(sim, size, "map");
+  if (err == 0 && sim->host_backed &&
+      mmap(addr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+          MAP_FAILED)
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: host pages for %zu bytes refused", size);
+  if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_MAPPED);
+  if (err == 0) {
+    sim->bytes_in_use += size;
+    if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
+      sim->counters.peak_bytes_in_use = sim->bytes_in_use;
+  } else {
+    ++sim->counters.reserve_failures;
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.unmap_calls;
+  int err = live_remove(sim, (uintptr_t)addr, size, SIM_MAPPED);
+  if (err == 0) {
+    sim->bytes_in_use -= size;
+    if (sim->host_backed)
+      mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  *out_free = sim->capacity - sim->bytes_in_use;
+  *out_total = sim->capacity;
+  pthread_mutex_unlock(&sim->lock);
+  return 0;
+}
+
+/* Streams: looked up by id; created on first use.  Called with the lock. */
+static sim_stream_t *sim_stream(gmr_sim_t *sim, gmr_stream_t s) {
+  uintptr_t id = (uintptr_t)s;
+  for (size_t i = 0; i < sim->n_streams; ++i)
+    if (sim->streams[i].id == id) return &sim->streams[i];
+  if (!grow((void **)&sim->streams, &sim->cap_streams, sim->n_streams + 1, sizeof *sim->streams))
+    return NULL;
+  sim_stream_t *st = &sim->streams[sim->n_streams++];
+  *st = (sim_stream_t){id, 0, 0};
+  return st;
+}
+
+static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
+  gmr_sim_t *sim = sim_of(be);
+  sim_event_t *ev = gmr__malloc(sizeof *ev);
+  if (ev == NULL) return gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for an event");
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.event_records;
+  sim_stream_t *st = sim_stream(sim, s);
+  int err = 0;
+  if (st == NULL)
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for a stream");
+  else
+    *ev = (sim_event_t){st->id, st->enqueued};
+  pthread_mutex_unlock(&sim->lock);
+  if (err != 0) {
+    gmr__free(ev);
+    return err;
+  }
+  *out_ev = ev;
+  return 0;
+}
+
+static int sim_event_query(gmr_backend_t *be, gmr_event_t e) {
+  gmr_sim_t *sim = sim_of(be);
+  sim_event_t *ev = e;
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.event_queries;
+  sim_stream_t *st = sim_stream(sim, (gmr_stream_t)ev->stream);
+  int done = st == NULL || st->completed >= ev->seq;
+  pthread_mutex_unlock(&sim->lock);
+  return done ? 0 : 1;
+}
+
+/* Waiting on an event completes the work it follows, as the GPU would. */
+static int sim_event_sync(gmr_backend_t *be, gmr_event_t e) {
+  gmr_sim_t *sim = sim_of(be);
+  sim_event_t *ev = e;
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.syncs;
+  sim_stream_t *st = sim_stream(sim, (gmr_stream_t)ev->stream);
+  if (st != NULL && st->completed < ev->seq) st->completed = ev->seq;
+  pthread_mutex_unlock(&sim->lock);
+  return 0;
+}
+
+static void sim_event_destroy(gmr_backend_t *be, gmr_event_t e) { gmr__free(e); }
+
+static int sim_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.syncs;
+  sim_stream_t *st = sim_stream(sim, s);
+  if (st != NULL) st->completed = st->enqueued;
+  pthread_mutex_unlock(&sim->lock);
+  return 0;
+}
+
+static int sim_device_sync(gmr_backend_t *be) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.syncs;
+  for (size_t i = 0; i < sim->n_streams; ++i) sim->streams[i].completed = sim->streams[i].enqueued;
+  pthread_mutex_unlock(&sim->lock);
+  return 0;
+}
+
+static uint64_t sim_now_ns(gmr_backend_t *be) {
+  gmr_sim_t *sim = sim_of(be);
+  if (sim->clock_fixed) return sim->clock_ns;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sim_destroy(gmr_backend_t *be) {
+  gmr_sim_t *sim = sim_of(be);
+  if (sim->host_backed) {
+    /* Give back whatever a policy left behind (it should leave nothing). */
+    for (size_t i = 0; i < sim->n_live; ++i) {
+      sim_live_t *r = &sim->live[i];
+      if (r->kind == SIM_RESERVED) free((void *)r->addr);
+      if (r->kind == SIM_VA) munmap((void *)r->addr, r->size);
+    }
+  }
+  gmr__free(sim->free_ranges);
+  gmr__free(sim->live);
+  gmr__free(sim->streams);
+  pthread_mutex_destroy(&sim->lock);
+  gmr__free(sim);
+}
+
+static const gmr_backend_ops_t sim_ops = {
+    .name = "sim",
+    .reserve = sim_reserve,
+    .release = sim_release,
+    .va_reserve = sim_va_reserve,
+    .va_release = sim_va_release,
+    .map = sim_map,
+    .unmap = sim_unmap,
+    .mem_info = sim_mem_info,
+    .event_record = sim_event_record,
+    .event_query = sim_event_query,
+    .event_sync = sim_event_sync,
+    .event_destroy = sim_event_destroy,
+    .stream_sync = sim_stream_sync,
+    .device_sync = sim_device_sync,
+    .now_ns = sim_now_ns,
+    .destroy = sim_destroy,
+};
+
+int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
+  uint64_t granularity = opts && opts->granularity ? opts->granularity : SIM_DEFAULT_GRANULARITY;
+  if (!gmr__is_pow2(granularity) || granularity < 4096)
+    return gmr__error_set(GMR_EINVAL, "simulated device: granularity %llu is not a power of two "
+                                      ">= 4096",
+                          (unsigned long long)granularity);
+  gmr_sim_t *sim = gmr__calloc(1, sizeof *sim);
+  if (sim == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
+  sim->base.ops = &sim_ops;
+  sim->base.granularity = granularity;
+  sim->capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
+  sim->host_backed = opts && opts->host_backed;
+  if (pthread_mutex_init(&sim->lock, NULL) != 0) goto fail_lock;
+  if (!sim->host_backed) {
+    if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges))
+      goto fail_space;
+    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, SIM_SPACE_SIZE};
+    sim->n_free = 1;
+  }
+  *out = &sim->base;
+  return 0;
+fail_space:
+  pthread_mutex_destroy(&sim->lock);
+fail_lock:
+  gmr__free(sim);
+  return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
+}
+
+bool gmr__backend_is_sim(const gmr_backend_t *be) { return be->ops == &sim_ops; }
+gmr_sim_t *gmr__sim_of(gmr_backend_t *be) { return be->ops == &sim_ops ? sim_of(be) : NULL; }
+
+void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k) {
+  pthread_mutex_lock(&sim->lock);
+  sim->fail_countdown = k;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes) {
+  pthread_mutex_lock(&sim->lock);
+  sim->fail_above = bytes;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+void gmr__sim_fail_all(gmr_sim_t *sim, int on) {
+  pthread_mutex_lock(&sim->lock);
+  sim->fail_all = on != 0;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s) {
+  pthread_mutex_lock(&sim->lock);
+  sim_stream_t *st = sim_stream(sim, s);
+  if (st != NULL) ++st->enqueued;
+  pthread_mutex_unlock(&sim->lock);
+  return st ? 0 : GMR_ENOMEM;
+}
+
+int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
+  pthread_mutex_lock(&sim->lock);
+  sim_stream_t *st = sim_stream(sim, s);
+  if (st != NULL) st->completed = st->enqueued;
+  pthread_mutex_unlock(&sim->lock);
+  return st ? 0 : GMR_ENOMEM;
+}
+
+void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns) {
+  pthread_mutex_lock(&sim->lock);
+  sim->clock_fixed = true;
+  sim->clock_ns = ns;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out) {
+  pthread_mutex_lock(&sim->lock);
+  *out = sim->counters;
+  out->bytes_in_use = sim->bytes_in_use;
+  pthread_mutex_unlock(&sim->lock);
+}

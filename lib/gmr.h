@@ -1,0 +1,263 @@
+/* gmr.h: the one public header of gmr, a GPU memory runtime.
+ *
+ * A runtime (gmr_runtime_t) is one stack of allocation policies on one device,
+ * chosen by a YAML configuration (gmr_config_t).  Policies decide which bytes
+ * to hand out (PyTorch-style caching, TensorFlow-style BFC, direct, limit);
+ * backends reserve raw device ranges (CUDA, or a simulated device).
+ *
+ * Conventions:
+ *  - every call returns 0 or a negative GMR_E* code; out-parameters come last,
+ *    are never NULL, and are left untouched on failure;
+ *  - the library never aborts and never prints unless asked (gmr_set_log);
+ *  - every *_free accepts NULL;
+ *  - all runtime calls are thread-safe: any number of threads may allocate
+ *    and free on one runtime.
+ */
+#ifndef GMR_H
+#define GMR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && !defined(GMR_STATIC_BUILD)
+#define GMR_EXTERN __attribute__((visibility("default")))
+#else
+#define GMR_EXTERN
+#endif
+
+#define GMR_VERSION_MAJOR 0
+#define GMR_VERSION_MINOR 1
+#define GMR_VERSION_PATCH 0
+
+/* Error codes: X(name, value, message).  Functions return -value. */
+#define GMR_ERRNO_MAP(X)                                                        \
+  X(ENOMEM, 1, "out of memory")                                                \
+  X(EINVAL, 2, "invalid argument")                                             \
+  X(EBADPTR, 3, "pointer not owned by this runtime, or already freed")         \
+  X(EDEVICE, 4, "device error")                                                \
+  X(ECONFIG, 5, "invalid configuration")                                       \
+  X(ENOTSUP, 6, "operation not supported by this policy or backend")           \
+  X(EIO, 7, "input/output error")                                              \
+  X(EBUSY, 8, "resource busy")
+
+enum {
+  GMR_OK = 0,
+#define GMR__ERR_ENUM(name, value, msg) GMR_##name = -(value),
+  GMR_ERRNO_MAP(GMR__ERR_ENUM)
+#undef GMR__ERR_ENUM
+};
+
+/** A human-readable sentence for an error code (never NULL). */
+GMR_EXTERN const char *gmr_strerror(int err);
+/** The symbolic name of an error code, e.g. "GMR_ENOMEM" (never NULL). */
+GMR_EXTERN const char *gmr_err_name(int err);
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+
+typedef struct gmr_config_s gmr_config_t;    /* parsed YAML, immutable */
+typedef struct gmr_runtime_s gmr_runtime_t;  /* one policy stack on one device */
+typedef void *gmr_stream_t;                  /* cudaStream_t, or a sim stream id */
+
+/** Where and why a configuration was rejected. */
+typedef struct gmr_error_s {
+  int code;           /* GMR_E* */
+  int line;           /* 1-based; 0 when not tied to a position */
+  int column;         /* 1-based; 0 when not tied to a position */
+  char file[256];     /* the file name, or "<string>" */
+  char message[1024]; /* "file:line:column: sentence", ready to print */
+} gmr_error_t;
+
+/** Parse a YAML configuration file.
+ * @param[in]  path  file to read
+ * @param[out] out   the new configuration; free with gmr_config_free
+ * @param[out] err   filled on failure (may be NULL)
+ * @return 0, GMR_EIO (unreadable file), GMR_ECONFIG (invalid content) */
+GMR_EXTERN int gmr_config_load_file(const char *path, gmr_config_t **out, gmr_error_t *err);
+/** Parse a YAML configuration held in a NUL-terminated string. */
+GMR_EXTERN int gmr_config_load_string(const char *yaml, gmr_config_t **out, gmr_error_t *err);
+GMR_EXTERN void gmr_config_free(gmr_config_t *cfg);
+/** The name of the outermost policy of a configuration ("caching", "limit"...). */
+GMR_EXTERN const char *gmr_config_policy_name(const gmr_config_t *cfg);
+/** Write the configuration reference (every policy, every option) as Markdown. */
+GMR_EXTERN int gmr_config_write_reference(FILE *out);
+
+/* ------------------------------------------------------------------------ */
+/* Runtime                                                                  */
+
+/** Create a runtime for `device` (the CUDA ordinal; ignored by the simulator).
+ * The backend is the one the configuration names; `auto` (the default) picks
+ * CUDA when a device is present and the simulator otherwise.
+ * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EDEVICE, GMR_ECONFIG */
+GMR_EXTERN int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out);
+
+/** Options of a simulated device, for tools and tests that force one. */
+typedef struct gmr_sim_options_s {
+  uint64_t capacity;    /* bytes of device memory; 0: 80 GiB */
+  uint64_t granularity; /* reservation granularity in bytes; 0: 2 MiB */
+  int host_backed;      /* 1: real host memory behind every range */
+} gmr_sim_options_t;
+
+/** Create a runtime on a fresh simulated device, whatever the configuration
+ * says about the device (`opts` may be NULL for the configuration's or the
+ * default simulated device). */
+GMR_EXTERN int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
+                                   gmr_runtime_t **out);
+
+/** Destroy a runtime and return all its device memory.  Live allocations are
+ * reported through the log (gmr_set_log) and their memory released. */
+GMR_EXTERN void gmr_runtime_free(gmr_runtime_t *rt);
+
+/** The process-wide runtime of `device`, created on first use from the file
+ * named by GMR_CONFIG (PyTorch-style caching when unset).  Never freed. */
+GMR_EXTERN int gmr_default_runtime(int device, gmr_runtime_t **out);
+
+/** Allocate `size` bytes (size > 0) for use on stream `s`.
+ * Size 0 is GMR_EINVAL: gmr never hands out zero-byte blocks.
+ * @return 0, GMR_EINVAL, GMR_ENOMEM (see gmr_last_error), GMR_EDEVICE */
+GMR_EXTERN int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr);
+/** Free a pointer returned by gmr_alloc.  NULL is a no-op.
+ * @return 0, GMR_EBADPTR (foreign pointer or double free; nothing changes) */
+GMR_EXTERN int gmr_free(gmr_runtime_t *rt, void *ptr);
+/** Mark `ptr` as used on stream `s`: its memory is reused only after the work
+ * queued on `s` before the free has completed.  @return 0, GMR_EBADPTR */
+GMR_EXTERN int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s);
+/** Return every cached, wholly free range to the device. */
+GMR_EXTERN int gmr_empty_cache(gmr_runtime_t *rt);
+/** The requested and the policy-rounded size of a live allocation. */
+GMR_EXTERN int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested,
+                              size_t *out_allocated);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                               */
+
+/** Figures common to every policy, so tools compare them on one scale.
+ * Byte counts are bytes; "peak" values are maxima since creation or the last
+ * gmr_stats_reset_peak. */
+typedef struct gmr_stats_s {
+  uint64_t reserved_bytes;       /* held from the device (segments, mapped pages) */
+  uint64_t peak_reserved_bytes;
+  uint64_t allocated_bytes;      /* live blocks, policy-rounded sizes */
+  uint64_t peak_allocated_bytes;
+  uint64_t requested_bytes;      /* live blocks, sizes as requested */
+  uint64_t peak_requested_bytes;
+  uint64_t active_bytes;         /* allocated + freed-but-pending (stream uses) */
+  uint64_t peak_active_bytes;
+  uint64_t segments;             /* device reservations currently held */
+  uint64_t peak_segments;
+  uint64_t allocations;          /* live allocations */
+  uint64_t peak_allocations;
+  uint64_t num_allocs;           /* successful allocations, accumulated */
+  uint64_t num_frees;            /* frees, accumulated */
+  uint64_t device_allocs;        /* device reservations and page maps, accumulated */
+  uint64_t device_frees;         /* device releases and page unmaps, accumulated */
+  uint64_t ooms;                 /* allocations that failed with GMR_ENOMEM */
+  uint64_t alloc_retries;        /* allocations retried after freeing the cache */
+  uint64_t largest_free_block;   /* largest cached free block, bytes */
+  uint64_t free_cached_bytes;    /* reserved but not active, bytes */
+  uint64_t limit_bytes;          /* the cap in force, 0 when none */
+} gmr_stats_t;
+
+GMR_EXTERN int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out);
+GMR_EXTERN void gmr_stats_reset_peak(gmr_runtime_t *rt);
+GMR_EXTERN void gmr_stats_reset_accumulated(gmr_runtime_t *rt);
+
+/** Policy-specific statistics, named as the imitated framework names them
+ * (e.g. "allocated_bytes.all.current" for caching, "peak_bytes_in_use" for
+ * BFC).  The callback returns 0 to continue; any other value stops the walk. */
+typedef int (*gmr_stat_cb)(const char *key, int64_t value, void *ud);
+GMR_EXTERN int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud);
+/** One named statistic.  @return 0, GMR_EINVAL (unknown key) */
+GMR_EXTERN int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out);
+
+/** Print the policy's summary (the caching policy prints
+ * torch.cuda.memory_summary()'s layout). */
+GMR_EXTERN int gmr_summary(gmr_runtime_t *rt, FILE *out);
+
+/** The last error of the calling thread on this runtime: the full OOM text
+ * or a sentence naming the bad argument.  Never NULL; "" when none. */
+GMR_EXTERN const char *gmr_last_error(gmr_runtime_t *rt);
+
+/* ------------------------------------------------------------------------ */
+/* Introspection: segments and blocks, for maps, snapshots and checks        */
+
+typedef enum gmr_block_state_e {
+  GMR_BLOCK_FREE = 0,          /* cached, can be handed out */
+  GMR_BLOCK_ALLOCATED = 1,     /* live */
+  GMR_BLOCK_PENDING_FREE = 2,  /* freed, waiting for stream work */
+  GMR_BLOCK_UNMAPPED = 3       /* reserved address space with no memory behind */
+} gmr_block_state_t;
+
+typedef struct gmr_walk_entry_s {
+  int is_segment;           /* 1: a segment header; 0: a block inside the last segment */
+  uintptr_t address;        /* device address */
+  uint64_t size;            /* bytes */
+  uint64_t requested;       /* blocks: bytes requested (0 when free) */
+  gmr_block_state_t state;  /* blocks only */
+  gmr_stream_t stream;      /* the stream the segment or block belongs to */
+  const char *pool;         /* segments: "small", "large", "region"... */
+  int is_expandable;        /* segments: grows by mapping pages */
+} gmr_walk_entry_t;
+
+typedef int (*gmr_walk_cb)(const gmr_walk_entry_t *e, void *ud);
+/** Visit every segment in address order, each followed by its blocks.
+ * @return 0, GMR_ENOTSUP (the policy keeps no segments) */
+GMR_EXTERN int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud);
+
+/** Walk the policy's invariants.  @return 0, or GMR_EINVAL with the broken
+ * invariant in gmr_last_error. */
+GMR_EXTERN int gmr_check(gmr_runtime_t *rt);
+
+/** The policy stack, e.g. "limit(caching)". */
+GMR_EXTERN const char *gmr_runtime_policy(gmr_runtime_t *rt);
+/** The backend name: "cuda" or "sim". */
+GMR_EXTERN const char *gmr_runtime_backend(gmr_runtime_t *rt);
+/** Device memory as the backend reports it. */
+GMR_EXTERN int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total);
+
+/* ------------------------------------------------------------------------ */
+/* Simulated device controls (tests and tools).  GMR_ENOTSUP on CUDA.        */
+
+typedef struct gmr_sim_counters_s {
+  uint64_t reserve_calls, reserve_failures, release_calls;
+  uint64_t map_calls, unmap_calls, va_reserve_calls, va_release_calls;
+  uint64_t event_records, event_queries, syncs;
+  uint64_t bytes_in_use;  /* physical bytes currently reserved or mapped */
+  uint64_t peak_bytes_in_use;
+} gmr_sim_counters_t;
+
+/** Fail the k-th reserve or map from now on (1: the next one); 0 disarms. */
+GMR_EXTERN int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k);
+/** Fail every reserve or map whose size is above `bytes`; 0 disarms. */
+GMR_EXTERN int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t bytes);
+/** Fail every reserve or map from now on (1) or stop doing so (0). */
+GMR_EXTERN int gmr_sim_fail_all(gmr_runtime_t *rt, int on);
+/** Queue one unit of work on stream `s`; events recorded after it complete
+ * only when gmr_sim_stream_complete is called. */
+GMR_EXTERN int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s);
+/** Complete all the work queued on stream `s`. */
+GMR_EXTERN int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s);
+/** Set the simulated clock in nanoseconds (it then stands still). */
+GMR_EXTERN int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns);
+GMR_EXTERN int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out);
+/** A simulated stream handle for id `n` (0 is the default stream). */
+#define GMR_SIM_STREAM(n) ((gmr_stream_t)(uintptr_t)(n))
+
+/* ------------------------------------------------------------------------ */
+/* Logging                                                                  */
+
+typedef enum { GMR_LOG_ERROR = 0, GMR_LOG_WARN = 1, GMR_LOG_INFO = 2 } gmr_log_level_t;
+typedef void (*gmr_log_fn)(gmr_log_level_t level, const char *msg, void *ud);
+/** Route the library's messages to `fn` (NULL: silence, the default unless
+ * GMR_LOG=1 is set, which prints warnings to stderr). */
+GMR_EXTERN void gmr_set_log(gmr_log_fn fn, void *ud);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GMR_H */

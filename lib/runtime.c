@@ -1,0 +1,560 @@
+/* runtime.c: the dispatcher.
+ *
+ * A runtime owns one backend and one policy stack, the pointer -> block map,
+ * the locking, the trace recorder and the public entry points.  It checks
+ * every argument before a policy sees it, so policies only ever get sizes in
+ * (0, GMR_MAX_REQUEST] and blocks they handed out themselves.
+ *
+ * Locking.  A policy that is not `concurrent` is called under `lock`, one op
+ * at a time; the map is then touched under the same lock.  A concurrent
+ * policy locks itself, and the map is touched under its shard's lock.
+ *
+ * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
+ * and not yet passed to gmr_free; so a double free or a foreign pointer is
+ * found before any policy state is touched.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "internal.h"
+#include "policy.h"
+#include "runtime.h"
+#include "trace.h"
+
+/* ---- the pointer map: sharded open addressing, linear probing ------------- */
+
+#define MAP_SHARDS 64
+
+typedef struct map_shard_s {
+  pthread_mutex_t lock;   /* used only with concurrent policies */
+  gmr_block_t *slots;     /* ptr == NULL: empty */
+  size_t mask;            /* capacity - 1 (capacity a power of two) */
+  size_t count;           /* live entries; count <= capacity / 2 */
+} map_shard_t;
+
+struct gmr_runtime_s {
+  gmr_policy_t *policy;
+  gmr_backend_t *backend;
+  bool serialize;            /* !policy->ops->concurrent */
+  pthread_mutex_t lock;      /* the policy lock when serialize */
+  map_shard_t shards[MAP_SHARDS];
+  gmr_trace_t *trace;        /* NULL unless recording */
+  char policy_name[128];
+  int device;
+};
+
+static inline uint64_t map_hash(const void *p) {
+  return ((uint64_t)(uintptr_t)p >> 8) * 0x9E3779B97F4A7C15ull;
+}
+
+static inline map_shard_t *map_shard(gmr_runtime_t *rt, uint64_t h) {
+  return &rt->shards[h >> 58]; /* top 6 bits */
+}
+
+static gmr_block_t *map_find(map_shard_t *sh, const void *ptr, uint64_t h) {
+  if (sh->slots == NULL) return NULL;
+  for (size_t i = h & sh->mask;; i = (i + 1) & sh->mask) {
+    if (sh->slots[i].ptr == ptr) return &sh->slots[i];
+    if (sh->slots[i].ptr == NULL) return NULL;
+  }
+}
+
+static int map_grow(map_shard_t *sh) {
+  size_t cap = sh->slots ? (sh->mask + 1) * 2 : 64;
+  gmr_block_t *slots = gmr__calloc(cap, sizeof *slots);
+  if (slots == NULL) return GMR_ENOMEM;
+  for (size_t i = 0; sh->slots && i <= sh->mask; ++i) {
+    if (sh->slots[i].ptr == NULL) continue;
+    size_t j = map_hash(sh->slots[i].ptr) & (cap - 1);
+    while (slots[j].ptr != NULL) j = (j + 1) & (cap - 1);
+    slots[j] = sh->slots[i];
+  }
+  gmr__free(sh->slots);
+  sh->slots = slots;
+  sh->mask = cap - 1;
+  return 0;
+}
+
+static int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
+  if (sh->slots == NULL || (sh->count + 1) * 2 > sh->mask + 1) {
+    if (map_grow(sh) != 0) return GMR_ENOMEM;
+  }
+  size_t i = h & sh->mask;
+  while (sh->slots[i].ptr != NULL) i = (i + 1) & sh->mask;
+  sh->slots[i] = *blk;
+  ++sh->count;
+  return 0;
+}
+
+/* Backward-shift deletion: no tombstones, probes stay short. */
+static void map_erase(map_shard_t *sh, gmr_block_t *slot) {
+  size_t i = (size_t)(slot - sh->slots);
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & sh->mask;
+    if (sh->slots[j].ptr == NULL) break;
+    size_t home = map_hash(sh->slots[j].ptr) & sh->mask;
+    /* Move j back to i if its home is not in (i, j] cyclically. */
+    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!between) {
+      sh->slots[i] = sh->slots[j];
+      i = j;
+    }
+  }
+  sh->slots[i].ptr = NULL;
+  --sh->count;
+}
+
+static inline void map_lock(gmr_runtime_t *rt, map_shard_t *sh) {
+  if (!rt->serialize) pthread_mutex_lock(&sh->lock);
+}
+static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
+  if (!rt->serialize) pthread_mutex_unlock(&sh->lock);
+}
+static inline void policy_lock(gmr_runtime_t *rt) {
+  if (rt->serialize) pthread_mutex_lock(&rt->lock);
+}
+static inline void policy_unlock(gmr_runtime_t *rt) {
+  if (rt->serialize) pthread_mutex_unlock(&rt->lock);
+}
+
+/* ---- construction ---------------------------------------------------------- */
+
+static void describe_stack(gmr_runtime_t *rt) {
+  char *b = rt->policy_name;
+  size_t len = sizeof rt->policy_name, off = 0, depth = 0;
+  for (gmr_policy_t *p = rt->policy; p && off < len; p = p->upstream, ++depth)
+    off += (size_t)snprintf(b + off, len - off, "%s%s", p->ops->name, p->upstream ? "(" : "");
+  while (depth-- > 1 && off < len - 1) b[off++] = ')', b[off] = '\0';
+}
+
+static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
+                         gmr_runtime_t **out) {
+  gmr_runtime_t *rt = gmr__calloc(1, sizeof *rt);
+  if (rt == NULL) {
+    gmr__backend_free(be);
+    return gmr__error_set(GMR_ENOMEM, "out of host memory for a runtime");
+  }
+  rt->backend = be;
+  rt->device = device;
+  int err = GMR_ENOMEM;
+  if (pthread_mutex_init(&rt->lock, NULL) != 0) goto fail_lock;
+  int shards = 0;
+  for (; shards < MAP_SHARDS; ++shards)
+    if (pthread_mutex_init(&rt->shards[shards].lock, NULL) != 0) goto fail_shards;
+  err = gmr__policy_create(cfg->policy, be, &rt->policy);
+  if (err != 0) goto fail_policy;
+  rt->serialize = !rt->policy->ops->concurrent;
+  describe_stack(rt);
+  const char *trace_path = cfg->trace_path ? cfg->trace_path : getenv("GMR_TRACE");
+  if (trace_path != NULL && *trace_path != '\0') {
+    err = gmr__trace_open(trace_path, &rt->trace);
+    if (err != 0) goto fail_trace;
+  }
+  *out = rt;
+  return 0;
+fail_trace:
+  gmr__policy_destroy(rt->policy);
+fail_policy:
+fail_shards:
+  while (shards-- > 0) pthread_mutex_destroy(&rt->shards[shards].lock);
+  pthread_mutex_destroy(&rt->lock);
+fail_lock:
+  gmr__backend_free(be);
+  gmr__free(rt);
+  if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
+    gmr__error_set(GMR_ENOMEM, "out of host memory for a runtime");
+  return err;
+}
+
+static void sim_options_of(const gmr_config_t *cfg, gmr_sim_options_t *o) {
+  o->capacity = cfg->device.capacity;
+  o->granularity = cfg->device.granularity;
+  o->host_backed = cfg->device.host_backed;
+}
+
+int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out) {
+  if (cfg == NULL || out == NULL || device < 0)
+    return gmr__error_set(GMR_EINVAL, "gmr_runtime_new: %s",
+                          cfg == NULL   ? "the configuration is NULL"
+                          : out == NULL ? "the out-parameter is NULL"
+                                        : "the device ordinal is negative");
+  gmr__error_clear();
+  gmr_backend_t *be = NULL;
+  int err;
+  int kind = cfg->device.backend;
+  if (kind == GMR_DEVICE_AUTO) kind = gmr__cuda_available() ? GMR_DEVICE_CUDA : GMR_DEVICE_SIM;
+  if (kind == GMR_DEVICE_CUDA) {
+    err = gmr__cuda_backend_new(device, &be);
+  } else {
+    gmr_sim_options_t o;
+    sim_options_of(cfg, &o);
+    err = gmr__sim_backend_new(&o, &be);
+  }
+  if (err != 0) return err;
+  return runtime_build(cfg, be, device, out);
+}
+
+int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
+                        gmr_runtime_t **out) {
+  if (cfg == NULL || out == NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_runtime_new_sim: NULL argument");
+  gmr__error_clear();
+  gmr_sim_options_t o;
+  sim_options_of(cfg, &o);
+  if (opts != NULL) {
+    if (opts->capacity) o.capacity = opts->capacity;
+    if (opts->granularity) o.granularity = opts->granularity;
+    o.host_backed = opts->host_backed || o.host_backed;
+  }
+  gmr_backend_t *be = NULL;
+  int err = gmr__sim_backend_new(&o, &be);
+  if (err != 0) return err;
+  return runtime_build(cfg, be, 0, out);
+}
+
+void gmr_runtime_free(gmr_runtime_t *rt) {
+  if (rt == NULL) return;
+  size_t live = 0, bytes = 0;
+  for (int s = 0; s < MAP_SHARDS; ++s) {
+    map_shard_t *sh = &rt->shards[s];
+    for (size_t i = 0; sh->slots && i <= sh->mask; ++i)
+      if (sh->slots[i].ptr != NULL) ++live, bytes += sh->slots[i].requested;
+    gmr__free(sh->slots);
+    pthread_mutex_destroy(&sh->lock);
+  }
+  if (live != 0)
+    gmr__log(GMR_LOG_WARN,
+             "runtime (%s on %s) freed with %zu live allocation%s (%zu bytes requested); "
+             "their device memory is released",
+             rt->policy_name, rt->backend->ops->name, live, live == 1 ? "" : "s", bytes);
+  gmr__policy_destroy(rt->policy);
+  gmr__trace_close(rt->trace);
+  gmr__backend_free(rt->backend);
+  pthread_mutex_destroy(&rt->lock);
+  gmr__free(rt);
+}
+
+/* ---- allocation ---------------------------------------------------------------- */
+
+static int fail(gmr_runtime_t *rt, int err) {
+  gmr__error_tag(rt);
+  return err;
+}
+
+int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
+  if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size == 0 || size >= GMR_MAX_REQUEST)) {
+    if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_alloc: the runtime is NULL");
+    if (out_ptr == NULL)
+      return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_alloc: the out-parameter is NULL"));
+    if (size == 0)
+      return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_alloc: size 0; gmr never hands out "
+                                                 "zero-byte blocks"));
+    return fail(rt, gmr__error_set(GMR_ENOMEM, "out of memory. Tried to allocate more than 1EB "
+                                               "memory (%zu bytes requested).",
+                                   size));
+  }
+  gmr_block_t blk;
+  policy_lock(rt);
+  int err = rt->policy->ops->alloc(rt->policy, size, s, &blk);
+  if (GMR_LIKELY(err == 0)) {
+    gmr_assert(blk.ptr != NULL && blk.size >= size);
+    blk.requested = size;
+    blk.stream = s;
+    uint64_t h = map_hash(blk.ptr);
+    map_shard_t *sh = map_shard(rt, h);
+    map_lock(rt, sh);
+    err = map_insert(sh, &blk, h);
+    map_unlock(rt, sh);
+    if (GMR_UNLIKELY(err != 0)) {
+      rt->policy->ops->free(rt->policy, &blk);
+      gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
+    }
+  }
+  policy_unlock(rt);
+  if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
+  if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  *out_ptr = blk.ptr;
+  return 0;
+}
+
+static int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
+  return fail(rt, gmr__error_set(GMR_EBADPTR,
+                                 "%s: %p was not allocated by this runtime, or was already freed",
+                                 fn, ptr));
+}
+
+int gmr_free(gmr_runtime_t *rt, void *ptr) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
+  if (ptr == NULL) return 0;
+  uint64_t h = map_hash(ptr);
+  map_shard_t *sh = map_shard(rt, h);
+  policy_lock(rt);
+  map_lock(rt, sh);
+  gmr_block_t *slot = map_find(sh, ptr, h);
+  gmr_block_t blk;
+  if (slot != NULL) {
+    blk = *slot;
+    map_erase(sh, slot);
+  }
+  map_unlock(rt, sh);
+  if (GMR_UNLIKELY(slot == NULL)) {
+    policy_unlock(rt);
+    return bad_pointer(rt, "gmr_free", ptr);
+  }
+  int err = rt->policy->ops->free(rt->policy, &blk);
+  policy_unlock(rt);
+  if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
+  if (rt->trace) gmr__trace_event(rt->trace, "free", ptr, blk.requested, blk.stream);
+  return 0;
+}
+
+int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
+  if (rt == NULL || ptr == NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_record_stream: %s is NULL",
+                          rt == NULL ? "the runtime" : "the pointer");
+  uint64_t h = map_hash(ptr);
+  map_shard_t *sh = map_shard(rt, h);
+  policy_lock(rt);
+  map_lock(rt, sh);
+  gmr_block_t *slot = map_find(sh, ptr, h);
+  gmr_block_t blk;
+  if (slot != NULL) blk = *slot;
+  map_unlock(rt, sh);
+  int err = 0;
+  if (slot == NULL)
+    err = bad_pointer(rt, "gmr_record_stream", ptr);
+  else if (rt->policy->ops->record_stream != NULL)
+    err = rt->policy->ops->record_stream(rt->policy, &blk, s);
+  policy_unlock(rt);
+  if (err != 0) return fail(rt, err);
+  if (rt->trace) gmr__trace_event(rt->trace, "record_stream", ptr, blk.requested, s);
+  return 0;
+}
+
+int gmr_empty_cache(gmr_runtime_t *rt) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
+  int err = 0;
+  policy_lock(rt);
+  if (rt->policy->ops->trim != NULL) err = rt->policy->ops->trim(rt->policy);
+  policy_unlock(rt);
+  if (err != 0) return fail(rt, err);
+  if (rt->trace) gmr__trace_event(rt->trace, "empty_cache", NULL, 0, NULL);
+  return 0;
+}
+
+int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *out_allocated) {
+  if (rt == NULL || ptr == NULL || out_requested == NULL || out_allocated == NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_alloc_size: NULL argument");
+  uint64_t h = map_hash(ptr);
+  map_shard_t *sh = map_shard(rt, h);
+  policy_lock(rt);
+  map_lock(rt, sh);
+  gmr_block_t *slot = map_find(sh, ptr, h);
+  if (slot != NULL) {
+    *out_requested = slot->requested;
+    *out_allocated = slot->size;
+  }
+  map_unlock(rt, sh);
+  policy_unlock(rt);
+  return slot ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
+}
+
+/* ---- statistics and introspection ------------------------------------------- */
+
+int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
+  if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats: NULL argument");
+  gmr_stats_t st;
+  memset(&st, 0, sizeof st);
+  policy_lock(rt);
+  rt->policy->ops->stats(rt->policy, &st);
+  policy_unlock(rt);
+  gmr__stats_fill_device(rt->backend, &st);
+  *out = st;
+  return 0;
+}
+
+void gmr_stats_reset_peak(gmr_runtime_t *rt) {
+  if (rt == NULL) return;
+  policy_lock(rt);
+  if (rt->policy->ops->reset_peak) rt->policy->ops->reset_peak(rt->policy);
+  gmr__backend_counters_reset_peak(rt->backend);
+  policy_unlock(rt);
+}
+
+void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
+  if (rt == NULL) return;
+  policy_lock(rt);
+  if (rt->policy->ops->reset_accumulated) rt->policy->ops->reset_accumulated(rt->policy);
+  gmr__backend_counters_reset_accumulated(rt->backend);
+  policy_unlock(rt);
+}
+
+int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
+  if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats_foreach: NULL");
+  int err;
+  if (rt->policy->ops->stats_foreach != NULL) {
+    policy_lock(rt);
+    err = rt->policy->ops->stats_foreach(rt->policy, cb, ud);
+    policy_unlock(rt);
+  } else {
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    err = gmr__stats_foreach_common(&st, cb, ud);
+  }
+  return err;
+}
+
+typedef struct stat_find_s {
+  const char *key;
+  int64_t value;
+  bool found;
+} stat_find_t;
+
+static int stat_find_cb(const char *key, int64_t value, void *ud) {
+  stat_find_t *f = ud;
+  if (strcmp(key, f->key) != 0) return 0;
+  f->value = value;
+  f->found = true;
+  return 1;
+}
+
+int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out) {
+  if (rt == NULL || key == NULL || out == NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_stat_get: NULL argument");
+  stat_find_t f = {key, 0, false};
+  gmr_stats_foreach(rt, stat_find_cb, &f);
+  if (!f.found) {
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    gmr__stats_foreach_common(&st, stat_find_cb, &f);
+  }
+  if (!f.found)
+    return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_stat_get: policy %s has no statistic '%s'",
+                                   rt->policy_name, key));
+  *out = f.value;
+  return 0;
+}
+
+int gmr_summary(gmr_runtime_t *rt, FILE *out) {
+  if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_summary: NULL argument");
+  if (rt->policy->ops->summary != NULL) {
+    policy_lock(rt);
+    int err = rt->policy->ops->summary(rt->policy, out);
+    policy_unlock(rt);
+    return err;
+  }
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
+}
+
+const char *gmr_last_error(gmr_runtime_t *rt) { return gmr__error_text(rt); }
+
+int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
+  if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_walk: NULL argument");
+  if (rt->policy->ops->walk == NULL)
+    return fail(rt, gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk",
+                                   rt->policy_name));
+  policy_lock(rt);
+  int err = rt->policy->ops->walk(rt->policy, cb, ud);
+  policy_unlock(rt);
+  return err ? fail(rt, err) : 0;
+}
+
+int gmr_check(gmr_runtime_t *rt) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
+  if (rt->policy->ops->check == NULL) return 0;
+  policy_lock(rt);
+  int err = rt->policy->ops->check(rt->policy);
+  policy_unlock(rt);
+  return err ? fail(rt, err) : 0;
+}
+
+const char *gmr_runtime_policy(gmr_runtime_t *rt) { return rt ? rt->policy_name : ""; }
+const char *gmr_runtime_backend(gmr_runtime_t *rt) { return rt ? rt->backend->ops->name : ""; }
+
+int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total) {
+  if (rt == NULL || out_free == NULL || out_total == NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_mem_info: NULL argument");
+  size_t f, t;
+  int err = gmr__backend_mem_info(rt->backend, &f, &t);
+  if (err != 0) return fail(rt, err);
+  *out_free = f;
+  *out_total = t;
+  return 0;
+}
+
+gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) { return rt->policy; }
+gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) { return rt->backend; }
+
+/* ---- simulator controls ------------------------------------------------------ */
+
+static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
+  if (rt == NULL) return NULL;
+  gmr_sim_t *sim = gmr__sim_of(rt->backend);
+  if (sim == NULL)
+    fail(rt, gmr__error_set(GMR_ENOTSUP, "this runtime runs on %s, not on the simulator",
+                            rt->backend->ops->name));
+  return sim;
+}
+
+#define SIM_CALL(call)                                                          \
+  do {                                                                          \
+    gmr_sim_t *sim = sim_or_fail(rt);                                           \
+    if (sim == NULL) return rt ? GMR_ENOTSUP : GMR_EINVAL;                      \
+    call;                                                                       \
+    return 0;                                                                   \
+  } while (0)
+
+int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k) { SIM_CALL(gmr__sim_fail_nth(sim, k)); }
+int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t b) { SIM_CALL(gmr__sim_fail_above(sim, b)); }
+int gmr_sim_fail_all(gmr_runtime_t *rt, int on) { SIM_CALL(gmr__sim_fail_all(sim, on)); }
+int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s) {
+  SIM_CALL(gmr__sim_stream_enqueue(sim, s));
+}
+int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s) {
+  SIM_CALL(gmr__sim_stream_complete(sim, s));
+}
+int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) { SIM_CALL(gmr__sim_set_clock(sim, ns)); }
+int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
+  if (out == NULL) return GMR_EINVAL;
+  SIM_CALL(gmr__sim_counters(sim, out));
+}
+
+/* ---- the process-wide default runtimes ----------------------------------------- */
+
+#define DEFAULT_MAX_DEVICES 64
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static gmr_runtime_t *default_runtimes[DEFAULT_MAX_DEVICES];
+
+int gmr_default_runtime(int device, gmr_runtime_t **out) {
+  if (out == NULL || device < 0 || device >= DEFAULT_MAX_DEVICES)
+    return gmr__error_set(GMR_EINVAL, "gmr_default_runtime: device %d is out of range", device);
+  pthread_mutex_lock(&default_lock);
+  int err = 0;
+  if (default_runtimes[device] == NULL) {
+    gmr_config_t *cfg = NULL;
+    gmr_error_t cerr;
+    memset(&cerr, 0, sizeof cerr);
+    const char *path = getenv("GMR_CONFIG");
+    if (path != NULL && *path != '\0')
+      err = gmr_config_load_file(path, &cfg, &cerr);
+    else
+      err = gmr_config_load_string(gmr__policy_lookup("caching") ? "policy: caching\n"
+                                                                   : "policy: direct\n",
+                                   &cfg, &cerr);
+    if (err != 0) {
+      gmr__error_set(err, "GMR_CONFIG: %s", cerr.message);
+      gmr__log(GMR_LOG_ERROR, "%s", cerr.message);
+    } else {
+      err = gmr_runtime_new(cfg, device, &default_runtimes[device]);
+      gmr_config_free(cfg);
+    }
+  }
+  if (err == 0) *out = default_runtimes[device];
+  pthread_mutex_unlock(&default_lock);
+  return err;
+}

@@ -1,0 +1,411 @@
+/* limit.c: the `limit` policy, a hard cap stacked on any other policy.
+ *
+ * A decorator (RMM's limiting_resource_adaptor, without exceptions).  The cap
+ * is `bytes`, or `fraction` of the device's total memory.  Two things can be
+ * counted against it:
+ *
+ *  - counts: allocated (default).  The bytes the user has asked for and not
+ *    freed.  An allocation that would pass the cap fails with GMR_ENOMEM
+ *    before the upstream policy, or the device, is touched:
+ *        in_use + size > cap  =>  GMR_ENOMEM, nothing changes
+ *  - counts: reserved.  The device memory the upstream policy holds (segments
+ *    and mapped pages).  The upstream gets a backend whose reservations fail
+ *    past the cap, so it reacts as it would to a full device (a caching
+ *    policy frees its cache and retries):
+ *        reserved + request > cap  =>  the reservation fails with GMR_ENOMEM
+ *    This is the whole-process budget a serving stack wants: what the policy
+ *    holds never passes the cap, cache included.
+ *
+ * The cap is on this runtime, not a representation of the device.
+ * Synchronization: concurrent.  `in_use` and the reserved count are atomics;
+ * an upstream policy that is not concurrent is called under `up_lock`.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "policy.h"
+
+typedef struct limit_opts_s {
+  uint64_t bytes;  /* the cap in bytes; 0: use fraction */
+  double fraction; /* of the device's total memory; 0: use bytes */
+  int counts;      /* LIMIT_COUNTS_* */
+} limit_opts_t;
+
+enum { LIMIT_COUNTS_ALLOCATED = 0, LIMIT_COUNTS_RESERVED = 1 };
+static const char *const limit_counts_names[] = {"allocated", "reserved", NULL};
+
+/* A backend that forwards to the real one and refuses memory past the cap. */
+typedef struct limit_backend_s {
+  gmr_backend_t base;      /* must be first */
+  gmr_backend_t *real;
+  uint64_t cap;            /* bytes */
+  _Atomic uint64_t held;   /* bytes reserved or mapped through this backend */
+} limit_backend_t;
+
+typedef struct limit_s {
+  gmr_policy_t base;       /* must be first; base.upstream is the wrapped policy */
+  uint64_t cap;            /* bytes */
+  int counts;
+  _Atomic uint64_t in_use; /* counts == allocated: Σ requested bytes of live blocks */
+  _Atomic uint64_t refused;/* allocations refused by the cap */
+  bool up_serialize;       /* the upstream is not concurrent */
+  pthread_mutex_t up_lock; /* guards upstream calls when up_serialize */
+  limit_backend_t *lbe;    /* counts == reserved: the upstream's backend */
+} limit_t;
+
+static int limit_refusal(uint64_t cap, uint64_t request, uint64_t in_use, const char *what) {
+  char c[32], r[32], u[32];
+  gmr__format_size(cap, c, sizeof c);
+  gmr__format_size(request, r, sizeof r);
+  gmr__format_size(in_use, u, sizeof u);
+  return gmr__error_set(GMR_ENOMEM,
+                        "out of memory: limit of %s (%llu bytes) reached. Tried to allocate %s "
+                        "(%llu bytes) with %s (%llu bytes) %s.",
+                        c, (unsigned long long)cap, r, (unsigned long long)request, u,
+                        (unsigned long long)in_use, what);
+}
+
+/* Reserve `n` bytes of the cap; false when that would pass it. */
+static bool take(_Atomic uint64_t *held, uint64_t cap, uint64_t n, uint64_t *seen) {
+  uint64_t cur = atomic_load(held);
+  do {
+    *seen = cur;
+    if (n > cap || cur > cap - n) return false;
+  } while (!atomic_compare_exchange_weak(held, &cur, cur + n));
+  return true;
+}
+
+/* ---- the capped backend (counts: reserved) -------------------------------- */
+
+static limit_backend_t *lbe_of(gmr_backend_t *be) { return (limit_backend_t *)be; }
+
+static int lbe_reserve(gmr_backend_t *be, size_t size, void **out) {
+  limit_backend_t *l = lbe_of(be);
+  uint64_t seen;
+  if (!take(&l->held, l->cap, size, &seen))
+    return limit_refusal(l->cap, size, seen, "reserved on the device");
+  int err = gmr__backend_reserve(l->real, size, out);
+  if (err != 0) atomic_fetch_sub(&l->held, size);
+  return err;
+}
+
+static int lbe_release(gmr_backend_t *be, void *ptr, size_t size) {
+  limit_backend_t *l = lbe_of(be);
+  int err = gmr__backend_release(l->real, ptr, size);
+  if (err == 0) atomic_fetch_sub(&l->held, size);
+  return err;
+}
+
+static int lbe_map(gmr_backend_t *be, void *addr, size_t size) {
+  limit_backend_t *l = lbe_of(be);
+  uint64_t seen;
+  if (!take(&l->held, l->cap, size, &seen))
+    return limit_refusal(l->cap, size, seen, "reserved on the device");
+  int err = gmr__backend_map(l->real, addr, size);
+  if (err != 0) atomic_fetch_sub(&l->held, size);
+  return err;
+}
+
+static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  limit_backend_t *l = lbe_of(be);
+  int err = gmr__backend_unmap(l->real, addr, size);
+  if (err == 0) atomic_fetch_sub(&l->held, size);
+  return err;
+}
+
+static int lbe_va_reserve(gmr_backend_t *be, size_t size, void **out) {
+  return gmr__backend_va_reserve(lbe_of(be)->real, size, out);
+}
+static int lbe_va_release(gmr_backend_t *be, void *base, size_t size) {
+  return gmr__backend_va_release(lbe_of(be)->real, base, size);
+}
+/* The device as the upstream sees it: `cap` bytes, of which `held` are used. */
+static int lbe_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
+  limit_backend_t *l = lbe_of(be);
+  size_t f, t;
+  int err = gmr__backend_mem_info(l->real, &f, &t);
+  if (err != 0) return err;
+  uint64_t held = atomic_load(&l->held);
+  uint64_t room = l->cap > held ? l->cap - held : 0;
+  *out_free = f < room ? f : room;
+  *out_total = t < l->cap ? t : l->cap;
+  return 0;
+}
+static int lbe_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out) {
+  return gmr__backend_event_record(lbe_of(be)->real, s, out);
+}
+static int lbe_event_query(gmr_backend_t *be, gmr_event_t ev) {
+  return gmr__backend_event_query(lbe_of(be)->real, ev);
+}
+static int lbe_event_sync(gmr_backend_t *be, gmr_event_t ev) {
+  return gmr__backend_event_sync(lbe_of(be)->real, ev);
+}
+static void lbe_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
+  gmr__backend_event_destroy(lbe_of(be)->real, ev);
+}
+static int lbe_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
+  return gmr__backend_stream_sync(lbe_of(be)->real, s);
+}
+static int lbe_device_sync(gmr_backend_t *be) { return gmr__backend_device_sync(lbe_of(be)->real); }
+static uint64_t lbe_now_ns(gmr_backend_t *be) { return gmr__backend_now_ns(lbe_of(be)->real); }
+static void lbe_destroy(gmr_backend_t *be) { gmr__free(be); }
+
+static const gmr_backend_ops_t lbe_ops = {
+    .name = "limit",
+    .reserve = lbe_reserve,
+    .release = lbe_release,
+    .va_reserve = lbe_va_reserve,
+    .va_release = lbe_va_release,
+    .map = lbe_map,
+    .unmap = lbe_unmap,
+    .mem_info = lbe_mem_info,
+    .event_record = lbe_event_record,
+    .event_query = lbe_event_query,
+    .event_sync = lbe_event_sync,
+    .event_destroy = lbe_event_destroy,
+    .stream_sync = lbe_stream_sync,
+    .device_sync = lbe_device_sync,
+    .now_ns = lbe_now_ns,
+    .destroy = lbe_destroy,
+};
+
+/* ---- the policy -------------------------------------------------------------- */
+
+static int limit_validate(void *o, char *err, size_t len) {
+  limit_opts_t *opts = o;
+  if ((opts->bytes == 0) == (opts->fraction == 0)) {
+    snprintf(err, len, "give exactly one of 'bytes' (e.g. 8GiB) or 'fraction' (in (0, 1])");
+    return GMR_ECONFIG;
+  }
+  return 0;
+}
+
+static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
+                        gmr_policy_t **out) {
+  const limit_opts_t *opts = o;
+  uint64_t cap = opts->bytes;
+  if (cap == 0) {
+    size_t f, total;
+    int err = gmr__backend_mem_info(be, &f, &total);
+    if (err != 0) return err;
+    cap = (uint64_t)(opts->fraction * (double)total);
+  }
+  limit_t *l = gmr__calloc(1, sizeof *l);
+  if (l == NULL) return gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
+  l->base.ops = &gmr_limit_policy_ops;
+  l->base.backend = be;
+  l->cap = cap;
+  l->counts = opts->counts;
+  gmr_backend_t *up_be = be;
+  int err = GMR_ENOMEM;
+  if (pthread_mutex_init(&l->up_lock, NULL) != 0) goto fail_lock;
+  if (l->counts == LIMIT_COUNTS_RESERVED) {
+    l->lbe = gmr__calloc(1, sizeof *l->lbe);
+    if (l->lbe == NULL) goto fail_lbe;
+    l->lbe->base.ops = &lbe_ops;
+    l->lbe->base.granularity = be->granularity;
+    l->lbe->base.device = be->device;
+    l->lbe->real = be;
+    l->lbe->cap = cap;
+    up_be = &l->lbe->base;
+  }
+  err = gmr__policy_create(upstream, up_be, &l->base.upstream);
+  if (err != 0) goto fail_upstream;
+  l->up_serialize = !l->base.upstream->ops->concurrent;
+  *out = &l->base;
+  return 0;
+fail_upstream:
+  gmr__free(l->lbe);
+fail_lbe:
+  pthread_mutex_destroy(&l->up_lock);
+fail_lock:
+  gmr__free(l);
+  if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
+    gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
+  return err;
+}
+
+static void limit_destroy(gmr_policy_t *self) {
+  limit_t *l = (limit_t *)self;
+  gmr__policy_destroy(self->upstream);
+  gmr__free(l->lbe);
+  pthread_mutex_destroy(&l->up_lock);
+  gmr__free(l);
+}
+
+static inline void up_lock(limit_t *l) {
+  if (l->up_serialize) pthread_mutex_lock(&l->up_lock);
+}
+static inline void up_unlock(limit_t *l) {
+  if (l->up_serialize) pthread_mutex_unlock(&l->up_lock);
+}
+
+static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+  limit_t *l = (limit_t *)self;
+  uint64_t seen;
+  if (l->counts == LIMIT_COUNTS_ALLOCATED && !take(&l->in_use, l->cap, size, &seen)) {
+    atomic_fetch_add(&l->refused, 1);
+    return limit_refusal(l->cap, size, seen, "already allocated");
+  }
+  up_lock(l);
+  int err = self->upstream->ops->alloc(self->upstream, size, s, out);
+  up_unlock(l);
+  if (err != 0) {
+    if (l->counts == LIMIT_COUNTS_ALLOCATED) atomic_fetch_sub(&l->in_use, size);
+    if (err == GMR_ENOMEM && l->counts == LIMIT_COUNTS_RESERVED) atomic_fetch_add(&l->refused, 1);
+  }
+  return err;
+}
+
+static int limit_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  limit_t *l = (limit_t *)self;
+  up_lock(l);
+  int err = self->upstream->ops->free(self->upstream, blk);
+  up_unlock(l);
+  if (err == 0 && l->counts == LIMIT_COUNTS_ALLOCATED) atomic_fetch_sub(&l->in_use, blk->requested);
+  return err;
+}
+
+static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  limit_t *l = (limit_t *)self;
+  if (self->upstream->ops->record_stream == NULL) return 0;
+  up_lock(l);
+  int err = self->upstream->ops->record_stream(self->upstream, blk, s);
+  up_unlock(l);
+  return err;
+}
+
+static int limit_trim(gmr_policy_t *self) {
+  limit_t *l = (limit_t *)self;
+  if (self->upstream->ops->trim == NULL) return 0;
+  up_lock(l);
+  int err = self->upstream->ops->trim(self->upstream);
+  up_unlock(l);
+  return err;
+}
+
+static void limit_stats(gmr_policy_t *self, gmr_stats_t *st) {
+  limit_t *l = (limit_t *)self;
+  up_lock(l);
+  self->upstream->ops->stats(self->upstream, st);
+  up_unlock(l);
+  st->limit_bytes = l->cap;
+  /* Refusals by the capped backend are counted by the upstream as its OOMs. */
+  if (l->counts == LIMIT_COUNTS_ALLOCATED) st->ooms += atomic_load(&l->refused);
+}
+
+static void limit_reset_peak(gmr_policy_t *self) {
+  limit_t *l = (limit_t *)self;
+  if (self->upstream->ops->reset_peak == NULL) return;
+  up_lock(l);
+  self->upstream->ops->reset_peak(self->upstream);
+  up_unlock(l);
+}
+
+static void limit_reset_accumulated(gmr_policy_t *self) {
+  limit_t *l = (limit_t *)self;
+  atomic_store(&l->refused, 0);
+  if (self->upstream->ops->reset_accumulated == NULL) return;
+  up_lock(l);
+  self->upstream->ops->reset_accumulated(self->upstream);
+  up_unlock(l);
+}
+
+static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  limit_t *l = (limit_t *)self;
+  if (cb("limit_bytes", (int64_t)l->cap, ud) != 0) return 0;
+  if (cb("limit_in_use_bytes",
+         (int64_t)(l->counts == LIMIT_COUNTS_ALLOCATED ? atomic_load(&l->in_use)
+                                                       : atomic_load(&l->lbe->held)),
+         ud) != 0)
+    return 0;
+  if (cb("limit_refused", (int64_t)atomic_load(&l->refused), ud) != 0) return 0;
+  if (self->upstream->ops->stats_foreach == NULL) return 0;
+  up_lock(l);
+  int err = self->upstream->ops->stats_foreach(self->upstream, cb, ud);
+  up_unlock(l);
+  return err;
+}
+
+static int limit_summary(gmr_policy_t *self, FILE *out) {
+  limit_t *l = (limit_t *)self;
+  char c[32], u[32];
+  gmr__format_size(l->cap, c, sizeof c);
+  gmr__format_size(l->counts == LIMIT_COUNTS_ALLOCATED ? atomic_load(&l->in_use)
+                                                       : atomic_load(&l->lbe->held),
+                   u, sizeof u);
+  fprintf(out, "limit: %s of %s %s (%llu allocations refused)\n", u, c,
+          l->counts == LIMIT_COUNTS_ALLOCATED ? "allocated" : "reserved",
+          (unsigned long long)atomic_load(&l->refused));
+  if (self->upstream->ops->summary == NULL) return 0;
+  up_lock(l);
+  int err = self->upstream->ops->summary(self->upstream, out);
+  up_unlock(l);
+  return err;
+}
+
+static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  limit_t *l = (limit_t *)self;
+  if (self->upstream->ops->walk == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk",
+                          self->upstream->ops->name);
+  up_lock(l);
+  int err = self->upstream->ops->walk(self->upstream, cb, ud);
+  up_unlock(l);
+  return err;
+}
+
+static int limit_check(gmr_policy_t *self) {
+  limit_t *l = (limit_t *)self;
+  uint64_t used = l->counts == LIMIT_COUNTS_ALLOCATED ? atomic_load(&l->in_use)
+                                                      : atomic_load(&l->lbe->held);
+  if (used > l->cap)
+    return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
+                          (unsigned long long)used, (unsigned long long)l->cap);
+  if (self->upstream->ops->check == NULL) return 0;
+  up_lock(l);
+  int err = self->upstream->ops->check(self->upstream);
+  up_unlock(l);
+  return err;
+}
+
+static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};
+
+static const gmr_opt_desc_t limit_opts_desc[] = {
+    {.key = "bytes", .type = GMR_OPT_SIZE, .offset = offsetof(limit_opts_t, bytes), .min = 1,
+     .default_text = "", .help = "The cap in bytes, e.g. 8GiB."},
+    {.key = "fraction", .type = GMR_OPT_DOUBLE, .offset = offsetof(limit_opts_t, fraction),
+     .min = 0, .max = 1, .min_exclusive = true, .default_text = "",
+     .help = "The cap as a fraction of the device's total memory, in (0, 1]."},
+    {.key = "counts", .type = GMR_OPT_ENUM, .offset = offsetof(limit_opts_t, counts),
+     .choices = limit_counts_names, .default_text = "allocated",
+     .help = "allocated: live requested bytes (checked before the policy runs); reserved: "
+             "device memory the policy holds, cache included."},
+    {.key = NULL},
+};
+
+const gmr_policy_ops_t gmr_limit_policy_ops = {
+    .name = "limit",
+    .help = "A hard memory cap stacked on any policy: an allocation that would pass it fails "
+            "with GMR_ENOMEM and a message naming the cap, the request and the bytes in use.",
+    .opts_size = sizeof(limit_opts_t),
+    .opts_default = &limit_defaults,
+    .opts_desc = limit_opts_desc,
+    .is_decorator = true,
+    .concurrent = true,
+    .validate = limit_validate,
+    .create = limit_create,
+    .destroy = limit_destroy,
+    .alloc = limit_alloc,
+    .free = limit_free,
+    .record_stream = limit_record_stream,
+    .trim = limit_trim,
+    .stats = limit_stats,
+    .reset_peak = limit_reset_peak,
+    .reset_accumulated = limit_reset_accumulated,
+    .stats_foreach = limit_stats_foreach,
+    .summary = limit_summary,
+    .walk = limit_walk,
+    .check = limit_check,
+};
