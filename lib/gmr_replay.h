@@ -1,0 +1,96 @@
+/* gmr_replay.h: reading allocation traces and replaying them on a runtime.
+ *
+ * Traces use RMM's replay-log layout (docs/trace-format.md):
+ *   Thread,Time,Action,Pointer,Size,Stream
+ * Action is allocate, free, record_stream or empty_cache.  Pointer is an
+ * opaque id of a live allocation (addresses differ between policies, so the
+ * replayer maps ids to its own pointers and never reuses recorded ones).
+ */
+#ifndef GMR_REPLAY_H
+#define GMR_REPLAY_H
+
+#include "gmr.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum gmr_trace_action_e {
+  GMR_TRACE_ALLOC = 0,
+  GMR_TRACE_FREE = 1,
+  GMR_TRACE_RECORD_STREAM = 2,
+  GMR_TRACE_EMPTY_CACHE = 3
+} gmr_trace_action_t;
+
+/* One event of a parsed trace. */
+typedef struct gmr_trace_event_s {
+  uint64_t time_us;   /* as recorded */
+  uint64_t size;      /* requested bytes (allocate), as recorded otherwise */
+  uint64_t stream;    /* stream id as recorded */
+  uint32_t id;        /* dense allocation id: 0..n_ids-1, one per allocate event */
+  uint32_t line;      /* 1-based line in the file */
+  uint8_t action;     /* gmr_trace_action_t */
+  uint8_t thread;     /* recorded thread id, truncated */
+} gmr_trace_event_t;
+
+typedef struct gmr_trace_data_s {
+  gmr_trace_event_t *events; /* in file order */
+  size_t n_events;
+  size_t n_ids;              /* number of allocate events */
+  size_t n_live_at_end;      /* allocations never freed */
+  size_t n_streams;          /* distinct stream ids */
+  uint64_t peak_requested;   /* max over time of Σ live requested bytes */
+  char *source;              /* file name, "-" for standard input */
+} gmr_trace_data_t;
+
+/** Parse a trace file ("-": standard input).  A malformed line, a free of an
+ * id that is not live, or an allocation of size 0 fails with GMR_EINVAL and a
+ * message "FILE:LINE: what is wrong" in `err` (may be NULL).  Allocations
+ * never freed are allowed (counted in n_live_at_end). */
+GMR_EXTERN int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t errlen);
+/** Parse a trace held in memory; `name` is used in messages. */
+GMR_EXTERN int gmr_trace_parse(const char *text, size_t len, const char *name,
+                               gmr_trace_data_t **out, char *err, size_t errlen);
+GMR_EXTERN void gmr_trace_data_free(gmr_trace_data_t *t);
+
+/* Called after every event of a replay (for progress bars, invariant walks
+ * and timelines).  `index` is the event's index; return nonzero to stop. */
+typedef int (*gmr_replay_cb)(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index,
+                             int status, void *ud);
+
+typedef struct gmr_replay_options_s {
+  int check;               /* 1: gmr_check after every event; stop at the first failure */
+  int stop_at_oom;         /* 1: stop at the first OOM; 0: skip the failed allocation, go on */
+  gmr_replay_cb callback;  /* may be NULL */
+  void *ud;
+  size_t callback_every;   /* call every N events (0: 1) */
+} gmr_replay_options_t;
+
+typedef struct gmr_replay_result_s {
+  size_t events_done;      /* events replayed */
+  size_t ooms;             /* allocations that failed with GMR_ENOMEM */
+  size_t first_oom_event;  /* index of the first OOM (valid when ooms > 0) */
+  uint32_t first_oom_line; /* its line in the file */
+  char first_oom_message[4096]; /* gmr_last_error at the first OOM (truncated) */
+  int check_failed;        /* 1: an invariant walk failed */
+  size_t check_event;      /* where */
+  char check_message[1024];
+  double seconds;          /* wall time of the replay itself */
+  gmr_stats_t at_peak;     /* stats at the event where reserved bytes peaked */
+  size_t peak_event;       /* index of that event */
+} gmr_replay_result_t;
+
+/** Replay a parsed trace on a runtime (normally a fresh simulated one).
+ * Stream id k of the trace becomes GMR_SIM_STREAM(k) (the default stream for
+ * k = 0).  Allocations still live at the end stay live; gmr_runtime_free
+ * releases them.  To look at the state at the peak (segment maps,
+ * fragmentation), replay a second time on a fresh runtime and stop at
+ * `peak_event` from the callback.
+ * @return 0 (OOMs are results, not errors), GMR_EINVAL, GMR_ENOMEM (host) */
+GMR_EXTERN int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t,
+                          const gmr_replay_options_t *opts, gmr_replay_result_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GMR_REPLAY_H */
