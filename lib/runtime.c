@@ -12,12 +12,21 @@
  * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
  * and not yet passed to gmr_free; so a double free or a foreign pointer is
  * found before any policy state is touched.
+ *
+ * Memory history (history.h).  While `history` is set, gmr_alloc records
+ * alloc (or oom) once the block is in the map, and gmr_free records
+ * free_requested (and free_completed, unless the policy stack reports it)
+ * before the policy sees the block, so the address cannot be handed out again
+ * before its free is in the history.  With no history each entry point pays
+ * one load and one predictable branch.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "history.h"
 #include "internal.h"
 #include "policy.h"
 #include "runtime.h"
@@ -41,6 +50,13 @@ struct gmr_runtime_s {
   pthread_mutex_t lock;      /* the policy lock when serialize */
   map_shard_t shards[MAP_SHARDS];
   gmr_trace_t *trace;        /* NULL unless recording */
+  /* The memory history: `history` is NULL when off and `history_store` while
+   * on; the store lives until the runtime is freed, so a thread that loaded
+   * `history` just before it was turned off still records into valid memory.
+   * Both written by gmr_history_enable only, under `lock`. */
+  gmr_history_t *_Atomic history;
+  gmr_history_t *history_store;
+  bool history_completes;    /* no policy of the stack reports free_completed */
   char policy_name[128];
   int device;
 };
@@ -153,8 +169,29 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
     err = gmr__trace_open(trace_path, &rt->trace);
     if (err != 0) goto fail_trace;
   }
+  rt->history_completes = true;
+  for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
+    if (p->ops->reports_free_completed) rt->history_completes = false;
+  const char *hist = getenv("GMR_HISTORY");
+  if (hist != NULL && *hist != '\0') {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(hist, &end, 10);
+    if (errno != 0 || end == hist || *end != '\0' || hist[0] == '-') {
+      err = gmr__error_set(GMR_EINVAL,
+                           "GMR_HISTORY=%s: expected the number of trace entries to keep, "
+                           "e.g. GMR_HISTORY=100000 (0: off)",
+                           hist);
+      gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
+      goto fail_history;
+    }
+    if (n > 0 && (err = gmr_history_enable(rt, n > SIZE_MAX ? SIZE_MAX : (size_t)n)) != 0)
+      goto fail_history;
+  }
   *out = rt;
   return 0;
+fail_history:
+  gmr__trace_close(rt->trace);
 fail_trace:
   gmr__policy_destroy(rt->policy);
 fail_policy:
@@ -233,6 +270,7 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
   gmr__policy_destroy(rt->policy);
   gmr__trace_close(rt->trace);
   gmr__backend_free(rt->backend);
+  gmr__history_free(rt->history_store);
   pthread_mutex_destroy(&rt->lock);
   gmr__free(rt);
 }
@@ -242,6 +280,51 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
 static int fail(gmr_runtime_t *rt, int err) {
   gmr__error_tag(rt);
   return err;
+}
+
+static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
+  return atomic_load_explicit(&rt->history, memory_order_relaxed);
+}
+
+/* The policy's allocation and the map insertion, under the locks. */
+static inline int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s, gmr_block_t *blk) {
+  policy_lock(rt);
+  int err = rt->policy->ops->alloc(rt->policy, size, s, blk);
+  if (GMR_LIKELY(err == 0)) {
+    gmr_assert(blk->ptr != NULL && blk->size >= size);
+    blk->requested = size;
+    blk->stream = s;
+    uint64_t h = map_hash(blk->ptr);
+    map_shard_t *sh = map_shard(rt, h);
+    map_lock(rt, sh);
+    err = map_insert(sh, blk, h);
+    map_unlock(rt, sh);
+    if (GMR_UNLIKELY(err != 0)) {
+      rt->policy->ops->free(rt->policy, blk);
+      gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
+    }
+  }
+  policy_unlock(rt);
+  return err;
+}
+
+/* gmr_alloc while the history records: alloc on success, oom on GMR_ENOMEM
+ * (PyTorch's OOM entry: the device's free bytes and the request). */
+static int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size, gmr_stream_t s,
+                          void **out_ptr) {
+  gmr_block_t blk;
+  gmr__history_stream = s;
+  int err = alloc_core(rt, size, s, &blk);
+  if (err == GMR_ENOMEM) {
+    size_t free_b = 0, total = 0;
+    gmr__backend_mem_info(rt->backend, &free_b, &total);
+    gmr__history_record(hist, GMR_HIST_OOM, free_b, size, s);
+  }
+  if (err != 0) return fail(rt, err);
+  gmr__history_record(hist, GMR_HIST_ALLOC, (uintptr_t)blk.ptr, size, s);
+  if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  *out_ptr = blk.ptr;
+  return 0;
 }
 
 int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
@@ -256,24 +339,10 @@ int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
                                                "memory (%zu bytes requested).",
                                    size));
   }
+  gmr_history_t *hist = history_of(rt);
+  if (GMR_UNLIKELY(hist != NULL)) return alloc_recorded(rt, hist, size, s, out_ptr);
   gmr_block_t blk;
-  policy_lock(rt);
-  int err = rt->policy->ops->alloc(rt->policy, size, s, &blk);
-  if (GMR_LIKELY(err == 0)) {
-    gmr_assert(blk.ptr != NULL && blk.size >= size);
-    blk.requested = size;
-    blk.stream = s;
-    uint64_t h = map_hash(blk.ptr);
-    map_shard_t *sh = map_shard(rt, h);
-    map_lock(rt, sh);
-    err = map_insert(sh, &blk, h);
-    map_unlock(rt, sh);
-    if (GMR_UNLIKELY(err != 0)) {
-      rt->policy->ops->free(rt->policy, &blk);
-      gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
-    }
-  }
-  policy_unlock(rt);
+  int err = alloc_core(rt, size, s, &blk);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
   if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
@@ -284,6 +353,16 @@ static int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
   return fail(rt, gmr__error_set(GMR_EBADPTR,
                                  "%s: %p was not allocated by this runtime, or was already freed",
                                  fn, ptr));
+}
+
+/* Record a free before the policy sees the block (see the file comment). */
+static void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist, const gmr_block_t *blk) {
+  gmr__history_stream = blk->stream;
+  gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk->ptr, blk->requested,
+                      blk->stream);
+  if (rt->history_completes)
+    gmr__history_record(hist, GMR_HIST_FREE_COMPLETED, (uintptr_t)blk->ptr, blk->requested,
+                        blk->stream);
 }
 
 int gmr_free(gmr_runtime_t *rt, void *ptr) {
@@ -304,6 +383,8 @@ int gmr_free(gmr_runtime_t *rt, void *ptr) {
     policy_unlock(rt);
     return bad_pointer(rt, "gmr_free", ptr);
   }
+  gmr_history_t *hist = history_of(rt);
+  if (GMR_UNLIKELY(hist != NULL)) free_recorded(rt, hist, &blk);
   int err = rt->policy->ops->free(rt->policy, &blk);
   policy_unlock(rt);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
@@ -337,6 +418,7 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
 int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = 0;
+  if (GMR_UNLIKELY(history_of(rt) != NULL)) gmr__history_stream = NULL; /* every stream's */
   policy_lock(rt);
   if (rt->policy->ops->trim != NULL) err = rt->policy->ops->trim(rt->policy);
   policy_unlock(rt);
@@ -464,6 +546,30 @@ int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   return err ? fail(rt, err) : 0;
 }
 
+int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_walk_err,
+                         gmr_hist_entry_t **out_entries, size_t *out_len) {
+  gmr_hist_entry_t *entries = NULL;
+  size_t len = 0;
+  int err = 0;
+  policy_lock(rt);
+  gmr_history_t *hist = history_of(rt);
+  if (hist != NULL) {
+    gmr_stats_t st;
+    memset(&st, 0, sizeof st);
+    rt->policy->ops->stats(rt->policy, &st);
+    gmr__history_record(hist, GMR_HIST_SNAPSHOT, 0, st.active_bytes, NULL);
+    err = gmr__history_copy(hist, &entries, &len);
+  }
+  int walk_err = GMR_ENOTSUP;
+  if (err == 0 && rt->policy->ops->walk != NULL) walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
+  policy_unlock(rt);
+  if (err != 0) return fail(rt, err);
+  *out_walk_err = walk_err;
+  *out_entries = entries;
+  *out_len = len;
+  return 0;
+}
+
 int gmr_check(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
   if (rt->policy->ops->check == NULL) return 0;
@@ -487,6 +593,30 @@ int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total) {
   return 0;
 }
 
+int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_history_enable: the runtime is NULL");
+  int err = 0;
+  pthread_mutex_lock(&rt->lock);
+  if (max_entries == 0) {
+    atomic_store(&rt->history, NULL);
+    atomic_store(&rt->backend->history, NULL);
+    if (rt->history_store != NULL) gmr__history_clear(rt->history_store);
+  } else {
+    if (rt->history_store == NULL)
+      err = gmr__history_new(rt->backend, max_entries, &rt->history_store);
+    else
+      err = gmr__history_resize(rt->history_store, max_entries);
+    if (err == 0) {
+      atomic_store(&rt->backend->history, rt->history_store);
+      atomic_store(&rt->history, rt->history_store);
+    }
+  }
+  pthread_mutex_unlock(&rt->lock);
+  return err ? fail(rt, err) : 0;
+}
+
+gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt) { return history_of(rt); }
+int gmr__runtime_device(gmr_runtime_t *rt) { return rt->device; }
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) { return rt->policy; }
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) { return rt->backend; }
 
