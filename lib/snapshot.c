@@ -335,9 +335,12 @@ static void write_snapshot(FILE *f, gmr_runtime_t *rt, const snap_t *sn,
 }
 
 int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
-  if (rt == NULL || out == NULL)
-    return gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
-                          rt == NULL ? "the runtime" : "the output file");
+  if (rt == NULL || out == NULL) {
+    gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
+                   rt == NULL ? "the runtime" : "the output file");
+    if (rt != NULL) gmr__error_tag(rt);
+    return GMR_EINVAL;
+  }
   snap_t sn;
   memset(&sn, 0, sizeof sn);
   gmr_hist_entry_t *entries = NULL;

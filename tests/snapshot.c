@@ -1,0 +1,421 @@
+/* snapshot.c: tests of the memory history (gmr_history_enable, GMR_HISTORY)
+ * and of PyTorch memory snapshots (gmr_snapshot_write).
+ *
+ * Each scenario runs on the simulated device, writes a snapshot, and writes
+ * what the snapshot must hold (from the pointers and sizes the scenario used)
+ * to an expectation file; tests/snapshot-check.py loads the snapshot with
+ * plain python3 pickle, checks the format and compares.  Its "ok"/"not ok"
+ * lines become this program's TAP lines.  Skips when python3 is absent.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gmr.h"
+#include "tap.h"
+
+#define MiB  ((size_t)1 << 20)
+#define U(x) ((unsigned long long)(uintptr_t)(x))
+
+static const char *python;
+static char tmpdir[512];
+
+/* ---- running the checker ---------------------------------------------------- */
+
+typedef struct scenario_s {
+  char snap_path[600];
+  char expect_path[600];
+  FILE *ex; /* the expectation file being written */
+} scenario_t;
+
+static void scenario_open(scenario_t *sc, const char *name) {
+  snprintf(sc->snap_path, sizeof sc->snap_path, "%s/%s.pickle", tmpdir, name);
+  snprintf(sc->expect_path, sizeof sc->expect_path, "%s/%s.expect", tmpdir, name);
+  sc->ex = fopen(sc->expect_path, "w");
+  if (sc->ex == NULL) {
+    printf("Bail out! cannot write %s: %s\n", sc->expect_path, strerror(errno));
+    exit(1);
+  }
+}
+
+/* Write the snapshot of rt, then run the checker and relay its lines. */
+static void scenario_check(scenario_t *sc, gmr_runtime_t *rt, const char *label) {
+  fclose(sc->ex);
+  FILE *f = fopen(sc->snap_path, "wb");
+  int err = f ? gmr_snapshot_write(rt, f) : GMR_EIO;
+  if (f) fclose(f);
+  is_int(err, 0, "%s: gmr_snapshot_write", label);
+  if (err != 0) diag("%s", gmr_last_error(rt));
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' '%s/tests/snapshot-check.py' '%s' '%s' 2>&1", python,
+           tap_srcdir(), sc->snap_path, sc->expect_path);
+  FILE *p = popen(cmd, "r");
+  if (p == NULL) {
+    ok(0, "%s: run the checker", label);
+    return;
+  }
+  char line[4096];
+  int lines = 0;
+  while (fgets(line, sizeof line, p)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (strncmp(line, "ok ", 3) == 0) {
+      ok(1, "%s: %s", label, line + 3);
+      ++lines;
+    } else if (strncmp(line, "not ok ", 7) == 0) {
+      ok(0, "%s: %s", label, line + 7);
+      ++lines;
+    } else {
+      diag("%s", line[0] == '#' ? line + 1 : line);
+    }
+  }
+  int status = pclose(p);
+  ok(status == 0 && lines > 10, "%s: the checker ran %d checks and passed", label, lines);
+  if (getenv("GMR_KEEP") == NULL) {
+    remove(sc->snap_path);
+    remove(sc->expect_path);
+  }
+}
+
+static gmr_runtime_t *new_runtime(const char *yaml) {
+  gmr_config_t *cfg = NULL;
+  gmr_error_t cerr;
+  int err = gmr_config_load_string(yaml, &cfg, &cerr);
+  if (err != 0) {
+    printf("Bail out! config: %s\n", cerr.message);
+    exit(1);
+  }
+  gmr_runtime_t *rt = NULL;
+  err = gmr_runtime_new_sim(cfg, NULL, &rt);
+  gmr_config_free(cfg);
+  if (err != 0) {
+    printf("Bail out! runtime: %s\n", gmr_strerror(err));
+    exit(1);
+  }
+  return rt;
+}
+
+static gmr_runtime_t *new_runtime_file(const char *name) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/config/%s", tap_srcdir(), name);
+  gmr_config_t *cfg = NULL;
+  gmr_error_t cerr;
+  if (gmr_config_load_file(path, &cfg, &cerr) != 0) {
+    printf("Bail out! %s\n", cerr.message);
+    exit(1);
+  }
+  gmr_runtime_t *rt = NULL;
+  int err = gmr_runtime_new_sim(cfg, NULL, &rt);
+  gmr_config_free(cfg);
+  if (err != 0) {
+    printf("Bail out! runtime: %s\n", gmr_strerror(err));
+    exit(1);
+  }
+  return rt;
+}
+
+static void *alloc_ok(gmr_runtime_t *rt, size_t size, gmr_stream_t s) {
+  void *p = NULL;
+  int err = gmr_alloc(rt, size, s, &p);
+  if (err != 0) {
+    printf("Bail out! gmr_alloc(%zu): %s\n", size, gmr_last_error(rt));
+    exit(1);
+  }
+  return p;
+}
+
+/* ---- scenarios ---------------------------------------------------------------- */
+
+/* config/direct.yaml: one segment per allocation; streams and clock exact. */
+static void test_direct(void) {
+  gmr_runtime_t *rt = new_runtime_file("direct.yaml");
+  is_int(gmr_history_enable(rt, 1000), 0, "direct: gmr_history_enable(1000)");
+  gmr_stream_t s7 = GMR_SIM_STREAM(7);
+  gmr_sim_set_clock(rt, 1000000); /* 1 ms */
+  void *a = alloc_ok(rt, 1000, NULL);
+  gmr_sim_set_clock(rt, 1250000);
+  void *b = alloc_ok(rt, 3 * MiB, s7);
+  gmr_sim_set_clock(rt, 4000000);
+  is_int(gmr_free(rt, a), 0, "direct: free a");
+  is_int(gmr_free(rt, a), GMR_EBADPTR, "direct: a double free is refused and not recorded");
+  void *c = alloc_ok(rt, 5000, NULL);
+
+  scenario_t sc;
+  scenario_open(&sc, "direct");
+  void *lo = (uintptr_t)b < (uintptr_t)c ? b : c, *hi = lo == b ? c : b;
+  fprintf(sc.ex, "segments 2\n");
+  for (int i = 0; i < 2; ++i) {
+    void *p = i == 0 ? lo : hi;
+    size_t n = p == b ? 3 * MiB : 5000;
+    unsigned long long st = p == b ? 7 : 0;
+    fprintf(sc.ex, "segment %llu %zu %zu %zu %zu %llu large 0 1\n", U(p), n, n, n, n, st);
+    fprintf(sc.ex, "block %llu %zu %zu active_allocated\n", U(p), n, n);
+  }
+  fprintf(sc.ex, "traces 0 10\n");
+  fprintf(sc.ex, "trace segment_alloc %llu 1000 0 0\n", U(a));
+  fprintf(sc.ex, "trace alloc %llu 1000 0 0\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 7 250\n", U(b), 3 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 7 250\n", U(b), 3 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu 1000 0 3000\n", U(a));
+  fprintf(sc.ex, "trace free_completed %llu 1000 0 3000\n", U(a));
+  fprintf(sc.ex, "trace segment_free %llu 1000 0 3000\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu 5000 0 3000\n", U(c));
+  fprintf(sc.ex, "trace alloc %llu 5000 0 3000\n", U(c));
+  fprintf(sc.ex, "trace snapshot 0 %zu 0 3000\n", 3 * MiB + 5000); /* active bytes */
+  fprintf(sc.ex, "setting gmr_policy direct\nsetting gmr_backend sim\n");
+  fprintf(sc.ex, "setting gmr_history_max_entries 1000\nsetting gmr_history_dropped 0\n");
+  scenario_check(&sc, rt, "direct");
+  gmr_free(rt, b);
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+}
+
+/* A limit stack: the capped backend forwards to the real one, and segment
+ * entries must be recorded once; refusals are oom entries. */
+static void test_limit(const char *counts) {
+  char yaml[256], label[64];
+  snprintf(yaml, sizeof yaml, "policy: {name: direct}\nlimit: {bytes: 8MiB, counts: %s}\n", counts);
+  snprintf(label, sizeof label, "limit(%s)", counts);
+  gmr_runtime_t *rt = new_runtime(yaml);
+  is_str(gmr_runtime_policy(rt), "limit(direct)", "%s: the stack", label);
+  is_int(gmr_history_enable(rt, 64), 0, "%s: gmr_history_enable(64)", label);
+  void *a = alloc_ok(rt, 3 * MiB, NULL);
+  void *b = NULL;
+  is_int(gmr_alloc(rt, 6 * MiB, NULL, &b), GMR_ENOMEM, "%s: 3 MiB + 6 MiB pass the 8 MiB cap",
+         label);
+  size_t dev_free = 0, total = 0;
+  gmr_mem_info(rt, &dev_free, &total);
+  void *c = alloc_ok(rt, 4 * MiB, GMR_SIM_STREAM(2));
+  is_int(gmr_free(rt, a), 0, "%s: free a", label);
+
+  scenario_t sc;
+  scenario_open(&sc, counts);
+  fprintf(sc.ex, "segments 1\n");
+  fprintf(sc.ex, "segment %llu %zu %zu %zu %zu 2 large 0 1\n", U(c), 4 * MiB, 4 * MiB, 4 * MiB,
+          4 * MiB);
+  fprintf(sc.ex, "block %llu %zu %zu active_allocated\n", U(c), 4 * MiB, 4 * MiB);
+  fprintf(sc.ex, "traces 0 9\n");
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(a), 3 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(a), 3 * MiB);
+  fprintf(sc.ex, "trace oom %zu %zu 0\n", dev_free, 6 * MiB);
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 2\n", U(c), 4 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 2\n", U(c), 4 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu %zu 0\n", U(a), 3 * MiB);
+  fprintf(sc.ex, "trace free_completed %llu %zu 0\n", U(a), 3 * MiB);
+  fprintf(sc.ex, "trace segment_free %llu %zu 0\n", U(a), 3 * MiB);
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 4 * MiB);
+  fprintf(sc.ex, "count segment_alloc 2\ncount oom 1\n");
+  fprintf(sc.ex, "setting gmr_policy limit(direct)\n");
+  scenario_check(&sc, rt, label);
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+}
+
+/* The ring keeps the newest entries; resizing keeps the newest; 0 is off. */
+static void test_ring(void) {
+  gmr_runtime_t *rt = new_runtime_file("direct.yaml");
+  is_int(gmr_history_enable(rt, 4), 0, "ring: gmr_history_enable(4)");
+  void *p[3];
+  for (int i = 0; i < 3; ++i)
+    p[i] = alloc_ok(rt, (size_t)(i + 1) * 4096, NULL);
+  /* 3 x (segment_alloc, alloc) + snapshot = 7 entries: the last 4 stay. */
+  scenario_t sc;
+  scenario_open(&sc, "ring4");
+  fprintf(sc.ex, "segments 3\ntraces 0 4\n");
+  fprintf(sc.ex, "trace alloc %llu 8192 0\n", U(p[1]));
+  fprintf(sc.ex, "trace segment_alloc %llu 12288 0\n", U(p[2]));
+  fprintf(sc.ex, "trace alloc %llu 12288 0\n", U(p[2]));
+  fprintf(sc.ex, "trace snapshot 0 24576 0\n");
+  fprintf(sc.ex, "setting gmr_history_max_entries 4\nsetting gmr_history_dropped 3\n");
+  scenario_check(&sc, rt, "ring of 4");
+
+  /* Shrinking to 2 keeps the 2 newest: alloc p[2] and the first snapshot. */
+  is_int(gmr_history_enable(rt, 2), 0, "ring: gmr_history_enable(2)");
+  is_int(gmr_free(rt, p[0]), 0, "ring: free p[0]");
+  scenario_open(&sc, "ring2");
+  fprintf(sc.ex, "segments 2\ntraces 0 2\n");
+  fprintf(sc.ex, "trace segment_free %llu 4096 0\n", U(p[0]));
+  fprintf(sc.ex, "trace snapshot 0 20480 0\n");
+  /* 3 dropped before, 2 by the resize, 3 by the free's entries, 1 by the snapshot */
+  fprintf(sc.ex, "setting gmr_history_max_entries 2\nsetting gmr_history_dropped 9\n");
+  scenario_check(&sc, rt, "ring shrunk to 2");
+
+  /* Growing keeps everything held, and the new bound applies. */
+  is_int(gmr_history_enable(rt, 100), 0, "ring: gmr_history_enable(100)");
+  is_int(gmr_free(rt, p[1]), 0, "ring: free p[1]");
+  scenario_open(&sc, "ring100");
+  fprintf(sc.ex, "segments 1\ntraces 0 6\n");
+  fprintf(sc.ex, "trace segment_free %llu 4096 0\n", U(p[0]));
+  fprintf(sc.ex, "trace snapshot 0 20480 0\n");
+  fprintf(sc.ex, "trace free_requested %llu 8192 0\n", U(p[1]));
+  fprintf(sc.ex, "trace free_completed %llu 8192 0\n", U(p[1]));
+  fprintf(sc.ex, "trace segment_free %llu 8192 0\n", U(p[1]));
+  fprintf(sc.ex, "trace snapshot 0 12288 0\n");
+  scenario_check(&sc, rt, "ring grown to 100");
+
+  /* Off: no entries, not even the snapshot's; the segments are still there. */
+  is_int(gmr_history_enable(rt, 0), 0, "ring: gmr_history_enable(0) turns recording off");
+  void *q = alloc_ok(rt, 512, NULL);
+  scenario_open(&sc, "off");
+  fprintf(sc.ex, "segments 2\ntraces 0 0\n");
+  fprintf(sc.ex, "setting gmr_history_max_entries 0\n");
+  scenario_check(&sc, rt, "history off");
+  gmr_free(rt, q);
+  gmr_free(rt, p[2]);
+  gmr_runtime_free(rt);
+}
+
+/* GMR_HISTORY=N turns recording on for new runtimes; junk is refused. */
+static void test_env(void) {
+  setenv("GMR_HISTORY", "3", 1);
+  gmr_runtime_t *rt = new_runtime_file("direct.yaml");
+  void *a = alloc_ok(rt, 2048, NULL);
+  void *b = alloc_ok(rt, 4096, NULL);
+  scenario_t sc;
+  scenario_open(&sc, "env");
+  fprintf(sc.ex, "segments 2\ntraces 0 3\n");
+  fprintf(sc.ex, "trace segment_alloc %llu 4096 0\n", U(b));
+  fprintf(sc.ex, "trace alloc %llu 4096 0\n", U(b));
+  fprintf(sc.ex, "trace snapshot 0 6144 0\n");
+  fprintf(sc.ex, "setting gmr_history_max_entries 3\nsetting gmr_history_dropped 2\n");
+  scenario_check(&sc, rt, "GMR_HISTORY=3");
+  gmr_free(rt, a);
+  gmr_free(rt, b);
+  gmr_runtime_free(rt);
+
+  gmr_config_t *cfg = NULL;
+  gmr_config_load_string("policy: {name: direct}\n", &cfg, NULL);
+  const char *bad[] = {"lots", "-5", "12x", "99999999999999999999999"};
+  for (int i = 0; i < 4; ++i) {
+    setenv("GMR_HISTORY", bad[i], 1);
+    rt = NULL;
+    int err = gmr_runtime_new_sim(cfg, NULL, &rt);
+    is_int(err, GMR_EINVAL, "GMR_HISTORY=%s is refused", bad[i]);
+    like(gmr_last_error(NULL), "GMR_HISTORY=", "GMR_HISTORY=%s: the error names the variable",
+         bad[i]);
+    ok(rt == NULL, "GMR_HISTORY=%s: the out-parameter is untouched", bad[i]);
+    gmr_runtime_free(rt);
+  }
+  setenv("GMR_HISTORY", "0", 1);
+  rt = NULL;
+  is_int(gmr_runtime_new_sim(cfg, NULL, &rt), 0, "GMR_HISTORY=0 is off");
+  void *p = alloc_ok(rt, 100, NULL);
+  scenario_open(&sc, "env0");
+  fprintf(sc.ex, "segments 1\ntraces 0 0\nsetting gmr_history_max_entries 0\n");
+  scenario_check(&sc, rt, "GMR_HISTORY=0");
+  gmr_free(rt, p);
+  gmr_runtime_free(rt);
+  gmr_config_free(cfg);
+  unsetenv("GMR_HISTORY");
+}
+
+static void test_bad_input(void) {
+  gmr_runtime_t *rt = new_runtime_file("direct.yaml");
+  is_int(gmr_snapshot_write(NULL, stdout), GMR_EINVAL, "gmr_snapshot_write(NULL, f)");
+  is_int(gmr_snapshot_write(rt, NULL), GMR_EINVAL, "gmr_snapshot_write(rt, NULL)");
+  like(gmr_last_error(rt), "output file", "the error names the NULL file");
+  is_int(gmr_history_enable(NULL, 10), GMR_EINVAL, "gmr_history_enable(NULL, 10)");
+  FILE *full = fopen("/dev/full", "wb");
+  if (full != NULL) {
+    void *p = alloc_ok(rt, 4096, NULL);
+    is_int(gmr_snapshot_write(rt, full), GMR_EIO, "a snapshot to a full device is GMR_EIO");
+    like(gmr_last_error(rt), "failed", "the error says the write failed");
+    fclose(full);
+    gmr_free(rt, p);
+  }
+  gmr_runtime_free(rt);
+}
+
+/* ---- threads: the history stays consistent under concurrent use ------------- */
+
+#define T_THREADS 4
+#define T_ITERS   1500
+
+typedef struct worker_s {
+  gmr_runtime_t *rt;
+  unsigned seed;
+  int failures;
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  void *held[8] = {0};
+  for (int i = 0; i < T_ITERS; ++i) {
+    int k = (int)(rand_r(&w->seed) % 8);
+    if (held[k] == NULL) {
+      size_t size = 1 + rand_r(&w->seed) % (64 * 1024);
+      gmr_stream_t s = GMR_SIM_STREAM(rand_r(&w->seed) % 3);
+      if (gmr_alloc(w->rt, size, s, &held[k]) != 0) ++w->failures;
+    } else {
+      if (gmr_free(w->rt, held[k]) != 0) ++w->failures;
+      held[k] = NULL;
+    }
+  }
+  for (int k = 0; k < 8; ++k)
+    if (held[k] && gmr_free(w->rt, held[k]) != 0) ++w->failures;
+  return NULL;
+}
+
+static void test_threads(const char *yaml, const char *label) {
+  gmr_runtime_t *rt = new_runtime(yaml);
+  is_int(gmr_history_enable(rt, (size_t)1 << 20), 0, "%s: gmr_history_enable", label);
+  unsigned seed = (unsigned)getpid();
+  diag("%s: seed %u", label, seed);
+  pthread_t th[T_THREADS];
+  worker_t w[T_THREADS];
+  for (int i = 0; i < T_THREADS; ++i) {
+    w[i] = (worker_t){rt, seed + (unsigned)i, 0};
+    pthread_create(&th[i], NULL, worker, &w[i]);
+  }
+  int failures = 0;
+  for (int i = 0; i < T_THREADS; ++i) {
+    pthread_join(th[i], NULL);
+    failures += w[i].failures;
+  }
+  is_int(failures, 0, "%s: every allocation and free succeeded", label);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  scenario_t sc;
+  scenario_open(&sc, "threads");
+  /* direct: each allocation is segment_alloc + alloc, each free
+   * free_requested + free_completed + segment_free; all were freed. */
+  unsigned long long n = st.num_allocs;
+  fprintf(sc.ex, "segments 0\ntraces 0 %llu\n", 5 * n + 1);
+  fprintf(sc.ex, "count alloc %llu\ncount free_requested %llu\n", n, n);
+  fprintf(sc.ex, "count free_completed %llu\ncount segment_alloc %llu\n", n, n);
+  fprintf(sc.ex, "count segment_free %llu\ncount snapshot 1\n", n);
+  fprintf(sc.ex, "setting gmr_history_dropped 0\n");
+  scenario_check(&sc, rt, label);
+  gmr_runtime_free(rt);
+}
+
+int main(void) {
+  python = getenv("PYTHON3");
+  if (python == NULL || *python == '\0') python = "python3";
+  char probe[600];
+  snprintf(probe, sizeof probe, "'%s' -c 'import pickle, pickletools' >/dev/null 2>&1", python);
+  if (system(probe) != 0) skip_all("python3 is not available to read the snapshots");
+  const char *t = getenv("TMPDIR");
+  snprintf(tmpdir, sizeof tmpdir, "%s/gmr-snapshot-XXXXXX", t && *t ? t : "/tmp");
+  if (mkdtemp(tmpdir) == NULL) {
+    printf("Bail out! mkdtemp: %s\n", strerror(errno));
+    return 1;
+  }
+  unsetenv("GMR_HISTORY");
+
+  test_direct();
+  test_limit("reserved");
+  test_limit("allocated");
+  test_ring();
+  test_env();
+  test_bad_input();
+  test_threads("policy: {name: direct}\n", "threads direct");
+  test_threads("policy: {name: direct}\nlimit: {bytes: 1GiB, counts: reserved}\n",
+               "threads limit(direct)");
+
+  if (getenv("GMR_KEEP") == NULL) rmdir(tmpdir);
+  return done_testing();
+}
