@@ -1,0 +1,213 @@
+#!/bin/sh
+# snapshot2csv.sh: TAP tests of tools/snapshot2csv.py (PyTorch memory snapshot
+# -> gmr trace CSV), replaying what it writes with the library
+# (tests/snapshot-replay, and gmr-compare when it is built).
+#
+#  1. A synthetic snapshot shaped like PyTorch's (dicts of builtins, frames,
+#     several streams, an oom, a free delayed by record_stream, a ring that
+#     dropped the beginning): the exact CSV, the warning, and the replay's
+#     allocation count and peak requested bytes.
+#  2. --reconstruct puts what the history missed at the start.
+#  3. Bad input: not a pickle, no device_traces, a global that is not torch's
+#     (refused, never run); torch globals are read as placeholders.
+#  4. Round trip on a real PyTorch trace: replay with gmr's history on, write
+#     gmr's snapshot, convert it back: the same allocations and PyTorch's own
+#     peak requested bytes (traces/figures.md).
+srcdir=${GMR_SRCDIR:-.}
+builddir=${GMR_BUILDDIR:-.}
+PY=${PYTHON3:-python3}
+n=0
+failed=0
+
+ok() { # ok COND-STATUS DESCRIPTION
+  n=$((n + 1))
+  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi
+}
+is() { # is GOT WANT DESCRIPTION
+  if [ "$1" = "$2" ]; then ok 0 "$3"; else ok 1 "$3"; echo "#   got: $1"; echo "#  want: $2"; fi
+}
+
+if ! "$PY" -c 'import pickle' >/dev/null 2>&1; then
+  echo "1..0 # SKIP python3 is not available"
+  exit 0
+fi
+replay="$builddir/tests/snapshot-replay"
+if [ ! -x "$replay" ]; then
+  echo "1..0 # SKIP $replay is not built"
+  exit 0
+fi
+conv="$srcdir/tools/snapshot2csv.py"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-s2c.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+
+# ---- 1. a synthetic snapshot ---------------------------------------------------
+"$PY" - "$tmp" <<'EOF'
+import os, pickle, sys, types
+tmp = sys.argv[1]
+MiB = 1 << 20
+S = 0x7f3a40000000               # a 20 MiB segment, as PyTorch's large pool makes
+A, B, C, X = S, S + 0xf4400, S + 0x500000, S + 0x600000
+U = 0x7f3a00100000               # freed, but allocated before the history started
+s1 = 140234000                   # a cudaStream_t handle
+fr = [{"filename": "train.py", "line": 12, "name": "forward"}]
+def e(action, addr, size, stream=0, t=0, **kw):
+    d = {"action": action, "addr": addr, "size": size, "stream": stream,
+         "time_us": 1700000000000000 + t, "frames": fr}
+    d.update(kw)
+    return d
+trace = [
+    e("free_requested", U, 512, t=1), e("free_completed", U, 512, t=2),
+    e("segment_alloc", S, 20 * MiB, t=3),
+    e("alloc", A, 1000000, t=4), e("alloc", B, 3000000, t=5),
+    e("alloc", C, 500, stream=s1, t=6),
+    e("free_requested", A, 1000000, t=7), e("free_completed", A, 1000000, t=7),
+    {"action": "oom", "device_free": 1234, "size": 20 * MiB, "stream": 0,
+     "time_us": 1700000000000008, "frames": fr},
+    e("alloc", A, 700000, t=9),                      # the same address again
+    e("free_requested", B, 3000000, t=10),           # pending: record_stream
+    e("alloc", C + 0x10000, 4000000, stream=s1, t=11),
+    e("free_completed", B, 3000000, t=12),
+    e("free_requested", C, 500, stream=s1, t=13), e("free_completed", C, 500, stream=s1, t=13),
+    e("segment_map", S + 20 * MiB, 2 * MiB, t=14), e("segment_unmap", S + 20 * MiB, 2 * MiB, t=15),
+    {"action": "snapshot", "addr": 0, "size": 4702048, "stream": 0,
+     "time_us": 1700000000000016, "frames": []},
+]
+def blk(a, size, req, state):
+    return {"address": a, "size": size, "requested_size": req, "state": state, "frames": fr}
+seg = {"device": 0, "address": S, "total_size": 20 * MiB, "allocated_size": 0,
+       "active_size": 0, "requested_size": 0, "stream": 0, "segment_type": "large",
+       "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+       "blocks": [blk(A, 700416, 700000, "active_allocated"),
+                  blk(A + 700416, 0x500000 - 700416, 0, "inactive"),
+                  blk(C, 0x10000, 0, "inactive"),
+                  blk(C + 0x10000, 4000256, 4000000, "active_allocated"),
+                  blk(X, 2048, 2048, "active_allocated"),        # from before the history
+                  blk(X + 2048, 20 * MiB - 0x600000 - 2048, 0, "inactive")]}
+snap = {"segments": [seg], "device_traces": [trace, []],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": None, "max_split_size": -1,
+                               "expandable_segments": False,
+                               "roundup_power2_divisions": {"1": 0}},
+        "external_annotations": []}
+with open(os.path.join(tmp, "synthetic.pickle"), "wb") as f:
+    pickle.dump(snap, f)        # the default protocol, as _dump_snapshot
+with open(os.path.join(tmp, "empty.pickle"), "wb") as f:
+    pickle.dump({"segments": []}, f)
+with open(os.path.join(tmp, "list.pickle"), "wb") as f:
+    pickle.dump([1, 2], f)
+# A global that is not torch's must be refused, never called.
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch " + os.path.join(tmp, "pwned"),))
+with open(os.path.join(tmp, "evil.pickle"), "wb") as f:
+    pickle.dump({"device_traces": [[Evil()]]}, f)
+# torch objects: a fake torch module makes the pickle; the converter has no torch.
+torch = types.ModuleType("torch")
+class Size(tuple):
+    pass
+Size.__module__ = "torch"
+torch.Size = Size
+sys.modules["torch"] = torch
+t2 = [dict(x) for x in trace[2:6]]
+t2[1]["shape"] = Size((2, 3))
+with open(os.path.join(tmp, "torch.pickle"), "wb") as f:
+    pickle.dump({"segments": [], "device_traces": [t2]}, f)
+EOF
+ok $? "build synthetic PyTorch-shaped snapshots with python3"
+
+"$PY" "$conv" -o "$tmp/synthetic.csv" "$tmp/synthetic.pickle" 2>"$tmp/err"
+ok $? "snapshot2csv.py converts the synthetic snapshot"
+grep -q "1 frees of addresses the history never allocated: the ring buffer dropped the beginning" \
+  "$tmp/err"
+ok $? "it warns that the ring buffer dropped the beginning"
+grep -q "device 0: 5 allocations, 3 frees, 2 live at the end, peak requested 7700500 bytes" \
+  "$tmp/err"
+ok $? "its summary: 5 allocations, 3 frees, 2 live, peak requested 7700500"
+cat >"$tmp/want.csv" <<'EOF'
+Thread,Time,Action,Pointer,Size,Stream
+0,1700000000000004,allocate,0x7f3a40000000,1000000,0
+0,1700000000000005,allocate,0x7f3a400f4400,3000000,0
+0,1700000000000006,allocate,0x7f3a40500000,500,1
+0,1700000000000007,free,0x7f3a40000000,1000000,0
+0,1700000000000009,allocate,0x7f3a40000000,700000,0
+0,1700000000000011,allocate,0x7f3a40510000,4000000,1
+0,1700000000000012,free,0x7f3a400f4400,3000000,0
+0,1700000000000013,free,0x7f3a40500000,500,1
+EOF
+if cmp -s "$tmp/synthetic.csv" "$tmp/want.csv"; then ok 0 "the CSV is exactly the expected one"
+else ok 1 "the CSV is exactly the expected one"; diff "$tmp/want.csv" "$tmp/synthetic.csv" | sed 's/^/# /'; fi
+
+got=$("$replay" "$tmp/synthetic.csv" 2>&1)
+is "$got" "events 8 allocations 5 frees 3 live 2 peak_requested 7700500 ooms 0" \
+  "the library replays it: 5 allocations, peak requested 7700500 bytes"
+
+"$PY" "$conv" "$tmp/synthetic.pickle" 2>/dev/null | cmp -s - "$tmp/want.csv"
+ok $? "without -o the CSV goes to standard output"
+
+# ---- 2. --reconstruct --------------------------------------------------------------
+"$PY" "$conv" --reconstruct -o "$tmp/rec.csv" "$tmp/synthetic.pickle" 2>"$tmp/err"
+ok $? "--reconstruct converts"
+got=$(sed -n '2,3p' "$tmp/rec.csv" | tr '\n' ' ')
+is "$got" "0,1700000000000001,allocate,0x7f3a00100000,512,0 0,1700000000000001,allocate,0x7f3a40600000,2048,0 " \
+  "--reconstruct allocates the freed-unknown block and the block live before the history, first"
+got=$("$replay" "$tmp/rec.csv" 2>&1)
+is "$got" "events 11 allocations 7 frees 4 live 3 peak_requested 7702548 ooms 0" \
+  "the reconstructed trace replays: 7 allocations, peak requested 7702548 bytes"
+
+# ---- 3. bad input ------------------------------------------------------------------
+"$PY" "$conv" "$tmp/want.csv" >/dev/null 2>"$tmp/err"
+st=$?
+ok $((st != 1)) "a CSV is not a snapshot: exit status 1"
+grep -q "not a readable memory snapshot pickle" "$tmp/err"
+ok $? "  and the message says so"
+"$PY" "$conv" "$tmp/empty.pickle" >/dev/null 2>"$tmp/err"
+ok $(($? != 1)) "a snapshot without device_traces: exit status 1"
+grep -q "_record_memory_history" "$tmp/err"
+ok $? "  and the message says how to record the history"
+"$PY" "$conv" "$tmp/list.pickle" >/dev/null 2>"$tmp/err"
+ok $(($? != 1)) "a pickle of a list: exit status 1"
+"$PY" "$conv" "$tmp/evil.pickle" >/dev/null 2>"$tmp/err"
+ok $(($? != 1)) "a pickle calling os.system is refused"
+grep -q "refusing to load posix.system\|refusing to load os.system\|refusing to load nt.system" "$tmp/err"
+ok $? "  and the message names the global"
+test ! -e "$tmp/pwned"
+ok $? "  and nothing ran"
+"$PY" "$conv" "$tmp/torch.pickle" 2>"$tmp/err" >"$tmp/torch.csv"
+ok $? "torch globals are read as placeholders"
+is "$(wc -l <"$tmp/torch.csv" | tr -d ' ')" "4" "  and its 3 allocations are converted"
+"$PY" "$conv" --device 1 "$tmp/synthetic.pickle" >/dev/null 2>"$tmp/err"
+ok $? "--device 1 (empty) converts to an empty trace"
+"$PY" "$conv" --device 5 "$tmp/synthetic.pickle" >/dev/null 2>"$tmp/err"
+ok $(($? != 1)) "--device 5 is refused"
+grep -q "devices 0..1" "$tmp/err"
+ok $? "  and the message gives the devices there are"
+"$PY" "$conv" "$tmp/missing.pickle" >/dev/null 2>"$tmp/err"
+ok $(($? != 1)) "a missing file: exit status 1"
+
+# ---- 4. round trip on a real trace --------------------------------------------------
+trace="$srcdir/traces/resnet50_train.csv"
+if [ -f "$trace" ]; then
+  first=$("$replay" --snapshot "$tmp/gmr.pickle" "$trace" 2>&1)
+  ok $? "replay resnet50_train.csv under direct with the history on, write gmr's snapshot"
+  case "$first" in
+  *"peak_requested 3192592912 "*) ok 0 "its peak requested is PyTorch's: 3192592912 bytes" ;;
+  *) ok 1 "its peak requested is PyTorch's: 3192592912 bytes"; echo "# $first" ;;
+  esac
+  "$PY" "$conv" -q -o "$tmp/back.csv" "$tmp/gmr.pickle"
+  ok $? "snapshot2csv.py converts gmr's own snapshot"
+  second=$("$replay" "$tmp/back.csv" 2>&1)
+  is "$second" "$first" "the converted trace replays to the same counts and peak"
+  cut -d, -f3,5 "$trace" | tail -n +2 >"$tmp/a"
+  cut -d, -f3,5 "$tmp/back.csv" | tail -n +2 >"$tmp/b"
+  cmp -s "$tmp/a" "$tmp/b"
+  ok $? "and to the same actions and sizes, in the same order"
+  if [ -x "$builddir/tools/gmr-compare" ]; then
+    json=$("$builddir/tools/gmr-compare" --json "$tmp/back.csv" "$srcdir/config/direct.yaml" 2>&1)
+    got=$(printf '%s' "$json" | "$PY" -c 'import json,sys; r=json.load(sys.stdin)[0]; print(r["events"], r["peak_requested"])')
+    is "$got" "$(wc -l <"$tmp/a" | tr -d ' ') 3192592912" "gmr-compare replays it: events and peak requested"
+  fi
+else
+  echo "# $trace is missing: no round trip"
+fi
+
+echo "1..$n"
+exit $failed
