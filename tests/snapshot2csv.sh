@@ -209,5 +209,98 @@ else
   echo "# $trace is missing: no round trip"
 fi
 
+# ---- 5. gmr-record, with a stand-in for torch -----------------------------------------
+# No torch here: a fake torch package records allocations the way PyTorch's
+# memory history does, so gmr-record's whole path runs: recording on before
+# the script, the script run as __main__ with its argv, its exit status, the
+# snapshot dumped and converted.
+rec="$srcdir/tools/gmr-record"
+mkdir -p "$tmp/fake/torch/cuda" "$tmp/run"
+cat >"$tmp/fake/torch/__init__.py" <<'PYEOF'
+from . import cuda
+class Tensor:
+    def __init__(self, n):
+        self.n, self.addr = n, cuda.memory._alloc(n)
+    def __del__(self):
+        cuda.memory._free(self.addr, self.n)
+def empty(n):
+    return Tensor(n)
+PYEOF
+cat >"$tmp/fake/torch/cuda/__init__.py" <<'PYEOF'
+from . import memory
+def is_available():
+    return True
+def synchronize():
+    memory._calls.append("synchronize")
+def empty_cache():
+    memory._calls.append("empty_cache")
+PYEOF
+cat >"$tmp/fake/torch/cuda/memory.py" <<'PYEOF'
+import pickle
+_history, _calls, _next, _t = None, [], 0x7f0000000000, 0
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=None,
+                           device=None):
+    global _history
+    _calls.append("record %s %s %s" % (enabled, context, max_entries))
+    _history = [] if enabled else None
+def _entry(action, addr, size):
+    global _t
+    _t += 1
+    if _history is not None:
+        _history.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                         "time_us": _t, "frames": []})
+def _alloc(n):
+    global _next
+    a, _next = _next, _next + 4096 * ((n + 4095) // 4096)
+    _entry("alloc", a, n)
+    return a
+def _free(a, n):
+    _entry("free_requested", a, n)
+    _entry("free_completed", a, n)
+def _dump_snapshot(path):
+    with open(path, "wb") as f:
+        pickle.dump({"segments": [], "device_traces": [list(_history)], "calls": list(_calls)},
+                    f)
+PYEOF
+cat >"$tmp/run/user.py" <<'PYEOF'
+import os, sys
+import torch
+assert __name__ == "__main__"
+print("argv:" + " ".join(sys.argv[1:]))
+a = torch.empty(1000)
+b = torch.empty(2000)
+del a
+c = torch.empty(300)
+os.chdir("/")
+sys.exit(int(sys.argv[1]))
+PYEOF
+(cd "$tmp/run" && PYTHONPATH="$tmp/fake" "$PY" "$rec" --max-entries 5000 --snapshot s.pickle \
+  user.py 3 --flag >"$tmp/out" 2>"$tmp/err")
+is "$?" "3" "gmr-record returns the program's exit status"
+is "$(cat "$tmp/out")" "argv:3 --flag" "the program runs with its own arguments"
+grep -q "gmr-record: wrote $tmp/run/user.trace.csv: device 0, 3 allocations, 3 frees, peak requested 3000 bytes" "$tmp/err"
+ok $? "gmr-record says where the trace went, and what is in it"
+cat "$tmp/err" | sed 's/^/# /'
+got=$(cut -d, -f3,5 "$tmp/run/user.trace.csv" | head -5 | tr '\n' ' ')
+is "$got" "Action,Size allocate,1000 allocate,2000 free,1000 allocate,300 " "the trace holds the program's allocations"
+got=$("$PY" -c 'import pickle,sys; print(pickle.load(open(sys.argv[1],"rb"))["calls"])' "$tmp/run/s.pickle")
+is "$got" "['record all None 5000', 'synchronize', 'empty_cache']" \
+  "recording was on (max_entries 5000, no stacks) before the program; synchronize, empty_cache, dump"
+(cd "$tmp/run" && PYTHONPATH="$tmp/fake" "$PY" "$rec" -o "$tmp/m.csv" --stacks \
+  -m user 0 >/dev/null 2>"$tmp/err")
+is "$?" "0" "gmr-record -m runs a module"
+"$PY" "$rec" >/dev/null 2>&1
+is "$?" "2" "gmr-record without a program is a usage error"
+(cd "$tmp/run" && PYTHONPATH="$tmp/fake" "$PY" "$rec" nosuch.py >/dev/null 2>"$tmp/err")
+ok $(($? == 0)) "gmr-record of a missing script fails"
+grep -q "nosuch.py: no such script" "$tmp/err"
+ok $? "  and says so"
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+  (cd "$tmp/run" && "$PY" "$rec" user.py 0 >/dev/null 2>"$tmp/err")
+  ok $(($? == 0)) "gmr-record without PyTorch fails"
+  grep -q "PyTorch is needed" "$tmp/err"
+  ok $? "  and says PyTorch is needed"
+fi
+
 echo "1..$n"
 exit $failed
