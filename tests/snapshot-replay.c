@@ -1,22 +1,19 @@
-/* snapshot-replay.c: replay a gmr trace CSV on a simulated runtime, print
- * what happened, and optionally write the runtime's memory snapshot.
+/* snapshot-replay.c: replay a gmr trace on a simulated runtime with the
+ * library's reader and replayer (gmr_trace_read, gmr_replay), print what
+ * happened, and optionally write the runtime's memory snapshot.
  *
  *   snapshot-replay [--config FILE] [--history N] [--snapshot OUT.pickle]
  *                   [--stop-at-peak] TRACE.csv
  *
- * Prints one line:
+ * Prints one line from the runtime's own statistics (gmr_stats):
  *   events E allocations A frees F live L peak_requested P ooms O
- * with peak_requested from the runtime's own statistics (gmr_stats).  Used by
- * tests/snapshot2csv.sh (a converted PyTorch snapshot replays with the counts
- * it should have) and scripts/gpu/snapshot-viz.sh (a gmr snapshot of a real
- * trace for PyTorch's memory_viz).  The simulated clock follows the trace's
- * Time column, so the snapshot's timeline is the trace's.  --stop-at-peak
- * replays up to the event where the requested bytes peak, so the snapshot
- * shows the segments at the peak.
- *
- * The CSV reader here is deliberately minimal (the header, then
- * Thread,Time,Action,Pointer,Size,Stream lines with allocate and free);
- * pointers are ids of live allocations, mapped to the runtime's own.
+ * Used by tests/snapshot2csv.sh (a converted PyTorch snapshot replays with the
+ * counts it should have) and scripts/gpu/snapshot-viz.sh (a gmr snapshot of a
+ * real trace for PyTorch's memory_viz).  The simulated clock follows the
+ * trace's Time column, so the snapshot's timeline is the trace's.
+ * --stop-at-peak stops after the event where the requested bytes peak, so the
+ * snapshot shows the segments at that moment.  The default configuration is
+ * the direct policy; the simulated device has 141 GiB.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -24,55 +21,39 @@
 #include <string.h>
 
 #include "gmr.h"
+#include "gmr_replay.h"
 
-typedef struct slot_s {
-  uint64_t id; /* the trace's pointer; 0: empty */
-  void *ptr;   /* ours */
-  uint64_t size;
-} slot_t;
+typedef struct drive_s {
+  size_t stop_after; /* event index to stop after; SIZE_MAX: none */
+} drive_t;
 
-static slot_t *slots;
-static size_t mask;
-static size_t used;
-
-static uint64_t hash(uint64_t x) {
-  return (x >> 4) * 0x9E3779B97F4A7C15ull;
+/* After each event: move the clock to the next event's time; stop at the peak. */
+static int on_event(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t i, int status, void *ud) {
+  (void)status;
+  const drive_t *d = ud;
+  if (i == d->stop_after) return 1;
+  if (i + 1 < t->n_events) gmr_sim_set_clock(rt, t->events[i + 1].time_us * 1000);
+  return 0;
 }
 
-static slot_t *find(uint64_t id) {
-  for (size_t i = hash(id) & mask;; i = (i + 1) & mask)
-    if (slots[i].id == id || slots[i].id == 0) return &slots[i];
-}
-
-static void grow(void) {
-  size_t cap = slots ? (mask + 1) * 2 : 1024;
-  slot_t *old = slots;
-  size_t old_cap = slots ? mask + 1 : 0;
-  slots = calloc(cap, sizeof *slots);
-  if (slots == NULL) {
-    fprintf(stderr, "snapshot-replay: out of memory\n");
-    exit(2);
-  }
-  mask = cap - 1;
-  for (size_t i = 0; i < old_cap; ++i)
-    if (old[i].id != 0) *find(old[i].id) = old[i];
-  free(old);
-}
-
-static void erase(slot_t *s) {
-  size_t i = (size_t)(s - slots), j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (slots[j].id == 0) break;
-    size_t home = hash(slots[j].id) & mask;
-    int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
-    if (!between) {
-      slots[i] = slots[j];
-      i = j;
+/* The index of the event after which Σ live requested bytes is largest. */
+static size_t peak_index(const gmr_trace_data_t *t) {
+  uint64_t *size = calloc(t->n_ids ? t->n_ids : 1, sizeof *size);
+  if (size == NULL) return SIZE_MAX;
+  uint64_t cur = 0, peak = 0;
+  size_t at = SIZE_MAX;
+  for (size_t i = 0; i < t->n_events; ++i) {
+    const gmr_trace_event_t *e = &t->events[i];
+    if (e->action == GMR_TRACE_ALLOC) {
+      size[e->id] = e->size;
+      cur += e->size;
+      if (cur > peak) peak = cur, at = i;
+    } else if (e->action == GMR_TRACE_FREE) {
+      cur -= size[e->id];
     }
   }
-  slots[i].id = 0;
-  --used;
+  free(size);
+  return at;
 }
 
 static int usage(void) {
@@ -82,7 +63,7 @@ static int usage(void) {
 }
 
 int main(int argc, char **argv) {
-  const char *config = NULL, *snap = NULL, *trace = NULL;
+  const char *config = NULL, *snap = NULL, *path = NULL;
   size_t history = 0;
   int stop_at_peak = 0;
   for (int i = 1; i < argc; ++i) {
@@ -94,14 +75,20 @@ int main(int argc, char **argv) {
       history = strtoull(argv[++i], NULL, 10);
     else if (strcmp(argv[i], "--stop-at-peak") == 0)
       stop_at_peak = 1;
-    else if (argv[i][0] == '-' || trace != NULL)
+    else if ((argv[i][0] == '-' && argv[i][1] != '\0') || path != NULL)
       return usage();
     else
-      trace = argv[i];
+      path = argv[i];
   }
-  if (trace == NULL) return usage();
+  if (path == NULL) return usage();
   if (snap != NULL && history == 0) history = (size_t)1 << 24;
 
+  char err_text[1024];
+  gmr_trace_data_t *t = NULL;
+  if (gmr_trace_read(path, &t, err_text, sizeof err_text) != 0) {
+    fprintf(stderr, "snapshot-replay: %s\n", err_text);
+    return 1;
+  }
   gmr_config_t *cfg = NULL;
   gmr_error_t cerr;
   int err = config ? gmr_config_load_file(config, &cfg, &cerr)
@@ -123,123 +110,33 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  FILE *in = strcmp(trace, "-") == 0 ? stdin : fopen(trace, "r");
-  if (in == NULL) {
-    perror(trace);
+  drive_t d = {.stop_after = stop_at_peak ? peak_index(t) : SIZE_MAX};
+  gmr_replay_options_t opts = {.callback = on_event, .ud = &d};
+  gmr_replay_result_t *res = calloc(1, sizeof *res);
+  if (res == NULL) return 1;
+  if (t->n_events > 0) gmr_sim_set_clock(rt, t->events[0].time_us * 1000);
+  if (gmr_replay(rt, t, &opts, res) != 0) {
+    fprintf(stderr, "snapshot-replay: %s\n", gmr_last_error(rt));
     return 1;
   }
-  grow();
-  char line[512];
-  unsigned long lineno = 0;
-  uint64_t events = 0, allocs = 0, frees = 0, ooms = 0;
-  uint64_t requested = 0, peak = 0, peak_event = 0;
-  /* First pass for --stop-at-peak: find the event where requested peaks. */
-  if (stop_at_peak) {
-    FILE *scan = fopen(trace, "r");
-    if (scan == NULL) {
-      perror(trace);
-      return 1;
-    }
-    uint64_t n = 0, req = 0;
-    while (fgets(line, sizeof line, scan)) {
-      unsigned long long t, p, size, s;
-      char act[32];
-      unsigned th;
-      if (sscanf(line, "%u,%llu,%31[^,],%llx,%llu,%llu", &th, &t, act, &p, &size, &s) != 6)
-        continue;
-      ++n;
-      if (strcmp(act, "allocate") == 0) {
-        slot_t *sl = find(p);
-        sl->id = p, sl->size = size;
-        if (++used * 2 > mask + 1) grow();
-        req += size;
-        if (req > peak) peak = req, peak_event = n;
-      } else if (strcmp(act, "free") == 0) {
-        slot_t *sl = find(p);
-        if (sl->id != 0) req -= sl->size, erase(sl);
-      }
-    }
-    fclose(scan);
-    memset(slots, 0, (mask + 1) * sizeof *slots);
-    used = 0;
-    peak = 0;
-  }
-  while (fgets(line, sizeof line, in)) {
-    ++lineno;
-    if (lineno == 1 && strncmp(line, "Thread,", 7) == 0) continue;
-    unsigned long long t, p, size, s;
-    char act[32];
-    unsigned th;
-    if (sscanf(line, "%u,%llu,%31[^,],%llx,%llu,%llu", &th, &t, act, &p, &size, &s) != 6 ||
-        p == 0) {
-      fprintf(stderr, "%s:%lu: malformed line: %s", trace, lineno, line);
-      return 1;
-    }
-    ++events;
-    gmr_sim_set_clock(rt, t * 1000);
-    slot_t *sl = find(p);
-    if (strcmp(act, "allocate") == 0) {
-      if (sl->id != 0) {
-        fprintf(stderr, "%s:%lu: allocate of %#llx, which is live\n", trace, lineno, p);
-        return 1;
-      }
-      void *ptr = NULL;
-      err = gmr_alloc(rt, size, GMR_SIM_STREAM(s), &ptr);
-      if (err == GMR_ENOMEM) {
-        ++ooms;
-      } else if (err != 0) {
-        fprintf(stderr, "%s:%lu: %s\n", trace, lineno, gmr_last_error(rt));
-        return 1;
-      } else {
-        *sl = (slot_t){p, ptr, size};
-        if (++used * 2 > mask + 1) grow();
-        ++allocs;
-        requested += size;
-        if (requested > peak) peak = requested;
-      }
-    } else if (strcmp(act, "free") == 0) {
-      if (sl->id == 0) {
-        fprintf(stderr, "%s:%lu: free of %#llx, which is not live\n", trace, lineno, p);
-        return 1;
-      }
-      if (gmr_free(rt, sl->ptr) != 0) {
-        fprintf(stderr, "%s:%lu: %s\n", trace, lineno, gmr_last_error(rt));
-        return 1;
-      }
-      requested -= sl->size;
-      erase(sl);
-      ++frees;
-    } else {
-      fprintf(stderr, "%s:%lu: unknown action '%s'\n", trace, lineno, act);
-      return 1;
-    }
-    if (stop_at_peak && events == peak_event) break;
-  }
-  if (in != stdin) fclose(in);
-
   gmr_stats_t st;
   gmr_stats(rt, &st);
-  if (st.peak_requested_bytes != peak)
-    fprintf(stderr,
-            "snapshot-replay: the runtime's peak requested (%" PRIu64
-            ") differs from the trace's (%" PRIu64 ")\n",
-            st.peak_requested_bytes, peak);
-  printf("events %" PRIu64 " allocations %" PRIu64 " frees %" PRIu64 " live %zu "
-         "peak_requested %" PRIu64 " ooms %" PRIu64 "\n",
-         events, allocs, frees, used, st.peak_requested_bytes, ooms);
+  printf("events %zu allocations %" PRIu64 " frees %" PRIu64 " live %" PRIu64
+         " peak_requested %" PRIu64 " ooms %zu\n",
+         res->events_done, st.num_allocs, st.num_frees, st.allocations, st.peak_requested_bytes,
+         res->ooms);
+  int rc = 0;
   if (snap != NULL) {
     FILE *f = fopen(snap, "wb");
     if (f == NULL || gmr_snapshot_write(rt, f) != 0) {
       fprintf(stderr, "snapshot-replay: %s: %s\n", snap,
               f ? gmr_last_error(rt) : "cannot open for writing");
-      return 1;
+      rc = 1;
     }
-    fclose(f);
+    if (f) fclose(f);
   }
-  /* Give the live allocations back before freeing the runtime. */
-  for (size_t i = 0; i <= mask; ++i)
-    if (slots[i].id != 0) gmr_free(rt, slots[i].ptr);
-  free(slots);
+  free(res);
   gmr_runtime_free(rt);
-  return 0;
+  gmr_trace_data_free(t);
+  return rc;
 }
