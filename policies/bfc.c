@@ -361,10 +361,9 @@ static size_t bfc_largest_free(const bfc_t *b) {
 
 /* ---- chunks: split and merge ------------------------------------------------------ */
 
-/* Cut `c` (free, unbinned) at `size`; the remainder goes to a bin.  `spare`
- * is the record for the remainder. */
-static void bfc_split(bfc_t *b, bfc_chunk_t *c, size_t size, bfc_chunk_t *spare) {
-  bfc_chunk_t *n = spare;
+/* Cut `c` (free, unbinned) at `size`; the remainder, in the fresh record
+ * `n`, goes to a bin. */
+static void bfc_split(bfc_t *b, bfc_chunk_t *c, size_t size, bfc_chunk_t *n) {
   n->ptr = c->ptr + size;
   n->size = c->size - size;
   n->region = c->region;
@@ -404,15 +403,15 @@ static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   return c;
 }
 
-/* FindChunkPtr.  `spare` is a record for a possible split (consumed or not). */
-static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes,
-                                   bfc_chunk_t **spare) {
+/* FindChunkPtr.  Should the host refuse a record for the remainder of a
+ * split, the whole chunk is handed out (never observed in practice). */
+static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
   bfc_chunk_t *c = bfc_best_fit(b, rounded);
   if (c == NULL) return NULL;
   bfc_bin_remove(b, c);
   if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
-    bfc_split(b, c, rounded, *spare);
-    *spare = NULL;
+    bfc_chunk_t *rest = bfc_chunk_get(b);
+    if (rest != NULL) bfc_split(b, c, rounded, rest);
   }
   c->requested = num_bytes;
   c->allocation_id = b->next_allocation_id++;
@@ -611,24 +610,17 @@ static bool bfc_free_regions(bfc_t *b, size_t rounded, bool force) {
  * fits; *err < 0 when the device or the host failed. */
 static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err) {
   *err = 0;
-  bfc_chunk_t *spare = bfc_chunk_get(b); /* for a split; given back when unused */
-  if (spare == NULL) return (*err = GMR_ENOMEM), NULL;
-  bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes, &spare);
-  if (c == NULL) {
-    int e = bfc_extend(b, rounded);
-    if (e == 0) {
-      c = bfc_find_chunk(b, rounded, num_bytes, &spare);
-    } else if (e != GMR_ENOMEM) {
-      *err = e;
-    } else if (bfc_free_regions(b, rounded, false)) {
-      ++b->retries;
-      e = bfc_extend(b, rounded);
-      if (e == 0) c = bfc_find_chunk(b, rounded, num_bytes, &spare);
-      if (e != 0 && e != GMR_ENOMEM) *err = e;
-    }
-  }
-  if (spare != NULL) bfc_chunk_put(b, spare);
-  return c;
+  bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
+  if (c != NULL) return c;
+  int e = bfc_extend(b, rounded);
+  if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
+  if (e != GMR_ENOMEM) return (*err = e), NULL;
+  if (!bfc_free_regions(b, rounded, false)) return NULL;
+  ++b->retries;
+  e = bfc_extend(b, rounded);
+  if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
+  if (e != GMR_ENOMEM) *err = e;
+  return NULL;
 }
 
 /* ---- the OOM report (AllocateRawInternal's banner, DumpMemoryLog, RenderOccupancy) -- */
@@ -1412,7 +1404,7 @@ static const gmr_opt_desc_t bfc_opts_desc[] = {
      .default_text = "false",
      .help = "Merge a new region into the one just before it when the device returns "
              "contiguous addresses (SupportsCoalescing)."},
-    {.key = "name",
+    {.key = "allocator_name",
      .type = GMR_OPT_STRING,
      .offset = offsetof(bfc_opts_t, name),
      .default_text = "GPU_<device>_bfc",
