@@ -868,7 +868,8 @@ static void test_pointer_contract_and_dump(void) {
 
   rt = make("  memory_limit: 1024\n  allow_retry_on_failure: false\n  allocator_name: GPU_3_bfc\n");
   gmr_alloc(rt, 2048, NULL, &b);
-  like(gmr_last_error(rt), "Allocator (GPU_3_bfc) ran out of memory", "allocator_name: sets the name");
+  like(gmr_last_error(rt), "Allocator (GPU_3_bfc) ran out of memory",
+       "allocator_name: sets the name");
   gmr_runtime_free(rt);
 }
 
