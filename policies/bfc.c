@@ -798,6 +798,8 @@ static int bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded) {
   return err;
 }
 
+static int bfc_check_locked(bfc_t *b);
+
 /* ---- policy ops ----------------------------------------------------------------------- */
 
 static uint64_t bfc_now_ns(void) {
@@ -857,6 +859,7 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
     return err;
   }
   *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  gmr_assert_expensive(bfc_check_locked(b) == 0);
   pthread_mutex_unlock(&b->lock);
   return 0;
 }
@@ -877,6 +880,7 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   ++b->num_frees;
   bfc_bin_insert(b, bfc_coalesce(b, c));
   if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+  gmr_assert_expensive(bfc_check_locked(b) == 0);
   pthread_mutex_unlock(&b->lock);
   return 0;
 }
