@@ -148,6 +148,7 @@ typedef struct bfc_s {
   gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
   gmr_stat_t allocations; /* in-use chunks */
   uint64_t num_frees, ooms, retries;
+  bool gc_to_log; /* a garbage collection happened; log it outside the lock */
 } bfc_t;
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
@@ -529,6 +530,11 @@ fail_chunk:
   return GMR_ENOMEM;
 }
 
+/* Doubling that saturates instead of wrapping to 0 (limits near 2^63). */
+static inline size_t bfc_double(size_t n) {
+  return n > SIZE_MAX / 2 ? SIZE_MAX : n * 2;
+}
+
 /* Extend: one more region of at least `rounded` bytes.  0 on success;
  * GMR_ENOMEM when the limit or the device says no; another code when the
  * device failed otherwise. */
@@ -538,7 +544,7 @@ static int bfc_extend(bfc_t *b, size_t rounded) {
   if (rounded > avail) return GMR_ENOMEM;
   bool increased = false;
   while (rounded > b->curr_region_bytes) {
-    b->curr_region_bytes *= 2;
+    b->curr_region_bytes = bfc_double(b->curr_region_bytes);
     increased = true;
   }
   size_t bytes = b->curr_region_bytes < avail ? b->curr_region_bytes : (size_t)avail;
@@ -554,7 +560,7 @@ static int bfc_extend(bfc_t *b, size_t rounded) {
     err = bfc_sub_alloc(b, bytes, &mem, &received);
   }
   if (err != 0) return err;
-  if (!increased) b->curr_region_bytes *= 2;
+  if (!increased) b->curr_region_bytes = bfc_double(b->curr_region_bytes);
   if (bfc_region_add(b, mem, received) != 0) {
     if (b->vmm) b->va_used -= received;
     bfc_sub_free(b, mem, received);
@@ -593,14 +599,7 @@ static bool bfc_free_regions(bfc_t *b, size_t rounded, bool force) {
   if (total_free == 0) return false;
   if (!force && (int64_t)rounded > (int64_t)b->limit - b->pool_bytes + (int64_t)total_free)
     return false;
-  if (!force)
-    gmr__log(GMR_LOG_WARN,
-             "Garbage collection: deallocate free memory regions (i.e., allocations) so that we "
-             "can re-allocate a larger region to avoid OOM due to memory fragmentation. If you "
-             "see this message frequently, you are running near the threshold of the available "
-             "device memory and re-allocation may incur great performance overhead. You may try "
-             "smaller batch sizes to observe the performance impact. Set "
-             "TF_ENABLE_GPU_GARBAGE_COLLECTION=false if you'd like to disable this feature.");
+  if (!force) b->gc_to_log = true; /* logged once the lock is released */
   for (size_t i = b->n_regions; i-- > 0;)
     if (bfc_region_free(b->regions[i])) bfc_region_release(b, i);
   return true;
@@ -833,35 +832,42 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
       if (c != NULL || err != 0) break;
     }
   }
-  if (c == NULL) {
-    if (err == 0) {
-      ++b->ooms;
-      err = bfc_oom(b, size, rounded);
-      if (!b->retry) {
-        if (atomic_fetch_add(&bfc_failure_logs, 1) < BFC_MAX_FAILURE_LOGS) {
-          char h[32];
-          bfc_hr((int64_t)size, h, sizeof h);
-          gmr__log(GMR_LOG_WARN,
-                   "Allocator (%s) ran out of memory trying to allocate %s with "
-                   "freed_by_count=0.",
-                   b->name, h);
-        }
-      } else {
-        char h[32];
-        bfc_hr((int64_t)size, h, sizeof h);
-        gmr__log(GMR_LOG_WARN,
-                 "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
-                 "waiting %.3f s for memory to be freed",
-                 b->name, h, rounded, (double)b->retry_ns / 1e9);
-      }
-    }
-    pthread_mutex_unlock(&b->lock);
-    return err;
+  /* What to log, decided under the lock and written after it (a log
+   * callback may call back into the runtime). */
+  bool log_gc = b->gc_to_log, log_fail = false;
+  b->gc_to_log = false;
+  if (c == NULL && err == 0) {
+    ++b->ooms;
+    err = bfc_oom(b, size, rounded);
+    log_fail = b->retry || atomic_fetch_add(&bfc_failure_logs, 1) < BFC_MAX_FAILURE_LOGS;
   }
-  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
-  gmr_assert_expensive(bfc_check_locked(b) == 0);
+  if (c != NULL) {
+    *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+    gmr_assert_expensive(bfc_check_locked(b) == 0);
+  }
   pthread_mutex_unlock(&b->lock);
-  return 0;
+  if (log_gc)
+    gmr__log(GMR_LOG_WARN,
+             "Garbage collection: deallocate free memory regions (i.e., allocations) so that we "
+             "can re-allocate a larger region to avoid OOM due to memory fragmentation. If you "
+             "see this message frequently, you are running near the threshold of the available "
+             "device memory and re-allocation may incur great performance overhead. You may try "
+             "smaller batch sizes to observe the performance impact. Set "
+             "TF_ENABLE_GPU_GARBAGE_COLLECTION=false if you'd like to disable this feature.");
+  if (log_fail) {
+    char h[32];
+    bfc_hr((int64_t)size, h, sizeof h);
+    if (b->retry)
+      gmr__log(GMR_LOG_WARN,
+               "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
+               "waiting %.3f s for memory to be freed",
+               b->name, h, rounded, (double)b->retry_ns / 1e9);
+    else
+      gmr__log(GMR_LOG_WARN,
+               "Allocator (%s) ran out of memory trying to allocate %s with freed_by_count=0.",
+               b->name, h);
+  }
+  return c != NULL ? 0 : err;
 }
 
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
@@ -1318,8 +1324,8 @@ fail_lock:
 static int bfc_parse_seconds(const char *text, void *field, char *err, size_t len) {
   char *end;
   double v = strtod(text, &end);
-  if (end == text || !(v >= 0) || isinf(v)) {
-    snprintf(err, len, "expected a duration such as 10, 10s, 250ms or 0");
+  if (end == text || !(v >= 0) || v > 1e6) {
+    snprintf(err, len, "expected a duration from 0 to 1e6 s, such as 10, 10s, 250ms or 0");
     return GMR_EINVAL;
   }
   if (strcmp(end, "ms") == 0)

@@ -143,9 +143,12 @@ static double now_s(void) {
 
 /* ---- log capture --------------------------------------------------------- */
 
-static int n_freed_by_warnings;
+static int n_freed_by_warnings, n_gc_warnings;
 static void log_cb(gmr_log_level_t level, const char *msg, void *ud) {
   (void)ud;
+  if (level == GMR_LOG_WARN &&
+      strncmp(msg, "Garbage collection: deallocate free memory regions", 50) == 0)
+    ++n_gc_warnings;
   if (level == GMR_LOG_WARN && strstr(msg, "ran out of memory trying to allocate") &&
       strstr(msg, "with freed_by_count=0."))
     ++n_freed_by_warnings;
@@ -510,8 +513,11 @@ static void test_physical_ooms_fragmentation(void) {
 
   /* The GC pass of §11.11: 253 MiB fits in no free chunk, but in the limit
    * once the 7 wholly free regions (256 MiB) are given back. */
+  gmr_set_log(log_cb, NULL);
   is_int(gmr_alloc(rt, 253 * MiB, NULL, &big), 0,
          "§11.11: A(253 MiB) succeeds after garbage collection");
+  gmr_set_log(NULL, NULL);
+  is_int(n_gc_warnings, 1, "  which logs TF's 'Garbage collection' warning once");
   gmr_sim_counters(rt, &k);
   is_u64(k.release_calls, 7, "  GC released the 7 wholly free regions");
   is_int(bstat(rt, "regions"), 2, "  leaving the live region and a new 256 MiB one");
