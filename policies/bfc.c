@@ -706,7 +706,8 @@ static void bfc_render(const bfc_t *b, gmr_strbuf_t *sb) {
   gmr__sb_puts(sb, map);
 }
 
-/* DumpMemoryLog(rounded) into `sb`, one LOG line per text line. */
+/* DumpMemoryLog(rounded) into `sb`, one LOG line per text line; `rounded`
+ * 0 leaves out the "Bin for" section (gmr_summary). */
 static void bfc_dump(const bfc_t *b, size_t rounded, gmr_strbuf_t *sb) {
   bfc_bin_info_t info[BFC_NUM_BINS];
   bfc_bin_infos(b, info);
@@ -722,11 +723,13 @@ static void bfc_dump(const bfc_t *b, size_t rounded, gmr_strbuf_t *sb) {
                    bfc_bin_size(i), (unsigned long long)info[i].chunks_in_bin,
                    (unsigned long long)info[i].chunks_in_use, h1, h2, h3);
   }
-  int want = bfc_bin_for(rounded);
-  bfc_hr((int64_t)rounded, h1, sizeof h1);
-  bfc_hr((int64_t)bfc_bin_size(want), h2, sizeof h2);
-  gmr__sb_printf(sb, "Bin for %s was %s, Chunk State: \n", h1, h2);
-  bfc_inorder_debug(sb, b->bins[want].root);
+  if (rounded > 0) { /* 0: a summary, not a failed request */
+    int want = bfc_bin_for(rounded);
+    bfc_hr((int64_t)rounded, h1, sizeof h1);
+    bfc_hr((int64_t)bfc_bin_size(want), h2, sizeof h2);
+    gmr__sb_printf(sb, "Bin for %s was %s, Chunk State: \n", h1, h2);
+    bfc_inorder_debug(sb, b->bins[want].root);
+  }
   size_t n_in_use = (size_t)b->allocations.current, k = 0;
   size_t *sizes = gmr__malloc((n_in_use ? n_in_use : 1) * sizeof *sizes);
   for (size_t i = 0; i < b->n_regions; ++i) {
@@ -981,7 +984,7 @@ static int bfc_summary(gmr_policy_t *self, FILE *out) {
   bfc_t *b = (bfc_t *)self;
   gmr_strbuf_t sb = {0};
   pthread_mutex_lock(&b->lock);
-  bfc_dump(b, BFC_MIN_ALLOC, &sb);
+  bfc_dump(b, 0, &sb);
   bfc_render(b, &sb);
   pthread_mutex_unlock(&b->lock);
   fprintf(out, "%s\n", gmr__sb_str(&sb));

@@ -179,6 +179,10 @@ static void test_no_dups(void) {
     fails += gmr_alloc(rt, (size_t)s, NULL, &p[s - 1]) != 0;
   is_int(fails, 0, "NoDups: 1023 allocations of 1..1023 bytes succeed");
   check_stats(rt, 1023, 654336, 654336, 1024, "NoDups, allocated");
+  int aligned = 1;
+  for (int i = 0; i < 1023; ++i)
+    aligned &= (uintptr_t)p[i] % 256 == 0;
+  ok(aligned, "DefaultAlignment: every pointer is 256-byte aligned");
   ok(no_overlap(rt, p, 1023), "NoDups: sorted pointers are distinct and ptr[i]-ptr[i-1] >= "
                               "RequestedSize(ptr[i-1]) > 0");
   for (int i = 0; i < 1023; ++i)
@@ -740,6 +744,25 @@ static void test_growth_regions(void) {
   gmr_runtime_free(rt);
 }
 
+static void test_growth_capped_by_limit(void) {
+  gmr_runtime_t *rt =
+      make("  memory_limit: 10MiB\n  allow_growth: true\n  allow_retry_on_failure: false\n");
+  void *a, *b, *c, *d = NULL;
+  gmr_alloc(rt, 4 * MiB, NULL, &a);
+  gmr_alloc(rt, 4 * MiB, NULL, &b);
+  gmr_alloc(rt, 1 * MiB, NULL, &c);
+  walk_t w = walk(rt);
+  ok(w.n_seg == 3 && w.seg_size[0] == 4 * MiB && w.seg_size[1] == 4 * MiB &&
+         w.seg_size[2] == 2 * MiB,
+     "§11.9: growth regions are capped by what is left of the limit (4, 4, then 2 MiB not 8)");
+  uint64_t r0 = reserves(rt);
+  is_int(gmr_alloc(rt, 2 * MiB, NULL, &d), GMR_ENOMEM,
+         "§11.9: 2 MiB > floor256(L - pool) = 0 and fits no free chunk: fails");
+  is_u64(reserves(rt), r0, "  without a device call");
+  is_int(gmr_alloc(rt, 1 * MiB, NULL, &d), 0, "  1 MiB still fits in the free half");
+  gmr_runtime_free(rt);
+}
+
 static void test_backpedal(void) {
   gmr_runtime_t *rt = make("  memory_limit: 2048\n  allow_retry_on_failure: false\n");
   gmr_sim_fail_all(rt, 1);
@@ -1067,6 +1090,7 @@ int main(void) {
   test_coalescing();
   test_greedy_region();
   test_growth_regions();
+  test_growth_capped_by_limit();
   test_backpedal();
   test_stats();
   test_pointer_contract_and_dump();
