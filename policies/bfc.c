@@ -117,13 +117,13 @@ typedef struct bfc_s {
   int waiters;          /* allocations waiting for frees */
 
   /* Configuration: immutable after create. */
-  char name[128];  /* "GPU_0_bfc" */
-  uint64_t limit;  /* memory_limit_, bytes */
-  size_t max_frag; /* split when the waste would be at least this, bytes */
-  bool growth, gc, retry, coalesce, vmm;
-  uint64_t retry_ns; /* wait for frees, nanoseconds */
-  uintptr_t va_base; /* VMM: the reserved virtual range */
-  size_t va_size;    /* VMM: bytes of it */
+  char name[128];                /* "GPU_0_bfc" */
+  uint64_t limit;                /* memory_limit_, bytes */
+  size_t max_frag;               /* split when the waste would be at least this, bytes */
+  bool gc, retry, coalesce, vmm; /* garbage_collection, allow_retry, coalescing, VMM */
+  uint64_t retry_ns;             /* wait for frees, nanoseconds */
+  uintptr_t va_base;             /* VMM: the reserved virtual range */
+  size_t va_size;                /* VMM: bytes of it */
 
   /* State (under lock). */
   size_t va_used;           /* VMM: bytes mapped from va_base */
@@ -1280,7 +1280,6 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   b->limit = limit;
   b->max_frag = o.fragmentation_fraction > 0 ? (size_t)(o.fragmentation_fraction * (double)limit)
                                              : BFC_MAX_FRAG_DEFAULT;
-  b->growth = o.allow_growth;
   b->gc = o.garbage_collection;
   b->retry = o.allow_retry_on_failure;
   b->retry_ns = (uint64_t)(o.retry_timeout * 1e9);
