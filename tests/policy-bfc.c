@@ -411,6 +411,34 @@ static void test_bin_debug_info(void) {
   gmr_runtime_free(rt);
 }
 
+/* The bin boundaries the TF constructor CHECKs (and Log2FloorNonZero): a
+ * chunk of bin_size and one of 2*bin_size - 256 both land in bin b. */
+static void test_bin_boundaries(void) {
+  gmr_runtime_t *rt = make("  memory_limit: 2GiB\n");
+  void *p[42];
+  int fails = 0;
+  for (int b = 0; b < 20; ++b) {
+    fails += gmr_alloc(rt, (size_t)256 << b, NULL, &p[2 * b]) != 0;
+    fails += gmr_alloc(rt, ((size_t)512 << b) - 256, NULL, &p[2 * b + 1]) != 0;
+  }
+  fails += gmr_alloc(rt, 256 * MiB, NULL, &p[40]) != 0;
+  fails += gmr_alloc(rt, 600 * MiB, NULL, &p[41]) != 0;
+  is_int(fails, 0, "bin boundaries: 42 allocations succeed");
+  char *s = summary_text(rt);
+  int good = 1;
+  for (int b = 0; b < 20; ++b) {
+    char line[96];
+    snprintf(line, sizeof line, "Bin (%zu): \tTotal Chunks: 2, Chunks in use: 2. ",
+             (size_t)256 << b);
+    if (strstr(s, line) == NULL) good = 0, diag("missing: %s", line);
+  }
+  ok(good, "bins 0..19 each hold their bin_size and 2*bin_size-256 chunks");
+  like(s, "Bin (268435456): \tTotal Chunks: 3, Chunks in use: 2. ",
+       "bin 20 holds 256 MiB, 600 MiB and the free rest (>= 256 MiB)");
+  free(s);
+  gmr_runtime_free(rt);
+}
+
 static void test_force_allow_growth(void) {
   static const struct {
     const char *env;
@@ -910,6 +938,7 @@ typedef struct retry_arg_s {
   int iterations;
   int failures;
   double waited;
+  int dumped; /* the failure's text holds the full dump */
 } retry_arg_t;
 
 static void *consumer(void *p) {
@@ -931,9 +960,13 @@ static void *blocked_alloc(void *p) {
   retry_arg_t *a = p;
   void *q;
   double t0 = now_s();
-  if (gmr_alloc(a->rt, a->size, NULL, &q) != 0)
+  if (gmr_alloc(a->rt, a->size, NULL, &q) != 0) {
     ++a->failures;
-  else
+    const char *e = gmr_last_error(a->rt);
+    a->dumped = strstr(e, "ran out of memory trying to allocate 2.00MiB") != NULL &&
+                strstr(e, "BFCAllocator dump for GPU_0_bfc") != NULL &&
+                strstr(e, "Sum Total of in-use chunks: 1.00MiB") != NULL;
+  } else
     gmr_free(a->rt, q);
   a->waited = now_s() - t0;
   return NULL;
@@ -945,7 +978,7 @@ static void test_retry(void) {
   retry_arg_t args[3];
   pthread_t th[3];
   for (int i = 0; i < 3; ++i) {
-    args[i] = (retry_arg_t){rt, MiB, 200, 0, 0};
+    args[i] = (retry_arg_t){rt, MiB, 200, 0, 0, 0};
     pthread_create(&th[i], NULL, consumer, &args[i]);
   }
   for (int i = 0; i < 3; ++i)
@@ -969,7 +1002,7 @@ static void test_retry(void) {
   rt = make("  memory_limit: 2MiB\n  retry_timeout: 10s\n");
   gmr_alloc(rt, MiB, NULL, &u1);
   gmr_alloc(rt, MiB, NULL, &u2);
-  retry_arg_t w = {rt, 2 * MiB, 1, 0, 0};
+  retry_arg_t w = {rt, 2 * MiB, 1, 0, 0, 0};
   pthread_create(&th[0], NULL, blocked_alloc, &w);
   struct timespec ts = {0, 100 * 1000000};
   nanosleep(&ts, NULL);
@@ -988,11 +1021,12 @@ static void test_retry(void) {
   /* RetryInsufficientFail: the memory never comes; the timeout fails it. */
   rt = make("  memory_limit: 2MiB\n  retry_timeout: 200ms\n");
   gmr_alloc(rt, MiB, NULL, &u1);
-  w = (retry_arg_t){rt, 2 * MiB, 1, 0, 0};
+  w = (retry_arg_t){rt, 2 * MiB, 1, 0, 0, 0};
   pthread_create(&th[0], NULL, blocked_alloc, &w);
   pthread_join(th[0], NULL);
   is_int(w.failures, 1, "RetryInsufficientFail: the allocation fails");
   ok(w.waited >= 0.2 && w.waited < 5, "  after the 200 ms retry timeout (%.3f s)", w.waited);
+  ok(w.dumped, "  and its last attempt writes the full OOM dump");
   gmr_runtime_free(rt);
 }
 
@@ -1080,6 +1114,7 @@ int main(void) {
   test_with_growth_option_unpassed();
   test_receives_less_memory();
   test_bin_debug_info();
+  test_bin_boundaries();
   test_force_allow_growth();
   test_vmm_promotes_reuse();
   test_physical_ooms_fragmentation();
