@@ -75,6 +75,14 @@ int main(void) {
       gmr_stat_get(rt, "peak_bytes_in_use", &peak_in_use);
       is_u64(st.peak_reserved_bytes, (uint64_t)peak_pool,
              "%s under %s: the device's peak reserved is the peak pool", traces[ti], configs[ci]);
+      if (ci != 1)
+        ok(st.peak_reserved_bytes == (uint64_t)limit / 256 * 256 && st.peak_segments == 1,
+           "%s under %s: greedy, one region of floor256(limit) = %lld bytes", traces[ti],
+           configs[ci], (long long)limit / 256 * 256);
+      else
+        ok(st.peak_reserved_bytes < (uint64_t)limit && st.peak_segments > 1,
+           "%s under %s: growth, %llu regions, below the limit", traces[ti], configs[ci],
+           (unsigned long long)st.peak_segments);
       diag("%-18s %-10s peak reserved %13llu  peak in use %12lld  limit %13lld  regions(peak) "
            "%llu  %.2f s",
            traces[ti], configs[ci], (unsigned long long)st.peak_reserved_bytes,
