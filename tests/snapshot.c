@@ -214,6 +214,66 @@ static void test_limit(const char *counts) {
   gmr_runtime_free(rt);
 }
 
+/* TensorFlow's BFC with allow_growth (config/tf-growth.yaml): a 2 MiB region,
+ * then a 4 MiB one; a chunk is split only when it is at least twice the
+ * request or 128 MiB more, so 3 MiB takes the whole 4 MiB chunk; a freed
+ * chunk merges with its free neighbours.  Regions are segments, chunks are
+ * blocks. */
+static void test_bfc(void) {
+  gmr_runtime_t *rt = new_runtime_file("tf-growth.yaml");
+  is_int(gmr_history_enable(rt, 100), 0, "bfc: gmr_history_enable(100)");
+  void *a = alloc_ok(rt, 1000, NULL);
+  void *b = alloc_ok(rt, 3 * MiB, NULL);
+  is_int(gmr_free(rt, a), 0, "bfc: free a");
+  scenario_t sc;
+  scenario_open(&sc, "bfc");
+  fprintf(sc.ex, "segments 2\n");
+  fprintf(sc.ex, "segment %llu %zu 0 0 0 0 large 0 1\n", U(a), 2 * MiB);
+  fprintf(sc.ex, "block %llu %zu 0 inactive\n", U(a), 2 * MiB);
+  fprintf(sc.ex, "segment %llu %zu %zu %zu %zu 0 large 0 1\n", U(b), 4 * MiB, 4 * MiB, 4 * MiB,
+          3 * MiB);
+  fprintf(sc.ex, "block %llu %zu %zu active_allocated\n", U(b), 4 * MiB, 3 * MiB);
+  fprintf(sc.ex, "traces 0 7\n");
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(a), 2 * MiB);
+  fprintf(sc.ex, "trace alloc %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(b), 4 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 3 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace free_completed %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 4 * MiB); /* active: the whole chunk */
+  fprintf(sc.ex, "setting gmr_policy bfc\n");
+  scenario_check(&sc, rt, "bfc growth");
+  gmr_free(rt, b);
+  gmr_runtime_free(rt);
+
+  /* vmm: one virtual range, pages mapped at its end: the regions coalesce
+   * into one expandable segment of 6 MiB, whose free chunk of 6 MiB - 1024
+   * takes the 3 MiB request whole; the history has segment_map entries. */
+  rt = new_runtime("policy: {name: bfc, allow_growth: true, vmm: true}\n");
+  is_int(gmr_history_enable(rt, 100), 0, "bfc vmm: gmr_history_enable(100)");
+  a = alloc_ok(rt, 1000, NULL);
+  b = alloc_ok(rt, 3 * MiB, NULL);
+  is_ptr(b, (char *)a + 1024, "bfc vmm: the 3 MiB block follows the 1024-byte chunk");
+  is_int(gmr_free(rt, a), 0, "bfc vmm: free a");
+  scenario_open(&sc, "bfc-vmm");
+  fprintf(sc.ex, "segments 1\n");
+  fprintf(sc.ex, "segment %llu %zu %zu %zu %zu 0 large 1 2\n", U(a), 6 * MiB, 6 * MiB - 1024,
+          6 * MiB - 1024, 3 * MiB);
+  fprintf(sc.ex, "block %llu 1024 0 inactive\n", U(a));
+  fprintf(sc.ex, "block %llu %zu %zu active_allocated\n", U(b), 6 * MiB - 1024, 3 * MiB);
+  fprintf(sc.ex, "traces 0 7\n");
+  fprintf(sc.ex, "trace segment_map %llu %zu 0\n", U(a), 2 * MiB);
+  fprintf(sc.ex, "trace alloc %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace segment_map %llu %zu 0\n", U(a) + 2 * MiB, 4 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 3 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace free_completed %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 6 * MiB - 1024);
+  scenario_check(&sc, rt, "bfc vmm");
+  gmr_free(rt, b);
+  gmr_runtime_free(rt);
+}
+
 /* The ring keeps the newest entries; resizing keeps the newest; 0 is off. */
 static void test_ring(void) {
   gmr_runtime_t *rt = new_runtime_file("direct.yaml");
@@ -409,6 +469,7 @@ int main(void) {
   test_direct();
   test_limit("reserved");
   test_limit("allocated");
+  test_bfc();
   test_ring();
   test_env();
   test_bad_input();
