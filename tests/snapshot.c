@@ -15,7 +15,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h" /* the hook test builds a configuration around its own policy */
 #include "gmr.h"
+#include "policy.h"
 #include "tap.h"
 
 #define MiB  ((size_t)1 << 20)
@@ -389,6 +391,170 @@ static void test_bad_input(void) {
   gmr_runtime_free(rt);
 }
 
+/* ---- a policy that reports free_completed itself ------------------------------ */
+
+/* `deferred`: one reservation per allocation, like direct, but a freed block
+ * stays pending until the next allocation, which completes every pending free
+ * (gmr__history_free_completed) and releases it: PyTorch's free of a block
+ * with recorded streams, in miniature. */
+typedef struct deferred_rec_s {
+  void *ptr;
+  size_t size, requested;
+  gmr_stream_t stream;
+  bool pending;
+} deferred_rec_t;
+
+static const gmr_policy_ops_t deferred_ops;
+
+typedef struct deferred_s {
+  gmr_policy_t base;
+  deferred_rec_t rec[16];
+  int n;
+} deferred_t;
+
+static int deferred_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *up,
+                           gmr_policy_t **out) {
+  deferred_t *d = calloc(1, sizeof *d);
+  if (d == NULL) return GMR_ENOMEM;
+  d->base.ops = &deferred_ops;
+  d->base.backend = be;
+  *out = &d->base;
+  return 0;
+}
+
+static void deferred_destroy(gmr_policy_t *self) {
+  deferred_t *d = (deferred_t *)self;
+  for (int i = 0; i < d->n; ++i)
+    gmr__backend_release(self->backend, d->rec[i].ptr, d->rec[i].size);
+  free(d);
+}
+
+static int deferred_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+  deferred_t *d = (deferred_t *)self;
+  for (int i = 0; i < d->n;) {
+    deferred_rec_t *r = &d->rec[i];
+    if (!r->pending) {
+      ++i;
+      continue;
+    }
+    gmr__history_free_completed(self->backend, r->ptr, r->requested, r->stream);
+    gmr__backend_release(self->backend, r->ptr, r->size);
+    *r = d->rec[--d->n];
+  }
+  if (d->n == 16) return GMR_ENOMEM;
+  void *p;
+  int err = gmr__backend_reserve(self->backend, size, &p);
+  if (err != 0) return err;
+  d->rec[d->n++] = (deferred_rec_t){p, size, 0, s, false};
+  *out = (gmr_block_t){.ptr = p, .size = size, .handle = &d->rec[d->n - 1]};
+  return 0;
+}
+
+static int deferred_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  deferred_t *d = (deferred_t *)self;
+  for (int i = 0; i < d->n; ++i)
+    if (d->rec[i].ptr == blk->ptr) {
+      d->rec[i].pending = true;
+      d->rec[i].requested = blk->requested;
+    }
+  return 0;
+}
+
+static void deferred_stats(gmr_policy_t *self, gmr_stats_t *st) {
+  deferred_t *d = (deferred_t *)self;
+  for (int i = 0; i < d->n; ++i)
+    st->active_bytes += d->rec[i].size;
+}
+
+static int deferred_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  deferred_t *d = (deferred_t *)self;
+  for (int i = 0; i < d->n; ++i) { /* the test keeps them in address order */
+    deferred_rec_t *r = &d->rec[i];
+    gmr_walk_entry_t seg = {.is_segment = 1,
+                            .address = (uintptr_t)r->ptr,
+                            .size = r->size,
+                            .stream = r->stream,
+                            .pool = "large"};
+    gmr_walk_entry_t blk = seg;
+    blk.is_segment = 0;
+    blk.requested = r->size;
+    blk.state = r->pending ? GMR_BLOCK_PENDING_FREE : GMR_BLOCK_ALLOCATED;
+    if (cb(&seg, ud) || cb(&blk, ud)) break;
+  }
+  return 0;
+}
+
+static const gmr_opt_desc_t deferred_opts[] = {{.key = NULL}};
+static const gmr_policy_ops_t deferred_ops = {
+    .name = "deferred",
+    .opts_desc = deferred_opts,
+    .reports_free_completed = true,
+    .create = deferred_create,
+    .destroy = deferred_destroy,
+    .alloc = deferred_alloc,
+    .free = deferred_free,
+    .stats = deferred_stats,
+    .walk = deferred_walk,
+};
+
+/* `yaml` names direct as the innermost policy; it is replaced by deferred. */
+static void test_hook(const char *yaml, const char *label) {
+  gmr_config_t *cfg = NULL;
+  if (gmr_config_load_string(yaml, &cfg, NULL) != 0) {
+    printf("Bail out! %s: config\n", label);
+    exit(1);
+  }
+  gmr_policy_cfg_t *pc = cfg->policy;
+  while (pc->upstream)
+    pc = pc->upstream;
+  pc->ops = &deferred_ops;
+  gmr_runtime_t *rt = NULL;
+  is_int(gmr_runtime_new_sim(cfg, NULL, &rt), 0, "%s: a runtime around the deferred policy", label);
+  gmr_config_free(cfg);
+  if (rt == NULL) return;
+  is_int(gmr_history_enable(rt, 100), 0, "%s: gmr_history_enable", label);
+  void *a = alloc_ok(rt, 1000, GMR_SIM_STREAM(4));
+  void *b = alloc_ok(rt, 2 * MiB, NULL);
+  is_int(gmr_free(rt, a), 0, "%s: free a", label);
+  /* a is pending: free_requested only, and the block is active_pending_free. */
+  scenario_t sc;
+  scenario_open(&sc, "hook1");
+  fprintf(sc.ex, "segments 2\n");
+  fprintf(sc.ex, "segment %llu 1000 0 1000 1000 4 large 0 1\n", U(a));
+  fprintf(sc.ex, "block %llu 1000 1000 active_pending_free\n", U(a));
+  fprintf(sc.ex, "segment %llu %zu %zu %zu %zu 0 large 0 1\n", U(b), 2 * MiB, 2 * MiB, 2 * MiB,
+          2 * MiB);
+  fprintf(sc.ex, "block %llu %zu %zu active_allocated\n", U(b), 2 * MiB, 2 * MiB);
+  fprintf(sc.ex, "traces 0 6\n");
+  fprintf(sc.ex, "trace segment_alloc %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace alloc %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(b), 2 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 2 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 2 * MiB + 1000);
+  fprintf(sc.ex, "count free_completed 0\n");
+  scenario_check(&sc, rt, label);
+  /* The next allocation completes it: free_completed from the policy, once. */
+  void *c = alloc_ok(rt, 3000, NULL);
+  scenario_open(&sc, "hook2");
+  fprintf(sc.ex, "traces 0 11\n");
+  fprintf(sc.ex, "trace segment_alloc %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace alloc %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(b), 2 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 2 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 2 * MiB + 1000);
+  fprintf(sc.ex, "trace free_completed %llu 1000 4\n", U(a));
+  fprintf(sc.ex, "trace segment_free %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu 3000 0\n", U(c));
+  fprintf(sc.ex, "trace alloc %llu 3000 0\n", U(c));
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 2 * MiB + 3000);
+  scenario_check(&sc, rt, label);
+  gmr_free(rt, b);
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+}
+
 /* ---- threads: the history stays consistent under concurrent use ------------- */
 
 #define T_THREADS 4
@@ -470,6 +636,9 @@ int main(void) {
   test_limit("reserved");
   test_limit("allocated");
   test_bfc();
+  test_hook("policy: {name: direct}\n", "hook");
+  test_hook("policy: {name: direct}\nlimit: {bytes: 1GiB, counts: reserved}\n",
+            "hook under limit(reserved)");
   test_ring();
   test_env();
   test_bad_input();
