@@ -9,7 +9,8 @@
  *              requested_size, stream, segment_type, segment_pool_id,
  *              is_expandable, frames, blocks: [Block]}
  *   Block   = {address, size, requested_size, state, frames}
- *   TraceEntry = {action, addr (oom: device_free), size, stream, time_us, frames}
+ *   TraceEntry = {action, addr (oom: device_free), size, stream, time_us, frames,
+ *                 compile_context: "N/A", user_metadata: ""}
  * Segments are the maximal runs of address-contiguous, mapped blocks of each
  * segment gmr_walk reports, sorted by address: a plain segment is one run; an
  * expandable segment gives one segment per contiguous mapped range, and its
@@ -274,6 +275,8 @@ static void write_trace_entry(FILE *f, const gmr_hist_entry_t *e) {
   pkl_key_uint(f, "time_us", e->time_us);
   pkl_str(f, "frames");
   pkl_empty_list(f);
+  pkl_key_str(f, "compile_context", "N/A"); /* as PyTorch 2.11 writes when it has none */
+  pkl_key_str(f, "user_metadata", "");
   pkl_op(f, PKL_SETITEMS);
 }
 

@@ -124,9 +124,10 @@ def check_format(raw, snap):
         last = 0
         for e in t:
             k = set(e)
-            want = {"action", "size", "stream", "time_us", "frames",
-                    "device_free" if e.get("action") == "oom" else "addr"}
-            if k != want or e["action"] not in ACTIONS or e["frames"] != []:
+            want = {"action", "size", "stream", "time_us", "frames", "compile_context",
+                    "user_metadata", "device_free" if e.get("action") == "oom" else "addr"}
+            if k != want or e["action"] not in ACTIONS or e["frames"] != [] or \
+                    e["compile_context"] != "N/A" or e["user_metadata"] != "":
                 keys_ok = False
                 why.append(str(e))
             if e["time_us"] < last:

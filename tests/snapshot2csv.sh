@@ -183,6 +183,24 @@ ok $? "  and the message gives the devices there are"
 "$PY" "$conv" "$tmp/missing.pickle" >/dev/null 2>"$tmp/err"
 ok $(($? != 1)) "a missing file: exit status 1"
 
+# ---- 3b. real PyTorch snapshots ---------------------------------------------------------
+# tests/fixtures/pytorch-2.11-snapshot*.pickle: torch 2.11.0+cu130 on an H200,
+# _record_memory_history(max_entries=99999, context="all", stacks="python"),
+# then (uint8 tensors) x = 1000 B, y = 3 MiB, z = 5000 B on a side stream,
+# del x, w = 7 MiB, y.record_stream(side), del y, memory_stats(), synchronize,
+# empty_cache, _dump_snapshot; the second with expandable_segments:True.  That
+# run's memory_stats()["requested_bytes.all.peak"] was 10490760.
+for fx in pytorch-2.11-snapshot pytorch-2.11-snapshot-expandable; do
+  "$PY" "$conv" -q -o "$tmp/$fx.csv" "$srcdir/tests/fixtures/$fx.pickle"
+  ok $? "$fx.pickle (real PyTorch) converts"
+  got=$(cut -d, -f3,5,6 "$tmp/$fx.csv" | tail -n +2 | tr '\n' ' ')
+  is "$got" "allocate,1000,0 allocate,3145728,0 allocate,5000,1 free,1000,0 allocate,7340032,0 free,3145728,0 " \
+    "  to the program's allocations and frees, the side stream as 1"
+  got=$("$replay" "$tmp/$fx.csv" 2>&1)
+  is "$got" "events 6 allocations 4 frees 2 live 2 peak_requested 10490760 ooms 0" \
+    "  and replays to PyTorch's requested_bytes.all.peak, 10490760"
+done
+
 # ---- 4. round trip on a real trace --------------------------------------------------
 trace="$srcdir/traces/resnet50_train.csv"
 if [ -f "$trace" ]; then
@@ -192,6 +210,15 @@ if [ -f "$trace" ]; then
   *"peak_requested 3192592912 "*) ok 0 "its peak requested is PyTorch's: 3192592912 bytes" ;;
   *) ok 1 "its peak requested is PyTorch's: 3192592912 bytes"; echo "# $first" ;;
   esac
+  "$PY" - "$tmp/gmr.pickle" "$srcdir/tests/fixtures/pytorch-2.11-snapshot.pickle" <<'PYEOF'
+import pickle, sys
+g, t = (pickle.load(open(p, "rb")) for p in sys.argv[1:3])
+def keys(s):
+    seg = s["segments"][0]
+    return (sorted(s), sorted(seg), sorted(seg["blocks"][0]), sorted(s["device_traces"][0][0]))
+sys.exit(0 if keys(g) == keys(t) else 1)
+PYEOF
+  ok $? "gmr's snapshot has the keys of PyTorch 2.11's: top level, segments, blocks, trace entries"
   "$PY" "$conv" -q -o "$tmp/back.csv" "$tmp/gmr.pickle"
   ok $? "snapshot2csv.py converts gmr's own snapshot"
   second=$("$replay" "$tmp/back.csv" 2>&1)
