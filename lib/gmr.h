@@ -228,7 +228,8 @@ GMR_EXTERN int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_tot
  * `max_entries` trace entries (alloc, free_requested, free_completed,
  * segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot).
  * Off by default; GMR_HISTORY=N in the environment turns it on for every new
- * runtime.  Calling it again changes the bound and keeps the newest entries;
+ * runtime, and GMR_SNAPSHOT=path writes each runtime's snapshot when it is
+ * freed (the default runtimes' at exit).  Calling it again changes the bound and keeps the newest entries;
  * 0 turns recording off and drops the entries.
  * @return 0, GMR_EINVAL, GMR_ENOMEM */
 GMR_EXTERN int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "config.h" /* the hook test builds a configuration around its own policy */
@@ -374,6 +375,88 @@ static void test_env(void) {
   unsetenv("GMR_HISTORY");
 }
 
+/* Run the checker on a snapshot some other code wrote. */
+static void check_file(scenario_t *sc, const char *label) {
+  fclose(sc->ex);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' '%s/tests/snapshot-check.py' '%s' '%s' 2>&1", python,
+           tap_srcdir(), sc->snap_path, sc->expect_path);
+  FILE *p = popen(cmd, "r");
+  char line[4096];
+  int lines = 0;
+  while (p && fgets(line, sizeof line, p)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (strncmp(line, "ok ", 3) == 0 || strncmp(line, "not ok ", 7) == 0) {
+      ok(line[0] == 'o', "%s: %s", label, line + (line[0] == 'o' ? 3 : 7));
+      ++lines;
+    } else {
+      diag("%s", line);
+    }
+  }
+  int status = p ? pclose(p) : -1;
+  ok(status == 0 && lines > 10, "%s: the checker ran %d checks and passed", label, lines);
+  remove(sc->snap_path);
+  remove(sc->expect_path);
+}
+
+/* GMR_SNAPSHOT=path: the snapshot is written when the runtime is freed (live
+ * blocks included), then path.1 for the next runtime; and at exit for the
+ * process-wide default runtime. */
+static void test_snapshot_env(void) {
+  char path[520];
+  snprintf(path, sizeof path, "%.500s/env-snap", tmpdir);
+  setenv("GMR_SNAPSHOT", path, 1);
+  setenv("GMR_HISTORY", "50", 1);
+  gmr_runtime_t *rt = new_runtime_file("direct.yaml");
+  void *a = alloc_ok(rt, 4096, NULL);
+  void *leak = alloc_ok(rt, 8192, GMR_SIM_STREAM(5));
+  gmr_free(rt, a);
+  gmr_runtime_t *rt2 = new_runtime_file("direct.yaml");
+  void *b = alloc_ok(rt2, 100, NULL);
+  gmr_runtime_free(rt); /* with `leak` live */
+  scenario_t sc;
+  scenario_open(&sc, "env-snap-expect");
+  snprintf(sc.snap_path, sizeof sc.snap_path, "%s", path);
+  fprintf(sc.ex, "segments 1\n");
+  fprintf(sc.ex, "segment %llu 8192 8192 8192 8192 5 large 0 1\n", U(leak));
+  fprintf(sc.ex, "block %llu 8192 8192 active_allocated\n", U(leak));
+  fprintf(sc.ex, "traces 0 8\n");
+  fprintf(sc.ex, "count alloc 2\ncount free_completed 1\ncount snapshot 1\n");
+  check_file(&sc, "GMR_SNAPSHOT at gmr_runtime_free");
+  gmr_free(rt2, b);
+  gmr_runtime_free(rt2);
+  scenario_open(&sc, "env-snap1-expect");
+  snprintf(sc.snap_path, sizeof sc.snap_path, "%s.1", path);
+  fprintf(sc.ex, "segments 0\ntraces 0 6\n");
+  fprintf(sc.ex, "trace segment_alloc %llu 100 0\ntrace alloc %llu 100 0\n", U(b), U(b));
+  check_file(&sc, "GMR_SNAPSHOT of the second runtime: .1");
+
+  /* The default runtime, in a child process, written at exit; the child's
+   * runtime is this process's third, so its file is path.2. */
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("GMR_SNAPSHOT", path, 1);
+    setenv("GMR_CONFIG", "", 1);
+    gmr_runtime_t *d = NULL;
+    void *p = NULL;
+    if (gmr_default_runtime(0, &d) != 0 || gmr_alloc(d, 777, NULL, &p) != 0) _exit(3);
+    exit(0); /* atexit handlers run */
+  }
+  int status = -1;
+  waitpid(pid, &status, 0);
+  ok(WIFEXITED(status) && WEXITSTATUS(status) == 0, "default runtime: the child ran");
+  scenario_open(&sc, "env-snap-default");
+  snprintf(sc.snap_path, sizeof sc.snap_path, "%s.2", path);
+  FILE *f = fopen(sc.snap_path, "rb");
+  ok(f != NULL, "default runtime: GMR_SNAPSHOT written at exit");
+  if (f) fclose(f);
+  fprintf(sc.ex, "segments 1\ntraces 0 3\ncount alloc 1\n");
+  check_file(&sc, "GMR_SNAPSHOT of the default runtime");
+  unsetenv("GMR_SNAPSHOT");
+  unsetenv("GMR_HISTORY");
+}
+
 static void test_bad_input(void) {
   gmr_runtime_t *rt = new_runtime_file("direct.yaml");
   is_int(gmr_snapshot_write(NULL, stdout), GMR_EINVAL, "gmr_snapshot_write(NULL, f)");
@@ -641,6 +724,7 @@ int main(void) {
             "hook under limit(reserved)");
   test_ring();
   test_env();
+  test_snapshot_env();
   test_bad_input();
   test_threads("policy: {name: direct}\n", "threads direct");
   test_threads("policy: {name: direct}\nlimit: {bytes: 1GiB, counts: reserved}\n",
