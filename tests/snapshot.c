@@ -277,6 +277,165 @@ static void test_bfc(void) {
   gmr_runtime_free(rt);
 }
 
+/* A runtime on config/NAME, or NULL (with a skip) when that policy is not built. */
+static gmr_runtime_t *runtime_if_built(const char *name, const char *label) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/config/%s", tap_srcdir(), name);
+  gmr_config_t *cfg = NULL;
+  gmr_error_t cerr;
+  if (gmr_config_load_file(path, &cfg, &cerr) != 0) {
+    skip("%s: %s", label, cerr.message);
+    return NULL;
+  }
+  gmr_runtime_t *rt = NULL;
+  int err = gmr_runtime_new_sim(cfg, NULL, &rt);
+  gmr_config_free(cfg);
+  is_int(err, 0, "%s: runtime on %s", label, name);
+  return err == 0 ? rt : NULL;
+}
+
+static void seg_line(FILE *ex, void *addr, size_t total, size_t allocated, size_t active,
+                     size_t requested, unsigned stream, const char *type, int expandable,
+                     int nblocks) {
+  fprintf(ex, "segment %llu %zu %zu %zu %zu %u %s %d %d\n", U(addr), total, allocated, active,
+          requested, stream, type, expandable, nblocks);
+}
+
+static void block_line(FILE *ex, void *addr, size_t size, size_t requested, const char *state) {
+  fprintf(ex, "block %llu %zu %zu %s\n", U(addr), size, requested, state);
+}
+
+/* PyTorch's caching allocator (config/pytorch.yaml): 1000 bytes is a 1024-byte
+ * block of a 2 MiB small segment; 5 MiB is split from a 20 MiB large segment;
+ * a block freed while a stream still uses it is active_pending_free until the
+ * stream's work completes; empty_cache releases the free small segment. */
+static void test_caching(void) {
+  gmr_runtime_t *rt = runtime_if_built("pytorch.yaml", "caching");
+  if (rt == NULL) return;
+  gmr_history_enable(rt, 1000);
+  gmr_stream_t s3 = GMR_SIM_STREAM(3);
+  void *a = alloc_ok(rt, 1000, NULL);
+  void *b = alloc_ok(rt, 5 * MiB, NULL);
+  gmr_sim_stream_enqueue(rt, s3);
+  is_int(gmr_record_stream(rt, b, s3), 0, "caching: record_stream(b, stream 3)");
+  is_int(gmr_free(rt, b), 0, "caching: free b while stream 3 is busy");
+  scenario_t sc;
+  scenario_open(&sc, "caching");
+  bool small_first = (uintptr_t)a < (uintptr_t)b;
+  fprintf(sc.ex, "segments 2\n");
+  for (int i = 0; i < 2; ++i) {
+    if ((i == 0) == small_first) {
+      seg_line(sc.ex, a, 2 * MiB, 1024, 1024, 1000, 0, "small", 0, 2);
+      block_line(sc.ex, a, 1024, 1000, "active_allocated");
+      block_line(sc.ex, (char *)a + 1024, 2 * MiB - 1024, 0, "inactive");
+    } else {
+      /* The caching policy's walk reports no requested bytes for a pending
+       * block (PyTorch keeps them: requested_size would be 5 MiB). */
+      seg_line(sc.ex, b, 20 * MiB, 0, 5 * MiB, 0, 0, "large", 0, 2);
+      block_line(sc.ex, b, 5 * MiB, 0, "active_pending_free");
+      block_line(sc.ex, (char *)b + 5 * MiB, 15 * MiB, 0, "inactive");
+    }
+  }
+  fprintf(sc.ex, "traces 0 7\n");
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(a), 2 * MiB);
+  fprintf(sc.ex, "trace alloc %llu 1000 0\n", U(a));
+  fprintf(sc.ex, "trace segment_alloc %llu %zu 0\n", U(b), 20 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 5 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu %zu 0\n", U(b), 5 * MiB);
+  /* the caching policy does not report completions: the runtime does, with the free */
+  fprintf(sc.ex, "trace free_completed %llu %zu 0\n", U(b), 5 * MiB);
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 5 * MiB + 1024); /* active bytes */
+  fprintf(sc.ex, "setting gmr_policy caching\n");
+  scenario_check(&sc, rt, "caching");
+
+  /* Stream 3 completes: the next allocation reuses b's block; then a is freed
+   * and empty_cache gives its small segment back. */
+  gmr_sim_stream_complete(rt, s3);
+  void *c = alloc_ok(rt, 5 * MiB, NULL);
+  is_ptr(c, b, "caching: the 5 MiB block is reused once stream 3 is done");
+  is_int(gmr_free(rt, a), 0, "caching: free a");
+  is_int(gmr_empty_cache(rt), 0, "caching: empty_cache");
+  scenario_open(&sc, "caching2");
+  fprintf(sc.ex, "segments 1\n");
+  seg_line(sc.ex, c, 20 * MiB, 5 * MiB, 5 * MiB, 5 * MiB, 0, "large", 0, 2);
+  block_line(sc.ex, c, 5 * MiB, 5 * MiB, "active_allocated");
+  block_line(sc.ex, (char *)c + 5 * MiB, 15 * MiB, 0, "inactive");
+  fprintf(sc.ex, "traces 0 12\n");
+  fprintf(sc.ex, "count alloc 3\ncount segment_alloc 2\ncount segment_free 1\n");
+  fprintf(sc.ex, "count free_requested 2\ncount free_completed 2\ncount snapshot 2\n");
+  scenario_check(&sc, rt, "caching after empty_cache");
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+}
+
+/* expandable_segments:True (config/pytorch-expandable.yaml): the large pool
+ * grows one virtual range by 20 MiB pages.  A snapshot shows one segment per
+ * contiguous mapped range, unmapped pages left out (PyTorch §7 numbers:
+ * 5 MiB maps one page; 16 MiB more maps a second and starts right after the
+ * first 5 MiB). */
+static void test_expandable(void) {
+  gmr_runtime_t *rt = runtime_if_built("pytorch-expandable.yaml", "expandable");
+  if (rt == NULL) return;
+  gmr_history_enable(rt, 1000);
+  void *a = alloc_ok(rt, 5 * MiB, NULL);
+  void *b = alloc_ok(rt, 16 * MiB, NULL);
+  is_ptr(b, (char *)a + 5 * MiB, "expandable: 16 MiB starts right after the first 5 MiB");
+  scenario_t sc;
+  scenario_open(&sc, "expandable");
+  fprintf(sc.ex, "segments 1\n");
+  seg_line(sc.ex, a, 40 * MiB, 21 * MiB, 21 * MiB, 21 * MiB, 0, "large", 1, 3);
+  block_line(sc.ex, a, 5 * MiB, 5 * MiB, "active_allocated");
+  block_line(sc.ex, b, 16 * MiB, 16 * MiB, "active_allocated");
+  block_line(sc.ex, (char *)b + 16 * MiB, 19 * MiB, 0, "inactive");
+  fprintf(sc.ex, "traces 0 5\n");
+  fprintf(sc.ex, "trace segment_map %llu %zu 0\n", U(a), 20 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(a), 5 * MiB);
+  fprintf(sc.ex, "trace segment_map %llu %zu 0\n", U(a) + 20 * MiB, 20 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 16 * MiB);
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 21 * MiB);
+  scenario_check(&sc, rt, "expandable");
+  gmr_free(rt, a);
+  gmr_free(rt, b);
+  gmr_runtime_free(rt);
+
+  /* A hole: two whole pages, the first freed and unmapped by empty_cache: the
+   * mapped range is the second page alone; mapping the first again joins them. */
+  rt = runtime_if_built("pytorch-expandable.yaml", "expandable hole");
+  if (rt == NULL) return;
+  gmr_history_enable(rt, 1000);
+  a = alloc_ok(rt, 20 * MiB, NULL);
+  b = alloc_ok(rt, 20 * MiB, NULL);
+  is_ptr(b, (char *)a + 20 * MiB, "expandable hole: the second page follows the first");
+  is_int(gmr_free(rt, a), 0, "expandable hole: free the first page's block");
+  is_int(gmr_empty_cache(rt), 0, "expandable hole: empty_cache unmaps it");
+  scenario_open(&sc, "expandable-hole");
+  fprintf(sc.ex, "segments 1\n");
+  seg_line(sc.ex, b, 20 * MiB, 20 * MiB, 20 * MiB, 20 * MiB, 0, "large", 1, 1);
+  block_line(sc.ex, b, 20 * MiB, 20 * MiB, "active_allocated");
+  fprintf(sc.ex, "traces 0 8\n");
+  fprintf(sc.ex, "trace segment_map %llu %zu 0\n", U(a), 20 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(a), 20 * MiB);
+  fprintf(sc.ex, "trace segment_map %llu %zu 0\n", U(b), 20 * MiB);
+  fprintf(sc.ex, "trace alloc %llu %zu 0\n", U(b), 20 * MiB);
+  fprintf(sc.ex, "trace free_requested %llu %zu 0\n", U(a), 20 * MiB);
+  fprintf(sc.ex, "trace free_completed %llu %zu 0\n", U(a), 20 * MiB);
+  fprintf(sc.ex, "trace segment_unmap %llu %zu 0\n", U(a), 20 * MiB);
+  fprintf(sc.ex, "trace snapshot 0 %zu 0\n", 20 * MiB);
+  scenario_check(&sc, rt, "expandable hole");
+  void *c = alloc_ok(rt, 20 * MiB, NULL);
+  is_ptr(c, a, "expandable hole: the lowest address that fits is mapped again");
+  scenario_open(&sc, "expandable-joined");
+  fprintf(sc.ex, "segments 1\n");
+  seg_line(sc.ex, c, 40 * MiB, 40 * MiB, 40 * MiB, 40 * MiB, 0, "large", 1, 2);
+  block_line(sc.ex, c, 20 * MiB, 20 * MiB, "active_allocated");
+  block_line(sc.ex, b, 20 * MiB, 20 * MiB, "active_allocated");
+  fprintf(sc.ex, "traces 0 11\ncount segment_map 3\ncount segment_unmap 1\n");
+  scenario_check(&sc, rt, "expandable joined again");
+  gmr_free(rt, b);
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+}
+
 /* The ring keeps the newest entries; resizing keeps the newest; 0 is off. */
 static void test_ring(void) {
   gmr_runtime_t *rt = new_runtime_file("direct.yaml");
@@ -719,6 +878,8 @@ int main(void) {
   test_limit("reserved");
   test_limit("allocated");
   test_bfc();
+  test_caching();
+  test_expandable();
   test_hook("policy: {name: direct}\n", "hook");
   test_hook("policy: {name: direct}\nlimit: {bytes: 1GiB, counts: reserved}\n",
             "hook under limit(reserved)");
