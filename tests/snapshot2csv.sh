@@ -236,6 +236,35 @@ else
   echo "# $trace is missing: no round trip"
 fi
 
+# ---- 4b. gmr's snapshots at the peak, against PyTorch's figures ----------------------------
+# gpt2_train.csv replayed to its peak of requested bytes under PyTorch's
+# policy: the snapshot's segments are PyTorch's peak segments and peak reserved
+# bytes (traces/figures.md: default 154 segments, 15286140928 bytes;
+# expandable_segments 14543749120 bytes).
+gpt2="$srcdir/traces/gpt2_train.csv"
+for case in "pytorch 154 15286140928" "pytorch-expandable - 14543749120"; do
+  set -- $case
+  if ! "$replay" --config "$srcdir/config/$1.yaml" --stop-at-peak --snapshot "$tmp/$1.pickle" \
+      "$gpt2" >"$tmp/$1.out" 2>&1; then
+    if grep -q "unknown policy" "$tmp/$1.out"; then
+      n=$((n + 1)); echo "ok $n # SKIP $1: the caching policy is not built"; continue
+    fi
+    ok 1 "replay gpt2_train.csv under $1 to its peak"; sed 's/^/# /' "$tmp/$1.out"; continue
+  fi
+  got=$("$PY" - "$tmp/$1.pickle" <<'PYEOF'
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+segs = s["segments"]
+print(len(segs), sum(x["total_size"] for x in segs),
+      sum(b["requested_size"] for x in segs for b in x["blocks"] if b["state"] == "active_allocated"))
+PYEOF
+)
+  set -- $case
+  if [ "$2" = "-" ]; then got=$(echo "$got" | cut -d' ' -f2-); want="$3 13594206920"
+  else want="$2 $3 13594206920"; fi
+  is "$got" "$want" "gpt2 at its peak under $1: segments, reserved and requested bytes are PyTorch's"
+done
+
 # ---- 5. gmr-record, with a stand-in for torch -----------------------------------------
 # No torch here: a fake torch package records allocations the way PyTorch's
 # memory history does, so gmr-record's whole path runs: recording on before
