@@ -18,7 +18,9 @@
 
 #include "config.h" /* the hook test builds a configuration around its own policy */
 #include "gmr.h"
+#include "history.h"
 #include "policy.h"
+#include "runtime.h"
 #include "tap.h"
 
 #define MiB  ((size_t)1 << 20)
@@ -490,6 +492,54 @@ static void test_ring(void) {
   gmr_runtime_free(rt);
 }
 
+/* The ring itself: wrap-around order, resizing a wrapped ring, and a host
+ * allocation failure while growing (the ring keeps what it has and
+ * overwrites its oldest entry). */
+static int ring_sizes(gmr_history_t *h, uint64_t *sizes, size_t max_n) {
+  gmr_hist_entry_t *v = NULL;
+  size_t n = 0;
+  if (gmr__history_copy(h, &v, &n) != 0) return -1;
+  for (size_t i = 0; i < n && i < max_n; ++i)
+    sizes[i] = v[i].size;
+  gmr__free(v);
+  return (int)n;
+}
+
+static void test_ring_internals(void) {
+  gmr_runtime_t *rt = new_runtime_file("direct.yaml");
+  gmr_backend_t *be = gmr__runtime_backend(rt);
+  gmr_history_t *h = NULL;
+  is_int(gmr__history_new(be, 4, &h), 0, "ring: a ring of 4");
+  for (uint64_t i = 1; i <= 6; ++i)
+    gmr__history_record(h, GMR_HIST_ALLOC, 0, i, NULL);
+  uint64_t v[2048];
+  is_int(ring_sizes(h, v, 2048), 4, "ring: 6 recorded, 4 held");
+  ok(v[0] == 3 && v[1] == 4 && v[2] == 5 && v[3] == 6, "ring: the newest 4 in order (3 4 5 6)");
+  is_u64(h->dropped, 2, "ring: 2 dropped");
+  is_int(gmr__history_resize(h, 3), 0, "ring: shrink a wrapped ring to 3");
+  is_int(ring_sizes(h, v, 2048), 3, "ring: 3 held");
+  ok(v[0] == 4 && v[1] == 5 && v[2] == 6, "ring: the newest 3 in order (4 5 6)");
+  is_int(gmr__history_resize(h, 10), 0, "ring: grow to 10");
+  gmr__history_record(h, GMR_HIST_ALLOC, 0, 7, NULL);
+  is_int(ring_sizes(h, v, 2048), 4, "ring: 4 held after one more");
+  ok(v[0] == 4 && v[3] == 7, "ring: 4 5 6 7");
+  is_u64(h->recorded, 7, "ring: 7 recorded in all");
+  gmr__history_free(h);
+
+  /* Growing past the first 1024 entries needs host memory; refuse it. */
+  is_int(gmr__history_new(be, 5000, &h), 0, "ring: a ring of 5000");
+  for (uint64_t i = 0; i < 1024; ++i)
+    gmr__history_record(h, GMR_HIST_ALLOC, 0, i, NULL);
+  gmr__host_fail_nth(1);
+  gmr__history_record(h, GMR_HIST_ALLOC, 0, 1024, NULL);
+  gmr__host_fail_nth(0);
+  is_int(ring_sizes(h, v, 2048), 1024, "ring: no memory to grow: still 1024 entries");
+  ok(v[0] == 1 && v[1023] == 1024, "ring: the oldest was overwritten by the newest");
+  is_u64(h->max, 1024, "ring: its bound is now what it holds");
+  gmr__history_free(h);
+  gmr_runtime_free(rt);
+}
+
 /* GMR_HISTORY=N turns recording on for new runtimes; junk is refused. */
 static void test_env(void) {
   setenv("GMR_HISTORY", "3", 1);
@@ -884,6 +934,7 @@ int main(void) {
   test_hook("policy: {name: direct}\nlimit: {bytes: 1GiB, counts: reserved}\n",
             "hook under limit(reserved)");
   test_ring();
+  test_ring_internals();
   test_env();
   test_snapshot_env();
   test_bad_input();
