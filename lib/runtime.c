@@ -34,6 +34,16 @@
 #include "runtime.h"
 #include "trace.h"
 
+/* The hot path stays as it was without the history: its helpers are inlined
+ * into gmr_alloc / gmr_free, the recording paths kept out of line. */
+#if defined(__GNUC__)
+#define RT_INLINE inline __attribute__((always_inline))
+#define RT_COLD __attribute__((noinline, cold))
+#else
+#define RT_INLINE inline
+#define RT_COLD
+#endif
+
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
 #define MAP_SHARDS 64
@@ -96,7 +106,7 @@ static int map_grow(map_shard_t *sh) {
   return 0;
 }
 
-static int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
+static RT_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
   if (sh->slots == NULL || (sh->count + 1) * 2 > sh->mask + 1) {
     if (map_grow(sh) != 0) return GMR_ENOMEM;
   }
@@ -322,7 +332,8 @@ static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
 }
 
 /* The policy's allocation and the map insertion, under the locks. */
-static inline int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s, gmr_block_t *blk) {
+static RT_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
+                                gmr_block_t *blk) {
   policy_lock(rt);
   int err = rt->policy->ops->alloc(rt->policy, size, s, blk);
   if (GMR_LIKELY(err == 0)) {
@@ -345,8 +356,8 @@ static inline int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s, gmr
 
 /* gmr_alloc while the history records: alloc on success, oom on GMR_ENOMEM
  * (PyTorch's OOM entry: the device's free bytes and the request). */
-static int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size, gmr_stream_t s,
-                          void **out_ptr) {
+static RT_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size,
+                                  gmr_stream_t s, void **out_ptr) {
   gmr_block_t blk;
   gmr__history_stream = s;
   int err = alloc_core(rt, size, s, &blk);
@@ -391,7 +402,8 @@ static int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
 }
 
 /* Record a free before the policy sees the block (see the file comment). */
-static void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist, const gmr_block_t *blk) {
+static RT_COLD void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist,
+                                  const gmr_block_t *blk) {
   gmr__history_stream = blk->stream;
   gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk->ptr, blk->requested,
                       blk->stream);
