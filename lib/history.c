@@ -59,7 +59,7 @@ void gmr__history_free(gmr_history_t *h) {
   gmr__free(h);
 }
 
-/* Move the entries to ring[0 .. len), oldest first.  Called with the lock. */
+/* Copy the entries to dst[0 .. len), oldest first.  Called with the lock. */
 static void history_linearize(gmr_history_t *h, gmr_hist_entry_t *dst) {
   if (h->len < h->max || h->head == 0) {
     memmove(dst, h->ring, h->len * sizeof *dst);
