@@ -519,6 +519,9 @@ int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s) {
   SIM_CALL(gmr__sim_stream_complete(sim, s));
 }
 int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) { SIM_CALL(gmr__sim_set_clock(sim, ns)); }
+int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr) {
+  SIM_CALL(gmr__sim_place_next(sim, addr));
+}
 int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
   if (out == NULL) return GMR_EINVAL;
   SIM_CALL(gmr__sim_counters(sim, out));
