@@ -769,11 +769,14 @@ static int cache_release_pool(cache_t *c, cache_pool_t *p) {
     return gmr__error_set(GMR_ENOMEM, "caching: out of host memory to empty the cache");
   size_t n = treap_collect(p->blocks, v, 0);
   int err = 0;
-  for (size_t i = 0; i < n && err == 0; ++i)
-    if (!v[i]->seg->expandable && !cache_is_split(v[i])) err = cache_release_block(c, v[i]);
+  for (size_t i = 0; i < n && err == 0; ++i) {
+    if (v[i]->seg->expandable || cache_is_split(v[i])) continue;
+    err = cache_release_block(c, v[i]);
+    v[i] = NULL; /* recycled */
+  }
   for (size_t i = 0; i < n && err == 0; ++i) {
     cache_block_t *b = v[i];
-    if (!b->seg->expandable) continue;
+    if (b == NULL || !b->seg->expandable) continue;
     err = cache_unmap_block(c, b);
     if (err == 0 && !cache_is_split(b) && !b->mapped) err = cache_release_expandable(c, b);
   }
@@ -1095,7 +1098,8 @@ static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
 
 #define CACHE_ARRAYS(X)                                                                            \
   X(allocation)                                                                                    \
-  X(segment) X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) X(active_bytes)      \
+  X(segment)                                                                                       \
+  X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) X(active_bytes)                 \
       X(inactive_split_bytes) X(requested_bytes)
 
 static void cache_reset_peak(gmr_policy_t *self) {
