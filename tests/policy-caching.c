@@ -16,6 +16,9 @@
 #include "gmr.h"
 #include "tap.h"
 
+/* From lib/util.c (this test links the library statically). */
+void gmr__host_fail_nth(uint64_t k);
+
 #define MiB  ((size_t)1 << 20)
 #define GiB  ((size_t)1 << 30)
 #define S(n) GMR_SIM_STREAM(n)
@@ -593,6 +596,109 @@ static void test_option_errors(void) {
   }
 }
 
+/* garbage_collection_threshold: inert without a fraction (PyTorch issue
+ * #106660); with one, frees the whole free large segments whose age (in
+ * large-pool searches) is at least the average, before a new segment. */
+static void test_gc(void) {
+  const char *yaml[2] = {"policy: {name: caching, garbage_collection_threshold: 0.5}\n",
+                         "policy: {name: caching, garbage_collection_threshold: 0.5, "
+                         "per_process_memory_fraction: 0.5}\n"};
+  for (int with_fraction = 0; with_fraction < 2; ++with_fraction) {
+    gmr_runtime_t *rt = make_rt(yaml[with_fraction], 1 << 30);
+    void *a = alloc(rt, 100 * MiB), *b = alloc(rt, 120 * MiB), *c = alloc(rt, 140 * MiB);
+    gmr_free(rt, a);
+    gmr_free(rt, b);
+    for (int i = 0; i < 5; ++i) { /* C is reused, so it stays young */
+      gmr_free(rt, c);
+      c = alloc(rt, 140 * MiB);
+    }
+    gmr_free(rt, c);
+    void *d = alloc(rt, 200 * MiB);
+    if (with_fraction) {
+      is_int(st(rt, "num_device_free"), 2, "GC: the two old segments (100, 120 MiB) are freed");
+      is_int(st(rt, "reserved_bytes.all.current"), 340 * MiB, "GC: the young 140 MiB one stays");
+      is_int(st(rt, "num_alloc_retries"), 0, "GC: before any retry");
+    } else {
+      is_int(st(rt, "num_device_free"), 0, "GC: without a fraction it does nothing (as PyTorch)");
+      is_int(st(rt, "reserved_bytes.all.current"), 560 * MiB, "GC: everything stays cached");
+    }
+    is_int(gmr_check(rt), 0, "invariants hold");
+    gmr_free(rt, d);
+    gmr_runtime_free(rt);
+  }
+}
+
+/* large_segment_size (large_segment_size_mb). */
+static void test_large_segment(void) {
+  gmr_runtime_t *rt = make_rt("policy: {name: caching, large_segment_size: 32MiB}\n", 0);
+  void *a = alloc(rt, 5 * MiB);
+  is_int(st(rt, "reserved_bytes.all.current"), 32 * MiB, "large_segment_size: 5 MiB -> 32 MiB");
+  gmr_free(rt, a);
+  gmr_runtime_free(rt);
+  rt = make_rt("policy: {name: caching, pytorch_alloc_conf: "
+               "'expandable_segments:True,large_segment_size_mb:32'}\n",
+               0);
+  a = alloc(rt, 5 * MiB);
+  is_int(st(rt, "reserved_bytes.all.current"), 32 * MiB, "large_segment_size: 32 MiB pages");
+  gmr_free(rt, a);
+  gmr_runtime_free(rt);
+}
+
+/* Fail the k-th host allocation, for every k: every call returns 0 or
+ * GMR_ENOMEM, and the state stays whole. */
+static void test_host_oom_sweep(void) {
+  static const char *const yaml[] = {"policy: caching\n",
+                                     "policy: {name: caching, expandable_segments: true}\n"};
+  for (int y = 0; y < 2; ++y) {
+    gmr_config_t *cfg = NULL;
+    gmr_error_t err;
+    gmr_config_load_string(yaml[y], &cfg, &err);
+    int bad = 0, failures = 0, k;
+    for (k = 1; k <= 400; ++k) {
+      gmr__host_fail_nth((uint64_t)k);
+      gmr_runtime_t *rt = NULL;
+      int rc = gmr_runtime_new_sim(cfg, NULL, &rt);
+      if (rc != 0) {
+        bad += rc != GMR_ENOMEM;
+        ++failures;
+        continue;
+      }
+      static const size_t sizes[] = {100, 5 * MiB, 30 * MiB, MiB, 700, 12 * MiB};
+      void *p[6] = {0};
+      for (int i = 0; i < 6; ++i) {
+        rc = gmr_alloc(rt, sizes[i], S(i % 3), &p[i]);
+        if (rc != 0) p[i] = NULL, bad += rc != GMR_ENOMEM, ++failures;
+      }
+      for (int i = 0; i < 3; ++i)
+        if (p[i] && (rc = gmr_record_stream(rt, p[i], S(3))) != 0) bad += rc != GMR_ENOMEM;
+      gmr_sim_stream_enqueue(rt, S(3));
+      for (int i = 0; i < 3; ++i)
+        if (p[i]) bad += gmr_free(rt, p[i]) != 0, p[i] = NULL;
+      rc = gmr_alloc(rt, 5 * MiB, S(0), &p[0]);
+      if (rc != 0) p[0] = NULL, bad += rc != GMR_ENOMEM;
+      rc = gmr_empty_cache(rt);
+      bad += rc != 0 && rc != GMR_ENOMEM;
+      gmr__host_fail_nth(0);
+      if (gmr_check(rt) != 0) {
+        diag("k=%d: %s", k, gmr_last_error(rt));
+        ++bad;
+      }
+      gmr_sim_stream_complete(rt, S(3));
+      for (int i = 0; i < 6; ++i)
+        gmr_free(rt, p[i]);
+      gmr_empty_cache(rt);
+      bad += st(rt, "reserved_bytes.all.current") != 0;
+      gmr_runtime_free(rt);
+    }
+    gmr__host_fail_nth(0);
+    is_int(bad, 0, "host OOM sweep (%s): only 0 or GMR_ENOMEM, state whole, all released",
+           y ? "expandable" : "default");
+    ok(failures > 10, "host OOM sweep (%s): %d injected failures were seen",
+       y ? "expandable" : "default", failures);
+    gmr_config_free(cfg);
+  }
+}
+
 /* Every key of torch.cuda.memory_stats(). */
 static int count_cb(const char *key, int64_t value, void *ud) {
   (void)key;
@@ -641,5 +747,8 @@ int main(void) {
   test_expandable();
   test_option_errors();
   test_keys();
+  test_gc();
+  test_large_segment();
+  test_host_oom_sweep();
   return done_testing();
 }
