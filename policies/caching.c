@@ -967,13 +967,13 @@ static int cache_oom(cache_t *c, size_t alloc_size) {
   size_t dev_free = 0, dev_total = 0;
   gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
   ++c->st.num_ooms;
-  char want[40], total[40], fr[40], allowed[64] = "", alloc[40], unalloc[40];
+  char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
   cache_format_size(alloc_size, want, sizeof want);
   cache_format_size(dev_total, total, sizeof total);
   cache_format_size(dev_free, fr, sizeof fr);
   if (c->fraction_set) {
-    cache_format_size(c->allowed_max, allowed, sizeof allowed - 10);
-    strcat(allowed, " allowed; ");
+    cache_format_size(c->allowed_max, cap, sizeof cap);
+    snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
   }
   int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
   int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
