@@ -865,6 +865,8 @@ static int cache_garbage_collect(cache_t *c) {
 
 /* ---- allocation ------------------------------------------------------------------------- */
 
+static int cache_check(gmr_policy_t *self);
+
 /* get_free_block: the smallest fitting cached block, or NULL. */
 static cache_block_t *cache_get_free_block(cache_t *c, cache_pool_t *p, size_t size) {
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
@@ -1019,6 +1021,7 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
   }
   b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size));
   *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
+  gmr_assert_expensive(cache_check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1034,6 +1037,7 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
     cache_insert_events(c, b);
   else
     cache_free_block(c, b);
+  gmr_assert_expensive(cache_check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1099,8 +1103,9 @@ static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
 #define CACHE_ARRAYS(X)                                                                            \
   X(allocation)                                                                                    \
   X(segment)                                                                                       \
-  X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) X(active_bytes)                 \
-      X(inactive_split_bytes) X(requested_bytes)
+  X(active)                                                                                        \
+  X(inactive_split) X(allocated_bytes) X(reserved_bytes) X(active_bytes) X(inactive_split_bytes)   \
+      X(requested_bytes)
 
 static void cache_reset_peak(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
