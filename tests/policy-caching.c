@@ -699,6 +699,25 @@ static void test_host_oom_sweep(void) {
   }
 }
 
+/* A runtime freed with live blocks, pending events and mapped pages gives
+ * everything back (the simulator counts what is still held). */
+static void test_destroy_live(void) {
+  static const char *const yaml[] = {"policy: caching\n",
+                                     "policy: {name: caching, expandable_segments: true}\n"};
+  for (int y = 0; y < 2; ++y) {
+    gmr_runtime_t *rt = make_rt(yaml[y], 0);
+    void *a = alloc_on(rt, 3 * MiB, S(1)), *b = alloc_on(rt, 100, S(1));
+    void *c = alloc_on(rt, 40 * MiB, S(2));
+    gmr_record_stream(rt, a, S(2));
+    gmr_sim_stream_enqueue(rt, S(2));
+    gmr_free(rt, a);
+    gmr_free(rt, c);
+    ok(b != NULL, "destroy (%s): one block live, one pending, one cached",
+       y ? "expandable" : "default");
+    gmr_runtime_free(rt); /* ASan and the simulator's range table check the rest */
+  }
+}
+
 /* Every key of torch.cuda.memory_stats(). */
 static int count_cb(const char *key, int64_t value, void *ud) {
   (void)key;
@@ -750,5 +769,6 @@ int main(void) {
   test_gc();
   test_large_segment();
   test_host_oom_sweep();
+  test_destroy_live();
   return done_testing();
 }
