@@ -32,11 +32,24 @@
  *                                + Σ mapped bytes of expandable segments
  *   reserved >= active >= allocated (bytes, every pool).
  *
- * Synchronization: not concurrent; the runtime calls every op with its
- * policy lock held, so every field below is touched under that lock.
+ * Locking (the policy is `concurrent`).  Blocks never cross streams, so
+ * each stream has its own lock over its pools and blocks.  The fast path (an
+ * alloc served from the stream's cache, a free without recorded streams)
+ * takes only that lock.  Everything else (new segments, releasing, events,
+ * record_stream, statistics, walks) takes the global path: `glock`, then
+ * every stream lock in creation order, which excludes all fast paths.
+ * Statistics: the fast path changes the policy's figures under `slock`
+ * when that lock is free (always, with one thread, so every figure and
+ * every peak is PyTorch's, exactly); once a fast path finds it busy, fast
+ * paths journal their changes into a per-stream delta, folded in by the
+ * next global path.  Then current, allocated and freed
+ * figures stay exact and peaks are those seen at the folds.
  */
 #include <ctype.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,12 +143,6 @@ typedef struct cache_event_s {
   struct cache_event_s *next;
 } cache_event_t;
 
-struct cache_stream_s {
-  gmr_stream_t id;
-  cache_pool_t pools[2];            /* [0] large, [1] small */
-  cache_event_t *ev_head, *ev_tail; /* events recorded on this stream, FIFO */
-};
-
 struct cache_seg_s {
   uintptr_t base; /* device address (reservation or virtual range) */
   size_t size;    /* bytes (reservation, or the whole virtual range) */
@@ -160,6 +167,31 @@ typedef struct cache_stats_s {
   int64_t max_split_size;                                             /* bytes; -1 */
 } cache_stats_t;
 
+/* The gmr_stat_t records at the start of cache_stats_t. */
+#define CACHE_N_STATS ((int)(offsetof(cache_stats_t, num_alloc_retries) / sizeof(gmr_stat_t)))
+
+/* A stream: its pools, and what the fast path touches without the global
+ * lock.  Synchronization: `lock` guards pools, the blocks of its segments,
+ * spare records, prio_state and delta; ev_head/ev_tail are guarded by the
+ * policy's glock; id is immutable. */
+struct cache_stream_s {
+  char pad_front[64]; /* keeps streams off each other's cache lines */
+  gmr_stream_t id;
+  _Atomic int lock;      /* a spin lock: 0 free, 1 held */
+  cache_pool_t pools[2]; /* [0] large, [1] small */
+  cache_block_t *spare;  /* recycled block records, linked by `next` */
+  size_t n_spare;
+  uint64_t prio_state;              /* treap priorities (an LCG) */
+  bool dirty;                       /* delta holds something */
+  cache_stats_t delta;              /* stat changes not yet folded into the policy's */
+  cache_event_t *ev_head, *ev_tail; /* events recorded on this stream, FIFO (glock) */
+  char pad_back[64];
+};
+
+/* The stream table: open addressing over stream handles, append-only, read
+ * without locks by the fast path. */
+#define CACHE_STAB 4096
+
 typedef struct cache_s {
   gmr_policy_t base; /* must be first */
   cache_conf_t conf;
@@ -171,14 +203,15 @@ typedef struct cache_s {
   int64_t gc_clock[2];      /* get_free_blocks_call_count: [0] large, [1] small */
   cache_stream_t **streams; /* in creation order */
   size_t n_streams, cap_streams;
-  cache_stream_t *last; /* the stream of the last lookup */
-  cache_seg_t *segs;    /* every segment */
+  cache_seg_t *segs; /* every segment */
   size_t n_segs;
-  cache_block_t *spare; /* recycled block records, linked by `next` */
-  size_t n_spare;
-  cache_event_t *spare_ev; /* recycled event records */
-  size_t n_pending;        /* events recorded and not yet completed */
-  uint64_t prio_state;     /* treap priorities (an LCG) */
+  cache_event_t *spare_ev;  /* recycled event records */
+  _Atomic size_t n_pending; /* events recorded and not yet completed */
+  bool global_only;         /* GC on: every alloc takes the global path */
+  pthread_mutex_t glock;    /* the global lock (see "Locking" above) */
+  atomic_flag slock;        /* guards `st` for the fast path's commits (try only) */
+  _Atomic bool sharded;     /* a commit found slock busy: fast paths keep deltas */
+  _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
 } cache_t;
 
 static inline int cache_stat_type(const cache_pool_t *p) {
@@ -280,15 +313,15 @@ static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
   return treap_collect(t->right, v, n);
 }
 
-static inline uint32_t cache_prio(cache_t *c) {
-  c->prio_state = c->prio_state * 6364136223846793005ull + 1442695040888963407ull;
-  return (uint32_t)(c->prio_state >> 33);
+static inline uint32_t cache_prio(cache_stream_t *cs) {
+  cs->prio_state = cs->prio_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(cs->prio_state >> 33);
 }
 
 /* BlockPool::insert_into_blocks: stamps the GC clock. */
 static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
   b->gc_count_base = c->gc_clock[p->is_small];
-  b->prio = cache_prio(c);
+  b->prio = cache_prio(p->stream);
   p->blocks = treap_insert(p->blocks, b, false);
   b->in_tree = true;
   ++p->n_blocks;
@@ -301,7 +334,7 @@ static void pool_erase(cache_pool_t *p, cache_block_t *b) {
 }
 
 static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
-  b->prio = cache_prio(c);
+  b->prio = cache_prio(p->stream);
   p->unmapped = treap_insert(p->unmapped, b, true);
   b->in_tree = true;
 }
@@ -313,26 +346,26 @@ static void unmapped_erase(cache_pool_t *p, cache_block_t *b) {
 
 /* ---- records ---------------------------------------------------------------------- */
 
-/* Keep at least n spare block records, so that a step that needs some cannot
- * fail half way. */
-static int cache_records_reserve(cache_t *c, size_t n) {
-  while (c->n_spare < n) {
+/* Keep at least n spare block records in a stream, so that a step that
+ * needs some cannot fail half way.  Caller holds the stream's lock. */
+static int cache_records_reserve(cache_stream_t *cs, size_t n) {
+  while (cs->n_spare < n) {
     cache_block_t *b = gmr__calloc(1, sizeof *b);
     if (b == NULL)
       return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for block records");
-    b->next = c->spare;
-    c->spare = b;
-    ++c->n_spare;
+    b->next = cs->spare;
+    cs->spare = b;
+    ++cs->n_spare;
   }
   return 0;
 }
 
-/* A blank record; the caller has reserved it (never NULL then). */
-static cache_block_t *cache_record(cache_t *c, cache_pool_t *p, cache_seg_t *seg, uintptr_t ptr,
-                                   size_t size) {
-  cache_block_t *b = c->spare;
-  c->spare = b->next;
-  --c->n_spare;
+/* A blank record from the pool's stream; the caller has reserved it. */
+static cache_block_t *cache_record(cache_pool_t *p, cache_seg_t *seg, uintptr_t ptr, size_t size) {
+  cache_stream_t *cs = p->stream;
+  cache_block_t *b = cs->spare;
+  cs->spare = b->next;
+  --cs->n_spare;
   gmr_stream_t *uses = b->uses;
   uint32_t cap = b->cap_uses;
   memset(b, 0, sizeof *b);
@@ -346,34 +379,193 @@ static cache_block_t *cache_record(cache_t *c, cache_pool_t *p, cache_seg_t *seg
   return b;
 }
 
-static void cache_recycle(cache_t *c, cache_block_t *b) {
-  b->next = c->spare;
-  c->spare = b;
-  ++c->n_spare;
+static void cache_recycle(cache_block_t *b) {
+  cache_stream_t *cs = b->pool->stream;
+  b->next = cs->spare;
+  cs->spare = b;
+  ++cs->n_spare;
 }
 
 /* ---- streams ----------------------------------------------------------------------- */
 
+/* Stream locks are spin locks: the fast path holds one for a few tens of
+ * nanoseconds; a waiter yields the processor after a short spin, so a global
+ * path that holds every stream lock through a device call costs waiters
+ * little. */
+static inline void cache_spin_lock(_Atomic int *l) {
+  for (unsigned n = 0;;) {
+    if (!atomic_exchange_explicit(l, 1, memory_order_acquire)) return;
+    while (atomic_load_explicit(l, memory_order_relaxed)) {
+      if (++n < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        n = 0;
+        sched_yield();
+      }
+    }
+  }
+}
+
+static inline void cache_spin_unlock(_Atomic int *l) {
+  atomic_store_explicit(l, 0, memory_order_release);
+}
+
+static inline size_t cache_stab_home(gmr_stream_t s) {
+  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 52) & (CACHE_STAB - 1);
+}
+
+/* Lock-free lookup (the table is append-only; entries are published with
+ * release stores after they are built). */
+static cache_stream_t *cache_stream_find(cache_t *c, gmr_stream_t s) {
+  for (size_t i = cache_stab_home(s), n = 0; n < CACHE_STAB; i = (i + 1) & (CACHE_STAB - 1), ++n) {
+    cache_stream_t *cs = atomic_load_explicit(&c->stab[i], memory_order_acquire);
+    if (cs == NULL || cs->id == s) return cs;
+  }
+  return NULL;
+}
+
+/* Find or create (global path only).  A new stream is created with its lock
+ * held, as the global path holds every stream's lock. */
 static cache_stream_t *cache_stream(cache_t *c, gmr_stream_t s) {
-  if (GMR_LIKELY(c->last != NULL && c->last->id == s)) return c->last;
-  for (size_t i = 0; i < c->n_streams; ++i)
-    if (c->streams[i]->id == s) return c->last = c->streams[i];
+  cache_stream_t *cs = cache_stream_find(c, s);
+  if (cs != NULL) return cs;
+  if (c->n_streams >= CACHE_STAB / 2) {
+    gmr__error_set(GMR_ENOMEM, "caching: more than %d streams", CACHE_STAB / 2);
+    return NULL;
+  }
   if (c->n_streams == c->cap_streams) {
     size_t cap = c->cap_streams ? c->cap_streams * 2 : 8;
     cache_stream_t **v = gmr__realloc(c->streams, cap * sizeof *v);
-    if (v == NULL) return NULL;
+    if (v == NULL) goto nomem;
     c->streams = v;
     c->cap_streams = cap;
   }
-  cache_stream_t *cs = gmr__calloc(1, sizeof *cs);
-  if (cs == NULL) return NULL;
+  cs = gmr__calloc(1, sizeof *cs);
+  if (cs == NULL) goto nomem;
+  cache_spin_lock(&cs->lock);
   cs->id = s;
+  cs->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)c->n_streams;
   for (int i = 0; i < 2; ++i) {
     cs->pools[i].stream = cs;
     cs->pools[i].is_small = i == 1;
   }
   c->streams[c->n_streams++] = cs;
-  return c->last = cs;
+  size_t i = cache_stab_home(s);
+  while (atomic_load_explicit(&c->stab[i], memory_order_relaxed) != NULL)
+    i = (i + 1) & (CACHE_STAB - 1);
+  atomic_store_explicit(&c->stab[i], cs, memory_order_release);
+  return cs;
+nomem:
+  gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a stream");
+  return NULL;
+}
+
+/* The global path: glock, then every stream's lock in creation order; the
+ * fast paths' stat deltas are folded in first. */
+static void cache_fold(cache_t *c);
+static void cache_lock_all(cache_t *c) {
+  pthread_mutex_lock(&c->glock);
+  for (size_t i = 0; i < c->n_streams; ++i)
+    cache_spin_lock(&c->streams[i]->lock);
+  cache_fold(c);
+}
+
+static void cache_unlock_all(cache_t *c) {
+  for (size_t i = c->n_streams; i-- > 0;)
+    cache_spin_unlock(&c->streams[i]->lock);
+  pthread_mutex_unlock(&c->glock);
+}
+
+/* ---- statistic journals ------------------------------------------------------------
+ * A fast path that found slock busy records its stat changes and keeps them
+ * in its stream's delta (see "Locking" at the top); otherwise changes are
+ * applied directly (j NULL).
+ * t < 0: a single record (oversize_*) rather than an [all, small, large]
+ * array.  A stat changes at most once per op, so a journal gives the same
+ * peaks as direct updates. */
+
+typedef struct cache_journal_s {
+  int n;
+  struct {
+    gmr_stat_t *stat; /* into cache_t.st */
+    int t;
+    int64_t d; /* > 0: increase; < 0: decrease */
+  } e[16];
+} cache_journal_t;
+
+static inline void cache_apply(gmr_stat_t *a, int t, int64_t d) {
+  if (t < 0 && d > 0)
+    gmr__stat_increase(a, d);
+  else if (t < 0)
+    gmr__stat_decrease(a, -d);
+  else if (d > 0)
+    cache_inc(a, t, d);
+  else
+    cache_dec(a, t, -d);
+}
+
+static inline void cache_add(cache_journal_t *j, gmr_stat_t *a, int t, int64_t d) {
+  if (j == NULL) {
+    cache_apply(a, t, d);
+  } else {
+    j->e[j->n].stat = a;
+    j->e[j->n].t = t;
+    j->e[j->n].d = d;
+    ++j->n;
+  }
+}
+
+static inline void cache_delta_one(gmr_stat_t *x, int64_t d) {
+  x->current += d;
+  if (d > 0)
+    x->allocated += d;
+  else
+    x->freed += -d;
+}
+
+/* A fast path that is about to change statistics: NULL when it may change
+ * the policy's figures directly (it then holds slock until cache_commit),
+ * else the journal to fill.  Caller holds cs->lock. */
+static cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
+  j->n = 0;
+  if (!atomic_load_explicit(&c->sharded, memory_order_relaxed)) {
+    if (!atomic_flag_test_and_set_explicit(&c->slock, memory_order_acquire)) return NULL;
+    atomic_store_explicit(&c->sharded, true, memory_order_relaxed);
+  }
+  return j;
+}
+
+/* Release slock, or keep the journal in the stream's delta. */
+static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
+  if (j == NULL) {
+    atomic_flag_clear_explicit(&c->slock, memory_order_release);
+    return;
+  }
+  for (int i = 0; i < j->n; ++i) {
+    gmr_stat_t *a = (gmr_stat_t *)((char *)&cs->delta + ((char *)j->e[i].stat - (char *)&c->st));
+    cache_delta_one(&a[0], j->e[i].d);
+    if (j->e[i].t >= 0) cache_delta_one(&a[j->e[i].t], j->e[i].d);
+  }
+  cs->dirty = true;
+}
+
+/* Fold every stream's delta into the figures; global path only. */
+static void cache_fold(cache_t *c) {
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    if (!cs->dirty) continue;
+    gmr_stat_t *dst = (gmr_stat_t *)&c->st, *src = (gmr_stat_t *)&cs->delta;
+    for (int k = 0; k < CACHE_N_STATS; ++k) {
+      dst[k].current += src[k].current;
+      dst[k].allocated += src[k].allocated;
+      dst[k].freed += src[k].freed;
+      if (dst[k].current > dst[k].peak) dst[k].peak = dst[k].current;
+      src[k] = (gmr_stat_t){0, 0, 0, 0};
+    }
+    cs->dirty = false;
+  }
 }
 
 /* ---- sizes -------------------------------------------------------------------------- */
@@ -461,12 +653,12 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
     pool_erase(src->pool, src);
   else
     unmapped_erase(src->pool, src);
-  cache_recycle(c, src);
+  cache_recycle(src);
   return subsumed;
 }
 
 /* free_block: return a block with no pending uses to its pool, merging it. */
-static void cache_free_block(cache_t *c, cache_block_t *b) {
+static void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
   int64_t net_n = 0, net_bytes = 0;
@@ -485,14 +677,12 @@ static void cache_free_block(cache_t *c, cache_block_t *b) {
   }
   int t = cache_stat_type(p);
   if (!b->seg->expandable) {
-    if (net_n > 0) cache_inc(c->st.inactive_split, t, net_n);
-    if (net_n < 0) cache_dec(c->st.inactive_split, t, -net_n);
-    if (net_bytes > 0) cache_inc(c->st.inactive_split_bytes, t, net_bytes);
-    if (net_bytes < 0) cache_dec(c->st.inactive_split_bytes, t, -net_bytes);
+    if (net_n != 0) cache_add(j, c->st.inactive_split, t, net_n);
+    if (net_bytes != 0) cache_add(j, c->st.inactive_split_bytes, t, net_bytes);
   }
-  cache_dec(c->st.active, t, 1);
-  cache_dec(c->st.active_bytes, t, (int64_t)orig);
-  cache_dec(c->st.requested_bytes, t, (int64_t)requested);
+  cache_add(j, c->st.active, t, -1);
+  cache_add(j, c->st.active_bytes, t, -(int64_t)orig);
+  cache_add(j, c->st.requested_bytes, t, -(int64_t)requested);
 }
 
 /* release_block: cudaFree a whole free non-expandable segment. */
@@ -509,7 +699,7 @@ static int cache_release_block(cache_t *c, cache_block_t *b) {
   pool_erase(b->pool, b);
   seg_unlink(c, s);
   gmr__free(s);
-  cache_recycle(c, b);
+  cache_recycle(b);
   return 0;
 }
 
@@ -527,7 +717,7 @@ static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapp
   cache_seg_t *s = b->seg;
   cache_pool_t *p = b->pool;
   *mapped = false;
-  int err = cache_records_reserve(c, 1);
+  int err = cache_records_reserve(p->stream, 1);
   if (err != 0) return err;
   size_t first = (b->ptr - s->base) / s->page;
   size_t last = (b->ptr - s->base + size + s->page - 1) / s->page;
@@ -542,7 +732,7 @@ static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapp
   unmapped_erase(p, b);
   b->mapped = true;
   if (bytes < b->size) {
-    cache_block_t *rest = cache_record(c, p, s, b->ptr + bytes, b->size - bytes);
+    cache_block_t *rest = cache_record(p, s, b->ptr + bytes, b->size - bytes);
     rest->mapped = false;
     rest->prev = b;
     rest->next = b->next;
@@ -568,7 +758,7 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   size_t off = b->ptr - s->base;
   size_t first = (off + s->page - 1) / s->page, last = (off + b->size) / s->page;
   if (first >= last) return 0;
-  int err = cache_records_reserve(c, 2);
+  int err = cache_records_reserve(p->stream, 2);
   if (err != 0) return err;
   err = gmr__backend_stream_sync(c->base.backend, p->stream->id);
   if (err != 0) return err;
@@ -578,7 +768,7 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   pool_erase(p, b);
   size_t before = uptr - b->ptr;
   if (before > 0) {
-    cache_block_t *bf = cache_record(c, p, s, b->ptr, before);
+    cache_block_t *bf = cache_record(p, s, b->ptr, before);
     bf->prev = b->prev;
     bf->next = b;
     if (b->prev) b->prev->next = bf;
@@ -588,7 +778,7 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   }
   size_t after = b->size - before - bytes;
   if (after > 0) {
-    cache_block_t *af = cache_record(c, p, s, uptr + bytes, after);
+    cache_block_t *af = cache_record(p, s, uptr + bytes, after);
     af->prev = b;
     af->next = b->next;
     if (b->next) b->next->prev = af;
@@ -614,7 +804,7 @@ static int cache_release_expandable(cache_t *c, cache_block_t *b) {
   unmapped_erase(b->pool, b);
   seg_unlink(c, s);
   gmr__free(s);
-  cache_recycle(c, b);
+  cache_recycle(b);
   return 0;
 }
 
@@ -639,7 +829,7 @@ static int cache_find_expandable(cache_t *c, cache_pool_t *p, size_t size, cache
   size_t page = p->is_small ? CACHE_SMALL_BUFFER : c->conf.large_segment;
   size_t want = c->device_total + c->device_total / 8;
   size_t va = (want + page - 1) / page * page;
-  int err = cache_records_reserve(c, 1);
+  int err = cache_records_reserve(p->stream, 1);
   if (err != 0) return err;
   cache_seg_t *s = gmr__calloc(1, sizeof *s);
   if (s == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a segment");
@@ -652,7 +842,7 @@ static int cache_find_expandable(cache_t *c, cache_pool_t *p, size_t size, cache
   }
   *s = (cache_seg_t){
       .base = (uintptr_t)base, .size = va, .pool = p, .expandable = true, .page = page};
-  cache_block_t *b = cache_record(c, p, s, s->base, va);
+  cache_block_t *b = cache_record(p, s, s->base, va);
   b->mapped = false;
   s->head = b;
   seg_link(c, s);
@@ -690,11 +880,11 @@ static void cache_event_done(cache_t *c, cache_stream_t *cs) {
   cs->ev_head = e->next;
   if (cs->ev_head == NULL) cs->ev_tail = NULL;
   gmr__backend_event_destroy(c->base.backend, e->ev);
-  --c->n_pending;
+  atomic_fetch_sub_explicit(&c->n_pending, 1, memory_order_relaxed);
   cache_block_t *b = e->block;
   e->next = c->spare_ev;
   c->spare_ev = e;
-  if (--b->event_count == 0) cache_free_block(c, b);
+  if (--b->event_count == 0) cache_free_block(c, b, NULL);
 }
 
 /* process_events: return blocks whose every event has completed. */
@@ -753,10 +943,10 @@ static void cache_insert_events(cache_t *c, cache_block_t *b) {
       cs->ev_head = e;
     cs->ev_tail = e;
     ++b->event_count;
-    ++c->n_pending;
+    atomic_fetch_add_explicit(&c->n_pending, 1, memory_order_relaxed);
   }
   b->n_uses = 0;
-  if (b->event_count == 0) cache_free_block(c, b);
+  if (b->event_count == 0) cache_free_block(c, b, NULL);
 }
 
 /* ---- releasing cached memory ---------------------------------------------------------- */
@@ -865,8 +1055,6 @@ static int cache_garbage_collect(cache_t *c) {
 
 /* ---- allocation ------------------------------------------------------------------------- */
 
-static int cache_check(gmr_policy_t *self);
-
 /* get_free_block: the smallest fitting cached block, or NULL. */
 static cache_block_t *cache_get_free_block(cache_t *c, cache_pool_t *p, size_t size) {
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
@@ -907,7 +1095,7 @@ static int cache_alloc_block(cache_t *c, cache_pool_t *p, size_t size, size_t al
     return err == GMR_ENOMEM ? 0 : err;
   }
   *s = (cache_seg_t){.base = (uintptr_t)ptr, .size = alloc_size, .pool = p};
-  cache_block_t *b = cache_record(c, p, s, s->base, alloc_size);
+  cache_block_t *b = cache_record(p, s, s->base, alloc_size);
   s->head = b;
   seg_link(c, s);
   c->total_allocated += alloc_size;
@@ -928,13 +1116,13 @@ static bool cache_should_split(const cache_t *c, const cache_block_t *b, size_t 
 
 /* alloc_found_block */
 static cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size, size_t orig,
-                                        bool split) {
+                                        bool split, cache_journal_t *j) {
   cache_pool_t *p = b->pool;
   int t = cache_stat_type(p);
   bool already_split = cache_is_split(b), expandable = b->seg->expandable;
   if (split) {
     cache_block_t *rest = b;
-    b = cache_record(c, p, rest->seg, rest->ptr, size);
+    b = cache_record(p, rest->seg, rest->ptr, size);
     b->prev = rest->prev;
     if (b->prev) b->prev->next = b;
     b->next = rest;
@@ -944,23 +1132,23 @@ static cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t siz
     rest->size -= size;
     pool_insert(c, p, rest);
     if (already_split && !expandable) {
-      cache_dec(c->st.inactive_split_bytes, t, (int64_t)size);
+      cache_add(j, c->st.inactive_split_bytes, t, -(int64_t)size);
     } else if (!expandable) {
-      cache_inc(c->st.inactive_split_bytes, t, (int64_t)rest->size);
-      cache_inc(c->st.inactive_split, t, 1);
+      cache_add(j, c->st.inactive_split_bytes, t, (int64_t)rest->size);
+      cache_add(j, c->st.inactive_split, t, 1);
     }
   } else if (already_split && !expandable) {
-    cache_dec(c->st.inactive_split_bytes, t, (int64_t)b->size);
-    cache_dec(c->st.inactive_split, t, 1);
+    cache_add(j, c->st.inactive_split_bytes, t, -(int64_t)b->size);
+    cache_add(j, c->st.inactive_split, t, -1);
   }
   b->allocated = true;
   b->requested = orig;
-  cache_inc(c->st.allocation, t, 1);
-  cache_inc(c->st.allocated_bytes, t, (int64_t)b->size);
-  cache_inc(c->st.active, t, 1);
-  cache_inc(c->st.active_bytes, t, (int64_t)b->size);
-  cache_inc(c->st.requested_bytes, t, (int64_t)orig);
-  if (b->size >= c->conf.max_split_size) gmr__stat_increase(&c->st.oversize_allocations, 1);
+  cache_add(j, c->st.allocation, t, 1);
+  cache_add(j, c->st.allocated_bytes, t, (int64_t)b->size);
+  cache_add(j, c->st.active, t, 1);
+  cache_add(j, c->st.active_bytes, t, (int64_t)b->size);
+  cache_add(j, c->st.requested_bytes, t, (int64_t)orig);
+  if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, 1);
   return b;
 }
 
@@ -993,18 +1181,20 @@ static int cache_oom(cache_t *c, size_t alloc_size) {
       want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
 }
 
-static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
-  cache_t *c = (cache_t *)self;
+/* The whole of PyTorch's malloc; global path (every lock held). */
+static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   int err;
-  if (GMR_UNLIKELY(c->n_spare < 4) && (err = cache_records_reserve(c, 4)) != 0) return err;
-  if (GMR_UNLIKELY(c->n_pending > 0) && (err = cache_process_events(c)) != 0) return err;
+  if (GMR_UNLIKELY(atomic_load_explicit(&c->n_pending, memory_order_relaxed) > 0) &&
+      (err = cache_process_events(c)) != 0)
+    return err;
   cache_stream_t *cs = cache_stream(c, s);
-  if (GMR_UNLIKELY(cs == NULL)) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
+  if (GMR_UNLIKELY(cs == NULL)) return GMR_ENOMEM;
+  if ((err = cache_records_reserve(cs, 4)) != 0) return err;
   size_t size = cache_round_size(c, orig);
   cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
   size_t alloc_size = cache_allocation_size(c, size);
   cache_block_t *b = cache_get_free_block(c, p, size);
-  if (GMR_UNLIKELY(b == NULL)) {
+  if (b == NULL) {
     if (c->fraction_set && c->conf.gc_threshold > 0 && (err = cache_garbage_collect(c)) != 0)
       return err;
     if ((err = cache_alloc_block(c, p, size, alloc_size, false, &b)) != 0) return err;
@@ -1019,29 +1209,80 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
     }
     if (b == NULL) return cache_oom(c, alloc_size);
   }
-  b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size));
+  b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size), NULL);
   *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
-  gmr_assert_expensive(cache_check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
+}
+
+/* The fast path serves a cached block of the stream under its lock alone;
+ * anything else (no fitting block, events pending, a new stream, GC on)
+ * takes the global path, which runs the search again: a failed search
+ * changes nothing, so the answers are PyTorch's either way. */
+static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stream_t *cs;
+  if (GMR_LIKELY(!c->global_only &&
+                 atomic_load_explicit(&c->n_pending, memory_order_acquire) == 0 &&
+                 (cs = cache_stream_find(c, s)) != NULL)) {
+    cache_spin_lock(&cs->lock);
+    if (GMR_LIKELY(cs->n_spare >= 1 || cache_records_reserve(cs, 4) == 0)) {
+      size_t size = cache_round_size(c, orig);
+      cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
+      cache_block_t *b = cache_get_free_block(c, p, size);
+      if (GMR_LIKELY(b != NULL)) {
+        cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+        b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size), j);
+        cache_commit(c, cs, j);
+        cache_spin_unlock(&cs->lock);
+        *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
+        gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+        return 0;
+      }
+    }
+    cache_spin_unlock(&cs->lock);
+  }
+  cache_lock_all(c);
+  int err = cache_alloc_global(c, orig, s, out);
+  cache_unlock_all(c);
+  gmr_assert_expensive(err != 0 || self->ops->check(self) != GMR_EINVAL);
+  return err;
+}
+
+/* free(); j NULL on the global path. */
+static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+  int t = cache_stat_type(b->pool);
+  b->allocated = false;
+  cache_add(j, c->st.allocation, t, -1);
+  cache_add(j, c->st.allocated_bytes, t, -(int64_t)b->size);
+  if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, -1);
+  if (b->n_uses > 0)
+    cache_insert_events(c, b);
+  else
+    cache_free_block(c, b, j);
 }
 
 static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_t *c = (cache_t *)self;
   cache_block_t *b = blk->handle;
-  int t = cache_stat_type(b->pool);
-  b->allocated = false;
-  cache_dec(c->st.allocation, t, 1);
-  cache_dec(c->st.allocated_bytes, t, (int64_t)b->size);
-  if (b->size >= c->conf.max_split_size) gmr__stat_decrease(&c->st.oversize_allocations, 1);
-  if (GMR_UNLIKELY(b->n_uses > 0))
-    cache_insert_events(c, b);
-  else
-    cache_free_block(c, b);
-  gmr_assert_expensive(cache_check(self) != GMR_EINVAL); /* ENOMEM: host */
+  cache_stream_t *cs = b->pool->stream;
+  cache_spin_lock(&cs->lock);
+  if (GMR_LIKELY(b->n_uses == 0)) {
+    cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+    cache_free_locked(c, b, j);
+    cache_commit(c, cs, j);
+    cache_spin_unlock(&cs->lock);
+  } else {
+    /* Events: the global path (record_stream changed n_uses under it). */
+    cache_spin_unlock(&cs->lock);
+    cache_lock_all(c);
+    cache_free_locked(c, b, NULL);
+    cache_unlock_all(c);
+  }
+  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
-static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
   (void)self;
   cache_block_t *b = blk->handle;
   if (s == b->pool->stream->id) return 0;
@@ -1059,7 +1300,7 @@ static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_s
   return 0;
 }
 
-static int cache_trim(gmr_policy_t *self) {
+static int cache_trim_locked(gmr_policy_t *self) {
   return cache_release_cached((cache_t *)self);
 }
 
@@ -1075,7 +1316,7 @@ static uint64_t cache_largest_free(const cache_t *c) {
   return best;
 }
 
-static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
+static void cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out) {
   cache_t *c = (cache_t *)self;
   const cache_stats_t *st = &c->st;
   out->reserved_bytes = (uint64_t)st->reserved_bytes[CS_ALL].current;
@@ -1104,10 +1345,10 @@ static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
   X(allocation)                                                                                    \
   X(segment)                                                                                       \
   X(active)                                                                                        \
-  X(inactive_split) X(allocated_bytes) X(reserved_bytes) X(active_bytes) X(inactive_split_bytes)   \
-      X(requested_bytes)
+  X(inactive_split)                                                                                \
+  X(allocated_bytes) X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
 
-static void cache_reset_peak(gmr_policy_t *self) {
+static void cache_reset_peak_locked(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   for (int t = 0; t < 3; ++t) {
 #define RESET(name) gmr__stat_reset_peak(&c->st.name[t]);
@@ -1118,7 +1359,7 @@ static void cache_reset_peak(gmr_policy_t *self) {
   gmr__stat_reset_peak(&c->st.oversize_segments);
 }
 
-static void cache_reset_accumulated(gmr_policy_t *self) {
+static void cache_reset_accumulated_locked(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   for (int t = 0; t < 3; ++t) {
 #define RESET(name) gmr__stat_reset_accumulated(&c->st.name[t]);
@@ -1186,8 +1427,11 @@ static size_t cache_all_stats(const cache_t *c, cache_kv_t *kv) {
 #define CACHE_N_KEYS 122
 
 static int cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  cache_t *c = (cache_t *)self;
   cache_kv_t kv[CACHE_N_KEYS];
-  size_t n = cache_all_stats((cache_t *)self, kv);
+  cache_lock_all(c);
+  size_t n = cache_all_stats(c, kv);
+  cache_unlock_all(c);
   for (size_t i = 0; i < n; ++i)
     if (cb(kv[i].key, kv[i].value, ud) != 0) break;
   return 0;
@@ -1233,7 +1477,11 @@ static void cache_summary_row(FILE *out, const char *name, const gmr_stat_t *s,
 
 static int cache_summary(gmr_policy_t *self, FILE *out) {
   cache_t *c = (cache_t *)self;
-  const cache_stats_t *st = &c->st;
+  cache_stats_t snap;
+  cache_lock_all(c);
+  snap = c->st;
+  cache_unlock_all(c);
+  const cache_stats_t *st = &snap;
   static const char eq[] = "|==========================================================="
                            "================|\n";
   static const char dash[] = "|-----------------------------------------------------------"
@@ -1307,7 +1555,7 @@ static gmr_block_state_t cache_state(const cache_block_t *b) {
 /* Segments in address order, each followed by its blocks.  An expandable
  * segment is shown as one segment per contiguous mapped range, as PyTorch's
  * snapshot shows it. */
-static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+static int cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **v = cache_sorted_segs(c);
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
@@ -1364,7 +1612,7 @@ static size_t treap_check(cache_block_t *t, bool by_addr, const cache_block_t *l
   return 1 + treap_check(t->left, by_addr, lo, t, ok) + treap_check(t->right, by_addr, t, hi, ok);
 }
 
-static int cache_check(gmr_policy_t *self) {
+static int cache_check_locked(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **segs = cache_sorted_segs(c);
   if (segs == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
@@ -1897,18 +2145,21 @@ static void cache_destroy(gmr_policy_t *self) {
       gmr__backend_release(be, (void *)s->base, s->size);
     gmr__free(s);
   }
-  for (cache_block_t *b = c->spare, *nx; b; b = nx) {
-    nx = b->next;
-    gmr__free(b->uses);
-    gmr__free(b);
-  }
   for (cache_event_t *e = c->spare_ev, *nx; e; e = nx) {
     nx = e->next;
     gmr__free(e);
   }
-  for (size_t i = 0; i < c->n_streams; ++i)
-    gmr__free(c->streams[i]);
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    for (cache_block_t *b = cs->spare, *nx; b; b = nx) {
+      nx = b->next;
+      gmr__free(b->uses);
+      gmr__free(b);
+    }
+    gmr__free(cs);
+  }
   gmr__free(c->streams);
+  pthread_mutex_destroy(&c->glock);
   gmr__free(c);
 }
 
@@ -1924,13 +2175,14 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
   c->base.ops = &gmr_caching_policy_ops;
   c->base.backend = be;
   c->conf = conf;
-  c->prio_state = 0x9E3779B97F4A7C15ull;
   c->st.max_split_size = (int64_t)conf.max_split_size; /* -1 when unlimited, as PyTorch */
   size_t dev_free = 0, total = 0;
   int err = gmr__backend_mem_info(be, &dev_free, &total);
+  if (err == 0 && pthread_mutex_init(&c->glock, NULL) != 0) err = GMR_ENOMEM;
+  atomic_flag_clear(&c->slock);
   if (err != 0) {
     gmr__free(c);
-    return err;
+    return err == GMR_ENOMEM ? gmr__error_set(err, "caching: cannot create locks") : err;
   }
   c->device_total = total;
   if (conf.fraction < 1.0) {
@@ -1944,21 +2196,66 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
              be->ops->name);
     c->conf.expandable = false;
   }
+  c->global_only = c->fraction_set && c->conf.gc_threshold > 0;
   if (c->conf.expandable &&
       (c->conf.large_segment % be->granularity != 0 || CACHE_SMALL_BUFFER % be->granularity != 0)) {
-    gmr__free(c);
+    cache_destroy(&c->base);
     return gmr__error_set(GMR_ECONFIG,
                           "caching: expandable segments need pages of 2 MiB and "
                           "large_segment_size that are multiples of the device "
                           "granularity (%zu bytes)",
                           be->granularity);
   }
-  if ((err = cache_records_reserve(c, 8)) != 0) {
-    cache_destroy(&c->base);
-    return err;
-  }
   *out = &c->base;
   return 0;
+}
+
+/* ---- the ops the runtime calls: the global path around the bodies above ---------------- */
+
+static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  cache_lock_all((cache_t *)self);
+  int err = cache_record_stream_locked(self, blk, s);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+static int cache_trim(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  int err = cache_trim_locked(self);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
+  cache_lock_all((cache_t *)self);
+  cache_stats_locked(self, out);
+  cache_unlock_all((cache_t *)self);
+}
+
+static void cache_reset_peak(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  cache_reset_peak_locked(self);
+  cache_unlock_all((cache_t *)self);
+}
+
+static void cache_reset_accumulated(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  cache_reset_accumulated_locked(self);
+  cache_unlock_all((cache_t *)self);
+}
+
+static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  cache_lock_all((cache_t *)self);
+  int err = cache_walk_locked(self, cb, ud);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+static int cache_check(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  int err = cache_check_locked(self);
+  cache_unlock_all((cache_t *)self);
+  return err;
 }
 
 /* ---- the table ------------------------------------------------------------------------------- */
@@ -2044,6 +2341,7 @@ const gmr_policy_ops_t gmr_caching_policy_ops = {
     .opts_desc = cache_opts_desc,
     .validate = cache_validate,
     .opts_release = cache_opts_release,
+    .concurrent = true,
     .create = cache_create,
     .destroy = cache_destroy,
     .alloc = cache_alloc,

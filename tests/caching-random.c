@@ -14,6 +14,8 @@
  *
  * The seed is printed; GMR_SEED=<n> replays a run.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,6 +236,119 @@ static void run(const char *name, const char *yaml, uint64_t seed) {
   gmr_runtime_free(rt);
 }
 
+/* ---- threads: each on its own stream (the fast path), with global-path
+ * operations (record_stream across streams, empty_cache, gmr_check) mixed
+ * in; the counts must add up exactly afterwards. */
+
+#define N_THREADS  8
+#define THREAD_OPS 2000
+
+typedef struct worker_s {
+  gmr_runtime_t *rt;
+  int index;
+  uint64_t seed;
+  uint64_t allocs, frees, ooms, bad;
+  char why[256];
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  uint64_t x = w->seed * 2654435761u + (uint64_t)w->index + 1;
+  blk_t live[16];
+  int n = 0;
+  gmr_stream_t own = GMR_SIM_STREAM(w->index + 1);
+  for (int op = 0; op < THREAD_OPS; ++op) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint64_t r = x % 100;
+    if (r < 50 && n < 16) {
+      size_t size = x % 3 ? 1 + (x >> 8) % (256 << 10) : (1 << 20) + (x >> 8) % (3 << 20);
+      void *p = NULL;
+      int rc = gmr_alloc(w->rt, size, own, &p);
+      if (rc == GMR_ENOMEM) {
+        ++w->ooms;
+        continue;
+      }
+      if (rc != 0) {
+        snprintf(w->why, sizeof w->why, "alloc: %s", gmr_strerror(rc));
+        ++w->bad;
+        break;
+      }
+      size_t req, bytes;
+      gmr_alloc_size(w->rt, p, &req, &bytes);
+      live[n] = (blk_t){(uint64_t *)p, bytes, ((uint64_t)w->index << 48) | (uint64_t)op, 0, {0}};
+      fill(live[n].p, live[n].bytes, live[n].id);
+      ++n;
+      ++w->allocs;
+    } else if (r < 96 && n > 0) {
+      int i = (int)((x >> 16) % (uint64_t)n);
+      if (!verify(live[i].p, live[i].bytes, live[i].id)) {
+        snprintf(w->why, sizeof w->why, "block %p overwritten while live", (void *)live[i].p);
+        ++w->bad;
+        break;
+      }
+      if ((x >> 24) % 8 == 0) /* used on another thread's stream too */
+        gmr_record_stream(w->rt, live[i].p, GMR_SIM_STREAM((w->index + 1) % N_THREADS + 1));
+      if (gmr_free(w->rt, live[i].p) != 0) ++w->bad;
+      live[i] = live[--n];
+      ++w->frees;
+    } else if (r < 98 && w->index == 0) {
+      gmr_empty_cache(w->rt);
+    } else if (w->index == 1) {
+      if (gmr_check(w->rt) != 0) {
+        snprintf(w->why, sizeof w->why, "check: %s", gmr_last_error(w->rt));
+        ++w->bad;
+        break;
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    w->bad += !verify(live[i].p, live[i].bytes, live[i].id);
+    gmr_free(w->rt, live[i].p);
+    ++w->frees;
+  }
+  return NULL;
+}
+
+static void run_threads(uint64_t seed) {
+  gmr_config_t *cfg = NULL;
+  gmr_error_t err;
+  gmr_config_load_string("policy: caching\n", &cfg, &err);
+  gmr_sim_options_t o = {.capacity = 512 * MiB, .host_backed = 1};
+  gmr_runtime_t *rt = NULL;
+  gmr_runtime_new_sim(cfg, &o, &rt);
+  gmr_config_free(cfg);
+  pthread_t th[N_THREADS];
+  worker_t w[N_THREADS];
+  for (int i = 0; i < N_THREADS; ++i) {
+    w[i] = (worker_t){.rt = rt, .index = i, .seed = seed};
+    pthread_create(&th[i], NULL, worker, &w[i]);
+  }
+  uint64_t allocs = 0, frees = 0, ooms = 0, bad = 0;
+  for (int i = 0; i < N_THREADS; ++i) {
+    pthread_join(th[i], NULL);
+    allocs += w[i].allocs, frees += w[i].frees, ooms += w[i].ooms, bad += w[i].bad;
+    if (w[i].bad) diag("thread %d: %s", i, w[i].why);
+  }
+  diag("threads: %llu allocs, %llu frees, %llu OOMs", (unsigned long long)allocs,
+       (unsigned long long)frees, (unsigned long long)ooms);
+  is_u64(bad, 0, "threads: %d threads on their own streams keep every pattern and invariant",
+         N_THREADS);
+  is_int(st(rt, "allocation.all.allocated"), (int64_t)allocs,
+         "threads: allocation.all.allocated counts every allocation exactly");
+  is_int(st(rt, "allocation.all.freed"), (int64_t)frees, "threads: and every free");
+  is_int(st(rt, "allocated_bytes.all.current"), 0, "threads: nothing allocated at the end");
+  is_int(st(rt, "allocated_bytes.all.allocated"), st(rt, "allocated_bytes.all.freed"),
+         "threads: allocated bytes in = out");
+  for (int s = 0; s <= N_THREADS; ++s)
+    gmr_sim_stream_complete(rt, GMR_SIM_STREAM(s));
+  gmr_empty_cache(rt);
+  is_int(st(rt, "active_bytes.all.current"), 0, "threads: nothing active after empty_cache");
+  is_int(st(rt, "reserved_bytes.all.current"), 0, "threads: nothing reserved after empty_cache");
+  ok(st(rt, "allocated_bytes.all.peak") > 0, "threads: a peak was recorded");
+  is_int(gmr_check(rt), 0, "threads: invariants at the end");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   const char *env = getenv("GMR_SEED");
   uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
@@ -241,6 +356,7 @@ int main(void) {
   run("default", "policy: caching\n", seed);
   run("expandable", "policy: {name: caching, expandable_segments: true}\n", seed + 1);
   run("max_split", "policy: {name: caching, max_split_size: 22MiB}\n", seed + 2);
+  run_threads(seed);
   run("max_split+expandable",
       "policy: {name: caching, max_split_size: 22MiB, expandable_segments: true}\n", seed + 3);
   return done_testing();
