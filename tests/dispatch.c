@@ -182,6 +182,33 @@ static void test_threads(const char *name, const char *yaml) {
 
 /* ---- direct and limit through the new paths ---------------------------------- */
 
+static void test_direct_records(void) {
+  gmr_runtime_t *rt = new_runtime("policy: direct\n");
+  void *p, *q = NULL;
+  gmr_stats_t st;
+  /* A fresh runtime has no record to reuse: the host failure is an OOM. */
+  gmr__host_fail_nth(1);
+  int rc = gmr_alloc(rt, 4096, NULL, &q);
+  gmr__host_fail_nth(0);
+  is_int(rc, GMR_ENOMEM, "direct: no host memory for a record is GMR_ENOMEM");
+  like(gmr_last_error(rt), "direct: out of host memory", "... and says so");
+  is_ptr(q, NULL, "... with the out-parameter untouched");
+  gmr_stats(rt, &st);
+  is_u64(st.reserved_bytes, 0, "... and nothing reserved on the device");
+  is_int(gmr_alloc(rt, 4096, NULL, &p), 0, "an allocation");
+  is_int(gmr_free(rt, p), 0, "its free keeps the record");
+  gmr__host_fail_nth(1);
+  rc = gmr_alloc(rt, 8192, NULL, &q);
+  gmr__host_fail_nth(0);
+  is_int(rc, 0, "direct: the next allocation reuses it, with no host allocation");
+  gmr_stats(rt, &st);
+  is_u64(st.allocated_bytes, 8192, "allocated_bytes = 8192");
+  is_u64(st.reserved_bytes, 8192, "reserved_bytes = 8192");
+  is_int(gmr_check(rt), 0, "the live list and the stats agree");
+  is_int(gmr_free(rt, q), 0, "free");
+  gmr_runtime_free(rt);
+}
+
 static void test_limit(void) {
   gmr_runtime_t *rt = new_runtime("policy: {name: limit, bytes: 1MiB, upstream: {name: direct}}\n");
   void *a, *b, *c = NULL;
@@ -211,6 +238,7 @@ int main(void) {
   test_threads("direct (serialized)", "policy: direct\n");
   test_threads("limit(direct) (concurrent)",
                "policy: {name: limit, bytes: 64GiB, upstream: {name: direct}}\n");
+  test_direct_records();
   test_limit();
   return done_testing();
 }
