@@ -50,8 +50,9 @@
 /* ---- options -------------------------------------------------------------- */
 
 typedef struct bench_opts_s {
-  bool cuda; /* --device cuda */
-  bool json;
+  bool cuda;                     /* --device cuda */
+  bool json;                     /* JSON on stdout instead of the table */
+  FILE *json_file;               /* --json-file: JSON there as well as the table */
   bool baselines;                /* the CUDA contenders (with --device cuda) */
   int reps;                      /* repetitions; the median is reported */
   double min_time_ns;            /* one repetition on one thread lasts at least this */
@@ -300,19 +301,20 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, 
   fflush(stdout);
 }
 
-static void print_json(const bench_opts_t *o, const contender_t *c, size_t size, const result_t *r,
-                       bool first) {
-  printf("%s\n  {\"contender\": \"%s\", \"policy\": \"%s\", \"backend\": \"%s\", "
-         "\"size\": %zu, \"reps\": %d, \"pairs_per_rep\": %" PRIu64 ", "
-         "\"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
-         "\"threads\": [",
-         first ? "" : ",", c->name, c->policy, c->backend, size, o->reps, r->pairs, r->single,
-         r->single_min, r->single_max);
+static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
+                       const result_t *r, bool first) {
+  fprintf(f,
+          "%s\n  {\"contender\": \"%s\", \"policy\": \"%s\", \"backend\": \"%s\", "
+          "\"size\": %zu, \"reps\": %d, \"pairs_per_rep\": %" PRIu64 ", "
+          "\"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
+          "\"threads\": [",
+          first ? "" : ",", c->name, c->policy, c->backend, size, o->reps, r->pairs, r->single,
+          r->single_min, r->single_max);
   for (int k = 0; k < o->n_threads; ++k)
-    printf("%s{\"threads\": %d, \"ns_per_pair\": %.2f, \"pairs_per_second\": %.0f}", k ? ", " : "",
-           o->threads[k], r->agg[k], 1e9 / r->agg[k]);
-  printf("], \"rate_max_threads_vs_one\": %.3f}", r->single / r->agg[o->n_threads - 1]);
-  fflush(stdout);
+    fprintf(f, "%s{\"threads\": %d, \"ns_per_pair\": %.2f, \"pairs_per_second\": %.0f}",
+            k ? ", " : "", o->threads[k], r->agg[k], 1e9 / r->agg[k]);
+  fprintf(f, "], \"rate_max_threads_vs_one\": %.3f}", r->single / r->agg[o->n_threads - 1]);
+  fflush(f);
 }
 
 /* ---- contender set-up ------------------------------------------------------- */
@@ -395,11 +397,12 @@ static int bench_contender(contender_t *c, const bench_opts_t *o, bool *first) {
     if (rc == 0 && c->rt != NULL) rc = gmr_self_check(c);
     if (rc != 0) break;
     if (o->json) {
-      print_json(o, c, o->sizes[i], &r, *first);
+      print_json(stdout, o, c, o->sizes[i], &r, *first);
     } else {
       if (*first) print_header(o);
       print_row(o, c, o->sizes[i], &r);
     }
+    if (o->json_file != NULL) print_json(o->json_file, o, c, o->sizes[i], &r, *first);
     *first = false;
   }
   streams_free(c, o);
@@ -479,7 +482,8 @@ static void usage(FILE *f) {
              "  --capacity SIZE    memory of the simulated device (default 141GiB)\n"
              "  --torch SHIM.so    PyTorch's allocator through tools/bench-torch.cpp\n"
              "  --no-baselines     with --device cuda, measure the configurations only\n"
-             "  --json             one JSON array instead of the table\n");
+             "  --json             one JSON array instead of the table\n"
+             "  --json-file PATH   the table, and the JSON array written to PATH\n");
 }
 
 static int parse_list(const char *opt, const char *text, bool sizes, void *out, int max, int *n) {
@@ -586,6 +590,13 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
       }
     } else if (strcmp(a, "--torch") == 0) {
       o->torch_shim = v;
+    } else if (strcmp(a, "--json-file") == 0) {
+      if (o->json_file != NULL) fclose(o->json_file);
+      o->json_file = fopen(v, "w");
+      if (o->json_file == NULL) {
+        fprintf(stderr, "gmr-bench: --json-file %s: %s\n", v, strerror(errno));
+        return 1;
+      }
     } else {
       fprintf(stderr, "gmr-bench: unknown option '%s' (see --help)\n", a);
       return 1;
@@ -626,6 +637,7 @@ int main(int argc, char **argv) {
   }
 #endif
   if (o.json) printf("[");
+  if (o.json_file != NULL) fprintf(o.json_file, "[");
   int rc = 0;
   for (int i = first_config; i < argc && rc == 0; ++i) {
     contender_t c;
@@ -641,5 +653,12 @@ int main(int argc, char **argv) {
   if (rc == 0 && o.cuda && o.baselines) rc = cuda_baselines(&o, &first);
 #endif
   if (o.json) printf("\n]\n");
+  if (o.json_file != NULL) {
+    fprintf(o.json_file, "\n]\n");
+    if (fclose(o.json_file) != 0) {
+      fprintf(stderr, "gmr-bench: --json-file: %s\n", strerror(errno));
+      rc = 1;
+    }
+  }
   return rc;
 }
