@@ -301,15 +301,32 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, 
   fflush(stdout);
 }
 
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; ++s) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
 static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
                        const result_t *r, bool first) {
+  fprintf(f, "%s\n  {\"contender\": ", first ? "" : ",");
+  json_str(f, c->name);
+  fprintf(f, ", \"policy\": ");
+  json_str(f, c->policy);
   fprintf(f,
-          "%s\n  {\"contender\": \"%s\", \"policy\": \"%s\", \"backend\": \"%s\", "
-          "\"size\": %zu, \"reps\": %d, \"pairs_per_rep\": %" PRIu64 ", "
-          "\"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
+          ", \"backend\": \"%s\", \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": %" PRIu64
+          ", \"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
           "\"threads\": [",
-          first ? "" : ",", c->name, c->policy, c->backend, size, o->reps, r->pairs, r->single,
-          r->single_min, r->single_max);
+          c->backend, size, o->reps, r->pairs, r->single, r->single_min, r->single_max);
   for (int k = 0; k < o->n_threads; ++k)
     fprintf(f, "%s{\"threads\": %d, \"ns_per_pair\": %.2f, \"pairs_per_second\": %.0f}",
             k ? ", " : "", o->threads[k], r->agg[k], 1e9 / r->agg[k]);
