@@ -105,16 +105,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "snapshot-replay: %s\n", gmr_last_error(NULL));
     return 1;
   }
-  if (history && gmr_history_enable(rt, history) != 0) {
-    fprintf(stderr, "snapshot-replay: %s\n", gmr_last_error(rt));
-    return 1;
-  }
 
   drive_t d = {.stop_after = stop_at_peak ? peak_index(t) : SIZE_MAX};
   gmr_replay_options_t opts = {.callback = on_event, .ud = &d};
   gmr_replay_result_t *res = calloc(1, sizeof *res);
   if (res == NULL) return 1;
+  /* The clock first: the history times its entries from now on, by the
+   * simulated clock's differences. */
   if (t->n_events > 0) gmr_sim_set_clock(rt, t->events[0].time_us * 1000);
+  if (history && gmr_history_enable(rt, history) != 0) {
+    fprintf(stderr, "snapshot-replay: %s\n", gmr_last_error(rt));
+    return 1;
+  }
   if (gmr_replay(rt, t, &opts, res) != 0) {
     fprintf(stderr, "snapshot-replay: %s\n", gmr_last_error(rt));
     return 1;

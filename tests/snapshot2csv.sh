@@ -227,6 +227,13 @@ PYEOF
   cut -d, -f3,5 "$tmp/back.csv" | tail -n +2 >"$tmp/b"
   cmp -s "$tmp/a" "$tmp/b"
   ok $? "and to the same actions and sizes, in the same order"
+  # The simulated clock followed the trace: the times differ by one constant.
+  "$PY" - "$trace" "$tmp/back.csv" <<'PYEOF'
+import sys
+t = [[int(l.split(",")[1]) for l in open(p).readlines()[1:]] for p in sys.argv[1:3]]
+sys.exit(0 if [x - t[0][0] for x in t[0]] == [x - t[1][0] for x in t[1]] else 1)
+PYEOF
+  ok $? "and to the same times, from its own start"
   if [ -x "$builddir/tools/gmr-compare" ]; then
     json=$("$builddir/tools/gmr-compare" --json "$tmp/back.csv" "$srcdir/config/direct.yaml" 2>&1)
     got=$(printf '%s' "$json" | "$PY" -c 'import json,sys; r=json.load(sys.stdin)[0]; print(r["events"], r["peak_requested"])')
