@@ -111,6 +111,12 @@ int gmr__parse_size(const char *text, uint64_t *out) {
   double v = strtod(text, &end);
   if (errno != 0 || end == text || !(v >= 0) || isinf(v)) return GMR_EINVAL;
   while (isspace((unsigned char)*end)) ++end;
+  char unit[8];
+  size_t ulen = strlen(end);
+  while (ulen > 0 && isspace((unsigned char)end[ulen - 1])) --ulen;
+  if (ulen >= sizeof unit) return GMR_EINVAL;
+  memcpy(unit, end, ulen);
+  unit[ulen] = '\0';
   static const struct {
     const char *unit;
     double mult;
@@ -132,7 +138,7 @@ int gmr__parse_size(const char *text, uint64_t *out) {
       {"kB", 1e3},
   };
   for (size_t i = 0; i < sizeof units / sizeof units[0]; ++i) {
-    if (strcmp(end, units[i].unit) == 0) {
+    if (strcmp(unit, units[i].unit) == 0) {
       double bytes = v * units[i].mult;
       if (bytes >= 18446744073709551616.0) return GMR_EINVAL;
       if (bytes != floor(bytes)) return GMR_EINVAL; /* fractional bytes */

@@ -82,6 +82,18 @@ static inline void diag(const char *fmt, ...) {
            __FILE__, __LINE__);                                                 \
   } while (0)
 
+/* One skipped check, with a reason. */
+static inline void skip(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  ++tap_count;
+  printf("ok %d # SKIP ", tap_count);
+  vprintf(fmt, ap);
+  printf("\n");
+  va_end(ap);
+  fflush(stdout);
+}
+
 static inline int done_testing(void) {
   printf("1..%d\n", tap_count);
   return tap_failed ? 1 : 0;

@@ -1,0 +1,422 @@
+/* replay.c: reading allocation traces and replaying them on a runtime.
+ *
+ * The reader turns RMM's replay-log CSV into an array of events in which
+ * every allocation has a dense id (0, 1, 2, ... in file order), so the
+ * replayer maps ids to its own pointers in a flat array and never needs the
+ * recorded addresses again.  Every problem names its line.
+ *
+ * The replayer drives gmr_alloc / gmr_free / gmr_record_stream /
+ * gmr_empty_cache, counts OOMs without stopping (unless asked), and keeps
+ * the statistics at the event where reserved bytes peaked.  Its per-event
+ * cost is one call into the runtime plus an atomic load: the peak test reads
+ * the backend's reserved-bytes counter and takes a full gmr_stats snapshot
+ * only when that counter reaches a new maximum.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gmr_replay.h"
+#include "internal.h"
+#include "runtime.h"
+
+/* ---- live pointer -> id map (open addressing, backward-shift deletion) ---- */
+
+typedef struct idmap_s {
+  uint64_t *keys;   /* recorded pointer values; 0 = empty slot */
+  uint32_t *ids;
+  uint32_t *lines;  /* line of the allocation, for messages */
+  size_t mask, count;
+} idmap_t;
+
+static inline size_t idmap_home(const idmap_t *m, uint64_t k) {
+  return (size_t)((k >> 4) * 0x9E3779B97F4A7C15ull >> 20) & m->mask;
+}
+
+static int idmap_grow(idmap_t *m) {
+  size_t cap = m->keys ? (m->mask + 1) * 2 : 1024;
+  idmap_t n = {gmr__calloc(cap, sizeof(uint64_t)), gmr__malloc(cap * sizeof(uint32_t)),
+               gmr__malloc(cap * sizeof(uint32_t)), cap - 1, 0};
+  if (!n.keys || !n.ids || !n.lines) {
+    gmr__free(n.keys), gmr__free(n.ids), gmr__free(n.lines);
+    return GMR_ENOMEM;
+  }
+  for (size_t i = 0; m->keys && i <= m->mask; ++i) {
+    if (m->keys[i] == 0) continue;
+    size_t j = idmap_home(&n, m->keys[i]);
+    while (n.keys[j] != 0) j = (j + 1) & n.mask;
+    n.keys[j] = m->keys[i], n.ids[j] = m->ids[i], n.lines[j] = m->lines[i];
+    ++n.count;
+  }
+  gmr__free(m->keys), gmr__free(m->ids), gmr__free(m->lines);
+  *m = n;
+  return 0;
+}
+
+static ptrdiff_t idmap_find(const idmap_t *m, uint64_t k) {
+  if (m->keys == NULL) return -1;
+  for (size_t i = idmap_home(m, k);; i = (i + 1) & m->mask) {
+    if (m->keys[i] == k) return (ptrdiff_t)i;
+    if (m->keys[i] == 0) return -1;
+  }
+}
+
+static int idmap_put(idmap_t *m, uint64_t k, uint32_t id, uint32_t line) {
+  if (m->keys == NULL || (m->count + 1) * 2 > m->mask + 1)
+    if (idmap_grow(m) != 0) return GMR_ENOMEM;
+  size_t i = idmap_home(m, k);
+  while (m->keys[i] != 0) i = (i + 1) & m->mask;
+  m->keys[i] = k, m->ids[i] = id, m->lines[i] = line;
+  ++m->count;
+  return 0;
+}
+
+static void idmap_erase(idmap_t *m, size_t i) {
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & m->mask;
+    if (m->keys[j] == 0) break;
+    size_t home = idmap_home(m, m->keys[j]);
+    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!between) {
+      m->keys[i] = m->keys[j], m->ids[i] = m->ids[j], m->lines[i] = m->lines[j];
+      i = j;
+    }
+  }
+  m->keys[i] = 0;
+  --m->count;
+}
+
+static void idmap_free(idmap_t *m) {
+  gmr__free(m->keys), gmr__free(m->ids), gmr__free(m->lines);
+}
+
+/* ---- the parser -------------------------------------------------------------- */
+
+typedef struct parser_s {
+  const char *name;
+  char *err;
+  size_t errlen;
+  uint32_t line;
+} parser_t;
+
+static int perr(parser_t *p, const char *fmt, ...) GMR_PRINTF(2, 3);
+
+static int perr(parser_t *p, const char *fmt, ...) {
+  if (p->err == NULL || p->errlen == 0) return GMR_EINVAL;
+  int n = snprintf(p->err, p->errlen, "%s:%u: ", p->name, (unsigned)p->line);
+  if (n < 0 || (size_t)n >= p->errlen) return GMR_EINVAL;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
+  va_end(ap);
+  return GMR_EINVAL;
+}
+
+/* Split one line into exactly 6 comma-separated fields (trimmed). */
+static int split_fields(char *s, char **f) {
+  int n = 0;
+  for (;;) {
+    while (*s == ' ' || *s == '\t') ++s;
+    if (n == 6) return -1;
+    f[n++] = s;
+    char *c = strchr(s, ',');
+    char *end = c ? c : s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) --end;
+    if (c == NULL) {
+      *end = '\0';
+      break;
+    }
+    *end = '\0';
+    s = c + 1;
+  }
+  return n;
+}
+
+static bool parse_u64(const char *s, int base, uint64_t *out) {
+  if (*s == '\0' || *s == '-' || *s == '+') return false;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, base);
+  if (errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+static int action_of(const char *s) {
+  if (strcmp(s, "allocate") == 0) return GMR_TRACE_ALLOC;
+  if (strcmp(s, "free") == 0) return GMR_TRACE_FREE;
+  if (strcmp(s, "record_stream") == 0) return GMR_TRACE_RECORD_STREAM;
+  if (strcmp(s, "empty_cache") == 0) return GMR_TRACE_EMPTY_CACHE;
+  return -1;
+}
+
+typedef struct streams_s {
+  uint64_t ids[64];
+  size_t n;
+  bool overflow; /* more than 64 distinct: counted approximately */
+} streams_t;
+
+static void note_stream(streams_t *s, uint64_t id) {
+  for (size_t i = 0; i < s->n; ++i)
+    if (s->ids[i] == id) return;
+  if (s->n < 64)
+    s->ids[s->n++] = id;
+  else
+    s->overflow = true;
+}
+
+static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *live, size_t *cap,
+                      streams_t *streams) {
+  char *f[6];
+  int n = split_fields(line, f);
+  if (n != 6)
+    return perr(p, "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), "
+                   "found %s",
+                n < 0 ? "more" : n == 1 ? "1" : n == 2 ? "2" : n == 3 ? "3" : n == 4 ? "4" : "5");
+  uint64_t thread, time_us, size, stream, ptr = 0;
+  if (!parse_u64(f[0], 10, &thread)) return perr(p, "Thread '%s' is not an integer", f[0]);
+  if (!parse_u64(f[1], 10, &time_us)) return perr(p, "Time '%s' is not an integer", f[1]);
+  int action = action_of(f[2]);
+  if (action < 0)
+    return perr(p, "unknown Action '%s'; expected allocate, free, record_stream or empty_cache",
+                f[2]);
+  if (action != GMR_TRACE_EMPTY_CACHE && (!parse_u64(f[3], 0, &ptr) || ptr == 0))
+    return perr(p, "Pointer '%s' is not a nonzero integer (hexadecimal with 0x, or decimal)", f[3]);
+  if (!parse_u64(f[4], 10, &size)) return perr(p, "Size '%s' is not a byte count", f[4]);
+  if (!parse_u64(f[5], 0, &stream)) return perr(p, "Stream '%s' is not an integer", f[5]);
+  if (t->n_events == *cap) {
+    size_t c = *cap ? *cap * 2 : 4096;
+    gmr_trace_event_t *e = gmr__realloc(t->events, c * sizeof *e);
+    if (e == NULL) return perr(p, "out of host memory");
+    t->events = e;
+    *cap = c;
+  }
+  gmr_trace_event_t *ev = &t->events[t->n_events];
+  *ev = (gmr_trace_event_t){.time_us = time_us, .size = size, .stream = stream, .line = p->line,
+                            .action = (uint8_t)action, .thread = (uint8_t)thread};
+  ptrdiff_t slot = action == GMR_TRACE_EMPTY_CACHE ? -1 : idmap_find(live, ptr);
+  switch (action) {
+  case GMR_TRACE_ALLOC:
+    if (size == 0) return perr(p, "allocation of 0 bytes");
+    if (slot >= 0)
+      return perr(p, "allocate of %s, which is still live (allocated at line %u and not freed)",
+                  f[3], (unsigned)live->lines[slot]);
+    if (t->n_ids >= UINT32_MAX) return perr(p, "more than 4 billion allocations");
+    ev->id = (uint32_t)t->n_ids++;
+    if (idmap_put(live, ptr, ev->id, p->line) != 0) return perr(p, "out of host memory");
+    break;
+  case GMR_TRACE_FREE:
+    if (slot < 0)
+      return perr(p, "free of %s, which is not live (never allocated, or already freed)", f[3]);
+    ev->id = live->ids[slot]; /* its size is the allocation's: set in finish() */
+    idmap_erase(live, (size_t)slot);
+    break;
+  case GMR_TRACE_RECORD_STREAM:
+    if (slot < 0) return perr(p, "record_stream of %s, which is not live", f[3]);
+    ev->id = live->ids[slot];
+    break;
+  default:
+    break;
+  }
+  note_stream(streams, stream);
+  ++t->n_events;
+  return 0;
+}
+
+/* Give every free its allocation's size, and compute the peak of requested
+ * bytes: peak_requested = max over events of Σ sizes of live allocations. */
+static int finish(gmr_trace_data_t *t) {
+  uint64_t *size_of = gmr__malloc((t->n_ids ? t->n_ids : 1) * sizeof *size_of);
+  if (size_of == NULL) return GMR_ENOMEM;
+  uint64_t cur = 0;
+  for (size_t i = 0; i < t->n_events; ++i) {
+    gmr_trace_event_t *e = &t->events[i];
+    if (e->action == GMR_TRACE_ALLOC) size_of[e->id] = e->size, cur += e->size;
+    if (e->action == GMR_TRACE_FREE) e->size = size_of[e->id], cur -= e->size;
+    if (cur > t->peak_requested) t->peak_requested = cur;
+  }
+  gmr__free(size_of);
+  return 0;
+}
+
+int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_data_t **out,
+                    char *err, size_t errlen) {
+  if (text == NULL || out == NULL) return GMR_EINVAL;
+  parser_t p = {name ? name : "<trace>", err, errlen, 0};
+  if (err && errlen) err[0] = '\0';
+  gmr_trace_data_t *t = gmr__calloc(1, sizeof *t);
+  char *buf = gmr__malloc(len + 1);
+  idmap_t live = {0};
+  streams_t streams = {.n = 0};
+  int rc = 0;
+  if (t == NULL || buf == NULL || (t->source = gmr__strdup(p.name)) == NULL) {
+    rc = perr(&p, "out of host memory");
+    goto done;
+  }
+  memcpy(buf, text, len);
+  buf[len] = '\0';
+  size_t cap = 0;
+  char *s = buf;
+  while (*s != '\0' && rc == 0) {
+    char *nl = strchr(s, '\n');
+    if (nl) *nl = '\0';
+    ++p.line;
+    char *q = s;
+    while (*q == ' ' || *q == '\t' || *q == '\r') ++q;
+    bool blank = *q == '\0' || *q == '#';
+    bool header = p.line == 1 && strncmp(q, "Thread", 6) == 0;
+    if (!blank && !header) rc = parse_line(&p, s, t, &live, &cap, &streams);
+    s = nl ? nl + 1 : s + strlen(s);
+  }
+  if (rc == 0 && finish(t) != 0) rc = perr(&p, "out of host memory");
+  if (rc == 0) {
+    t->n_live_at_end = live.count;
+    t->n_streams = streams.n;
+  }
+done:
+  idmap_free(&live);
+  gmr__free(buf);
+  if (rc != 0) {
+    gmr_trace_data_free(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t errlen) {
+  if (path == NULL || out == NULL) return GMR_EINVAL;
+  bool is_stdin = strcmp(path, "-") == 0;
+  FILE *f = is_stdin ? stdin : fopen(path, "rb");
+  if (f == NULL) {
+    if (err && errlen) snprintf(err, errlen, "%s: cannot open the trace: %s", path, strerror(errno));
+    return GMR_EIO;
+  }
+  size_t cap = 1 << 20, len = 0;
+  char *text = gmr__malloc(cap);
+  int rc = 0;
+  while (text != NULL) {
+    size_t got = fread(text + len, 1, cap - len, f);
+    len += got;
+    if (len < cap) break;
+    char *bigger = gmr__realloc(text, cap * 2);
+    if (bigger == NULL) {
+      gmr__free(text);
+      text = NULL;
+      break;
+    }
+    text = bigger;
+    cap *= 2;
+  }
+  if (text == NULL) {
+    if (err && errlen) snprintf(err, errlen, "%s: out of host memory reading the trace", path);
+    rc = GMR_ENOMEM;
+  } else if (ferror(f)) {
+    if (err && errlen) snprintf(err, errlen, "%s: cannot read the trace: %s", path, strerror(errno));
+    rc = GMR_EIO;
+  }
+  if (!is_stdin) fclose(f);
+  if (rc == 0) rc = gmr_trace_parse(text, len, is_stdin ? "-" : path, out, err, errlen);
+  gmr__free(text);
+  return rc;
+}
+
+void gmr_trace_data_free(gmr_trace_data_t *t) {
+  if (t == NULL) return;
+  gmr__free(t->events);
+  gmr__free(t->source);
+  gmr__free(t);
+}
+
+/* ---- the replayer --------------------------------------------------------------- */
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_options_t *opts,
+               gmr_replay_result_t *out) {
+  if (rt == NULL || t == NULL || out == NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_replay: NULL argument");
+  gmr_replay_options_t o = {0};
+  if (opts) o = *opts;
+  size_t every = o.callback_every ? o.callback_every : 1;
+  void **ptrs = gmr__calloc(t->n_ids ? t->n_ids : 1, sizeof *ptrs);
+  if (ptrs == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+  gmr_replay_result_t r;
+  memset(&r, 0, sizeof r);
+  gmr_backend_t *be = gmr__runtime_backend(rt);
+  uint64_t best = 0;
+  gmr_stats(rt, &r.at_peak);
+  double t0 = now_seconds();
+  size_t i = 0;
+  for (; i < t->n_events; ++i) {
+    const gmr_trace_event_t *e = &t->events[i];
+    gmr_stream_t s = GMR_SIM_STREAM(e->stream);
+    int st = 0;
+    switch (e->action) {
+    case GMR_TRACE_ALLOC:
+      st = gmr_alloc(rt, e->size, s, &ptrs[e->id]);
+      if (st == GMR_ENOMEM) {
+        ptrs[e->id] = NULL;
+        if (r.ooms++ == 0) {
+          r.first_oom_event = i;
+          r.first_oom_line = e->line;
+          snprintf(r.first_oom_message, sizeof r.first_oom_message, "%s", gmr_last_error(rt));
+        }
+      }
+      break;
+    case GMR_TRACE_FREE:
+      if (ptrs[e->id] != NULL) st = gmr_free(rt, ptrs[e->id]);
+      ptrs[e->id] = NULL;
+      break;
+    case GMR_TRACE_RECORD_STREAM:
+      if (ptrs[e->id] != NULL) st = gmr_record_stream(rt, ptrs[e->id], s);
+      break;
+    case GMR_TRACE_EMPTY_CACHE:
+      st = gmr_empty_cache(rt);
+      break;
+    }
+    uint64_t reserved = atomic_load_explicit(&be->counters.reserved_bytes, memory_order_relaxed);
+    if (reserved > best) {
+      best = reserved;
+      gmr_stats(rt, &r.at_peak);
+      r.peak_event = i;
+    }
+    if (st != 0 && st != GMR_ENOMEM) {
+      /* A device error or a policy bug: report it like a failed check. */
+      r.check_failed = 1;
+      r.check_event = i;
+      snprintf(r.check_message, sizeof r.check_message, "%s:%u: %s: %s", t->source,
+               (unsigned)e->line, gmr_err_name(st), gmr_last_error(rt));
+      ++i;
+      break;
+    }
+    if (o.check && gmr_check(rt) != 0) {
+      r.check_failed = 1;
+      r.check_event = i;
+      snprintf(r.check_message, sizeof r.check_message, "%s:%u: invariant broken: %s", t->source,
+               (unsigned)e->line, gmr_last_error(rt));
+      ++i;
+      break;
+    }
+    if (st == GMR_ENOMEM && o.stop_at_oom) {
+      ++i;
+      break;
+    }
+    if (o.callback && (i % every == 0 || i + 1 == t->n_events) &&
+        o.callback(rt, t, i, st, o.ud) != 0) {
+      ++i;
+      break;
+    }
+  }
+  r.events_done = i;
+  r.seconds = now_seconds() - t0;
+  gmr__free(ptrs);
+  *out = r;
+  return 0;
+}

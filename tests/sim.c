@@ -1,0 +1,129 @@
+/* sim.c: tests of the simulated device: address-only and host-backed
+ * reservations, capacity, the fault schedule, virtual ranges with page
+ * map/unmap, streams and events whose completion the test controls, the
+ * clock and the spy counters, and the wrappers' device-level counters. */
+#include <string.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+#include "tap.h"
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+int main(void) {
+  gmr_backend_t *be;
+  gmr_sim_options_t o = {.capacity = 1 * GiB};
+  is_int(gmr__sim_backend_new(&o, &be), 0, "an address-only simulator of 1 GiB");
+  gmr_sim_t *sim = gmr__sim_of(be);
+  ok(sim != NULL && gmr__backend_is_sim(be), "it is a simulator");
+  is_u64(be->granularity, 2 * MiB, "default granularity 2 MiB");
+
+  void *a, *b, *c;
+  is_int(gmr__backend_reserve(be, 20 * MiB, &a), 0, "reserve 20 MiB");
+  is_int(gmr__backend_reserve(be, 2 * MiB, &b), 0, "reserve 2 MiB");
+  ok(a != b && (uintptr_t)a % (2 * MiB) == 0, "distinct, 2 MiB-aligned addresses");
+  size_t f, t;
+  gmr__backend_mem_info(be, &f, &t);
+  is_u64(t, 1 * GiB, "total = capacity");
+  is_u64(f, 1 * GiB - 22 * MiB, "free = capacity - reserved");
+  is_u64(atomic_load(&be->counters.reserved_bytes), 22 * MiB, "wrapper counts reserved bytes");
+  is_u64(atomic_load(&be->counters.segments), 2, "and segments");
+
+  is_int(gmr__backend_reserve(be, 1 * GiB, &c), GMR_ENOMEM, "a reservation past capacity fails");
+  like(gmr__error_last(), "out of memory", "  with a message");
+  is_int(gmr__backend_release(be, b, 4 * MiB), GMR_EINVAL, "release with the wrong size is refused");
+  is_int(gmr__backend_release(be, (char *)a + 512, 20 * MiB), GMR_EINVAL,
+         "release of an interior address is refused");
+  is_int(gmr__backend_release(be, b, 2 * MiB), 0, "release 2 MiB");
+  is_int(gmr__backend_release(be, b, 2 * MiB), GMR_EINVAL, "a second release is refused");
+  is_int(gmr__backend_reserve(be, 2 * MiB, &c), 0, "reserve again");
+  is_ptr(c, b, "  first fit reuses the freed range");
+  gmr__backend_release(be, c, 2 * MiB);
+
+  /* Fault schedule. */
+  gmr__sim_fail_nth(sim, 2);
+  ok(gmr__backend_reserve(be, 2 * MiB, &b) == 0, "fail_nth(2): the first succeeds");
+  is_int(gmr__backend_reserve(be, 2 * MiB, &c), GMR_ENOMEM, "  the second fails");
+  ok(gmr__backend_reserve(be, 2 * MiB, &c) == 0, "  the third succeeds");
+  gmr__backend_release(be, b, 2 * MiB);
+  gmr__backend_release(be, c, 2 * MiB);
+  gmr__sim_fail_above(sim, 4 * MiB);
+  is_int(gmr__backend_reserve(be, 6 * MiB, &b), GMR_ENOMEM, "fail_above(4 MiB) refuses 6 MiB");
+  ok(gmr__backend_reserve(be, 4 * MiB, &b) == 0, "  and grants 4 MiB");
+  gmr__backend_release(be, b, 4 * MiB);
+  gmr__sim_fail_above(sim, 0);
+  gmr__sim_fail_all(sim, 1);
+  is_int(gmr__backend_reserve(be, 2 * MiB, &b), GMR_ENOMEM, "fail_all refuses everything");
+  gmr__sim_fail_all(sim, 0);
+
+  /* Virtual ranges and pages. */
+  void *va;
+  is_int(gmr__backend_va_reserve(be, 64 * GiB, &va), 0, "reserve 64 GiB of addresses");
+  is_u64(atomic_load(&be->counters.reserved_bytes), 20 * MiB, "  which hold no memory");
+  is_int(gmr__backend_map(be, va, 20 * MiB), 0, "map a 20 MiB page");
+  is_int(gmr__backend_map(be, (char *)va + 20 * MiB, 20 * MiB), 0, "map the next page");
+  is_int(gmr__backend_map(be, (char *)va + 10 * MiB, 20 * MiB), GMR_EINVAL,
+         "mapping over a mapped page is refused");
+  is_u64(atomic_load(&be->counters.reserved_bytes), 60 * MiB, "mapped bytes count as reserved");
+  is_int(gmr__backend_va_release(be, va, 64 * GiB), GMR_EINVAL,
+         "a virtual range with mapped pages cannot be released");
+  is_int(gmr__backend_unmap(be, va, 40 * MiB), GMR_EINVAL,
+         "unmap must match one map call");
+  is_int(gmr__backend_unmap(be, va, 20 * MiB), 0, "unmap the first page");
+  is_int(gmr__backend_unmap(be, (char *)va + 20 * MiB, 20 * MiB), 0, "unmap the second");
+  is_int(gmr__backend_va_release(be, va, 64 * GiB), 0, "release the virtual range");
+
+  /* Streams and events. */
+  gmr_stream_t s1 = GMR_SIM_STREAM(1);
+  gmr_event_t ev;
+  is_int(gmr__backend_event_record(be, s1, &ev), 0, "an event on an idle stream");
+  is_int(gmr__backend_event_query(be, ev), 0, "  is complete");
+  gmr__backend_event_destroy(be, ev);
+  gmr__sim_stream_enqueue(sim, s1);
+  gmr__backend_event_record(be, s1, &ev);
+  is_int(gmr__backend_event_query(be, ev), 1, "an event behind queued work is not ready");
+  gmr__sim_stream_enqueue(sim, s1);
+  is_int(gmr__backend_event_query(be, ev), 1, "  still not ready");
+  gmr__sim_stream_complete(sim, s1);
+  is_int(gmr__backend_event_query(be, ev), 0, "  ready once the stream completes");
+  gmr__backend_event_destroy(be, ev);
+  gmr__sim_stream_enqueue(sim, s1);
+  gmr__backend_event_record(be, s1, &ev);
+  is_int(gmr__backend_event_sync(be, ev), 0, "synchronizing on an event");
+  is_int(gmr__backend_event_query(be, ev), 0, "  completes it");
+  gmr__backend_event_destroy(be, ev);
+
+  /* Clock and counters. */
+  gmr__sim_set_clock(sim, 12345);
+  is_u64(gmr__backend_now_ns(be), 12345, "the injected clock");
+  gmr_sim_counters_t k;
+  gmr__sim_counters(sim, &k);
+  is_u64(k.map_calls, 3, "spy: three map calls");
+  is_u64(k.unmap_calls, 3, "spy: three unmap calls");
+  is_u64(k.bytes_in_use, 20 * MiB, "spy: 20 MiB in use");
+  gmr__backend_release(be, a, 20 * MiB);
+  gmr__backend_free(be);
+
+  /* Host-backed: real memory behind ranges and pages. */
+  gmr_sim_options_t h = {.capacity = 256 * MiB, .host_backed = 1};
+  is_int(gmr__sim_backend_new(&h, &be), 0, "a host-backed simulator");
+  is_int(gmr__backend_reserve(be, 2 * MiB, &a), 0, "reserve 2 MiB of host memory");
+  memset(a, 0xab, 2 * MiB);
+  ok(((unsigned char *)a)[2 * MiB - 1] == 0xab, "it can be written and read");
+  gmr__backend_release(be, a, 2 * MiB);
+  is_int(gmr__backend_va_reserve(be, 64 * MiB, &va), 0, "a host-backed virtual range");
+  is_int(gmr__backend_map(be, (char *)va + 2 * MiB, 2 * MiB), 0, "map one page");
+  memset((char *)va + 2 * MiB, 0x5a, 2 * MiB);
+  ok(((unsigned char *)va)[4 * MiB - 1] == 0x5a, "the mapped page holds data");
+  gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB);
+  gmr__backend_map(be, (char *)va + 2 * MiB, 2 * MiB);
+  ok(((unsigned char *)va)[2 * MiB] == 0, "a page mapped again is fresh memory");
+  gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB);
+  gmr__backend_va_release(be, va, 64 * MiB);
+  gmr__backend_free(be);
+
+  gmr_sim_options_t g = {.granularity = 3000};
+  is_int(gmr__sim_backend_new(&g, &be), GMR_EINVAL, "a bad granularity is refused");
+  return done_testing();
+}
