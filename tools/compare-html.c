@@ -25,26 +25,35 @@
 #include "compare.h"
 
 enum {
-  HTML_W = 960,       /* px, chart width */
-  TL_H = 250,         /* px, timeline height */
-  TL_LEFT = 72,       /* px, room for the y labels */
+  HTML_W = 960, /* px, chart width */
+  TL_H = 250,   /* px, timeline height */
+  TL_LEFT = 72, /* px, room for the y labels */
   TL_RIGHT = 16,
   TL_TOP = 22,
   TL_BOTTOM = 34,
-  MAP_ROW_H = 16,     /* px, one row of the segment map */
-  MAP_GAP = 5,        /* px between rows */
-  MAP_ROWS = 24,      /* rows for the largest configuration on the shared scale */
+  MAP_ROW_H = 16, /* px, one row of the segment map */
+  MAP_GAP = 5,    /* px between rows */
+  MAP_ROWS = 24,  /* rows for the largest configuration on the shared scale */
   MAP_MAX_ROWS = 40
 };
 
 static void html_text(FILE *out, const char *s) {
   for (; *s; ++s) {
     switch (*s) {
-    case '<': fputs("&lt;", out); break;
-    case '>': fputs("&gt;", out); break;
-    case '&': fputs("&amp;", out); break;
-    case '"': fputs("&quot;", out); break;
-    default: fputc(*s, out);
+    case '<':
+      fputs("&lt;", out);
+      break;
+    case '>':
+      fputs("&gt;", out);
+      break;
+    case '&':
+      fputs("&amp;", out);
+      break;
+    case '"':
+      fputs("&quot;", out);
+      break;
+    default:
+      fputc(*s, out);
     }
   }
 }
@@ -70,7 +79,8 @@ static void html_byte_unit(uint64_t max, double *unit, const char **name) {
   static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   double v = (double)max;
-  while (v >= 1024.0 * 1.5 && u < 4) v /= 1024.0, ++u;
+  while (v >= 1024.0 * 1.5 && u < 4)
+    v /= 1024.0, ++u;
   *unit = pow(1024.0, u);
   *name = names[u];
 }
@@ -97,6 +107,18 @@ static uint64_t html_shared_max(const uint64_t *v, size_t n, double factor) {
   }
   free(s);
   return best;
+}
+
+/* A round row size of at least `min` bytes: 1, 1.5, 2, 3, 4 or 6 times a
+ * power of two of MiB (or of bytes, below a MiB). */
+static uint64_t html_nice_row(uint64_t min) {
+  static const double m[] = {1.0, 1.5, 2.0, 3.0};
+  for (uint64_t p = 1;; p *= 2)
+    for (int i = 0; i < 4; ++i) {
+      uint64_t v = (uint64_t)(m[i] * (double)p);
+      if (p >= 1048576 ? v >= min : v >= min && m[i] == 1.0) return v;
+      if (p > ((uint64_t)1 << 50)) return min;
+    }
 }
 
 /* ---- the timeline --------------------------------------------------------------- */
@@ -134,8 +156,9 @@ static void tl_path(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r
 static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
                           uint64_t ymax, int own_scale) {
   if (ymax == 0) ymax = 1;
-  fprintf(out, "<svg class=\"chart timeline\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
-               "role=\"img\" aria-label=\"reserved and allocated bytes over the events of %s\">\n",
+  fprintf(out,
+          "<svg class=\"chart timeline\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"reserved and allocated bytes over the events of %s\">\n",
           HTML_W, TL_H, HTML_W, TL_H, r->name);
   double unit;
   const char *uname;
@@ -143,15 +166,17 @@ static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_ru
   double step = html_nice_step((double)ymax / unit, 5);
   for (double v = 0; v <= (double)ymax / unit + 1e-9; v += step) {
     double y = tl_y((uint64_t)(v * unit), ymax);
-    fprintf(out, "<line class=\"grid\" x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\"/>"
-                 "<text class=\"ylab\" x=\"%d\" y=\"%.1f\">%g %s</text>\n",
+    fprintf(out,
+            "<line class=\"grid\" x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\"/>"
+            "<text class=\"ylab\" x=\"%d\" y=\"%.1f\">%g %s</text>\n",
             TL_LEFT, HTML_W - TL_RIGHT, y, y, TL_LEFT - 6, y + 4, v, uname);
   }
   double xstep = html_nice_step(t->n_events > 1 ? (double)t->n_events : 1.0, 8);
   for (double e = 0; e < (double)t->n_events; e += xstep) {
     double x = tl_x(t, e);
-    fprintf(out, "<line class=\"tick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>"
-                 "<text class=\"xlab\" x=\"%.1f\" y=\"%d\">%g</text>\n",
+    fprintf(out,
+            "<line class=\"tick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>"
+            "<text class=\"xlab\" x=\"%.1f\" y=\"%d\">%g</text>\n",
             x, x, TL_H - TL_BOTTOM, TL_H - TL_BOTTOM + 4, x, TL_H - TL_BOTTOM + 17, e);
   }
   fprintf(out, "<text class=\"xname\" x=\"%d\" y=\"%d\">event</text>\n", HTML_W - TL_RIGHT,
@@ -172,8 +197,9 @@ static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_ru
   fprintf(out, " at event %zu</text>\n", r->res.peak_event);
   if (r->res.ooms) {
     double ox = tl_x(t, (double)r->res.first_oom_event);
-    fprintf(out, "<line class=\"oom\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>"
-                 "<text class=\"oomlab\" x=\"%.1f\" y=\"%d\">first OOM (line %u)</text>\n",
+    fprintf(out,
+            "<line class=\"oom\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>"
+            "<text class=\"oomlab\" x=\"%.1f\" y=\"%d\">first OOM (line %u)</text>\n",
             ox, ox, TL_TOP, TL_H - TL_BOTTOM, ox + 4, TL_H - TL_BOTTOM - 6, r->res.first_oom_line);
   }
   if (own_scale)
@@ -211,17 +237,23 @@ static uint64_t map_total(const compare_run_t *r) {
 
 static const char *map_state_class(int state) {
   switch (state) {
-  case GMR_BLOCK_ALLOCATED: return "a";
-  case GMR_BLOCK_PENDING_FREE: return "p";
-  default: return "f";
+  case GMR_BLOCK_ALLOCATED:
+    return "a";
+  case GMR_BLOCK_PENDING_FREE:
+    return "p";
+  default:
+    return "f";
   }
 }
 
 static const char *map_state_name(int state) {
   switch (state) {
-  case GMR_BLOCK_ALLOCATED: return "allocated";
-  case GMR_BLOCK_PENDING_FREE: return "freed, waiting for its stream";
-  default: return "free";
+  case GMR_BLOCK_ALLOCATED:
+    return "allocated";
+  case GMR_BLOCK_PENDING_FREE:
+    return "freed, waiting for its stream";
+  default:
+    return "free";
   }
 }
 
@@ -234,8 +266,9 @@ static void map_rects(FILE *out, uint64_t off, uint64_t len, uint64_t row_bytes,
     double x = (double)in_row / (double)row_bytes * HTML_W;
     double w = (double)n / (double)row_bytes * HTML_W;
     if (w < 0.4) w = 0.4;
-    fprintf(out, "<rect class=\"%s\" x=\"%.2f\" y=\"%" PRIu64 "\" width=\"%.2f\" height=\"%d\">"
-                 "<title>%s</title></rect>",
+    fprintf(out,
+            "<rect class=\"%s\" x=\"%.2f\" y=\"%" PRIu64 "\" width=\"%.2f\" height=\"%d\">"
+            "<title>%s</title></rect>",
             cls, x, row * (MAP_ROW_H + MAP_GAP), w, MAP_ROW_H, title);
     off += n;
     len -= n;
@@ -247,8 +280,9 @@ static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, i
   if (row_bytes == 0) row_bytes = 1;
   uint64_t rows = total ? (total + row_bytes - 1) / row_bytes : 1;
   int height = (int)rows * (MAP_ROW_H + MAP_GAP);
-  fprintf(out, "<svg class=\"chart segmap\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
-               "role=\"img\" aria-label=\"segments of %s at the peak\">\n",
+  fprintf(out,
+          "<svg class=\"chart segmap\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"segments of %s at the peak\">\n",
           HTML_W, height, HTML_W, height, r->name);
   for (uint64_t k = 0; k < rows; ++k)
     fprintf(out, "<rect class=\"row\" x=\"0\" y=\"%" PRIu64 "\" width=\"%d\" height=\"%d\"/>",
@@ -285,8 +319,9 @@ static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, i
       compare_format_bytes(run, a, sizeof a);
       compare_format_bytes(req, b, sizeof b);
       if (state == GMR_BLOCK_ALLOCATED)
-        snprintf(title, sizeof title, "%zu allocated block%s: %s (%s requested) in %s segment 0x%" PRIx64,
-                 count, count == 1 ? "" : "s", a, b, seg->pool[0] ? seg->pool : "a", seg->address);
+        snprintf(title, sizeof title,
+                 "%zu allocated block%s: %s (%s requested) in %s segment 0x%" PRIx64, count,
+                 count == 1 ? "" : "s", a, b, seg->pool[0] ? seg->pool : "a", seg->address);
       else
         snprintf(title, sizeof title, "%s: %s in %zu block%s, %s segment 0x%" PRIx64,
                  map_state_name(state), a, count, count == 1 ? "" : "s",
@@ -294,17 +329,22 @@ static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, i
       map_rects(out, off, run, row_bytes, map_state_class(state), title);
       off += run;
     }
-    /* The segment's start, as a dark tick. */
-    uint64_t row = seg_off / row_bytes;
-    double x = (double)(seg_off % row_bytes) / (double)row_bytes * HTML_W;
-    fprintf(out, "<line class=\"seg\" x1=\"%.2f\" x2=\"%.2f\" y1=\"%" PRIu64 "\" y2=\"%" PRIu64
-                 "\"/>\n",
-            x, x, row * (MAP_ROW_H + MAP_GAP) - 2, row * (MAP_ROW_H + MAP_GAP) + MAP_ROW_H + 2);
+    /* The segment's start, as a thin gap, where the segment is wide enough to show it. */
+    if ((double)seg_bytes / (double)row_bytes * HTML_W >= 3.0 && seg_off % row_bytes != 0) {
+      uint64_t row = seg_off / row_bytes;
+      double x = (double)(seg_off % row_bytes) / (double)row_bytes * HTML_W;
+      fprintf(out,
+              "<line class=\"seg\" x1=\"%.2f\" x2=\"%.2f\" y1=\"%" PRIu64 "\" y2=\"%" PRIu64
+              "\"/>\n",
+              x, x, row * (MAP_ROW_H + MAP_GAP), row * (MAP_ROW_H + MAP_GAP) + MAP_ROW_H);
+    }
     (void)seg_bytes;
   }
   fputs("</svg>\n", out);
   compare_format_bytes(row_bytes, a, sizeof a);
-  fprintf(out, "<p class=\"scale\">Each row is %s%s; a dark tick marks the start of a segment.</p>\n",
+  fprintf(out,
+          "<p class=\"scale\">Each row is %s%s; a white gap marks the start of a segment wide "
+          "enough to show one.</p>\n",
           a, own_scale ? " (own scale: this configuration is far larger than the others)" : "");
 }
 
@@ -316,7 +356,8 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
   const gmr_stats_t *p = &r->res.at_peak;
   uint64_t reserved = p->reserved_bytes, requested = p->requested_bytes;
   uint64_t overhead = reserved > requested ? reserved - requested : 0;
-  uint64_t pending = p->active_bytes > p->allocated_bytes ? p->active_bytes - p->allocated_bytes : 0;
+  uint64_t pending =
+      p->active_bytes > p->allocated_bytes ? p->active_bytes - p->allocated_bytes : 0;
   fputs("<p class=\"caption\">At its peak (event ", out);
   fprintf(out, "%zu) <b>", r->res.peak_event);
   html_text(out, r->name);
@@ -328,8 +369,9 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
   if (overhead == 0) {
     fputs("It holds nothing beyond what the program asked for: no cache, no rounding", out);
     if (r->final.device_allocs > 1)
-      fprintf(out, "; the price is a device call for every allocation and every free "
-                   "(%" PRIu64 " reservations)",
+      fprintf(out,
+              "; the price is a device call for every allocation and every free "
+              "(%" PRIu64 " reservations)",
               r->final.device_allocs);
     fputs(". ", out);
   } else {
@@ -405,7 +447,7 @@ static const char html_css[] =
     ".peaklab{fill:#c0392b;font-weight:600}.oom{stroke:#8e44ad;stroke-width:2}"
     ".oomlab{fill:#8e44ad;font-weight:600}.own{fill:#b9770e;font-weight:600}\n"
     ".segmap .row{fill:#eef0f4}.segmap .a{fill:#3b75c4}.segmap .f{fill:#e4572e}"
-    ".segmap .p{fill:#f0a202}.segmap .seg{stroke:#1d2330;stroke-width:1.2}\n"
+    ".segmap .p{fill:#f0a202}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
     ".segmap rect:hover{opacity:.7}\n"
     ".legend{display:flex;gap:16px;flex-wrap:wrap;color:#5b6475;font-size:12px;margin:4px 0}\n"
     ".legend i{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:5px;"
@@ -428,8 +470,9 @@ static const char html_js[] =
 static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64_t vmax) {
   int bar_h = 18, gap = 10, left = 190, right = 200;
   int h = (int)n * (bar_h + gap) + 10;
-  fprintf(out, "<svg class=\"chart overview\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
-               "role=\"img\" aria-label=\"peak reserved and requested per configuration\">\n",
+  fprintf(out,
+          "<svg class=\"chart overview\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"peak reserved and requested per configuration\">\n",
           HTML_W, h, HTML_W, h);
   if (vmax == 0) vmax = 1;
   for (size_t k = 0; k < n; ++k) {
@@ -519,19 +562,21 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
         out);
   html_timeline(out, t, r, tl_own ? own : tl_shared, tl_own);
   size_t bucket = (t->n_events + COMPARE_TIMELINE_POINTS - 1) / COMPARE_TIMELINE_POINTS;
-  fprintf(out, "<p class=\"scale\">Each step of the lines is the maximum over %zu event%s. The "
-               "gap between reserved and allocated is memory the policy holds for reuse.",
+  fprintf(out,
+          "<p class=\"scale\">Each step of the lines is the maximum over %zu event%s. The "
+          "gap between reserved and allocated is memory the policy holds for reuse.",
           bucket ? bucket : 1, bucket == 1 ? "" : "s");
   if (r->res.ooms)
-    fprintf(out, " The purple line is the first allocation that failed (event %zu, line %u of "
-                 "the trace).",
+    fprintf(out,
+            " The purple line is the first allocation that failed (event %zu, line %u of "
+            "the trace).",
             r->res.first_oom_event, r->res.first_oom_line);
   fputs("</p>\n<h3>Segments at the peak</h3>\n", out);
   if (r->map_status != 0 || r->n_map == 0) {
     fprintf(out, "<p class=\"scale\">No segment map: %s.</p>\n",
             r->map_status == GMR_ENOTSUP ? "this policy keeps no segments to walk"
-            : r->map_status != 0        ? gmr_strerror(r->map_status)
-                                        : "nothing was reserved at the peak");
+            : r->map_status != 0         ? gmr_strerror(r->map_status)
+                                         : "nothing was reserved at the peak");
   } else {
     fputs("<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>allocated</span>"
           "<span><i style=\"background:#e4572e\"></i>free (cached, unused)</span><span><i "
@@ -540,7 +585,7 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
     uint64_t total = map_total(r);
     uint64_t rows_shared = row_shared ? (total + row_shared - 1) / row_shared : 0;
     int map_own = row_shared == 0 || rows_shared > MAP_MAX_ROWS;
-    uint64_t row_bytes = map_own ? (total + MAP_ROWS - 1) / MAP_ROWS : row_shared;
+    uint64_t row_bytes = map_own ? html_nice_row((total + MAP_ROWS - 1) / MAP_ROWS) : row_shared;
     html_segmap(out, r, row_bytes ? row_bytes : 1, map_own && row_shared != 0);
   }
   html_caption(out, r, least);
@@ -574,23 +619,26 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
   }
   uint64_t tl_shared = html_shared_max(peaks, n, 2.5);
   uint64_t map_shared = html_shared_max(totals, n, 2.5);
-  uint64_t row_shared = map_shared ? (map_shared + MAP_ROWS - 1) / MAP_ROWS : 0;
+  uint64_t row_shared = map_shared ? html_nice_row((map_shared + MAP_ROWS - 1) / MAP_ROWS) : 0;
   free(peaks);
   free(totals);
 
   fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>gmr-compare: ",
+        "<meta name=\"viewport\" content=\"width=device-width, "
+        "initial-scale=1\">\n<title>gmr-compare: ",
         out);
   html_text(out, t->source);
-  fprintf(out, "</title>\n<style>\n%s</style>\n</head>\n<body>\n<main>\n<h1>gmr-compare</h1>\n"
-               "<p class=\"sub\">",
+  fprintf(out,
+          "</title>\n<style>\n%s</style>\n</head>\n<body>\n<main>\n<h1>gmr-compare</h1>\n"
+          "<p class=\"sub\">",
           html_css);
   html_text(out, t->source);
   char cap[48], req[48];
   compare_format_bytes(o->capacity, cap, sizeof cap);
   compare_format_bytes(t->peak_requested, req, sizeof req);
-  fprintf(out, ": %zu events, %zu allocations (%zu never freed), peak requested %s. Every "
-               "configuration replayed the trace on a fresh simulated device of %s.</p>\n",
+  fprintf(out,
+          ": %zu events, %zu allocations (%zu never freed), peak requested %s. Every "
+          "configuration replayed the trace on a fresh simulated device of %s.</p>\n",
           t->n_events, t->n_ids, t->n_live_at_end, req, cap);
   fputs("<section class=\"summary\">\n<h2>Peak reserved against peak requested</h2>\n"
         "<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>peak reserved</span>"
@@ -599,10 +647,12 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
   html_overview(out, runs, n, vmax);
   html_table(out, runs, n);
   fputs("</section>\n", out);
-  for (size_t k = 0; k < n; ++k) html_config(out, t, &runs[k], least, tl_shared, row_shared);
-  fprintf(out, "<p id=\"render-status\" data-configs=\"%zu\">Rendering needs JavaScript for "
-               "this line only; the charts are plain SVG.</p>\n</main>\n<script>\n%s</script>\n"
-               "</body>\n</html>\n",
+  for (size_t k = 0; k < n; ++k)
+    html_config(out, t, &runs[k], least, tl_shared, row_shared);
+  fprintf(out,
+          "<p id=\"render-status\" data-configs=\"%zu\">Rendering needs JavaScript for "
+          "this line only; the charts are plain SVG.</p>\n</main>\n<script>\n%s</script>\n"
+          "</body>\n</html>\n",
           n, html_js);
   int bad = ferror(out);
   if (fclose(out) != 0 || bad) {

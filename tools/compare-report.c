@@ -20,7 +20,8 @@ void compare_format_bytes(uint64_t bytes, char *buf, size_t len) {
   }
   double v = (double)bytes;
   int u = 0;
-  while (v >= 1024.0 && u < 6) v /= 1024.0, ++u;
+  while (v >= 1024.0 && u < 6)
+    v /= 1024.0, ++u;
   snprintf(buf, len, "%.2f %s", v, units[u]);
 }
 
@@ -29,16 +30,27 @@ int compare_parse_size(const char *text, uint64_t *out) {
     const char *unit;
     double mult;
   } units[] = {
-      {"", 1.0},         {"B", 1.0},        {"KiB", 1024.0},   {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0}, {"M", 1048576.0},
-      {"G", 1073741824.0}, {"T", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
-      {"GB", 1e9},       {"TB", 1e12},
+      {"", 1.0},
+      {"B", 1.0},
+      {"KiB", 1024.0},
+      {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0},
+      {"K", 1024.0},
+      {"M", 1048576.0},
+      {"G", 1073741824.0},
+      {"T", 1099511627776.0},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
   };
   if (text == NULL || !isdigit((unsigned char)text[0])) return -1;
   char *end;
   double v = strtod(text, &end);
   if (end == text || !(v >= 0) || isinf(v)) return -1;
-  while (isspace((unsigned char)*end)) ++end;
+  while (isspace((unsigned char)*end))
+    ++end;
   for (size_t i = 0; i < sizeof units / sizeof units[0]; ++i) {
     if (strcmp(end, units[i].unit) != 0) continue;
     double bytes = v * units[i].mult;
@@ -71,9 +83,23 @@ void compare_json_string(FILE *out, const char *s) {
 enum { TABLE_LABEL = 28, TABLE_MIN_COL = 14 };
 
 typedef enum table_row_e {
-  ROW_POLICY, ROW_RESERVED, ROW_ALLOCATED, ROW_REQUESTED, ROW_RATIO, ROW_FREE, ROW_LARGEST,
-  ROW_FRAG, ROW_ROUNDING, ROW_SEGMENTS, ROW_DEV_ALLOCS, ROW_DEV_FREES, ROW_OOMS, ROW_RETRIES,
-  ROW_SECONDS, ROW_SPEED, ROW_COUNT
+  ROW_POLICY,
+  ROW_RESERVED,
+  ROW_ALLOCATED,
+  ROW_REQUESTED,
+  ROW_RATIO,
+  ROW_FREE,
+  ROW_LARGEST,
+  ROW_FRAG,
+  ROW_ROUNDING,
+  ROW_SEGMENTS,
+  ROW_DEV_ALLOCS,
+  ROW_DEV_FREES,
+  ROW_OOMS,
+  ROW_RETRIES,
+  ROW_SECONDS,
+  ROW_SPEED,
+  ROW_COUNT
 } table_row_t;
 
 static const char *const table_labels[ROW_COUNT] = {
@@ -102,43 +128,70 @@ const char *compare_table_label(int row) {
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) {
   const gmr_stats_t *f = &r->final;
   if (r->status == COMPARE_ELOAD || r->status == COMPARE_ERUNTIME) {
-    snprintf(buf, len, "%s",
-             row != ROW_POLICY ? "-" : r->policy[0] ? r->policy : "(not run)");
+    snprintf(buf, len, "%s", row != ROW_POLICY ? "-" : r->policy[0] ? r->policy : "(not run)");
     return;
   }
   switch ((table_row_t)row) {
-  case ROW_POLICY: snprintf(buf, len, "%s", r->policy[0] ? r->policy : "(not run)"); break;
-  case ROW_RESERVED: compare_format_bytes(f->peak_reserved_bytes, buf, len); break;
-  case ROW_ALLOCATED: compare_format_bytes(f->peak_allocated_bytes, buf, len); break;
-  case ROW_REQUESTED: compare_format_bytes(f->peak_requested_bytes, buf, len); break;
+  case ROW_POLICY:
+    snprintf(buf, len, "%s", r->policy[0] ? r->policy : "(not run)");
+    break;
+  case ROW_RESERVED:
+    compare_format_bytes(f->peak_reserved_bytes, buf, len);
+    break;
+  case ROW_ALLOCATED:
+    compare_format_bytes(f->peak_allocated_bytes, buf, len);
+    break;
+  case ROW_REQUESTED:
+    compare_format_bytes(f->peak_requested_bytes, buf, len);
+    break;
   case ROW_RATIO:
     if (f->peak_requested_bytes)
       snprintf(buf, len, "%.4f", (double)f->peak_reserved_bytes / (double)f->peak_requested_bytes);
     else
       snprintf(buf, len, "-");
     break;
-  case ROW_FREE: compare_format_bytes(r->free_at_peak, buf, len); break;
-  case ROW_LARGEST: compare_format_bytes(r->largest_at_peak, buf, len); break;
-  case ROW_FRAG: snprintf(buf, len, "%.1f %%", 100.0 * r->fragmentation); break;
-  case ROW_ROUNDING: compare_format_bytes(r->rounding_at_peak, buf, len); break;
-  case ROW_SEGMENTS: snprintf(buf, len, "%" PRIu64, f->peak_segments); break;
-  case ROW_DEV_ALLOCS: snprintf(buf, len, "%" PRIu64, f->device_allocs); break;
-  case ROW_DEV_FREES: snprintf(buf, len, "%" PRIu64, f->device_frees); break;
+  case ROW_FREE:
+    compare_format_bytes(r->free_at_peak, buf, len);
+    break;
+  case ROW_LARGEST:
+    compare_format_bytes(r->largest_at_peak, buf, len);
+    break;
+  case ROW_FRAG:
+    snprintf(buf, len, "%.1f %%", 100.0 * r->fragmentation);
+    break;
+  case ROW_ROUNDING:
+    compare_format_bytes(r->rounding_at_peak, buf, len);
+    break;
+  case ROW_SEGMENTS:
+    snprintf(buf, len, "%" PRIu64, f->peak_segments);
+    break;
+  case ROW_DEV_ALLOCS:
+    snprintf(buf, len, "%" PRIu64, f->device_allocs);
+    break;
+  case ROW_DEV_FREES:
+    snprintf(buf, len, "%" PRIu64, f->device_frees);
+    break;
   case ROW_OOMS:
     if (r->res.ooms)
       snprintf(buf, len, "%zu (ev %zu)", r->res.ooms, r->res.first_oom_event);
     else
       snprintf(buf, len, "0");
     break;
-  case ROW_RETRIES: snprintf(buf, len, "%" PRIu64, f->alloc_retries); break;
-  case ROW_SECONDS: snprintf(buf, len, "%.3f s", r->res.seconds); break;
+  case ROW_RETRIES:
+    snprintf(buf, len, "%" PRIu64, f->alloc_retries);
+    break;
+  case ROW_SECONDS:
+    snprintf(buf, len, "%.3f s", r->res.seconds);
+    break;
   case ROW_SPEED:
     if (r->res.seconds > 0)
       snprintf(buf, len, "%.2f M ev/s", (double)r->res.events_done / r->res.seconds / 1e6);
     else
       snprintf(buf, len, "-");
     break;
-  case ROW_COUNT: buf[0] = '\0'; break;
+  case ROW_COUNT:
+    buf[0] = '\0';
+    break;
   }
 }
 
@@ -150,20 +203,22 @@ static size_t table_first_line(const char *msg, char *buf, size_t len) {
   memcpy(buf, msg, n);
   buf[n] = '\0';
   size_t more = 0;
-  for (const char *p = nl; p && p[1]; p = strchr(p + 1, '\n')) ++more;
+  for (const char *p = nl; p && p[1]; p = strchr(p + 1, '\n'))
+    ++more;
   return more;
 }
 
-void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs,
-                         size_t n, const compare_opts_t *o) {
+void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
+                         const compare_opts_t *o) {
   char a[48], b[48];
   compare_format_bytes(t->peak_requested, a, sizeof a);
   compare_format_bytes(o->capacity, b, sizeof b);
   fprintf(out, "gmr-compare: %s: %zu events, %zu allocations (%zu never freed), %zu stream%s\n",
           t->source, t->n_events, t->n_ids, t->n_live_at_end, t->n_streams,
           t->n_streams == 1 ? "" : "s");
-  fprintf(out, "trace peak requested %s; each configuration on a fresh simulated device of %s%s\n\n",
-          a, b, o->check ? "; invariants checked after every event" : "");
+  fprintf(out,
+          "trace peak requested %s; each configuration on a fresh simulated device of %s%s\n\n", a,
+          b, o->check ? "; invariants checked after every event" : "");
 
   size_t *width = calloc(n ? n : 1, sizeof *width);
   if (width == NULL) return;
@@ -177,11 +232,13 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
     if (width[k] < TABLE_MIN_COL) width[k] = TABLE_MIN_COL;
   }
   fprintf(out, "%-*s", TABLE_LABEL, "");
-  for (size_t k = 0; k < n; ++k) fprintf(out, "  %*s", (int)width[k], runs[k].name);
+  for (size_t k = 0; k < n; ++k)
+    fprintf(out, "  %*s", (int)width[k], runs[k].name);
   fprintf(out, "\n%-*s", TABLE_LABEL, "");
   for (size_t k = 0; k < n; ++k) {
     fputs("  ", out);
-    for (size_t c = 0; c < width[k]; ++c) fputc('-', out);
+    for (size_t c = 0; c < width[k]; ++c)
+      fputc('-', out);
   }
   fputc('\n', out);
   for (int row = 0; row < ROW_COUNT; ++row) {
@@ -209,8 +266,9 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
               "of the trace:\n    %s\n",
               first ? "\n" : "", r->name, r->res.ooms, r->res.ooms == 1 ? "" : "s",
               r->res.first_oom_event, r->res.first_oom_line, line);
-      if (more) fprintf(out, "    (%zu more line%s of the policy's report in --json)\n", more,
-                        more == 1 ? "" : "s");
+      if (more)
+        fprintf(out, "    (%zu more line%s of the policy's report in --json)\n", more,
+                more == 1 ? "" : "s");
       first = 0;
     }
   }
@@ -220,10 +278,14 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
 
 static const char *json_status(compare_status_t s) {
   switch (s) {
-  case COMPARE_OK: return "ok";
-  case COMPARE_ELOAD: return "load_error";
-  case COMPARE_ERUNTIME: return "runtime_error";
-  case COMPARE_ECHECK: return "check_failed";
+  case COMPARE_OK:
+    return "ok";
+  case COMPARE_ELOAD:
+    return "load_error";
+  case COMPARE_ERUNTIME:
+    return "runtime_error";
+  case COMPARE_ECHECK:
+    return "check_failed";
   }
   return "unknown";
 }
@@ -266,7 +328,8 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
   else
     fputs(",\n    \"reserved_over_requested\": null", out);
   json_u64(out, "peak_event", r->res.peak_event);
-  json_u64(out, "peak_line", r->res.peak_event < t->n_events ? t->events[r->res.peak_event].line : 0);
+  json_u64(out, "peak_line",
+           r->res.peak_event < t->n_events ? t->events[r->res.peak_event].line : 0);
   json_u64(out, "free_at_peak", r->free_at_peak);
   json_u64(out, "largest_free_at_peak", r->largest_at_peak);
   fprintf(out, ",\n    \"fragmentation_at_peak\": %.4f", r->fragmentation);

@@ -19,10 +19,10 @@
 
 #include "compare.h"
 
-#define SUGGEST_MAX_DIMS 6
+#define SUGGEST_MAX_DIMS   6
 #define SUGGEST_MAX_VALUES 10
-#define SUGGEST_GRID 64
-#define SUGGEST_MAX_EVALS 400
+#define SUGGEST_GRID       64
+#define SUGGEST_MAX_EVALS  400
 #define SUGGEST_MAX_PASSES 4
 
 /* One option: its values as YAML lines ("key: value", possibly several
@@ -38,7 +38,7 @@ typedef struct suggest_eval_s {
   int pick[SUGGEST_MAX_DIMS]; /* value index per dimension */
   int ok;                     /* loaded and replayed to the end */
   uint64_t ooms, peak_reserved, device_allocs;
-  int changed;                /* options not at their default */
+  int changed; /* options not at their default */
 } suggest_eval_t;
 
 typedef struct suggest_s {
@@ -47,10 +47,10 @@ typedef struct suggest_s {
   int n_dims;
   suggest_eval_t *evals;
   size_t n_evals;
-  size_t rejected;            /* candidates the policy refused to load */
-  char first_reject[1100];    /* why the first one was refused */
+  size_t rejected;         /* candidates the policy refused to load */
+  char first_reject[1400]; /* why the first one was refused */
   const gmr_trace_data_t *t;
-  compare_opts_t o;           /* progress off: the search draws its own */
+  compare_opts_t o; /* progress off: the search draws its own */
   int progress;
 } suggest_t;
 
@@ -74,13 +74,16 @@ static void suggest_dim(suggest_t *s, const char *label, const char *const *valu
  * peak requested bytes. */
 static int suggest_space(suggest_t *s) {
   if (strcmp(s->policy, "caching") == 0) {
-    static const char *const split[] = {"max_split_size: 64MiB",  "max_split_size: 128MiB",
-                                        "max_split_size: 256MiB", "max_split_size: 512MiB",
-                                        "max_split_size: 1GiB",   "max_split_size: 4GiB", NULL};
-    static const char *const div[] = {
-        "roundup_power2_divisions: 1", "roundup_power2_divisions: 2",
-        "roundup_power2_divisions: 4", "roundup_power2_divisions: 8",
-        "roundup_power2_divisions: 16", NULL};
+    static const char *const split[] = {"max_split_size: 64MiB",
+                                        "max_split_size: 128MiB",
+                                        "max_split_size: 256MiB",
+                                        "max_split_size: 512MiB",
+                                        "max_split_size: 1GiB",
+                                        "max_split_size: 4GiB",
+                                        NULL};
+    static const char *const div[] = {"roundup_power2_divisions: 1",  "roundup_power2_divisions: 2",
+                                      "roundup_power2_divisions: 4",  "roundup_power2_divisions: 8",
+                                      "roundup_power2_divisions: 16", NULL};
     static const char *const exp[] = {"expandable_segments: true", NULL};
     suggest_dim(s, "max_split_size", split);
     suggest_dim(s, "roundup_power2_divisions", div);
@@ -96,7 +99,8 @@ static int suggest_space(suggest_t *s) {
       if (f <= 0.0 || f > 1.0) continue;
       for (int k = 0; k < 2; ++k) {
         char fmt[160];
-        snprintf(fmt, sizeof fmt, "garbage_collection_threshold: %.2f\nper_process_memory_fraction: %%.3f",
+        snprintf(fmt, sizeof fmt,
+                 "garbage_collection_threshold: %.2f\nper_process_memory_fraction: %%.3f",
                  threshold[k]);
         suggest_add(gc, fmt, f);
       }
@@ -106,10 +110,9 @@ static int suggest_space(suggest_t *s) {
   if (strcmp(s->policy, "bfc") == 0) {
     static const char *const growth[] = {"allow_growth: true", "allow_growth: false",
                                          "allow_growth: true\nvmm: true", NULL};
-    static const char *const frag[] = {"fragmentation_fraction: 0.001",
-                                       "fragmentation_fraction: 0.01",
-                                       "fragmentation_fraction: 0.05",
-                                       "fragmentation_fraction: 0.1", NULL};
+    static const char *const frag[] = {
+        "fragmentation_fraction: 0.001", "fragmentation_fraction: 0.01",
+        "fragmentation_fraction: 0.05", "fragmentation_fraction: 0.1", NULL};
     static const char *const gc[] = {"garbage_collection: true", "garbage_collection: false", NULL};
     suggest_dim(s, "allow_growth", growth);
     suggest_dim(s, "fragmentation_fraction", frag);
@@ -122,7 +125,8 @@ static int suggest_space(suggest_t *s) {
 /* The YAML of a candidate. */
 static char *suggest_yaml(const suggest_t *s, const int *pick) {
   size_t cap = 256;
-  for (int d = 0; d < s->n_dims; ++d) cap += strlen(s->dims[d].values[pick[d]]) + 8;
+  for (int d = 0; d < s->n_dims; ++d)
+    cap += strlen(s->dims[d].values[pick[d]]) + 8;
   char *y = malloc(cap);
   if (y == NULL) return NULL;
   size_t off = (size_t)snprintf(y, cap, "policy:\n  name: %s\n", s->policy);
@@ -140,7 +144,8 @@ static char *suggest_yaml(const suggest_t *s, const int *pick) {
 
 static int suggest_changed(const suggest_t *s, const int *pick) {
   int c = 0;
-  for (int d = 0; d < s->n_dims; ++d) c += pick[d] != 0;
+  for (int d = 0; d < s->n_dims; ++d)
+    c += pick[d] != 0;
   return c;
 }
 
@@ -209,7 +214,8 @@ static void suggest_grid(suggest_t *s, int *best) {
   suggest_eval_t bv = b ? *b : (suggest_eval_t){0};
   for (;;) {
     int d = 0;
-    while (d < s->n_dims && ++pick[d] == s->dims[d].n) pick[d++] = 0;
+    while (d < s->n_dims && ++pick[d] == s->dims[d].n)
+      pick[d++] = 0;
     if (d == s->n_dims) break;
     const suggest_eval_t *e = suggest_eval(s, pick);
     if (e && suggest_better(e, &bv)) {
@@ -248,8 +254,10 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
   s.o.progress = 0;
   s.progress = o->progress;
   if (suggest_space(&s) != 0) {
-    fprintf(stderr, "gmr-compare: --suggest %s: no search space for this policy (caching and "
-                    "bfc have one)\n", policy);
+    fprintf(stderr,
+            "gmr-compare: --suggest %s: no search space for this policy (caching and "
+            "bfc have one)\n",
+            policy);
     return -1;
   }
   /* The policy must exist: its defaults must load. */
@@ -268,7 +276,8 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
   if (s.evals == NULL) return -1;
 
   size_t space = 1;
-  for (int d = 0; d < s.n_dims; ++d) space *= (size_t)s.dims[d].n;
+  for (int d = 0; d < s.n_dims; ++d)
+    space *= (size_t)s.dims[d].n;
   int pick[SUGGEST_MAX_DIMS] = {0};
   if (space <= SUGGEST_GRID)
     suggest_grid(&s, pick);
@@ -276,8 +285,9 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
     suggest_descend(&s, pick);
   if (s.progress) fprintf(stderr, "\r\033[K");
   if (s.rejected)
-    fprintf(stderr, "gmr-compare: note: --suggest %s: %zu candidate%s rejected by the policy, "
-                    "e.g. %s\n",
+    fprintf(stderr,
+            "gmr-compare: note: --suggest %s: %zu candidate%s rejected by the policy, "
+            "e.g. %s\n",
             policy, s.rejected, s.rejected == 1 ? " was" : "s were", s.first_reject);
   const suggest_eval_t *w = suggest_eval(&s, pick);
   int found = w && w->ok && w->ooms == 0;
@@ -286,8 +296,10 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
   if (!found) {
     char cap[48];
     compare_format_bytes(o->capacity, cap, sizeof cap);
-    fprintf(stderr, "gmr-compare: --suggest %s: none of the %zu configurations tried replays "
-                    "the trace without OOM on a device of %s\n", policy, tried, cap);
+    fprintf(stderr,
+            "gmr-compare: --suggest %s: none of the %zu configurations tried replays "
+            "the trace without OOM on a device of %s\n",
+            policy, tried, cap);
     return -1;
   }
 
@@ -295,14 +307,15 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
   int zero[SUGGEST_MAX_DIMS] = {0};
   s.o.progress = o->progress;
   snprintf(defaults->name, sizeof defaults->name, "%s-defaults", policy);
-  snprintf(defaults->source, sizeof defaults->source, "--suggest %s: the policy's defaults", policy);
+  snprintf(defaults->source, sizeof defaults->source, "--suggest %s: the policy's defaults",
+           policy);
   snprintf(best->name, sizeof best->name, "%s-suggested", policy);
-  snprintf(best->source, sizeof best->source,
-           "--suggest %s: the best of %zu configurations tried", policy, tried);
+  snprintf(best->source, sizeof best->source, "--suggest %s: the best of %zu configurations tried",
+           policy, tried);
   suggest_run(&s, zero, defaults, o->html != NULL);
   if (suggest_run(&s, pick, best, o->html != NULL) != 0) {
-    fprintf(stderr, "gmr-compare: --suggest %s: the winner failed on its second run: %s\n",
-            policy, best->error);
+    fprintf(stderr, "gmr-compare: --suggest %s: the winner failed on its second run: %s\n", policy,
+            best->error);
     return -1;
   }
   return 0;
@@ -317,11 +330,11 @@ void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_dat
   const char *how = strstr(best->source, ": ");
   fprintf(out, "# on %s (%zu events): %s.\n", t->source, t->n_events, how ? how + 2 : "");
   fprintf(out, "#\n#   %-22s %24s %24s\n", "", "defaults", "suggested");
-#define SUGGEST_BYTES_ROW(label, dv, bv)                                        \
-  do {                                                                          \
-    compare_format_bytes(dv, x, sizeof x);                                      \
-    compare_format_bytes(bv, y, sizeof y);                                      \
-    fprintf(out, "#   %-22s %24s %24s\n", label, d_ok ? x : "-", y);            \
+#define SUGGEST_BYTES_ROW(label, dv, bv)                                                           \
+  do {                                                                                             \
+    compare_format_bytes(dv, x, sizeof x);                                                         \
+    compare_format_bytes(bv, y, sizeof y);                                                         \
+    fprintf(out, "#   %-22s %24s %24s\n", label, d_ok ? x : "-", y);                               \
   } while (0)
   SUGGEST_BYTES_ROW("peak reserved", d->peak_reserved_bytes, b->peak_reserved_bytes);
   fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "peak reserved (bytes)",

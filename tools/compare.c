@@ -52,17 +52,17 @@ static double cmp_now(void) {
  * point k holds the maxima of events [k * bucket, (k + 1) * bucket). */
 typedef struct cmp_ctx_s {
   compare_run_t *run;
-  const char *label;    /* progress bar label */
-  int progress;         /* draw a bar once the replay has run a second */
+  const char *label;       /* progress bar label */
+  int progress;            /* draw a bar once the replay has run a second */
   double start, last_draw; /* seconds (cmp_now) */
-  int drawn;            /* a bar is on the screen */
-  int detail;           /* record the timeline and the map */
-  size_t bucket;        /* events per timeline point (>= 1) */
-  compare_point_t cur;  /* the open bucket */
-  size_t cur_events;    /* events in the open bucket */
-  size_t cap_points;    /* run->points capacity */
-  size_t cap_map;       /* run->map capacity */
-  int oom_host;         /* host memory ran out while recording */
+  int drawn;               /* a bar is on the screen */
+  int detail;              /* record the timeline and the map */
+  size_t bucket;           /* events per timeline point (>= 1) */
+  compare_point_t cur;     /* the open bucket */
+  size_t cur_events;       /* events in the open bucket */
+  size_t cap_points;       /* run->points capacity */
+  size_t cap_map;          /* run->map capacity */
+  int oom_host;            /* host memory ran out while recording */
 } cmp_ctx_t;
 
 static void cmp_progress_draw(cmp_ctx_t *c, size_t index, size_t total) {
@@ -72,7 +72,8 @@ static void cmp_progress_draw(cmp_ctx_t *c, size_t index, size_t total) {
   c->drawn = 1;
   int width = 40, fill = total ? (int)((double)(index + 1) * width / (double)total) : width;
   char bar[64];
-  for (int i = 0; i < width; ++i) bar[i] = i < fill ? '#' : '.';
+  for (int i = 0; i < width; ++i)
+    bar[i] = i < fill ? '#' : '.';
   bar[width] = '\0';
   fprintf(stderr, "\r\033[K%-24.24s [%s] %5.1f%%  %zu/%zu events", c->label, bar,
           total ? 100.0 * (double)(index + 1) / (double)total : 100.0, index + 1, total);
@@ -168,8 +169,7 @@ static int cmp_new_runtime(compare_run_t *run, const gmr_config_t *cfg, const co
   int err = gmr_runtime_new_sim(cfg, &sim, out);
   if (err != 0) {
     run->status = COMPARE_ERUNTIME;
-    snprintf(run->error, sizeof run->error, "cannot create the runtime: %s",
-             gmr_strerror(err));
+    snprintf(run->error, sizeof run->error, "cannot create the runtime: %s", gmr_strerror(err));
   }
   return err;
 }
@@ -182,9 +182,8 @@ static void cmp_peak_figures(compare_run_t *run) {
   if (run->largest_at_peak > run->free_at_peak) run->largest_at_peak = run->free_at_peak;
   run->rounding_at_peak =
       p->allocated_bytes > p->requested_bytes ? p->allocated_bytes - p->requested_bytes : 0;
-  run->fragmentation = run->free_at_peak
-                           ? 1.0 - (double)run->largest_at_peak / (double)run->free_at_peak
-                           : 0.0;
+  run->fragmentation =
+      run->free_at_peak ? 1.0 - (double)run->largest_at_peak / (double)run->free_at_peak : 0.0;
 }
 
 int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
@@ -212,9 +211,7 @@ int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
   cmp_peak_figures(run);
   if (run->res.check_failed) {
     run->status = COMPARE_ECHECK;
-    snprintf(run->error, sizeof run->error,
-             "invariant check failed after event %zu (line %u): %s", run->res.check_event,
-             run->res.check_event < t->n_events ? t->events[run->res.check_event].line : 0,
+    snprintf(run->error, sizeof run->error, "stopped after event %zu: %s", run->res.check_event,
              run->res.check_message);
     return -1;
   }
@@ -257,7 +254,8 @@ void compare_run_release(compare_run_t *run) {
 static int cmp_usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "gmr-compare: ");
   fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n%s", cmp_usage);
+  fprintf(stderr, "\n%.*s(gmr-compare --help for more)\n",
+          (int)(strstr(cmp_usage, "\n\n") - cmp_usage + 1), cmp_usage);
   return 2;
 }
 
@@ -340,7 +338,8 @@ int main(int argc, char **argv) {
     gmr_trace_data_free(t);
     return 1;
   }
-  for (int k = 0; k < n_cfg; ++k) cmp_run_file(&runs[k], argv[i + k], t, &o);
+  for (int k = 0; k < n_cfg; ++k)
+    cmp_run_file(&runs[k], argv[i + k], t, &o);
   int suggested = 0;
   if (o.suggest) {
     suggested = compare_suggest(o.suggest, t, &o, &runs[n_cfg], &runs[n_cfg + 1]) == 0;
@@ -377,7 +376,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gmr-compare: cannot write the output: %s\n", strerror(errno));
     rc = 1;
   }
-  for (size_t k = 0; k < (size_t)n_cfg + (o.suggest ? 2 : 0); ++k) compare_run_release(&runs[k]);
+  for (size_t k = 0; k < (size_t)n_cfg + (o.suggest ? 2 : 0); ++k)
+    compare_run_release(&runs[k]);
   free(runs);
   gmr_trace_data_free(t);
   return rc;

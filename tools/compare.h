@@ -23,10 +23,10 @@
 
 /* Why a configuration did not run to the end (compare_run_t.status). */
 typedef enum compare_status_e {
-  COMPARE_OK = 0,      /* replayed every event (OOMs are results, not failures) */
-  COMPARE_ELOAD = 1,   /* the configuration did not load */
-  COMPARE_ERUNTIME = 2,/* the runtime could not be created, or the replay failed */
-  COMPARE_ECHECK = 3   /* --check: an invariant walk failed */
+  COMPARE_OK = 0,       /* replayed every event (OOMs are results, not failures) */
+  COMPARE_ELOAD = 1,    /* the configuration did not load */
+  COMPARE_ERUNTIME = 2, /* the runtime could not be created, or the replay failed */
+  COMPARE_ECHECK = 3    /* --check: an invariant walk failed */
 } compare_status_t;
 
 /* One sample of the timeline: the maxima over a bucket of consecutive events. */
@@ -46,39 +46,39 @@ typedef struct compare_map_entry_s {
   uint8_t is_segment; /* 1: a segment; 0: a block of the last segment */
   uint8_t state;      /* gmr_block_state_t, blocks only */
   uint8_t is_expandable;
-  char pool[13];      /* segments: "small", "large", "region"... */
+  char pool[13]; /* segments: "small", "large", "region"... */
 } compare_map_entry_t;
 
 /* Everything gmr-compare learns about one configuration. */
 typedef struct compare_run_s {
-  char name[128];        /* the file's base name without .yaml */
-  char source[512];      /* the path as given, or a description */
-  char *yaml;            /* generated configurations: the YAML text (owned), else NULL */
+  char name[128];   /* the file's base name without .yaml */
+  char source[512]; /* the path as given, or a description */
+  char *yaml;       /* generated configurations: the YAML text (owned), else NULL */
   compare_status_t status;
-  char error[1400];      /* why it did not run (status != COMPARE_OK) */
-  char policy[128];      /* the policy stack, e.g. "limit(caching)" */
+  char error[1400]; /* why it did not run (status != COMPARE_OK) */
+  char policy[128]; /* the policy stack, e.g. "limit(caching)" */
   gmr_replay_result_t res;
-  gmr_stats_t final;     /* gmr_stats after the last event */
+  gmr_stats_t final; /* gmr_stats after the last event */
   /* At the event where reserved bytes peaked (res.peak_event): */
   uint64_t free_at_peak;     /* bytes reserved but not active */
   uint64_t largest_at_peak;  /* bytes, the largest free block */
   uint64_t rounding_at_peak; /* bytes, allocated - requested */
   double fragmentation;      /* 1 - largest / free, 0 when nothing is free */
   /* Filled only for --html (a second replay): */
-  compare_point_t *points;   /* n_points samples in event order */
+  compare_point_t *points; /* n_points samples in event order */
   size_t n_points;
-  compare_map_entry_t *map;  /* segments in address order, each followed by its blocks */
+  compare_map_entry_t *map; /* segments in address order, each followed by its blocks */
   size_t n_map;
-  int map_status;            /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  int map_status; /* 0, or why the map is missing (GMR_ENOTSUP...) */
 } compare_run_t;
 
 typedef struct compare_opts_s {
-  int json;           /* --json */
-  int check;          /* --check */
-  int progress;       /* stderr is a terminal: draw progress bars */
-  uint64_t capacity;  /* --capacity, bytes */
-  const char *html;   /* --html FILE, or NULL */
-  const char *suggest;/* --suggest POLICY, or NULL */
+  int json;            /* --json */
+  int check;           /* --check */
+  int progress;        /* stderr is a terminal: draw progress bars */
+  uint64_t capacity;   /* --capacity, bytes */
+  const char *html;    /* --html FILE, or NULL */
+  const char *suggest; /* --suggest POLICY, or NULL */
 } compare_opts_t;
 
 /* compare.c: replay `cfg` (already loaded) into `run`; with `detail`, also a
@@ -90,8 +90,8 @@ int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
 void compare_run_release(compare_run_t *run);
 
 /* compare-report.c */
-void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs,
-                         size_t n, const compare_opts_t *o);
+void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
+                         const compare_opts_t *o);
 void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n);
 /* The table's rows: label of row `row` (NULL past the last row), and the
  * text of one cell. */
