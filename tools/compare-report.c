@@ -195,6 +195,30 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
   }
 }
 
+/* Columns [lo, hi) of the table, under their headings. */
+static void table_block(FILE *out, const compare_run_t *runs, const size_t *width, size_t lo,
+                        size_t hi) {
+  char cell[96];
+  fprintf(out, "%-*s", TABLE_LABEL, "");
+  for (size_t k = lo; k < hi; ++k)
+    fprintf(out, "  %*s", (int)width[k], runs[k].name);
+  fprintf(out, "\n%-*s", TABLE_LABEL, "");
+  for (size_t k = lo; k < hi; ++k) {
+    fputs("  ", out);
+    for (size_t c = 0; c < width[k]; ++c)
+      fputc('-', out);
+  }
+  fputc('\n', out);
+  for (int row = 0; row < ROW_COUNT; ++row) {
+    fprintf(out, "%-*s", TABLE_LABEL, table_labels[row]);
+    for (size_t k = lo; k < hi; ++k) {
+      compare_table_cell(&runs[k], row, cell, sizeof cell);
+      fprintf(out, "  %*s", (int)width[k], cell);
+    }
+    fputc('\n', out);
+  }
+}
+
 /* The first line of a (possibly long) message, and how many lines follow. */
 static size_t table_first_line(const char *msg, char *buf, size_t len) {
   const char *nl = strchr(msg, '\n');
@@ -231,23 +255,13 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
     }
     if (width[k] < TABLE_MIN_COL) width[k] = TABLE_MIN_COL;
   }
-  fprintf(out, "%-*s", TABLE_LABEL, "");
-  for (size_t k = 0; k < n; ++k)
-    fprintf(out, "  %*s", (int)width[k], runs[k].name);
-  fprintf(out, "\n%-*s", TABLE_LABEL, "");
-  for (size_t k = 0; k < n; ++k) {
-    fputs("  ", out);
-    for (size_t c = 0; c < width[k]; ++c)
-      fputc('-', out);
-  }
-  fputc('\n', out);
-  for (int row = 0; row < ROW_COUNT; ++row) {
-    fprintf(out, "%-*s", TABLE_LABEL, table_labels[row]);
-    for (size_t k = 0; k < n; ++k) {
-      compare_table_cell(&runs[k], row, cell, sizeof cell);
-      fprintf(out, "  %*s", (int)width[k], cell);
-    }
-    fputc('\n', out);
+  /* Columns that do not fit in o->columns go to a further block. */
+  for (size_t lo = 0, hi; lo < n; lo = hi) {
+    size_t used = TABLE_LABEL + 2 + width[lo];
+    for (hi = lo + 1; hi < n && used + 2 + width[hi] <= o->columns; ++hi)
+      used += 2 + width[hi];
+    if (lo > 0) fputc('\n', out);
+    table_block(out, runs, width, lo, hi);
   }
   free(width);
 

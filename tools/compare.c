@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -249,6 +250,16 @@ void compare_run_release(compare_run_t *run) {
   run->n_points = run->n_map = 0;
 }
 
+/* The table's width: the terminal's, else $COLUMNS, else 160. */
+static size_t cmp_columns(void) {
+  struct winsize ws;
+  if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
+    return ws.ws_col;
+  const char *c = getenv("COLUMNS");
+  long v = c ? strtol(c, NULL, 10) : 0;
+  return v >= 40 && v <= 10000 ? (size_t)v : 160;
+}
+
 /* ---- the command line ------------------------------------------------------------ */
 
 static int cmp_usage_error(const char *fmt, const char *arg) {
@@ -317,6 +328,7 @@ int main(int argc, char **argv) {
   if (n_cfg == 0 && o.suggest == NULL)
     return cmp_usage_error("%s", "no CONFIG given (one YAML file or more, or --suggest POLICY)");
   o.progress = isatty(STDERR_FILENO);
+  o.columns = cmp_columns();
 
   char msg[1024] = "";
   gmr_trace_data_t *t = NULL;

@@ -76,6 +76,7 @@ typedef struct compare_opts_s {
   int json;            /* --json */
   int check;           /* --check */
   int progress;        /* stderr is a terminal: draw progress bars */
+  size_t columns;      /* characters per line of the table (the terminal's width) */
   uint64_t capacity;   /* --capacity, bytes */
   const char *html;    /* --html FILE, or NULL */
   const char *suggest; /* --suggest POLICY, or NULL */
