@@ -203,8 +203,7 @@ static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_ru
             ox, ox, TL_TOP, TL_H - TL_BOTTOM, ox + 4, TL_H - TL_BOTTOM - 6, r->res.first_oom_line);
   }
   if (own_scale)
-    fprintf(out, "<text class=\"own\" x=\"%d\" y=\"%d\">own scale</text>\n", TL_LEFT + 6,
-            TL_TOP + 4);
+    fprintf(out, "<text class=\"own\" x=\"%d\" y=\"%d\">own scale</text>\n", TL_LEFT, TL_H - 3);
   fputs("</svg>\n", out);
 }
 
@@ -363,7 +362,14 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
   html_text(out, r->name);
   fputs("</b> held <b>", out);
   html_bytes(out, reserved);
-  fprintf(out, "</b> in %" PRIu64 " segment%s for ", p->segments, p->segments == 1 ? "" : "s");
+  uint64_t segments = 0;
+  for (size_t i = 0; i < r->n_map; ++i)
+    segments += r->map[i].is_segment;
+  if (segments == 0) segments = p->segments;
+  if (segments)
+    fprintf(out, "</b> in %" PRIu64 " segment%s for ", segments, segments == 1 ? "" : "s");
+  else
+    fputs("</b> for ", out);
   html_bytes(out, requested);
   fputs(" requested. ", out);
   if (overhead == 0) {
@@ -409,12 +415,12 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
     }
   }
   if (least && least != r && least->final.peak_reserved_bytes < r->final.peak_reserved_bytes) {
-    fputs("Its peak reserved is ", out);
-    html_bytes(out, r->final.peak_reserved_bytes - least->final.peak_reserved_bytes);
-    fprintf(out, " (%.2fx) more than <b>",
+    fprintf(out, "Its peak reserved is %.2f times that of <b>",
             (double)r->final.peak_reserved_bytes / (double)least->final.peak_reserved_bytes);
     html_text(out, least->name);
-    fputs("</b>, the least of this comparison.", out);
+    fputs("</b> (", out);
+    html_bytes(out, r->final.peak_reserved_bytes - least->final.peak_reserved_bytes);
+    fputs(" more), the least of this comparison.", out);
   } else if (least == r) {
     fputs("This is the least peak reserved of this comparison.", out);
   }
@@ -426,15 +432,16 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
 static const char html_css[] =
     "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1d2330;"
     "background:#f4f6f9;margin:0}\n"
-    "main{max-width:1000px;margin:0 auto;padding:24px 20px 40px}\n"
+    "main{max-width:1180px;margin:0 auto;padding:24px 20px 40px}\n"
     "h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:0 0 6px}\n"
     "h2 small{font-weight:400;color:#5b6475;font-size:13px;margin-left:8px}\n"
     ".sub{color:#5b6475;margin:0 0 18px}\n"
     "section{background:#fff;border:1px solid #dfe3ea;border-radius:10px;padding:16px 18px;"
     "margin:0 0 20px;box-shadow:0 1px 2px rgba(20,30,50,.05)}\n"
     "h3{font-size:14px;margin:14px 0 4px;color:#333b4d}\n"
-    "table{border-collapse:collapse;font-variant-numeric:tabular-nums;width:100%}\n"
-    "th,td{padding:3px 8px;text-align:right;border-bottom:1px solid #eef0f4;white-space:nowrap}\n"
+    ".scroll{overflow-x:auto;margin-top:10px}\n"
+    "table{border-collapse:collapse;font-variant-numeric:tabular-nums;width:100%;font-size:13px}\n"
+    "th,td{padding:3px 7px;text-align:right;border-bottom:1px solid #eef0f4;white-space:nowrap}\n"
     "th:first-child,td:first-child{text-align:left;color:#5b6475}\n"
     "thead th{color:#1d2330;border-bottom:2px solid #cfd5df}\n"
     ".chart{display:block;max-width:100%;height:auto;font:11px system-ui,sans-serif}\n"
@@ -507,7 +514,7 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
 }
 
 static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
-  fputs("<table><thead><tr><th></th>", out);
+  fputs("<div class=\"scroll\"><table><thead><tr><th></th>", out);
   for (size_t k = 0; k < n; ++k) {
     fputs("<th>", out);
     html_text(out, runs[k].name);
@@ -525,7 +532,7 @@ static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
     }
     fputs("</tr>\n", out);
   }
-  fputs("</tbody></table>\n", out);
+  fputs("</tbody></table></div>\n", out);
 }
 
 static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,

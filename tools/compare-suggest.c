@@ -190,7 +190,7 @@ static const suggest_eval_t *suggest_eval(suggest_t *s, const int *pick) {
   compare_run_t *run = calloc(1, sizeof *run);
   if (run == NULL) return e;
   snprintf(run->name, sizeof run->name, "candidate");
-  if (suggest_run(s, pick, run, 0) == 0) {
+  if (suggest_run(s, pick, run, COMPARE_TIMED) == 0) {
     e->ok = 1;
     e->ooms = run->res.ooms;
     e->peak_reserved = run->final.peak_reserved_bytes;
@@ -312,8 +312,9 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
   snprintf(best->name, sizeof best->name, "%s-suggested", policy);
   snprintf(best->source, sizeof best->source, "--suggest %s: the best of %zu configurations tried",
            policy, tried);
-  suggest_run(&s, zero, defaults, o->html != NULL);
-  if (suggest_run(&s, pick, best, o->html != NULL) != 0) {
+  int detail = o->html ? COMPARE_DETAIL : COMPARE_PEAK;
+  suggest_run(&s, zero, defaults, detail);
+  if (suggest_run(&s, pick, best, detail) != 0) {
     fprintf(stderr, "gmr-compare: --suggest %s: the winner failed on its second run: %s\n", policy,
             best->error);
     return -1;

@@ -49,6 +49,12 @@ static double cmp_now(void) {
 
 /* ---- replays ----------------------------------------------------------------- */
 
+/* The passes over the trace: a timed one (figures and speed, no callback
+ * but the progress bar), one that finds the peak event (and records the
+ * timeline for --html), and one that stops at the peak to walk the segments
+ * (--html). */
+enum { CMP_PASS_TIMED = 0, CMP_PASS_PEAK = 1, CMP_PASS_MAP = 2 };
+
 /* State of the per-event callback.  Timeline buckets cover `bucket` events:
  * point k holds the maxima of events [k * bucket, (k + 1) * bucket). */
 typedef struct cmp_ctx_s {
@@ -57,7 +63,12 @@ typedef struct cmp_ctx_s {
   int progress;            /* draw a bar once the replay has run a second */
   double start, last_draw; /* seconds (cmp_now) */
   int drawn;               /* a bar is on the screen */
-  int detail;              /* record the timeline and the map */
+  int pass;                /* CMP_PASS_* */
+  uint64_t peak_reserved;  /* CMP_PASS_PEAK: the peak found by the timed pass, bytes */
+  int peak_found;          /* CMP_PASS_PEAK: an event at peak_reserved was seen */
+  gmr_stats_t at_peak;     /* CMP_PASS_PEAK: the stats at the chosen event */
+  size_t peak_event;       /* CMP_PASS_PEAK: the chosen event; CMP_PASS_MAP: where to walk */
+  int timeline;            /* CMP_PASS_PEAK: record the timeline too */
   size_t bucket;           /* events per timeline point (>= 1) */
   compare_point_t cur;     /* the open bucket */
   size_t cur_events;       /* events in the open bucket */
@@ -129,23 +140,40 @@ static void cmp_point_close(cmp_ctx_t *c) {
   c->cur_events = 0;
 }
 
+/* The peak event: reserved bytes at their maximum and, among the events
+ * where they are (a greedy policy stays there from its first allocation),
+ * the one with the most bytes allocated, so the picture shows the policy at
+ * its fullest rather than at the instant it grew. */
+static void cmp_peak_track(cmp_ctx_t *c, size_t index, const gmr_stats_t *st) {
+  if (st->reserved_bytes != c->peak_reserved) return;
+  if (c->peak_found && st->allocated_bytes <= c->at_peak.allocated_bytes) return;
+  c->peak_found = 1;
+  c->at_peak = *st;
+  c->peak_event = index;
+}
+
 static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
                          void *ud) {
   (void)status;
   cmp_ctx_t *c = ud;
-  if (c->detail) {
+  if (c->pass == CMP_PASS_PEAK) {
     gmr_stats_t st;
     if (gmr_stats(rt, &st) == 0) {
-      if (st.reserved_bytes > c->cur.reserved) c->cur.reserved = st.reserved_bytes;
-      if (st.allocated_bytes > c->cur.allocated) c->cur.allocated = st.allocated_bytes;
-      if (st.requested_bytes > c->cur.requested) c->cur.requested = st.requested_bytes;
+      cmp_peak_track(c, index, &st);
+      if (c->timeline) {
+        if (st.reserved_bytes > c->cur.reserved) c->cur.reserved = st.reserved_bytes;
+        if (st.allocated_bytes > c->cur.allocated) c->cur.allocated = st.allocated_bytes;
+        if (st.requested_bytes > c->cur.requested) c->cur.requested = st.requested_bytes;
+      }
     }
-    c->cur.event = index;
-    if (++c->cur_events == c->bucket) cmp_point_close(c);
-    if (index == c->run->res.peak_event) {
-      c->run->n_map = 0;
-      c->run->map_status = gmr_walk(rt, cmp_map_cb, c);
+    if (c->timeline) {
+      c->cur.event = index;
+      if (++c->cur_events == c->bucket) cmp_point_close(c);
     }
+  } else if (c->pass == CMP_PASS_MAP && index == c->peak_event) {
+    c->run->n_map = 0;
+    c->run->map_status = gmr_walk(rt, cmp_map_cb, c);
+    return 1; /* stop at the peak */
   }
   if (c->progress) cmp_progress_draw(c, index, t->n_events);
   return c->oom_host;
@@ -187,57 +215,78 @@ static void cmp_peak_figures(compare_run_t *run) {
       run->free_at_peak ? 1.0 - (double)run->largest_at_peak / (double)run->free_at_peak : 0.0;
 }
 
-int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
-                   const compare_opts_t *o, int detail) {
+/* One pass on a fresh runtime; 0, or -1 with run->status and run->error set. */
+static int cmp_pass(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                    const compare_opts_t *o, cmp_ctx_t *ctx, gmr_replay_result_t *res) {
   gmr_runtime_t *rt = NULL;
   if (cmp_new_runtime(run, cfg, o, &rt) != 0) return -1;
   snprintf(run->policy, sizeof run->policy, "%s", gmr_runtime_policy(rt));
-  cmp_ctx_t ctx = {.run = run, .label = run->name, .progress = o->progress};
-  gmr_replay_options_t ro = {.check = o->check, .stop_at_oom = 0};
-  if (o->progress) {
-    ctx.start = cmp_now();
-    ro.callback = cmp_replay_cb;
-    ro.ud = &ctx;
-    ro.callback_every = 4096;
+  gmr_replay_options_t ro = {.stop_at_oom = 0, .ud = ctx};
+  if (ctx->pass == CMP_PASS_TIMED) {
+    ro.check = o->check;
+    if (o->progress) ro.callback = cmp_replay_cb, ro.callback_every = 4096;
+  } else {
+    ro.callback = cmp_replay_cb; /* every event */
   }
-  int err = gmr_replay(rt, t, &ro, &run->res);
-  cmp_progress_clear(&ctx);
-  if (err == 0) gmr_stats(rt, &run->final);
+  ctx->start = cmp_now();
+  int err = gmr_replay(rt, t, &ro, res);
+  cmp_progress_clear(ctx);
+  if (err == 0 && ctx->pass == CMP_PASS_TIMED) gmr_stats(rt, &run->final);
   gmr_runtime_free(rt);
-  if (err != 0) {
+  if (err != 0 || ctx->oom_host) {
     run->status = COMPARE_ERUNTIME;
-    snprintf(run->error, sizeof run->error, "the replay failed: %s", gmr_strerror(err));
+    snprintf(run->error, sizeof run->error, "the replay failed: %s",
+             err ? gmr_strerror(err) : "out of host memory");
     return -1;
   }
-  cmp_peak_figures(run);
+  return 0;
+}
+
+int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                   const compare_opts_t *o, int detail) {
+  cmp_ctx_t ctx = {.run = run, .label = run->name, .progress = o->progress};
+  if (cmp_pass(run, cfg, t, o, &ctx, &run->res) != 0) return -1;
   if (run->res.check_failed) {
+    cmp_peak_figures(run);
     run->status = COMPARE_ECHECK;
     snprintf(run->error, sizeof run->error, "stopped after event %zu: %s", run->res.check_event,
              run->res.check_message);
     return -1;
   }
-  if (!detail) return 0;
-
-  /* Second replay, on a fresh runtime: the timeline, and the segments at the peak. */
-  if (cmp_new_runtime(run, cfg, o, &rt) != 0) return -1;
-  size_t n = t->n_events ? t->n_events : 1;
-  ctx = (cmp_ctx_t){.run = run, .label = run->name, .progress = o->progress, .detail = 1};
-  ctx.bucket = (n + COMPARE_TIMELINE_POINTS - 1) / COMPARE_TIMELINE_POINTS;
-  ctx.start = cmp_now();
-  run->map_status = GMR_EINVAL; /* until the walk at the peak event runs */
-  gmr_replay_result_t second;
-  gmr_replay_options_t ro2 = {.stop_at_oom = 0, .callback = cmp_replay_cb, .ud = &ctx};
-  err = gmr_replay(rt, t, &ro2, &second);
-  cmp_point_close(&ctx);
-  cmp_progress_clear(&ctx);
-  gmr_runtime_free(rt);
-  if (err != 0 || ctx.oom_host) {
-    run->status = COMPARE_ERUNTIME;
-    snprintf(run->error, sizeof run->error, "the detailed replay failed: %s",
-             err ? gmr_strerror(err) : "out of host memory");
-    return -1;
+  if (detail == COMPARE_TIMED) {
+    cmp_peak_figures(run);
+    return 0;
   }
-  return 0;
+
+  /* The peak event (and the timeline). */
+  gmr_replay_result_t again;
+  size_t n = t->n_events ? t->n_events : 1;
+  ctx = (cmp_ctx_t){.run = run,
+                    .label = run->name,
+                    .progress = o->progress,
+                    .pass = CMP_PASS_PEAK,
+                    .peak_reserved = run->final.peak_reserved_bytes,
+                    .timeline = detail == COMPARE_DETAIL,
+                    .bucket = (n + COMPARE_TIMELINE_POINTS - 1) / COMPARE_TIMELINE_POINTS};
+  if (cmp_pass(run, cfg, t, o, &ctx, &again) != 0) return -1;
+  cmp_point_close(&ctx);
+  if (ctx.oom_host) return -1;
+  if (ctx.peak_found) {
+    run->res.at_peak = ctx.at_peak;
+    run->res.peak_event = ctx.peak_event;
+  }
+  cmp_peak_figures(run);
+  if (detail != COMPARE_DETAIL) return 0;
+
+  /* The segments at the peak: replay up to it and walk. */
+  size_t peak = run->res.peak_event;
+  ctx = (cmp_ctx_t){.run = run,
+                    .label = run->name,
+                    .progress = o->progress,
+                    .pass = CMP_PASS_MAP,
+                    .peak_event = peak};
+  run->map_status = GMR_EINVAL; /* until the walk runs */
+  return cmp_pass(run, cfg, t, o, &ctx, &again);
 }
 
 void compare_run_release(compare_run_t *run) {
@@ -285,7 +334,7 @@ static void cmp_run_file(compare_run_t *run, const char *path, const gmr_trace_d
              cerr.message[0] ? cerr.message : gmr_strerror(err));
     return;
   }
-  compare_replay(run, cfg, t, o, o->html != NULL);
+  compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK);
   gmr_config_free(cfg);
 }
 

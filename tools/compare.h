@@ -55,11 +55,13 @@ typedef struct compare_run_s {
   char source[512]; /* the path as given, or a description */
   char *yaml;       /* generated configurations: the YAML text (owned), else NULL */
   compare_status_t status;
-  char error[1400]; /* why it did not run (status != COMPARE_OK) */
-  char policy[128]; /* the policy stack, e.g. "limit(caching)" */
-  gmr_replay_result_t res;
-  gmr_stats_t final; /* gmr_stats after the last event */
-  /* At the event where reserved bytes peaked (res.peak_event): */
+  char error[1400];        /* why it did not run (status != COMPARE_OK) */
+  char policy[128];        /* the policy stack, e.g. "limit(caching)" */
+  gmr_replay_result_t res; /* the timed replay's; with COMPARE_PEAK, peak_event and at_peak
+                              are the peak event's as compare_replay chooses it (the most
+                              allocated among the events at peak reserved) */
+  gmr_stats_t final;       /* gmr_stats after the last event */
+  /* At the peak event (res.peak_event): */
   uint64_t free_at_peak;     /* bytes reserved but not active */
   uint64_t largest_at_peak;  /* bytes, the largest free block */
   uint64_t rounding_at_peak; /* bytes, allocated - requested */
@@ -82,8 +84,13 @@ typedef struct compare_opts_s {
   const char *suggest; /* --suggest POLICY, or NULL */
 } compare_opts_t;
 
-/* compare.c: replay `cfg` (already loaded) into `run`; with `detail`, also a
- * second replay that records the timeline and the segment map at the peak.
+/* How much compare_replay learns (each level adds a replay). */
+enum {
+  COMPARE_TIMED = 0, /* the figures of one timed replay */
+  COMPARE_PEAK = 1,  /* and the state at the peak (free, largest block, fragmentation) */
+  COMPARE_DETAIL = 2 /* and the timeline and the segment map, for --html */
+};
+/* compare.c: replay `cfg` (already loaded) into `run`, `detail` deep.
  * Sets run->status and run->error; returns 0 when the run completed. */
 int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
                    const compare_opts_t *o, int detail);
