@@ -216,15 +216,49 @@ if "$B" "$FX/compare-small.csv" "$CF/pytorch.yaml" >/dev/null 2>"$W/probe.err"; 
   is "$(jget "$W/best.json" best ooms)" 0 "suggest: with no OOM"
   [ -n "$promised" ] && [ "$promised" -le 15286140928 ]
   ok $? "suggest: no worse than the defaults"
+  "$B" --json --suggest caching "$TR/gpt2_train.csv" "$CF/direct.yaml" >"$W/sj.json" 2>/dev/null
+  is "$(grep -c '"config": ' "$W/sj.json")" 3 "suggest --json: the configs, the defaults, the winner"
+  is "$(jget "$W/sj.json" caching-defaults peak_reserved)" 15286140928 \
+    "suggest --json: the defaults' figures"
+  is "$(jget "$W/sj.json" caching-suggested peak_reserved)" "$promised" \
+    "suggest --json: the winner's figures"
+  has "$W/sj.json" '"yaml": "policy:\n  name: caching\n' "suggest --json: with its YAML"
+
+  # --check: the caching policy's invariant walker after every event.
+  "$B" --json --check "$TR/resnet50_train.csv" "$CF/pytorch.yaml" "$CF/pytorch-expandable.yaml" \
+    >"$W/check.json" 2>/dev/null
+  is "$?" 0 "check: every invariant holds after every event of resnet50_train"
+  is "$(jget "$W/check.json" pytorch peak_reserved)" 3797942272 \
+    "check: resnet50 peak reserved = PyTorch's 3797942272"
 else
   why=$(grep -o "unknown policy '[a-z]*'" "$W/probe.err" | head -n 1)
   reason="caching policy not available: ${why:-$(head -n 1 "$W/probe.err" | cut -c 1-100)}"
   for t in "gpt2_train default" "gpt2_train segments" "gpt2_train ratio" "max-split-128 reserved" \
     "max-split-128 requested" "max-split-128 ratio" "oom status" "oom count" "oom where" \
     "oom direct" "suggest status" "suggest yaml" "suggest defaults" "suggest loads" \
-    "suggest figures" "suggest no OOM" "suggest no worse"; do
+    "suggest figures" "suggest no OOM" "suggest no worse" "suggest json count" \
+    "suggest json defaults" "suggest json winner" "suggest json yaml" "check status" \
+    "check resnet50"; do
     skip "caching: $t" "$reason"
   done
+fi
+
+# ---- the BFC policy: --suggest finds growth, not the greedy default ------------
+if "$B" "$FX/compare-small.csv" "$CF/tf-growth.yaml" >/dev/null 2>&1; then
+  "$B" --suggest bfc "$TR/gpt2_train.csv" >"$W/bfc.yaml" 2>/dev/null
+  is "$?" 0 "suggest bfc: exit status 0"
+  promised=$(awk '/^#   peak reserved \(bytes\)/ { print $NF }' "$W/bfc.yaml")
+  default=$(awk '/^#   peak reserved \(bytes\)/ { print $(NF-1) }' "$W/bfc.yaml")
+  "$B" --json "$TR/gpt2_train.csv" "$W/bfc.yaml" "$CF/tf-greedy.yaml" >"$W/bfc.json" 2>/dev/null
+  is "$?" 0 "suggest bfc: the YAML loads back"
+  is "$(jget "$W/bfc.json" bfc peak_reserved)" "$promised" \
+    "suggest bfc: and replays to the peak it promised ($promised)"
+  is "$(jget "$W/bfc.json" tf-greedy peak_reserved)" "$default" \
+    "suggest bfc: the defaults are TensorFlow's greedy ($default)"
+  [ -n "$promised" ] && [ -n "$default" ] && [ "$promised" -lt "$default" ]
+  ok $? "suggest bfc: reserves less than greedy"
+else
+  for t in status loads figures defaults less; do skip "suggest bfc: $t" "bfc policy not available"; done
 fi
 
 # ---- --suggest of a policy without a search space --------------------------------

@@ -444,7 +444,7 @@ static const char html_css[] =
     "th,td{padding:3px 7px;text-align:right;border-bottom:1px solid #eef0f4;white-space:nowrap}\n"
     "th:first-child,td:first-child{text-align:left;color:#5b6475}\n"
     "thead th{color:#1d2330;border-bottom:2px solid #cfd5df}\n"
-    ".chart{display:block;max-width:100%;height:auto;font:11px system-ui,sans-serif}\n"
+    ".chart{display:block;width:100%;height:auto;font:11px system-ui,sans-serif}\n"
     ".grid{stroke:#e7eaf0}.tick{stroke:#9aa3b2}.ylab{text-anchor:end;fill:#5b6475}\n"
     ".xlab{text-anchor:middle;fill:#5b6475}.xname{text-anchor:end;fill:#5b6475}\n"
     "path.reserved{fill:#cfe0f5;stroke:#3b75c4;stroke-width:1.4}\n"
