@@ -381,20 +381,27 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
               r->final.device_allocs);
     fputs(". ", out);
   } else {
+    /* The overhead, in its nonzero parts. */
+    const struct {
+      uint64_t bytes;
+      const char *what;
+    } part[3] = {{r->free_at_peak - (pending < r->free_at_peak ? pending : 0),
+                  " in free blocks inside its segments (red)"},
+                 {r->rounding_at_peak, " lost to rounding requests up"},
+                 {pending, " freed but waiting for stream work (orange)"}};
+    int n_parts = 0, done = 0;
+    for (int i = 0; i < 3; ++i)
+      n_parts += part[i].bytes != 0;
     fputs("The ", out);
     html_bytes(out, overhead);
-    fputs(" above the request is ", out);
-    html_bytes(out, r->free_at_peak);
-    fputs(" of free blocks inside its segments (red)", out);
-    if (r->rounding_at_peak) {
-      fputs(", ", out);
-      html_bytes(out, r->rounding_at_peak);
-      fputs(" lost to rounding requests up", out);
-    }
-    if (pending) {
-      fputs(" and ", out);
-      html_bytes(out, pending);
-      fputs(" freed but waiting for stream work", out);
+    fputs(" above the request ", out);
+    fputs(n_parts ? "is " : "is not broken down at this event", out);
+    for (int i = 0; i < 3; ++i) {
+      if (part[i].bytes == 0) continue;
+      if (done) fputs(done + 1 == n_parts ? " and " : ", ", out);
+      html_bytes(out, part[i].bytes);
+      fputs(part[i].what, out);
+      ++done;
     }
     fputs(". ", out);
     if (r->free_at_peak > 0) {
@@ -413,6 +420,17 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
               out);
       }
     }
+  }
+  if (r->res.ooms) {
+    char line[400];
+    const char *m = r->res.first_oom_message, *nl = strchr(m, '\n');
+    snprintf(line, sizeof line, "%.*s", nl ? (int)(nl - m) : (int)strlen(m), m);
+    fprintf(out, "<b>%zu allocation%s failed</b>; the first at event %zu (line %u of the trace): ",
+            r->res.ooms, r->res.ooms == 1 ? "" : "s", r->res.first_oom_event,
+            r->res.first_oom_line);
+    fputs("<q>", out);
+    html_text(out, line);
+    fputs("</q> ", out);
   }
   if (least && least != r && least->final.peak_reserved_bytes < r->final.peak_reserved_bytes) {
     fprintf(out, "Its peak reserved is %.2f times that of <b>",
@@ -461,7 +479,8 @@ static const char html_css[] =
     "vertical-align:-2px}\n"
     ".caption{margin:8px 0 0;color:#333b4d}.scale{margin:4px 0 0;color:#5b6475;font-size:12px}\n"
     ".error{color:#b03a2e;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}\n"
-    ".ovl{fill:#1d2330}.ovr{fill:#3b75c4}.ovq{fill:#2b8a4b}.ovv{fill:#5b6475}\n"
+    ".ovl{fill:#1d2330}.ovr{fill:#3b75c4}.ovq{fill:#2b8a4b}.ovv{fill:#5b6475}"
+    ".ovin{fill:#fff;font-weight:600}\n"
     "#render-status{color:#8a93a3;font-size:12px;text-align:center}\n";
 
 static const char html_js[] =
@@ -501,8 +520,12 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
             left, y, fmax(wr, 1.0), bar_h);
     fprintf(out, "<rect class=\"ovq\" x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" rx=\"2\"/>",
             left, y + bar_h / 2 - 3, fmax(wq, 1.0), 6);
-    fprintf(out, "<text class=\"ovv\" x=\"%.1f\" y=\"%d\">", left + fmax(wr, 1.0) + 8,
-            y + bar_h - 5);
+    if (wr > span * 0.62)
+      fprintf(out, "<text class=\"ovin\" x=\"%.1f\" y=\"%d\" text-anchor=\"end\">", left + wr - 8,
+              y + bar_h - 5);
+    else
+      fprintf(out, "<text class=\"ovv\" x=\"%.1f\" y=\"%d\">", left + fmax(wr, 1.0) + 8,
+              y + bar_h - 5);
     html_bytes(out, r->final.peak_reserved_bytes);
     if (r->final.peak_requested_bytes)
       fprintf(out, " (%.4f x requested)",
