@@ -66,6 +66,12 @@ if "$B" "$TR/resnet50_train.csv" "$CF/pytorch.yaml" >/dev/null 2>&1; then
   configs="$configs $CF/pytorch.yaml $CF/pytorch-expandable.yaml"
   expect=4
 fi
+greedy=0
+if "$B" "$TR/resnet50_train.csv" "$CF/tf-greedy.yaml" >/dev/null 2>&1; then
+  configs="$configs $CF/tf-growth.yaml $CF/tf-greedy.yaml"
+  expect=$((expect + 2))
+  greedy=1
+fi
 echo "# $expect configurations: $configs"
 # shellcheck disable=SC2086
 "$B" --html "$W/page.html" "$TR/resnet50_train.csv" $configs >"$W/table.out" 2>"$W/err"
@@ -90,6 +96,17 @@ is "$(grep -o '<svg class="chart timeline"' "$W/dom.html" | wc -l | tr -d ' ')" 
 is "$(grep -o '<section class="config"' "$W/dom.html" | wc -l | tr -d ' ')" "$expect" \
   "one section per configuration"
 is "$(grep -c 'first OOM (line' "$W/dom.html")" 1 "the OOM of limit-2g is marked on its timeline"
+
+if [ "$greedy" = 1 ]; then
+  # 138.64 GiB reserved up front against about 3 GiB for the others.
+  is "$(grep -c '>own scale</text>' "$W/dom.html")" 1 \
+    "tf-greedy's timeline gets its own scale, the others share one"
+  grep -q 'tf-greedy</b> held <b>138.64 GiB</b> in 1 segment' "$W/dom.html"
+  ok $? "tf-greedy's caption: one region of 138.64 GiB"
+else
+  ok 0 "own scale # SKIP bfc policy not available"
+  ok 0 "greedy caption # SKIP bfc policy not available"
+fi
 
 browse --screenshot="$W/page.png" "file://$W/page.html" >/dev/null
 [ "$(head -c 4 "$W/page.png" 2>/dev/null | od -An -c | tr -d ' ')" = "211PNG" ]
