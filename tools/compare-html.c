@@ -158,8 +158,20 @@ static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_ru
   if (ymax == 0) ymax = 1;
   fprintf(out,
           "<svg class=\"chart timeline\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
-          "role=\"img\" aria-label=\"reserved and allocated bytes over the events of %s\">\n",
-          HTML_W, TL_H, HTML_W, TL_H, r->name);
+          "role=\"img\" data-x0=\"%.1f\" data-x1=\"%.1f\" data-n=\"%zu\" data-top=\"%d\" "
+          "data-bottom=\"%d\" aria-label=\"reserved and allocated bytes over the events of ",
+          HTML_W, TL_H, HTML_W, TL_H, tl_x(t, 0.0),
+          tl_x(t, t->n_events > 1 ? (double)(t->n_events - 1) : 1.0), t->n_events, TL_TOP,
+          TL_H - TL_BOTTOM);
+  html_text(out, r->name);
+  /* The points again, for the hover read-out: "event reserved allocated
+   * requested" in KiB, comma-separated. */
+  fputs("\" data-pts=\"", out);
+  for (size_t i = 0; i < r->n_points; ++i)
+    fprintf(out, "%s%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64, i ? "," : "", r->points[i].event,
+            r->points[i].reserved >> 10, r->points[i].allocated >> 10,
+            r->points[i].requested >> 10);
+  fputs("\">\n", out);
   double unit;
   const char *uname;
   html_byte_unit(ymax, &unit, &uname);
@@ -204,6 +216,9 @@ static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_ru
   }
   if (own_scale)
     fprintf(out, "<text class=\"own\" x=\"%d\" y=\"%d\">own scale</text>\n", TL_LEFT, TL_H - 3);
+  fputs("<g class=\"hover\" visibility=\"hidden\"><line class=\"hl\"/><rect class=\"hb\" "
+        "rx=\"4\"/><text class=\"ht\"></text></g>\n",
+        out);
   fputs("</svg>\n", out);
 }
 
@@ -474,6 +489,8 @@ static const char html_css[] =
     ".segmap .row{fill:#eef0f4}.segmap .a{fill:#3b75c4}.segmap .f{fill:#e4572e}"
     ".segmap .p{fill:#f0a202}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
     ".segmap rect:hover{opacity:.7}\n"
+    ".hover .hl{stroke:#1d2330;stroke-width:1;stroke-dasharray:3 2}"
+    ".hover .hb{fill:#fff;stroke:#9aa3b2;fill-opacity:.95}.hover .ht{fill:#1d2330;font-size:11px}\n"
     ".legend{display:flex;gap:16px;flex-wrap:wrap;color:#5b6475;font-size:12px;margin:4px 0}\n"
     ".legend i{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:5px;"
     "vertical-align:-2px}\n"
@@ -485,6 +502,31 @@ static const char html_css[] =
 
 static const char html_js[] =
     "(function(){\n"
+    "  function fmt(k){var b=k*1024,u=['B','KiB','MiB','GiB','TiB'],i=0;\n"
+    "    while(b>=1024&&i<4){b/=1024;i++;}return (i?b.toFixed(2):b)+' '+u[i];}\n"
+    "  document.querySelectorAll('svg.chart.timeline').forEach(function(s){\n"
+    "    var d=s.getAttribute('data-pts');if(!d)return;\n"
+    "    var p=d.split(',').map(function(t){return t.split(' ').map(Number);});\n"
+    "    var x0=+s.dataset.x0,x1=+s.dataset.x1,n=+s.dataset.n,top=+s.dataset.top,\n"
+    "      bot=+s.dataset.bottom,g=s.querySelector('g.hover'),l=g.querySelector('line'),\n"
+    "      r=g.querySelector('rect'),t=g.querySelector('text');\n"
+    "    s.addEventListener('mousemove',function(ev){\n"
+    "      var pt=s.createSVGPoint();pt.x=ev.clientX;pt.y=ev.clientY;\n"
+    "      var q=pt.matrixTransform(s.getScreenCTM().inverse());\n"
+    "      if(q.x<x0||q.x>x1){g.setAttribute('visibility','hidden');return;}\n"
+    "      var e=(q.x-x0)/(x1-x0)*Math.max(n-1,1),lo=0,hi=p.length-1;\n"
+    "      while(lo<hi){var m=(lo+hi)>>1;if(p[m][0]<e)lo=m+1;else hi=m;}\n"
+    "      var v=p[lo];\n"
+    "      l.setAttribute('x1',q.x);l.setAttribute('x2',q.x);l.setAttribute('y1',top);\n"
+    "      l.setAttribute('y2',bot);\n"
+    "      t.textContent='event '+v[0]+': reserved '+fmt(v[1])+', allocated '+fmt(v[2])+\n"
+    "        ', requested '+fmt(v[3]);\n"
+    "      var w=t.getComputedTextLength()+12,bx=q.x+8>x1-w?q.x-8-w:q.x+8;\n"
+    "      r.setAttribute('x',bx);r.setAttribute('y',top+4);r.setAttribute('width',w);\n"
+    "      r.setAttribute('height',18);t.setAttribute('x',bx+6);t.setAttribute('y',top+17);\n"
+    "      g.setAttribute('visibility','visible');});\n"
+    "    s.addEventListener('mouseleave',function(){g.setAttribute('visibility','hidden');});\n"
+    "  });\n"
     "  function laid(sel){var n=0;document.querySelectorAll(sel).forEach(function(s){\n"
     "    var b=s.getBoundingClientRect();if(b.width>0&&b.height>0)n++;});return n;}\n"
     "  var t=laid('svg.chart.timeline'),m=laid('svg.chart.segmap');\n"
