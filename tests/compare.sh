@@ -16,6 +16,9 @@ B="$BLD/tools/gmr-compare"
 TR="$SRC/traces"
 CF="$SRC/config"
 FX="$SRC/tests/fixtures"
+# The table wraps at the terminal's width ($COLUMNS when not a terminal).
+COLUMNS=160
+export COLUMNS
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-compare-test.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
 
@@ -117,6 +120,10 @@ is "$(jget "$W/j.json" limit-8g ooms)" 84 "json: OOMs under the cap"
 is "$(jget "$W/j.json" limit-8g peak_reserved)" 8578542348 "json: peak reserved under the cap"
 has "$W/j.json" '"first_oom": {"event": 840, "line": 842, "message": "out of memory: limit of 8.00 GiB' \
   "json: first OOM with event, line and message"
+
+COLUMNS=50 "$B" "$TR/gpt2_train.csv" "$CF/direct.yaml" "$W/limit-8g.yaml" >"$W/narrow.out" 2>/dev/null
+is "$(grep -c '^peak reserved' "$W/narrow.out")/$(awk '$1 == "limit-8g" && NF == 1' "$W/narrow.out" | wc -l | tr -d ' ')" \
+  "2/1" "table: a narrow terminal gets one block of columns per configuration that fits"
 
 # ---- standard input, --check --------------------------------------------------
 "$B" --json --check - "$CF/direct.yaml" <"$TR/resnet50_train.csv" >"$W/stdin.json" 2>"$W/stdin.err"
