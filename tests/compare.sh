@@ -166,6 +166,16 @@ is "$(jget "$W/bad-cfg.json" direct status)/$(jget "$W/bad-cfg.json" direct peak
 "$B" "$FX/compare-small.csv" "$W/broken.yaml" "$CF/direct.yaml" >"$W/bad-cfg.out" 2>/dev/null
 has "$W/bad-cfg.out" "broken: could not run: $W/broken.yaml:4:1:" "bad config: noted under the table"
 
+# ---- the page's captions, without a browser (tests/compare-html.sh renders it) ----
+"$B" --html "$W/small.html" "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
+is "$?" 0 "html: written"
+has "$W/small.html" '<b>direct</b> held <b>54.00 MiB</b> in 6 segments for 54.00 MiB requested' \
+  "html: the caption states the peak (6 x 9 MiB, one segment each)"
+is "$(grep -c '<svg class="chart timeline"' "$W/small.html")/$(grep -c '<svg class="chart segmap"' "$W/small.html")" \
+  1/1 "html: one timeline and one segment map"
+has "$W/small.html" 'data-pts="0 9216 9216 9216,1 18432 18432 18432,' \
+  "html: the timeline's points, one per event on a short trace (KiB)"
+
 # ---- OOM under a small --capacity; the other configurations still run ----------
 "$B" --capacity 40MiB --json "$FX/compare-small.csv" "$CF/direct.yaml" "$W/limit-8g.yaml" \
   >"$W/oom.json" 2>"$W/oom.err"
@@ -209,6 +219,19 @@ if "$B" "$FX/compare-small.csv" "$CF/pytorch.yaml" >/dev/null 2>"$W/probe.err"; 
   is "$(jget "$W/pt-oom.json" direct ooms)/$(jget "$W/pt-oom.json" direct peak_reserved)" \
     0/56623104 "caching oom: direct fits in 54 MiB and still runs"
 
+  # Fragmentation at the peak: three 20 MiB segments, each with two 9 MiB
+  # blocks and a 2 MiB hole: 1 - 2 MiB / 6 MiB.
+  "$B" --json --html "$W/pt-small.html" "$FX/compare-small.csv" "$CF/pytorch.yaml" \
+    >"$W/pt-small.json" 2>/dev/null
+  is "$(jget "$W/pt-small.json" pytorch free_at_peak)/$(jget "$W/pt-small.json" pytorch largest_free_at_peak)" \
+    6291456/2097152 "caching: free and largest free block at the peak"
+  is "$(jget "$W/pt-small.json" pytorch fragmentation_at_peak)" 0.6667 \
+    "caching: fragmentation at the peak = 1 - 2/6"
+  has "$W/pt-small.html" 'held <b>60.00 MiB</b> in 3 segments for 54.00 MiB requested' \
+    "caching: the caption counts the segments of the map"
+  has "$W/pt-small.html" 'It is split into many holes (fragmentation 67%: the largest is 2.00 MiB)' \
+    "caching: and explains the holes"
+
   # --suggest: the YAML loads back and gives the figures it printed.
   "$B" --suggest caching "$TR/gpt2_train.csv" >"$W/best.yaml" 2>"$W/suggest.err"
   is "$?" 0 "suggest: exit status 0"
@@ -245,7 +268,7 @@ else
     "oom direct" "suggest status" "suggest yaml" "suggest defaults" "suggest loads" \
     "suggest figures" "suggest no OOM" "suggest no worse" "suggest json count" \
     "suggest json defaults" "suggest json winner" "suggest json yaml" "check status" \
-    "check resnet50"; do
+    "check resnet50" "small free" "small fragmentation" "small caption" "small holes"; do
     skip "caching: $t" "$reason"
   done
 fi
