@@ -163,7 +163,12 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
     compare_format_bytes(r->rounding_at_peak, buf, len);
     break;
   case ROW_SEGMENTS:
-    snprintf(buf, len, "%" PRIu64, f->peak_segments);
+    /* Memory that came only from pages mapped into virtual ranges
+     * (expandable segments) has no segments to count. */
+    if (f->peak_segments == 0 && f->peak_reserved_bytes > 0)
+      snprintf(buf, len, "n/a (mapped)");
+    else
+      snprintf(buf, len, "%" PRIu64, f->peak_segments);
     break;
   case ROW_DEV_ALLOCS:
     snprintf(buf, len, "%" PRIu64, f->device_allocs);
