@@ -368,6 +368,10 @@ void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_dat
           b->peak_segments);
   fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "device allocs", d->device_allocs,
           b->device_allocs);
+  fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "device frees", d->device_frees,
+          b->device_frees);
+  fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "alloc retries", d->alloc_retries,
+          b->alloc_retries);
   fprintf(out, "#   %-22s %24zu %24zu\n", "OOMs", defaults->res.ooms, best->res.ooms);
   if (d_ok && defaults->res.ooms == 0 && d->peak_reserved_bytes > b->peak_reserved_bytes)
     fprintf(out, "#\n# It saves %.1f %% of the defaults' peak reserved.\n",
