@@ -235,7 +235,7 @@ sys.exit(0 if [x - t[0][0] for x in t[0]] == [x - t[1][0] for x in t[1]] else 1)
 PYEOF
   ok $? "and to the same times, from its own start"
   if [ -x "$builddir/tools/gmr-compare" ]; then
-    json=$("$builddir/tools/gmr-compare" --json "$tmp/back.csv" "$srcdir/config/direct.yaml" 2>&1)
+    json=$("$builddir/tools/gmr-compare" --json "$tmp/back.csv" "$srcdir/config/direct.yaml" 2>"$tmp/compare.err")
     got=$(printf '%s' "$json" | "$PY" -c 'import json,sys; r=json.load(sys.stdin)[0]; print(r["events"], r["peak_requested"])')
     is "$got" "$(wc -l <"$tmp/a" | tr -d ' ') 3192592912" "gmr-compare replays it: events and peak requested"
   fi
