@@ -25,6 +25,7 @@
  * unwinder can cross its frames.
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -96,17 +97,44 @@ typedef struct hooks_torch_abi_s {
 static hooks_torch_abi_t hooks_abi;
 static pthread_once_t hooks_abi_once = PTHREAD_ONCE_INIT;
 
-static void *hooks_sym(void *h, const char *name) {
-  return h ? dlsym(h, name) : NULL;
+/* Each symbol is searched in every loaded libc10* and libtorch* (and their
+ * dependencies: dlsym on a handle walks them), since the vtable and typeinfo
+ * of c10::OutOfMemoryError are emitted only where it is used. */
+#define HOOKS_MAX_LIBS 16
+typedef struct hooks_libs_s {
+  void *h[HOOKS_MAX_LIBS];
+  int n;
+} hooks_libs_t;
+
+static int hooks_collect(struct dl_phdr_info *info, size_t size, void *ud) {
+  (void)size;
+  hooks_libs_t *libs = ud;
+  const char *base = strrchr(info->dlpi_name, '/');
+  base = base ? base + 1 : info->dlpi_name;
+  if (strncmp(base, "libc10", 6) != 0 && strncmp(base, "libtorch", 8) != 0) return 0;
+  if (libs->n == HOOKS_MAX_LIBS) return 1;
+  /* Only what is already loaded: gmr never pulls torch in. */
+  void *h = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD);
+  if (h != NULL) libs->h[libs->n++] = h;
+  return 0;
+}
+
+static void *hooks_sym(const hooks_libs_t *libs, const char *name) {
+  for (int i = 0; i < libs->n; ++i) {
+    void *p = dlsym(libs->h[i], name);
+    if (p != NULL) return p;
+  }
+  return NULL;
 }
 
 static void hooks_abi_load(void) {
-  /* Only a libc10 that is already loaded: gmr never pulls torch in. */
-  void *h = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
-  if (h == NULL) h = dlopen("libc10.so", RTLD_NOW | RTLD_NOLOAD);
-  if (h == NULL) return;
+  hooks_libs_t libs;
+  memset(&libs, 0, sizeof libs);
+  dl_iterate_phdr(hooks_collect, &libs);
+  if (libs.n == 0) return;
   hooks_torch_abi_t a;
   memset(&a, 0, sizeof a);
+  const hooks_libs_t *h = &libs;
   *(void **)&a.allocate_exception = hooks_sym(h, "__cxa_allocate_exception");
   *(void **)&a.free_exception = hooks_sym(h, "__cxa_free_exception");
   *(void **)&a.cxa_throw = hooks_sym(h, "__cxa_throw");
@@ -121,14 +149,21 @@ static void hooks_abi_load(void) {
         "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE");
   *(void **)&a.error_dtor = hooks_sym(h, "_ZN3c105ErrorD1Ev");
   if (a.error_dtor == NULL) *(void **)&a.error_dtor = hooks_sym(h, "_ZN3c105ErrorD2Ev");
-  a.oom_vtable = hooks_sym(h, "_ZTVN3c1017OutOfMemoryErrorE");
-  a.oom_typeinfo = hooks_sym(h, "_ZTIN3c1017OutOfMemoryErrorE");
+  a.oom_vtable = hooks_sym(h, "_ZTVN3c1016OutOfMemoryErrorE");
+  a.oom_typeinfo = hooks_sym(h, "_ZTIN3c1016OutOfMemoryErrorE");
   *(void **)&a.op_new = hooks_sym(h, "_Znwm");
   *(void **)&a.op_delete = hooks_sym(h, "_ZdlPv");
   *(void **)&a.check_fail = hooks_sym(h, "_ZN3c106detail14torchCheckFailEPKcS2_jS2_");
   a.full = a.allocate_exception && a.free_exception && a.cxa_throw && a.error_ctor &&
            a.error_dtor && a.oom_vtable && a.oom_typeinfo && a.op_new && a.op_delete;
-  hooks_abi = a; /* the handle stays open: libc10 outlives every hook call */
+  if (!a.full)
+    gmr__log(GMR_LOG_WARN,
+             "gmr hooks: torch's OutOfMemoryError cannot be raised (missing:%s%s%s%s%s%s); "
+             "an allocation failure raises RuntimeError",
+             a.cxa_throw ? "" : " __cxa_throw", a.error_ctor ? "" : " c10::Error::Error",
+             a.error_dtor ? "" : " c10::Error::~Error", a.oom_vtable ? "" : " vtable",
+             a.oom_typeinfo ? "" : " typeinfo", a.op_new ? "" : " operator new");
+  hooks_abi = a; /* the handles stay open: libc10 outlives every hook call */
 }
 
 /* Raise torch's OutOfMemoryError with `msg`; returns only when torch's

@@ -42,17 +42,24 @@
  * cudaError_t are int enums, CUdeviceptr is unsigned long long, streams are
  * pointers, CUdevice is int).
  *
+ * GMR_INTERPOSE_LOG=1 prints every lookup of a driver name (dlsym and
+ * cuGetProcAddress, hooked or not) and every routed call to stderr: the way
+ * to see how a framework reaches the driver.  Silent otherwise.
+ *
  * Synchronization: the tables below are filled once under pthread_once; the
  * runtime cache ip_rt[] is written once per device (NULL -> runtime).
  */
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gmr.h"
 
@@ -110,7 +117,29 @@ typedef struct ip_range_s {
 static ip_range_t ip_gmr;  /* libgmr.so */
 static ip_range_t ip_self; /* this library */
 
+static bool ip_log_on; /* GMR_INTERPOSE_LOG=1; set once in ip_init */
+
+static void ip_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void ip_log(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n > sizeof buf - 2) n = (int)sizeof buf - 2;
+  buf[n++] = '\n';
+  ssize_t w = write(2, buf, (size_t)n); /* no stdio: this may run inside the loader */
+  (void)w;
+}
+#define IP_LOG(...)                                                                                \
+  do {                                                                                             \
+    if (ip_log_on) ip_log(__VA_ARGS__);                                                            \
+  } while (0)
+
 static void ip_init(void) {
+  const char *v = getenv("GMR_INTERPOSE_LOG");
+  ip_log_on = v != NULL && v[0] == '1';
   dlsym_fn d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
@@ -281,6 +310,7 @@ IP_EXPORT CUresult_t cuMemAlloc_v2(CUdptr_t *dptr, size_t bytesize) {
   if (dptr == NULL || bytesize == 0) return IP_CUDA_ERROR_INVALID_VALUE;
   void *p = NULL;
   int err = ip_alloc(ip_driver_device(), bytesize, NULL, &p);
+  IP_LOG("gmr-preload: cuMemAlloc_v2(%zu) -> %p (%d)", bytesize, p, err);
   if (err == 0) *dptr = (CUdptr_t)(uintptr_t)p;
   return ip_cu_status(err);
 }
@@ -297,6 +327,7 @@ static CUresult_t ip_cu_alloc_async(CUdptr_t *dptr, size_t bytesize, stream_t s)
   if (dptr == NULL || bytesize == 0) return IP_CUDA_ERROR_INVALID_VALUE;
   void *p = NULL;
   int err = ip_alloc(ip_driver_device(), bytesize, s, &p);
+  IP_LOG("gmr-preload: cuMemAllocAsync(%zu, %p) -> %p (%d)", bytesize, s, p, err);
   if (err == 0) *dptr = (CUdptr_t)(uintptr_t)p;
   return ip_cu_status(err);
 }
@@ -361,6 +392,8 @@ IP_EXPORT CUresult_t cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
   if (r == IP_CUDA_SUCCESS && pfn != NULL && *pfn != NULL && symbol != NULL) {
     void *mine = ip_proc_hook(symbol, version, flags);
     if (mine != NULL) *pfn = mine;
+    IP_LOG("gmr-preload: cuGetProcAddress_v2(%s, %d, %llu)%s", symbol, version, flags,
+           mine ? " hooked" : "");
   }
   return r;
 }
@@ -415,6 +448,7 @@ IP_EXPORT cudaError_x cudaMalloc(void **devPtr, size_t size) {
   }
   void *p = NULL;
   int err = ip_alloc(ip_runtime_device(caller), size, NULL, &p);
+  IP_LOG("gmr-preload: cudaMalloc(%zu) -> %p (%d)", size, p, err);
   if (err == 0) *devPtr = p;
   return ip_rt_status(err);
 }
@@ -536,6 +570,8 @@ IP_HIDDEN __attribute__((used)) void *ip_dlsym_lookup(void *handle, const char *
   pthread_once(&ip_init_once, ip_init);
   if (name == NULL || ip_real_dlsym == NULL) return NULL;
   void *mine = ip_dlsym_hook(name);
+  if (ip_log_on && name[0] == 'c' && name[1] == 'u')
+    ip_log("gmr-preload: dlsym(%p, %s)%s", handle, name, mine ? " hooked" : "");
   if (mine == NULL) return NULL;
   if (handle != RTLD_DEFAULT && handle != RTLD_NEXT && ip_real_dlsym(handle, name) == NULL)
     return NULL;
