@@ -22,7 +22,7 @@ san=$(ldd "$GMR_LIBRARY" 2>/dev/null | awk '/lib(asan|tsan)\.so/ {print $3}' | h
 if [ -n "$san" ]; then
   LD_PRELOAD="$san${LD_PRELOAD:+:$LD_PRELOAD}"
   export LD_PRELOAD
-  ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
   export ASAN_OPTIONS
 fi
 exec "$py" "$src/python/tests/tap.py" "$src/python/tests"
