@@ -13,7 +13,7 @@
  *     obj = __cxa_allocate_exception(HOOKS_EXC_BYTES)
  *     c10::Error::Error(obj, SourceLocation{func, file, line}, std::string msg)
  *     *(void **)obj = vtable(c10::OutOfMemoryError) + 2 words
- *     __cxa_throw(obj, typeinfo(c10::OutOfMemoryError), c10::Error::~Error)
+ *     __cxa_throw(obj, typeinfo(c10::OutOfMemoryError), vtable slot 2 (~OutOfMemoryError))
  * c10::OutOfMemoryError adds no member to c10::Error (`using Error::Error`),
  * so Error's constructor and destructor are the right ones once the vtable
  * pointer is OutOfMemoryError's.  The std::string argument is laid out as
@@ -147,9 +147,12 @@ static void hooks_abi_load(void) {
     *(void **)&a.error_ctor = hooks_sym(
         h,
         "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE");
-  *(void **)&a.error_dtor = hooks_sym(h, "_ZN3c105ErrorD1Ev");
-  if (a.error_dtor == NULL) *(void **)&a.error_dtor = hooks_sym(h, "_ZN3c105ErrorD2Ev");
   a.oom_vtable = hooks_sym(h, "_ZTVN3c1016OutOfMemoryErrorE");
+  /* The destructor: PyTorch builds with -fvisibility-inlines-hidden, so the
+   * implicit ~Error() is not exported; the vtable holds it.  Its slots are
+   * {offset to top, typeinfo, complete-object dtor, deleting dtor, what...}:
+   * the vptr points at slot 2, the complete-object destructor. */
+  if (a.oom_vtable != NULL) *(void **)&a.error_dtor = a.oom_vtable[2];
   a.oom_typeinfo = hooks_sym(h, "_ZTIN3c1016OutOfMemoryErrorE");
   *(void **)&a.op_new = hooks_sym(h, "_Znwm");
   *(void **)&a.op_delete = hooks_sym(h, "_ZdlPv");

@@ -17,6 +17,13 @@
  *         above (and for cuGetProcAddress itself);
  *       * through dlsym(handle, name), which JAX's CUDA plugin uses after
  *         dlopen("libcuda.so.1"): this library defines dlsym.
+ * VMM.  Frameworks that see virtual memory management supported may take
+ * their buffers with cuMemCreate/cuMemMap instead of cuMemAlloc (JAX 0.11's
+ * XLA does, even with XLA_PYTHON_CLIENT_ALLOCATOR=platform), which no
+ * allocator can hand out from its pool.  So cuDeviceGetAttribute answers 0
+ * for CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (102) to every
+ * caller but gmr, and they fall back to cuMemAlloc.  GMR_INTERPOSE_VMM=1
+ * shows the device's real answer (their VMM memory then bypasses gmr).
  * cudaMemGetInfo and cuMemGetInfo_v2 report the configured limit: with a cap
  * of L bytes (gmr_stats().limit_bytes) and R bytes reserved by gmr,
  *     total = L,  free = min(driver's free, L - R)   (0 when R >= L).
@@ -103,6 +110,7 @@ typedef struct ip_driver_s {
   CUresult_t (*get_proc)(const char *, void **, int, unsigned long long);
   CUresult_t (*get_proc_v2)(const char *, void **, int, unsigned long long, int *);
   CUresult_t (*ctx_get_device)(int *);
+  CUresult_t (*device_get_attribute)(int *, int, int);
 } ip_driver_t;
 
 static ip_driver_t ip_drv;
@@ -117,7 +125,8 @@ typedef struct ip_range_s {
 static ip_range_t ip_gmr;  /* libgmr.so */
 static ip_range_t ip_self; /* this library */
 
-static bool ip_log_on; /* GMR_INTERPOSE_LOG=1; set once in ip_init */
+static bool ip_log_on;   /* GMR_INTERPOSE_LOG=1; set once in ip_init */
+static bool ip_show_vmm; /* GMR_INTERPOSE_VMM=1; set once in ip_init */
 
 static void ip_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void ip_log(const char *fmt, ...) {
@@ -140,6 +149,8 @@ static void ip_log(const char *fmt, ...) {
 static void ip_init(void) {
   const char *v = getenv("GMR_INTERPOSE_LOG");
   ip_log_on = v != NULL && v[0] == '1';
+  v = getenv("GMR_INTERPOSE_VMM");
+  ip_show_vmm = v != NULL && v[0] == '1';
   dlsym_fn d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
@@ -163,6 +174,7 @@ static void ip_drv_load(void) {
     IP_LOAD(get_proc, "cuGetProcAddress");
     IP_LOAD(get_proc_v2, "cuGetProcAddress_v2");
     IP_LOAD(ctx_get_device, "cuCtxGetDevice");
+    IP_LOAD(device_get_attribute, "cuDeviceGetAttribute");
 #undef IP_LOAD
   }
   ip_drv = d;
@@ -379,6 +391,20 @@ IP_EXPORT CUresult_t cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   return IP_CUDA_SUCCESS;
 }
 
+#define IP_ATTR_VMM_SUPPORTED 102 /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+
+IP_EXPORT CUresult_t cuDeviceGetAttribute(int *value, int attrib, int dev) {
+  const ip_driver_t *d = ip_driver();
+  if (d->device_get_attribute == NULL) return IP_CUDA_ERROR_NOT_INITIALIZED;
+  CUresult_t r = d->device_get_attribute(value, attrib, dev);
+  if (r == IP_CUDA_SUCCESS && attrib == IP_ATTR_VMM_SUPPORTED && !ip_show_vmm &&
+      !ip_from_gmr(IP_CALLER())) {
+    IP_LOG("gmr-preload: cuDeviceGetAttribute(VMM supported, %d): %d, reported as 0", dev, *value);
+    *value = 0;
+  }
+  return r;
+}
+
 /* Our function for a name looked up through cuGetProcAddress, or NULL.
  * `version` is the caller's CUDA version (cuMemAlloc etc. mean their _v2
  * from 3.2 on); `flags` may ask for per-thread default stream variants. */
@@ -424,6 +450,7 @@ static void *ip_proc_hook(const char *name, int version, unsigned long long flag
     return ptds ? (void *)cuMemFreeAsync_ptsz : (void *)cuMemFreeAsync;
   if (strcmp(name, "cuGetProcAddress") == 0)
     return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+  if (strcmp(name, "cuDeviceGetAttribute") == 0) return (void *)cuDeviceGetAttribute;
   return NULL;
 }
 
@@ -550,6 +577,7 @@ static void *ip_dlsym_hook(const char *name) {
       {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz},
       {"cuGetProcAddress", (void *)cuGetProcAddress},
       {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2},
+      {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
       {"cudaMalloc", (void *)cudaMalloc},
       {"cudaFree", (void *)cudaFree},
       {"cudaMallocAsync", (void *)cudaMallocAsync},

@@ -20,7 +20,7 @@ typedef struct fake_cuda_state_s {
   struct {
     void *cuInit, *cuMemAlloc_v2, *cuMemFree_v2, *cuMemGetInfo_v2, *cuMemAllocAsync,
         *cuMemFreeAsync, *cuMemAllocAsync_ptsz, *cuMemFreeAsync_ptsz, *cuGetProcAddress,
-        *cuGetProcAddress_v2, *cuCtxGetDevice;
+        *cuGetProcAddress_v2, *cuCtxGetDevice, *cuDeviceGetAttribute;
   } fn;
 } fake_cuda_state_t;
 
@@ -64,6 +64,13 @@ static int fake_ctx_get_device(int *dev) {
   return 0;
 }
 
+/* Attribute 102 (VMM supported): 1; any other: 7. */
+static int fake_get_attribute(int *value, int attrib, int dev) {
+  (void)dev;
+  *value = attrib == 102 ? 1 : 7;
+  return 0;
+}
+
 static void *fake_lookup(const char *name, unsigned long long flags) {
   const int ptds = (flags & 2) != 0;
   if (strcmp(name, "cuInit") == 0) return (void *)fake_init;
@@ -75,6 +82,7 @@ static void *fake_lookup(const char *name, unsigned long long flags) {
   if (strcmp(name, "cuMemFreeAsync") == 0)
     return ptds ? fake_cuda_state.fn.cuMemFreeAsync_ptsz : (void *)fake_free_async;
   if (strcmp(name, "cuCtxGetDevice") == 0) return (void *)fake_ctx_get_device;
+  if (strcmp(name, "cuDeviceGetAttribute") == 0) return (void *)fake_get_attribute;
   if (strcmp(name, "cuGetProcAddress") == 0) return fake_cuda_state.fn.cuGetProcAddress_v2;
   return NULL;
 }
@@ -115,6 +123,7 @@ FAKE_EXPORT int cuGetProcAddress(const char *, void **, int, unsigned long long)
 FAKE_EXPORT int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *)
     __attribute__((alias("fake_get_proc_v2")));
 FAKE_EXPORT int cuCtxGetDevice(int *) __attribute__((alias("fake_ctx_get_device")));
+FAKE_EXPORT int cuDeviceGetAttribute(int *, int, int) __attribute__((alias("fake_get_attribute")));
 
 __attribute__((constructor)) static void fake_cuda_setup(void) {
   fake_cuda_state.fn.cuInit = (void *)fake_init;
@@ -128,4 +137,5 @@ __attribute__((constructor)) static void fake_cuda_setup(void) {
   fake_cuda_state.fn.cuGetProcAddress = (void *)fake_get_proc;
   fake_cuda_state.fn.cuGetProcAddress_v2 = (void *)fake_get_proc_v2;
   fake_cuda_state.fn.cuCtxGetDevice = (void *)fake_ctx_get_device;
+  fake_cuda_state.fn.cuDeviceGetAttribute = (void *)fake_get_attribute;
 }

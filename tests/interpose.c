@@ -25,7 +25,7 @@ typedef struct fake_cuda_state_s {
   struct {
     void *cuInit, *cuMemAlloc_v2, *cuMemFree_v2, *cuMemGetInfo_v2, *cuMemAllocAsync,
         *cuMemFreeAsync, *cuMemAllocAsync_ptsz, *cuMemFreeAsync_ptsz, *cuGetProcAddress,
-        *cuGetProcAddress_v2, *cuCtxGetDevice;
+        *cuGetProcAddress_v2, *cuCtxGetDevice, *cuDeviceGetAttribute;
   } fn;
 } fake_cuda_state_t;
 
@@ -141,6 +141,19 @@ int main(void) {
   is_int(status, 1, "  and status");
   gp1("cuMemFree", &pfn, 12000, 0);
   ok(pfn == (void *)dfree, "cuGetProcAddress (v1) hooks too");
+
+  /* ---- VMM support is hidden from everyone but gmr ---- */
+  typedef int (*attr_fn)(int *, int, int);
+  attr_fn attr = (attr_fn)dlsym(cu, "cuDeviceGetAttribute");
+  ok(attr != NULL && (void *)attr != fake->fn.cuDeviceGetAttribute,
+     "dlsym(libcuda, cuDeviceGetAttribute) is the interposer's");
+  int v = -1;
+  is_int(attr(&v, 102, 0), 0, "cuDeviceGetAttribute(VMM supported)");
+  is_int(v, 0, "  reports 0 (the driver says 1): frameworks fall back to cuMemAlloc");
+  attr(&v, 1, 0);
+  is_int(v, 7, "  other attributes are the driver's");
+  gp2("cuDeviceGetAttribute", &pfn, 13000, 0, &status);
+  ok(pfn == (void *)attr, "cuGetProcAddress_v2(cuDeviceGetAttribute) is hooked");
 
   alloc_async_fn aa = (alloc_async_fn)dlsym(cu, "cuMemAllocAsync");
   free_async_fn fa = (free_async_fn)dlsym(cu, "cuMemFreeAsync");

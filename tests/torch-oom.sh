@@ -18,7 +18,8 @@ fi
 dir=$(mktemp -d "${TMPDIR:-/tmp}/gmr-torch-oom.XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 f="$src/tests/fixtures/torch-oom"
-if ! "$cxx" -shared -fPIC -O1 -o "$dir/libc10.so" -Wl,-soname,libc10.so "$f/c10.cpp" \
+# -fvisibility-inlines-hidden as PyTorch builds: the implicit destructor is not exported.
+if ! "$cxx" -shared -fPIC -O1 -fvisibility-inlines-hidden -o "$dir/libc10.so" -Wl,-soname,libc10.so "$f/c10.cpp" \
      >"$dir/build.log" 2>&1 ||
    ! "$cxx" -O1 -o "$dir/main" "$f/main.cpp" -L"$lib" -lgmr "$dir/libc10.so" \
      -Wl,-rpath,"$dir" -Wl,-rpath,"$(cd "$lib" && pwd)" >>"$dir/build.log" 2>&1; then

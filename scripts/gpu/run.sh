@@ -8,6 +8,8 @@
 #   info                 gmr-info
 #   pool                 PyTorch + CuPy through the hooks, one 4 GiB limit
 #   jax                  JAX alone through the interposer, the same limit
+#   jaxdiag              JAX under GMR_INTERPOSE_LOG=1: which driver names it
+#                        looks up and which calls reach gmr
 #   all                  PyTorch + CuPy + JAX in one process (interposer too)
 #   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, or gmr with CONFIG
 #                        (a file under DIR/config); a trace of gmr runs is
@@ -49,6 +51,23 @@ for p in "$@"; do
     phase "JAX through the interposer, $(tr '\n' ' ' <"$limit")"
     LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=platform GMR_CONFIG="$limit" \
       timeout 180 python3 "$here/shared_pool.py" jax || status=1
+    ;;
+  jaxdiag)
+    phase "JAX under the interposer with GMR_INTERPOSE_LOG=1: how it reaches the driver"
+    log="$results/jax-interpose.log"
+    LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=platform GMR_CONFIG="$limit" \
+      GMR_INTERPOSE_LOG=1 timeout 120 python3 -c '
+import jax, jax.numpy as jnp
+x = jnp.ones(64 << 20, dtype=jnp.float32); x.block_until_ready()
+print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_backend())
+' 2>"$log" || status=1
+    echo "--- driver names looked up (count name):"
+    grep -o 'dlsym([^)]*)[^ ]*\( hooked\)\?' "$log" | sed 's/dlsym(0x[0-9a-f]*, //' | sort | uniq -c | sort -rn | head -40
+    echo "--- cuGetProcAddress lookups that were hooked:"
+    grep 'cuGetProcAddress.*hooked' "$log" | sort | uniq -c | head
+    echo "--- routed calls:"
+    grep -E 'cuMemAlloc|cudaMalloc' "$log" | head -20
+    grep -vE 'gmr-preload' "$log" | tail -5
     ;;
   all)
     phase "PyTorch + CuPy + JAX in one process, $(tr '\n' ' ' <"$limit")"
