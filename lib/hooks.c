@@ -154,8 +154,14 @@ static void hooks_abi_load(void) {
    * the vptr points at slot 2, the complete-object destructor. */
   if (a.oom_vtable != NULL) *(void **)&a.error_dtor = a.oom_vtable[2];
   a.oom_typeinfo = hooks_sym(h, "_ZTIN3c1016OutOfMemoryErrorE");
-  *(void **)&a.op_new = hooks_sym(h, "_Znwm");
-  *(void **)&a.op_delete = hooks_sym(h, "_ZdlPv");
+  /* operator new/delete as torch's own code binds them: the global scope
+   * first (where a sanitizer's replacements live), else torch's libstdc++. */
+  *(void **)&a.op_new = dlsym(RTLD_DEFAULT, "_Znwm");
+  *(void **)&a.op_delete = dlsym(RTLD_DEFAULT, "_ZdlPv");
+  if (a.op_new == NULL || a.op_delete == NULL) {
+    *(void **)&a.op_new = hooks_sym(h, "_Znwm");
+    *(void **)&a.op_delete = hooks_sym(h, "_ZdlPv");
+  }
   *(void **)&a.check_fail = hooks_sym(h, "_ZN3c106detail14torchCheckFailEPKcS2_jS2_");
   a.full = a.allocate_exception && a.free_exception && a.cxa_throw && a.error_ctor &&
            a.error_dtor && a.oom_vtable && a.oom_typeinfo && a.op_new && a.op_delete;

@@ -71,6 +71,9 @@
 #include "gmr.h"
 
 #define IP_EXPORT __attribute__((visibility("default")))
+/* Code that dlsym runs: a sanitizer's runtime calls dlsym before it is set
+ * up, so none of it may be instrumented. */
+#define IP_RAW    __attribute__((no_sanitize("address", "thread", "undefined")))
 #define IP_HIDDEN __attribute__((visibility("hidden")))
 
 typedef int CUresult_t;              /* CUresult */
@@ -129,7 +132,7 @@ static bool ip_log_on;   /* GMR_INTERPOSE_LOG=1; set once in ip_init */
 static bool ip_show_vmm; /* GMR_INTERPOSE_VMM=1; set once in ip_init */
 
 static void ip_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void ip_log(const char *fmt, ...) {
+IP_RAW static void ip_log(const char *fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
@@ -146,7 +149,7 @@ static void ip_log(const char *fmt, ...) {
     if (ip_log_on) ip_log(__VA_ARGS__);                                                            \
   } while (0)
 
-static void ip_init(void) {
+IP_RAW static void ip_init(void) {
   const char *v = getenv("GMR_INTERPOSE_LOG");
   ip_log_on = v != NULL && v[0] == '1';
   v = getenv("GMR_INTERPOSE_VMM");
@@ -562,7 +565,7 @@ IP_EXPORT cudaError_x cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 /* ---- dlsym ------------------------------------------------------------------------- */
 
 /* Our function for a name looked up by dlsym, or NULL. */
-static void *ip_dlsym_hook(const char *name) {
+IP_RAW static void *ip_dlsym_hook(const char *name) {
   if (name[0] != 'c' || name[1] != 'u') return NULL;
   static const struct {
     const char *name;
@@ -594,7 +597,7 @@ static void *ip_dlsym_hook(const char *name) {
 /* Called by dlsym: our function when `name` is hooked and `handle` really
  * provides it (so a library without the name still answers NULL), else NULL
  * and the caller passes the lookup to the real dlsym. */
-IP_HIDDEN __attribute__((used)) void *ip_dlsym_lookup(void *handle, const char *name) {
+IP_HIDDEN IP_RAW __attribute__((used)) void *ip_dlsym_lookup(void *handle, const char *name) {
   pthread_once(&ip_init_once, ip_init);
   if (name == NULL || ip_real_dlsym == NULL) return NULL;
   void *mine = ip_dlsym_hook(name);
