@@ -118,7 +118,10 @@ typedef struct ip_driver_s {
 
 static ip_driver_t ip_drv;
 static pthread_once_t ip_drv_once = PTHREAD_ONCE_INIT;
-static pthread_once_t ip_init_once = PTHREAD_ONCE_INIT;
+/* ip_init has run.  ip_init is idempotent (two threads racing write the same
+ * values), and runs without pthread_once: dlsym may be called by a sanitizer
+ * runtime before it can serve pthread calls. */
+static _Atomic bool ip_inited;
 
 /* The loaded segments of an object: [lo, hi). */
 typedef struct ip_range_s {
@@ -158,10 +161,15 @@ IP_RAW static void ip_init(void) {
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
   ip_real_dlsym = d;
+  atomic_store_explicit(&ip_inited, true, memory_order_release);
+}
+
+IP_RAW static inline void ip_init_once(void) {
+  if (!atomic_load_explicit(&ip_inited, memory_order_acquire)) ip_init();
 }
 
 static void ip_drv_load(void) {
-  pthread_once(&ip_init_once, ip_init);
+  ip_init_once();
   ip_driver_t d;
   memset(&d, 0, sizeof d);
   d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -194,7 +202,7 @@ static inline const ip_driver_t *ip_driver(void) {
 static void *ip_runtime_real(_Atomic(void *) *cache, const char *name, const void *caller) {
   void *fn = atomic_load_explicit(cache, memory_order_acquire);
   if (fn != NULL) return fn;
-  pthread_once(&ip_init_once, ip_init);
+  ip_init_once();
   if (ip_real_dlsym == NULL) return NULL;
   fn = ip_real_dlsym(RTLD_NEXT, name);
   if (fn == NULL) {
@@ -229,7 +237,7 @@ static int ip_find_segments(struct dl_phdr_info *info, size_t size, void *ud) {
 }
 
 __attribute__((constructor)) static void ip_constructor(void) {
-  pthread_once(&ip_init_once, ip_init);
+  ip_init_once();
   ip_gmr.probe = (uintptr_t)&gmr_alloc;
   dl_iterate_phdr(ip_find_segments, &ip_gmr);
   ip_self.probe = (uintptr_t)&ip_init;
@@ -598,7 +606,7 @@ IP_RAW static void *ip_dlsym_hook(const char *name) {
  * provides it (so a library without the name still answers NULL), else NULL
  * and the caller passes the lookup to the real dlsym. */
 IP_HIDDEN IP_RAW __attribute__((used)) void *ip_dlsym_lookup(void *handle, const char *name) {
-  pthread_once(&ip_init_once, ip_init);
+  ip_init_once();
   if (name == NULL || ip_real_dlsym == NULL) return NULL;
   void *mine = ip_dlsym_hook(name);
   if (ip_log_on && name[0] == 'c' && name[1] == 'u')
