@@ -22,7 +22,7 @@ int main(void) {
   } good[] = {{"4096", 4096},          {"512B", 512},           {"1KiB", 1024},
               {"512MiB", 512ull << 20}, {"8GiB", 8ull << 30},    {"1.5GiB", 3ull << 29},
               {"2MB", 2000000},         {"143771MiB", 143771ull << 20}, {"0x1000", 4096},
-              {" 4 GiB ", 4ull << 30},  {"20M", 20ull << 20}};
+              {" 4 GiB ", 4ull << 30},  {"20M", 20ull << 20}, {"1EiB", 1ull << 60}};
   for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
     uint64_t v = 0;
     int rc = gmr__parse_size(good[i].text, &v);

@@ -1,0 +1,1457 @@
+/* bfc.c: the `bfc` policy, TensorFlow's best-fit-with-coalescing allocator.
+ *
+ * A faithful C version of tsl::BFCAllocator as TF 2.15-2.16 ships it (the
+ * [TSL-M] reference of docs/bfc.md), wrapped the way GPUBFCAllocator and
+ * XLA's CreateBFCAllocator build it.  Device memory is taken in regions from
+ * the backend: greedy mode takes the whole limit in one region at the first
+ * allocation; growth mode takes a 2 MiB region, then regions that double.
+ * Each region is cut into chunks (multiples of 256 bytes) kept in address
+ * order; free chunks live in 21 bins by size class, each bin an AVL tree
+ * ordered by (size, address), so best fit with the lowest-address tie-break
+ * is one O(log n) descent.  Freed chunks merge with free neighbours at once.
+ *
+ * When a request fits no free chunk: Extend (a new region, backpedalling by
+ * 0.9x while the device refuses, with XLA's strict-progress fix), then
+ * garbage collection of wholly free regions and Extend again, then, when
+ * allowed, a bounded wait for frees by other threads (10 s by default) and a
+ * last attempt that writes TensorFlow's OOM report.
+ *
+ * Invariants (checked by bfc_check):
+ *   for every region R with chunks c_1..c_k (prev/next links):
+ *     c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,  Σ c_i.size = R.size
+ *     no two linked neighbours are both free
+ *   a chunk is free  <=>  it is in bin bfc_bin_for(size), and in no other
+ *   bins[i] is sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
+ *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
+ *   VMM mode: at most one region, at va_base, of va_used bytes
+ *
+ * Synchronization: concurrent.  One mutex (`lock`) guards everything in
+ * bfc_t except the immutable configuration; `freed` is signalled after every
+ * free while an allocation waits for memory, and the wait releases `lock`.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "policy.h"
+
+#define BFC_MIN_ALLOC_BITS   8
+#define BFC_MIN_ALLOC        ((size_t)1 << BFC_MIN_ALLOC_BITS) /* 256 bytes */
+#define BFC_NUM_BINS         21
+#define BFC_MAX_FRAG_DEFAULT ((size_t)128 << 20) /* 128 MiB */
+#define BFC_BACKPEDAL        0.9f                /* float, as TF's kBackpedalFactor */
+#define BFC_MAX_FAILURE_LOGS 10
+#define BFC_INVALID_HANDLE   ((uint64_t)SIZE_MAX) /* printed as 18446744073709551615 */
+#define BFC_SLAB             256                  /* chunk records per host allocation */
+
+/* ---- options ----------------------------------------------------------------- */
+
+enum { BFC_ENV_NONE = 0, BFC_ENV_TENSORFLOW = 1, BFC_ENV_JAX = 2 };
+static const char *const bfc_env_names[] = {"none", "tensorflow", "jax", NULL};
+
+typedef struct bfc_opts_s {
+  bool allow_growth;             /* growth mode (true) or greedy (false) */
+  uint64_t memory_limit;         /* bytes; 0: from a fraction or TF's default rule */
+  double per_process_fraction;   /* TF: fraction of total device memory; 0: unset */
+  double memory_fraction;        /* XLA: fraction of total device memory; 0: unset */
+  bool garbage_collection;       /* free wholly free regions at OOM */
+  bool allow_retry_on_failure;   /* wait for frees before failing */
+  double retry_timeout;          /* seconds to wait for frees */
+  double fragmentation_fraction; /* > 0: split cap = fraction * limit; 0: 128 MiB */
+  bool vmm;                      /* one virtual range, pages mapped as it grows */
+  bool coalesce_regions;         /* merge regions the backend returns contiguously */
+  char *name;                    /* allocator name in messages; NULL: GPU_<dev>_bfc */
+  int environment;               /* BFC_ENV_*: whose environment variables to honour */
+} bfc_opts_t;
+
+/* ---- data model ---------------------------------------------------------------- */
+
+typedef struct bfc_region_s bfc_region_t;
+
+/* One chunk: a piece of a region, wholly in use or wholly free. */
+typedef struct bfc_chunk_s {
+  uintptr_t ptr;                    /* device address */
+  size_t size;                      /* bytes, a multiple of 256 */
+  size_t requested;                 /* bytes the user asked for (kept after free, as TF) */
+  int64_t allocation_id;            /* -1: free; else unique, from 1 */
+  struct bfc_chunk_s *prev, *next;  /* physical neighbours in the region; NULL at its edges */
+  struct bfc_chunk_s *left, *right; /* bin tree children while free; free-list link (left) */
+  bfc_region_t *region;             /* the region holding the chunk */
+  uint32_t handle;                  /* stable number for the dump */
+  int8_t height;                    /* AVL height while binned */
+  int8_t bin;                       /* bin index while free, -1 while in use */
+} bfc_chunk_t;
+
+/* A device range the region was built from (one reserve or one map call). */
+typedef struct bfc_piece_s {
+  void *ptr;   /* device address */
+  size_t size; /* bytes */
+} bfc_piece_t;
+
+struct bfc_region_s {
+  uintptr_t ptr;       /* device address of the first byte */
+  size_t size;         /* bytes = Σ piece sizes */
+  bfc_chunk_t *first;  /* the chunk at ptr */
+  bfc_chunk_t *last;   /* the chunk ending at ptr + size */
+  bfc_piece_t *pieces; /* what to give back to the backend */
+  size_t n_pieces, cap_pieces;
+};
+
+typedef struct bfc_bin_s {
+  bfc_chunk_t *root; /* AVL tree by (size, ptr) */
+  size_t count;      /* free chunks */
+} bfc_bin_t;
+
+typedef struct bfc_slab_s {
+  struct bfc_slab_s *next;
+  bfc_chunk_t chunks[BFC_SLAB];
+} bfc_slab_t;
+
+typedef struct bfc_s {
+  gmr_policy_t base; /* must be first */
+  pthread_mutex_t lock;
+  pthread_cond_t freed; /* signalled after frees while waiters > 0 */
+  int waiters;          /* allocations waiting for frees */
+
+  /* Configuration: immutable after create. */
+  char name[128];                /* "GPU_0_bfc" */
+  uint64_t limit;                /* memory_limit_, bytes */
+  size_t max_frag;               /* split when the waste would be at least this, bytes */
+  bool gc, retry, coalesce, vmm; /* garbage_collection, allow_retry, coalescing, VMM */
+  uint64_t retry_ns;             /* wait for frees, nanoseconds */
+  uintptr_t va_base;             /* VMM: the reserved virtual range */
+  size_t va_size;                /* VMM: bytes of it */
+
+  /* State (under lock). */
+  size_t va_used;           /* VMM: bytes mapped from va_base */
+  size_t curr_region_bytes; /* next region's target size, bytes */
+  bfc_region_t **regions;   /* sorted by address */
+  size_t n_regions, cap_regions;
+  bfc_bin_t bins[BFC_NUM_BINS];
+  uint32_t nonempty;       /* bit i: bins[i].count > 0 */
+  bfc_chunk_t *chunk_pool; /* recycled records, linked by left */
+  bfc_slab_t *slabs;
+  uint32_t n_handles; /* records handed out by slabs so far */
+  int64_t next_allocation_id;
+  size_t free_chunks; /* chunks in bins */
+
+  /* Statistics (under lock). */
+  int64_t num_allocs;   /* since creation or reset_accumulated */
+  int64_t bytes_in_use; /* Σ in-use chunk sizes */
+  int64_t peak_bytes_in_use;
+  int64_t largest_alloc_size; /* largest chunk handed out since the last reset_peak */
+  int64_t pool_bytes;         /* Σ region sizes */
+  int64_t peak_pool_bytes;
+  gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
+  gmr_stat_t allocations; /* in-use chunks */
+  uint64_t num_frees, ooms, retries;
+  bool gc_to_log; /* a garbage collection happened; log it outside the lock */
+} bfc_t;
+
+static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
+
+static inline size_t bfc_rounded(size_t n) {
+  return (n + BFC_MIN_ALLOC - 1) / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
+}
+static inline int bfc_bin_for(size_t size) {
+  size_t v = size >> BFC_MIN_ALLOC_BITS;
+  int b = v ? 63 - __builtin_clzll((unsigned long long)v) : 0;
+  return b < BFC_NUM_BINS - 1 ? b : BFC_NUM_BINS - 1;
+}
+static inline size_t bfc_bin_size(int b) {
+  return BFC_MIN_ALLOC << b;
+}
+
+/* HumanReadableNumBytes of tsl/platform/numbers.cc: "512B", "3.0KiB", "34.10MiB". */
+static void bfc_hr(int64_t n, char *buf, size_t len) {
+  if (n == INT64_MIN) {
+    snprintf(buf, len, "-8E");
+    return;
+  }
+  const char *neg = n < 0 ? "-" : "";
+  if (n < 0) n = -n;
+  if (n < 1024) {
+    snprintf(buf, len, "%s%lldB", neg, (long long)n);
+    return;
+  }
+  static const char units[] = "KMGTPE";
+  int u = 0;
+  while (n >= (int64_t)1024 * 1024) {
+    n /= 1024;
+    ++u;
+  }
+  snprintf(buf, len, u == 0 ? "%s%.1f%ciB" : "%s%.2f%ciB", neg, (double)n / 1024.0, units[u]);
+}
+
+/* ---- chunk records ------------------------------------------------------------- */
+
+static int bfc_slab_grow(bfc_t *b) {
+  bfc_slab_t *s = gmr__malloc(sizeof *s);
+  if (s == NULL)
+    return gmr__error_set(GMR_ENOMEM, "%s: out of host memory for chunk records", b->name);
+  s->next = b->slabs;
+  b->slabs = s;
+  for (int i = BFC_SLAB - 1; i >= 0; --i) {
+    s->chunks[i].handle = b->n_handles + (uint32_t)i;
+    s->chunks[i].left = b->chunk_pool;
+    b->chunk_pool = &s->chunks[i];
+  }
+  b->n_handles += BFC_SLAB;
+  return 0;
+}
+
+/* A fresh free, unbinned record; NULL when the host is out of memory. */
+static bfc_chunk_t *bfc_chunk_get(bfc_t *b) {
+  if (b->chunk_pool == NULL && bfc_slab_grow(b) != 0) return NULL;
+  bfc_chunk_t *c = b->chunk_pool;
+  b->chunk_pool = c->left;
+  uint32_t h = c->handle;
+  memset(c, 0, sizeof *c);
+  c->handle = h;
+  c->allocation_id = -1;
+  c->bin = -1;
+  return c;
+}
+
+static void bfc_chunk_put(bfc_t *b, bfc_chunk_t *c) {
+  c->allocation_id = -1;
+  c->bin = -1;
+  c->left = b->chunk_pool;
+  b->chunk_pool = c;
+}
+
+/* ---- bins: AVL trees ordered by (size, ptr) --------------------------------------- */
+
+static inline int avl_h(const bfc_chunk_t *n) {
+  return n ? n->height : 0;
+}
+static inline bool bfc_less(const bfc_chunk_t *a, const bfc_chunk_t *b) {
+  return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
+}
+static inline void avl_update(bfc_chunk_t *n) {
+  int l = avl_h(n->left), r = avl_h(n->right);
+  n->height = (int8_t)(1 + (l > r ? l : r));
+}
+static bfc_chunk_t *avl_rot_right(bfc_chunk_t *n) {
+  bfc_chunk_t *l = n->left;
+  n->left = l->right;
+  l->right = n;
+  avl_update(n);
+  avl_update(l);
+  return l;
+}
+static bfc_chunk_t *avl_rot_left(bfc_chunk_t *n) {
+  bfc_chunk_t *r = n->right;
+  n->right = r->left;
+  r->left = n;
+  avl_update(n);
+  avl_update(r);
+  return r;
+}
+static bfc_chunk_t *avl_balance(bfc_chunk_t *n) {
+  avl_update(n);
+  int bf = avl_h(n->left) - avl_h(n->right);
+  if (bf > 1) {
+    if (avl_h(n->left->left) < avl_h(n->left->right)) n->left = avl_rot_left(n->left);
+    return avl_rot_right(n);
+  }
+  if (bf < -1) {
+    if (avl_h(n->right->right) < avl_h(n->right->left)) n->right = avl_rot_right(n->right);
+    return avl_rot_left(n);
+  }
+  return n;
+}
+static bfc_chunk_t *avl_insert(bfc_chunk_t *root, bfc_chunk_t *c) {
+  if (root == NULL) {
+    c->left = c->right = NULL;
+    c->height = 1;
+    return c;
+  }
+  if (bfc_less(c, root))
+    root->left = avl_insert(root->left, c);
+  else
+    root->right = avl_insert(root->right, c);
+  return avl_balance(root);
+}
+static bfc_chunk_t *avl_remove_min(bfc_chunk_t *n, bfc_chunk_t **min) {
+  if (n->left == NULL) {
+    *min = n;
+    return n->right;
+  }
+  n->left = avl_remove_min(n->left, min);
+  return avl_balance(n);
+}
+static bfc_chunk_t *avl_remove(bfc_chunk_t *n, const bfc_chunk_t *c) {
+  if (n == NULL) return NULL;
+  if (n == c) {
+    if (n->left == NULL) return n->right;
+    if (n->right == NULL) return n->left;
+    bfc_chunk_t *m;
+    bfc_chunk_t *r = avl_remove_min(n->right, &m);
+    m->left = n->left;
+    m->right = r;
+    return avl_balance(m);
+  }
+  if (bfc_less(c, n))
+    n->left = avl_remove(n->left, c);
+  else
+    n->right = avl_remove(n->right, c);
+  return avl_balance(n);
+}
+/* The first chunk in (size, ptr) order with size >= `size`. */
+static bfc_chunk_t *avl_lower_bound(bfc_chunk_t *n, size_t size) {
+  bfc_chunk_t *best = NULL;
+  while (n != NULL) {
+    if (n->size >= size) {
+      best = n;
+      n = n->left;
+    } else {
+      n = n->right;
+    }
+  }
+  return best;
+}
+static bfc_chunk_t *avl_min(bfc_chunk_t *n) {
+  while (n && n->left)
+    n = n->left;
+  return n;
+}
+static bfc_chunk_t *avl_max(bfc_chunk_t *n) {
+  while (n && n->right)
+    n = n->right;
+  return n;
+}
+
+static void bfc_bin_insert(bfc_t *b, bfc_chunk_t *c) {
+  gmr_assert_internal(c->allocation_id == -1 && c->bin == -1);
+  int i = bfc_bin_for(c->size);
+  c->bin = (int8_t)i;
+  b->bins[i].root = avl_insert(b->bins[i].root, c);
+  ++b->bins[i].count;
+  ++b->free_chunks;
+  b->nonempty |= 1u << i;
+}
+
+static void bfc_bin_remove(bfc_t *b, bfc_chunk_t *c) {
+  int i = c->bin;
+  gmr_assert_internal(i >= 0 && i < BFC_NUM_BINS && b->bins[i].count > 0);
+  b->bins[i].root = avl_remove(b->bins[i].root, c);
+  if (--b->bins[i].count == 0) b->nonempty &= ~(1u << i);
+  --b->free_chunks;
+  c->bin = -1;
+}
+
+/* Best fit: the smallest free chunk of at least `rounded` bytes, lowest
+ * address among equals, as TF's scan of bins from BinNumForSize upward. */
+static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
+  int i = bfc_bin_for(rounded);
+  bfc_chunk_t *c = avl_lower_bound(b->bins[i].root, rounded);
+  if (c != NULL) return c;
+  uint32_t higher = b->nonempty & ~((2u << i) - 1);
+  return higher ? avl_min(b->bins[__builtin_ctz(higher)].root) : NULL;
+}
+
+static size_t bfc_largest_free(const bfc_t *b) {
+  if (b->nonempty == 0) return 0;
+  int i = 31 - __builtin_clz(b->nonempty);
+  return avl_max(b->bins[i].root)->size;
+}
+
+/* ---- chunks: split and merge ------------------------------------------------------ */
+
+/* Cut `c` (free, unbinned) at `size`; the remainder, in the fresh record
+ * `n`, goes to a bin. */
+static void bfc_split(bfc_t *b, bfc_chunk_t *c, size_t size, bfc_chunk_t *n) {
+  n->ptr = c->ptr + size;
+  n->size = c->size - size;
+  n->region = c->region;
+  n->prev = c;
+  n->next = c->next;
+  if (c->next) c->next->prev = n;
+  c->next = n;
+  c->size = size;
+  if (c->region->last == c) c->region->last = n;
+  bfc_bin_insert(b, n);
+}
+
+/* Absorb `n` (= a->next, both free, unbinned) into `a`. */
+static void bfc_merge(bfc_t *b, bfc_chunk_t *a, bfc_chunk_t *n) {
+  gmr_assert_internal(a->next == n && n->prev == a);
+  a->size += n->size;
+  a->next = n->next;
+  if (n->next) n->next->prev = a;
+  if (a->region->last == n) a->region->last = a;
+  bfc_chunk_put(b, n);
+}
+
+/* TryToCoalesce: absorb a free right neighbour, then be absorbed by a free
+ * left one.  Returns the surviving chunk (unbinned). */
+static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
+  bfc_chunk_t *n = c->next;
+  if (n != NULL && n->allocation_id == -1) {
+    bfc_bin_remove(b, n);
+    bfc_merge(b, c, n);
+  }
+  bfc_chunk_t *p = c->prev;
+  if (p != NULL && p->allocation_id == -1) {
+    bfc_bin_remove(b, p);
+    bfc_merge(b, p, c);
+    c = p;
+  }
+  return c;
+}
+
+/* FindChunkPtr.  Should the host refuse a record for the remainder of a
+ * split, the whole chunk is handed out (never observed in practice). */
+static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
+  bfc_chunk_t *c = bfc_best_fit(b, rounded);
+  if (c == NULL) return NULL;
+  bfc_bin_remove(b, c);
+  if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
+    bfc_chunk_t *rest = bfc_chunk_get(b);
+    if (rest != NULL) bfc_split(b, c, rounded, rest);
+  }
+  c->requested = num_bytes;
+  c->allocation_id = b->next_allocation_id++;
+  ++b->num_allocs;
+  b->bytes_in_use += (int64_t)c->size;
+  if (b->bytes_in_use > b->peak_bytes_in_use) b->peak_bytes_in_use = b->bytes_in_use;
+  if ((int64_t)c->size > b->largest_alloc_size) b->largest_alloc_size = (int64_t)c->size;
+  gmr__stat_increase(&b->requested, (int64_t)num_bytes);
+  gmr__stat_increase(&b->allocations, 1);
+  return c;
+}
+
+/* ---- regions ------------------------------------------------------------------------ */
+
+/* Index of the first region with ptr >= p. */
+static size_t bfc_region_lower(const bfc_t *b, uintptr_t p) {
+  size_t lo = 0, hi = b->n_regions;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (b->regions[mid]->ptr < p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static int bfc_piece_add(bfc_region_t *r, void *ptr, size_t size) {
+  if (r->n_pieces == r->cap_pieces) {
+    size_t cap = r->cap_pieces ? r->cap_pieces * 2 : 4;
+    bfc_piece_t *p = gmr__realloc(r->pieces, cap * sizeof *p);
+    if (p == NULL) return GMR_ENOMEM;
+    r->pieces = p;
+    r->cap_pieces = cap;
+  }
+  r->pieces[r->n_pieces++] = (bfc_piece_t){ptr, size};
+  return 0;
+}
+
+/* Give a device range back to the backend (one reserve or one map). */
+static void bfc_sub_free(bfc_t *b, void *ptr, size_t size) {
+  int err = b->vmm ? gmr__backend_unmap(b->base.backend, ptr, size)
+                   : gmr__backend_release(b->base.backend, ptr, size);
+  if (err != 0)
+    gmr__log(GMR_LOG_ERROR, "%s: the device refused to take back %zu bytes at %p: %s", b->name,
+             size, ptr, gmr__error_last());
+}
+
+/* SubAllocator::Alloc: 0, GMR_ENOMEM (refused), or another device error. */
+static int bfc_sub_alloc(bfc_t *b, size_t bytes, void **out, size_t *received) {
+  if (!b->vmm) {
+    int err = gmr__backend_reserve(b->base.backend, bytes, out);
+    if (err == 0) *received = bytes;
+    return err;
+  }
+  size_t padded = gmr__align_up(bytes, b->base.backend->granularity);
+  if (padded > b->va_size - b->va_used)
+    return gmr__error_set(GMR_ENOMEM,
+                          "%s: OOM in the virtual memory range (%zu of %zu bytes "
+                          "mapped, %zu more asked)",
+                          b->name, b->va_used, b->va_size, padded);
+  void *at = (void *)(b->va_base + b->va_used);
+  int err = gmr__backend_map(b->base.backend, at, padded);
+  if (err != 0) return err;
+  b->va_used += padded;
+  *out = at;
+  *received = padded;
+  return 0;
+}
+
+/* Record a new device range as a region, or as the tail of the region that
+ * ends where it starts (coalescing backends).  Its free chunk is binned. */
+static int bfc_region_add(bfc_t *b, void *mem, size_t size) {
+  uintptr_t p = (uintptr_t)mem;
+  bfc_chunk_t *c = bfc_chunk_get(b);
+  if (c == NULL) return GMR_ENOMEM;
+  c->ptr = p;
+  c->size = size;
+  size_t i = bfc_region_lower(b, p);
+  bfc_region_t *prev = i > 0 ? b->regions[i - 1] : NULL;
+  if (b->coalesce && prev != NULL && prev->ptr + prev->size == p) {
+    if (bfc_piece_add(prev, mem, size) != 0) goto fail_chunk;
+    prev->size += size;
+    c->region = prev;
+    c->prev = prev->last;
+    prev->last->next = c;
+    prev->last = c;
+    bfc_bin_insert(b, bfc_coalesce(b, c));
+    return 0;
+  }
+  if (b->n_regions == b->cap_regions) {
+    size_t cap = b->cap_regions ? b->cap_regions * 2 : 8;
+    bfc_region_t **v = gmr__realloc(b->regions, cap * sizeof *v);
+    if (v == NULL) goto fail_chunk;
+    b->regions = v;
+    b->cap_regions = cap;
+  }
+  bfc_region_t *r = gmr__calloc(1, sizeof *r);
+  if (r == NULL) goto fail_chunk;
+  if (bfc_piece_add(r, mem, size) != 0) {
+    gmr__free(r);
+    goto fail_chunk;
+  }
+  r->ptr = p;
+  r->size = size;
+  r->first = r->last = c;
+  c->region = r;
+  memmove(&b->regions[i + 1], &b->regions[i], (b->n_regions - i) * sizeof *b->regions);
+  b->regions[i] = r;
+  ++b->n_regions;
+  bfc_bin_insert(b, c);
+  return 0;
+fail_chunk:
+  bfc_chunk_put(b, c);
+  return GMR_ENOMEM;
+}
+
+/* Doubling that saturates instead of wrapping to 0 (limits near 2^63). */
+static inline size_t bfc_double(size_t n) {
+  return n > SIZE_MAX / 2 ? SIZE_MAX : n * 2;
+}
+
+/* Extend: one more region of at least `rounded` bytes.  0 on success;
+ * GMR_ENOMEM when the limit or the device says no; another code when the
+ * device failed otherwise. */
+static int bfc_extend(bfc_t *b, size_t rounded) {
+  uint64_t avail = b->limit > (uint64_t)b->pool_bytes ? b->limit - (uint64_t)b->pool_bytes : 0;
+  avail = avail / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
+  if (rounded > avail) return GMR_ENOMEM;
+  bool increased = false;
+  while (rounded > b->curr_region_bytes) {
+    b->curr_region_bytes = bfc_double(b->curr_region_bytes);
+    increased = true;
+  }
+  size_t bytes = b->curr_region_bytes < avail ? b->curr_region_bytes : (size_t)avail;
+  void *mem = NULL;
+  size_t received = 0;
+  int err = bfc_sub_alloc(b, bytes, &mem, &received);
+  while (err == GMR_ENOMEM) {
+    /* Backpedal by 0.9 (float, as TF), with XLA's strict-progress fix. */
+    size_t next = bfc_rounded((size_t)((float)bytes * BFC_BACKPEDAL));
+    if (next >= bytes) next = bytes - BFC_MIN_ALLOC;
+    bytes = next;
+    if (bytes < rounded) return GMR_ENOMEM;
+    err = bfc_sub_alloc(b, bytes, &mem, &received);
+  }
+  if (err != 0) return err;
+  if (!increased) b->curr_region_bytes = bfc_double(b->curr_region_bytes);
+  if (bfc_region_add(b, mem, received) != 0) {
+    if (b->vmm) b->va_used -= received;
+    bfc_sub_free(b, mem, received);
+    return gmr__error_set(GMR_ENOMEM, "%s: out of host memory for a region", b->name);
+  }
+  b->pool_bytes += (int64_t)received;
+  if (b->pool_bytes > b->peak_pool_bytes) b->peak_pool_bytes = b->pool_bytes;
+  return 0;
+}
+
+static inline bool bfc_region_free(const bfc_region_t *r) {
+  return r->first->allocation_id == -1 && r->first->size == r->size;
+}
+
+static void bfc_region_release(bfc_t *b, size_t i) {
+  bfc_region_t *r = b->regions[i];
+  bfc_bin_remove(b, r->first);
+  bfc_chunk_put(b, r->first);
+  for (size_t k = r->n_pieces; k-- > 0;)
+    bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
+  if (b->vmm && r->ptr + r->size == b->va_base + b->va_used) b->va_used = r->ptr - b->va_base;
+  b->pool_bytes -= (int64_t)r->size;
+  memmove(&b->regions[i], &b->regions[i + 1], (b->n_regions - i - 1) * sizeof *b->regions);
+  --b->n_regions;
+  gmr__free(r->pieces);
+  gmr__free(r);
+}
+
+/* DeallocateFreeRegions.  `force` (empty_cache) skips the option and the
+ * rough estimate.  Returns true when some region was given back. */
+static bool bfc_free_regions(bfc_t *b, size_t rounded, bool force) {
+  if (!force && !b->gc) return false;
+  uint64_t total_free = 0;
+  for (size_t i = 0; i < b->n_regions; ++i)
+    if (bfc_region_free(b->regions[i])) total_free += b->regions[i]->size;
+  if (total_free == 0) return false;
+  if (!force && (int64_t)rounded > (int64_t)b->limit - b->pool_bytes + (int64_t)total_free)
+    return false;
+  if (!force) b->gc_to_log = true; /* logged once the lock is released */
+  for (size_t i = b->n_regions; i-- > 0;)
+    if (bfc_region_free(b->regions[i])) bfc_region_release(b, i);
+  return true;
+}
+
+/* AllocateRawInternal without the report.  NULL with *err = 0 when nothing
+ * fits; *err < 0 when the device or the host failed. */
+static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err) {
+  *err = 0;
+  bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
+  if (c != NULL) return c;
+  int e = bfc_extend(b, rounded);
+  if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
+  if (e != GMR_ENOMEM) return (*err = e), NULL;
+  if (!bfc_free_regions(b, rounded, false)) return NULL;
+  ++b->retries;
+  e = bfc_extend(b, rounded);
+  if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
+  if (e != GMR_ENOMEM) *err = e;
+  return NULL;
+}
+
+/* ---- the OOM report (AllocateRawInternal's banner, DumpMemoryLog, RenderOccupancy) -- */
+
+typedef struct bfc_bin_info_s {
+  uint64_t bytes_in_bin, bytes_in_use, requested_in_use;
+  uint64_t chunks_in_bin, chunks_in_use;
+} bfc_bin_info_t;
+
+static void bfc_bin_infos(const bfc_t *b, bfc_bin_info_t info[BFC_NUM_BINS]) {
+  memset(info, 0, sizeof(bfc_bin_info_t) * BFC_NUM_BINS);
+  for (size_t i = 0; i < b->n_regions; ++i)
+    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
+      bfc_bin_info_t *bi = &info[bfc_bin_for(c->size)];
+      bi->bytes_in_bin += c->size;
+      ++bi->chunks_in_bin;
+      if (c->allocation_id != -1) {
+        bi->bytes_in_use += c->size;
+        bi->requested_in_use += c->requested;
+        ++bi->chunks_in_use;
+      }
+    }
+}
+
+static void bfc_chunk_debug(gmr_strbuf_t *sb, const bfc_chunk_t *c, bool recurse) {
+  char s[32], r[32];
+  bfc_hr((int64_t)c->size, s, sizeof s);
+  bfc_hr((int64_t)c->requested, r, sizeof r);
+  gmr__sb_printf(sb, "  Size: %s | Requested Size: %s | in_use: %d | bin_num: %d", s, r,
+                 c->allocation_id != -1, c->bin);
+  if (recurse && c->prev) {
+    gmr__sb_puts(sb, ", prev: ");
+    bfc_chunk_debug(sb, c->prev, false);
+  }
+  if (recurse && c->next) {
+    gmr__sb_puts(sb, ", next: ");
+    bfc_chunk_debug(sb, c->next, false);
+  }
+}
+
+static void bfc_inorder_debug(gmr_strbuf_t *sb, const bfc_chunk_t *n) {
+  if (n == NULL) return;
+  bfc_inorder_debug(sb, n->left);
+  bfc_chunk_debug(sb, n, true);
+  gmr__sb_puts(sb, "\n");
+  bfc_inorder_debug(sb, n->right);
+}
+
+static int bfc_cmp_size(const void *x, const void *y) {
+  size_t a = *(const size_t *)x, c = *(const size_t *)y;
+  return a < c ? -1 : a > c;
+}
+
+static void bfc_render_range(char *out, uint64_t total, uint64_t offset, uint64_t size, char ch) {
+  uint64_t start = offset * 100 / total, end = (offset + size - 1) * 100 / total;
+  for (uint64_t i = start; i <= end && i < 100; ++i)
+    out[i] = ch;
+}
+
+/* RenderOccupancy: 100 characters, '_' free, '*' requested, 'x' waste. */
+static void bfc_render(const bfc_t *b, gmr_strbuf_t *sb) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < b->n_regions; ++i)
+    total += b->regions[i]->size;
+  if (total == 0) {
+    gmr__sb_puts(sb, "<allocator contains no memory>");
+    return;
+  }
+  char map[101];
+  memset(map, '_', 100);
+  map[100] = '\0';
+  uint64_t offset = 0;
+  for (size_t i = 0; i < b->n_regions; ++i) {
+    const bfc_region_t *r = b->regions[i];
+    for (const bfc_chunk_t *c = r->first; c; c = c->next) {
+      if (c->allocation_id == -1) continue;
+      uint64_t at = offset + (c->ptr - r->ptr);
+      if (c->size > c->requested)
+        bfc_render_range(map, total, at + c->requested, c->size - c->requested, 'x');
+      if (c->requested > 0) bfc_render_range(map, total, at, c->requested, '*');
+    }
+    offset += r->size;
+  }
+  gmr__sb_puts(sb, map);
+}
+
+/* DumpMemoryLog(rounded) into `sb`, one LOG line per text line; `rounded`
+ * 0 leaves out the "Bin for" section (gmr_summary). */
+static void bfc_dump(const bfc_t *b, size_t rounded, gmr_strbuf_t *sb) {
+  bfc_bin_info_t info[BFC_NUM_BINS];
+  bfc_bin_infos(b, info);
+  char h1[32], h2[32], h3[32];
+  gmr__sb_printf(sb, "BFCAllocator dump for %s\n", b->name);
+  for (int i = 0; i < BFC_NUM_BINS; ++i) {
+    bfc_hr((int64_t)info[i].bytes_in_bin, h1, sizeof h1);
+    bfc_hr((int64_t)info[i].bytes_in_use, h2, sizeof h2);
+    bfc_hr((int64_t)info[i].requested_in_use, h3, sizeof h3);
+    gmr__sb_printf(sb,
+                   "Bin (%zu): \tTotal Chunks: %llu, Chunks in use: %llu. %s allocated for "
+                   "chunks. %s in use in bin. %s client-requested in use in bin.\n",
+                   bfc_bin_size(i), (unsigned long long)info[i].chunks_in_bin,
+                   (unsigned long long)info[i].chunks_in_use, h1, h2, h3);
+  }
+  if (rounded > 0) { /* 0: a summary, not a failed request */
+    int want = bfc_bin_for(rounded);
+    bfc_hr((int64_t)rounded, h1, sizeof h1);
+    bfc_hr((int64_t)bfc_bin_size(want), h2, sizeof h2);
+    gmr__sb_printf(sb, "Bin for %s was %s, Chunk State: \n", h1, h2);
+    bfc_inorder_debug(sb, b->bins[want].root);
+  }
+  size_t n_in_use = (size_t)b->allocations.current, k = 0;
+  size_t *sizes = gmr__malloc((n_in_use ? n_in_use : 1) * sizeof *sizes);
+  for (size_t i = 0; i < b->n_regions; ++i) {
+    gmr__sb_printf(sb, "Next region of size %zu\n", b->regions[i]->size);
+    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
+      bool used = c->allocation_id != -1;
+      if (used && sizes && k < n_in_use) sizes[k++] = c->size;
+      gmr__sb_printf(sb, "%s at %llx of size %zu next %llu\n", used ? "InUse" : "Free ",
+                     (unsigned long long)c->ptr, c->size,
+                     (unsigned long long)(c->next ? c->next->handle : BFC_INVALID_HANDLE));
+    }
+  }
+  gmr__sb_puts(sb, "     Summary of in-use Chunks by size: \n");
+  uint64_t total = 0;
+  if (sizes != NULL) {
+    qsort(sizes, k, sizeof *sizes, bfc_cmp_size);
+    for (size_t i = 0; i < k;) {
+      size_t j = i;
+      while (j < k && sizes[j] == sizes[i])
+        ++j;
+      bfc_hr((int64_t)(sizes[i] * (j - i)), h1, sizeof h1);
+      gmr__sb_printf(sb, "%zu Chunks of size %zu totalling %s\n", j - i, sizes[i], h1);
+      total += sizes[i] * (j - i);
+      i = j;
+    }
+    gmr__free(sizes);
+  }
+  bfc_hr((int64_t)total, h1, sizeof h1);
+  gmr__sb_printf(sb, "Sum Total of in-use chunks: %s\n", h1);
+  gmr__sb_printf(sb,
+                 "Total bytes in pool: %lld memory_limit_: %llu available bytes: %lld "
+                 "curr_region_allocation_bytes_: %zu\n",
+                 (long long)b->pool_bytes, (unsigned long long)b->limit,
+                 (long long)((int64_t)b->limit - b->pool_bytes), b->curr_region_bytes);
+  /* tsl::AllocatorStats::DebugString (raw integers, as tsl prints them). */
+  gmr__sb_printf(sb,
+                 "Stats: \nLimit:            %20lld\nInUse:            %20lld\n"
+                 "MaxInUse:         %20lld\nNumAllocs:        %20lld\n"
+                 "MaxAllocSize:     %20lld\nReserved:         %20lld\n"
+                 "PeakReserved:     %20lld\nLargestFreeBlock: %20lld\n\n",
+                 (long long)b->limit, (long long)b->bytes_in_use, (long long)b->peak_bytes_in_use,
+                 (long long)b->num_allocs, (long long)b->largest_alloc_size, 0LL, 0LL,
+                 (long long)bfc_largest_free(b));
+}
+
+/* The full OOM text: banner, dump, occupancy map.  Sets the thread's error. */
+static int bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded) {
+  gmr_strbuf_t sb = {0};
+  char h[32];
+  bfc_hr((int64_t)num_bytes, h, sizeof h);
+  gmr__sb_printf(&sb,
+                 "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu)"
+                 "requested by op \n"
+                 "If the cause is memory fragmentation maybe the environment variable "
+                 "'TF_GPU_ALLOCATOR=cuda_malloc_async' will improve the situation. \n"
+                 "Current allocation summary follows.\n"
+                 "Current allocation summary follows.\n",
+                 b->name, h, rounded);
+  bfc_dump(b, rounded, &sb);
+  bfc_render(b, &sb);
+  int err = sb.failed ? gmr__error_set(GMR_ENOMEM,
+                                       "Allocator (%s) ran out of memory trying to allocate %s "
+                                       "(rounded to %zu) (the full report did not fit in host "
+                                       "memory)",
+                                       b->name, h, rounded)
+                      : gmr__error_set_text(GMR_ENOMEM, gmr__sb_str(&sb));
+  gmr__sb_free(&sb);
+  return err;
+}
+
+static int bfc_check_locked(bfc_t *b);
+
+/* ---- policy ops ----------------------------------------------------------------------- */
+
+static uint64_t bfc_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+  bfc_t *b = (bfc_t *)self;
+  (void)s;
+  size_t rounded = bfc_rounded(size);
+  pthread_mutex_lock(&b->lock);
+  int err = 0;
+  bfc_chunk_t *c = bfc_try(b, size, rounded, &err);
+  if (c == NULL && err == 0 && b->retry) {
+    /* AllocatorRetry: wait for frees until the deadline, then a last try. */
+    ++b->retries;
+    uint64_t deadline = bfc_now_ns() + b->retry_ns;
+    for (;;) {
+      uint64_t now = bfc_now_ns();
+      if (now >= deadline) {
+        c = bfc_try(b, size, rounded, &err);
+        break;
+      }
+      struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
+      ++b->waiters;
+      pthread_cond_timedwait(&b->freed, &b->lock, &ts);
+      --b->waiters;
+      c = bfc_try(b, size, rounded, &err);
+      if (c != NULL || err != 0) break;
+    }
+  }
+  /* What to log, decided under the lock and written after it (a log
+   * callback may call back into the runtime). */
+  bool log_gc = b->gc_to_log, log_fail = false;
+  b->gc_to_log = false;
+  if (c == NULL && err == 0) {
+    ++b->ooms;
+    err = bfc_oom(b, size, rounded);
+    log_fail = b->retry || atomic_fetch_add(&bfc_failure_logs, 1) < BFC_MAX_FAILURE_LOGS;
+  }
+  if (c != NULL) {
+    *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+    gmr_assert_expensive(bfc_check_locked(b) == 0);
+  }
+  pthread_mutex_unlock(&b->lock);
+  if (log_gc)
+    gmr__log(GMR_LOG_WARN,
+             "Garbage collection: deallocate free memory regions (i.e., allocations) so that we "
+             "can re-allocate a larger region to avoid OOM due to memory fragmentation. If you "
+             "see this message frequently, you are running near the threshold of the available "
+             "device memory and re-allocation may incur great performance overhead. You may try "
+             "smaller batch sizes to observe the performance impact. Set "
+             "TF_ENABLE_GPU_GARBAGE_COLLECTION=false if you'd like to disable this feature.");
+  if (log_fail) {
+    char h[32];
+    bfc_hr((int64_t)size, h, sizeof h);
+    if (b->retry)
+      gmr__log(GMR_LOG_WARN,
+               "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
+               "waiting %.3f s for memory to be freed",
+               b->name, h, rounded, (double)b->retry_ns / 1e9);
+    else
+      gmr__log(GMR_LOG_WARN,
+               "Allocator (%s) ran out of memory trying to allocate %s with freed_by_count=0.",
+               b->name, h);
+  }
+  return c != NULL ? 0 : err;
+}
+
+static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_chunk_t *c = blk->handle;
+  pthread_mutex_lock(&b->lock);
+  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->ptr != (uintptr_t)blk->ptr)) {
+    pthread_mutex_unlock(&b->lock);
+    return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
+                          blk->ptr);
+  }
+  c->allocation_id = -1;
+  b->bytes_in_use -= (int64_t)c->size;
+  gmr__stat_decrease(&b->requested, (int64_t)c->requested);
+  gmr__stat_decrease(&b->allocations, 1);
+  ++b->num_frees;
+  bfc_bin_insert(b, bfc_coalesce(b, c));
+  if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+  gmr_assert_expensive(bfc_check_locked(b) == 0);
+  pthread_mutex_unlock(&b->lock);
+  return 0;
+}
+
+static int bfc_trim(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  bfc_free_regions(b, 0, true);
+  pthread_mutex_unlock(&b->lock);
+  return 0;
+}
+
+static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  st->allocated_bytes = st->active_bytes = (uint64_t)b->bytes_in_use;
+  st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
+  st->requested_bytes = (uint64_t)b->requested.current;
+  st->peak_requested_bytes = (uint64_t)b->requested.peak;
+  st->allocations = (uint64_t)b->allocations.current;
+  st->peak_allocations = (uint64_t)b->allocations.peak;
+  st->num_allocs = (uint64_t)b->num_allocs;
+  st->num_frees = b->num_frees;
+  st->ooms = b->ooms;
+  st->alloc_retries = b->retries;
+  st->largest_free_block = bfc_largest_free(b);
+  st->limit_bytes = b->limit;
+  pthread_mutex_unlock(&b->lock);
+}
+
+/* ClearStats() is reset_peak + reset_accumulated. */
+static void bfc_reset_peak(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  b->peak_bytes_in_use = b->bytes_in_use;
+  b->largest_alloc_size = 0;
+  b->peak_pool_bytes = b->pool_bytes;
+  gmr__stat_reset_peak(&b->requested);
+  gmr__stat_reset_peak(&b->allocations);
+  pthread_mutex_unlock(&b->lock);
+}
+
+static void bfc_reset_accumulated(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  b->num_allocs = 0;
+  b->num_frees = b->ooms = b->retries = 0;
+  gmr__stat_reset_accumulated(&b->requested);
+  gmr__stat_reset_accumulated(&b->allocations);
+  pthread_mutex_unlock(&b->lock);
+}
+
+enum { BFC_N_KEYS = 16 };
+typedef struct bfc_kv_s {
+  const char *key;
+  int64_t value;
+} bfc_kv_t;
+
+static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_kv_t kv[BFC_N_KEYS];
+  int n = 0;
+  pthread_mutex_lock(&b->lock);
+  int64_t largest = (int64_t)bfc_largest_free(b), free_b = b->pool_bytes - b->bytes_in_use;
+#define KV(k, v) kv[n++] = (bfc_kv_t){k, (int64_t)(v)}
+  KV("num_allocs", b->num_allocs);
+  KV("bytes_in_use", b->bytes_in_use);
+  KV("peak_bytes_in_use", b->peak_bytes_in_use);
+  KV("largest_alloc_size", b->largest_alloc_size);
+  KV("bytes_limit", b->limit);
+  KV("bytes_reserved", 0);
+  KV("peak_bytes_reserved", 0);
+  KV("largest_free_block_bytes", largest);
+  KV("pool_bytes", b->pool_bytes);
+  KV("peak_pool_bytes", b->peak_pool_bytes);
+  /* GetFragmentation() in parts per million; 0 when nothing is free. */
+  KV("fragmentation_metric_ppm",
+     free_b > 0 ? llround(1e6 * (double)(free_b - largest) / (double)free_b) : 0);
+  KV("curr_region_allocation_bytes", b->curr_region_bytes);
+  KV("regions", b->n_regions);
+  KV("free_chunks", b->free_chunks);
+  KV("num_frees", b->num_frees);
+  KV("ooms", b->ooms);
+#undef KV
+  pthread_mutex_unlock(&b->lock);
+  for (int i = 0; i < n; ++i)
+    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
+  return 0;
+}
+
+static int bfc_summary(gmr_policy_t *self, FILE *out) {
+  bfc_t *b = (bfc_t *)self;
+  gmr_strbuf_t sb = {0};
+  pthread_mutex_lock(&b->lock);
+  bfc_dump(b, 0, &sb);
+  bfc_render(b, &sb);
+  pthread_mutex_unlock(&b->lock);
+  fprintf(out, "%s\n", gmr__sb_str(&sb));
+  gmr__sb_free(&sb);
+  return ferror(out) ? GMR_EIO : 0;
+}
+
+static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  int stop = 0;
+  for (size_t i = 0; i < b->n_regions && !stop; ++i) {
+    const bfc_region_t *r = b->regions[i];
+    gmr_walk_entry_t e = {.is_segment = 1,
+                          .address = r->ptr,
+                          .size = r->size,
+                          .pool = "region",
+                          .is_expandable = b->vmm};
+    stop = cb(&e, ud);
+    for (const bfc_chunk_t *c = r->first; c && !stop; c = c->next) {
+      bool used = c->allocation_id != -1;
+      gmr_walk_entry_t k = {.address = c->ptr,
+                            .size = c->size,
+                            .requested = used ? c->requested : 0,
+                            .state = used ? GMR_BLOCK_ALLOCATED : GMR_BLOCK_FREE,
+                            .pool = "region"};
+      stop = cb(&k, ud);
+    }
+  }
+  pthread_mutex_unlock(&b->lock);
+  return 0;
+}
+
+/* ---- invariant walker -------------------------------------------------------------- */
+
+#define BFC_CHECK(cond, ...)                                                                       \
+  do {                                                                                             \
+    if (!(cond)) return gmr__error_set(GMR_EINVAL, __VA_ARGS__);                                   \
+  } while (0)
+
+/* In-order walk of one bin: sorted, balanced, in its size class. */
+static int bfc_check_tree(const bfc_chunk_t *n, int bin, const bfc_chunk_t **prev, size_t *count,
+                          int *height) {
+  if (n == NULL) return (*height = 0), 0;
+  int hl, hr, err;
+  if ((err = bfc_check_tree(n->left, bin, prev, count, &hl)) != 0) return err;
+  BFC_CHECK(*prev == NULL || bfc_less(*prev, n), "bfc: bin %d is not sorted at chunk %#llx", bin,
+            (unsigned long long)n->ptr);
+  BFC_CHECK(n->allocation_id == -1 && n->bin == bin && bfc_bin_for(n->size) == bin,
+            "bfc: chunk %#llx of %zu bytes is in bin %d but belongs to bin %d (in use: %d)",
+            (unsigned long long)n->ptr, n->size, bin, bfc_bin_for(n->size), n->allocation_id != -1);
+  *prev = n;
+  ++*count;
+  if ((err = bfc_check_tree(n->right, bin, prev, count, &hr)) != 0) return err;
+  BFC_CHECK(hl - hr <= 1 && hr - hl <= 1 && n->height == 1 + (hl > hr ? hl : hr),
+            "bfc: bin %d tree is unbalanced at chunk %#llx", bin, (unsigned long long)n->ptr);
+  *height = n->height;
+  return 0;
+}
+
+static int bfc_check_locked(bfc_t *b) {
+  size_t binned = 0;
+  for (int i = 0; i < BFC_NUM_BINS; ++i) {
+    const bfc_chunk_t *prev = NULL;
+    size_t count = 0;
+    int h, err = bfc_check_tree(b->bins[i].root, i, &prev, &count, &h);
+    if (err != 0) return err;
+    BFC_CHECK(count == b->bins[i].count, "bfc: bin %d holds %zu chunks but counts %zu", i, count,
+              b->bins[i].count);
+    BFC_CHECK(((b->nonempty >> i) & 1) == (count > 0),
+              "bfc: the non-empty mask is wrong for bin %d", i);
+    binned += count;
+  }
+  BFC_CHECK(binned == b->free_chunks, "bfc: %zu chunks in bins, %zu counted", binned,
+            b->free_chunks);
+  int64_t pool = 0, in_use = 0, n_used = 0, req = 0;
+  size_t n_free = 0;
+  for (size_t i = 0; i < b->n_regions; ++i) {
+    const bfc_region_t *r = b->regions[i];
+    BFC_CHECK(i == 0 || b->regions[i - 1]->ptr + b->regions[i - 1]->size <= r->ptr,
+              "bfc: regions %zu and %zu overlap or are out of order", i - 1, i);
+    BFC_CHECK(r->first && r->first->ptr == r->ptr && r->first->prev == NULL,
+              "bfc: region %#llx does not start with its first chunk", (unsigned long long)r->ptr);
+    size_t sum = 0, pieces = 0;
+    for (size_t k = 0; k < r->n_pieces; ++k)
+      pieces += r->pieces[k].size;
+    BFC_CHECK(pieces == r->size, "bfc: region %#llx is %zu bytes but its pieces add to %zu",
+              (unsigned long long)r->ptr, r->size, pieces);
+    const bfc_chunk_t *c = r->first, *last = NULL;
+    for (; c; last = c, c = c->next) {
+      BFC_CHECK(c->region == r && c->size > 0 && c->size % BFC_MIN_ALLOC == 0,
+                "bfc: chunk %#llx has a bad size %zu or region", (unsigned long long)c->ptr,
+                c->size);
+      BFC_CHECK(c->ptr == r->ptr + sum, "bfc: chunk %#llx is not at region offset %zu",
+                (unsigned long long)c->ptr, sum);
+      BFC_CHECK(c->next == NULL || c->next->prev == c, "bfc: broken links after chunk %#llx",
+                (unsigned long long)c->ptr);
+      bool used = c->allocation_id != -1;
+      BFC_CHECK(used || !c->next || c->next->allocation_id != -1,
+                "bfc: adjacent free chunks at %#llx and %#llx", (unsigned long long)c->ptr,
+                (unsigned long long)c->next->ptr);
+      BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
+                "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
+                c->bin);
+      if (used) {
+        ++n_used;
+        in_use += (int64_t)c->size;
+        req += (int64_t)c->requested;
+        BFC_CHECK(c->requested > 0 && c->requested <= c->size,
+                  "bfc: chunk %#llx holds %zu requested bytes in %zu", (unsigned long long)c->ptr,
+                  c->requested, c->size);
+      } else {
+        ++n_free;
+      }
+      sum += c->size;
+    }
+    BFC_CHECK(sum == r->size && last == r->last,
+              "bfc: the chunks of region %#llx add to %zu bytes, not %zu",
+              (unsigned long long)r->ptr, sum, r->size);
+    pool += (int64_t)r->size;
+  }
+  BFC_CHECK(n_free == binned, "bfc: %zu free chunks in regions, %zu in bins", n_free, binned);
+  BFC_CHECK(pool == b->pool_bytes, "bfc: regions add to %lld bytes, pool_bytes is %lld",
+            (long long)pool, (long long)b->pool_bytes);
+  BFC_CHECK(in_use == b->bytes_in_use && n_used == b->allocations.current &&
+                req == b->requested.current,
+            "bfc: %lld chunks of %lld bytes (%lld requested) in use, stats say %lld of %lld (%lld)",
+            (long long)n_used, (long long)in_use, (long long)req, (long long)b->allocations.current,
+            (long long)b->bytes_in_use, (long long)b->requested.current);
+  BFC_CHECK(b->peak_bytes_in_use >= b->bytes_in_use, "bfc: peak below current");
+  if (b->vmm)
+    BFC_CHECK(b->n_regions <= 1 && (b->n_regions == 0 || (b->regions[0]->ptr == b->va_base &&
+                                                          b->regions[0]->size == b->va_used)),
+              "bfc: the VMM range is not one region at its base");
+  return 0;
+}
+
+static int bfc_check(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  int err = bfc_check_locked(b);
+  pthread_mutex_unlock(&b->lock);
+  return err;
+}
+
+/* ---- construction ---------------------------------------------------------------- */
+
+/* MinSystemMemory of TF's gpu_device.cc for compute capability 9.x (the
+ * backends do not report it; see docs/bfc.md). */
+static uint64_t bfc_min_system_memory(uint64_t available) {
+  return available < ((uint64_t)2 << 30) ? (uint64_t)225 << 20 : (uint64_t)1800 << 20;
+}
+
+/* TF's "true"/"false" environment booleans (case-sensitive); -1 unset, -2 bad. */
+static int bfc_env_bool(const char *name) {
+  const char *v = getenv(name);
+  if (v == NULL) return -1;
+  if (strcmp(v, "true") == 0) return 1;
+  if (strcmp(v, "false") == 0) return 0;
+  return -2;
+}
+
+/* Apply the environment variables of the framework named by `environment`. */
+static int bfc_apply_env(bfc_opts_t *o, const char *name) {
+  if (o->environment == BFC_ENV_TENSORFLOW) {
+    int g = bfc_env_bool("TF_FORCE_GPU_ALLOW_GROWTH");
+    if (g == -2)
+      gmr__log(GMR_LOG_ERROR,
+               "The TF_FORCE_GPU_ALLOW_GROWTH environment variable is set but could not be "
+               "parsed: \"%s\". Valid values are \"true\" or \"false\". Using original config "
+               "value of %s.",
+               getenv("TF_FORCE_GPU_ALLOW_GROWTH"), o->allow_growth ? "true" : "false");
+    if (g >= 0 && (g == 1) != o->allow_growth)
+      gmr__log(GMR_LOG_WARN,
+               "Overriding orig_value setting because the TF_FORCE_GPU_ALLOW_GROWTH environment "
+               "variable is set. Original config value was %s.",
+               o->allow_growth ? "true" : "false");
+    if (g >= 0) o->allow_growth = g == 1;
+    int gc = bfc_env_bool("TF_ENABLE_GPU_GARBAGE_COLLECTION");
+    if (gc == -2)
+      gmr__log(GMR_LOG_ERROR,
+               "The TF_ENABLE_GPU_GARBAGE_COLLECTION environment variable is set but could not "
+               "be parsed: \"%s\". Valid values are \"true\" or \"false\". Using true.",
+               getenv("TF_ENABLE_GPU_GARBAGE_COLLECTION"));
+    if (gc != -1) o->garbage_collection = gc != 0;
+  } else if (o->environment == BFC_ENV_JAX) {
+    const char *pre = getenv("XLA_PYTHON_CLIENT_PREALLOCATE");
+    if (pre != NULL) {
+      char low[16] = "";
+      size_t i = 0;
+      for (; pre[i] && i < sizeof low - 1; ++i)
+        low[i] = (char)(pre[i] >= 'A' && pre[i] <= 'Z' ? pre[i] + 32 : pre[i]);
+      low[i] = '\0';
+      o->allow_growth = strcmp(low, "false") == 0 || strcmp(low, "0") == 0;
+    }
+    const char *f_new = getenv("XLA_CLIENT_MEM_FRACTION");
+    const char *f_old = getenv("XLA_PYTHON_CLIENT_MEM_FRACTION");
+    if (f_new && f_old)
+      return gmr__error_set(GMR_ECONFIG,
+                            "%s: both XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION "
+                            "are set; set only XLA_CLIENT_MEM_FRACTION",
+                            name);
+    const char *f = f_new ? f_new : f_old;
+    if (f != NULL) {
+      char *end;
+      double v = strtod(f, &end);
+      if (end == f || *end != '\0' || !(v > 0) || v > 1)
+        return gmr__error_set(GMR_ECONFIG, "%s: %s=\"%s\" is not a fraction in (0, 1]", name,
+                              f_new ? "XLA_CLIENT_MEM_FRACTION" : "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                              f);
+      o->memory_fraction = v;
+      o->memory_limit = 0;
+      o->per_process_fraction = 0;
+    }
+  }
+  return 0;
+}
+
+static int bfc_validate(void *opts, char *err, size_t len) {
+  bfc_opts_t *o = opts;
+  int n = (o->memory_limit != 0) + (o->per_process_fraction != 0) + (o->memory_fraction != 0);
+  if (n > 1) {
+    snprintf(err, len,
+             "give at most one of 'memory_limit', 'per_process_gpu_memory_fraction' "
+             "and 'memory_fraction'");
+    return GMR_ECONFIG;
+  }
+  return 0;
+}
+
+static void bfc_opts_release(void *opts) {
+  bfc_opts_t *o = opts;
+  gmr__free(o->name);
+  o->name = NULL;
+}
+
+static void bfc_destroy(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  for (size_t i = 0; i < b->n_regions; ++i) {
+    bfc_region_t *r = b->regions[i];
+    for (size_t k = r->n_pieces; k-- > 0;)
+      bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
+    gmr__free(r->pieces);
+    gmr__free(r);
+  }
+  if (b->vmm && b->va_size) gmr__backend_va_release(self->backend, (void *)b->va_base, b->va_size);
+  gmr__free(b->regions);
+  for (bfc_slab_t *s = b->slabs, *next; s; s = next) {
+    next = s->next;
+    gmr__free(s);
+  }
+  pthread_cond_destroy(&b->freed);
+  pthread_mutex_destroy(&b->lock);
+  gmr__free(b);
+}
+
+static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
+                      gmr_policy_t **out) {
+  (void)upstream;
+  bfc_opts_t o = *(const bfc_opts_t *)opts;
+  char name[128];
+  if (o.name != NULL && o.name[0] != '\0')
+    snprintf(name, sizeof name, "%s", o.name);
+  else
+    snprintf(name, sizeof name, "GPU_%d_bfc", be->device);
+  int err = bfc_apply_env(&o, name);
+  if (err != 0) return err;
+  size_t free_b = 0, total = 0;
+  err = gmr__backend_mem_info(be, &free_b, &total);
+  if (err != 0) return err;
+  uint64_t limit;
+  if (o.memory_limit != 0)
+    limit = o.memory_limit;
+  else if (o.per_process_fraction != 0)
+    limit = (uint64_t)((double)total * o.per_process_fraction);
+  else if (o.memory_fraction != 0)
+    limit = (uint64_t)((double)total * o.memory_fraction);
+  else {
+    uint64_t min_sys = bfc_min_system_memory(free_b);
+    limit = min_sys < free_b ? free_b - min_sys : free_b;
+  }
+  if (o.vmm && !gmr__backend_has_vmm(be))
+    return gmr__error_set(GMR_ENOTSUP,
+                          "%s: vmm: the %s backend cannot map pages into a "
+                          "reserved virtual range",
+                          name, be->ops->name);
+
+  bfc_t *b = gmr__calloc(1, sizeof *b);
+  if (b == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
+  b->base.ops = &gmr_bfc_policy_ops;
+  b->base.backend = be;
+  snprintf(b->name, sizeof b->name, "%s", name);
+  b->limit = limit;
+  b->max_frag = o.fragmentation_fraction > 0 ? (size_t)(o.fragmentation_fraction * (double)limit)
+                                             : BFC_MAX_FRAG_DEFAULT;
+  b->gc = o.garbage_collection;
+  b->retry = o.allow_retry_on_failure;
+  b->retry_ns = (uint64_t)(o.retry_timeout * 1e9);
+  b->vmm = o.vmm;
+  b->coalesce = o.coalesce_regions || o.vmm;
+  uint64_t first =
+      o.allow_growth ? (limit < ((uint64_t)2 << 20) ? limit : (uint64_t)2 << 20) : limit;
+  b->curr_region_bytes = bfc_rounded((size_t)first);
+  if (b->curr_region_bytes == 0) b->curr_region_bytes = BFC_MIN_ALLOC;
+  b->next_allocation_id = 1;
+  err = GMR_ENOMEM;
+  if (pthread_mutex_init(&b->lock, NULL) != 0) goto fail_lock;
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0) goto fail_cond;
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int cerr = pthread_cond_init(&b->freed, &ca);
+  pthread_condattr_destroy(&ca);
+  if (cerr != 0) goto fail_cond;
+  if (b->vmm) {
+    size_t g = be->granularity;
+    b->va_size = gmr__align_up((size_t)limit, g) + g;
+    void *base = NULL;
+    err = gmr__backend_va_reserve(be, b->va_size, &base);
+    if (err != 0) {
+      b->va_size = 0;
+      goto fail_va;
+    }
+    b->va_base = (uintptr_t)base;
+  }
+  *out = &b->base;
+  return 0;
+fail_va:
+  pthread_cond_destroy(&b->freed);
+fail_cond:
+  pthread_mutex_destroy(&b->lock);
+fail_lock:
+  gmr__free(b);
+  if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
+    gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
+  return err;
+}
+
+/* retry_timeout: seconds, with an optional unit (s, ms, us). */
+static int bfc_parse_seconds(const char *text, void *field, char *err, size_t len) {
+  char *end;
+  double v = strtod(text, &end);
+  if (end == text || !(v >= 0) || v > 1e6) {
+    snprintf(err, len, "expected a duration from 0 to 1e6 s, such as 10, 10s, 250ms or 0");
+    return GMR_EINVAL;
+  }
+  if (strcmp(end, "ms") == 0)
+    v /= 1e3;
+  else if (strcmp(end, "us") == 0)
+    v /= 1e6;
+  else if (*end != '\0' && strcmp(end, "s") != 0) {
+    snprintf(err, len, "unknown unit '%s'; expected s, ms or us", end);
+    return GMR_EINVAL;
+  }
+  *(double *)field = v;
+  return 0;
+}
+
+static const bfc_opts_t bfc_defaults = {
+    .allow_growth = false,
+    .garbage_collection = true,
+    .allow_retry_on_failure = true,
+    .retry_timeout = 10.0,
+    .environment = BFC_ENV_NONE,
+};
+
+static const gmr_opt_desc_t bfc_opts_desc[] = {
+    {.key = "allow_growth",
+     .type = GMR_OPT_BOOL,
+     .offset = offsetof(bfc_opts_t, allow_growth),
+     .default_text = "false",
+     .help = "Start with a 2 MiB region and double (TF allow_growth); false takes the whole "
+             "limit in one region at the first allocation."},
+    {.key = "memory_limit",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(bfc_opts_t, memory_limit),
+     .min = 1,
+     .default_text = "",
+     .help = "The allocator's limit in bytes (a virtual device's memory_limit)."},
+    {.key = "per_process_gpu_memory_fraction",
+     .type = GMR_OPT_DOUBLE,
+     .offset = offsetof(bfc_opts_t, per_process_fraction),
+     .min = 0,
+     .max = 1,
+     .min_exclusive = true,
+     .default_text = "",
+     .help = "TensorFlow: the limit is this fraction of the device's total memory. With no "
+             "limit option, the limit is free memory minus TF's MinSystemMemory."},
+    {.key = "memory_fraction",
+     .type = GMR_OPT_DOUBLE,
+     .offset = offsetof(bfc_opts_t, memory_fraction),
+     .min = 0,
+     .max = 1,
+     .min_exclusive = true,
+     .default_text = "",
+     .help = "XLA/JAX: the limit is this fraction of total memory (0.75)."},
+    {.key = "garbage_collection",
+     .type = GMR_OPT_BOOL,
+     .offset = offsetof(bfc_opts_t, garbage_collection),
+     .default_text = "true",
+     .help = "At OOM, give wholly free regions back to the device and extend again."},
+    {.key = "allow_retry_on_failure",
+     .type = GMR_OPT_BOOL,
+     .offset = offsetof(bfc_opts_t, allow_retry_on_failure),
+     .default_text = "true",
+     .help = "Before failing, wait up to retry_timeout for other threads to free memory."},
+    {.key = "retry_timeout",
+     .type = GMR_OPT_CUSTOM,
+     .offset = offsetof(bfc_opts_t, retry_timeout),
+     .parse = bfc_parse_seconds,
+     .default_text = "10s",
+     .help = "How long a failing allocation waits for frees (10, 10s, 250ms)."},
+    {.key = "fragmentation_fraction",
+     .type = GMR_OPT_DOUBLE,
+     .offset = offsetof(bfc_opts_t, fragmentation_fraction),
+     .min = 0,
+     .max = 1,
+     .default_text = "0",
+     .help = "When > 0, a chunk is split if the waste would reach this fraction of the limit "
+             "(instead of 128 MiB)."},
+    {.key = "vmm",
+     .type = GMR_OPT_BOOL,
+     .offset = offsetof(bfc_opts_t, vmm),
+     .default_text = "false",
+     .help = "Grow by mapping pages into one reserved virtual range, so regions coalesce into "
+             "one (TF's GpuVirtualMemAllocator)."},
+    {.key = "coalesce_regions",
+     .type = GMR_OPT_BOOL,
+     .offset = offsetof(bfc_opts_t, coalesce_regions),
+     .default_text = "false",
+     .help = "Merge a new region into the one just before it when the device returns "
+             "contiguous addresses (SupportsCoalescing)."},
+    {.key = "allocator_name",
+     .type = GMR_OPT_STRING,
+     .offset = offsetof(bfc_opts_t, name),
+     .default_text = "GPU_<device>_bfc",
+     .help = "The allocator's name in messages."},
+    {.key = "environment",
+     .type = GMR_OPT_ENUM,
+     .offset = offsetof(bfc_opts_t, environment),
+     .choices = bfc_env_names,
+     .default_text = "none",
+     .help = "Honour a framework's environment variables at runtime creation: tensorflow "
+             "(TF_FORCE_GPU_ALLOW_GROWTH, TF_ENABLE_GPU_GARBAGE_COLLECTION) or jax "
+             "(XLA_PYTHON_CLIENT_PREALLOCATE, XLA_PYTHON_CLIENT_MEM_FRACTION)."},
+    {.key = NULL},
+};
+
+const gmr_policy_ops_t gmr_bfc_policy_ops = {
+    .name = "bfc",
+    .help = "TensorFlow's best-fit-with-coalescing allocator (GPU_0_bfc): 256-byte chunks in "
+            "21 bins, greedy or growing regions, garbage collection and retry at OOM.",
+    .opts_size = sizeof(bfc_opts_t),
+    .opts_default = &bfc_defaults,
+    .opts_desc = bfc_opts_desc,
+    .concurrent = true,
+    .validate = bfc_validate,
+    .opts_release = bfc_opts_release,
+    .create = bfc_create,
+    .destroy = bfc_destroy,
+    .alloc = bfc_alloc,
+    .free = bfc_free,
+    .trim = bfc_trim,
+    .stats = bfc_stats,
+    .reset_peak = bfc_reset_peak,
+    .reset_accumulated = bfc_reset_accumulated,
+    .stats_foreach = bfc_stats_foreach,
+    .summary = bfc_summary,
+    .walk = bfc_walk,
+    .check = bfc_check,
+};
