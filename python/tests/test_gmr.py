@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 import unittest
 
 MiB = 1 << 20
@@ -153,6 +154,103 @@ class OnePoolOneLimit(unittest.TestCase):
 
     def test_cupy_size_zero(self):
         self.assertIsNone(lib.gmr_cupy_malloc(None, 0, 0))
+
+
+def _address(name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+class FrameworkWiring(unittest.TestCase):
+    """use_in_torch and use_in_cupy against stand-ins with PyTorch's and
+    CuPy's interfaces (CUDAPluggableAllocator, CFunctionAllocator): the right
+    functions are registered, and CuPy's refusals become its OutOfMemoryError."""
+
+    def _install(self, modules):
+        saved = {k: sys.modules.get(k) for k in modules}
+        sys.modules.update(modules)
+
+        def restore():
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+        self.addCleanup(restore)
+
+    def test_use_in_torch(self):
+        changed = []
+
+        class Native:
+            calls = {}
+
+            def set_reset_fn(self, p):
+                self.calls["reset"] = p
+
+            def set_record_stream_fn(self, p):
+                self.calls["record_stream"] = p
+
+        class Pluggable:  # torch.cuda.memory.CUDAPluggableAllocator
+            def __init__(self, path, alloc_name, free_name):
+                so = ctypes.CDLL(path)  # what PyTorch does with the path
+                self.alloc = ctypes.cast(getattr(so, alloc_name), ctypes.c_void_p).value
+                self.free = ctypes.cast(getattr(so, free_name), ctypes.c_void_p).value
+                self.native = Native()
+
+            def allocator(self):
+                return self.native
+
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
+            CUDAPluggableAllocator=Pluggable, change_current_allocator=changed.append))
+        self._install({"torch": torch})
+        alloc = gmr.use_in_torch(CONFIG)
+        self.assertEqual(changed, [alloc])
+        self.assertEqual(alloc.alloc, _address("gmr_torch_alloc"))
+        self.assertEqual(alloc.free, _address("gmr_torch_free"))
+        self.assertEqual(alloc.native.calls, {"reset": _address("gmr_torch_empty_cache"),
+                                              "record_stream": _address("gmr_torch_record_stream")})
+
+    def test_use_in_cupy(self):
+        installed = []
+
+        class OutOfMemoryError(MemoryError):
+            def __init__(self, size, total, limit=0):
+                super().__init__(size, total, limit)
+                self.size, self.total, self.limit = size, total, limit
+
+        class CFunctionAllocator:  # cupy.cuda.memory.CFunctionAllocator
+            def __init__(self, param, malloc_func, free_func, owner):
+                self.m = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.c_int)(malloc_func)
+                self.f = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_int)(free_func)
+                self.owner = owner
+
+            def malloc(self, size):
+                ptr = (self.m(None, size, 0) or 0) if size else 0
+                return types.SimpleNamespace(ptr=ptr, free=lambda: self.f(None, ptr, 0))
+
+        cupy = types.ModuleType("cupy")
+        cuda = types.ModuleType("cupy.cuda")
+        memory = types.ModuleType("cupy.cuda.memory")
+        memory.CFunctionAllocator, memory.OutOfMemoryError = CFunctionAllocator, OutOfMemoryError
+        cuda.memory, cuda.set_allocator = memory, installed.append
+        cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+        cupy.cuda = cuda
+        self._install({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
+
+        malloc = gmr.use_in_cupy(CONFIG)
+        self.assertEqual(installed, [malloc])
+        before = gmr.stats(0)["allocated_bytes"]
+        mem = malloc(2 * MiB)
+        self.assertNotEqual(mem.ptr, 0)
+        self.assertEqual(gmr.stats(0)["allocated_bytes"], before + 2 * MiB)
+        mem.free()
+        self.assertEqual(gmr.stats(0)["allocated_bytes"], before)
+        with self.assertRaises(OutOfMemoryError) as cm:
+            malloc(100 * MiB)
+        self.assertEqual((cm.exception.size, cm.exception.limit), (100 * MiB, 64 * MiB))
+        self.assertIn("Tried to allocate 100.00 MiB", str(cm.exception.__cause__))
 
 
 class Reports(unittest.TestCase):

@@ -116,6 +116,16 @@ def main():
         w = jnp.arange(1000, dtype=jnp.float32)
         check(float((w * 2).sum()) == 999000.0, "jax carries on after the OOM")
 
+    if hasattr(gmr._library(), "gmr_snapshot_write"):
+        import pickle
+        path = os.path.join(os.environ.get("RESULTS", "/tmp"), "snapshot.pickle")
+        gmr.snapshot(path)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        segs = snap.get("segments", []) if isinstance(snap, dict) else []
+        check(len(segs) > 0, "gmr.snapshot wrote PyTorch's snapshot pickle (%d segments, "
+              "%d bytes in segments)" % (len(segs), sum(x.get("total_size", 0) for x in segs)))
+
     s = gmr.stats(0)
     check(s["peak_reserved_bytes"] <= limit,
           "peak reserved %d <= limit %d" % (s["peak_reserved_bytes"], limit))
