@@ -14,6 +14,7 @@
 #   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, or gmr with CONFIG
 #                        (a file under DIR/config); a trace of gmr runs is
 #                        replayed on the simulator (replay_check.py)
+#   bench                host cost of an allocation + free through torch, native vs gmr
 #   compare              bit-exact losses and step times of the gpt2 runs
 # Logs go to stdout; JSON results to $RESULTS (default /tmp/gmr-results).
 # Without a CUDA device: "SKIP" and exit 0.
@@ -90,6 +91,11 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
         python3 "$here/replay_check.py" "$trace" "$dir/config/$cfg" | tee "$results/replay-$name.json"
       fi
     fi
+    ;;
+  bench)
+    phase "host cost of torch.empty(1 MiB) + del: PyTorch's allocator, then gmr caching"
+    timeout 120 python3 "$here/alloc_bench.py" native || status=1
+    timeout 120 python3 "$here/alloc_bench.py" gmr "$dir/config/pytorch.yaml" || status=1
     ;;
   compare)
     phase "compare the GPT-2 runs"
