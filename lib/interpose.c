@@ -28,7 +28,9 @@
  * of L bytes (gmr_stats().limit_bytes) and R bytes reserved by gmr,
  *     total = L,  free = min(driver's free, L - R)   (0 when R >= L).
  * Pointers gmr does not own (made before, or by the driver directly) are
- * freed by the real driver or runtime.
+ * freed by the real driver or runtime.  A synchronous free (cudaFree,
+ * cuMemFree) of gmr's memory waits for the device (cuCtxSynchronize) as the
+ * real one does, then returns the block to gmr's pool.
  *
  * Recursion.  gmr's CUDA backend (lib/backend/cuda.c, inside libgmr.so with
  * a static libcudart) calls cudaMalloc, which reaches the driver through the
@@ -114,6 +116,7 @@ typedef struct ip_driver_s {
   CUresult_t (*get_proc_v2)(const char *, void **, int, unsigned long long, int *);
   CUresult_t (*ctx_get_device)(int *);
   CUresult_t (*device_get_attribute)(int *, int, int);
+  CUresult_t (*ctx_synchronize)(void);
 } ip_driver_t;
 
 static ip_driver_t ip_drv;
@@ -186,6 +189,7 @@ static void ip_drv_load(void) {
     IP_LOAD(get_proc_v2, "cuGetProcAddress_v2");
     IP_LOAD(ctx_get_device, "cuCtxGetDevice");
     IP_LOAD(device_get_attribute, "cuDeviceGetAttribute");
+    IP_LOAD(ctx_synchronize, "cuCtxSynchronize");
 #undef IP_LOAD
   }
   ip_drv = d;
@@ -292,9 +296,19 @@ static int ip_alloc(int device, size_t size, stream_t s, void **out) {
 static int ip_free(int device, void *ptr, stream_t s, bool stream_ordered) {
   gmr_runtime_t *rt = ip_runtime(device);
   if (rt == NULL) return GMR_EBADPTR;
-  /* A stream-ordered free on another stream than the allocation's: reuse
-   * must wait for that stream's work (a no-op on the allocation's stream). */
-  if (stream_ordered && gmr_record_stream(rt, ptr, s) == GMR_EBADPTR) return GMR_EBADPTR;
+  if (stream_ordered) {
+    /* On another stream than the allocation's, reuse must wait for that
+     * stream's work (a no-op on the allocation's stream). */
+    if (gmr_record_stream(rt, ptr, s) == GMR_EBADPTR) return GMR_EBADPTR;
+  } else {
+    /* cudaFree and cuMemFree wait for the device, and callers rely on it (any
+     * stream may still read the block): so does this free, once the pointer
+     * is known to be gmr's. */
+    size_t req, got;
+    if (gmr_alloc_size(rt, ptr, &req, &got) != 0) return GMR_EBADPTR;
+    const ip_driver_t *d = ip_driver();
+    if (d->ctx_synchronize != NULL) d->ctx_synchronize();
+  }
   return gmr_free(rt, ptr);
 }
 

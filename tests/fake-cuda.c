@@ -5,9 +5,9 @@
  * cuCtxGetDevice, each counting its calls in fake_cuda_state.  Its functions
  * are file-static and exported through aliases, so the addresses it hands out
  * (fake_cuda_state.fn, cuGetProcAddress) are its own even when the preloaded
- * interposer defines the same names.  Memory: cuMemGetInfo_v2 reports 80 GiB
- * free of 80 GiB; cuMemAlloc_v2 hands out addresses from 1 TiB upwards with
- * nothing behind them.
+ * interposer defines the same names.  cuCtxSynchronize only counts.  Memory: cuMemGetInfo_v2
+ * reports 80 GiB free of 80 GiB; cuMemAlloc_v2 hands out addresses from 1 TiB upwards with nothing
+ * behind them.
  */
 #include <stdint.h>
 #include <string.h>
@@ -15,7 +15,7 @@
 #define FAKE_EXPORT __attribute__((visibility("default")))
 
 typedef struct fake_cuda_state_s {
-  unsigned long allocs, frees, async_allocs, async_frees, get_info, get_proc, inits;
+  unsigned long allocs, frees, async_allocs, async_frees, get_info, get_proc, inits, syncs;
   unsigned long long next; /* the next address cuMemAlloc_v2 hands out */
   struct {
     void *cuInit, *cuMemAlloc_v2, *cuMemFree_v2, *cuMemGetInfo_v2, *cuMemAllocAsync,
@@ -57,6 +57,10 @@ static int fake_alloc_async(unsigned long long *d, size_t n, void *s) {
 static int fake_free_async(unsigned long long d, void *s) {
   (void)d, (void)s;
   ++fake_cuda_state.async_frees;
+  return 0;
+}
+static int fake_ctx_synchronize(void) {
+  ++fake_cuda_state.syncs;
   return 0;
 }
 static int fake_ctx_get_device(int *dev) {
@@ -123,6 +127,7 @@ FAKE_EXPORT int cuGetProcAddress(const char *, void **, int, unsigned long long)
 FAKE_EXPORT int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *)
     __attribute__((alias("fake_get_proc_v2")));
 FAKE_EXPORT int cuCtxGetDevice(int *) __attribute__((alias("fake_ctx_get_device")));
+FAKE_EXPORT int cuCtxSynchronize(void) __attribute__((alias("fake_ctx_synchronize")));
 FAKE_EXPORT int cuDeviceGetAttribute(int *, int, int) __attribute__((alias("fake_get_attribute")));
 
 __attribute__((constructor)) static void fake_cuda_setup(void) {

@@ -20,7 +20,7 @@
 #define MiB (1ull << 20)
 
 typedef struct fake_cuda_state_s {
-  unsigned long allocs, frees, async_allocs, async_frees, get_info, get_proc, inits;
+  unsigned long allocs, frees, async_allocs, async_frees, get_info, get_proc, inits, syncs;
   unsigned long long next;
   struct {
     void *cuInit, *cuMemAlloc_v2, *cuMemFree_v2, *cuMemGetInfo_v2, *cuMemAllocAsync,
@@ -105,6 +105,7 @@ int main(void) {
   is_u64(st.allocated_bytes, 0, "  gmr allocated 0");
   is_u64(st.num_frees, 1, "  one free in gmr");
   is_u64(fake->frees, 0, "  the driver was not asked");
+  is_u64(fake->syncs, 1, "  after waiting for the device, as cuMemFree does");
   is_int(dfree(0x7f0000000ull), 0, "cuMemFree_v2 of a pointer gmr does not own");
   is_u64(fake->frees, 1, "  goes to the driver");
 
@@ -161,6 +162,7 @@ int main(void) {
   is_int(aa(&d, 5 * MiB, stream), 0, "cuMemAllocAsync(5 MiB, stream 7)");
   is_u64(stats().allocated_bytes, 5 * MiB, "  gmr allocated 5 MiB");
   is_int(fa(d, stream), 0, "cuMemFreeAsync");
+  is_u64(fake->syncs, 1, "  does not wait for the device");
   is_u64(stats().allocated_bytes, 0, "  gmr allocated 0");
   is_u64(fake->async_allocs + fake->async_frees, 0, "  the driver was not asked");
 
