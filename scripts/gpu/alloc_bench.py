@@ -16,7 +16,7 @@ import time
 def main():
     mode = sys.argv[1]
     cfg = sys.argv[2] if len(sys.argv) > 2 else None
-    n = int(sys.argv[3]) if len(sys.argv) > 3 else 200000
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 100000
     import torch
 
     if not torch.cuda.is_available():
