@@ -212,7 +212,7 @@ void *gmr_torch_alloc(ssize_t size, int device, void *stream) {
   void *p = NULL;
   if (GMR_LIKELY(rt != NULL) && GMR_LIKELY(gmr_alloc(rt, (size_t)size, stream, &p) == 0)) return p;
   /* The text is the thread's last error: the policy's OOM report, or why no
-   * runtime could be made.  Copy it: the exception outlives nothing of ours. */
+   * runtime could be made; the exception gets its own copy. */
   const char *why = gmr__error_last();
   gmr__log(GMR_LOG_WARN, "gmr_torch_alloc(%zd bytes, device %d): %s", size, device, why);
   hooks_torch_throw(why[0] ? why : "gmr: allocation failed");
