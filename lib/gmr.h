@@ -244,6 +244,9 @@ GMR_EXTERN int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s);
 GMR_EXTERN int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s);
 /** Set the simulated clock in nanoseconds (it then stands still). */
 GMR_EXTERN int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns);
+/** Address-only mode: the next reserve returns `addr` when that range is free
+ * (replays that reproduce a recorded device's placement); 0 clears it. */
+GMR_EXTERN int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr);
 GMR_EXTERN int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out);
 /** A simulated stream handle for id `n` (0 is the default stream). */
 #define GMR_SIM_STREAM(n) ((gmr_stream_t)(uintptr_t)(n))

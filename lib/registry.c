@@ -10,6 +10,7 @@
 const gmr_policy_ops_t *const gmr__policies[] = {
     &gmr_direct_policy_ops,
     &gmr_limit_policy_ops,
+    &gmr_caching_policy_ops,
     &gmr_bfc_policy_ops,
     NULL,
 };

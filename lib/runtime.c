@@ -7,11 +7,17 @@
  *
  * Locking.  A policy that is not `concurrent` is called under `lock`, one op
  * at a time; the map is then touched under the same lock.  A concurrent
- * policy locks itself, and the map is touched under its shard's lock.
+ * policy locks itself, and the map is touched under its shard's lock.  Both
+ * are gmr_lock_t (lock.h): an uncontended lock and unlock are one atomic
+ * instruction each, inline.
  *
  * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
  * and not yet passed to gmr_free; so a double free or a foreign pointer is
  * found before any policy state is touched.
+ *
+ * Layout.  Each shard fills one cache line of its own, and the runtime lock
+ * has one too, so threads working on different shards never write to a line
+ * another thread reads (the runtime is allocated 64-byte aligned).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,38 +25,54 @@
 
 #include "config.h"
 #include "internal.h"
+#include "lock.h"
 #include "policy.h"
 #include "runtime.h"
 #include "trace.h"
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
-#define MAP_SHARDS 64
+#define MAP_SHARDS     256 /* a power of two; 16 threads rarely share one */
+#define MAP_SHARD_BITS 8
+#define CACHE_LINE     64
 
 typedef struct map_shard_s {
-  pthread_mutex_t lock;   /* used only with concurrent policies */
-  gmr_block_t *slots;     /* ptr == NULL: empty */
-  size_t mask;            /* capacity - 1 (capacity a power of two) */
-  size_t count;           /* live entries; count <= capacity / 2 */
+  _Alignas(CACHE_LINE) gmr_lock_t lock; /* used only with concurrent policies */
+  size_t mask;        /* capacity - 1 (capacity a power of two) */
+  size_t count;       /* live entries; count <= capacity / 2 */
+  size_t grow_at;     /* capacity / 2 (0 before the first insert): an insert at
+                         count == grow_at doubles the table first */
+  gmr_block_t *slots; /* ptr == NULL: empty */
 } map_shard_t;
 
+/* Synchronization: `policy`, `backend`, `serialize`, `trace` and the names
+ * are written once by runtime_build and only read afterwards; `lock` guards
+ * the policy when `serialize`; each shard's entries are guarded by `lock`
+ * when `serialize`, else by the shard's own lock. */
 struct gmr_runtime_s {
   gmr_policy_t *policy;
   gmr_backend_t *backend;
-  bool serialize;            /* !policy->ops->concurrent */
-  pthread_mutex_t lock;      /* the policy lock when serialize */
-  map_shard_t shards[MAP_SHARDS];
-  gmr_trace_t *trace;        /* NULL unless recording */
-  char policy_name[128];
+  bool serialize;     /* !policy->ops->concurrent */
+  gmr_trace_t *trace; /* NULL unless recording */
+  void *raw;          /* what gmr__calloc returned (the runtime is aligned inside) */
   int device;
+  char policy_name[128];
+  _Alignas(CACHE_LINE) gmr_lock_t lock; /* the policy lock when serialize */
+  map_shard_t shards[MAP_SHARDS];
 };
 
+/* Multiplicative hashing, then the high half folded into the low one: the
+ * shard comes from the top bits and the slot from the low bits, and block
+ * addresses share their low bits (512-byte rounding, 2 MiB segments), which
+ * a plain product would carry into the slot index and pile every block of a
+ * shard into one probe chain. */
 static inline uint64_t map_hash(const void *p) {
-  return ((uint64_t)(uintptr_t)p >> 8) * 0x9E3779B97F4A7C15ull;
+  uint64_t h = ((uint64_t)(uintptr_t)p >> 8) * 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 32);
 }
 
 static inline map_shard_t *map_shard(gmr_runtime_t *rt, uint64_t h) {
-  return &rt->shards[h >> 58]; /* top 6 bits */
+  return &rt->shards[h >> (64 - MAP_SHARD_BITS)];
 }
 
 static gmr_block_t *map_find(map_shard_t *sh, const void *ptr, uint64_t h) {
@@ -74,11 +96,12 @@ static int map_grow(map_shard_t *sh) {
   gmr__free(sh->slots);
   sh->slots = slots;
   sh->mask = cap - 1;
+  sh->grow_at = cap / 2;
   return 0;
 }
 
 static int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
-  if (sh->slots == NULL || (sh->count + 1) * 2 > sh->mask + 1) {
+  if (GMR_UNLIKELY(sh->count >= sh->grow_at)) {
     if (map_grow(sh) != 0) return GMR_ENOMEM;
   }
   size_t i = h & sh->mask;
@@ -108,16 +131,16 @@ static void map_erase(map_shard_t *sh, gmr_block_t *slot) {
 }
 
 static inline void map_lock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (!rt->serialize) pthread_mutex_lock(&sh->lock);
+  if (!rt->serialize) gmr__lock(&sh->lock);
 }
 static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (!rt->serialize) pthread_mutex_unlock(&sh->lock);
+  if (!rt->serialize) gmr__unlock(&sh->lock);
 }
 static inline void policy_lock(gmr_runtime_t *rt) {
-  if (rt->serialize) pthread_mutex_lock(&rt->lock);
+  if (rt->serialize) gmr__lock(&rt->lock);
 }
 static inline void policy_unlock(gmr_runtime_t *rt) {
-  if (rt->serialize) pthread_mutex_unlock(&rt->lock);
+  if (rt->serialize) gmr__unlock(&rt->lock);
 }
 
 /* ---- construction ---------------------------------------------------------- */
@@ -132,18 +155,21 @@ static void describe_stack(gmr_runtime_t *rt) {
 
 static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
                          gmr_runtime_t **out) {
-  gmr_runtime_t *rt = gmr__calloc(1, sizeof *rt);
-  if (rt == NULL) {
+  void *raw = gmr__calloc(1, sizeof(gmr_runtime_t) + CACHE_LINE - 1);
+  if (raw == NULL) {
     gmr__backend_free(be);
     return gmr__error_set(GMR_ENOMEM, "out of host memory for a runtime");
   }
+  gmr_runtime_t *rt =
+      (gmr_runtime_t *)(((uintptr_t)raw + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1));
+  rt->raw = raw;
   rt->backend = be;
   rt->device = device;
   int err = GMR_ENOMEM;
-  if (pthread_mutex_init(&rt->lock, NULL) != 0) goto fail_lock;
+  if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
   int shards = 0;
   for (; shards < MAP_SHARDS; ++shards)
-    if (pthread_mutex_init(&rt->shards[shards].lock, NULL) != 0) goto fail_shards;
+    if (gmr__lock_init(&rt->shards[shards].lock) != 0) goto fail_shards;
   err = gmr__policy_create(cfg->policy, be, &rt->policy);
   if (err != 0) goto fail_policy;
   rt->serialize = !rt->policy->ops->concurrent;
@@ -159,11 +185,11 @@ fail_trace:
   gmr__policy_destroy(rt->policy);
 fail_policy:
 fail_shards:
-  while (shards-- > 0) pthread_mutex_destroy(&rt->shards[shards].lock);
-  pthread_mutex_destroy(&rt->lock);
+  while (shards-- > 0) gmr__lock_destroy(&rt->shards[shards].lock);
+  gmr__lock_destroy(&rt->lock);
 fail_lock:
   gmr__backend_free(be);
-  gmr__free(rt);
+  gmr__free(raw);
   if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
     gmr__error_set(GMR_ENOMEM, "out of host memory for a runtime");
   return err;
@@ -223,7 +249,7 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
     for (size_t i = 0; sh->slots && i <= sh->mask; ++i)
       if (sh->slots[i].ptr != NULL) ++live, bytes += sh->slots[i].requested;
     gmr__free(sh->slots);
-    pthread_mutex_destroy(&sh->lock);
+    gmr__lock_destroy(&sh->lock);
   }
   if (live != 0)
     gmr__log(GMR_LOG_WARN,
@@ -233,8 +259,8 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
   gmr__policy_destroy(rt->policy);
   gmr__trace_close(rt->trace);
   gmr__backend_free(rt->backend);
-  pthread_mutex_destroy(&rt->lock);
-  gmr__free(rt);
+  gmr__lock_destroy(&rt->lock);
+  gmr__free(rt->raw);
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
@@ -244,20 +270,37 @@ static int fail(gmr_runtime_t *rt, int err) {
   return err;
 }
 
+#if defined(__GNUC__)
+#define RUNTIME_COLD __attribute__((cold, noinline))
+#else
+#define RUNTIME_COLD
+#endif
+
+/* The refusals of gmr_alloc, out of line so the hot path stays small. */
+static RUNTIME_COLD int alloc_refused(gmr_runtime_t *rt, size_t size, void **out_ptr) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_alloc: the runtime is NULL");
+  if (out_ptr == NULL)
+    return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_alloc: the out-parameter is NULL"));
+  if (size == 0)
+    return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_alloc: size 0; gmr never hands out "
+                                               "zero-byte blocks"));
+  return fail(rt, gmr__error_set(GMR_ENOMEM,
+                                 "out of memory. Tried to allocate more than 1EB "
+                                 "memory (%zu bytes requested).",
+                                 size));
+}
+
+static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
+  rt->policy->ops->free(rt->policy, blk);
+  return gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
+}
+
 int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
-  if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size == 0 || size >= GMR_MAX_REQUEST)) {
-    if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_alloc: the runtime is NULL");
-    if (out_ptr == NULL)
-      return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_alloc: the out-parameter is NULL"));
-    if (size == 0)
-      return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_alloc: size 0; gmr never hands out "
-                                                 "zero-byte blocks"));
-    return fail(rt, gmr__error_set(GMR_ENOMEM, "out of memory. Tried to allocate more than 1EB "
-                                               "memory (%zu bytes requested).",
-                                   size));
-  }
+  if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size == 0 || size >= GMR_MAX_REQUEST))
+    return alloc_refused(rt, size, out_ptr);
+  const bool serialize = rt->serialize;
   gmr_block_t blk;
-  policy_lock(rt);
+  if (serialize) gmr__lock(&rt->lock);
   int err = rt->policy->ops->alloc(rt->policy, size, s, &blk);
   if (GMR_LIKELY(err == 0)) {
     gmr_assert(blk.ptr != NULL && blk.size >= size);
@@ -265,49 +308,48 @@ int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
     blk.stream = s;
     uint64_t h = map_hash(blk.ptr);
     map_shard_t *sh = map_shard(rt, h);
-    map_lock(rt, sh);
+    if (!serialize) gmr__lock(&sh->lock);
     err = map_insert(sh, &blk, h);
-    map_unlock(rt, sh);
-    if (GMR_UNLIKELY(err != 0)) {
-      rt->policy->ops->free(rt->policy, &blk);
-      gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
-    }
+    if (!serialize) gmr__unlock(&sh->lock);
+    if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, &blk);
   }
-  policy_unlock(rt);
+  if (serialize) gmr__unlock(&rt->lock);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
-  if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  if (GMR_UNLIKELY(rt->trace != NULL)) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
   return 0;
 }
 
-static int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
+static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
   return fail(rt, gmr__error_set(GMR_EBADPTR,
                                  "%s: %p was not allocated by this runtime, or was already freed",
                                  fn, ptr));
 }
 
 int gmr_free(gmr_runtime_t *rt, void *ptr) {
-  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
+  if (GMR_UNLIKELY(rt == NULL)) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
   if (ptr == NULL) return 0;
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  policy_lock(rt);
-  map_lock(rt, sh);
+  const bool serialize = rt->serialize;
+  /* One lock either way: the policy lock guards the map too when it is held. */
+  gmr__lock(serialize ? &rt->lock : &sh->lock);
   gmr_block_t *slot = map_find(sh, ptr, h);
   gmr_block_t blk;
-  if (slot != NULL) {
+  if (GMR_LIKELY(slot != NULL)) {
     blk = *slot;
     map_erase(sh, slot);
   }
-  map_unlock(rt, sh);
+  if (!serialize) gmr__unlock(&sh->lock);
   if (GMR_UNLIKELY(slot == NULL)) {
-    policy_unlock(rt);
+    if (serialize) gmr__unlock(&rt->lock);
     return bad_pointer(rt, "gmr_free", ptr);
   }
   int err = rt->policy->ops->free(rt->policy, &blk);
-  policy_unlock(rt);
+  if (serialize) gmr__unlock(&rt->lock);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
-  if (rt->trace) gmr__trace_event(rt->trace, "free", ptr, blk.requested, blk.stream);
+  if (GMR_UNLIKELY(rt->trace != NULL))
+    gmr__trace_event(rt->trace, "free", ptr, blk.requested, blk.stream);
   return 0;
 }
 
@@ -490,6 +532,24 @@ int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total) {
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) { return rt->policy; }
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) { return rt->backend; }
 
+size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
+  size_t longest = 0;
+  policy_lock(rt);
+  for (int s = 0; s < MAP_SHARDS; ++s) {
+    map_shard_t *sh = &rt->shards[s];
+    map_lock(rt, sh);
+    for (size_t i = 0; sh->slots && i <= sh->mask; ++i) {
+      if (sh->slots[i].ptr == NULL) continue;
+      size_t home = map_hash(sh->slots[i].ptr) & sh->mask;
+      size_t probe = ((i - home) & sh->mask) + 1;
+      if (probe > longest) longest = probe;
+    }
+    map_unlock(rt, sh);
+  }
+  policy_unlock(rt);
+  return longest;
+}
+
 /* ---- simulator controls ------------------------------------------------------ */
 
 static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
@@ -519,6 +579,9 @@ int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s) {
   SIM_CALL(gmr__sim_stream_complete(sim, s));
 }
 int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) { SIM_CALL(gmr__sim_set_clock(sim, ns)); }
+int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr) {
+  SIM_CALL(gmr__sim_place_next(sim, addr));
+}
 int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
   if (out == NULL) return GMR_EINVAL;
   SIM_CALL(gmr__sim_counters(sim, out));

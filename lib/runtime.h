@@ -18,6 +18,9 @@ int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud);
 int gmr__stats_print(const gmr_stats_t *st, const char *policy, const char *backend, FILE *out);
 
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt);
+/* The longest probe sequence in the pointer map, in slots (1: every live
+ * pointer sits in its home slot; 0: the map is empty).  For tests. */
+size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt);
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt);
 
 #endif /* GMR_RUNTIME_H */

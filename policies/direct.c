@@ -5,14 +5,21 @@
  * against (reserved == requested), and what JAX calls the `platform`
  * allocator.  Each reservation is its own segment holding one block.
  *
+ * Records of freed blocks are kept for reuse (up to DIRECT_SPARE_MAX), so
+ * the host allocator stays off the path of an allocation.
+ *
  * Invariants:
  *   allocated_bytes.current = requested_bytes.current = Σ live sizes
  *   allocations.current = number of records in the live list
+ *   n_spare = number of records in the spare list <= DIRECT_SPARE_MAX
+ * Synchronization: not concurrent; the runtime calls every op under its lock.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "policy.h"
+
+#define DIRECT_SPARE_MAX 4096 /* records kept for reuse, at most */
 
 typedef struct direct_rec_s {
   void *ptr;
@@ -24,6 +31,8 @@ typedef struct direct_rec_s {
 typedef struct direct_s {
   gmr_policy_t base;      /* must be first */
   direct_rec_t *live;     /* head of the live list */
+  direct_rec_t *spare;    /* records for reuse, linked through `next` */
+  size_t n_spare;         /* records in the spare list */
   gmr_stat_t allocated;   /* bytes */
   gmr_stat_t allocations; /* count */
   uint64_t num_allocs, num_frees, ooms;
@@ -46,17 +55,39 @@ static void direct_destroy(gmr_policy_t *self) {
     gmr__backend_release(self->backend, r->ptr, r->size);
     gmr__free(r);
   }
+  for (direct_rec_t *r = d->spare, *next; r; r = next) {
+    next = r->next;
+    gmr__free(r);
+  }
   gmr__free(d);
+}
+
+static direct_rec_t *direct_rec_new(direct_t *d) {
+  direct_rec_t *r = d->spare;
+  if (r == NULL) return gmr__malloc(sizeof *r);
+  d->spare = r->next;
+  --d->n_spare;
+  return r;
+}
+
+static void direct_rec_release(direct_t *d, direct_rec_t *r) {
+  if (d->n_spare == DIRECT_SPARE_MAX) {
+    gmr__free(r);
+    return;
+  }
+  r->next = d->spare;
+  d->spare = r;
+  ++d->n_spare;
 }
 
 static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   direct_t *d = (direct_t *)self;
-  direct_rec_t *r = gmr__malloc(sizeof *r);
+  direct_rec_t *r = direct_rec_new(d);
   if (r == NULL) return gmr__error_set(GMR_ENOMEM, "direct: out of host memory");
   void *ptr;
   int err = gmr__backend_reserve(self->backend, size, &ptr);
   if (err != 0) {
-    gmr__free(r);
+    direct_rec_release(d, r);
     if (err == GMR_ENOMEM) {
       ++d->ooms;
       size_t free_b = 0, total = 0;
@@ -97,7 +128,7 @@ static int direct_free(gmr_policy_t *self, const gmr_block_t *blk) {
   gmr__stat_decrease(&d->allocated, (int64_t)r->size);
   gmr__stat_decrease(&d->allocations, 1);
   ++d->num_frees;
-  gmr__free(r);
+  direct_rec_release(d, r);
   return 0;
 }
 

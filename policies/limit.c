@@ -20,10 +20,10 @@
  * Synchronization: concurrent.  `in_use` and the reserved count are atomics;
  * an upstream policy that is not concurrent is called under `up_lock`.
  */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
+#include "lock.h"
 #include "policy.h"
 
 typedef struct limit_opts_s {
@@ -50,7 +50,7 @@ typedef struct limit_s {
   _Atomic uint64_t in_use; /* counts == allocated: Σ requested bytes of live blocks */
   _Atomic uint64_t refused;/* allocations refused by the cap */
   bool up_serialize;       /* the upstream is not concurrent */
-  pthread_mutex_t up_lock; /* guards upstream calls when up_serialize */
+  gmr_lock_t up_lock;      /* guards upstream calls when up_serialize */
   limit_backend_t *lbe;    /* counts == reserved: the upstream's backend */
 } limit_t;
 
@@ -199,7 +199,7 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   l->counts = opts->counts;
   gmr_backend_t *up_be = be;
   int err = GMR_ENOMEM;
-  if (pthread_mutex_init(&l->up_lock, NULL) != 0) goto fail_lock;
+  if (gmr__lock_init(&l->up_lock) != 0) goto fail_lock;
   if (l->counts == LIMIT_COUNTS_RESERVED) {
     l->lbe = gmr__calloc(1, sizeof *l->lbe);
     if (l->lbe == NULL) goto fail_lbe;
@@ -218,7 +218,7 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
 fail_upstream:
   gmr__free(l->lbe);
 fail_lbe:
-  pthread_mutex_destroy(&l->up_lock);
+  gmr__lock_destroy(&l->up_lock);
 fail_lock:
   gmr__free(l);
   if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
@@ -230,15 +230,15 @@ static void limit_destroy(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   gmr__policy_destroy(self->upstream);
   gmr__free(l->lbe);
-  pthread_mutex_destroy(&l->up_lock);
+  gmr__lock_destroy(&l->up_lock);
   gmr__free(l);
 }
 
 static inline void up_lock(limit_t *l) {
-  if (l->up_serialize) pthread_mutex_lock(&l->up_lock);
+  if (l->up_serialize) gmr__lock(&l->up_lock);
 }
 static inline void up_unlock(limit_t *l) {
-  if (l->up_serialize) pthread_mutex_unlock(&l->up_lock);
+  if (l->up_serialize) gmr__unlock(&l->up_lock);
 }
 
 static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {

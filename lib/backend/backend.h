@@ -110,6 +110,7 @@ void gmr__sim_fail_all(gmr_sim_t *sim, int on);
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s);
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s);
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
+void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out);
 
 #endif /* GMR_BACKEND_H */

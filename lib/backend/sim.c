@@ -11,7 +11,9 @@
  *
  * Test controls: a fault schedule (fail the k-th reserve or map, fail above
  * N bytes, fail all), streams whose work completes only when a test says so,
- * an injectable clock and spy counters.
+ * an injectable clock, spy counters, and a placement hint (the next reserve
+ * at a given address, so a replay can reproduce a recorded device's
+ * placement).
  *
  * Invariants:
  *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes <= capacity
@@ -76,6 +78,7 @@ struct gmr_sim_s {
   /* Fault schedule. */
   uint64_t fail_countdown;   /* 0: off; 1: the next reserve/map fails */
   uint64_t fail_above;       /* 0: off */
+  uintptr_t place_next;      /* address-only: the next reserve's address if free; 0: none */
   bool fail_all;
   /* Clock. */
   bool clock_fixed;
@@ -200,6 +203,37 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out)
   return GMR_ENOMEM;
 }
 
+/* Take exactly [a, a+size) when it is free (for placement hints). */
+static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  for (size_t i = 0; i < sim->n_free; ++i) {
+    sim_range_t *r = &sim->free_ranges[i];
+    if (a < r->addr || a + size > r->addr + r->size) continue;
+    uintptr_t end = r->addr + r->size;
+    if (a > r->addr && a + size < end) {
+      if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
+                sizeof *sim->free_ranges))
+        return GMR_ENOMEM;
+      r = &sim->free_ranges[i];
+      memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
+              (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+      sim->free_ranges[i + 1] = (sim_range_t){a + size, end - a - size};
+      ++sim->n_free;
+      r->size = a - r->addr;
+    } else if (a > r->addr) {
+      r->size = a - r->addr;
+    } else if (a + size < end) {
+      r->addr = a + size;
+      r->size = end - a - size;
+    } else {
+      memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
+              (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+      --sim->n_free;
+    }
+    return 0;
+  }
+  return GMR_ENOMEM;
+}
+
 static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
   size_t i = 0;
   while (i < sim->n_free && sim->free_ranges[i].addr < a) ++i;
@@ -269,7 +303,12 @@ static int sim_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
     } else {
       /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes. */
       size_t align = size >= sim->base.granularity ? sim->base.granularity : SIM_RESERVE_ALIGN;
-      if (space_take(sim, gmr__align_up(size, SIM_RESERVE_ALIGN), align, &a) != 0)
+      uintptr_t hint = sim->place_next;
+      sim->place_next = 0;
+      if (hint != 0 && hint % SIM_RESERVE_ALIGN == 0 &&
+          space_take_at(sim, hint, gmr__align_up(size, SIM_RESERVE_ALIGN)) == 0)
+        a = hint;
+      else if (space_take(sim, gmr__align_up(size, SIM_RESERVE_ALIGN), align, &a) != 0)
         err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
     }
   }
@@ -586,6 +625,12 @@ int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
   if (st != NULL) st->completed = st->enqueued;
   pthread_mutex_unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
+}
+
+void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr) {
+  pthread_mutex_lock(&sim->lock);
+  sim->place_next = addr;
+  pthread_mutex_unlock(&sim->lock);
 }
 
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns) {

@@ -1,0 +1,81 @@
+/* lock.c: the slow paths of gmr_lock_t (lock.h): spinning with backoff,
+ * sleeping on the futex, and waking one sleeper.  The fast paths are inline
+ * in lock.h.
+ */
+#include "lock.h"
+
+#ifdef GMR_LOCK_FUTEX
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* The spin budget: LOCK_SPIN_ROUNDS looks at the lock, with 1, 2, 4 ... up to
+ * LOCK_SPIN_MAX_PAUSES pauses between two looks (a pause is ~10 to ~140
+ * cycles, depending on the processor), so a waiter spins for some 10 to
+ * 100 microseconds: many hand-overs of a critical section of tens of
+ * nanoseconds, and less than a sleep and a wake-up cost the holder. */
+#define LOCK_SPIN_ROUNDS     64
+#define LOCK_SPIN_MAX_PAUSES 16
+
+static inline void lock_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static inline bool lock_try(gmr_lock_t *l) {
+  uint32_t free_state = 0;
+  return atomic_load_explicit(&l->locked, memory_order_relaxed) == 0 &&
+         atomic_compare_exchange_strong_explicit(&l->locked, &free_state, 1, memory_order_seq_cst,
+                                                 memory_order_relaxed);
+}
+
+/* Spin for the budget; true when the lock was taken. */
+static bool lock_spin(gmr_lock_t *l) {
+  unsigned pauses = 1;
+  for (int round = 0; round < LOCK_SPIN_ROUNDS; ++round) {
+    if (lock_try(l)) return true;
+    for (unsigned i = 0; i < pauses; ++i)
+      lock_relax();
+    if (pauses < LOCK_SPIN_MAX_PAUSES) pauses *= 2;
+  }
+  return false;
+}
+
+void gmr__lock_slow(gmr_lock_t *l) {
+  if (lock_spin(l)) return;
+  atomic_fetch_add_explicit(&l->sleepers, 1, memory_order_seq_cst);
+  for (;;) {
+    if (lock_try(l)) break;
+    /* Sleeps only while locked == 1; an unlock after the increment above
+     * sees this sleeper and wakes one. */
+    syscall(SYS_futex, (uint32_t *)&l->locked, FUTEX_WAIT_PRIVATE, 1, NULL, NULL, 0);
+    /* Woken (or the lock changed before the sleep): let the next unlock wake
+     * another sleeper if this one loses again, then compete by spinning. */
+    atomic_store_explicit(&l->waking, 0, memory_order_seq_cst);
+    if (lock_spin(l)) break;
+  }
+  atomic_fetch_sub_explicit(&l->sleepers, 1, memory_order_relaxed);
+}
+
+void gmr__lock_wake(gmr_lock_t *l) {
+  for (;;) {
+    /* One wake-up in flight at a time; whoever set `waking` finishes the job. */
+    if (atomic_load_explicit(&l->waking, memory_order_seq_cst) != 0 ||
+        atomic_exchange_explicit(&l->waking, 1, memory_order_seq_cst) != 0)
+      return;
+    /* A woken thread clears `waking` itself before it tries again. */
+    if (syscall(SYS_futex, (uint32_t *)&l->locked, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0) > 0)
+      return;
+    /* Nobody was asleep yet.  Unlocks since the exchange above skipped their
+     * wake-up, so a thread that fell asleep meanwhile under one of them could
+     * be left asleep with the lock free: look again. */
+    atomic_store_explicit(&l->waking, 0, memory_order_seq_cst);
+    if (atomic_load_explicit(&l->sleepers, memory_order_seq_cst) == 0 ||
+        atomic_load_explicit(&l->locked, memory_order_seq_cst) != 0)
+      return; /* no sleeper, or a holder whose unlock comes after the store above */
+  }
+}
+#endif

@@ -1,0 +1,96 @@
+#!/bin/sh
+# bench.sh: TAP test of gmr-bench (tools/bench.c) on the simulated device.
+#
+# A short run must produce one JSON record per configuration and size, with
+# one aggregate figure per thread count, and the table must carry the same
+# rows; gmr-bench refuses a run whose runtime did not count exactly the
+# pairs it made, so exit status 0 also means the counts matched.  Bad input
+# gets exit status 2 (options) or 1 (configurations) and a sentence saying
+# what was wrong.
+set -u
+bench="${GMR_BUILDDIR:-.}/tools/gmr-bench"
+src="${GMR_SRCDIR:-.}"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-bench-test.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+n=0
+failed=0
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+
+cat >"$tmp/limit-direct.yaml" <<'EOF'
+policy:
+  name: limit
+  bytes: 1GiB
+  upstream:
+    name: direct
+EOF
+
+run="--reps 3 --pairs 2000 --threads 1,2,4 --sizes 4KiB,1MiB"
+"$bench" $run --json "$src/config/direct.yaml" "$tmp/limit-direct.yaml" >"$tmp/out.json" 2>"$tmp/err"
+ok $? "a JSON run of two configurations exits 0"
+
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$tmp/out.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+want = [("direct", "direct", 4096), ("direct", "direct", 1048576),
+        ("limit-direct", "limit(direct)", 4096), ("limit-direct", "limit(direct)", 1048576)]
+got = [(r["contender"], r["policy"], r["size"]) for r in rows]
+assert got == want, got
+for r in rows:
+    assert r["backend"] == "sim" and r["reps"] == 3 and r["pairs_per_rep"] == 2000, r
+    assert [t["threads"] for t in r["threads"]] == [1, 2, 4], r
+    assert r["ns_per_pair_min"] <= r["ns_per_pair"] <= r["ns_per_pair_max"], r
+    assert all(t["ns_per_pair"] > 0 for t in r["threads"]), r
+    ratio = r["ns_per_pair"] / r["threads"][-1]["ns_per_pair"]
+    assert abs(r["rate_max_threads_vs_one"] - ratio) < 0.01, r
+EOF
+  ok $? "4 records (2 configs x 4KiB, 1MiB), each with 3 repetitions of 2000 pairs at 1, 2, 4 threads"
+else
+  grep -c '"contender"' "$tmp/out.json" | grep -qx 4
+  ok $? "4 records (2 configs x 2 sizes) (python3 absent: counted only)"
+fi
+
+"$bench" --reps 1 --pairs 500 --threads 1,3 --sizes 512 --json-file "$tmp/t.json" \
+  "$src/config/direct.yaml" >"$tmp/table" 2>"$tmp/err"
+ok $? "a table run with --json-file exits 0"
+grep -q '^direct  *direct  *512 bytes ' "$tmp/table"
+ok $? "the table has the row: direct, policy direct, 512 bytes"
+grep -q '  *1T  *3T | *rate$' "$tmp/table"
+ok $? "the table's header names the thread counts 1T and 3T"
+grep -q '"threads": 3,' "$tmp/t.json"
+ok $? "the JSON file holds the 3-thread figure"
+
+check_refusal() { # expected-status needle description args...
+  want=$1 needle=$2 what=$3
+  shift 3
+  "$bench" "$@" >"$tmp/out" 2>"$tmp/err"
+  st=$?
+  if [ "$st" -eq "$want" ] && grep -q -- "$needle" "$tmp/err"; then ok 0 "$what"; else
+    ok 1 "$what"
+    echo "# status $st (expected $want); stderr: $(cat "$tmp/err")"
+  fi
+}
+check_refusal 2 "'0' is not a size in bytes above 0" "--sizes 0 is refused" --sizes 0 x.yaml
+check_refusal 2 "'0' is not a thread count in \[1, 64\]" "--threads 0 is refused" --threads 1,0 x.yaml
+check_refusal 2 "unknown option '--frobnicate'" "an unknown option is refused" --frobnicate x.yaml
+check_refusal 2 "no configuration given" "no configuration is refused" --reps 1
+check_refusal 2 "--torch needs --device cuda" "--torch without --device cuda is refused" \
+  --torch x.so "$src/config/direct.yaml"
+check_refusal 1 "nonexistent.yaml" "a missing configuration file is named" --pairs 10 \
+  "$tmp/nonexistent.yaml"
+printf 'policy:\n  name: direct\n  frobs: 1\n' >"$tmp/bad.yaml"
+check_refusal 1 "bad.yaml:3" "a bad configuration is reported with its line" --pairs 10 \
+  "$tmp/bad.yaml"
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  n=$((n + 1))
+  echo "ok $n # SKIP a GPU is present: --device cuda would run"
+else
+  "$bench" --device cuda "$src/config/direct.yaml" >"$tmp/out" 2>"$tmp/err"
+  st=$?
+  [ "$st" -ne 0 ] && grep -q -e "--device cuda: no CUDA device" \
+    -e "--device cuda: this gmr-bench was built without CUDA" "$tmp/err"
+  ok $? "--device cuda without a device (or without CUDA) says so"
+fi
+
+echo "1..$n"
+exit $failed

@@ -1,0 +1,244 @@
+/* dispatch.c: tests of the dispatcher's hot paths (lib/runtime.c).
+ *
+ * What gmr_alloc and gmr_free promise whatever the policy: argument checks
+ * with their exact errors and out-parameters untouched; double frees and
+ * foreign pointers refused before any state changes; the pointer map keeps
+ * short probe sequences however aligned the addresses are; and any number of
+ * threads, each on its own stream, can allocate and free on one runtime with
+ * exact counts, for a policy the runtime serializes (direct) and for one that
+ * locks itself (limit).  Also the records the direct policy reuses, and the
+ * limit policy's cap, through the new locks.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "gmr.h"
+#include "internal.h"
+#include "runtime.h"
+#include "tap.h"
+
+static gmr_runtime_t *new_runtime(const char *yaml) {
+  gmr_config_t *cfg;
+  gmr_error_t err;
+  if (gmr_config_load_string(yaml, &cfg, &err) != 0) {
+    diag("config: %s", err.message);
+    exit(1);
+  }
+  gmr_sim_options_t sim = {.capacity = 1ull << 40};
+  gmr_runtime_t *rt = NULL;
+  if (gmr_runtime_new_sim(cfg, &sim, &rt) != 0) {
+    diag("cannot create a runtime: %s", gmr__error_last());
+    exit(1);
+  }
+  gmr_config_free(cfg);
+  return rt;
+}
+
+static void test_arguments(void) {
+  gmr_runtime_t *rt = new_runtime("policy: direct\n");
+  void *sentinel = (void *)(uintptr_t)0x5a5a;
+  void *p = sentinel;
+  is_int(gmr_alloc(NULL, 64, NULL, &p), GMR_EINVAL, "gmr_alloc: NULL runtime is GMR_EINVAL");
+  is_int(gmr_alloc(rt, 64, NULL, NULL), GMR_EINVAL, "gmr_alloc: NULL out-parameter is GMR_EINVAL");
+  like(gmr_last_error(rt), "the out-parameter is NULL", "... and says which argument");
+  is_int(gmr_alloc(rt, 0, NULL, &p), GMR_EINVAL, "gmr_alloc: size 0 is GMR_EINVAL");
+  like(gmr_last_error(rt), "size 0", "... and says so");
+  is_int(gmr_alloc(rt, (size_t)1 << 60, NULL, &p), GMR_ENOMEM, "gmr_alloc: 1 EiB is GMR_ENOMEM");
+  like(gmr_last_error(rt), "more than 1EB memory (1152921504606846976 bytes requested)",
+       "... with PyTorch's words and the size");
+  is_ptr(p, sentinel, "the out-parameter is untouched by every refusal");
+  is_int(gmr_free(NULL, sentinel), GMR_EINVAL, "gmr_free: NULL runtime is GMR_EINVAL");
+  is_int(gmr_free(rt, NULL), 0, "gmr_free(NULL) is a no-op");
+
+  gmr_stats_t st;
+  is_int(gmr_alloc(rt, 1000, GMR_SIM_STREAM(1), &p), 0, "an allocation of 1000 bytes");
+  is_int(gmr_free(rt, (char *)p + 512), GMR_EBADPTR, "a pointer inside a block is foreign");
+  like(gmr_last_error(rt), "was not allocated by this runtime, or was already freed",
+       "... and the message says so");
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 1, "the refused free changed nothing: 1 live allocation");
+  is_int(gmr_free(rt, p), 0, "the real free succeeds");
+  is_int(gmr_free(rt, p), GMR_EBADPTR, "a double free is GMR_EBADPTR");
+  gmr_stats(rt, &st);
+  is_u64(st.num_frees, 1, "the double free was not counted: 1 free");
+  is_u64(st.allocations, 0, "no live allocation");
+  is_int(gmr_check(rt), 0, "the policy's invariants hold");
+  gmr_runtime_free(rt);
+}
+
+/* Blocks whose addresses share many low bits (each a 2 MiB reservation on the
+ * simulator, so 2 MiB apart) must not pile into one probe chain. */
+static void test_map_probes(void) {
+  enum { N = 8192 };
+  gmr_runtime_t *rt = new_runtime("policy: direct\n");
+  void **p = malloc(N * sizeof *p);
+  int failed = 0;
+  for (int i = 0; i < N; ++i)
+    failed += gmr_alloc(rt, (size_t)2 << 20, NULL, &p[i]) != 0;
+  is_int(failed, 0, "%d live blocks of 2 MiB", N);
+  is_u64((uintptr_t)p[1] - (uintptr_t)p[0], (uint64_t)2 << 20,
+         "consecutive blocks are 2 MiB apart (21 low address bits in common)");
+  size_t longest = gmr__runtime_map_longest_probe(rt);
+  ok(longest >= 1 && longest <= 12, "the longest probe in the pointer map is %zu slots (<= 12)",
+     longest);
+  size_t req = 0, alloc = 0;
+  int wrong = 0;
+  for (int i = 0; i < N; ++i) {
+    wrong += gmr_alloc_size(rt, p[i], &req, &alloc) != 0 || req != (size_t)2 << 20;
+  }
+  is_int(wrong, 0, "every live block is found with its requested size");
+  /* Free in a scattered order: backward-shift deletion must keep every
+   * remaining entry reachable. */
+  for (int i = 0; i < N; i += 2)
+    failed += gmr_free(rt, p[i]) != 0;
+  for (int i = N - 1; i > 0; i -= 2)
+    failed += gmr_free(rt, p[i]) != 0;
+  is_int(failed, 0, "all %d blocks free, in a scattered order", N);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.num_allocs, N, "num_allocs = %d", N);
+  is_u64(st.num_frees, N, "num_frees = %d", N);
+  is_u64(st.allocations, 0, "nothing live");
+  is_u64(gmr__runtime_map_longest_probe(rt), 0, "the map is empty");
+  free(p);
+  gmr_runtime_free(rt);
+
+  /* 512-byte steps: 8 low address bits in common. */
+  rt = new_runtime("policy: direct\n");
+  p = malloc(N * sizeof *p);
+  for (int i = 0; i < N; ++i)
+    failed += gmr_alloc(rt, 512, NULL, &p[i]) != 0;
+  longest = gmr__runtime_map_longest_probe(rt);
+  ok(failed == 0 && longest >= 1 && longest <= 12,
+     "%d live blocks of 512 bytes: the longest probe is %zu slots (<= 12)", N, longest);
+  for (int i = 0; i < N; ++i)
+    failed += gmr_free(rt, p[i]) != 0;
+  is_int(failed, 0, "and all free");
+  free(p);
+  gmr_runtime_free(rt);
+}
+
+/* ---- threads ---------------------------------------------------------------- */
+
+#define THREADS 8
+#define PAIRS   20000
+#define KEEP    16 /* blocks each thread keeps live while it churns */
+
+typedef struct worker_s {
+  gmr_runtime_t *rt;
+  int id;
+  int errors;
+} worker_t;
+
+static void *churn(void *arg) {
+  worker_t *w = arg;
+  gmr_stream_t s = GMR_SIM_STREAM(w->id + 1);
+  void *keep[KEEP];
+  for (int i = 0; i < KEEP; ++i)
+    w->errors += gmr_alloc(w->rt, 4096 + i, s, &keep[i]) != 0;
+  for (int i = 0; i < PAIRS; ++i) {
+    void *p;
+    size_t size = 512 + (size_t)((i * 7 + w->id) % 64) * 512;
+    if (gmr_alloc(w->rt, size, s, &p) != 0) {
+      ++w->errors;
+      continue;
+    }
+    size_t req = 0, alloc = 0;
+    w->errors += gmr_alloc_size(w->rt, p, &req, &alloc) != 0 || req != size;
+    w->errors += gmr_free(w->rt, p) != 0;
+    /* No double free of p here: another thread may own that address by now.
+     * A byte inside one of this thread's live blocks is never a block start. */
+    w->errors += gmr_free(w->rt, (char *)keep[i % KEEP] + 1) != GMR_EBADPTR;
+  }
+  for (int i = 0; i < KEEP; ++i)
+    w->errors += gmr_free(w->rt, keep[i]) != 0;
+  return NULL;
+}
+
+static void test_threads(const char *name, const char *yaml) {
+  gmr_runtime_t *rt = new_runtime(yaml);
+  pthread_t t[THREADS];
+  worker_t w[THREADS];
+  for (int i = 0; i < THREADS; ++i) {
+    w[i] = (worker_t){rt, i, 0};
+    pthread_create(&t[i], NULL, churn, &w[i]);
+  }
+  int errors = 0;
+  for (int i = 0; i < THREADS; ++i) {
+    pthread_join(t[i], NULL);
+    errors += w[i].errors;
+  }
+  is_int(errors, 0, "%s: %d threads on their own streams, no unexpected result", name, THREADS);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  uint64_t want = (uint64_t)THREADS * (PAIRS + KEEP);
+  is_u64(st.num_allocs, want, "%s: num_allocs = %d x (%d + %d)", name, THREADS, PAIRS, KEEP);
+  is_u64(st.num_frees, want, "%s: num_frees the same (refused frees not counted)", name);
+  is_u64(st.allocations, 0, "%s: nothing live", name);
+  is_int(gmr_check(rt), 0, "%s: the invariants hold", name);
+  gmr_runtime_free(rt);
+}
+
+/* ---- direct and limit through the new paths ---------------------------------- */
+
+static void test_direct_records(void) {
+  gmr_runtime_t *rt = new_runtime("policy: direct\n");
+  void *p, *q = NULL;
+  gmr_stats_t st;
+  /* A fresh runtime has no record to reuse: the host failure is an OOM. */
+  gmr__host_fail_nth(1);
+  int rc = gmr_alloc(rt, 4096, NULL, &q);
+  gmr__host_fail_nth(0);
+  is_int(rc, GMR_ENOMEM, "direct: no host memory for a record is GMR_ENOMEM");
+  like(gmr_last_error(rt), "direct: out of host memory", "... and says so");
+  is_ptr(q, NULL, "... with the out-parameter untouched");
+  gmr_stats(rt, &st);
+  is_u64(st.reserved_bytes, 0, "... and nothing reserved on the device");
+  is_int(gmr_alloc(rt, 4096, NULL, &p), 0, "an allocation");
+  is_int(gmr_free(rt, p), 0, "its free keeps the record");
+  gmr__host_fail_nth(1);
+  rc = gmr_alloc(rt, 8192, NULL, &q);
+  gmr__host_fail_nth(0);
+  is_int(rc, 0, "direct: the next allocation reuses it, with no host allocation");
+  gmr_stats(rt, &st);
+  is_u64(st.allocated_bytes, 8192, "allocated_bytes = 8192");
+  is_u64(st.reserved_bytes, 8192, "reserved_bytes = 8192");
+  is_int(gmr_check(rt), 0, "the live list and the stats agree");
+  is_int(gmr_free(rt, q), 0, "free");
+  gmr_runtime_free(rt);
+}
+
+static void test_limit(void) {
+  gmr_runtime_t *rt = new_runtime("policy: {name: limit, bytes: 1MiB, upstream: {name: direct}}\n");
+  void *a, *b, *c = NULL;
+  is_int(gmr_alloc(rt, 512 << 10, NULL, &a), 0, "limit 1 MiB: 512 KiB");
+  is_int(gmr_alloc(rt, 512 << 10, NULL, &b), 0, "limit 1 MiB: another 512 KiB");
+  is_int(gmr_alloc(rt, 1, NULL, &c), GMR_ENOMEM, "limit 1 MiB: one byte more is GMR_ENOMEM");
+  like(gmr_last_error(rt),
+       "limit of 1.00 MiB (1048576 bytes) reached. Tried to allocate 1 bytes (1 bytes) with "
+       "1.00 MiB (1048576 bytes) already allocated.",
+       "... naming the cap, the request and the bytes in use");
+  is_ptr(c, NULL, "... with the out-parameter untouched");
+  is_int(gmr_free(rt, a), 0, "free 512 KiB");
+  is_int(gmr_alloc(rt, 512 << 10, NULL, &c), 0, "512 KiB fits again");
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.ooms, 1, "ooms = 1");
+  is_u64(st.limit_bytes, 1 << 20, "limit_bytes = 1048576");
+  is_u64(st.allocated_bytes, 1 << 20, "allocated_bytes = 1048576");
+  gmr_free(rt, b);
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+}
+
+int main(void) {
+  test_arguments();
+  test_map_probes();
+  test_threads("direct (serialized)", "policy: direct\n");
+  test_threads("limit(direct) (concurrent)",
+               "policy: {name: limit, bytes: 64GiB, upstream: {name: direct}}\n");
+  test_direct_records();
+  test_limit();
+  return done_testing();
+}

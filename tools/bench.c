@@ -1,0 +1,681 @@
+/* bench.c: gmr-bench, the host cost of the allocation hot path.
+ *
+ *   gmr-bench [--device sim|cuda] [--sizes LIST] [--threads LIST] [--reps N]
+ *             [--min-time MS] [--torch SHIM.so] [--no-baselines] [--json] CONFIG...
+ *
+ * For each configuration it measures, on one runtime:
+ *  - the host time of one cached alloc+free pair on one stream: a warm-up
+ *    pair primes the cache, then a loop of gmr_alloc + gmr_free of the same
+ *    size is timed, repeated --reps times; the median is reported;
+ *  - the aggregate rate with 1, 2, 4, 8, 16 threads, each allocating and
+ *    freeing on its own stream: every thread runs the same number of pairs,
+ *    and aggregate ns/pair = wall time / (threads x pairs per thread), where
+ *    the wall time runs from the first thread's start to the last one's end.
+ *    A rate that holds up under threads keeps this figure at or below the
+ *    one-thread figure.
+ *
+ * With --device cuda (a build with the CUDA backend, on a machine with a
+ * GPU) it also measures the contenders gmr is judged against: cudaMalloc +
+ * cudaFree, cudaMallocAsync + cudaFreeAsync on the device's default pool
+ * with its release threshold at UINT64_MAX, and, given --torch, PyTorch's
+ * own caching allocator through the small C++ shim tools/bench-torch.cpp
+ * (loaded with dlopen, so gmr-bench itself needs no libtorch).  This file
+ * includes the CUDA runtime header for those contenders only; gmr itself
+ * reaches CUDA through lib/backend/cuda.c alone.
+ *
+ * Every gmr run checks itself afterwards: the runtime's statistics must show
+ * exactly as many allocations and frees as the benchmark made, and none
+ * live, or the figure is refused.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gmr.h"
+#include "internal.h"
+
+#ifdef GMR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define BENCH_MAX_THREADS 64
+#define BENCH_MAX_SIZES   16
+#define BENCH_MAX_REPS    101
+
+/* ---- options -------------------------------------------------------------- */
+
+typedef struct bench_opts_s {
+  bool cuda;                     /* --device cuda */
+  bool json;                     /* JSON on stdout instead of the table */
+  FILE *json_file;               /* --json-file: JSON there as well as the table */
+  bool baselines;                /* the CUDA contenders (with --device cuda) */
+  int reps;                      /* repetitions; the median is reported */
+  double min_time_ns;            /* one repetition on one thread lasts at least this */
+  uint64_t fixed_pairs;          /* --pairs: pairs per thread per repetition; 0: calibrate */
+  size_t sizes[BENCH_MAX_SIZES]; /* bytes */
+  int n_sizes;
+  int threads[BENCH_MAX_THREADS]; /* thread counts, ascending as given */
+  int n_threads;
+  int max_threads;        /* max of threads[] */
+  const char *torch_shim; /* path of the shim, or NULL */
+  uint64_t capacity;      /* simulated device, bytes */
+} bench_opts_t;
+
+/* ---- contenders ----------------------------------------------------------- */
+
+typedef struct contender_s contender_t;
+
+/* Run `n` alloc+free pairs of `size` bytes on `stream`; 0 or an error text. */
+typedef const char *(*pairs_fn)(contender_t *c, void *stream, size_t size, uint64_t n);
+
+struct contender_s {
+  char name[128];      /* the config's base name, or "cudaMalloc"... */
+  char policy[128];    /* the policy stack, or what the contender is */
+  const char *backend; /* "sim", "cuda" */
+  pairs_fn pairs;
+  gmr_runtime_t *rt;                /* gmr contenders */
+  void *streams[BENCH_MAX_THREADS]; /* one per thread */
+  uint64_t pairs_done;              /* pairs run so far, warm-ups included (gmr self-check) */
+  pthread_mutex_t count_lock;       /* guards pairs_done */
+  /* PyTorch shim. */
+  void *(*torch_alloc)(size_t size, void *stream);
+  void (*torch_free)(void *ptr);
+};
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static const char *gmr_pairs(contender_t *c, void *stream, size_t size, uint64_t n) {
+  gmr_runtime_t *rt = c->rt;
+  for (uint64_t i = 0; i < n; ++i) {
+    void *p;
+    if (gmr_alloc(rt, size, stream, &p) != 0) return gmr_last_error(rt);
+    if (gmr_free(rt, p) != 0) return gmr_last_error(rt);
+  }
+  return NULL;
+}
+
+#ifdef GMR_HAVE_CUDA
+static const char *cuda_malloc_pairs(contender_t *c, void *stream, size_t size, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    void *p;
+    cudaError_t e = cudaMalloc(&p, size);
+    if (e == cudaSuccess) e = cudaFree(p);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  return NULL;
+}
+
+static const char *cuda_async_pairs(contender_t *c, void *stream, size_t size, uint64_t n) {
+  cudaStream_t s = stream;
+  for (uint64_t i = 0; i < n; ++i) {
+    void *p;
+    cudaError_t e = cudaMallocAsync(&p, size, s);
+    if (e == cudaSuccess) e = cudaFreeAsync(p, s);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  cudaError_t e = cudaStreamSynchronize(s);
+  return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static const char *torch_pairs(contender_t *c, void *stream, size_t size, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    void *p = c->torch_alloc(size, stream);
+    if (p == NULL) return "PyTorch's allocator failed (see the shim's message above)";
+    c->torch_free(p);
+  }
+  return NULL;
+}
+#endif
+
+/* ---- one measurement -------------------------------------------------------- */
+
+typedef struct worker_s {
+  contender_t *c;
+  pthread_barrier_t *barrier;
+  void *stream;
+  size_t size;
+  uint64_t pairs;
+  uint64_t t0, t1;   /* ns, the timed loop's start and end */
+  const char *error; /* NULL: fine */
+} worker_t;
+
+static void count_pairs(contender_t *c, uint64_t n) {
+  pthread_mutex_lock(&c->count_lock);
+  c->pairs_done += n;
+  pthread_mutex_unlock(&c->count_lock);
+}
+
+static void *worker_main(void *arg) {
+  worker_t *w = arg;
+  /* One untimed pair first: it primes this stream's cache (a cached pair is
+   * what is measured) and makes the thread's first-touch costs untimed. */
+  w->error = w->c->pairs(w->c, w->stream, w->size, 1);
+  pthread_barrier_wait(w->barrier);
+  if (w->error != NULL) return NULL;
+  w->t0 = now_ns();
+  w->error = w->c->pairs(w->c, w->stream, w->size, w->pairs);
+  w->t1 = now_ns();
+  count_pairs(w->c, 1 + w->pairs);
+  return NULL;
+}
+
+/* Aggregate ns per pair of `threads` threads running `pairs` pairs each. */
+static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs, double *out_ns) {
+  worker_t w[BENCH_MAX_THREADS];
+  pthread_t tid[BENCH_MAX_THREADS];
+  pthread_barrier_t barrier;
+  if (pthread_barrier_init(&barrier, NULL, (unsigned)threads) != 0) {
+    fprintf(stderr, "gmr-bench: cannot create a barrier\n");
+    return 1;
+  }
+  int started = 0;
+  for (int t = 0; t < threads; ++t) {
+    w[t] = (worker_t){
+        .c = c, .barrier = &barrier, .stream = c->streams[t], .size = size, .pairs = pairs};
+    if (threads == 1) {
+      worker_main(&w[0]); /* the barrier of one thread does not wait */
+      started = 1;
+      break;
+    }
+    if (pthread_create(&tid[t], NULL, worker_main, &w[t]) != 0) {
+      fprintf(stderr, "gmr-bench: cannot start thread %d: %s\n", t, strerror(errno));
+      exit(1); /* the others wait on the barrier forever */
+    }
+    ++started;
+  }
+  if (threads > 1)
+    for (int t = 0; t < started; ++t)
+      pthread_join(tid[t], NULL);
+  pthread_barrier_destroy(&barrier);
+  uint64_t t0 = UINT64_MAX, t1 = 0;
+  for (int t = 0; t < threads; ++t) {
+    if (w[t].error != NULL) {
+      fprintf(stderr, "gmr-bench: %s, %zu bytes, %d threads: %s\n", c->name, size, threads,
+              w[t].error);
+      return 1;
+    }
+    if (w[t].t0 < t0) t0 = w[t].t0;
+    if (w[t].t1 > t1) t1 = w[t].t1;
+  }
+  *out_ns = (double)(t1 - t0) / ((double)threads * (double)pairs);
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- results -------------------------------------------------------------- */
+
+typedef struct result_s {
+  double single;                 /* median ns per pair, one thread */
+  double single_min, single_max; /* over the repetitions */
+  uint64_t pairs;                /* pairs per thread per repetition */
+  double agg[BENCH_MAX_THREADS]; /* median aggregate ns per pair, per threads[i] */
+} result_t;
+
+/* Pairs per repetition such that one thread runs for at least min_time. */
+static int calibrate(contender_t *c, const bench_opts_t *o, size_t size, uint64_t *out) {
+  if (o->fixed_pairs != 0) {
+    *out = o->fixed_pairs;
+    return 0;
+  }
+  uint64_t n = 64;
+  for (;;) {
+    double ns;
+    if (run_threads(c, size, 1, n, &ns) != 0) return 1;
+    double total = ns * (double)n;
+    if (total >= o->min_time_ns || n >= (1ull << 32)) break;
+    double want = o->min_time_ns / (ns > 1 ? ns : 1) * 1.1;
+    n = want > (double)(n * 16) ? n * 16 : (uint64_t)want + 1;
+  }
+  *out = n;
+  return 0;
+}
+
+static int measure(contender_t *c, const bench_opts_t *o, size_t size, result_t *r) {
+  double v[BENCH_MAX_REPS];
+  if (calibrate(c, o, size, &r->pairs) != 0) return 1;
+  for (int i = 0; i < o->reps; ++i)
+    if (run_threads(c, size, 1, r->pairs, &v[i]) != 0) return 1;
+  r->single = median(v, o->reps);
+  r->single_min = v[0];
+  r->single_max = v[o->reps - 1];
+  for (int k = 0; k < o->n_threads; ++k) {
+    for (int i = 0; i < o->reps; ++i)
+      if (run_threads(c, size, o->threads[k], r->pairs, &v[i]) != 0) return 1;
+    r->agg[k] = median(v, o->reps);
+  }
+  return 0;
+}
+
+/* A gmr runtime must have seen exactly the pairs the benchmark made. */
+static int gmr_self_check(contender_t *c) {
+  gmr_stats_t st;
+  if (gmr_stats(c->rt, &st) != 0) return 1;
+  if (st.num_allocs != c->pairs_done || st.num_frees != c->pairs_done || st.allocations != 0) {
+    fprintf(stderr,
+            "gmr-bench: %s: the runtime counted %" PRIu64 " allocations, %" PRIu64
+            " frees and %" PRIu64 " live, but the benchmark made %" PRIu64 " pairs\n",
+            c->name, st.num_allocs, st.num_frees, st.allocations, c->pairs_done);
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- output --------------------------------------------------------------- */
+
+static void print_header(const bench_opts_t *o) {
+  printf("gmr-bench: host time per alloc+free pair, median of %d repetitions, %s device\n"
+         "  1T: one thread on one stream; NT: aggregate time per pair with N threads, each on\n"
+         "  its own stream (wall time / all pairs); rate: the rate at %d threads over one.\n\n",
+         o->reps, o->cuda ? "CUDA" : "simulated", o->threads[o->n_threads - 1]);
+  printf("%-18s %-28s %9s %9s |", "contender", "policy", "size", "1T ns");
+  for (int k = 0; k < o->n_threads; ++k)
+    printf(" %7dT", o->threads[k]);
+  printf(" | %5s\n", "rate");
+}
+
+static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, const result_t *r) {
+  char sz[32];
+  gmr__format_size(size, sz, sizeof sz);
+  printf("%-18s %-28s %9s %9.1f |", c->name, c->policy, sz, r->single);
+  for (int k = 0; k < o->n_threads; ++k)
+    printf(" %8.1f", r->agg[k]);
+  printf(" | %4.2fx\n", r->single / r->agg[o->n_threads - 1]);
+  fflush(stdout);
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; ++s) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
+                       const result_t *r, bool first) {
+  fprintf(f, "%s\n  {\"contender\": ", first ? "" : ",");
+  json_str(f, c->name);
+  fprintf(f, ", \"policy\": ");
+  json_str(f, c->policy);
+  fprintf(f,
+          ", \"backend\": \"%s\", \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": %" PRIu64
+          ", \"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
+          "\"threads\": [",
+          c->backend, size, o->reps, r->pairs, r->single, r->single_min, r->single_max);
+  for (int k = 0; k < o->n_threads; ++k)
+    fprintf(f, "%s{\"threads\": %d, \"ns_per_pair\": %.2f, \"pairs_per_second\": %.0f}",
+            k ? ", " : "", o->threads[k], r->agg[k], 1e9 / r->agg[k]);
+  fprintf(f, "], \"rate_max_threads_vs_one\": %.3f}", r->single / r->agg[o->n_threads - 1]);
+  fflush(f);
+}
+
+/* ---- contender set-up ------------------------------------------------------- */
+
+static int streams_new(contender_t *c, const bench_opts_t *o) {
+  for (int t = 0; t < o->max_threads; ++t) {
+    if (!o->cuda) {
+      c->streams[t] = GMR_SIM_STREAM(t + 1);
+      continue;
+    }
+#ifdef GMR_HAVE_CUDA
+    cudaStream_t s;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      fprintf(stderr, "gmr-bench: cudaStreamCreate: %s\n", cudaGetErrorString(e));
+      return 1;
+    }
+    c->streams[t] = s;
+#endif
+  }
+  return 0;
+}
+
+static void streams_free(contender_t *c, const bench_opts_t *o) {
+#ifdef GMR_HAVE_CUDA
+  if (o->cuda)
+    for (int t = 0; t < o->max_threads; ++t)
+      cudaStreamDestroy(c->streams[t]);
+#endif
+}
+
+static void base_name(const char *path, char *out, size_t len) {
+  const char *b = strrchr(path, '/');
+  b = b ? b + 1 : path;
+  snprintf(out, len, "%s", b);
+  char *dot = strrchr(out, '.');
+  if (dot && (strcmp(dot, ".yaml") == 0 || strcmp(dot, ".yml") == 0)) *dot = '\0';
+}
+
+static int gmr_contender_new(const char *path, const bench_opts_t *o, contender_t *c) {
+  gmr_config_t *cfg;
+  gmr_error_t err;
+  int rc = gmr_config_load_file(path, &cfg, &err);
+  if (rc != 0) {
+    fprintf(stderr, "gmr-bench: %s\n", err.message);
+    return 1;
+  }
+  if (o->cuda) {
+    rc = gmr_runtime_new(cfg, 0, &c->rt);
+  } else {
+    gmr_sim_options_t sim = {.capacity = o->capacity};
+    rc = gmr_runtime_new_sim(cfg, &sim, &c->rt);
+  }
+  gmr_config_free(cfg);
+  if (rc != 0) {
+    fprintf(stderr, "gmr-bench: %s: cannot create the runtime: %s (%s)\n", path, gmr_strerror(rc),
+            gmr__error_last());
+    return 1;
+  }
+  c->backend = gmr_runtime_backend(c->rt);
+  if (o->cuda && strcmp(c->backend, "cuda") != 0) {
+    fprintf(stderr, "gmr-bench: %s runs on the %s device, not on CUDA\n", path, c->backend);
+    gmr_runtime_free(c->rt);
+    return 1;
+  }
+  base_name(path, c->name, sizeof c->name);
+  snprintf(c->policy, sizeof c->policy, "%s", gmr_runtime_policy(c->rt));
+  c->pairs = gmr_pairs;
+  return 0;
+}
+
+/* Measure one contender at every size and print its rows. */
+static int bench_contender(contender_t *c, const bench_opts_t *o, bool *first) {
+  pthread_mutex_init(&c->count_lock, NULL);
+  int rc = streams_new(c, o);
+  for (int i = 0; i < o->n_sizes && rc == 0; ++i) {
+    result_t r;
+    memset(&r, 0, sizeof r);
+    rc = measure(c, o, o->sizes[i], &r);
+    if (rc == 0 && c->rt != NULL) rc = gmr_self_check(c);
+    if (rc != 0) break;
+    if (o->json) {
+      print_json(stdout, o, c, o->sizes[i], &r, *first);
+    } else {
+      if (*first) print_header(o);
+      print_row(o, c, o->sizes[i], &r);
+    }
+    if (o->json_file != NULL) print_json(o->json_file, o, c, o->sizes[i], &r, *first);
+    *first = false;
+  }
+  streams_free(c, o);
+  pthread_mutex_destroy(&c->count_lock);
+  return rc;
+}
+
+#ifdef GMR_HAVE_CUDA
+static int cuda_baselines(const bench_opts_t *o, bool *first) {
+  contender_t c;
+  memset(&c, 0, sizeof c);
+  c.backend = "cuda";
+  snprintf(c.name, sizeof c.name, "cudaMalloc");
+  snprintf(c.policy, sizeof c.policy, "cudaMalloc+cudaFree");
+  c.pairs = cuda_malloc_pairs;
+  if (bench_contender(&c, o, first) != 0) return 1;
+
+  cudaMemPool_t pool;
+  uint64_t threshold = UINT64_MAX;
+  cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, 0);
+  if (e == cudaSuccess)
+    e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+  if (e != cudaSuccess) {
+    fprintf(stderr, "gmr-bench: the default memory pool: %s\n", cudaGetErrorString(e));
+    return 1;
+  }
+  memset(&c, 0, sizeof c);
+  c.backend = "cuda";
+  snprintf(c.name, sizeof c.name, "cudaMallocAsync");
+  snprintf(c.policy, sizeof c.policy, "default pool, keeps all");
+  c.pairs = cuda_async_pairs;
+  if (bench_contender(&c, o, first) != 0) return 1;
+
+  if (o->torch_shim == NULL) return 0;
+  void *h = dlopen(o->torch_shim, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "gmr-bench: --torch %s: %s\n", o->torch_shim, dlerror());
+    return 1;
+  }
+  int (*init)(int, char *, size_t) = (int (*)(int, char *, size_t))dlsym(h, "gmr_bench_torch_init");
+  memset(&c, 0, sizeof c);
+  c.torch_alloc = (void *(*)(size_t, void *))dlsym(h, "gmr_bench_torch_alloc");
+  c.torch_free = (void (*)(void *))dlsym(h, "gmr_bench_torch_free");
+  const char *(*version)(void) = (const char *(*)(void))dlsym(h, "gmr_bench_torch_version");
+  char why[512] = "";
+  if (init == NULL || c.torch_alloc == NULL || c.torch_free == NULL || version == NULL) {
+    fprintf(stderr, "gmr-bench: --torch %s: not a gmr-bench shim (tools/bench-torch.cpp)\n",
+            o->torch_shim);
+    return 1;
+  }
+  if (init(0, why, sizeof why) != 0) {
+    fprintf(stderr, "gmr-bench: PyTorch's allocator: %s\n", why);
+    return 1;
+  }
+  c.backend = "cuda";
+  snprintf(c.name, sizeof c.name, "pytorch-native");
+  snprintf(c.policy, sizeof c.policy, "c10 CUDACachingAllocator %s", version());
+  c.pairs = torch_pairs;
+  return bench_contender(&c, o, first); /* the shim stays loaded: c10 has no unload */
+}
+#endif
+
+/* ---- command line ------------------------------------------------------------ */
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: gmr-bench [OPTIONS] CONFIG.yaml...\n"
+             "Host time per cached alloc+free pair on one stream, and aggregate time per pair\n"
+             "with N threads each on its own stream (median of the repetitions).\n"
+             "  --device sim|cuda  where the runtimes run (default sim); cuda also measures\n"
+             "                     cudaMalloc, cudaMallocAsync and, with --torch, PyTorch\n"
+             "  --sizes LIST       request sizes, e.g. 4KiB,1MiB (the default)\n"
+             "  --threads LIST     thread counts (default 1,2,4,8,16)\n"
+             "  --reps N           repetitions, median reported (default 7)\n"
+             "  --min-time MS      one repetition on one thread lasts at least MS ms (default 20)\n"
+             "  --pairs N          pairs per thread per repetition instead of --min-time (for\n"
+             "                     instruction counts: valgrind --tool=callgrind)\n"
+             "  --capacity SIZE    memory of the simulated device (default 141GiB)\n"
+             "  --torch SHIM.so    PyTorch's allocator through tools/bench-torch.cpp\n"
+             "  --no-baselines     with --device cuda, measure the configurations only\n"
+             "  --json             one JSON array instead of the table\n"
+             "  --json-file PATH   the table, and the JSON array written to PATH\n");
+}
+
+static int parse_list(const char *opt, const char *text, bool sizes, void *out, int max, int *n) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", text);
+  *n = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (*n == max) {
+      fprintf(stderr, "gmr-bench: %s: at most %d values\n", opt, max);
+      return 1;
+    }
+    uint64_t v;
+    if (sizes) {
+      if (gmr__parse_size(tok, &v) != 0 || v == 0) {
+        fprintf(stderr, "gmr-bench: %s: '%s' is not a size in bytes above 0 (e.g. 4KiB)\n", opt,
+                tok);
+        return 1;
+      }
+      ((size_t *)out)[(*n)++] = (size_t)v;
+    } else {
+      char *end;
+      long t = strtol(tok, &end, 10);
+      if (*end != '\0' || t < 1 || t > BENCH_MAX_THREADS) {
+        fprintf(stderr, "gmr-bench: %s: '%s' is not a thread count in [1, %d]\n", opt, tok,
+                BENCH_MAX_THREADS);
+        return 1;
+      }
+      ((int *)out)[(*n)++] = (int)t;
+    }
+  }
+  if (*n == 0) {
+    fprintf(stderr, "gmr-bench: %s: the list is empty\n", opt);
+    return 1;
+  }
+  return 0;
+}
+
+static int parse_int(const char *opt, const char *text, long lo, long hi, long *out) {
+  char *end;
+  long v = strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || v < lo || v > hi) {
+    fprintf(stderr, "gmr-bench: %s: '%s' is not an integer in [%ld, %ld]\n", opt, text, lo, hi);
+    return 1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config) {
+  *o = (bench_opts_t){.reps = 7,
+                      .min_time_ns = 20e6,
+                      .baselines = true,
+                      .sizes = {4096, 1 << 20},
+                      .n_sizes = 2,
+                      .threads = {1, 2, 4, 8, 16},
+                      .n_threads = 5,
+                      .capacity = 141ull << 30};
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-' && argv[i][1] != '\0'; ++i) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    long n;
+    if (strcmp(a, "--") == 0) {
+      ++i;
+      break;
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      exit(0);
+    } else if (strcmp(a, "--json") == 0) {
+      o->json = true;
+      continue;
+    } else if (strcmp(a, "--no-baselines") == 0) {
+      o->baselines = false;
+      continue;
+    }
+    if (v == NULL) {
+      fprintf(stderr, "gmr-bench: %s needs a value (see --help)\n", a);
+      return 1;
+    }
+    ++i;
+    if (strcmp(a, "--device") == 0) {
+      if (strcmp(v, "sim") != 0 && strcmp(v, "cuda") != 0) {
+        fprintf(stderr, "gmr-bench: --device: '%s' is neither sim nor cuda\n", v);
+        return 1;
+      }
+      o->cuda = strcmp(v, "cuda") == 0;
+    } else if (strcmp(a, "--sizes") == 0) {
+      if (parse_list(a, v, true, o->sizes, BENCH_MAX_SIZES, &o->n_sizes) != 0) return 1;
+    } else if (strcmp(a, "--threads") == 0) {
+      if (parse_list(a, v, false, o->threads, BENCH_MAX_THREADS, &o->n_threads) != 0) return 1;
+    } else if (strcmp(a, "--reps") == 0) {
+      if (parse_int(a, v, 1, BENCH_MAX_REPS, &n) != 0) return 1;
+      o->reps = (int)n;
+    } else if (strcmp(a, "--min-time") == 0) {
+      if (parse_int(a, v, 1, 60000, &n) != 0) return 1;
+      o->min_time_ns = (double)n * 1e6;
+    } else if (strcmp(a, "--pairs") == 0) {
+      if (parse_int(a, v, 1, 1L << 40, &n) != 0) return 1;
+      o->fixed_pairs = (uint64_t)n;
+    } else if (strcmp(a, "--capacity") == 0) {
+      if (gmr__parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20)) {
+        fprintf(stderr, "gmr-bench: --capacity: '%s' is not a size of 1MiB or more\n", v);
+        return 1;
+      }
+    } else if (strcmp(a, "--torch") == 0) {
+      o->torch_shim = v;
+    } else if (strcmp(a, "--json-file") == 0) {
+      if (o->json_file != NULL) fclose(o->json_file);
+      o->json_file = fopen(v, "w");
+      if (o->json_file == NULL) {
+        fprintf(stderr, "gmr-bench: --json-file %s: %s\n", v, strerror(errno));
+        return 1;
+      }
+    } else {
+      fprintf(stderr, "gmr-bench: unknown option '%s' (see --help)\n", a);
+      return 1;
+    }
+  }
+  o->max_threads = 1;
+  for (int k = 0; k < o->n_threads; ++k)
+    if (o->threads[k] > o->max_threads) o->max_threads = o->threads[k];
+  if (o->torch_shim != NULL && !o->cuda) {
+    fprintf(stderr, "gmr-bench: --torch needs --device cuda\n");
+    return 1;
+  }
+#ifndef GMR_HAVE_CUDA
+  if (o->cuda) {
+    fprintf(stderr, "gmr-bench: --device cuda: this gmr-bench was built without CUDA\n");
+    return 1;
+  }
+#endif
+  if (i == argc && !(o->cuda && o->baselines)) {
+    fprintf(stderr, "gmr-bench: no configuration given (e.g. config/pytorch.yaml)\n");
+    usage(stderr);
+    return 1;
+  }
+  *first_config = i;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  bench_opts_t o;
+  int first_config;
+  if (parse_args(argc, argv, &o, &first_config) != 0) return 2;
+  bool first = true;
+#ifdef GMR_HAVE_CUDA
+  int devices = 0;
+  if (o.cuda && (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)) {
+    fprintf(stderr, "gmr-bench: --device cuda: no CUDA device\n");
+    return 1;
+  }
+#endif
+  if (o.json) printf("[");
+  if (o.json_file != NULL) fprintf(o.json_file, "[");
+  int rc = 0;
+  for (int i = first_config; i < argc && rc == 0; ++i) {
+    contender_t c;
+    memset(&c, 0, sizeof c);
+    if (gmr_contender_new(argv[i], &o, &c) != 0) {
+      rc = 1;
+      break;
+    }
+    rc = bench_contender(&c, &o, &first);
+    gmr_runtime_free(c.rt);
+  }
+#ifdef GMR_HAVE_CUDA
+  if (rc == 0 && o.cuda && o.baselines) rc = cuda_baselines(&o, &first);
+#endif
+  if (o.json) printf("\n]\n");
+  if (o.json_file != NULL) {
+    fprintf(o.json_file, "\n]\n");
+    if (fclose(o.json_file) != 0) {
+      fprintf(stderr, "gmr-bench: --json-file: %s\n", strerror(errno));
+      rc = 1;
+    }
+  }
+  return rc;
+}
