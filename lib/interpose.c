@@ -16,14 +16,16 @@
  *         hooked, call the driver, then swap in our function for the names
  *         above (and for cuGetProcAddress itself);
  *       * through dlsym(handle, name), which JAX's CUDA plugin uses after
- *         dlopen("libcuda.so.1"): this library defines dlsym.
- * VMM.  Frameworks that see virtual memory management supported may take
- * their buffers with cuMemCreate/cuMemMap instead of cuMemAlloc (JAX 0.11's
- * XLA does, even with XLA_PYTHON_CLIENT_ALLOCATOR=platform), which no
- * allocator can hand out from its pool.  So cuDeviceGetAttribute answers 0
+ *         dlopen("libcuda.so.1"): this library defines dlsym.  (JAX 0.11
+ *         itself maps its buffers with cuMemCreate/cuMemMap, which are not
+ *         routed: see VMM below.)
+ * VMM.  A framework that finds virtual memory management supported may map
+ * its buffers itself (cuMemCreate/cuMemMap), which no allocator can serve from
+ * its pool.  With GMR_INTERPOSE_HIDE_VMM=1, cuDeviceGetAttribute answers 0
  * for CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (102) to every
- * caller but gmr, and they fall back to cuMemAlloc.  GMR_INTERPOSE_VMM=1
- * shows the device's real answer (their VMM memory then bypasses gmr).
+ * caller but gmr, so that frameworks which can fall back to cuMemAlloc do.
+ * Off by default: XLA in JAX 0.11 cannot (it refuses the device: "VMM is
+ * required for device memory allocation in XLA"), so its buffers bypass gmr.
  * cudaMemGetInfo and cuMemGetInfo_v2 report the configured limit: with a cap
  * of L bytes (gmr_stats().limit_bytes) and R bytes reserved by gmr,
  *     total = L,  free = min(driver's free, L - R)   (0 when R >= L).
@@ -135,7 +137,7 @@ static ip_range_t ip_gmr;  /* libgmr.so */
 static ip_range_t ip_self; /* this library */
 
 static bool ip_log_on;   /* GMR_INTERPOSE_LOG=1; set once in ip_init */
-static bool ip_show_vmm; /* GMR_INTERPOSE_VMM=1; set once in ip_init */
+static bool ip_hide_vmm; /* GMR_INTERPOSE_HIDE_VMM=1; set once in ip_init */
 
 static void ip_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 IP_RAW static void ip_log(const char *fmt, ...) {
@@ -158,8 +160,8 @@ IP_RAW static void ip_log(const char *fmt, ...) {
 IP_RAW static void ip_init(void) {
   const char *v = getenv("GMR_INTERPOSE_LOG");
   ip_log_on = v != NULL && v[0] == '1';
-  v = getenv("GMR_INTERPOSE_VMM");
-  ip_show_vmm = v != NULL && v[0] == '1';
+  v = getenv("GMR_INTERPOSE_HIDE_VMM");
+  ip_hide_vmm = v != NULL && v[0] == '1';
   dlsym_fn d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
@@ -422,7 +424,7 @@ IP_EXPORT CUresult_t cuDeviceGetAttribute(int *value, int attrib, int dev) {
   const ip_driver_t *d = ip_driver();
   if (d->device_get_attribute == NULL) return IP_CUDA_ERROR_NOT_INITIALIZED;
   CUresult_t r = d->device_get_attribute(value, attrib, dev);
-  if (r == IP_CUDA_SUCCESS && attrib == IP_ATTR_VMM_SUPPORTED && !ip_show_vmm &&
+  if (r == IP_CUDA_SUCCESS && attrib == IP_ATTR_VMM_SUPPORTED && ip_hide_vmm &&
       !ip_from_gmr(IP_CALLER())) {
     IP_LOG("gmr-preload: cuDeviceGetAttribute(VMM supported, %d): %d, reported as 0", dev, *value);
     *value = 0;

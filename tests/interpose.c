@@ -2,8 +2,9 @@
  * simulator and a stand-in libcuda.so.1 (tests/fake-cuda.c).
  *
  * Run by tests/interpose.sh with LD_PRELOAD=libgmr-preload.so, the fake
- * driver first on LD_LIBRARY_PATH, and GMR_CONFIG naming a simulated device of
- * 1 GiB under `policy: direct` with `limit: {bytes: 64MiB, counts: reserved}`.
+ * driver first on LD_LIBRARY_PATH, GMR_INTERPOSE_HIDE_VMM=1, and GMR_CONFIG
+ * naming a simulated device of 1 GiB under `policy: direct` with
+ * `limit: {bytes: 64MiB, counts: reserved}`.
  * Checks that every way a framework reaches the allocation entry points
  * (dlsym on the driver's handle as JAX does, cuGetProcAddress(_v2) as cudart
  * does, plain symbols) lands in gmr, that memory info reports the limit, that
@@ -143,14 +144,14 @@ int main(void) {
   gp1("cuMemFree", &pfn, 12000, 0);
   ok(pfn == (void *)dfree, "cuGetProcAddress (v1) hooks too");
 
-  /* ---- VMM support is hidden from everyone but gmr ---- */
+  /* ---- GMR_INTERPOSE_HIDE_VMM=1: VMM support is hidden from everyone but gmr ---- */
   typedef int (*attr_fn)(int *, int, int);
   attr_fn attr = (attr_fn)dlsym(cu, "cuDeviceGetAttribute");
   ok(attr != NULL && (void *)attr != fake->fn.cuDeviceGetAttribute,
      "dlsym(libcuda, cuDeviceGetAttribute) is the interposer's");
   int v = -1;
   is_int(attr(&v, 102, 0), 0, "cuDeviceGetAttribute(VMM supported)");
-  is_int(v, 0, "  reports 0 (the driver says 1): frameworks fall back to cuMemAlloc");
+  is_int(v, 0, "  reports 0 under GMR_INTERPOSE_HIDE_VMM=1 (the driver says 1)");
   attr(&v, 1, 0);
   is_int(v, 7, "  other attributes are the driver's");
   gp2("cuDeviceGetAttribute", &pfn, 13000, 0, &status);

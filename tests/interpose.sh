@@ -22,5 +22,5 @@ YAML
 san=$(ldd "$preload" 2>/dev/null | awk '/lib(asan|tsan|ubsan)\.so/ {print $3}' | head -n 1)
 LD_PRELOAD="${san:+$san:}$(cd "$(dirname "$preload")" && pwd)/libgmr-preload.so" \
 LD_LIBRARY_PATH="$dir:$b/lib/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-GMR_CONFIG="$dir/gmr.yaml" \
+GMR_CONFIG="$dir/gmr.yaml" GMR_INTERPOSE_HIDE_VMM=1 \
   "$b/tests/interpose"

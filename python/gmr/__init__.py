@@ -11,9 +11,9 @@
 Every framework in the process allocates from gmr's process-wide runtime of
 the device (gmr_default_runtime), built from the YAML file named by
 GMR_CONFIG.  `config` arguments set GMR_CONFIG; they must come before the
-first allocation, since a runtime is built once.  JAX needs no call: run it
-under LD_PRELOAD=libgmr-preload.so with XLA_PYTHON_CLIENT_ALLOCATOR=platform
-(docs/frameworks.md).
+first allocation, since a runtime is built once.  Programs that allocate with
+cudaMalloc/cuMemAlloc need no call: LD_PRELOAD=libgmr-preload.so routes them
+(docs/frameworks.md says which frameworks that covers).
 
 Only ctypes: nothing is compiled beyond libgmr itself (see _lib.py for where
 the library is looked up).

@@ -21,12 +21,20 @@ def main():
     if not native:
         print("compare_runs: no native run in %s" % d)
         return 1
-    ref = runs[native[0]]
+    # Each run is compared with the native run of the same length (the
+    # earlier steps of a longer run must match too).
+    by_len = {}
+    for k in native:
+        by_len.setdefault(len(runs[k]["losses_hex"]), runs[k])
     bad = 0
-    print("%-22s %-8s %14s %16s %16s %12s" % ("run", "losses", "median ms", "vs native",
+    print("%-22s %-6s %-8s %14s %16s %16s %12s" % ("run", "steps", "losses", "median ms", "vs native",
                                               "peak reserved", "replay"))
     for name, r in runs.items():
-        same = r["losses_hex"] == ref["losses_hex"]
+        n = len(r["losses_hex"])
+        ref = by_len.get(n) or runs[native[0]]
+        longest = max((runs[k] for k in native), key=lambda x: len(x["losses_hex"]))
+        same = r["losses_hex"] == ref["losses_hex"] and \
+            r["losses_hex"] == longest["losses_hex"][:n]
         bad += not same
         ratio = r["median_step_ms"] / ref["median_step_ms"] - 1.0
         replay = "-"
@@ -37,10 +45,11 @@ def main():
             replay = "equal" if rr["peak_reserved"] == r["peak_reserved"] else \
                 "DIFFERS (%d)" % rr["peak_reserved"]
             bad += replay != "equal"
-        print("%-22s %-8s %14.3f %+15.2f%% %16d %12s" % (
-            name, "same" if same else "DIFFER", r["median_step_ms"], 100 * ratio,
+        print("%-22s %-6d %-8s %14.3f %+15.2f%% %16d %12s" % (
+            name, n, "same" if same else "DIFFER", r["median_step_ms"], 100 * ratio,
             r["peak_reserved"], replay))
-    print("native peak reserved (torch.cuda.max_memory_reserved): %d" % ref["peak_reserved"])
+    print("native peak reserved (torch.cuda.max_memory_reserved): %s" %
+          sorted({runs[k]["peak_reserved"] for k in native}))
     print("%d mismatch(es)" % bad)
     return 1 if bad else 0
 
