@@ -136,8 +136,8 @@ typedef struct ip_range_s {
 static ip_range_t ip_gmr;  /* libgmr.so */
 static ip_range_t ip_self; /* this library */
 
-static bool ip_log_on;   /* GMR_INTERPOSE_LOG=1; set once in ip_init */
-static bool ip_hide_vmm; /* GMR_INTERPOSE_HIDE_VMM=1; set once in ip_init */
+static bool ip_log_on;   /* GMR_INTERPOSE_LOG=1; set once by the constructor */
+static bool ip_hide_vmm; /* GMR_INTERPOSE_HIDE_VMM=1; set once by the constructor */
 
 static void ip_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 IP_RAW static void ip_log(const char *fmt, ...) {
@@ -157,11 +157,16 @@ IP_RAW static void ip_log(const char *fmt, ...) {
     if (ip_log_on) ip_log(__VA_ARGS__);                                                            \
   } while (0)
 
-IP_RAW static void ip_init(void) {
+/* The environment switches, read once the C library is set up (a sanitizer
+ * runtime may call dlsym, hence ip_init, before getenv can see anything). */
+static void ip_read_env(void) {
   const char *v = getenv("GMR_INTERPOSE_LOG");
   ip_log_on = v != NULL && v[0] == '1';
   v = getenv("GMR_INTERPOSE_HIDE_VMM");
   ip_hide_vmm = v != NULL && v[0] == '1';
+}
+
+IP_RAW static void ip_init(void) {
   dlsym_fn d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
@@ -244,6 +249,7 @@ static int ip_find_segments(struct dl_phdr_info *info, size_t size, void *ud) {
 
 __attribute__((constructor)) static void ip_constructor(void) {
   ip_init_once();
+  ip_read_env();
   ip_gmr.probe = (uintptr_t)&gmr_alloc;
   dl_iterate_phdr(ip_find_segments, &ip_gmr);
   ip_self.probe = (uintptr_t)&ip_init;
