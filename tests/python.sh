@@ -17,6 +17,8 @@ fi
 export GMR_LIBRARY
 PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
+PYTHONDONTWRITEBYTECODE=1 # keep the source tree clean (it may be read-only)
+export PYTHONDONTWRITEBYTECODE
 # Sanitizer builds: the sanitizer runtime libgmr needs must be loaded first.
 san=$(ldd "$GMR_LIBRARY" 2>/dev/null | awk '/lib(asan|tsan)\.so/ {print $3}' | head -n 1)
 case "$san" in
