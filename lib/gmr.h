@@ -221,6 +221,31 @@ GMR_EXTERN const char *gmr_runtime_backend(gmr_runtime_t *rt);
 GMR_EXTERN int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total);
 
 /* ------------------------------------------------------------------------ */
+/* Memory history and PyTorch memory snapshots (docs/snapshots.md)           */
+
+/** Record the runtime's memory history, as torch.cuda.memory.
+ * _record_memory_history(max_entries=N) does: a ring buffer of the last
+ * `max_entries` trace entries (alloc, free_requested, free_completed,
+ * segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot).
+ * Off by default; GMR_HISTORY=N in the environment turns it on for every new
+ * runtime, and GMR_SNAPSHOT=path writes each runtime's snapshot when it is
+ * freed (the default runtimes' at exit).  Calling it again changes the bound and keeps the newest entries;
+ * 0 turns recording off and drops the entries.
+ * @return 0, GMR_EINVAL, GMR_ENOMEM */
+GMR_EXTERN int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries);
+
+/** Write the runtime's state and history as PyTorch's memory snapshot, the
+ * pickle torch.cuda.memory._dump_snapshot writes and PyTorch's memory_viz
+ * (https://pytorch.org/memory_viz, python -m torch.cuda._memory_viz) reads:
+ * {"segments": [...], "device_traces": [[...]], "allocator_settings": {...},
+ * "external_annotations": []}.  Segments and blocks come from gmr_walk (none
+ * when the policy keeps no segments); the traces are empty unless the history
+ * is recorded (gmr_history_enable), and a `snapshot` entry is added to it.
+ * `out` must be open for binary writing.
+ * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EIO (a write failed) */
+GMR_EXTERN int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out);
+
+/* ------------------------------------------------------------------------ */
 /* Simulated device controls (tests and tools).  GMR_ENOTSUP on CUDA.        */
 
 typedef struct gmr_sim_counters_s {

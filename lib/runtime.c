@@ -18,17 +18,38 @@
  * Layout.  Each shard fills one cache line of its own, and the runtime lock
  * has one too, so threads working on different shards never write to a line
  * another thread reads (the runtime is allocated 64-byte aligned).
+ *
+ * Memory history (history.h).  While `history` is set, gmr_alloc records
+ * alloc (or oom) once the block is in the map, and gmr_free records
+ * free_requested (and free_completed, unless the policy stack reports it)
+ * before the policy sees the block, so the address cannot be handed out again
+ * before its free is in the history.  With no history each entry point pays
+ * one load and one predictable branch.  GMR_SNAPSHOT=path writes the memory
+ * snapshot when the runtime is freed (at exit for the default runtimes), to
+ * path, path.1, path.2... in the order the runtimes were created.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "history.h"
 #include "internal.h"
 #include "lock.h"
 #include "policy.h"
 #include "runtime.h"
 #include "trace.h"
+
+/* Out of line: the refusals and the history's recording paths; inline: the
+ * helpers of the hot path, so it stays as it is without the history. */
+#if defined(__GNUC__)
+#define RUNTIME_COLD __attribute__((cold, noinline))
+#define RUNTIME_INLINE inline __attribute__((always_inline))
+#else
+#define RUNTIME_COLD
+#define RUNTIME_INLINE inline
+#endif
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
@@ -55,6 +76,14 @@ struct gmr_runtime_s {
   bool serialize;     /* !policy->ops->concurrent */
   gmr_trace_t *trace; /* NULL unless recording */
   void *raw;          /* what gmr__calloc returned (the runtime is aligned inside) */
+  /* The memory history: `history` is NULL when off and `history_store` while
+   * on; the store lives until the runtime is freed, so a thread that loaded
+   * `history` just before it was turned off still records into valid memory.
+   * Both written by gmr_history_enable only, under `lock`. */
+  gmr_history_t *_Atomic history;
+  gmr_history_t *history_store;
+  bool history_completes; /* no policy of the stack reports free_completed */
+  char *snapshot_path;    /* GMR_SNAPSHOT: written when the runtime is freed; NULL: none */
   int device;
   char policy_name[128];
   _Alignas(CACHE_LINE) gmr_lock_t lock; /* the policy lock when serialize */
@@ -100,7 +129,7 @@ static int map_grow(map_shard_t *sh) {
   return 0;
 }
 
-static int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
+static RUNTIME_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
   if (GMR_UNLIKELY(sh->count >= sh->grow_at)) {
     if (map_grow(sh) != 0) return GMR_ENOMEM;
   }
@@ -153,6 +182,31 @@ static void describe_stack(gmr_runtime_t *rt) {
   while (depth-- > 1 && off < len - 1) b[off++] = ')', b[off] = '\0';
 }
 
+/* GMR_SNAPSHOT's file for the next runtime: path, then path.1, path.2... */
+static int snapshot_path_new(const char *path, char **out) {
+  static _Atomic unsigned snapshots_named;
+  unsigned n = atomic_fetch_add(&snapshots_named, 1);
+  size_t len = strlen(path) + 16;
+  char *p = gmr__malloc(len);
+  if (p == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory for GMR_SNAPSHOT");
+  if (n == 0)
+    snprintf(p, len, "%s", path);
+  else
+    snprintf(p, len, "%s.%u", path, n);
+  *out = p;
+  return 0;
+}
+
+/* Write GMR_SNAPSHOT's file; failures go to the log (nobody is there to ask). */
+static void snapshot_at_end(gmr_runtime_t *rt) {
+  FILE *f = fopen(rt->snapshot_path, "wb");
+  int err = f ? gmr_snapshot_write(rt, f) : GMR_EIO;
+  if (f != NULL && fclose(f) != 0 && err == 0) err = GMR_EIO;
+  if (err != 0)
+    gmr__log(GMR_LOG_WARN, "GMR_SNAPSHOT: cannot write %s: %s", rt->snapshot_path,
+             f ? gmr_last_error(rt) : "cannot open it for writing");
+}
+
 static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
                          gmr_runtime_t **out) {
   void *raw = gmr__calloc(1, sizeof(gmr_runtime_t) + CACHE_LINE - 1);
@@ -179,8 +233,34 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
     err = gmr__trace_open(trace_path, &rt->trace);
     if (err != 0) goto fail_trace;
   }
+  rt->history_completes = true;
+  for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
+    if (p->ops->reports_free_completed) rt->history_completes = false;
+  const char *hist = getenv("GMR_HISTORY");
+  if (hist != NULL && *hist != '\0') {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(hist, &end, 10);
+    if (errno != 0 || end == hist || *end != '\0' || hist[0] == '-') {
+      err = gmr__error_set(GMR_EINVAL,
+                           "GMR_HISTORY=%s: expected the number of trace entries to keep, "
+                           "e.g. GMR_HISTORY=100000 (0: off)",
+                           hist);
+      gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
+      goto fail_history;
+    }
+    if (n > 0 && (err = gmr_history_enable(rt, n > SIZE_MAX ? SIZE_MAX : (size_t)n)) != 0)
+      goto fail_history;
+  }
+  const char *snap = getenv("GMR_SNAPSHOT");
+  if (snap != NULL && *snap != '\0' && (err = snapshot_path_new(snap, &rt->snapshot_path)) != 0)
+    goto fail_history;
   *out = rt;
   return 0;
+fail_history:
+  atomic_store(&be->history, NULL);
+  gmr__history_free(rt->history_store);
+  gmr__trace_close(rt->trace);
 fail_trace:
   gmr__policy_destroy(rt->policy);
 fail_policy:
@@ -243,6 +323,7 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
 
 void gmr_runtime_free(gmr_runtime_t *rt) {
   if (rt == NULL) return;
+  if (rt->snapshot_path != NULL) snapshot_at_end(rt); /* live blocks included */
   size_t live = 0, bytes = 0;
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
@@ -259,6 +340,8 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
   gmr__policy_destroy(rt->policy);
   gmr__trace_close(rt->trace);
   gmr__backend_free(rt->backend);
+  gmr__history_free(rt->history_store);
+  gmr__free(rt->snapshot_path);
   gmr__lock_destroy(&rt->lock);
   gmr__free(rt->raw);
 }
@@ -269,12 +352,6 @@ static int fail(gmr_runtime_t *rt, int err) {
   gmr__error_tag(rt);
   return err;
 }
-
-#if defined(__GNUC__)
-#define RUNTIME_COLD __attribute__((cold, noinline))
-#else
-#define RUNTIME_COLD
-#endif
 
 /* The refusals of gmr_alloc, out of line so the hot path stays small. */
 static RUNTIME_COLD int alloc_refused(gmr_runtime_t *rt, size_t size, void **out_ptr) {
@@ -295,25 +372,57 @@ static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
   return gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
 }
 
+static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
+  return atomic_load_explicit(&rt->history, memory_order_relaxed);
+}
+
+/* The policy's allocation and the map insertion, under the locks. */
+static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
+                                     gmr_block_t *blk) {
+  const bool serialize = rt->serialize;
+  if (serialize) gmr__lock(&rt->lock);
+  int err = rt->policy->ops->alloc(rt->policy, size, s, blk);
+  if (GMR_LIKELY(err == 0)) {
+    gmr_assert(blk->ptr != NULL && blk->size >= size);
+    blk->requested = size;
+    blk->stream = s;
+    uint64_t h = map_hash(blk->ptr);
+    map_shard_t *sh = map_shard(rt, h);
+    if (!serialize) gmr__lock(&sh->lock);
+    err = map_insert(sh, blk, h);
+    if (!serialize) gmr__unlock(&sh->lock);
+    if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, blk);
+  }
+  if (serialize) gmr__unlock(&rt->lock);
+  return err;
+}
+
+/* gmr_alloc while the history records: alloc on success, oom on GMR_ENOMEM
+ * (PyTorch's OOM entry: the device's free bytes and the request). */
+static RUNTIME_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size,
+                                       gmr_stream_t s, void **out_ptr) {
+  gmr_block_t blk;
+  gmr__history_stream = s;
+  int err = alloc_core(rt, size, s, &blk);
+  if (err == GMR_ENOMEM) {
+    size_t free_b = 0, total = 0;
+    gmr__backend_mem_info(rt->backend, &free_b, &total);
+    gmr__history_record(hist, GMR_HIST_OOM, free_b, size, s);
+  }
+  if (err != 0) return fail(rt, err);
+  gmr__history_record(hist, GMR_HIST_ALLOC, (uintptr_t)blk.ptr, size, s);
+  if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  *out_ptr = blk.ptr;
+  return 0;
+}
+
 int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
   if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size == 0 || size >= GMR_MAX_REQUEST))
     return alloc_refused(rt, size, out_ptr);
-  const bool serialize = rt->serialize;
+  gmr_history_t *hist = history_of(rt);
+  if (GMR_UNLIKELY(hist != NULL)) return alloc_recorded(rt, hist, size, s, out_ptr);
   gmr_block_t blk;
-  if (serialize) gmr__lock(&rt->lock);
-  int err = rt->policy->ops->alloc(rt->policy, size, s, &blk);
-  if (GMR_LIKELY(err == 0)) {
-    gmr_assert(blk.ptr != NULL && blk.size >= size);
-    blk.requested = size;
-    blk.stream = s;
-    uint64_t h = map_hash(blk.ptr);
-    map_shard_t *sh = map_shard(rt, h);
-    if (!serialize) gmr__lock(&sh->lock);
-    err = map_insert(sh, &blk, h);
-    if (!serialize) gmr__unlock(&sh->lock);
-    if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, &blk);
-  }
-  if (serialize) gmr__unlock(&rt->lock);
+  int err = alloc_core(rt, size, s, &blk);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
   if (GMR_UNLIKELY(rt->trace != NULL)) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
@@ -324,6 +433,17 @@ static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr
   return fail(rt, gmr__error_set(GMR_EBADPTR,
                                  "%s: %p was not allocated by this runtime, or was already freed",
                                  fn, ptr));
+}
+
+/* Record a free before the policy sees the block (see the file comment). */
+static RUNTIME_COLD void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist,
+                                       const gmr_block_t *blk) {
+  gmr__history_stream = blk->stream;
+  gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk->ptr, blk->requested,
+                      blk->stream);
+  if (rt->history_completes)
+    gmr__history_record(hist, GMR_HIST_FREE_COMPLETED, (uintptr_t)blk->ptr, blk->requested,
+                        blk->stream);
 }
 
 int gmr_free(gmr_runtime_t *rt, void *ptr) {
@@ -345,6 +465,8 @@ int gmr_free(gmr_runtime_t *rt, void *ptr) {
     if (serialize) gmr__unlock(&rt->lock);
     return bad_pointer(rt, "gmr_free", ptr);
   }
+  gmr_history_t *hist = history_of(rt);
+  if (GMR_UNLIKELY(hist != NULL)) free_recorded(rt, hist, &blk);
   int err = rt->policy->ops->free(rt->policy, &blk);
   if (serialize) gmr__unlock(&rt->lock);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
@@ -379,6 +501,7 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
 int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = 0;
+  if (GMR_UNLIKELY(history_of(rt) != NULL)) gmr__history_stream = NULL; /* every stream's */
   policy_lock(rt);
   if (rt->policy->ops->trim != NULL) err = rt->policy->ops->trim(rt->policy);
   policy_unlock(rt);
@@ -506,6 +629,30 @@ int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   return err ? fail(rt, err) : 0;
 }
 
+int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_walk_err,
+                         gmr_hist_entry_t **out_entries, size_t *out_len) {
+  gmr_hist_entry_t *entries = NULL;
+  size_t len = 0;
+  int err = 0;
+  policy_lock(rt);
+  gmr_history_t *hist = history_of(rt);
+  if (hist != NULL) {
+    gmr_stats_t st;
+    memset(&st, 0, sizeof st);
+    rt->policy->ops->stats(rt->policy, &st);
+    gmr__history_record(hist, GMR_HIST_SNAPSHOT, 0, st.active_bytes, NULL);
+    err = gmr__history_copy(hist, &entries, &len);
+  }
+  int walk_err = GMR_ENOTSUP;
+  if (err == 0 && rt->policy->ops->walk != NULL) walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
+  policy_unlock(rt);
+  if (err != 0) return fail(rt, err);
+  *out_walk_err = walk_err;
+  *out_entries = entries;
+  *out_len = len;
+  return 0;
+}
+
 int gmr_check(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
   if (rt->policy->ops->check == NULL) return 0;
@@ -529,6 +676,30 @@ int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total) {
   return 0;
 }
 
+int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_history_enable: the runtime is NULL");
+  int err = 0;
+  gmr__lock(&rt->lock);
+  if (max_entries == 0) {
+    atomic_store(&rt->history, NULL);
+    atomic_store(&rt->backend->history, NULL);
+    if (rt->history_store != NULL) gmr__history_clear(rt->history_store);
+  } else {
+    if (rt->history_store == NULL)
+      err = gmr__history_new(rt->backend, max_entries, &rt->history_store);
+    else
+      err = gmr__history_resize(rt->history_store, max_entries);
+    if (err == 0) {
+      atomic_store(&rt->backend->history, rt->history_store);
+      atomic_store(&rt->history, rt->history_store);
+    }
+  }
+  gmr__unlock(&rt->lock);
+  return err ? fail(rt, err) : 0;
+}
+
+gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt) { return history_of(rt); }
+int gmr__runtime_device(gmr_runtime_t *rt) { return rt->device; }
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) { return rt->policy; }
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) { return rt->backend; }
 
@@ -593,6 +764,17 @@ int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
 static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
 static gmr_runtime_t *default_runtimes[DEFAULT_MAX_DEVICES];
 
+/* The default runtimes are never freed: GMR_SNAPSHOT's files are written at
+ * exit instead. */
+static void default_snapshots_at_exit(void) {
+  pthread_mutex_lock(&default_lock);
+  for (int d = 0; d < DEFAULT_MAX_DEVICES; ++d)
+    if (default_runtimes[d] != NULL && default_runtimes[d]->snapshot_path != NULL)
+      snapshot_at_end(default_runtimes[d]);
+  pthread_mutex_unlock(&default_lock);
+}
+
+
 int gmr_default_runtime(int device, gmr_runtime_t **out) {
   if (out == NULL || device < 0 || device >= DEFAULT_MAX_DEVICES)
     return gmr__error_set(GMR_EINVAL, "gmr_default_runtime: device %d is out of range", device);
@@ -615,6 +797,9 @@ int gmr_default_runtime(int device, gmr_runtime_t **out) {
     } else {
       err = gmr_runtime_new(cfg, device, &default_runtimes[device]);
       gmr_config_free(cfg);
+      static bool at_exit_registered; /* under default_lock */
+      if (err == 0 && default_runtimes[device]->snapshot_path != NULL && !at_exit_registered)
+        at_exit_registered = atexit(default_snapshots_at_exit) == 0;
     }
   }
   if (err == 0) *out = default_runtimes[device];

@@ -207,6 +207,7 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
     l->lbe->base.granularity = be->granularity;
     l->lbe->base.device = be->device;
     l->lbe->real = be;
+    l->lbe->base.forwards_to = be;
     l->lbe->cap = cap;
     up_be = &l->lbe->base;
   }

@@ -26,8 +26,10 @@
 #include <stdbool.h>
 
 #include "gmr.h"
+#include "internal.h"
 
 typedef struct gmr_backend_s gmr_backend_t;
+typedef struct gmr_history_s gmr_history_t; /* history.h */
 typedef void *gmr_event_t;
 
 typedef struct gmr_backend_ops_s {
@@ -70,6 +72,12 @@ struct gmr_backend_s {
   size_t granularity;     /* bytes; reserve/map sizes are multiples of it */
   int device;             /* CUDA ordinal, 0 for the simulator */
   gmr_backend_counters_t counters;
+  /* The runtime's memory history while it records one, else NULL: the
+   * wrappers add segment entries to it.  Written by runtime.c only. */
+  gmr_history_t *_Atomic history;
+  /* A backend that forwards to another one (the limit policy's capped
+   * backend): that one, where the history is found; NULL otherwise. */
+  gmr_backend_t *forwards_to;
 };
 
 /* Constructors (one per backend). */
@@ -99,6 +107,24 @@ static inline bool gmr__backend_has_vmm(const gmr_backend_t *be) {
   return be->ops->va_reserve != NULL && be->ops->map != NULL;
 }
 void gmr__backend_counters_reset_peak(gmr_backend_t *be);
+
+/* A policy that holds freed blocks until the work of their streams completes
+ * calls this when such a block becomes reusable (PyTorch's free_completed
+ * trace entry), and sets `reports_free_completed` in its table; `requested`
+ * is the block's requested size.  Costs one load and branch when the runtime
+ * keeps no history. */
+void gmr__history_free_completed_slow(gmr_history_t *h, const void *ptr, size_t requested,
+                                      gmr_stream_t s);
+static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr,
+                                               size_t requested, gmr_stream_t s) {
+  for (; be != NULL; be = be->forwards_to) {
+    gmr_history_t *h = atomic_load_explicit(&be->history, memory_order_relaxed);
+    if (GMR_UNLIKELY(h != NULL)) {
+      gmr__history_free_completed_slow(h, ptr, requested, s);
+      return;
+    }
+  }
+}
 void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
 
 /* Simulator controls used by the public gmr_sim_* calls. */

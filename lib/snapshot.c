@@ -1,0 +1,372 @@
+/* snapshot.c: gmr_snapshot_write, a runtime's state and history as
+ * PyTorch's memory snapshot (the pickle of torch.cuda.memory._dump_snapshot,
+ * read by PyTorch's memory_viz page and torch.cuda._memory_viz).
+ *
+ * The snapshot is one dict:
+ *   {"segments": [Segment], "device_traces": [[TraceEntry] per device],
+ *    "allocator_settings": {...}, "external_annotations": []}
+ *   Segment = {device, address, total_size, allocated_size, active_size,
+ *              requested_size, stream, segment_type, segment_pool_id,
+ *              is_expandable, frames, blocks: [Block]}
+ *   Block   = {address, size, requested_size, state, frames}
+ *   TraceEntry = {action, addr (oom: device_free), size, stream, time_us, frames,
+ *                 compile_context: "N/A", user_metadata: ""}
+ * Segments are the maximal runs of address-contiguous, mapped blocks of each
+ * segment gmr_walk reports, sorted by address: a plain segment is one run; an
+ * expandable segment gives one segment per contiguous mapped range, and its
+ * unmapped blocks are left out, as PyTorch does.  For each segment:
+ *   total_size     = Σ block sizes
+ *   allocated_size = Σ sizes of active_allocated blocks
+ *   active_size    = Σ sizes of active_allocated and active_pending_free blocks
+ *   requested_size = Σ requested sizes of those active blocks
+ * Frames are always empty: gmr records no stacks.
+ *
+ * The pickle is written by hand with protocol 2 opcodes, and only those that
+ * the unpickler inside PyTorch's MemoryViz.js also reads (no memo; lists
+ * appended in batches of 1000, as Python's pickler does).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "history.h"
+#include "internal.h"
+#include "runtime.h"
+
+/* ---- the pickle writer ------------------------------------------------------ */
+
+enum {
+  PKL_PROTO = 0x80,
+  PKL_STOP = '.',
+  PKL_MARK = '(',
+  PKL_EMPTY_DICT = '}',
+  PKL_SETITEMS = 'u',
+  PKL_EMPTY_LIST = ']',
+  PKL_APPENDS = 'e',
+  PKL_TUPLE2 = 0x86,
+  PKL_NEWTRUE = 0x88,
+  PKL_NEWFALSE = 0x89,
+  PKL_NONE = 'N',
+  PKL_BININT = 'J',
+  PKL_BININT1 = 'K',
+  PKL_BININT2 = 'M',
+  PKL_LONG1 = 0x8a,
+  PKL_BINUNICODE = 'X',
+  PKL_BINFLOAT = 'G',
+};
+
+#define PKL_BATCH 1000 /* list items per APPENDS, as Python's pickler */
+
+static inline void pkl_op(FILE *f, int op) {
+  putc(op, f);
+}
+
+/* A non-negative int, in the smallest form Python's pickler would use. */
+static void pkl_uint(FILE *f, uint64_t v) {
+  if (v <= 0xff) {
+    pkl_op(f, PKL_BININT1);
+    putc((int)v, f);
+  } else if (v <= 0xffff) {
+    pkl_op(f, PKL_BININT2);
+    putc((int)(v & 0xff), f);
+    putc((int)(v >> 8), f);
+  } else if (v <= 0x7fffffff) {
+    pkl_op(f, PKL_BININT);
+    for (int i = 0; i < 4; ++i)
+      putc((int)((v >> (8 * i)) & 0xff), f);
+  } else {
+    /* LONG1: little-endian two's complement, as few bytes as keep it positive. */
+    unsigned char b[9];
+    int n = 0;
+    for (uint64_t x = v; x != 0; x >>= 8)
+      b[n++] = (unsigned char)(x & 0xff);
+    if (b[n - 1] & 0x80) b[n++] = 0;
+    pkl_op(f, PKL_LONG1);
+    putc(n, f);
+    fwrite(b, 1, (size_t)n, f);
+  }
+}
+
+static void pkl_str(FILE *f, const char *s) {
+  size_t n = strlen(s);
+  pkl_op(f, PKL_BINUNICODE);
+  for (int i = 0; i < 4; ++i)
+    putc((int)((n >> (8 * i)) & 0xff), f);
+  fwrite(s, 1, n, f);
+}
+
+static void pkl_bool(FILE *f, bool b) {
+  pkl_op(f, b ? PKL_NEWTRUE : PKL_NEWFALSE);
+}
+
+static void pkl_key_uint(FILE *f, const char *k, uint64_t v) {
+  pkl_str(f, k);
+  pkl_uint(f, v);
+}
+
+static void pkl_key_str(FILE *f, const char *k, const char *v) {
+  pkl_str(f, k);
+  pkl_str(f, v);
+}
+
+/* Item `i` of `n` of a list opened with PKL_EMPTY_LIST: call before and after
+ * writing the item. */
+static inline void pkl_list_item_begin(FILE *f, size_t i) {
+  if (i % PKL_BATCH == 0) pkl_op(f, PKL_MARK);
+}
+static inline void pkl_list_item_end(FILE *f, size_t i, size_t n) {
+  if (i % PKL_BATCH == PKL_BATCH - 1 || i == n - 1) pkl_op(f, PKL_APPENDS);
+}
+
+static void pkl_empty_list(FILE *f) {
+  pkl_op(f, PKL_EMPTY_LIST);
+}
+
+/* ---- segments from the walk -------------------------------------------------- */
+
+typedef struct snap_block_s {
+  uint64_t addr;      /* device address */
+  uint64_t size;      /* bytes */
+  uint64_t requested; /* bytes; 0 when inactive */
+  int state;          /* gmr_block_state_t, never GMR_BLOCK_UNMAPPED */
+} snap_block_t;
+
+typedef struct snap_seg_s {
+  uint64_t addr;                                /* device address of the first block */
+  uint64_t total, allocated, active, requested; /* bytes (see the file comment) */
+  uint64_t stream;                              /* stream handle as an integer */
+  bool small;                                   /* the walk's pool is "small" */
+  bool expandable;
+  size_t first, n; /* blocks[first .. first + n) */
+} snap_seg_t;
+
+typedef struct snap_s {
+  snap_block_t *blocks;
+  size_t n_blocks, cap_blocks;
+  snap_seg_t *segs;
+  size_t n_segs, cap_segs;
+  gmr_walk_entry_t hdr; /* the segment the walk is in */
+  bool small;           /* hdr's pool is "small" */
+  bool have_hdr;
+  bool in_run; /* segs[n_segs - 1] is open for more blocks */
+  bool failed; /* out of host memory */
+} snap_t;
+
+static bool snap_grow(void **v, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return true;
+  size_t cap2 = *cap ? *cap * 2 : 64;
+  while (cap2 < need)
+    cap2 *= 2;
+  void *p = gmr__realloc(*v, cap2 * elem);
+  if (p == NULL) return false;
+  *v = p;
+  *cap = cap2;
+  return true;
+}
+
+static int snap_walk_cb(const gmr_walk_entry_t *e, void *ud) {
+  snap_t *sn = ud;
+  if (e->is_segment) {
+    sn->hdr = *e;
+    sn->hdr.pool = NULL; /* not kept past the walk */
+    sn->small = e->pool != NULL && strcmp(e->pool, "small") == 0;
+    sn->have_hdr = true;
+    sn->in_run = false;
+    return 0;
+  }
+  if (!sn->have_hdr || e->state == GMR_BLOCK_UNMAPPED || e->size == 0) {
+    sn->in_run = false;
+    return 0;
+  }
+  snap_seg_t *seg = sn->in_run ? &sn->segs[sn->n_segs - 1] : NULL;
+  if (seg != NULL && seg->addr + seg->total != e->address) seg = NULL; /* a gap: a new range */
+  if (seg == NULL) {
+    if (!snap_grow((void **)&sn->segs, &sn->cap_segs, sn->n_segs + 1, sizeof *sn->segs)) {
+      sn->failed = true;
+      return 1;
+    }
+    seg = &sn->segs[sn->n_segs++];
+    *seg = (snap_seg_t){.addr = e->address,
+                        .stream = (uint64_t)(uintptr_t)sn->hdr.stream,
+                        .small = sn->small,
+                        .expandable = sn->hdr.is_expandable != 0,
+                        .first = sn->n_blocks};
+    sn->in_run = true;
+  }
+  if (!snap_grow((void **)&sn->blocks, &sn->cap_blocks, sn->n_blocks + 1, sizeof *sn->blocks)) {
+    sn->failed = true;
+    return 1;
+  }
+  bool active = e->state == GMR_BLOCK_ALLOCATED || e->state == GMR_BLOCK_PENDING_FREE;
+  sn->blocks[sn->n_blocks++] =
+      (snap_block_t){e->address, e->size, active ? e->requested : 0, (int)e->state};
+  ++seg->n;
+  seg->total += e->size;
+  if (e->state == GMR_BLOCK_ALLOCATED) seg->allocated += e->size;
+  if (active) {
+    seg->active += e->size;
+    seg->requested += e->requested;
+  }
+  return 0;
+}
+
+static int seg_by_address(const void *a, const void *b) {
+  uint64_t x = ((const snap_seg_t *)a)->addr, y = ((const snap_seg_t *)b)->addr;
+  return x < y ? -1 : x > y;
+}
+
+static const char *block_state_name(int state) {
+  switch (state) {
+  case GMR_BLOCK_ALLOCATED:
+    return "active_allocated";
+  case GMR_BLOCK_PENDING_FREE:
+    return "active_pending_free";
+  default:
+    return "inactive";
+  }
+}
+
+/* ---- writing ------------------------------------------------------------------- */
+
+static void write_segment(FILE *f, const snap_t *sn, const snap_seg_t *seg, int device) {
+  pkl_op(f, PKL_EMPTY_DICT);
+  pkl_op(f, PKL_MARK);
+  pkl_key_uint(f, "device", (uint64_t)device);
+  pkl_key_uint(f, "address", seg->addr);
+  pkl_key_uint(f, "total_size", seg->total);
+  pkl_key_uint(f, "allocated_size", seg->allocated);
+  pkl_key_uint(f, "active_size", seg->active);
+  pkl_key_uint(f, "requested_size", seg->requested);
+  pkl_key_uint(f, "stream", seg->stream);
+  pkl_key_str(f, "segment_type", seg->small ? "small" : "large");
+  pkl_str(f, "segment_pool_id");
+  pkl_uint(f, 0);
+  pkl_uint(f, 0);
+  pkl_op(f, PKL_TUPLE2);
+  pkl_str(f, "is_expandable");
+  pkl_bool(f, seg->expandable);
+  pkl_str(f, "frames");
+  pkl_empty_list(f);
+  pkl_str(f, "blocks");
+  pkl_empty_list(f);
+  for (size_t i = 0; i < seg->n; ++i) {
+    const snap_block_t *b = &sn->blocks[seg->first + i];
+    pkl_list_item_begin(f, i);
+    pkl_op(f, PKL_EMPTY_DICT);
+    pkl_op(f, PKL_MARK);
+    pkl_key_uint(f, "address", b->addr);
+    pkl_key_uint(f, "size", b->size);
+    pkl_key_uint(f, "requested_size", b->requested);
+    pkl_key_str(f, "state", block_state_name(b->state));
+    pkl_str(f, "frames");
+    pkl_empty_list(f);
+    pkl_op(f, PKL_SETITEMS);
+    pkl_list_item_end(f, i, seg->n);
+  }
+  pkl_op(f, PKL_SETITEMS);
+}
+
+static void write_trace_entry(FILE *f, const gmr_hist_entry_t *e) {
+  pkl_op(f, PKL_EMPTY_DICT);
+  pkl_op(f, PKL_MARK);
+  pkl_key_str(f, "action", gmr__history_action_name(e->action));
+  pkl_key_uint(f, e->action == GMR_HIST_OOM ? "device_free" : "addr", e->addr);
+  pkl_key_uint(f, "size", e->size);
+  pkl_key_uint(f, "stream", e->stream);
+  pkl_key_uint(f, "time_us", e->time_us);
+  pkl_str(f, "frames");
+  pkl_empty_list(f);
+  pkl_key_str(f, "compile_context", "N/A"); /* as PyTorch 2.11 writes when it has none */
+  pkl_key_str(f, "user_metadata", "");
+  pkl_op(f, PKL_SETITEMS);
+}
+
+static void write_snapshot(FILE *f, gmr_runtime_t *rt, const snap_t *sn,
+                           const gmr_hist_entry_t *entries, size_t n_entries) {
+  int device = gmr__runtime_device(rt);
+  pkl_op(f, PKL_PROTO);
+  putc(2, f);
+  pkl_op(f, PKL_EMPTY_DICT);
+  pkl_op(f, PKL_MARK);
+
+  pkl_str(f, "segments");
+  pkl_empty_list(f);
+  for (size_t i = 0; i < sn->n_segs; ++i) {
+    pkl_list_item_begin(f, i);
+    write_segment(f, sn, &sn->segs[i], device);
+    pkl_list_item_end(f, i, sn->n_segs);
+  }
+
+  /* One list per device up to this runtime's; the others stay empty. */
+  pkl_str(f, "device_traces");
+  pkl_empty_list(f);
+  size_t n_devices = (size_t)device + 1;
+  for (size_t d = 0; d < n_devices; ++d) {
+    pkl_list_item_begin(f, d);
+    pkl_empty_list(f);
+    if (d == (size_t)device) {
+      for (size_t i = 0; i < n_entries; ++i) {
+        pkl_list_item_begin(f, i);
+        write_trace_entry(f, &entries[i]);
+        pkl_list_item_end(f, i, n_entries);
+      }
+    }
+    pkl_list_item_end(f, d, n_devices);
+  }
+
+  /* gmr's own settings: PyTorch's keys describe PyTorch's allocator only. */
+  pkl_str(f, "allocator_settings");
+  pkl_op(f, PKL_EMPTY_DICT);
+  pkl_op(f, PKL_MARK);
+  pkl_key_str(f, "gmr_policy", gmr_runtime_policy(rt));
+  pkl_key_str(f, "gmr_backend", gmr_runtime_backend(rt));
+  gmr_history_t *hist = gmr__runtime_history(rt);
+  uint64_t max = 0, dropped = 0;
+  if (hist != NULL) {
+    pthread_mutex_lock(&hist->lock);
+    max = hist->max;
+    dropped = hist->dropped;
+    pthread_mutex_unlock(&hist->lock);
+  }
+  pkl_key_uint(f, "gmr_history_max_entries", max);
+  pkl_key_uint(f, "gmr_history_dropped", dropped);
+  pkl_op(f, PKL_SETITEMS);
+
+  pkl_str(f, "external_annotations");
+  pkl_empty_list(f);
+  pkl_op(f, PKL_SETITEMS);
+  pkl_op(f, PKL_STOP);
+}
+
+int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
+  if (rt == NULL || out == NULL) {
+    gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
+                   rt == NULL ? "the runtime" : "the output file");
+    if (rt != NULL) gmr__error_tag(rt);
+    return GMR_EINVAL;
+  }
+  snap_t sn;
+  memset(&sn, 0, sizeof sn);
+  gmr_hist_entry_t *entries = NULL;
+  size_t n_entries = 0;
+  int walk_err = 0;
+  int err = gmr__runtime_capture(rt, snap_walk_cb, &sn, &walk_err, &entries, &n_entries);
+  if (err != 0) goto out;
+  if (sn.failed) {
+    err = gmr__error_set(GMR_ENOMEM, "gmr_snapshot_write: out of host memory for the segments");
+    goto out;
+  }
+  if (walk_err != 0 && walk_err != GMR_ENOTSUP) {
+    err = walk_err;
+    goto out;
+  }
+  if (sn.n_segs > 1) qsort(sn.segs, sn.n_segs, sizeof *sn.segs, seg_by_address);
+  write_snapshot(out, rt, &sn, entries, n_entries);
+  if (fflush(out) != 0 || ferror(out))
+    err = gmr__error_set(GMR_EIO, "gmr_snapshot_write: writing the snapshot failed");
+out:
+  gmr__free(entries);
+  gmr__free(sn.blocks);
+  gmr__free(sn.segs);
+  if (err != 0) gmr__error_tag(rt);
+  return err;
+}
