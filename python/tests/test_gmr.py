@@ -269,9 +269,15 @@ class Reports(unittest.TestCase):
             gmr.snapshot(path)
         finally:
             lib.gmr_torch_free(p, MiB, 0, None)
+        import pickle
+
         with open(path, "rb") as f:
-            head = f.read(2)
-        self.assertEqual(head[:1], b"\x80", "a pickle")
+            snap = pickle.load(f)
+        self.assertIn("device_traces", snap)
+        live = [b for seg in snap["segments"] for b in seg["blocks"]
+                if b["state"] == "active_allocated"]
+        self.assertEqual([(b["size"], b["requested_size"]) for b in live], [(MiB, MiB)],
+                         "the one live 1 MiB block")
 
     def test_snapshot_to_a_bad_path(self):
         if not hasattr(lib, "gmr_snapshot_write"):
