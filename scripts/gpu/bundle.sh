@@ -1,0 +1,16 @@
+#!/bin/sh
+# bundle.sh: gather what scripts/gpu/run.sh needs on a CUDA machine into one
+# folder: scripts/gpu/bundle.sh BUILD_DIR SRC_DIR YAML_LIB_DIR DEST
+set -eu
+b=$1 src=$2 yaml=$3 dest=$4
+rm -rf "$dest"
+mkdir -p "$dest/lib" "$dest/bin" "$dest/python" "$dest/config" "$dest/scripts"
+cp -L "$b/lib/.libs/libgmr.so.0" "$dest/lib/libgmr.so.0"
+ln -s libgmr.so.0 "$dest/lib/libgmr.so"
+cp -L "$b/lib/.libs/libgmr-preload.so" "$dest/lib/"
+cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
+cp "$b/tools/gmr-info" "$dest/bin/"
+cp -r "$src/python/gmr" "$dest/python/"
+cp "$src"/config/*.yaml "$dest/config/"
+cp -r "$src/scripts/gpu" "$dest/scripts/"
+find "$dest" -name __pycache__ -prune -exec rm -rf {} +

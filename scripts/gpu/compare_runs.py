@@ -1,0 +1,58 @@
+"""Compare the GPT-2 runs that run.sh left in a folder: losses bit for bit
+against the native run, step times against the native run, and each gmr
+run's peak reserved against its replay on the simulator (and PyTorch's own).
+
+    python3 compare_runs.py RESULTS_DIR
+"""
+
+import glob
+import json
+import os
+import sys
+
+
+def main():
+    d = sys.argv[1]
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(d, "gpt2-*.json"))):
+        with open(path) as f:
+            runs[os.path.basename(path)[5:-5]] = json.load(f)
+    native = [k for k in runs if k.startswith("native")]
+    if not native:
+        print("compare_runs: no native run in %s" % d)
+        return 1
+    # Each run is compared with the native run of the same length (the
+    # earlier steps of a longer run must match too).
+    by_len = {}
+    for k in native:
+        by_len.setdefault(len(runs[k]["losses_hex"]), runs[k])
+    bad = 0
+    print("%-22s %-6s %-8s %14s %16s %16s %12s" % ("run", "steps", "losses", "median ms", "vs native",
+                                              "peak reserved", "replay"))
+    for name, r in runs.items():
+        n = len(r["losses_hex"])
+        ref = by_len.get(n) or runs[native[0]]
+        longest = max((runs[k] for k in native), key=lambda x: len(x["losses_hex"]))
+        same = r["losses_hex"] == ref["losses_hex"] and \
+            r["losses_hex"] == longest["losses_hex"][:n]
+        bad += not same
+        ratio = r["median_step_ms"] / ref["median_step_ms"] - 1.0
+        replay = "-"
+        rp = os.path.join(d, "replay-%s.json" % name.split("-")[0])
+        if r["allocator"] == "gmr" and os.path.exists(rp):
+            with open(rp) as f:
+                rr = json.load(f)
+            replay = "equal" if rr["peak_reserved"] == r["peak_reserved"] else \
+                "DIFFERS (%d)" % rr["peak_reserved"]
+            bad += replay != "equal"
+        print("%-22s %-6d %-8s %14.3f %+15.2f%% %16d %12s" % (
+            name, n, "same" if same else "DIFFER", r["median_step_ms"], 100 * ratio,
+            r["peak_reserved"], replay))
+    print("native peak reserved (torch.cuda.max_memory_reserved): %s" %
+          sorted({runs[k]["peak_reserved"] for k in native}))
+    print("%d mismatch(es)" % bad)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

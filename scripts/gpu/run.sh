@@ -1,0 +1,110 @@
+#!/bin/bash
+# run.sh: gmr's framework checks on a CUDA machine, one phase after another.
+#
+#   scripts/gpu/run.sh DIR PHASE...
+#
+# DIR holds a build: lib/ (libgmr.so.0, libgmr-preload.so, libyaml-0.so.2),
+# bin/gmr-info, python/ (the package), config/.  Phases:
+#   info                 gmr-info
+#   pool                 PyTorch + CuPy through the hooks, one 4 GiB limit
+#   jax                  JAX alone through the interposer, the same limit
+#   jaxdiag              JAX under GMR_INTERPOSE_LOG=1: which driver names it
+#                        looks up and which calls reach gmr
+#   all                  PyTorch + CuPy + JAX in one process (interposer too)
+#   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, or gmr with CONFIG
+#                        (a file under DIR/config); a trace of gmr runs is
+#                        replayed on the simulator (replay_check.py)
+#   bench                host cost of an allocation + free through torch, native vs gmr
+#   compare              bit-exact losses and step times of the gpt2 runs
+# Logs go to stdout; JSON results to $RESULTS (default /tmp/gmr-results).
+# Without a CUDA device: "SKIP" and exit 0.
+set -u
+dir=$(cd "$1" && pwd) || exit 2
+shift
+here=$(cd "$(dirname "$0")" && pwd)
+results=${RESULTS:-/tmp/gmr-results}
+mkdir -p "$results"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "SKIP: no CUDA device (nvidia-smi -L failed)"
+  exit 0
+fi
+export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONPATH="$dir/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+preload="$dir/lib/libgmr-preload.so"
+limit="$results/limit-4g.yaml"
+policy=${POOL_POLICY:-caching}
+printf 'policy: %s\nlimit: {bytes: 4GiB, counts: reserved}\n' "$policy" >"$limit"
+status=0
+phase() { echo; echo "=== $* ($(date +%T))"; }
+
+for p in "$@"; do
+  case "$p" in
+  info)
+    phase "gmr-info"
+    timeout 60 "$dir/bin/gmr-info" || status=1
+    ;;
+  pool)
+    phase "PyTorch + CuPy through gmr's hooks, $(tr '\n' ' ' <"$limit")"
+    GMR_CONFIG="$limit" timeout 180 python3 "$here/shared_pool.py" torch cupy || status=1
+    ;;
+  jax)
+    phase "JAX through the interposer, $(tr '\n' ' ' <"$limit")"
+    LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=platform GMR_CONFIG="$limit" \
+      timeout 180 python3 "$here/shared_pool.py" jax || status=1
+    ;;
+  jaxdiag)
+    phase "JAX under the interposer with GMR_INTERPOSE_LOG=1: how it reaches the driver"
+    log="$results/jax-interpose.log"
+    LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=platform GMR_CONFIG="$limit" \
+      GMR_INTERPOSE_LOG=1 timeout 120 python3 -c '
+import jax, jax.numpy as jnp
+x = jnp.ones(64 << 20, dtype=jnp.float32); x.block_until_ready()
+print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_backend())
+' 2>"$log" || status=1
+    echo "--- driver names looked up (count name):"
+    grep -o 'dlsym([^)]*)[^ ]*\( hooked\)\?' "$log" | sed 's/dlsym(0x[0-9a-f]*, //' | sort | uniq -c | sort -rn | head -40
+    echo "--- cuGetProcAddress lookups that were hooked:"
+    grep 'cuGetProcAddress.*hooked' "$log" | sort | uniq -c | head
+    echo "--- routed calls:"
+    grep -E 'cuMemAlloc|cudaMalloc' "$log" | head -20
+    grep -vE 'gmr-preload' "$log" | tail -5
+    ;;
+  all)
+    phase "PyTorch + CuPy + JAX in one process, $(tr '\n' ' ' <"$limit")"
+    LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=platform GMR_CONFIG="$limit" \
+      timeout 240 python3 "$here/shared_pool.py" torch cupy jax || status=1
+    ;;
+  gpt2:*)
+    IFS=: read -r _ name cfg <<<"$p"
+    phase "GPT-2 training: $name ${cfg:-}"
+    if [ "$name" = native ]; then
+      timeout 240 python3 "$here/gpt2_train.py" --allocator native --steps "${STEPS:-10}" \
+        --json "$results/gpt2-native${RUN:+-$RUN}.json" || status=1
+    else
+      trace="$results/gpt2-$name.trace.csv"
+      timeout 240 python3 "$here/gpt2_train.py" --allocator gmr --config "$dir/config/$cfg" \
+        --steps "${STEPS:-10}" --json "$results/gpt2-$name${RUN:+-$RUN}.json" \
+        ${TRACE:+--trace "$trace"} || status=1
+      if [ -n "${TRACE:-}" ] && [ -s "$trace" ]; then
+        echo "--- replay of the recorded trace on the simulator, $cfg"
+        python3 "$here/replay_check.py" "$trace" "$dir/config/$cfg" | tee "$results/replay-$name.json"
+      fi
+    fi
+    ;;
+  bench)
+    phase "host cost of torch.empty(1 MiB) + del: PyTorch's allocator, then gmr caching"
+    timeout 120 python3 "$here/alloc_bench.py" native || status=1
+    timeout 120 python3 "$here/alloc_bench.py" gmr "$dir/config/pytorch.yaml" || status=1
+    ;;
+  compare)
+    phase "compare the GPT-2 runs"
+    python3 "$here/compare_runs.py" "$results" || status=1
+    ;;
+  *)
+    echo "run.sh: unknown phase '$p'"
+    status=2
+    ;;
+  esac
+done
+exit $status

@@ -1,0 +1,271 @@
+/* info.c: gmr-info, what the device offers and what gmr's CUDA backend can do.
+ *
+ *   gmr-info [--device N]
+ *
+ * Prints the device's total and free memory, what the CUDA context costs, the
+ * allocation granularity, and which backend features work (cudaMalloc, VMM
+ * map/unmap, events).  Without a driver or a device it says so, prints the
+ * simulated device's figures instead, and exits 0.
+ *
+ * How the context's cost is measured.  The driver can only report free memory
+ * (cuMemGetInfo) once a context exists, so it cannot see what that context
+ * took.  NVML can: it reads the device's used memory without a context.  So:
+ *   used0 = NVML used, after cuInit (which creates no context);
+ *   retain and make current the primary context (the one the CUDA runtime,
+ *   PyTorch, CuPy and JAX all use);
+ *   used1 = NVML used;              context cost = used1 - used0
+ *   create gmr's runtime on it (gmr's static CUDA runtime attaches to that
+ *   context and loads its own module);
+ *   used2 = NVML used;              runtime cost = used2 - used1
+ * NVML's figure is device-wide: another process allocating at the same time
+ * would be counted too (the tool says how many processes NVML saw).  Without
+ * NVML the tool prints total - free right after the context, an upper bound
+ * that includes every other user of the device.
+ *
+ * The driver and NVML are reached with dlopen, so the tool needs no CUDA
+ * header and runs on machines without them.  It links gmr statically to drive
+ * the backend directly (reserve/release, map/unmap, events).
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "gmr.h"
+#include "internal.h"
+#include "runtime.h"
+
+#define MiB (1024.0 * 1024.0)
+
+typedef struct nvml_memory_s {
+  unsigned long long total, free, used; /* bytes */
+} nvml_memory_t;
+
+typedef struct probe_s {
+  void *cuda, *nvml;
+  int (*cuInit)(unsigned);
+  int (*cuDriverGetVersion)(int *);
+  int (*cuDeviceGetCount)(int *);
+  int (*cuDeviceGet)(int *, int);
+  int (*cuDeviceGetName)(char *, int, int);
+  int (*cuDeviceGetPCIBusId)(char *, int, int);
+  int (*cuDeviceTotalMem)(size_t *, int);
+  int (*cuDevicePrimaryCtxRetain)(void **, int);
+  int (*cuCtxSetCurrent)(void *);
+  int (*cuMemGetInfo)(size_t *, size_t *);
+  int (*nvmlInit)(void);
+  int (*nvmlByBusId)(const char *, void **);
+  int (*nvmlMemoryInfo)(void *, nvml_memory_t *);
+  int (*nvmlProcesses)(void *, unsigned *, void *);
+  void *nvml_dev;
+} probe_t;
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static void *sym(void *h, const char *name) {
+  return h ? dlsym(h, name) : NULL;
+}
+
+static void load(probe_t *p) {
+  memset(p, 0, sizeof *p);
+  p->cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  p->nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+#define S(h, f, name) *(void **)&p->f = sym(p->h, name)
+  S(cuda, cuInit, "cuInit");
+  S(cuda, cuDriverGetVersion, "cuDriverGetVersion");
+  S(cuda, cuDeviceGetCount, "cuDeviceGetCount");
+  S(cuda, cuDeviceGet, "cuDeviceGet");
+  S(cuda, cuDeviceGetName, "cuDeviceGetName");
+  S(cuda, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId");
+  S(cuda, cuDeviceTotalMem, "cuDeviceTotalMem_v2");
+  S(cuda, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  S(cuda, cuCtxSetCurrent, "cuCtxSetCurrent");
+  S(cuda, cuMemGetInfo, "cuMemGetInfo_v2");
+  S(nvml, nvmlInit, "nvmlInit_v2");
+  S(nvml, nvmlByBusId, "nvmlDeviceGetHandleByPciBusId_v2");
+  S(nvml, nvmlMemoryInfo, "nvmlDeviceGetMemoryInfo");
+  S(nvml, nvmlProcesses, "nvmlDeviceGetComputeRunningProcesses");
+#undef S
+}
+
+/* NVML's used bytes of the device, or -1. */
+static long long nvml_used(const probe_t *p) {
+  nvml_memory_t m;
+  if (p->nvml_dev == NULL || p->nvmlMemoryInfo(p->nvml_dev, &m) != 0) return -1;
+  return (long long)m.used;
+}
+
+static void print_size(const char *what, double bytes) {
+  printf("  %-34s %16.0f bytes  (%.1f MiB)\n", what, bytes, bytes / MiB);
+}
+
+static void features(gmr_runtime_t *rt) {
+  gmr_backend_t *be = gmr__runtime_backend(rt);
+  size_t g = be->granularity;
+  size_t f = 0, t = 0;
+  if (gmr_mem_info(rt, &f, &t) == 0) {
+    print_size("total memory (backend)", (double)t);
+    print_size("free memory (backend)", (double)f);
+  }
+  print_size("allocation granularity", (double)g);
+  printf("backend features (%s):\n", gmr_runtime_backend(rt));
+
+  void *ptr = NULL;
+  double t0 = now_us();
+  int err = gmr__backend_reserve(be, g, &ptr);
+  if (err == 0) err = gmr__backend_release(be, ptr, g);
+  double t1 = now_us();
+  if (err == 0)
+    printf("  reserve/release (cudaMalloc)     works: %.1f us for a %zu-byte pair\n", t1 - t0, g);
+  else
+    printf("  reserve/release (cudaMalloc)     FAILS: %s\n", gmr_strerror(err));
+
+  if (!gmr__backend_has_vmm(be)) {
+    printf("  VMM map/unmap                    not available on this backend\n");
+  } else {
+    void *base = NULL;
+    size_t span = 32 * g;
+    err = gmr__backend_va_reserve(be, span, &base);
+    const char *step = "reserve a virtual range";
+    if (err == 0) {
+      step = "map a page";
+      err = gmr__backend_map(be, base, g);
+      if (err == 0) {
+        step = "map the next page";
+        err = gmr__backend_map(be, (char *)base + g, g);
+        if (err == 0) gmr__backend_unmap(be, (char *)base + g, g);
+        int e2 = gmr__backend_unmap(be, base, g);
+        if (err == 0 && e2 != 0) step = "unmap", err = e2;
+      }
+      gmr__backend_va_release(be, base, span);
+    }
+    if (err == 0)
+      printf("  VMM map/unmap                    works (%zu-byte pages in a %zu-byte range)\n", g,
+             span);
+    else
+      printf("  VMM map/unmap                    FAILS to %s: %s\n", step, gmr_strerror(err));
+  }
+
+  gmr_event_t ev = NULL;
+  err = gmr__backend_event_record(be, NULL, &ev);
+  if (err == 0) {
+    int s = gmr__backend_event_sync(be, ev);
+    int q = gmr__backend_event_query(be, ev);
+    gmr__backend_event_destroy(be, ev);
+    if (s == 0 && q == 0)
+      printf("  events (record/sync/query)       work\n");
+    else
+      printf("  events (record/sync/query)       FAIL: sync %d, query %d\n", s, q);
+  } else {
+    printf("  events (record/sync/query)       FAIL: %s\n", gmr_strerror(err));
+  }
+}
+
+static int simulator(const char *why) {
+  printf("no CUDA device: %s\n", why);
+  printf("simulated device (what gmr-compare and the tests use; capacity and "
+         "granularity are configurable):\n");
+  gmr_config_t *cfg = NULL;
+  gmr_error_t cerr;
+  gmr_runtime_t *rt = NULL;
+  if (gmr_config_load_string("device: {backend: sim}\npolicy: direct\n", &cfg, &cerr) != 0 ||
+      gmr_runtime_new(cfg, 0, &rt) != 0) {
+    printf("  the simulator could not be created: %s\n", gmr__error_last());
+    gmr_config_free(cfg);
+    return 0;
+  }
+  features(rt);
+  gmr_runtime_free(rt);
+  gmr_config_free(cfg);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int ordinal = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+      char *end;
+      long v = strtol(argv[++i], &end, 10);
+      if (*end != '\0' || v < 0 || v > 1024) {
+        fprintf(stderr, "gmr-info: --device takes a CUDA ordinal, not '%s'\n", argv[i]);
+        return 2;
+      }
+      ordinal = (int)v;
+    } else {
+      printf("usage: gmr-info [--device N]\n");
+      return strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+  probe_t p;
+  load(&p);
+  if (p.cuda == NULL || p.cuInit == NULL)
+    return simulator("no CUDA driver (libcuda.so.1 not found)");
+  int r = p.cuInit(0);
+  if (r != 0) {
+    char why[96];
+    snprintf(why, sizeof why, "cuInit failed with CUDA error %d", r);
+    return simulator(why);
+  }
+  int count = 0, dev = 0, drv = 0;
+  if (p.cuDeviceGetCount(&count) != 0 || count == 0) return simulator("the driver sees no device");
+  if (ordinal >= count) {
+    fprintf(stderr, "gmr-info: device %d does not exist (%d device%s)\n", ordinal, count,
+            count == 1 ? "" : "s");
+    return 2;
+  }
+  p.cuDeviceGet(&dev, ordinal);
+  char name[128] = "?", bus[32] = "";
+  size_t total = 0;
+  p.cuDeviceGetName(name, sizeof name, dev);
+  p.cuDeviceTotalMem(&total, dev);
+  if (p.cuDriverGetVersion) p.cuDriverGetVersion(&drv);
+  if (p.cuDeviceGetPCIBusId) p.cuDeviceGetPCIBusId(bus, sizeof bus, dev);
+  if (p.nvmlInit && p.nvmlByBusId && p.nvmlMemoryInfo && p.nvmlInit() == 0 &&
+      p.nvmlByBusId(bus, &p.nvml_dev) != 0)
+    p.nvml_dev = NULL;
+  printf("device %d: %s (PCI %s), driver API %d.%d\n", ordinal, name, bus, drv / 1000,
+         drv % 1000 / 10);
+  print_size("total memory", (double)total);
+
+  long long used0 = nvml_used(&p);
+  void *ctx = NULL;
+  if (p.cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || p.cuCtxSetCurrent(ctx) != 0)
+    return simulator("the primary context could not be created");
+  size_t f = 0, t = 0;
+  p.cuMemGetInfo(&f, &t);
+  long long used1 = nvml_used(&p);
+  print_size("free memory (with a context)", (double)f);
+  if (used0 >= 0 && used1 >= 0) {
+    unsigned nproc = 0;
+    if (p.nvmlProcesses) p.nvmlProcesses(p.nvml_dev, &nproc, NULL);
+    print_size("CUDA context (NVML, before/after)", (double)(used1 - used0));
+    printf("  %-34s %16lld bytes before the context; %u other process%s on the device\n",
+           "device memory in use (NVML)", used0, nproc > 0 ? nproc - 1 : 0, nproc == 2 ? "" : "es");
+  } else {
+    print_size("in use after the context (bound)", (double)(t - f));
+    printf("  (NVML unavailable: this bound also counts every other user of the device)\n");
+  }
+
+  gmr_config_t *cfg = NULL;
+  gmr_error_t cerr;
+  gmr_runtime_t *rt = NULL;
+  if (gmr_config_load_string("device: {backend: cuda}\npolicy: direct\n", &cfg, &cerr) != 0 ||
+      gmr_runtime_new(cfg, ordinal, &rt) != 0) {
+    printf("gmr's CUDA backend could not start: %s\n", gmr__error_last());
+    gmr_config_free(cfg);
+    return 0;
+  }
+  long long used2 = nvml_used(&p);
+  if (used1 >= 0 && used2 >= 0)
+    print_size("gmr's CUDA runtime on top (NVML)", (double)(used2 - used1));
+  features(rt);
+  gmr_runtime_free(rt);
+  gmr_config_free(cfg);
+  return 0;
+}
