@@ -142,7 +142,8 @@ static const char *torch_pairs(contender_t *c, void *stream, size_t size, uint64
 
 typedef struct worker_s {
   contender_t *c;
-  int cpu; /* the CPU to run on, -1: anywhere */
+  int cpu;    /* the CPU to run on, -1: anywhere */
+  int ran_on; /* the CPU it was on at the end of its loop (sched_getcpu) */
   pthread_barrier_t *barrier;
   void *stream;
   size_t size;
@@ -157,7 +158,8 @@ static void count_pairs(contender_t *c, uint64_t n) {
   pthread_mutex_unlock(&c->count_lock);
 }
 
-/* The CPUs this process may use, in order (sched_getaffinity), for --pin. */
+/* The CPUs this process may use (sched_getaffinity at start), for --pin. */
+static cpu_set_t bench_allowed;
 static int bench_cpus[1024];
 static int bench_n_cpus;
 
@@ -166,6 +168,11 @@ static void pin_to(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+/* Give the calling thread every allowed CPU again. */
+static void unpin(void) {
+  pthread_setaffinity_np(pthread_self(), sizeof bench_allowed, &bench_allowed);
 }
 
 static void *worker_main(void *arg) {
@@ -179,6 +186,7 @@ static void *worker_main(void *arg) {
   w->t0 = now_ns();
   w->error = w->c->pairs(w->c, w->stream, w->size, w->pairs);
   w->t1 = now_ns();
+  w->ran_on = sched_getcpu();
   count_pairs(w->c, 1 + w->pairs);
   return NULL;
 }
@@ -195,10 +203,17 @@ static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs,
   }
   int started = 0;
   for (int t = 0; t < threads; ++t) {
-    w[t] = (worker_t){
-        .c = c, .barrier = &barrier, .stream = c->streams[t], .size = size, .pairs = pairs};
+    w[t] = (worker_t){.c = c,
+                      .cpu = pin && bench_n_cpus > 0 ? bench_cpus[t % bench_n_cpus] : -1,
+                      .barrier = &barrier,
+                      .stream = c->streams[t],
+                      .size = size,
+                      .pairs = pairs};
     if (threads == 1) {
+      /* One thread runs on the main thread, pinned for the run only: threads
+       * started later must not inherit the pin (each pins itself). */
       worker_main(&w[0]); /* the barrier of one thread does not wait */
+      if (w[0].cpu >= 0) unpin();
       started = 1;
       break;
     }
@@ -212,6 +227,19 @@ static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs,
     for (int t = 0; t < started; ++t)
       pthread_join(tid[t], NULL);
   pthread_barrier_destroy(&barrier);
+  if (pin && threads > 1 && threads <= bench_n_cpus) {
+    /* Pinned threads must have run on as many CPUs as there are threads. */
+    int distinct = 0;
+    for (int t = 0; t < threads; ++t) {
+      int seen = 0;
+      for (int u = 0; u < t; ++u)
+        seen |= w[u].ran_on == w[t].ran_on;
+      distinct += !seen;
+    }
+    if (distinct != threads)
+      fprintf(stderr, "gmr-bench: --pin: %d threads ran on %d distinct CPUs (affinity ignored?)\n",
+              threads, distinct);
+  }
   uint64_t t0 = UINT64_MAX, t1 = 0;
   for (int t = 0; t < threads; ++t) {
     if (w[t].error != NULL) {
@@ -677,11 +705,9 @@ int main(int argc, char **argv) {
   }
 #endif
   if (o.pin) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
+    if (sched_getaffinity(0, sizeof bench_allowed, &bench_allowed) == 0)
       for (int cpu = 0; cpu < CPU_SETSIZE && bench_n_cpus < 1024; ++cpu)
-        if (CPU_ISSET(cpu, &set)) bench_cpus[bench_n_cpus++] = cpu;
-    if (bench_n_cpus > 0) pin_to(bench_cpus[0]); /* one thread runs on the main thread */
+        if (CPU_ISSET(cpu, &bench_allowed)) bench_cpus[bench_n_cpus++] = cpu;
   }
   if (o.json) printf("[");
   if (o.json_file != NULL) fprintf(o.json_file, "[");
