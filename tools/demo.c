@@ -34,14 +34,18 @@ int main(int argc, char **argv) {
   /* A small training-like pattern: weights stay, activations come and go. */
   static const size_t weights[] = {154389504, 3145728, 3072, 2359296, 9437184};
   void *w[5], *act[8];
-  for (int i = 0; i < 5; ++i) gmr_alloc(rt, weights[i], GMR_SIM_STREAM(0), &w[i]);
+  for (int i = 0; i < 5; ++i)
+    gmr_alloc(rt, weights[i], GMR_SIM_STREAM(0), &w[i]);
   for (int step = 0; step < 3; ++step) {
-    for (int i = 0; i < 8; ++i) gmr_alloc(rt, (size_t)(i + 1) * 6 << 20, GMR_SIM_STREAM(0), &act[i]);
-    for (int i = 7; i >= 0; --i) gmr_free(rt, act[i]);
+    for (int i = 0; i < 8; ++i)
+      gmr_alloc(rt, (size_t)(i + 1) * 6 << 20, GMR_SIM_STREAM(0), &act[i]);
+    for (int i = 7; i >= 0; --i)
+      gmr_free(rt, act[i]);
   }
   printf("policy %s on the %s device\n\n", gmr_runtime_policy(rt), gmr_runtime_backend(rt));
   gmr_summary(rt, stdout);
-  for (int i = 0; i < 5; ++i) gmr_free(rt, w[i]);
+  for (int i = 0; i < 5; ++i)
+    gmr_free(rt, w[i]);
   gmr_runtime_free(rt);
   return 0;
 }

@@ -172,6 +172,7 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
 static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
   for (size_t i = 0; i < sim->n_free; ++i) {
     sim_range_t *r = &sim->free_ranges[i];
+    if (r->size < size) continue; /* cheap test first: most ranges are too small */
     uintptr_t start = (r->addr + align - 1) / align * align;
     if (start + size > r->addr + r->size || start < r->addr) continue;
     uintptr_t tail = start + size, end = r->addr + r->size;
@@ -235,8 +236,15 @@ static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
 }
 
 static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = 0;
-  while (i < sim->n_free && sim->free_ranges[i].addr < a) ++i;
+  /* Binary search: the first free range at or above a. */
+  size_t i = 0, hi = sim->n_free;
+  while (i < hi) {
+    size_t mid = (i + hi) / 2;
+    if (sim->free_ranges[mid].addr < a)
+      i = mid + 1;
+    else
+      hi = mid;
+  }
   bool merge_prev = i > 0 && sim->free_ranges[i - 1].addr + sim->free_ranges[i - 1].size == a;
   bool merge_next = i < sim->n_free && a + size == sim->free_ranges[i].addr;
   if (merge_prev && merge_next) {

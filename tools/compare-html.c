@@ -1,0 +1,735 @@
+/* compare-html.c: gmr-compare --html FILE, one self-contained page.
+ *
+ * The page needs no network: CSS, SVG and a few lines of JavaScript are
+ * inline.  It shows an overview (peak reserved against peak requested for
+ * every configuration), the table, and per configuration two pictures:
+ *  - a timeline of reserved, allocated and requested bytes over the events
+ *    (svg.timeline; each point is the maximum over a bucket of events);
+ *  - a map of the segments at the peak (svg.segmap): reserved memory laid
+ *    out as a strip wrapped into rows, segments in address order, allocated
+ *    blocks in blue and free holes in red, so the bytes a policy holds but
+ *    cannot use are visible at a glance.
+ * Configurations share one scale where their sizes are comparable, so the
+ * pictures compare by eye; one far larger than the rest (a greedy BFC that
+ * reserves the whole device) gets its own scale, and says so.
+ *
+ * The script at the end counts the charts that laid out with a non-zero
+ * size and writes the count into #render-status (tests read it from the DOM
+ * that headless Chromium dumps).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare.h"
+
+enum {
+  HTML_W = 960, /* px, chart width */
+  TL_H = 250,   /* px, timeline height */
+  TL_LEFT = 72, /* px, room for the y labels */
+  TL_RIGHT = 16,
+  TL_TOP = 22,
+  TL_BOTTOM = 34,
+  MAP_ROW_H = 16, /* px, one row of the segment map */
+  MAP_GAP = 5,    /* px between rows */
+  MAP_ROWS = 24,  /* rows for the largest configuration on the shared scale */
+  MAP_MAX_ROWS = 40
+};
+
+static void html_text(FILE *out, const char *s) {
+  for (; *s; ++s) {
+    switch (*s) {
+    case '<':
+      fputs("&lt;", out);
+      break;
+    case '>':
+      fputs("&gt;", out);
+      break;
+    case '&':
+      fputs("&amp;", out);
+      break;
+    case '"':
+      fputs("&quot;", out);
+      break;
+    default:
+      fputc(*s, out);
+    }
+  }
+}
+
+static void html_bytes(FILE *out, uint64_t b) {
+  char buf[48];
+  compare_format_bytes(b, buf, sizeof buf);
+  fputs(buf, out);
+}
+
+/* ---- scales -------------------------------------------------------------------- */
+
+/* A round step of about range / ticks: 1, 2 or 5 times a power of ten of `unit`. */
+static double html_nice_step(double range, int ticks) {
+  double raw = range / ticks;
+  double p = pow(10.0, floor(log10(raw)));
+  double m = raw / p;
+  return (m <= 1.0 ? 1.0 : m <= 2.0 ? 2.0 : m <= 5.0 ? 5.0 : 10.0) * p;
+}
+
+/* The unit in which to label a byte axis that reaches `max`. */
+static void html_byte_unit(uint64_t max, double *unit, const char **name) {
+  static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = (double)max;
+  while (v >= 1024.0 * 1.5 && u < 4)
+    v /= 1024.0, ++u;
+  *unit = pow(1024.0, u);
+  *name = names[u];
+}
+
+/* Shared scales: the largest value among those within `factor` times the
+ * median; larger ones get their own scale. */
+static uint64_t html_shared_max(const uint64_t *v, size_t n, double factor) {
+  uint64_t *s = malloc((n ? n : 1) * sizeof *s);
+  if (s == NULL) return 0;
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (v[i]) s[m++] = v[i];
+  uint64_t best = 0;
+  if (m) {
+    for (size_t i = 1; i < m; ++i)
+      for (size_t j = i; j > 0 && s[j - 1] > s[j]; --j) {
+        uint64_t x = s[j];
+        s[j] = s[j - 1];
+        s[j - 1] = x;
+      }
+    double median = (double)s[m / 2];
+    for (size_t i = 0; i < m; ++i)
+      if ((double)s[i] <= factor * median && s[i] > best) best = s[i];
+  }
+  free(s);
+  return best;
+}
+
+/* A round row size of at least `min` bytes: 1, 1.5, 2, 3, 4 or 6 times a
+ * power of two of MiB (or of bytes, below a MiB). */
+static uint64_t html_nice_row(uint64_t min) {
+  static const double m[] = {1.0, 1.5, 2.0, 3.0};
+  for (uint64_t p = 1;; p *= 2)
+    for (int i = 0; i < 4; ++i) {
+      uint64_t v = (uint64_t)(m[i] * (double)p);
+      if (p >= 1048576 ? v >= min : v >= min && m[i] == 1.0) return v;
+      if (p > ((uint64_t)1 << 50)) return min;
+    }
+}
+
+/* ---- the timeline --------------------------------------------------------------- */
+
+static double tl_x(const gmr_trace_data_t *t, double ev) {
+  double n = t->n_events > 1 ? (double)(t->n_events - 1) : 1.0;
+  return TL_LEFT + ev / n * (HTML_W - TL_LEFT - TL_RIGHT);
+}
+
+static double tl_y(uint64_t b, uint64_t ymax) {
+  double h = TL_H - TL_TOP - TL_BOTTOM;
+  double v = ymax ? (double)b / (double)ymax : 0.0;
+  if (v > 1.0) v = 1.0;
+  return TL_TOP + h - v * h;
+}
+
+/* One series as an SVG path; `area` closes it down to the axis. */
+static void tl_path(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r, uint64_t ymax,
+                    size_t field, int area, const char *cls) {
+  fprintf(out, "<path class=\"%s\" d=\"", cls);
+  for (size_t i = 0; i < r->n_points; ++i) {
+    const compare_point_t *p = &r->points[i];
+    uint64_t v = *(const uint64_t *)((const char *)p + field);
+    double x0 = tl_x(t, i == 0 ? 0.0 : (double)r->points[i - 1].event + 1.0);
+    double x1 = tl_x(t, (double)p->event);
+    fprintf(out, "%s%.1f,%.1f L%.1f,%.1f ", i == 0 ? (area ? "M" : "M") : "L", x0, tl_y(v, ymax),
+            x1, tl_y(v, ymax));
+  }
+  if (area && r->n_points)
+    fprintf(out, "L%.1f,%.1f L%.1f,%.1f Z", tl_x(t, (double)r->points[r->n_points - 1].event),
+            tl_y(0, ymax), tl_x(t, 0.0), tl_y(0, ymax));
+  fputs("\"/>\n", out);
+}
+
+static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
+                          uint64_t ymax, int own_scale) {
+  if (ymax == 0) ymax = 1;
+  fprintf(out,
+          "<svg class=\"chart timeline\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" data-x0=\"%.1f\" data-x1=\"%.1f\" data-n=\"%zu\" data-top=\"%d\" "
+          "data-bottom=\"%d\" aria-label=\"reserved and allocated bytes over the events of ",
+          HTML_W, TL_H, HTML_W, TL_H, tl_x(t, 0.0),
+          tl_x(t, t->n_events > 1 ? (double)(t->n_events - 1) : 1.0), t->n_events, TL_TOP,
+          TL_H - TL_BOTTOM);
+  html_text(out, r->name);
+  /* The points again, for the hover read-out: "event reserved allocated
+   * requested" in KiB, comma-separated. */
+  fputs("\" data-pts=\"", out);
+  for (size_t i = 0; i < r->n_points; ++i)
+    fprintf(out, "%s%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64, i ? "," : "", r->points[i].event,
+            r->points[i].reserved >> 10, r->points[i].allocated >> 10,
+            r->points[i].requested >> 10);
+  fputs("\">\n", out);
+  double unit;
+  const char *uname;
+  html_byte_unit(ymax, &unit, &uname);
+  double step = html_nice_step((double)ymax / unit, 5);
+  for (double v = 0; v <= (double)ymax / unit + 1e-9; v += step) {
+    double y = tl_y((uint64_t)(v * unit), ymax);
+    fprintf(out,
+            "<line class=\"grid\" x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\"/>"
+            "<text class=\"ylab\" x=\"%d\" y=\"%.1f\">%g %s</text>\n",
+            TL_LEFT, HTML_W - TL_RIGHT, y, y, TL_LEFT - 6, y + 4, v, uname);
+  }
+  double xstep = html_nice_step(t->n_events > 1 ? (double)t->n_events : 1.0, 8);
+  for (double e = 0; e < (double)t->n_events; e += xstep) {
+    double x = tl_x(t, e);
+    fprintf(out,
+            "<line class=\"tick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>"
+            "<text class=\"xlab\" x=\"%.1f\" y=\"%d\">%g</text>\n",
+            x, x, TL_H - TL_BOTTOM, TL_H - TL_BOTTOM + 4, x, TL_H - TL_BOTTOM + 17, e);
+  }
+  fprintf(out, "<text class=\"xname\" x=\"%d\" y=\"%d\">event</text>\n", HTML_W - TL_RIGHT,
+          TL_H - 3);
+  tl_path(out, t, r, ymax, offsetof(compare_point_t, reserved), 1, "reserved");
+  tl_path(out, t, r, ymax, offsetof(compare_point_t, allocated), 1, "allocated");
+  tl_path(out, t, r, ymax, offsetof(compare_point_t, requested), 0, "requested");
+  /* The peak, and the first OOM. */
+  double px = tl_x(t, (double)r->res.peak_event);
+  double py = tl_y(r->final.peak_reserved_bytes, ymax);
+  fprintf(out, "<line class=\"peak\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>", px, px,
+          TL_TOP - 6, TL_H - TL_BOTTOM);
+  fprintf(out, "<circle class=\"peakdot\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\"/>", px, py);
+  fprintf(out, "<text class=\"peaklab\" x=\"%.1f\" y=\"%d\" text-anchor=\"%s\">peak reserved ",
+          px + (px > HTML_W * 0.6 ? -6.0 : 6.0), TL_TOP - 8 + 10,
+          px > HTML_W * 0.6 ? "end" : "start");
+  html_bytes(out, r->final.peak_reserved_bytes);
+  fprintf(out, " at event %zu</text>\n", r->res.peak_event);
+  if (r->res.ooms) {
+    double ox = tl_x(t, (double)r->res.first_oom_event);
+    fprintf(out,
+            "<line class=\"oom\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\"/>"
+            "<text class=\"oomlab\" x=\"%.1f\" y=\"%d\">first OOM (line %u)</text>\n",
+            ox, ox, TL_TOP, TL_H - TL_BOTTOM, ox + 4, TL_H - TL_BOTTOM - 6, r->res.first_oom_line);
+  }
+  if (own_scale)
+    fprintf(out, "<text class=\"own\" x=\"%d\" y=\"%d\">own scale</text>\n", TL_LEFT, TL_H - 3);
+  fputs("<g class=\"hover\" visibility=\"hidden\"><line class=\"hl\"/><rect class=\"hb\" "
+        "rx=\"4\"/><text class=\"ht\"></text></g>\n",
+        out);
+  fputs("</svg>\n", out);
+}
+
+/* ---- the segment map ------------------------------------------------------------ */
+
+/* The bytes a segment occupies in the strip: its blocks, less unmapped ones
+ * (an expandable segment's reserved-but-unmapped tail is not memory). */
+static uint64_t map_segment_bytes(const compare_run_t *r, size_t i, size_t *next) {
+  uint64_t bytes = 0;
+  size_t j = i + 1;
+  int blocks = 0;
+  for (; j < r->n_map && !r->map[j].is_segment; ++j, blocks = 1)
+    if (r->map[j].state != GMR_BLOCK_UNMAPPED) bytes += r->map[j].size;
+  *next = j;
+  return blocks ? bytes : r->map[i].size;
+}
+
+static uint64_t map_total(const compare_run_t *r) {
+  uint64_t total = 0;
+  size_t next;
+  for (size_t i = 0; i < r->n_map; i = next) {
+    if (!r->map[i].is_segment) {
+      next = i + 1;
+      continue;
+    }
+    total += map_segment_bytes(r, i, &next);
+  }
+  return total;
+}
+
+static const char *map_state_class(int state) {
+  switch (state) {
+  case GMR_BLOCK_ALLOCATED:
+    return "a";
+  case GMR_BLOCK_PENDING_FREE:
+    return "p";
+  default:
+    return "f";
+  }
+}
+
+static const char *map_state_name(int state) {
+  switch (state) {
+  case GMR_BLOCK_ALLOCATED:
+    return "allocated";
+  case GMR_BLOCK_PENDING_FREE:
+    return "freed, waiting for its stream";
+  default:
+    return "free";
+  }
+}
+
+/* Draw [off, off + len) of the strip as rects, split where rows wrap. */
+static void map_rects(FILE *out, uint64_t off, uint64_t len, uint64_t row_bytes, const char *cls,
+                      const char *title) {
+  while (len > 0) {
+    uint64_t row = off / row_bytes, in_row = off % row_bytes;
+    uint64_t n = row_bytes - in_row < len ? row_bytes - in_row : len;
+    double x = (double)in_row / (double)row_bytes * HTML_W;
+    double w = (double)n / (double)row_bytes * HTML_W;
+    if (w < 0.4) w = 0.4;
+    fprintf(out,
+            "<rect class=\"%s\" x=\"%.2f\" y=\"%" PRIu64 "\" width=\"%.2f\" height=\"%d\">"
+            "<title>%s</title></rect>",
+            cls, x, row * (MAP_ROW_H + MAP_GAP), w, MAP_ROW_H, title);
+    off += n;
+    len -= n;
+  }
+}
+
+static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, int own_scale) {
+  uint64_t total = map_total(r);
+  if (row_bytes == 0) row_bytes = 1;
+  uint64_t rows = total ? (total + row_bytes - 1) / row_bytes : 1;
+  int height = (int)rows * (MAP_ROW_H + MAP_GAP);
+  fprintf(out,
+          "<svg class=\"chart segmap\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"segments of %s at the peak\">\n",
+          HTML_W, height, HTML_W, height, r->name);
+  for (uint64_t k = 0; k < rows; ++k)
+    fprintf(out, "<rect class=\"row\" x=\"0\" y=\"%" PRIu64 "\" width=\"%d\" height=\"%d\"/>",
+            k * (MAP_ROW_H + MAP_GAP), HTML_W, MAP_ROW_H);
+  fputc('\n', out);
+  uint64_t off = 0;
+  size_t next;
+  char title[256], a[48], b[48];
+  for (size_t i = 0; i < r->n_map; i = next) {
+    const compare_map_entry_t *seg = &r->map[i];
+    if (!seg->is_segment) {
+      next = i + 1;
+      continue;
+    }
+    uint64_t seg_bytes = map_segment_bytes(r, i, &next);
+    uint64_t seg_off = off;
+    if (next == i + 1) { /* a segment with no blocks listed: one allocated range */
+      compare_format_bytes(seg->size, a, sizeof a);
+      snprintf(title, sizeof title, "segment 0x%" PRIx64 ": %s", seg->address, a);
+      map_rects(out, off, seg_bytes, row_bytes, "a", title);
+      off += seg_bytes;
+    }
+    /* Runs of blocks in the same state are drawn as one rect. */
+    for (size_t j = i + 1; j < next;) {
+      if (r->map[j].state == GMR_BLOCK_UNMAPPED) {
+        ++j;
+        continue;
+      }
+      int state = r->map[j].state;
+      uint64_t run = 0, req = 0;
+      size_t count = 0;
+      for (; j < next && (int)r->map[j].state == state; ++j, ++count)
+        run += r->map[j].size, req += r->map[j].requested;
+      compare_format_bytes(run, a, sizeof a);
+      compare_format_bytes(req, b, sizeof b);
+      if (state == GMR_BLOCK_ALLOCATED)
+        snprintf(title, sizeof title,
+                 "%zu allocated block%s: %s (%s requested) in %s segment 0x%" PRIx64, count,
+                 count == 1 ? "" : "s", a, b, seg->pool[0] ? seg->pool : "a", seg->address);
+      else
+        snprintf(title, sizeof title, "%s: %s in %zu block%s, %s segment 0x%" PRIx64,
+                 map_state_name(state), a, count, count == 1 ? "" : "s",
+                 seg->pool[0] ? seg->pool : "a", seg->address);
+      map_rects(out, off, run, row_bytes, map_state_class(state), title);
+      off += run;
+    }
+    /* The segment's start, as a thin gap, where the segment is wide enough to show it. */
+    if ((double)seg_bytes / (double)row_bytes * HTML_W >= 3.0 && seg_off % row_bytes != 0) {
+      uint64_t row = seg_off / row_bytes;
+      double x = (double)(seg_off % row_bytes) / (double)row_bytes * HTML_W;
+      fprintf(out,
+              "<line class=\"seg\" x1=\"%.2f\" x2=\"%.2f\" y1=\"%" PRIu64 "\" y2=\"%" PRIu64
+              "\"/>\n",
+              x, x, row * (MAP_ROW_H + MAP_GAP), row * (MAP_ROW_H + MAP_GAP) + MAP_ROW_H);
+    }
+    (void)seg_bytes;
+  }
+  fputs("</svg>\n", out);
+  compare_format_bytes(row_bytes, a, sizeof a);
+  fprintf(out,
+          "<p class=\"scale\">Each row is %s%s; a white gap marks the start of a segment wide "
+          "enough to show one.</p>\n",
+          a, own_scale ? " (own scale: this configuration is far larger than the others)" : "");
+}
+
+/* ---- captions ------------------------------------------------------------------- */
+
+/* Why this configuration needs what it needs, in its own numbers and next
+ * to the configuration that needed least. */
+static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t *least) {
+  const gmr_stats_t *p = &r->res.at_peak;
+  uint64_t reserved = p->reserved_bytes, requested = p->requested_bytes;
+  uint64_t overhead = reserved > requested ? reserved - requested : 0;
+  uint64_t pending =
+      p->active_bytes > p->allocated_bytes ? p->active_bytes - p->allocated_bytes : 0;
+  fputs("<p class=\"caption\">At its peak (event ", out);
+  fprintf(out, "%zu) <b>", r->res.peak_event);
+  html_text(out, r->name);
+  fputs("</b> held <b>", out);
+  html_bytes(out, reserved);
+  uint64_t segments = 0;
+  for (size_t i = 0; i < r->n_map; ++i)
+    segments += r->map[i].is_segment;
+  if (segments == 0) segments = p->segments;
+  if (segments)
+    fprintf(out, "</b> in %" PRIu64 " segment%s for ", segments, segments == 1 ? "" : "s");
+  else
+    fputs("</b> for ", out);
+  html_bytes(out, requested);
+  fputs(" requested. ", out);
+  if (overhead == 0) {
+    fputs("It holds nothing beyond what the program asked for: no cache, no rounding", out);
+    if (r->final.device_allocs > 1)
+      fprintf(out,
+              "; the price is a device call for every allocation and every free "
+              "(%" PRIu64 " reservations)",
+              r->final.device_allocs);
+    fputs(". ", out);
+  } else {
+    /* The overhead, in its nonzero parts. */
+    const struct {
+      uint64_t bytes;
+      const char *what;
+    } part[3] = {{r->free_at_peak - (pending < r->free_at_peak ? pending : 0),
+                  " in free blocks inside its segments (red)"},
+                 {r->rounding_at_peak, " lost to rounding requests up"},
+                 {pending, " freed but waiting for stream work (orange)"}};
+    int n_parts = 0, done = 0;
+    for (int i = 0; i < 3; ++i)
+      n_parts += part[i].bytes != 0;
+    fputs("The ", out);
+    html_bytes(out, overhead);
+    fputs(" above the request ", out);
+    fputs(n_parts ? "is " : "is not broken down at this event", out);
+    for (int i = 0; i < 3; ++i) {
+      if (part[i].bytes == 0) continue;
+      if (done) fputs(done + 1 == n_parts ? " and " : ", ", out);
+      html_bytes(out, part[i].bytes);
+      fputs(part[i].what, out);
+      ++done;
+    }
+    fputs(". ", out);
+    if (r->free_at_peak > 0) {
+      if (r->largest_at_peak * 2 >= r->free_at_peak && r->fragmentation < 0.5) {
+        fputs("Most of the free space is one block of ", out);
+        html_bytes(out, r->largest_at_peak);
+        fputs(": memory reserved ahead of need (or kept from an earlier, larger phase) "
+              "rather than fragmentation. ",
+              out);
+      } else {
+        fprintf(out, "It is split into many holes (fragmentation %.0f%%: the largest is ",
+                100.0 * r->fragmentation);
+        html_bytes(out, r->largest_at_peak);
+        fputs("), so a request larger than the largest hole needs a new segment even though "
+              "the free total would cover it. ",
+              out);
+      }
+    }
+  }
+  if (r->res.ooms) {
+    char line[400];
+    const char *m = r->res.first_oom_message, *nl = strchr(m, '\n');
+    snprintf(line, sizeof line, "%.*s", nl ? (int)(nl - m) : (int)strlen(m), m);
+    fprintf(out, "<b>%zu allocation%s failed</b>; the first at event %zu (line %u of the trace): ",
+            r->res.ooms, r->res.ooms == 1 ? "" : "s", r->res.first_oom_event,
+            r->res.first_oom_line);
+    fputs("<q>", out);
+    html_text(out, line);
+    fputs("</q> ", out);
+  }
+  if (least && least != r && least->final.peak_reserved_bytes < r->final.peak_reserved_bytes) {
+    fprintf(out, "Its peak reserved is %.2f times that of <b>",
+            (double)r->final.peak_reserved_bytes / (double)least->final.peak_reserved_bytes);
+    html_text(out, least->name);
+    fputs("</b> (", out);
+    html_bytes(out, r->final.peak_reserved_bytes - least->final.peak_reserved_bytes);
+    fputs(" more), the least of this comparison.", out);
+  } else if (least == r) {
+    fputs("This is the least peak reserved of this comparison.", out);
+  }
+  fputs("</p>\n", out);
+}
+
+/* ---- the page ------------------------------------------------------------------- */
+
+static const char html_css[] =
+    "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1d2330;"
+    "background:#f4f6f9;margin:0}\n"
+    "main{max-width:1180px;margin:0 auto;padding:24px 20px 40px}\n"
+    "h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:0 0 6px}\n"
+    "h2 small{font-weight:400;color:#5b6475;font-size:13px;margin-left:8px}\n"
+    ".sub{color:#5b6475;margin:0 0 18px}\n"
+    "section{background:#fff;border:1px solid #dfe3ea;border-radius:10px;padding:16px 18px;"
+    "margin:0 0 20px;box-shadow:0 1px 2px rgba(20,30,50,.05)}\n"
+    "h3{font-size:14px;margin:14px 0 4px;color:#333b4d}\n"
+    ".scroll{overflow-x:auto;margin-top:10px}\n"
+    "table{border-collapse:collapse;font-variant-numeric:tabular-nums;width:100%;font-size:13px}\n"
+    "th,td{padding:3px 7px;text-align:right;border-bottom:1px solid #eef0f4;white-space:nowrap}\n"
+    "th:first-child,td:first-child{text-align:left;color:#5b6475}\n"
+    "thead th{color:#1d2330;border-bottom:2px solid #cfd5df}\n"
+    ".chart{display:block;width:100%;height:auto;font:11px system-ui,sans-serif}\n"
+    ".grid{stroke:#e7eaf0}.tick{stroke:#9aa3b2}.ylab{text-anchor:end;fill:#5b6475}\n"
+    ".xlab{text-anchor:middle;fill:#5b6475}.xname{text-anchor:end;fill:#5b6475}\n"
+    "path.reserved{fill:#cfe0f5;stroke:#3b75c4;stroke-width:1.4}\n"
+    "path.allocated{fill:#8fd0a6;fill-opacity:.85;stroke:#2b8a4b;stroke-width:1.2}\n"
+    "path.requested{fill:none;stroke:#1d2330;stroke-width:1;stroke-dasharray:4 3}\n"
+    ".peak{stroke:#c0392b;stroke-width:1;stroke-dasharray:2 2}.peakdot{fill:#c0392b}\n"
+    ".peaklab{fill:#c0392b;font-weight:600}.oom{stroke:#8e44ad;stroke-width:2}"
+    ".oomlab{fill:#8e44ad;font-weight:600}.own{fill:#b9770e;font-weight:600}\n"
+    ".segmap .row{fill:#eef0f4}.segmap .a{fill:#3b75c4}.segmap .f{fill:#e4572e}"
+    ".segmap .p{fill:#f0a202}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
+    ".segmap rect:hover{opacity:.7}\n"
+    ".hover .hl{stroke:#1d2330;stroke-width:1;stroke-dasharray:3 2}"
+    ".hover .hb{fill:#fff;stroke:#9aa3b2;fill-opacity:.95}.hover .ht{fill:#1d2330;font-size:11px}\n"
+    ".legend{display:flex;gap:16px;flex-wrap:wrap;color:#5b6475;font-size:12px;margin:4px 0}\n"
+    ".legend i{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:5px;"
+    "vertical-align:-2px}\n"
+    ".caption{margin:8px 0 0;color:#333b4d}.scale{margin:4px 0 0;color:#5b6475;font-size:12px}\n"
+    ".error{color:#b03a2e;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}\n"
+    ".ovl{fill:#1d2330}.ovr{fill:#3b75c4}.ovq{fill:#2b8a4b}.ovv{fill:#5b6475}"
+    ".ovin{fill:#fff;font-weight:600}\n"
+    "#render-status{color:#8a93a3;font-size:12px;text-align:center}\n";
+
+static const char html_js[] =
+    "(function(){\n"
+    "  function fmt(k){var b=k*1024,u=['B','KiB','MiB','GiB','TiB'],i=0;\n"
+    "    while(b>=1024&&i<4){b/=1024;i++;}return (i?b.toFixed(2):b)+' '+u[i];}\n"
+    "  document.querySelectorAll('svg.chart.timeline').forEach(function(s){\n"
+    "    var d=s.getAttribute('data-pts');if(!d)return;\n"
+    "    var p=d.split(',').map(function(t){return t.split(' ').map(Number);});\n"
+    "    var x0=+s.dataset.x0,x1=+s.dataset.x1,n=+s.dataset.n,top=+s.dataset.top,\n"
+    "      bot=+s.dataset.bottom,g=s.querySelector('g.hover'),l=g.querySelector('line'),\n"
+    "      r=g.querySelector('rect'),t=g.querySelector('text');\n"
+    "    s.addEventListener('mousemove',function(ev){\n"
+    "      var pt=s.createSVGPoint();pt.x=ev.clientX;pt.y=ev.clientY;\n"
+    "      var q=pt.matrixTransform(s.getScreenCTM().inverse());\n"
+    "      if(q.x<x0||q.x>x1){g.setAttribute('visibility','hidden');return;}\n"
+    "      var e=(q.x-x0)/(x1-x0)*Math.max(n-1,1),lo=0,hi=p.length-1;\n"
+    "      while(lo<hi){var m=(lo+hi)>>1;if(p[m][0]<e)lo=m+1;else hi=m;}\n"
+    "      var v=p[lo];\n"
+    "      l.setAttribute('x1',q.x);l.setAttribute('x2',q.x);l.setAttribute('y1',top);\n"
+    "      l.setAttribute('y2',bot);\n"
+    "      t.textContent='event '+v[0]+': reserved '+fmt(v[1])+', allocated '+fmt(v[2])+\n"
+    "        ', requested '+fmt(v[3]);\n"
+    "      var w=t.getComputedTextLength()+12,bx=q.x+8>x1-w?q.x-8-w:q.x+8;\n"
+    "      r.setAttribute('x',bx);r.setAttribute('y',top+4);r.setAttribute('width',w);\n"
+    "      r.setAttribute('height',18);t.setAttribute('x',bx+6);t.setAttribute('y',top+17);\n"
+    "      g.setAttribute('visibility','visible');});\n"
+    "    s.addEventListener('mouseleave',function(){g.setAttribute('visibility','hidden');});\n"
+    "  });\n"
+    "  function laid(sel){var n=0;document.querySelectorAll(sel).forEach(function(s){\n"
+    "    var b=s.getBoundingClientRect();if(b.width>0&&b.height>0)n++;});return n;}\n"
+    "  var t=laid('svg.chart.timeline'),m=laid('svg.chart.segmap');\n"
+    "  var s=document.getElementById('render-status');\n"
+    "  s.setAttribute('data-timelines',t);s.setAttribute('data-segmaps',m);\n"
+    "  s.textContent='Rendered '+t+' timelines and '+m+' segment maps.';\n"
+    "})();\n";
+
+static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64_t vmax) {
+  int bar_h = 18, gap = 10, left = 190, right = 200;
+  int h = (int)n * (bar_h + gap) + 10;
+  fprintf(out,
+          "<svg class=\"chart overview\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"peak reserved and requested per configuration\">\n",
+          HTML_W, h, HTML_W, h);
+  if (vmax == 0) vmax = 1;
+  for (size_t k = 0; k < n; ++k) {
+    const compare_run_t *r = &runs[k];
+    int y = 5 + (int)k * (bar_h + gap);
+    fprintf(out, "<text class=\"ovl\" x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 8,
+            y + bar_h - 5);
+    html_text(out, r->name);
+    fputs("</text>", out);
+    if (r->status != COMPARE_OK && r->status != COMPARE_ECHECK) {
+      fprintf(out, "<text class=\"ovv\" x=\"%d\" y=\"%d\">did not run</text>\n", left,
+              y + bar_h - 5);
+      continue;
+    }
+    double span = HTML_W - left - right;
+    double wr = span * fmin(1.0, (double)r->final.peak_reserved_bytes / (double)vmax);
+    double wq = span * fmin(1.0, (double)r->final.peak_requested_bytes / (double)vmax);
+    fprintf(out, "<rect class=\"ovr\" x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" rx=\"3\"/>",
+            left, y, fmax(wr, 1.0), bar_h);
+    fprintf(out, "<rect class=\"ovq\" x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" rx=\"2\"/>",
+            left, y + bar_h / 2 - 3, fmax(wq, 1.0), 6);
+    if (wr > span * 0.62)
+      fprintf(out, "<text class=\"ovin\" x=\"%.1f\" y=\"%d\" text-anchor=\"end\">", left + wr - 8,
+              y + bar_h - 5);
+    else
+      fprintf(out, "<text class=\"ovv\" x=\"%.1f\" y=\"%d\">", left + fmax(wr, 1.0) + 8,
+              y + bar_h - 5);
+    html_bytes(out, r->final.peak_reserved_bytes);
+    if (r->final.peak_requested_bytes)
+      fprintf(out, " (%.4f x requested)",
+              (double)r->final.peak_reserved_bytes / (double)r->final.peak_requested_bytes);
+    if (r->res.ooms) fprintf(out, ", %zu OOM%s", r->res.ooms, r->res.ooms == 1 ? "" : "s");
+    fputs("</text>\n", out);
+  }
+  fputs("</svg>\n", out);
+}
+
+static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
+  fputs("<div class=\"scroll\"><table><thead><tr><th></th>", out);
+  for (size_t k = 0; k < n; ++k) {
+    fputs("<th>", out);
+    html_text(out, runs[k].name);
+    fputs("</th>", out);
+  }
+  fputs("</tr></thead><tbody>\n", out);
+  char cell[96];
+  for (int row = 0; compare_table_label(row); ++row) {
+    fprintf(out, "<tr><td>%s</td>", compare_table_label(row));
+    for (size_t k = 0; k < n; ++k) {
+      compare_table_cell(&runs[k], row, cell, sizeof cell);
+      fputs("<td>", out);
+      html_text(out, cell);
+      fputs("</td>", out);
+    }
+    fputs("</tr>\n", out);
+  }
+  fputs("</tbody></table></div>\n", out);
+}
+
+static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
+                        const compare_run_t *least, uint64_t tl_shared, uint64_t row_shared) {
+  fprintf(out, "<section class=\"config\" id=\"config-");
+  html_text(out, r->name);
+  fputs("\">\n<h2>", out);
+  html_text(out, r->name);
+  fputs("<small>", out);
+  html_text(out, r->policy[0] ? r->policy : "");
+  fputs(" &middot; ", out);
+  html_text(out, r->source);
+  fputs("</small></h2>\n", out);
+  if (r->status != COMPARE_OK) {
+    fputs("<p class=\"error\">", out);
+    html_text(out, r->error);
+    fputs("</p>\n", out);
+    if (r->status != COMPARE_ECHECK || r->n_points == 0) {
+      fputs("</section>\n", out);
+      return;
+    }
+  }
+  if (r->yaml) {
+    fputs("<pre class=\"scale\">", out);
+    html_text(out, r->yaml);
+    fputs("</pre>\n", out);
+  }
+  uint64_t own = r->final.peak_reserved_bytes;
+  int tl_own = own > tl_shared;
+  fputs("<h3>Timeline</h3>\n<div class=\"legend\"><span><i style=\"background:#cfe0f5;"
+        "border:1px solid #3b75c4\"></i>reserved (held from the device)</span><span><i "
+        "style=\"background:#8fd0a6\"></i>allocated (live blocks, rounded)</span><span><i "
+        "style=\"border-top:2px dashed #1d2330;height:0;width:16px\"></i>requested</span></div>\n",
+        out);
+  html_timeline(out, t, r, tl_own ? own : tl_shared, tl_own);
+  size_t bucket = (t->n_events + COMPARE_TIMELINE_POINTS - 1) / COMPARE_TIMELINE_POINTS;
+  fprintf(out,
+          "<p class=\"scale\">Each step of the lines is the maximum over %zu event%s. The "
+          "gap between reserved and allocated is memory the policy holds for reuse.",
+          bucket ? bucket : 1, bucket == 1 ? "" : "s");
+  if (r->res.ooms)
+    fprintf(out,
+            " The purple line is the first allocation that failed (event %zu, line %u of "
+            "the trace).",
+            r->res.first_oom_event, r->res.first_oom_line);
+  fputs("</p>\n<h3>Segments at the peak</h3>\n", out);
+  if (r->map_status != 0 || r->n_map == 0) {
+    fprintf(out, "<p class=\"scale\">No segment map: %s.</p>\n",
+            r->map_status == GMR_ENOTSUP ? "this policy keeps no segments to walk"
+            : r->map_status != 0         ? gmr_strerror(r->map_status)
+                                         : "nothing was reserved at the peak");
+  } else {
+    fputs("<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>allocated</span>"
+          "<span><i style=\"background:#e4572e\"></i>free (cached, unused)</span><span><i "
+          "style=\"background:#f0a202\"></i>freed, waiting for stream work</span></div>\n",
+          out);
+    uint64_t total = map_total(r);
+    uint64_t rows_shared = row_shared ? (total + row_shared - 1) / row_shared : 0;
+    int map_own = row_shared == 0 || rows_shared > MAP_MAX_ROWS;
+    uint64_t row_bytes = map_own ? html_nice_row((total + MAP_ROWS - 1) / MAP_ROWS) : row_shared;
+    html_segmap(out, r, row_bytes ? row_bytes : 1, map_own && row_shared != 0);
+  }
+  html_caption(out, r, least);
+  fputs("</section>\n", out);
+}
+
+int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,
+                       size_t n, const compare_opts_t *o) {
+  FILE *out = fopen(path, "w");
+  if (out == NULL) {
+    fprintf(stderr, "gmr-compare: --html: cannot write %s\n", path);
+    return -1;
+  }
+  uint64_t *peaks = calloc(n ? n : 1, sizeof *peaks);
+  uint64_t *totals = calloc(n ? n : 1, sizeof *totals);
+  if (peaks == NULL || totals == NULL) {
+    free(peaks);
+    free(totals);
+    fclose(out);
+    return -1;
+  }
+  const compare_run_t *least = NULL;
+  uint64_t vmax = 0;
+  for (size_t k = 0; k < n; ++k) {
+    if (runs[k].status != COMPARE_OK) continue;
+    peaks[k] = runs[k].final.peak_reserved_bytes;
+    totals[k] = map_total(&runs[k]);
+    if (peaks[k] > vmax) vmax = peaks[k];
+    if (runs[k].res.ooms == 0 && (least == NULL || peaks[k] < least->final.peak_reserved_bytes))
+      least = &runs[k];
+  }
+  uint64_t tl_shared = html_shared_max(peaks, n, 2.5);
+  uint64_t map_shared = html_shared_max(totals, n, 2.5);
+  uint64_t row_shared = map_shared ? html_nice_row((map_shared + MAP_ROWS - 1) / MAP_ROWS) : 0;
+  free(peaks);
+  free(totals);
+
+  fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, "
+        "initial-scale=1\">\n<title>gmr-compare: ",
+        out);
+  html_text(out, t->source);
+  fprintf(out,
+          "</title>\n<style>\n%s</style>\n</head>\n<body>\n<main>\n<h1>gmr-compare</h1>\n"
+          "<p class=\"sub\">",
+          html_css);
+  html_text(out, t->source);
+  char cap[48], req[48];
+  compare_format_bytes(o->capacity, cap, sizeof cap);
+  compare_format_bytes(t->peak_requested, req, sizeof req);
+  fprintf(out,
+          ": %zu events, %zu allocations (%zu never freed), peak requested %s. Every "
+          "configuration replayed the trace on a fresh simulated device of %s.</p>\n",
+          t->n_events, t->n_ids, t->n_live_at_end, req, cap);
+  fputs("<section class=\"summary\">\n<h2>Peak reserved against peak requested</h2>\n"
+        "<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>peak reserved</span>"
+        "<span><i style=\"background:#2b8a4b\"></i>peak requested</span></div>\n",
+        out);
+  html_overview(out, runs, n, vmax);
+  html_table(out, runs, n);
+  fputs("</section>\n", out);
+  for (size_t k = 0; k < n; ++k)
+    html_config(out, t, &runs[k], least, tl_shared, row_shared);
+  fprintf(out,
+          "<p id=\"render-status\" data-configs=\"%zu\">Rendering needs JavaScript for "
+          "this line only; the charts are plain SVG.</p>\n</main>\n<script>\n%s</script>\n"
+          "</body>\n</html>\n",
+          n, html_js);
+  int bad = ferror(out);
+  if (fclose(out) != 0 || bad) {
+    fprintf(stderr, "gmr-compare: --html: cannot write %s\n", path);
+    return -1;
+  }
+  return 0;
+}
