@@ -302,14 +302,20 @@ static inline bool shard_take(limit_shard_t *sh, uint64_t n) {
   return false;
 }
 
+/* pool + Σ credit: the part of the cap not in use (<= cap). */
+static uint64_t limit_unused(limit_t *l) {
+  gmr__lock(&l->pool_lock); /* no shard is frozen while this is held */
+  uint64_t unused = atomic_load(&l->pool);
+  for (int i = 0; i < LIMIT_SHARDS; ++i) unused += atomic_load(&l->shards[i].credit);
+  gmr__unlock(&l->pool_lock);
+  return unused;
+}
+
 /* The bytes in use: cap - pool - Σ credit.  Exact when no allocation or free
  * is under way; a snapshot otherwise. */
 static uint64_t limit_in_use(limit_t *l) {
-  gmr__lock(&l->pool_lock); /* no shard is frozen while this is held */
-  uint64_t held = atomic_load(&l->pool);
-  for (int i = 0; i < LIMIT_SHARDS; ++i) held += atomic_load(&l->shards[i].credit);
-  gmr__unlock(&l->pool_lock);
-  return held < l->cap ? l->cap - held : 0;
+  uint64_t unused = limit_unused(l);
+  return unused < l->cap ? l->cap - unused : 0;
 }
 
 /* n bytes for an allocation whose shard is short: from the pool (with up to a
@@ -489,8 +495,13 @@ static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
 
 static int limit_check(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
-  uint64_t used = l->counts == LIMIT_COUNTS_ALLOCATED ? limit_in_use(l)
-                                                      : atomic_load(&l->lbe->held);
+  uint64_t unused = l->counts == LIMIT_COUNTS_ALLOCATED ? limit_unused(l) : 0;
+  if (unused > l->cap)
+    return gmr__error_set(GMR_EINVAL,
+                          "limit: the pool and the shards hold %llu bytes of credit, more than "
+                          "the cap of %llu",
+                          (unsigned long long)unused, (unsigned long long)l->cap);
+  uint64_t used = l->counts == LIMIT_COUNTS_ALLOCATED ? l->cap - unused : atomic_load(&l->lbe->held);
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);
