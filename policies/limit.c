@@ -501,7 +501,8 @@ static int limit_check(gmr_policy_t *self) {
                           "limit: the pool and the shards hold %llu bytes of credit, more than "
                           "the cap of %llu",
                           (unsigned long long)unused, (unsigned long long)l->cap);
-  uint64_t used = l->counts == LIMIT_COUNTS_ALLOCATED ? l->cap - unused : atomic_load(&l->lbe->held);
+  uint64_t used =
+      l->counts == LIMIT_COUNTS_ALLOCATED ? l->cap - unused : atomic_load(&l->lbe->held);
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);
