@@ -17,8 +17,27 @@
  *    holds never passes the cap, cache included.
  *
  * The cap is on this runtime, not a representation of the device.
- * Synchronization: concurrent.  `in_use` and the reserved count are atomics;
- * an upstream policy that is not concurrent is called under `up_lock`.
+ *
+ * Counting allocated bytes without one shared counter.  A counter that every
+ * allocation and free of every thread updates is one cache line bouncing
+ * between cores: with 16 threads it caps the aggregate rate at the line's
+ * transfer time, whatever the upstream policy can do.  So the cap is split
+ * into credit: `pool` holds the bytes of the cap that no shard holds, and
+ * each of LIMIT_SHARDS shards (chosen by the block's stream) holds `credit`,
+ * bytes it may hand out without asking anyone:
+ *     pool + Σ shard credit + in_use = cap,   in_use = Σ requested of live blocks
+ * An allocation takes its size from its shard's credit (one atomic on the
+ * shard's own line); a free gives it back there.  A shard short of credit
+ * takes `size + chunk` from the pool under `pool_lock`; if the pool is short
+ * too, every shard's credit is drained into it, so pool = cap - in_use
+ * exactly, and the request fails only if in_use + size > cap: the same
+ * answer as one counter, at the same moment.  A shard holding more than
+ * 4 chunks after a free returns the excess to the pool.
+ *
+ * Synchronization: concurrent.  Shard credit, `pool`, `refused` and the
+ * reserved count are atomics; `pool` and the drain change only under
+ * `pool_lock`.  An upstream policy that is not concurrent is called under
+ * `up_lock`.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -43,15 +62,25 @@ typedef struct limit_backend_s {
   _Atomic uint64_t held;   /* bytes reserved or mapped through this backend */
 } limit_backend_t;
 
+#define LIMIT_SHARDS 64 /* a power of two */
+
+typedef struct limit_shard_s {
+  _Alignas(64) _Atomic uint64_t credit; /* bytes of the cap this shard may hand out */
+} limit_shard_t;
+
 typedef struct limit_s {
   gmr_policy_t base;       /* must be first; base.upstream is the wrapped policy */
   uint64_t cap;            /* bytes */
   int counts;
-  _Atomic uint64_t in_use; /* counts == allocated: Σ requested bytes of live blocks */
+  uint64_t chunk;          /* bytes a shard takes from the pool beyond its request */
   _Atomic uint64_t refused;/* allocations refused by the cap */
   bool up_serialize;       /* the upstream is not concurrent */
   gmr_lock_t up_lock;      /* guards upstream calls when up_serialize */
   limit_backend_t *lbe;    /* counts == reserved: the upstream's backend */
+  void *raw;               /* what gmr__calloc returned (the limit_t is aligned inside it) */
+  _Alignas(64) gmr_lock_t pool_lock; /* guards changes of `pool` and drains */
+  _Atomic uint64_t pool;   /* counts == allocated: bytes of the cap held by no shard */
+  limit_shard_t shards[LIMIT_SHARDS];
 } limit_t;
 
 static int limit_refusal(uint64_t cap, uint64_t request, uint64_t in_use, const char *what) {
@@ -191,14 +220,22 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
     if (err != 0) return err;
     cap = (uint64_t)(opts->fraction * (double)total);
   }
-  limit_t *l = gmr__calloc(1, sizeof *l);
-  if (l == NULL) return gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
+  void *raw = gmr__calloc(1, sizeof(limit_t) + 63);
+  if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
+  limit_t *l = (limit_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  l->raw = raw;
   l->base.ops = &gmr_limit_policy_ops;
   l->base.backend = be;
   l->cap = cap;
   l->counts = opts->counts;
+  /* A shard's refill: enough for many allocations, small beside the cap. */
+  l->chunk = cap / (8 * LIMIT_SHARDS);
+  if (l->chunk > ((uint64_t)64 << 20)) l->chunk = (uint64_t)64 << 20;
+  atomic_init(&l->pool, cap);
+  for (int i = 0; i < LIMIT_SHARDS; ++i) atomic_init(&l->shards[i].credit, 0);
   gmr_backend_t *up_be = be;
   int err = GMR_ENOMEM;
+  if (gmr__lock_init(&l->pool_lock) != 0) goto fail_pool_lock;
   if (gmr__lock_init(&l->up_lock) != 0) goto fail_lock;
   if (l->counts == LIMIT_COUNTS_RESERVED) {
     l->lbe = gmr__calloc(1, sizeof *l->lbe);
@@ -221,7 +258,9 @@ fail_upstream:
 fail_lbe:
   gmr__lock_destroy(&l->up_lock);
 fail_lock:
-  gmr__free(l);
+  gmr__lock_destroy(&l->pool_lock);
+fail_pool_lock:
+  gmr__free(raw);
   if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
     gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
   return err;
@@ -232,7 +271,8 @@ static void limit_destroy(gmr_policy_t *self) {
   gmr__policy_destroy(self->upstream);
   gmr__free(l->lbe);
   gmr__lock_destroy(&l->up_lock);
-  gmr__free(l);
+  gmr__lock_destroy(&l->pool_lock);
+  gmr__free(l->raw);
 }
 
 static inline void up_lock(limit_t *l) {
@@ -242,18 +282,114 @@ static inline void up_unlock(limit_t *l) {
   if (l->up_serialize) gmr__unlock(&l->up_lock);
 }
 
+/* ---- the allocated-bytes count: shard credit and the pool ---------------------- */
+
+/* A shard's credit while a drain holds it: takes and gives wait for the drain
+ * (they go through pool_lock), so the drain sees every shard at rest. */
+#define LIMIT_FROZEN UINT64_MAX
+
+static inline limit_shard_t *shard_of(limit_t *l, gmr_stream_t s) {
+  uint64_t h = (uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull;
+  return &l->shards[h >> 58]; /* top 6 bits: LIMIT_SHARDS = 64 */
+}
+
+/* Take n bytes of the shard's credit; false when it holds less, or is frozen. */
+static inline bool shard_take(limit_shard_t *sh, uint64_t n) {
+  uint64_t c = atomic_load_explicit(&sh->credit, memory_order_relaxed);
+  while (c >= n && c != LIMIT_FROZEN)
+    if (atomic_compare_exchange_weak_explicit(&sh->credit, &c, c - n, memory_order_acq_rel,
+                                              memory_order_relaxed))
+      return true;
+  return false;
+}
+
+/* pool + Σ credit: the part of the cap not in use (<= cap). */
+static uint64_t limit_unused(limit_t *l) {
+  gmr__lock(&l->pool_lock); /* no shard is frozen while this is held */
+  uint64_t unused = atomic_load(&l->pool);
+  for (int i = 0; i < LIMIT_SHARDS; ++i) unused += atomic_load(&l->shards[i].credit);
+  gmr__unlock(&l->pool_lock);
+  return unused;
+}
+
+/* The bytes in use: cap - pool - Σ credit.  Exact when no allocation or free
+ * is under way; a snapshot otherwise. */
+static uint64_t limit_in_use(limit_t *l) {
+  uint64_t unused = limit_unused(l);
+  return unused < l->cap ? l->cap - unused : 0;
+}
+
+/* n bytes for an allocation whose shard is short: from the pool (with up to a
+ * chunk more for the shard), else after draining every shard into the pool.
+ * During the drain every shard is frozen, so once all are drained
+ *     pool = cap - in_use   exactly;
+ * false, with in_use in *seen, when in_use + n > cap.  Caller: no lock held. */
+static bool limit_refill(limit_t *l, limit_shard_t *sh, uint64_t n, uint64_t *seen) {
+  gmr__lock(&l->pool_lock);
+  uint64_t pool = atomic_load(&l->pool);
+  if (pool < n) {
+    for (int i = 0; i < LIMIT_SHARDS; ++i)
+      pool += atomic_exchange(&l->shards[i].credit, LIMIT_FROZEN);
+    bool fits = pool >= n;
+    if (!fits) *seen = l->cap - pool;
+    for (int i = 0; i < LIMIT_SHARDS; ++i) atomic_store(&l->shards[i].credit, 0);
+    if (!fits) {
+      atomic_store(&l->pool, pool);
+      gmr__unlock(&l->pool_lock);
+      return false;
+    }
+  }
+  uint64_t extra = pool - n < l->chunk ? pool - n : l->chunk;
+  atomic_store(&l->pool, pool - n - extra);
+  if (extra != 0) atomic_fetch_add(&sh->credit, extra);
+  gmr__unlock(&l->pool_lock);
+  return true;
+}
+
+/* The rest of limit_give: n bytes (0 if already given) go to the pool, and
+ * the shard's credit past one chunk too. */
+static void limit_give_slow(limit_t *l, limit_shard_t *sh, uint64_t n) {
+  gmr__lock(&l->pool_lock); /* waits for a drain to end */
+  uint64_t c = atomic_load(&sh->credit);
+  while (c > l->chunk && !atomic_compare_exchange_weak(&sh->credit, &c, l->chunk)) {
+  }
+  uint64_t excess = c > l->chunk ? c - l->chunk : 0;
+  atomic_fetch_add(&l->pool, n + excess);
+  gmr__unlock(&l->pool_lock);
+}
+
+/* Give n bytes back: to the shard; to the pool while a drain freezes the
+ * shard; and past 4 chunks in the shard, the excess goes to the pool so that
+ * credit does not pile up where nobody allocates. */
+static inline void limit_give(limit_t *l, limit_shard_t *sh, uint64_t n) {
+  uint64_t c = atomic_load_explicit(&sh->credit, memory_order_relaxed);
+  while (c != LIMIT_FROZEN) {
+    if (atomic_compare_exchange_weak_explicit(&sh->credit, &c, c + n, memory_order_acq_rel,
+                                              memory_order_relaxed)) {
+      if (GMR_LIKELY(c + n <= 4 * l->chunk)) return;
+      limit_give_slow(l, sh, 0);
+      return;
+    }
+  }
+  limit_give_slow(l, sh, n);
+}
+
 static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   limit_t *l = (limit_t *)self;
-  uint64_t seen;
-  if (l->counts == LIMIT_COUNTS_ALLOCATED && !take(&l->in_use, l->cap, size, &seen)) {
-    atomic_fetch_add(&l->refused, 1);
-    return limit_refusal(l->cap, size, seen, "already allocated");
+  limit_shard_t *sh = NULL;
+  if (l->counts == LIMIT_COUNTS_ALLOCATED) {
+    sh = shard_of(l, s);
+    uint64_t seen;
+    if (!shard_take(sh, size) && !limit_refill(l, sh, size, &seen)) {
+      atomic_fetch_add(&l->refused, 1);
+      return limit_refusal(l->cap, size, seen, "already allocated");
+    }
   }
   up_lock(l);
   int err = self->upstream->ops->alloc(self->upstream, size, s, out);
   up_unlock(l);
   if (err != 0) {
-    if (l->counts == LIMIT_COUNTS_ALLOCATED) atomic_fetch_sub(&l->in_use, size);
+    if (sh != NULL) limit_give(l, sh, size);
     if (err == GMR_ENOMEM && l->counts == LIMIT_COUNTS_RESERVED) atomic_fetch_add(&l->refused, 1);
   }
   return err;
@@ -264,7 +400,8 @@ static int limit_free(gmr_policy_t *self, const gmr_block_t *blk) {
   up_lock(l);
   int err = self->upstream->ops->free(self->upstream, blk);
   up_unlock(l);
-  if (err == 0 && l->counts == LIMIT_COUNTS_ALLOCATED) atomic_fetch_sub(&l->in_use, blk->requested);
+  if (err == 0 && l->counts == LIMIT_COUNTS_ALLOCATED)
+    limit_give(l, shard_of(l, blk->stream), blk->requested);
   return err;
 }
 
@@ -317,7 +454,7 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   limit_t *l = (limit_t *)self;
   if (cb("limit_bytes", (int64_t)l->cap, ud) != 0) return 0;
   if (cb("limit_in_use_bytes",
-         (int64_t)(l->counts == LIMIT_COUNTS_ALLOCATED ? atomic_load(&l->in_use)
+         (int64_t)(l->counts == LIMIT_COUNTS_ALLOCATED ? limit_in_use(l)
                                                        : atomic_load(&l->lbe->held)),
          ud) != 0)
     return 0;
@@ -333,7 +470,7 @@ static int limit_summary(gmr_policy_t *self, FILE *out) {
   limit_t *l = (limit_t *)self;
   char c[32], u[32];
   gmr__format_size(l->cap, c, sizeof c);
-  gmr__format_size(l->counts == LIMIT_COUNTS_ALLOCATED ? atomic_load(&l->in_use)
+  gmr__format_size(l->counts == LIMIT_COUNTS_ALLOCATED ? limit_in_use(l)
                                                        : atomic_load(&l->lbe->held),
                    u, sizeof u);
   fprintf(out, "limit: %s of %s %s (%llu allocations refused)\n", u, c,
@@ -359,8 +496,14 @@ static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
 
 static int limit_check(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
-  uint64_t used = l->counts == LIMIT_COUNTS_ALLOCATED ? atomic_load(&l->in_use)
-                                                      : atomic_load(&l->lbe->held);
+  uint64_t unused = l->counts == LIMIT_COUNTS_ALLOCATED ? limit_unused(l) : 0;
+  if (unused > l->cap)
+    return gmr__error_set(GMR_EINVAL,
+                          "limit: the pool and the shards hold %llu bytes of credit, more than "
+                          "the cap of %llu",
+                          (unsigned long long)unused, (unsigned long long)l->cap);
+  uint64_t used =
+      l->counts == LIMIT_COUNTS_ALLOCATED ? l->cap - unused : atomic_load(&l->lbe->held);
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);

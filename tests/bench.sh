@@ -60,6 +60,18 @@ ok $? "the table's header names the thread counts 1T and 3T"
 grep -q '"threads": 3,' "$tmp/t.json"
 ok $? "the JSON file holds the 3-thread figure"
 
+ncpu=$(nproc 2>/dev/null || echo 1)
+if [ "$ncpu" -ge 2 ]; then
+  "$bench" --pin --reps 1 --pairs 500 --threads 2 --sizes 4KiB --json "$src/config/direct.yaml" \
+    >"$tmp/pin.json" 2>"$tmp/err"
+  st=$?
+  [ "$st" -eq 0 ] && grep -q '"pinned": true' "$tmp/pin.json" && ! grep -q "distinct CPUs" "$tmp/err"
+  ok $? "--pin: 2 threads run on 2 distinct CPUs"
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP one CPU: --pin cannot spread threads"
+fi
+
 check_refusal() { # expected-status needle description args...
   want=$1 needle=$2 what=$3
   shift 3

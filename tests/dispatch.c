@@ -232,6 +232,84 @@ static void test_limit(void) {
   gmr_runtime_free(rt);
 }
 
+/* The cap is exact across streams (each stream's credit sits in its own
+ * shard): a refusal drains every shard first. */
+static void test_limit_streams(void) {
+  gmr_runtime_t *rt = new_runtime("policy: {name: limit, bytes: 1MiB, upstream: {name: direct}}\n");
+  void *a, *b, *c = NULL;
+  is_int(gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(1), &a), 0, "limit 1 MiB: 512 KiB on stream 1");
+  is_int(gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(2), &b), 0, "limit 1 MiB: 512 KiB on stream 2");
+  is_int(gmr_alloc(rt, 1, GMR_SIM_STREAM(3), &c), GMR_ENOMEM, "one byte on stream 3 is refused");
+  like(gmr_last_error(rt), "with 1.00 MiB (1048576 bytes) already allocated",
+       "... counting both streams' bytes");
+  is_int(gmr_free(rt, a), 0, "free stream 1's block");
+  is_int(gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(3), &c), 0,
+         "512 KiB on stream 3 fits: stream 1's freed credit was drained to it");
+  int64_t in_use = -1, refused = -1;
+  gmr_stat_get(rt, "limit_in_use_bytes", &in_use);
+  gmr_stat_get(rt, "limit_refused", &refused);
+  is_int(in_use, 1 << 20, "limit_in_use_bytes = 1048576");
+  is_int(refused, 1, "limit_refused = 1");
+  gmr_free(rt, b);
+  gmr_free(rt, c);
+  gmr_stat_get(rt, "limit_in_use_bytes", &in_use);
+  is_int(in_use, 0, "limit_in_use_bytes = 0 after the frees");
+  is_int(gmr_check(rt), 0, "the limit's invariants hold");
+  gmr_runtime_free(rt);
+}
+
+/* Threads whose quotas add up to the cap exactly: none may ever be refused,
+ * however the credit is spread over the shards when one runs short. */
+#define QUOTA 64
+static void *quota_worker(void *arg) {
+  worker_t *w = arg;
+  gmr_stream_t s = GMR_SIM_STREAM(w->id + 1);
+  void *p[QUOTA];
+  for (int round = 0; round < 300; ++round) {
+    int n = 0;
+    for (; n < QUOTA; ++n)
+      if (gmr_alloc(w->rt, 4096, s, &p[n]) != 0) {
+        ++w->errors;
+        break;
+      }
+    for (int i = 0; i < n; ++i) w->errors += gmr_free(w->rt, p[i]) != 0;
+  }
+  return NULL;
+}
+
+static void test_limit_exact_under_threads(void) {
+  gmr_runtime_t *rt = new_runtime(
+      "policy: {name: limit, bytes: 2MiB, upstream: {name: direct}}\n"); /* 8 x 64 x 4 KiB */
+  pthread_t t[THREADS];
+  worker_t w[THREADS];
+  for (int i = 0; i < THREADS; ++i) {
+    w[i] = (worker_t){rt, i, 0};
+    pthread_create(&t[i], NULL, quota_worker, &w[i]);
+  }
+  int errors = 0;
+  for (int i = 0; i < THREADS; ++i) {
+    pthread_join(t[i], NULL);
+    errors += w[i].errors;
+  }
+  is_int(errors, 0, "limit 2 MiB, %d threads each holding up to %d x 4 KiB: never refused",
+         THREADS, QUOTA);
+  int64_t in_use = -1, refused = -1;
+  gmr_stat_get(rt, "limit_in_use_bytes", &in_use);
+  gmr_stat_get(rt, "limit_refused", &refused);
+  is_int(in_use, 0, "limit_in_use_bytes = 0 at the end");
+  is_int(refused, 0, "limit_refused = 0");
+  void *p[THREADS * QUOTA];
+  int ok_n = 0;
+  for (int i = 0; i < THREADS * QUOTA; ++i)
+    ok_n += gmr_alloc(rt, 4096, GMR_SIM_STREAM(i % 5), &p[i]) == 0;
+  is_int(ok_n, THREADS * QUOTA, "the whole cap is still there: %d x 4 KiB on 5 streams",
+         THREADS * QUOTA);
+  void *q = NULL;
+  is_int(gmr_alloc(rt, 1, GMR_SIM_STREAM(7), &q), GMR_ENOMEM, "and not one byte more");
+  for (int i = 0; i < THREADS * QUOTA; ++i) gmr_free(rt, p[i]);
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   test_arguments();
   test_map_probes();
@@ -240,5 +318,7 @@ int main(void) {
                "policy: {name: limit, bytes: 64GiB, upstream: {name: direct}}\n");
   test_direct_records();
   test_limit();
+  test_limit_streams();
+  test_limit_exact_under_threads();
   return done_testing();
 }

@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ typedef struct bench_opts_s {
   bool json;                     /* JSON on stdout instead of the table */
   FILE *json_file;               /* --json-file: JSON there as well as the table */
   bool baselines;                /* the CUDA contenders (with --device cuda) */
+  bool pin;                      /* --pin: thread t runs on CPU t mod the CPUs allowed */
   int reps;                      /* repetitions; the median is reported */
   double min_time_ns;            /* one repetition on one thread lasts at least this */
   uint64_t fixed_pairs;          /* --pairs: pairs per thread per repetition; 0: calibrate */
@@ -140,6 +142,8 @@ static const char *torch_pairs(contender_t *c, void *stream, size_t size, uint64
 
 typedef struct worker_s {
   contender_t *c;
+  int cpu;    /* the CPU to run on, -1: anywhere */
+  int ran_on; /* the CPU it was on at the end of its loop (sched_getcpu) */
   pthread_barrier_t *barrier;
   void *stream;
   size_t size;
@@ -154,8 +158,26 @@ static void count_pairs(contender_t *c, uint64_t n) {
   pthread_mutex_unlock(&c->count_lock);
 }
 
+/* The CPUs this process may use (sched_getaffinity at start), for --pin. */
+static cpu_set_t bench_allowed;
+static int bench_cpus[1024];
+static int bench_n_cpus;
+
+static void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+/* Give the calling thread every allowed CPU again. */
+static void unpin(void) {
+  pthread_setaffinity_np(pthread_self(), sizeof bench_allowed, &bench_allowed);
+}
+
 static void *worker_main(void *arg) {
   worker_t *w = arg;
+  if (w->cpu >= 0) pin_to(w->cpu);
   /* One untimed pair first: it primes this stream's cache (a cached pair is
    * what is measured) and makes the thread's first-touch costs untimed. */
   w->error = w->c->pairs(w->c, w->stream, w->size, 1);
@@ -164,12 +186,14 @@ static void *worker_main(void *arg) {
   w->t0 = now_ns();
   w->error = w->c->pairs(w->c, w->stream, w->size, w->pairs);
   w->t1 = now_ns();
+  w->ran_on = sched_getcpu();
   count_pairs(w->c, 1 + w->pairs);
   return NULL;
 }
 
 /* Aggregate ns per pair of `threads` threads running `pairs` pairs each. */
-static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs, double *out_ns) {
+static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs, double *out_ns,
+                       bool pin) {
   worker_t w[BENCH_MAX_THREADS];
   pthread_t tid[BENCH_MAX_THREADS];
   pthread_barrier_t barrier;
@@ -179,10 +203,17 @@ static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs,
   }
   int started = 0;
   for (int t = 0; t < threads; ++t) {
-    w[t] = (worker_t){
-        .c = c, .barrier = &barrier, .stream = c->streams[t], .size = size, .pairs = pairs};
+    w[t] = (worker_t){.c = c,
+                      .cpu = pin && bench_n_cpus > 0 ? bench_cpus[t % bench_n_cpus] : -1,
+                      .barrier = &barrier,
+                      .stream = c->streams[t],
+                      .size = size,
+                      .pairs = pairs};
     if (threads == 1) {
+      /* One thread runs on the main thread, pinned for the run only: threads
+       * started later must not inherit the pin (each pins itself). */
       worker_main(&w[0]); /* the barrier of one thread does not wait */
+      if (w[0].cpu >= 0) unpin();
       started = 1;
       break;
     }
@@ -196,6 +227,19 @@ static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs,
     for (int t = 0; t < started; ++t)
       pthread_join(tid[t], NULL);
   pthread_barrier_destroy(&barrier);
+  if (pin && threads > 1 && threads <= bench_n_cpus) {
+    /* Pinned threads must have run on as many CPUs as there are threads. */
+    int distinct = 0;
+    for (int t = 0; t < threads; ++t) {
+      int seen = 0;
+      for (int u = 0; u < t; ++u)
+        seen |= w[u].ran_on == w[t].ran_on;
+      distinct += !seen;
+    }
+    if (distinct != threads)
+      fprintf(stderr, "gmr-bench: --pin: %d threads ran on %d distinct CPUs (affinity ignored?)\n",
+              threads, distinct);
+  }
   uint64_t t0 = UINT64_MAX, t1 = 0;
   for (int t = 0; t < threads; ++t) {
     if (w[t].error != NULL) {
@@ -238,7 +282,7 @@ static int calibrate(contender_t *c, const bench_opts_t *o, size_t size, uint64_
   uint64_t n = 64;
   for (;;) {
     double ns;
-    if (run_threads(c, size, 1, n, &ns) != 0) return 1;
+    if (run_threads(c, size, 1, n, &ns, o->pin) != 0) return 1;
     double total = ns * (double)n;
     if (total >= o->min_time_ns || n >= (1ull << 32)) break;
     double want = o->min_time_ns / (ns > 1 ? ns : 1) * 1.1;
@@ -252,13 +296,13 @@ static int measure(contender_t *c, const bench_opts_t *o, size_t size, result_t 
   double v[BENCH_MAX_REPS];
   if (calibrate(c, o, size, &r->pairs) != 0) return 1;
   for (int i = 0; i < o->reps; ++i)
-    if (run_threads(c, size, 1, r->pairs, &v[i]) != 0) return 1;
+    if (run_threads(c, size, 1, r->pairs, &v[i], o->pin) != 0) return 1;
   r->single = median(v, o->reps);
   r->single_min = v[0];
   r->single_max = v[o->reps - 1];
   for (int k = 0; k < o->n_threads; ++k) {
     for (int i = 0; i < o->reps; ++i)
-      if (run_threads(c, size, o->threads[k], r->pairs, &v[i]) != 0) return 1;
+      if (run_threads(c, size, o->threads[k], r->pairs, &v[i], o->pin) != 0) return 1;
     r->agg[k] = median(v, o->reps);
   }
   return 0;
@@ -281,10 +325,11 @@ static int gmr_self_check(contender_t *c) {
 /* ---- output --------------------------------------------------------------- */
 
 static void print_header(const bench_opts_t *o) {
-  printf("gmr-bench: host time per alloc+free pair, median of %d repetitions, %s device\n"
+  printf("gmr-bench: host time per alloc+free pair, median of %d repetitions, %s device%s\n"
          "  1T: one thread on one stream; NT: aggregate time per pair with N threads, each on\n"
          "  its own stream (wall time / all pairs); rate: the rate at %d threads over one.\n\n",
-         o->reps, o->cuda ? "CUDA" : "simulated", o->threads[o->n_threads - 1]);
+         o->reps, o->cuda ? "CUDA" : "simulated", o->pin ? ", threads pinned" : "",
+         o->threads[o->n_threads - 1]);
   printf("%-18s %-28s %9s %9s |", "contender", "policy", "size", "1T ns");
   for (int k = 0; k < o->n_threads; ++k)
     printf(" %7dT", o->threads[k]);
@@ -323,10 +368,12 @@ static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, siz
   fprintf(f, ", \"policy\": ");
   json_str(f, c->policy);
   fprintf(f,
-          ", \"backend\": \"%s\", \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": %" PRIu64
+          ", \"backend\": \"%s\", \"pinned\": %s, \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": "
+          "%" PRIu64
           ", \"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
           "\"threads\": [",
-          c->backend, size, o->reps, r->pairs, r->single, r->single_min, r->single_max);
+          c->backend, o->pin ? "true" : "false", size, o->reps, r->pairs, r->single, r->single_min,
+          r->single_max);
   for (int k = 0; k < o->n_threads; ++k)
     fprintf(f, "%s{\"threads\": %d, \"ns_per_pair\": %.2f, \"pairs_per_second\": %.0f}",
             k ? ", " : "", o->threads[k], r->agg[k], 1e9 / r->agg[k]);
@@ -499,6 +546,7 @@ static void usage(FILE *f) {
              "  --capacity SIZE    memory of the simulated device (default 141GiB)\n"
              "  --torch SHIM.so    PyTorch's allocator through tools/bench-torch.cpp\n"
              "  --no-baselines     with --device cuda, measure the configurations only\n"
+             "  --pin              run thread t on CPU t (mod the CPUs allowed): steadier figures\n"
              "  --json             one JSON array instead of the table\n"
              "  --json-file PATH   the table, and the JSON array written to PATH\n");
 }
@@ -571,6 +619,9 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
       exit(0);
     } else if (strcmp(a, "--json") == 0) {
       o->json = true;
+      continue;
+    } else if (strcmp(a, "--pin") == 0) {
+      o->pin = true;
       continue;
     } else if (strcmp(a, "--no-baselines") == 0) {
       o->baselines = false;
@@ -653,6 +704,11 @@ int main(int argc, char **argv) {
     return 1;
   }
 #endif
+  if (o.pin) {
+    if (sched_getaffinity(0, sizeof bench_allowed, &bench_allowed) == 0)
+      for (int cpu = 0; cpu < CPU_SETSIZE && bench_n_cpus < 1024; ++cpu)
+        if (CPU_ISSET(cpu, &bench_allowed)) bench_cpus[bench_n_cpus++] = cpu;
+  }
   if (o.json) printf("[");
   if (o.json_file != NULL) fprintf(o.json_file, "[");
   int rc = 0;
