@@ -129,6 +129,12 @@ GMR_EXTERN int gmr_free(gmr_runtime_t *rt, void *ptr);
 GMR_EXTERN int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s);
 /** Return every cached, wholly free range to the device. */
 GMR_EXTERN int gmr_empty_cache(gmr_runtime_t *rt);
+/** Count `bytes` of device memory that a framework obtained outside gmr
+ * (the interposer charges JAX's cuMemCreate this way) against the runtime's
+ * limit; a negative count gives them back.  A stack without a limit accepts
+ * every charge.  @return 0, GMR_ENOMEM (the limit would be passed; nothing is
+ * counted, and gmr_last_error says so), GMR_EINVAL */
+GMR_EXTERN int gmr_charge(gmr_runtime_t *rt, int64_t bytes);
 /** The requested and the policy-rounded size of a live allocation. */
 GMR_EXTERN int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested,
                               size_t *out_allocated);

@@ -119,6 +119,8 @@ typedef struct ip_driver_s {
   CUresult_t (*ctx_get_device)(int *);
   CUresult_t (*device_get_attribute)(int *, int, int);
   CUresult_t (*ctx_synchronize)(void);
+  CUresult_t (*mem_create)(unsigned long long *, size_t, const void *, unsigned long long);
+  CUresult_t (*mem_release)(unsigned long long);
 } ip_driver_t;
 
 static ip_driver_t ip_drv;
@@ -197,6 +199,8 @@ static void ip_drv_load(void) {
     IP_LOAD(ctx_get_device, "cuCtxGetDevice");
     IP_LOAD(device_get_attribute, "cuDeviceGetAttribute");
     IP_LOAD(ctx_synchronize, "cuCtxSynchronize");
+    IP_LOAD(mem_create, "cuMemCreate");
+    IP_LOAD(mem_release, "cuMemRelease");
 #undef IP_LOAD
   }
   ip_drv = d;
@@ -324,10 +328,13 @@ static int ip_free(int device, void *ptr, stream_t s, bool stream_ordered) {
  * figures.  Returns false when gmr has no runtime or no limit. */
 static bool ip_limit_info(int device, size_t *f, size_t *t) {
   gmr_runtime_t *rt = ip_runtime(device);
-  gmr_stats_t st;
-  if (rt == NULL || gmr_stats(rt, &st) != 0 || st.limit_bytes == 0) return false;
-  uint64_t left = st.limit_bytes > st.reserved_bytes ? st.limit_bytes - st.reserved_bytes : 0;
-  *t = (size_t)st.limit_bytes;
+  int64_t cap = 0, used = 0;
+  if (rt == NULL || gmr_stat_get(rt, "limit_bytes", &cap) != 0 || cap <= 0 ||
+      gmr_stat_get(rt, "limit_in_use_bytes", &used) != 0)
+    return false;
+  /* What the limit counts: reserved or allocated bytes, and charged ones. */
+  uint64_t left = (uint64_t)cap > (uint64_t)used ? (uint64_t)cap - (uint64_t)used : 0;
+  *t = (size_t)cap;
   if ((uint64_t)*f > left) *f = (size_t)left;
   return true;
 }
@@ -424,6 +431,82 @@ IP_EXPORT CUresult_t cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   return IP_CUDA_SUCCESS;
 }
 
+/* Physical allocations that frameworks make themselves (XLA maps its buffers
+ * with cuMemCreate + cuMemMap): they cannot come from gmr's pool, but they are
+ * counted against the runtime's limit (gmr_charge), so one cap holds for every
+ * framework in the process.  A handle's size is remembered until its release:
+ *     Σ sizes in ip_handles = bytes charged by this library.
+ * Synchronization: ip_handles_lock guards the table. */
+typedef struct ip_handle_s {
+  unsigned long long handle;
+  size_t size;
+  int device;
+} ip_handle_t;
+static pthread_mutex_t ip_handles_lock = PTHREAD_MUTEX_INITIALIZER;
+static ip_handle_t *ip_handles;
+static size_t ip_n_handles, ip_cap_handles;
+
+static bool ip_handle_add(unsigned long long h, size_t size, int device) {
+  pthread_mutex_lock(&ip_handles_lock);
+  bool ok = true;
+  if (ip_n_handles == ip_cap_handles) {
+    size_t cap = ip_cap_handles ? ip_cap_handles * 2 : 256;
+    ip_handle_t *n = realloc(ip_handles, cap * sizeof *n);
+    if (n == NULL)
+      ok = false;
+    else
+      ip_handles = n, ip_cap_handles = cap;
+  }
+  if (ok) ip_handles[ip_n_handles++] = (ip_handle_t){h, size, device};
+  pthread_mutex_unlock(&ip_handles_lock);
+  return ok;
+}
+
+/* Forget a handle; false when this library did not charge it. */
+static bool ip_handle_take(unsigned long long h, ip_handle_t *out) {
+  pthread_mutex_lock(&ip_handles_lock);
+  bool found = false;
+  for (size_t i = ip_n_handles; i-- > 0;) {
+    if (ip_handles[i].handle != h) continue;
+    *out = ip_handles[i];
+    ip_handles[i] = ip_handles[--ip_n_handles];
+    found = true;
+    break;
+  }
+  pthread_mutex_unlock(&ip_handles_lock);
+  return found;
+}
+
+IP_EXPORT CUresult_t cuMemCreate(unsigned long long *handle, size_t size, const void *prop,
+                                 unsigned long long flags) {
+  const ip_driver_t *d = ip_driver();
+  if (d->mem_create == NULL) return IP_CUDA_ERROR_NOT_INITIALIZED;
+  if (ip_from_gmr(IP_CALLER()) || handle == NULL || size == 0)
+    return d->mem_create(handle, size, prop, flags);
+  int device = ip_driver_device();
+  gmr_runtime_t *rt = ip_runtime(device);
+  int err = rt ? gmr_charge(rt, (int64_t)size) : 0;
+  IP_LOG("gmr-preload: cuMemCreate(%zu) charged: %d", size, err);
+  if (err == GMR_ENOMEM) return IP_CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult_t r = d->mem_create(handle, size, prop, flags);
+  if (rt != NULL && (r != IP_CUDA_SUCCESS || !ip_handle_add(*handle, size, device)))
+    gmr_charge(rt, -(int64_t)size); /* not created, or not trackable: not counted */
+  return r;
+}
+
+IP_EXPORT CUresult_t cuMemRelease(unsigned long long handle) {
+  const ip_driver_t *d = ip_driver();
+  if (d->mem_release == NULL) return IP_CUDA_ERROR_NOT_INITIALIZED;
+  CUresult_t r = d->mem_release(handle);
+  ip_handle_t rec;
+  if (r == IP_CUDA_SUCCESS && !ip_from_gmr(IP_CALLER()) && ip_handle_take(handle, &rec)) {
+    gmr_runtime_t *rt = ip_runtime(rec.device);
+    if (rt != NULL) gmr_charge(rt, -(int64_t)rec.size);
+    IP_LOG("gmr-preload: cuMemRelease: %zu bytes given back", rec.size);
+  }
+  return r;
+}
+
 #define IP_ATTR_VMM_SUPPORTED 102 /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
 
 IP_EXPORT CUresult_t cuDeviceGetAttribute(int *value, int attrib, int dev) {
@@ -484,6 +567,8 @@ static void *ip_proc_hook(const char *name, int version, unsigned long long flag
   if (strcmp(name, "cuGetProcAddress") == 0)
     return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
   if (strcmp(name, "cuDeviceGetAttribute") == 0) return (void *)cuDeviceGetAttribute;
+  if (strcmp(name, "cuMemCreate") == 0) return (void *)cuMemCreate;
+  if (strcmp(name, "cuMemRelease") == 0) return (void *)cuMemRelease;
   return NULL;
 }
 
@@ -611,6 +696,8 @@ IP_RAW static void *ip_dlsym_hook(const char *name) {
       {"cuGetProcAddress", (void *)cuGetProcAddress},
       {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2},
       {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
+      {"cuMemCreate", (void *)cuMemCreate},
+      {"cuMemRelease", (void *)cuMemRelease},
       {"cudaMalloc", (void *)cudaMalloc},
       {"cudaFree", (void *)cudaFree},
       {"cudaMallocAsync", (void *)cudaMallocAsync},

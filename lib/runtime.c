@@ -510,6 +510,14 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   return 0;
 }
 
+int gmr_charge(gmr_runtime_t *rt, int64_t bytes) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_charge: the runtime is NULL");
+  if (bytes == 0 || rt->policy->ops->charge == NULL) return 0;
+  /* charge is concurrent-safe in every policy that has it (limit: atomics). */
+  int err = rt->policy->ops->charge(rt->policy, bytes);
+  return err ? fail(rt, err) : 0;
+}
+
 int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *out_allocated) {
   if (rt == NULL || ptr == NULL || out_requested == NULL || out_allocated == NULL)
     return gmr__error_set(GMR_EINVAL, "gmr_alloc_size: NULL argument");

@@ -80,6 +80,7 @@ typedef struct limit_s {
   void *raw;               /* what gmr__calloc returned (the limit_t is aligned inside it) */
   _Alignas(64) gmr_lock_t pool_lock; /* guards changes of `pool` and drains */
   _Atomic uint64_t pool;   /* counts == allocated: bytes of the cap held by no shard */
+  _Atomic uint64_t external; /* bytes charged from outside gmr (gmr_charge) */
   limit_shard_t shards[LIMIT_SHARDS];
 } limit_t;
 
@@ -288,6 +289,9 @@ static inline void up_unlock(limit_t *l) {
  * (they go through pool_lock), so the drain sees every shard at rest. */
 #define LIMIT_FROZEN UINT64_MAX
 
+/* The shard that charges from outside gmr count in (no real stream). */
+#define LIMIT_EXTERNAL_STREAM ((gmr_stream_t)(uintptr_t)0x6578746572ull)
+
 static inline limit_shard_t *shard_of(limit_t *l, gmr_stream_t s) {
   uint64_t h = (uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull;
   return &l->shards[h >> 58]; /* top 6 bits: LIMIT_SHARDS = 64 */
@@ -405,6 +409,38 @@ static int limit_free(gmr_policy_t *self, const gmr_block_t *blk) {
   return err;
 }
 
+/* Device memory obtained outside gmr, counted against the cap like an
+ * allocation (counts: allocated) or a reservation (counts: reserved):
+ *     external = Σ charges - Σ refunds,  and it is part of in_use or held. */
+static int limit_charge(gmr_policy_t *self, int64_t bytes) {
+  limit_t *l = (limit_t *)self;
+  uint64_t n = bytes > 0 ? (uint64_t)bytes : (uint64_t)(-(bytes + 1)) + 1;
+  if (bytes < 0) {
+    if (l->counts == LIMIT_COUNTS_ALLOCATED)
+      limit_give(l, shard_of(l, LIMIT_EXTERNAL_STREAM), n);
+    else
+      atomic_fetch_sub(&l->lbe->held, n);
+    atomic_fetch_sub(&l->external, n);
+    return 0;
+  }
+  uint64_t seen;
+  bool ok;
+  if (l->counts == LIMIT_COUNTS_ALLOCATED) {
+    limit_shard_t *sh = shard_of(l, LIMIT_EXTERNAL_STREAM);
+    ok = shard_take(sh, n) || limit_refill(l, sh, n, &seen);
+  } else {
+    ok = take(&l->lbe->held, l->cap, n, &seen);
+  }
+  if (!ok) {
+    atomic_fetch_add(&l->refused, 1);
+    return limit_refusal(l->cap, n, seen,
+                         l->counts == LIMIT_COUNTS_ALLOCATED ? "already allocated"
+                                                             : "reserved on the device");
+  }
+  atomic_fetch_add(&l->external, n);
+  return 0;
+}
+
 static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
   limit_t *l = (limit_t *)self;
   if (self->upstream->ops->record_stream == NULL) return 0;
@@ -459,6 +495,7 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
          ud) != 0)
     return 0;
   if (cb("limit_refused", (int64_t)atomic_load(&l->refused), ud) != 0) return 0;
+  if (cb("limit_external_bytes", (int64_t)atomic_load(&l->external), ud) != 0) return 0;
   if (self->upstream->ops->stats_foreach == NULL) return 0;
   up_lock(l);
   int err = self->upstream->ops->stats_foreach(self->upstream, cb, ud);
@@ -545,6 +582,7 @@ const gmr_policy_ops_t gmr_limit_policy_ops = {
     .free = limit_free,
     .record_stream = limit_record_stream,
     .trim = limit_trim,
+    .charge = limit_charge,
     .stats = limit_stats,
     .reset_peak = limit_reset_peak,
     .reset_accumulated = limit_reset_accumulated,

@@ -63,6 +63,10 @@ typedef struct gmr_policy_ops_s {
   int (*free)(gmr_policy_t *self, const gmr_block_t *blk);
   int (*record_stream)(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s);
   int (*trim)(gmr_policy_t *self); /* empty_cache */
+  /* Count `bytes` of device memory obtained outside the policy (negative:
+   * give them back) against what the policy enforces; GMR_ENOMEM when that
+   * would pass a cap, and then nothing is counted.  NULL: nothing to enforce. */
+  int (*charge)(gmr_policy_t *self, int64_t bytes);
   /* Fill the allocation-level fields of gmr_stats_t; the runtime fills the
    * device-level ones (reserved, segments, device_allocs/frees) from the
    * backend counters unless the policy already set them. */

@@ -22,6 +22,8 @@ typedef struct fake_cuda_state_s {
         *cuMemFreeAsync, *cuMemAllocAsync_ptsz, *cuMemFreeAsync_ptsz, *cuGetProcAddress,
         *cuGetProcAddress_v2, *cuCtxGetDevice, *cuDeviceGetAttribute;
   } fn;
+  unsigned long creates, releases; /* cuMemCreate / cuMemRelease calls */
+  void *cuMemCreate;               /* the stand-in's own cuMemCreate */
 } fake_cuda_state_t;
 
 FAKE_EXPORT fake_cuda_state_t fake_cuda_state = {.next = 1ull << 40};
@@ -102,6 +104,18 @@ static int fake_get_proc_v2(const char *name, void **pfn, int ver, unsigned long
 static int fake_get_proc(const char *name, void **pfn, int ver, unsigned long long flags) {
   return fake_get_proc_v2(name, pfn, ver, flags, NULL);
 }
+/* Physical allocations for virtual memory: numbered handles, nothing behind. */
+static int fake_mem_create(unsigned long long *h, size_t n, const void *prop,
+                           unsigned long long flags) {
+  (void)n, (void)prop, (void)flags;
+  *h = ++fake_cuda_state.creates;
+  return 0;
+}
+static int fake_mem_release(unsigned long long h) {
+  (void)h;
+  ++fake_cuda_state.releases;
+  return 0;
+}
 /* The _ptsz variants are the same code under other addresses. */
 static int fake_alloc_async_ptsz(unsigned long long *d, size_t n, void *s) {
   return fake_alloc_async(d, n, s);
@@ -129,6 +143,9 @@ FAKE_EXPORT int cuGetProcAddress_v2(const char *, void **, int, unsigned long lo
 FAKE_EXPORT int cuCtxGetDevice(int *) __attribute__((alias("fake_ctx_get_device")));
 FAKE_EXPORT int cuCtxSynchronize(void) __attribute__((alias("fake_ctx_synchronize")));
 FAKE_EXPORT int cuDeviceGetAttribute(int *, int, int) __attribute__((alias("fake_get_attribute")));
+FAKE_EXPORT int cuMemCreate(unsigned long long *, size_t, const void *, unsigned long long)
+    __attribute__((alias("fake_mem_create")));
+FAKE_EXPORT int cuMemRelease(unsigned long long) __attribute__((alias("fake_mem_release")));
 
 __attribute__((constructor)) static void fake_cuda_setup(void) {
   fake_cuda_state.fn.cuInit = (void *)fake_init;
@@ -143,4 +160,5 @@ __attribute__((constructor)) static void fake_cuda_setup(void) {
   fake_cuda_state.fn.cuGetProcAddress_v2 = (void *)fake_get_proc_v2;
   fake_cuda_state.fn.cuCtxGetDevice = (void *)fake_ctx_get_device;
   fake_cuda_state.fn.cuDeviceGetAttribute = (void *)fake_get_attribute;
+  fake_cuda_state.cuMemCreate = (void *)fake_mem_create;
 }

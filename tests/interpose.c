@@ -28,6 +28,8 @@ typedef struct fake_cuda_state_s {
         *cuMemFreeAsync, *cuMemAllocAsync_ptsz, *cuMemFreeAsync_ptsz, *cuGetProcAddress,
         *cuGetProcAddress_v2, *cuCtxGetDevice, *cuDeviceGetAttribute;
   } fn;
+  unsigned long creates, releases;
+  void *cuMemCreate;
 } fake_cuda_state_t;
 
 typedef int (*alloc_fn)(unsigned long long *, size_t);
@@ -191,6 +193,29 @@ int main(void) {
   is_int(cfa(p, (void *)(uintptr_t)8), 0, "cudaFreeAsync on another stream");
   is_u64(stats().allocated_bytes, 0, "  gmr allocated 0");
   is_int(cf((void *)0x1000), 1, "cudaFree of a foreign pointer without a runtime library");
+
+  /* ---- memory a framework maps itself (XLA: cuMemCreate) counts against the limit ---- */
+  typedef int (*create_fn)(unsigned long long *, size_t, const void *, unsigned long long);
+  typedef int (*release_fn)(unsigned long long);
+  create_fn mc = (create_fn)dlsym(cu, "cuMemCreate");
+  release_fn mr = (release_fn)dlsym(cu, "cuMemRelease");
+  ok(mc != NULL && (void *)mc != fake->cuMemCreate, "dlsym(libcuda, cuMemCreate) is the interposer's");
+  ok(mr != NULL, "dlsym(libcuda, cuMemRelease) resolves");
+  unsigned long long h1 = 0, h2 = 0;
+  is_int(mc(&h1, 40 * MiB, NULL, 0), 0, "cuMemCreate(40 MiB)");
+  is_u64(fake->creates, 1, "  is created by the driver");
+  info(&f, &t);
+  is_u64(f, 24 * MiB, "  cuMemGetInfo: free = 64 - 40 MiB");
+  is_int(mc(&h2, 30 * MiB, NULL, 0), 2, "cuMemCreate(30 MiB) past the limit: CUDA_ERROR_OUT_OF_MEMORY");
+  is_u64(fake->creates, 1, "  without asking the driver");
+  is_int(cm(&p, 30 * MiB), 2, "cudaMalloc(30 MiB) is refused too: one limit for both");
+  is_int(mr(h1), 0, "cuMemRelease");
+  is_u64(fake->releases, 1, "  reaches the driver");
+  is_int(mc(&h2, 30 * MiB, NULL, 0), 0, "then cuMemCreate(30 MiB) fits");
+  is_int(mr(h2), 0, "  and is released");
+  is_int(mr(12345), 0, "releasing a handle gmr did not count goes to the driver alone");
+  info(&f, &t);
+  is_u64(f, 64 * MiB, "  and all 64 MiB are free again");
 
 #if defined(__x86_64__)
   /* RTLD_NEXT from here must see the interposer's dlsym (it comes right after

@@ -74,6 +74,38 @@ int main(void) {
   gmr_free(rt, b);
   gmr_runtime_free(rt);
 
+  /* Memory from outside gmr counts against the cap (gmr_charge). */
+  const char *modes[] = {"allocated", "reserved"};
+  for (int m = 0; m < 2; ++m) {
+    char yaml[128];
+    snprintf(yaml, sizeof yaml, "policy: direct\nlimit: {bytes: 10MiB, counts: %s}\n", modes[m]);
+    rt = make(yaml, 1024 * MiB);
+    gmr_sim_counters(rt, &k0);
+    is_int(gmr_charge(rt, 6 * MiB), 0, "%s: charge 6 MiB obtained outside gmr", modes[m]);
+    gmr_sim_counters(rt, &k1);
+    is_u64(k1.reserve_calls, k0.reserve_calls, "  the device is not asked");
+    gmr_stat_get(rt, "limit_external_bytes", &v);
+    is_int(v, 6 * MiB, "  limit_external_bytes = 6 MiB");
+    gmr_stat_get(rt, "limit_in_use_bytes", &v);
+    is_int(v, 6 * MiB, "  and it is in use");
+    is_int(gmr_alloc(rt, 5 * MiB, NULL, &a), GMR_ENOMEM, "%s: 5 MiB more is refused", modes[m]);
+    is_int(gmr_charge(rt, 5 * MiB), GMR_ENOMEM, "%s: so is a 5 MiB charge", modes[m]);
+    like(gmr_last_error(rt), "limit of 10.00 MiB", "  naming the limit");
+    is_int(gmr_alloc(rt, 4 * MiB, NULL, &a), 0, "%s: 4 MiB fits", modes[m]);
+    is_int(gmr_charge(rt, -6 * (int64_t)MiB), 0, "%s: give the 6 MiB back", modes[m]);
+    is_int(gmr_alloc(rt, 5 * MiB, NULL, &b), 0, "  then 5 MiB fits");
+    gmr_stat_get(rt, "limit_external_bytes", &v);
+    is_int(v, 0, "  nothing external is left");
+    is_int(gmr_check(rt), 0, "  invariants hold");
+    gmr_free(rt, a);
+    gmr_free(rt, b);
+    gmr_runtime_free(rt);
+  }
+  rt = make("policy: direct\n", 1024 * MiB);
+  is_int(gmr_charge(rt, 1ll << 40), 0, "a stack without a limit accepts any charge");
+  gmr_runtime_free(rt);
+  is_int(gmr_charge(NULL, 1), GMR_EINVAL, "gmr_charge(NULL) is GMR_EINVAL");
+
   /* Limits stack. */
   rt = make("policy:\n  name: limit\n  bytes: 8MiB\n  upstream:\n    name: limit\n"
             "    bytes: 4MiB\n    upstream: direct\n",
