@@ -28,16 +28,29 @@
 static const char *const device_backends[] = {"auto", "sim", "cuda", NULL};
 
 static const gmr_opt_desc_t device_opts_desc[] = {
-    {.key = "backend", .type = GMR_OPT_ENUM, .offset = offsetof(gmr_device_opts_t, backend),
-     .choices = device_backends, .default_text = "auto",
+    {.key = "backend",
+     .type = GMR_OPT_ENUM,
+     .offset = offsetof(gmr_device_opts_t, backend),
+     .choices = device_backends,
+     .default_text = "auto",
      .help = "auto: the CUDA device when one is present, else the simulator."},
-    {.key = "capacity", .type = GMR_OPT_SIZE, .offset = offsetof(gmr_device_opts_t, capacity),
-     .min = 1 << 20, .default_text = "80GiB", .help = "Memory of the simulated device."},
-    {.key = "granularity", .type = GMR_OPT_SIZE,
-     .offset = offsetof(gmr_device_opts_t, granularity), .min = 4096, .max = 1ull << 30,
-     .default_text = "2MiB", .help = "Page size of the simulated device (a power of two)."},
-    {.key = "host_backed", .type = GMR_OPT_BOOL,
-     .offset = offsetof(gmr_device_opts_t, host_backed), .default_text = "false",
+    {.key = "capacity",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(gmr_device_opts_t, capacity),
+     .min = 1 << 20,
+     .default_text = "80GiB",
+     .help = "Memory of the simulated device."},
+    {.key = "granularity",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(gmr_device_opts_t, granularity),
+     .min = 4096,
+     .max = 1ull << 30,
+     .default_text = "2MiB",
+     .help = "Page size of the simulated device (a power of two)."},
+    {.key = "host_backed",
+     .type = GMR_OPT_BOOL,
+     .offset = offsetof(gmr_device_opts_t, host_backed),
+     .default_text = "false",
      .help = "Put real host memory behind simulated ranges, so patterns can be checked."},
     {.key = NULL},
 };
@@ -71,14 +84,20 @@ static int fail_at(parse_t *ps, const yaml_node_t *node, const char *fmt, ...) {
   return GMR_ECONFIG;
 }
 
-static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+static const char *scalar(const yaml_node_t *n) {
+  return (const char *)n->data.scalar.value;
+}
 
 static const char *node_kind(const yaml_node_t *n) {
   switch (n->type) {
-  case YAML_SCALAR_NODE: return "a scalar";
-  case YAML_SEQUENCE_NODE: return "a list";
-  case YAML_MAPPING_NODE: return "a mapping";
-  default: return "nothing";
+  case YAML_SCALAR_NODE:
+    return "a scalar";
+  case YAML_SEQUENCE_NODE:
+    return "a list";
+  case YAML_MAPPING_NODE:
+    return "a mapping";
+  default:
+    return "nothing";
   }
 }
 
@@ -178,8 +197,8 @@ static int parse_option(parse_t *ps, const gmr_opt_desc_t *d, const yaml_node_t 
       char list[256] = "";
       size_t off = 0;
       for (int i = 0; d->choices[i] && off < sizeof list; ++i)
-        off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
-                                d->choices[i]);
+        off +=
+            (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "", d->choices[i]);
       return fail_at(ps, n, "'%s' is not a choice for '%s'; expected one of: %s", t, d->key, list);
     }
   case GMR_OPT_CUSTOM: {
@@ -206,10 +225,12 @@ static int parse_options(parse_t *ps, const yaml_node_t *map, const gmr_opt_desc
         return fail_at(ps, k, "'%s' appears twice in %s", scalar(k), what);
     }
     bool skipped = false;
-    for (int i = 0; skip && skip[i]; ++i) skipped |= strcmp(scalar(k), skip[i]) == 0;
+    for (int i = 0; skip && skip[i]; ++i)
+      skipped |= strcmp(scalar(k), skip[i]) == 0;
     if (skipped) continue;
     const gmr_opt_desc_t *d = desc;
-    while (d && d->key && strcmp(d->key, scalar(k)) != 0) ++d;
+    while (d && d->key && strcmp(d->key, scalar(k)) != 0)
+      ++d;
     if (d == NULL || d->key == NULL) {
       char keys[768];
       keys_list(desc, skip && skip[0] ? (skip[1] ? "name, upstream" : "name") : NULL, keys,
@@ -271,8 +292,9 @@ static int parse_policy(parse_t *ps, const yaml_node_t *n, int depth, gmr_policy
     const gmr_policy_ops_t *ops = gmr__policy_lookup(scalar(n));
     if (ops == NULL) goto unknown_name;
     if (ops->is_decorator)
-      return fail_at(ps, n, "policy '%s' wraps another policy; write it as a mapping with "
-                            "'upstream:'",
+      return fail_at(ps, n,
+                     "policy '%s' wraps another policy; write it as a mapping with "
+                     "'upstream:'",
                      ops->name);
     if (policy_cfg_new(ops, out) != 0) return fail_at(ps, n, "out of host memory");
     if (run_validate(ps, n, *out) != 0) {
@@ -346,8 +368,9 @@ static int parse_document(parse_t *ps, gmr_config_t *cfg) {
     const char *key = scalar(k);
     if (strcmp(key, "device") == 0) {
       if (v->type != YAML_MAPPING_NODE)
-        return fail_at(ps, v, "'device' is a mapping (backend, capacity, granularity, "
-                              "host_backed), not %s",
+        return fail_at(ps, v,
+                       "'device' is a mapping (backend, capacity, granularity, "
+                       "host_backed), not %s",
                        node_kind(v));
       if (parse_options(ps, v, device_opts_desc, &cfg->device, "'device'", NULL) != 0)
         return GMR_ECONFIG;
@@ -485,13 +508,20 @@ const char *gmr_config_policy_name(const gmr_config_t *cfg) {
 
 static const char *type_name(gmr_opt_type_t t) {
   switch (t) {
-  case GMR_OPT_BOOL: return "boolean";
-  case GMR_OPT_SIZE: return "size";
-  case GMR_OPT_INT: return "integer";
-  case GMR_OPT_DOUBLE: return "number";
-  case GMR_OPT_STRING: return "string";
-  case GMR_OPT_ENUM: return "choice";
-  case GMR_OPT_CUSTOM: return "text";
+  case GMR_OPT_BOOL:
+    return "boolean";
+  case GMR_OPT_SIZE:
+    return "size";
+  case GMR_OPT_INT:
+    return "integer";
+  case GMR_OPT_DOUBLE:
+    return "number";
+  case GMR_OPT_STRING:
+    return "string";
+  case GMR_OPT_ENUM:
+    return "choice";
+  case GMR_OPT_CUSTOM:
+    return "text";
   }
   return "?";
 }
@@ -502,7 +532,8 @@ static void write_table(FILE *out, const gmr_opt_desc_t *desc) {
     fprintf(out, "| `%s` | %s", d->key, type_name(d->type));
     if (d->type == GMR_OPT_ENUM) {
       fprintf(out, ":");
-      for (int i = 0; d->choices[i]; ++i) fprintf(out, " `%s`", d->choices[i]);
+      for (int i = 0; d->choices[i]; ++i)
+        fprintf(out, " `%s`", d->choices[i]);
     }
     fprintf(out, " | %s | %s |\n", d->default_text ? d->default_text : "", d->help ? d->help : "");
   }

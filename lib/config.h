@@ -20,7 +20,7 @@ typedef struct gmr_device_opts_s {
 } gmr_device_opts_t;
 
 struct gmr_config_s {
-  char *source;             /* file name or "<string>" */
+  char *source; /* file name or "<string>" */
   gmr_device_opts_t device;
   gmr_policy_cfg_t *policy; /* the outermost policy */
   char *trace_path;         /* NULL: none (GMR_TRACE may still name one) */

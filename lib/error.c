@@ -17,31 +17,37 @@
 
 const char *gmr_strerror(int err) {
   switch (err) {
-  case GMR_OK: return "success";
-#define GMR__ERR_STR(name, value, msg)                                          \
-  case GMR_##name: return msg;
+  case GMR_OK:
+    return "success";
+#define GMR__ERR_STR(name, value, msg)                                                             \
+  case GMR_##name:                                                                                 \
+    return msg;
     GMR_ERRNO_MAP(GMR__ERR_STR)
 #undef GMR__ERR_STR
-  default: return "unknown error";
+  default:
+    return "unknown error";
   }
 }
 
 const char *gmr_err_name(int err) {
   switch (err) {
-  case GMR_OK: return "GMR_OK";
-#define GMR__ERR_NAME(name, value, msg)                                         \
-  case GMR_##name: return "GMR_" #name;
+  case GMR_OK:
+    return "GMR_OK";
+#define GMR__ERR_NAME(name, value, msg)                                                            \
+  case GMR_##name:                                                                                 \
+    return "GMR_" #name;
     GMR_ERRNO_MAP(GMR__ERR_NAME)
 #undef GMR__ERR_NAME
-  default: return "GMR_EUNKNOWN";
+  default:
+    return "GMR_EUNKNOWN";
   }
 }
 
 /* ---- per-thread error ----------------------------------------------------- */
 
 typedef struct error_tls_s {
-  gmr_strbuf_t text;   /* the message */
-  const void *owner;   /* the runtime it belongs to (NULL: not tagged yet) */
+  gmr_strbuf_t text; /* the message */
+  const void *owner; /* the runtime it belongs to (NULL: not tagged yet) */
 } error_tls_t;
 
 static pthread_key_t error_key;
@@ -54,7 +60,9 @@ static void error_tls_destroy(void *p) {
   free(e);
 }
 
-static void error_key_init(void) { (void)pthread_key_create(&error_key, error_tls_destroy); }
+static void error_key_init(void) {
+  (void)pthread_key_create(&error_key, error_tls_destroy);
+}
 
 /* Uses plain malloc, not gmr__malloc: an error must be recordable while the
  * host-allocation fault injection of a test is failing gmr__malloc. */

@@ -35,14 +35,14 @@ extern "C" {
 #define GMR_VERSION_PATCH 0
 
 /* Error codes: X(name, value, message).  Functions return -value. */
-#define GMR_ERRNO_MAP(X)                                                        \
-  X(ENOMEM, 1, "out of memory")                                                \
-  X(EINVAL, 2, "invalid argument")                                             \
-  X(EBADPTR, 3, "pointer not owned by this runtime, or already freed")         \
-  X(EDEVICE, 4, "device error")                                                \
-  X(ECONFIG, 5, "invalid configuration")                                       \
-  X(ENOTSUP, 6, "operation not supported by this policy or backend")           \
-  X(EIO, 7, "input/output error")                                              \
+#define GMR_ERRNO_MAP(X)                                                                           \
+  X(ENOMEM, 1, "out of memory")                                                                    \
+  X(EINVAL, 2, "invalid argument")                                                                 \
+  X(EBADPTR, 3, "pointer not owned by this runtime, or already freed")                             \
+  X(EDEVICE, 4, "device error")                                                                    \
+  X(ECONFIG, 5, "invalid configuration")                                                           \
+  X(ENOTSUP, 6, "operation not supported by this policy or backend")                               \
+  X(EIO, 7, "input/output error")                                                                  \
   X(EBUSY, 8, "resource busy")
 
 enum {
@@ -60,9 +60,9 @@ GMR_EXTERN const char *gmr_err_name(int err);
 /* ------------------------------------------------------------------------ */
 /* Configuration                                                            */
 
-typedef struct gmr_config_s gmr_config_t;    /* parsed YAML, immutable */
-typedef struct gmr_runtime_s gmr_runtime_t;  /* one policy stack on one device */
-typedef void *gmr_stream_t;                  /* cudaStream_t, or a sim stream id */
+typedef struct gmr_config_s gmr_config_t;   /* parsed YAML, immutable */
+typedef struct gmr_runtime_s gmr_runtime_t; /* one policy stack on one device */
+typedef void *gmr_stream_t;                 /* cudaStream_t, or a sim stream id */
 
 /** Where and why a configuration was rejected. */
 typedef struct gmr_error_s {
@@ -146,27 +146,27 @@ GMR_EXTERN int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requeste
  * Byte counts are bytes; "peak" values are maxima since creation or the last
  * gmr_stats_reset_peak. */
 typedef struct gmr_stats_s {
-  uint64_t reserved_bytes;       /* held from the device (segments, mapped pages) */
+  uint64_t reserved_bytes; /* held from the device (segments, mapped pages) */
   uint64_t peak_reserved_bytes;
-  uint64_t allocated_bytes;      /* live blocks, policy-rounded sizes */
+  uint64_t allocated_bytes; /* live blocks, policy-rounded sizes */
   uint64_t peak_allocated_bytes;
-  uint64_t requested_bytes;      /* live blocks, sizes as requested */
+  uint64_t requested_bytes; /* live blocks, sizes as requested */
   uint64_t peak_requested_bytes;
-  uint64_t active_bytes;         /* allocated + freed-but-pending (stream uses) */
+  uint64_t active_bytes; /* allocated + freed-but-pending (stream uses) */
   uint64_t peak_active_bytes;
-  uint64_t segments;             /* device reservations currently held */
+  uint64_t segments; /* device reservations currently held */
   uint64_t peak_segments;
-  uint64_t allocations;          /* live allocations */
+  uint64_t allocations; /* live allocations */
   uint64_t peak_allocations;
-  uint64_t num_allocs;           /* successful allocations, accumulated */
-  uint64_t num_frees;            /* frees, accumulated */
-  uint64_t device_allocs;        /* device reservations and page maps, accumulated */
-  uint64_t device_frees;         /* device releases and page unmaps, accumulated */
-  uint64_t ooms;                 /* allocations that failed with GMR_ENOMEM */
-  uint64_t alloc_retries;        /* allocations retried after freeing the cache */
-  uint64_t largest_free_block;   /* largest cached free block, bytes */
-  uint64_t free_cached_bytes;    /* reserved but not active, bytes */
-  uint64_t limit_bytes;          /* the cap in force, 0 when none */
+  uint64_t num_allocs;         /* successful allocations, accumulated */
+  uint64_t num_frees;          /* frees, accumulated */
+  uint64_t device_allocs;      /* device reservations and page maps, accumulated */
+  uint64_t device_frees;       /* device releases and page unmaps, accumulated */
+  uint64_t ooms;               /* allocations that failed with GMR_ENOMEM */
+  uint64_t alloc_retries;      /* allocations retried after freeing the cache */
+  uint64_t largest_free_block; /* largest cached free block, bytes */
+  uint64_t free_cached_bytes;  /* reserved but not active, bytes */
+  uint64_t limit_bytes;        /* the cap in force, 0 when none */
 } gmr_stats_t;
 
 GMR_EXTERN int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out);
@@ -193,21 +193,21 @@ GMR_EXTERN const char *gmr_last_error(gmr_runtime_t *rt);
 /* Introspection: segments and blocks, for maps, snapshots and checks        */
 
 typedef enum gmr_block_state_e {
-  GMR_BLOCK_FREE = 0,          /* cached, can be handed out */
-  GMR_BLOCK_ALLOCATED = 1,     /* live */
-  GMR_BLOCK_PENDING_FREE = 2,  /* freed, waiting for stream work */
-  GMR_BLOCK_UNMAPPED = 3       /* reserved address space with no memory behind */
+  GMR_BLOCK_FREE = 0,         /* cached, can be handed out */
+  GMR_BLOCK_ALLOCATED = 1,    /* live */
+  GMR_BLOCK_PENDING_FREE = 2, /* freed, waiting for stream work */
+  GMR_BLOCK_UNMAPPED = 3      /* reserved address space with no memory behind */
 } gmr_block_state_t;
 
 typedef struct gmr_walk_entry_s {
-  int is_segment;           /* 1: a segment header; 0: a block inside the last segment */
-  uintptr_t address;        /* device address */
-  uint64_t size;            /* bytes */
-  uint64_t requested;       /* blocks: bytes requested (0 when free) */
-  gmr_block_state_t state;  /* blocks only */
-  gmr_stream_t stream;      /* the stream the segment or block belongs to */
-  const char *pool;         /* segments: "small", "large", "region"... */
-  int is_expandable;        /* segments: grows by mapping pages */
+  int is_segment;          /* 1: a segment header; 0: a block inside the last segment */
+  uintptr_t address;       /* device address */
+  uint64_t size;           /* bytes */
+  uint64_t requested;      /* blocks: bytes requested (0 when free) */
+  gmr_block_state_t state; /* blocks only */
+  gmr_stream_t stream;     /* the stream the segment or block belongs to */
+  const char *pool;        /* segments: "small", "large", "region"... */
+  int is_expandable;       /* segments: grows by mapping pages */
 } gmr_walk_entry_t;
 
 typedef int (*gmr_walk_cb)(const gmr_walk_entry_t *e, void *ud);
@@ -235,8 +235,8 @@ GMR_EXTERN int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_tot
  * segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot).
  * Off by default; GMR_HISTORY=N in the environment turns it on for every new
  * runtime, and GMR_SNAPSHOT=path writes each runtime's snapshot when it is
- * freed (the default runtimes' at exit).  Calling it again changes the bound and keeps the newest entries;
- * 0 turns recording off and drops the entries.
+ * freed (the default runtimes' at exit).  Calling it again changes the bound and keeps the newest
+ * entries; 0 turns recording off and drops the entries.
  * @return 0, GMR_EINVAL, GMR_ENOMEM */
 GMR_EXTERN int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries);
 
@@ -258,7 +258,7 @@ typedef struct gmr_sim_counters_s {
   uint64_t reserve_calls, reserve_failures, release_calls;
   uint64_t map_calls, unmap_calls, va_reserve_calls, va_release_calls;
   uint64_t event_records, event_queries, syncs;
-  uint64_t bytes_in_use;  /* physical bytes currently reserved or mapped */
+  uint64_t bytes_in_use; /* physical bytes currently reserved or mapped */
   uint64_t peak_bytes_in_use;
 } gmr_sim_counters_t;
 

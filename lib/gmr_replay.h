@@ -24,23 +24,23 @@ typedef enum gmr_trace_action_e {
 
 /* One event of a parsed trace. */
 typedef struct gmr_trace_event_s {
-  uint64_t time_us;   /* as recorded */
-  uint64_t size;      /* requested bytes (allocate), as recorded otherwise */
-  uint64_t stream;    /* stream id as recorded */
-  uint32_t id;        /* dense allocation id: 0..n_ids-1, one per allocate event */
-  uint32_t line;      /* 1-based line in the file */
-  uint8_t action;     /* gmr_trace_action_t */
-  uint8_t thread;     /* recorded thread id, truncated */
+  uint64_t time_us; /* as recorded */
+  uint64_t size;    /* requested bytes (allocate), as recorded otherwise */
+  uint64_t stream;  /* stream id as recorded */
+  uint32_t id;      /* dense allocation id: 0..n_ids-1, one per allocate event */
+  uint32_t line;    /* 1-based line in the file */
+  uint8_t action;   /* gmr_trace_action_t */
+  uint8_t thread;   /* recorded thread id, truncated */
 } gmr_trace_event_t;
 
 typedef struct gmr_trace_data_s {
   gmr_trace_event_t *events; /* in file order */
   size_t n_events;
-  size_t n_ids;              /* number of allocate events */
-  size_t n_live_at_end;      /* allocations never freed */
-  size_t n_streams;          /* distinct stream ids */
-  uint64_t peak_requested;   /* max over time of Σ live requested bytes */
-  char *source;              /* file name, "-" for standard input */
+  size_t n_ids;            /* number of allocate events */
+  size_t n_live_at_end;    /* allocations never freed */
+  size_t n_streams;        /* distinct stream ids */
+  uint64_t peak_requested; /* max over time of Σ live requested bytes */
+  char *source;            /* file name, "-" for standard input */
 } gmr_trace_data_t;
 
 /** Parse a trace file ("-": standard input).  A malformed line, a free of an
@@ -55,29 +55,29 @@ GMR_EXTERN void gmr_trace_data_free(gmr_trace_data_t *t);
 
 /* Called after every event of a replay (for progress bars, invariant walks
  * and timelines).  `index` is the event's index; return nonzero to stop. */
-typedef int (*gmr_replay_cb)(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index,
-                             int status, void *ud);
+typedef int (*gmr_replay_cb)(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
+                             void *ud);
 
 typedef struct gmr_replay_options_s {
-  int check;               /* 1: gmr_check after every event; stop at the first failure */
-  int stop_at_oom;         /* 1: stop at the first OOM; 0: skip the failed allocation, go on */
-  gmr_replay_cb callback;  /* may be NULL */
+  int check;              /* 1: gmr_check after every event; stop at the first failure */
+  int stop_at_oom;        /* 1: stop at the first OOM; 0: skip the failed allocation, go on */
+  gmr_replay_cb callback; /* may be NULL */
   void *ud;
-  size_t callback_every;   /* call every N events (0: 1) */
+  size_t callback_every; /* call every N events (0: 1) */
 } gmr_replay_options_t;
 
 typedef struct gmr_replay_result_s {
-  size_t events_done;      /* events replayed */
-  size_t ooms;             /* allocations that failed with GMR_ENOMEM */
-  size_t first_oom_event;  /* index of the first OOM (valid when ooms > 0) */
-  uint32_t first_oom_line; /* its line in the file */
+  size_t events_done;           /* events replayed */
+  size_t ooms;                  /* allocations that failed with GMR_ENOMEM */
+  size_t first_oom_event;       /* index of the first OOM (valid when ooms > 0) */
+  uint32_t first_oom_line;      /* its line in the file */
   char first_oom_message[4096]; /* gmr_last_error at the first OOM (truncated) */
-  int check_failed;        /* 1: an invariant walk failed */
-  size_t check_event;      /* where */
+  int check_failed;             /* 1: an invariant walk failed */
+  size_t check_event;           /* where */
   char check_message[1024];
-  double seconds;          /* wall time of the replay itself */
-  gmr_stats_t at_peak;     /* stats at the event where reserved bytes peaked */
-  size_t peak_event;       /* index of that event */
+  double seconds;      /* wall time of the replay itself */
+  gmr_stats_t at_peak; /* stats at the event where reserved bytes peaked */
+  size_t peak_event;   /* index of that event */
 } gmr_replay_result_t;
 
 /** Replay a parsed trace on a runtime (normally a fresh simulated one).

@@ -20,11 +20,11 @@
 
 #if defined(__GNUC__)
 #define GMR_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#define GMR_LIKELY(x) __builtin_expect(!!(x), 1)
-#define GMR_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GMR_LIKELY(x)    __builtin_expect(!!(x), 1)
+#define GMR_UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #else
 #define GMR_PRINTF(a, b)
-#define GMR_LIKELY(x) (x)
+#define GMR_LIKELY(x)   (x)
 #define GMR_UNLIKELY(x) (x)
 #endif
 
@@ -33,10 +33,10 @@
 #define GMR_DEBUG 0
 #endif
 void gmr__assert_fail(const char *expr, const char *file, int line);
-#define gmr__assert_at(level, x)                                                \
+#define gmr__assert_at(level, x)                                                                   \
   ((GMR_DEBUG >= (level) && !(x)) ? gmr__assert_fail(#x, __FILE__, __LINE__) : (void)0)
-#define gmr_assert(x) gmr__assert_at(1, x)
-#define gmr_assert_internal(x) gmr__assert_at(2, x)
+#define gmr_assert(x)           gmr__assert_at(1, x)
+#define gmr_assert_internal(x)  gmr__assert_at(2, x)
 #define gmr_assert_expensive(x) gmr__assert_at(3, x)
 
 /* ---- Host memory for the library's own metadata (replaceable in tests). -- */
@@ -50,16 +50,18 @@ void gmr__host_fail_nth(uint64_t k);
 
 /* ---- Growable strings. --------------------------------------------------- */
 typedef struct gmr_strbuf_s {
-  char *data;   /* NUL-terminated; NULL until the first append */
-  size_t len;   /* bytes, without the NUL */
-  size_t cap;   /* bytes allocated */
-  bool failed;  /* a host allocation failed; the text is truncated */
+  char *data;  /* NUL-terminated; NULL until the first append */
+  size_t len;  /* bytes, without the NUL */
+  size_t cap;  /* bytes allocated */
+  bool failed; /* a host allocation failed; the text is truncated */
 } gmr_strbuf_t;
 void gmr__sb_printf(gmr_strbuf_t *sb, const char *fmt, ...) GMR_PRINTF(2, 3);
 void gmr__sb_vprintf(gmr_strbuf_t *sb, const char *fmt, va_list ap);
 void gmr__sb_puts(gmr_strbuf_t *sb, const char *s);
 void gmr__sb_free(gmr_strbuf_t *sb);
-static inline const char *gmr__sb_str(const gmr_strbuf_t *sb) { return sb->data ? sb->data : ""; }
+static inline const char *gmr__sb_str(const gmr_strbuf_t *sb) {
+  return sb->data ? sb->data : "";
+}
 
 /* ---- Per-thread last error. ---------------------------------------------
  * Policies and backends describe a failure with gmr__error_set; the runtime
@@ -78,8 +80,12 @@ void gmr__log(gmr_log_level_t level, const char *fmt, ...) GMR_PRINTF(2, 3);
 /* ---- Sizes. --------------------------------------------------------------- */
 /* Largest request any policy considers: larger ones fail up front. */
 #define GMR_MAX_REQUEST ((size_t)1 << 60) /* 1 EiB, PyTorch's limit */
-static inline size_t gmr__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-static inline bool gmr__is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+static inline size_t gmr__align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+static inline bool gmr__is_pow2(uint64_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 /* Parse "512MiB", "8GiB", "1.5GB", "4096"; GMR_EINVAL when malformed. */
 int gmr__parse_size(const char *text, uint64_t *out);
 /* "1.50 GiB" style, for messages. */
@@ -100,25 +106,29 @@ static inline void gmr__stat_decrease(gmr_stat_t *s, int64_t n) {
   s->current -= n;
   s->freed += n;
 }
-static inline void gmr__stat_reset_peak(gmr_stat_t *s) { s->peak = s->current; }
-static inline void gmr__stat_reset_accumulated(gmr_stat_t *s) { s->allocated = s->freed = 0; }
+static inline void gmr__stat_reset_peak(gmr_stat_t *s) {
+  s->peak = s->current;
+}
+static inline void gmr__stat_reset_accumulated(gmr_stat_t *s) {
+  s->allocated = s->freed = 0;
+}
 
 /* ---- Option tables (one per policy and for the device section). ---------- */
 typedef enum gmr_opt_type_e {
-  GMR_OPT_BOOL,     /* bool */
-  GMR_OPT_SIZE,     /* uint64_t bytes; accepts units ("512MiB") */
-  GMR_OPT_INT,      /* int64_t */
-  GMR_OPT_DOUBLE,   /* double */
-  GMR_OPT_STRING,   /* char * (owned by the options; freed by gmr__opts_free) */
-  GMR_OPT_ENUM,     /* int: index into `choices` */
-  GMR_OPT_CUSTOM    /* parsed by `parse` from the scalar's text */
+  GMR_OPT_BOOL,   /* bool */
+  GMR_OPT_SIZE,   /* uint64_t bytes; accepts units ("512MiB") */
+  GMR_OPT_INT,    /* int64_t */
+  GMR_OPT_DOUBLE, /* double */
+  GMR_OPT_STRING, /* char * (owned by the options; freed by gmr__opts_free) */
+  GMR_OPT_ENUM,   /* int: index into `choices` */
+  GMR_OPT_CUSTOM  /* parsed by `parse` from the scalar's text */
 } gmr_opt_type_t;
 
 typedef struct gmr_opt_desc_s {
-  const char *key;        /* YAML key */
+  const char *key; /* YAML key */
   gmr_opt_type_t type;
-  size_t offset;          /* offsetof(options struct, field) */
-  double min, max;        /* inclusive range for INT/SIZE/DOUBLE (max 0: none) */
+  size_t offset;              /* offsetof(options struct, field) */
+  double min, max;            /* inclusive range for INT/SIZE/DOUBLE (max 0: none) */
   const char *const *choices; /* ENUM: NULL-terminated names */
   /* CUSTOM: parse `text` into the field; on error write a sentence to err. */
   int (*parse)(const char *text, void *field, char *err, size_t errlen);

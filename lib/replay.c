@@ -24,9 +24,9 @@
 /* ---- live pointer -> id map (open addressing, backward-shift deletion) ---- */
 
 typedef struct idmap_s {
-  uint64_t *keys;   /* recorded pointer values; 0 = empty slot */
+  uint64_t *keys; /* recorded pointer values; 0 = empty slot */
   uint32_t *ids;
-  uint32_t *lines;  /* line of the allocation, for messages */
+  uint32_t *lines; /* line of the allocation, for messages */
   size_t mask, count;
 } idmap_t;
 
@@ -45,7 +45,8 @@ static int idmap_grow(idmap_t *m) {
   for (size_t i = 0; m->keys && i <= m->mask; ++i) {
     if (m->keys[i] == 0) continue;
     size_t j = idmap_home(&n, m->keys[i]);
-    while (n.keys[j] != 0) j = (j + 1) & n.mask;
+    while (n.keys[j] != 0)
+      j = (j + 1) & n.mask;
     n.keys[j] = m->keys[i], n.ids[j] = m->ids[i], n.lines[j] = m->lines[i];
     ++n.count;
   }
@@ -66,7 +67,8 @@ static int idmap_put(idmap_t *m, uint64_t k, uint32_t id, uint32_t line) {
   if (m->keys == NULL || (m->count + 1) * 2 > m->mask + 1)
     if (idmap_grow(m) != 0) return GMR_ENOMEM;
   size_t i = idmap_home(m, k);
-  while (m->keys[i] != 0) i = (i + 1) & m->mask;
+  while (m->keys[i] != 0)
+    i = (i + 1) & m->mask;
   m->keys[i] = k, m->ids[i] = id, m->lines[i] = line;
   ++m->count;
   return 0;
@@ -118,12 +120,14 @@ static int perr(parser_t *p, const char *fmt, ...) {
 static int split_fields(char *s, char **f) {
   int n = 0;
   for (;;) {
-    while (*s == ' ' || *s == '\t') ++s;
+    while (*s == ' ' || *s == '\t')
+      ++s;
     if (n == 6) return -1;
     f[n++] = s;
     char *c = strchr(s, ',');
     char *end = c ? c : s + strlen(s);
-    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) --end;
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+      --end;
     if (c == NULL) {
       *end = '\0';
       break;
@@ -172,9 +176,15 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *liv
   char *f[6];
   int n = split_fields(line, f);
   if (n != 6)
-    return perr(p, "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), "
-                   "found %s",
-                n < 0 ? "more" : n == 1 ? "1" : n == 2 ? "2" : n == 3 ? "3" : n == 4 ? "4" : "5");
+    return perr(p,
+                "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), "
+                "found %s",
+                n < 0    ? "more"
+                : n == 1 ? "1"
+                : n == 2 ? "2"
+                : n == 3 ? "3"
+                : n == 4 ? "4"
+                         : "5");
   uint64_t thread, time_us, size, stream, ptr = 0;
   if (!parse_u64(f[0], 10, &thread)) return perr(p, "Thread '%s' is not an integer", f[0]);
   if (!parse_u64(f[1], 10, &time_us)) return perr(p, "Time '%s' is not an integer", f[1]);
@@ -194,8 +204,12 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *liv
     *cap = c;
   }
   gmr_trace_event_t *ev = &t->events[t->n_events];
-  *ev = (gmr_trace_event_t){.time_us = time_us, .size = size, .stream = stream, .line = p->line,
-                            .action = (uint8_t)action, .thread = (uint8_t)thread};
+  *ev = (gmr_trace_event_t){.time_us = time_us,
+                            .size = size,
+                            .stream = stream,
+                            .line = p->line,
+                            .action = (uint8_t)action,
+                            .thread = (uint8_t)thread};
   ptrdiff_t slot = action == GMR_TRACE_EMPTY_CACHE ? -1 : idmap_find(live, ptr);
   switch (action) {
   case GMR_TRACE_ALLOC:
@@ -264,7 +278,8 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
     if (nl) *nl = '\0';
     ++p.line;
     char *q = s;
-    while (*q == ' ' || *q == '\t' || *q == '\r') ++q;
+    while (*q == ' ' || *q == '\t' || *q == '\r')
+      ++q;
     bool blank = *q == '\0' || *q == '#';
     bool header = p.line == 1 && strncmp(q, "Thread", 6) == 0;
     if (!blank && !header) rc = parse_line(&p, s, t, &live, &cap, &streams);
@@ -291,7 +306,8 @@ int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t e
   bool is_stdin = strcmp(path, "-") == 0;
   FILE *f = is_stdin ? stdin : fopen(path, "rb");
   if (f == NULL) {
-    if (err && errlen) snprintf(err, errlen, "%s: cannot open the trace: %s", path, strerror(errno));
+    if (err && errlen)
+      snprintf(err, errlen, "%s: cannot open the trace: %s", path, strerror(errno));
     return GMR_EIO;
   }
   size_t cap = 1 << 20, len = 0;
@@ -314,7 +330,8 @@ int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t e
     if (err && errlen) snprintf(err, errlen, "%s: out of host memory reading the trace", path);
     rc = GMR_ENOMEM;
   } else if (ferror(f)) {
-    if (err && errlen) snprintf(err, errlen, "%s: cannot read the trace: %s", path, strerror(errno));
+    if (err && errlen)
+      snprintf(err, errlen, "%s: cannot read the trace: %s", path, strerror(errno));
     rc = GMR_EIO;
   }
   if (!is_stdin) fclose(f);

@@ -44,7 +44,7 @@
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */
 #if defined(__GNUC__)
-#define RUNTIME_COLD __attribute__((cold, noinline))
+#define RUNTIME_COLD   __attribute__((cold, noinline))
 #define RUNTIME_INLINE inline __attribute__((always_inline))
 #else
 #define RUNTIME_COLD
@@ -59,11 +59,11 @@
 
 typedef struct map_shard_s {
   _Alignas(CACHE_LINE) gmr_lock_t lock; /* used only with concurrent policies */
-  size_t mask;        /* capacity - 1 (capacity a power of two) */
-  size_t count;       /* live entries; count <= capacity / 2 */
-  size_t grow_at;     /* capacity / 2 (0 before the first insert): an insert at
-                         count == grow_at doubles the table first */
-  gmr_block_t *slots; /* ptr == NULL: empty */
+  size_t mask;                          /* capacity - 1 (capacity a power of two) */
+  size_t count;                         /* live entries; count <= capacity / 2 */
+  size_t grow_at;                       /* capacity / 2 (0 before the first insert): an insert at
+                                           count == grow_at doubles the table first */
+  gmr_block_t *slots;                   /* ptr == NULL: empty */
 } map_shard_t;
 
 /* Synchronization: `policy`, `backend`, `serialize`, `trace` and the names
@@ -119,7 +119,8 @@ static int map_grow(map_shard_t *sh) {
   for (size_t i = 0; sh->slots && i <= sh->mask; ++i) {
     if (sh->slots[i].ptr == NULL) continue;
     size_t j = map_hash(sh->slots[i].ptr) & (cap - 1);
-    while (slots[j].ptr != NULL) j = (j + 1) & (cap - 1);
+    while (slots[j].ptr != NULL)
+      j = (j + 1) & (cap - 1);
     slots[j] = sh->slots[i];
   }
   gmr__free(sh->slots);
@@ -134,7 +135,8 @@ static RUNTIME_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, ui
     if (map_grow(sh) != 0) return GMR_ENOMEM;
   }
   size_t i = h & sh->mask;
-  while (sh->slots[i].ptr != NULL) i = (i + 1) & sh->mask;
+  while (sh->slots[i].ptr != NULL)
+    i = (i + 1) & sh->mask;
   sh->slots[i] = *blk;
   ++sh->count;
   return 0;
@@ -179,7 +181,8 @@ static void describe_stack(gmr_runtime_t *rt) {
   size_t len = sizeof rt->policy_name, off = 0, depth = 0;
   for (gmr_policy_t *p = rt->policy; p && off < len; p = p->upstream, ++depth)
     off += (size_t)snprintf(b + off, len - off, "%s%s", p->ops->name, p->upstream ? "(" : "");
-  while (depth-- > 1 && off < len - 1) b[off++] = ')', b[off] = '\0';
+  while (depth-- > 1 && off < len - 1)
+    b[off++] = ')', b[off] = '\0';
 }
 
 /* GMR_SNAPSHOT's file for the next runtime: path, then path.1, path.2... */
@@ -265,7 +268,8 @@ fail_trace:
   gmr__policy_destroy(rt->policy);
 fail_policy:
 fail_shards:
-  while (shards-- > 0) gmr__lock_destroy(&rt->shards[shards].lock);
+  while (shards-- > 0)
+    gmr__lock_destroy(&rt->shards[shards].lock);
   gmr__lock_destroy(&rt->lock);
 fail_lock:
   gmr__backend_free(be);
@@ -624,13 +628,15 @@ int gmr_summary(gmr_runtime_t *rt, FILE *out) {
   return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
 }
 
-const char *gmr_last_error(gmr_runtime_t *rt) { return gmr__error_text(rt); }
+const char *gmr_last_error(gmr_runtime_t *rt) {
+  return gmr__error_text(rt);
+}
 
 int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_walk: NULL argument");
   if (rt->policy->ops->walk == NULL)
-    return fail(rt, gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk",
-                                   rt->policy_name));
+    return fail(
+        rt, gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk", rt->policy_name));
   policy_lock(rt);
   int err = rt->policy->ops->walk(rt->policy, cb, ud);
   policy_unlock(rt);
@@ -652,7 +658,8 @@ int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_w
     err = gmr__history_copy(hist, &entries, &len);
   }
   int walk_err = GMR_ENOTSUP;
-  if (err == 0 && rt->policy->ops->walk != NULL) walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
+  if (err == 0 && rt->policy->ops->walk != NULL)
+    walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
   policy_unlock(rt);
   if (err != 0) return fail(rt, err);
   *out_walk_err = walk_err;
@@ -670,8 +677,12 @@ int gmr_check(gmr_runtime_t *rt) {
   return err ? fail(rt, err) : 0;
 }
 
-const char *gmr_runtime_policy(gmr_runtime_t *rt) { return rt ? rt->policy_name : ""; }
-const char *gmr_runtime_backend(gmr_runtime_t *rt) { return rt ? rt->backend->ops->name : ""; }
+const char *gmr_runtime_policy(gmr_runtime_t *rt) {
+  return rt ? rt->policy_name : "";
+}
+const char *gmr_runtime_backend(gmr_runtime_t *rt) {
+  return rt ? rt->backend->ops->name : "";
+}
 
 int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total) {
   if (rt == NULL || out_free == NULL || out_total == NULL)
@@ -706,10 +717,18 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   return err ? fail(rt, err) : 0;
 }
 
-gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt) { return history_of(rt); }
-int gmr__runtime_device(gmr_runtime_t *rt) { return rt->device; }
-gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) { return rt->policy; }
-gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) { return rt->backend; }
+gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt) {
+  return history_of(rt);
+}
+int gmr__runtime_device(gmr_runtime_t *rt) {
+  return rt->device;
+}
+gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) {
+  return rt->policy;
+}
+gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) {
+  return rt->backend;
+}
 
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
   size_t longest = 0;
@@ -740,24 +759,32 @@ static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
   return sim;
 }
 
-#define SIM_CALL(call)                                                          \
-  do {                                                                          \
-    gmr_sim_t *sim = sim_or_fail(rt);                                           \
-    if (sim == NULL) return rt ? GMR_ENOTSUP : GMR_EINVAL;                      \
-    call;                                                                       \
-    return 0;                                                                   \
+#define SIM_CALL(call)                                                                             \
+  do {                                                                                             \
+    gmr_sim_t *sim = sim_or_fail(rt);                                                              \
+    if (sim == NULL) return rt ? GMR_ENOTSUP : GMR_EINVAL;                                         \
+    call;                                                                                          \
+    return 0;                                                                                      \
   } while (0)
 
-int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k) { SIM_CALL(gmr__sim_fail_nth(sim, k)); }
-int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t b) { SIM_CALL(gmr__sim_fail_above(sim, b)); }
-int gmr_sim_fail_all(gmr_runtime_t *rt, int on) { SIM_CALL(gmr__sim_fail_all(sim, on)); }
+int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k) {
+  SIM_CALL(gmr__sim_fail_nth(sim, k));
+}
+int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t b) {
+  SIM_CALL(gmr__sim_fail_above(sim, b));
+}
+int gmr_sim_fail_all(gmr_runtime_t *rt, int on) {
+  SIM_CALL(gmr__sim_fail_all(sim, on));
+}
 int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s) {
   SIM_CALL(gmr__sim_stream_enqueue(sim, s));
 }
 int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s) {
   SIM_CALL(gmr__sim_stream_complete(sim, s));
 }
-int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) { SIM_CALL(gmr__sim_set_clock(sim, ns)); }
+int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) {
+  SIM_CALL(gmr__sim_set_clock(sim, ns));
+}
 int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr) {
   SIM_CALL(gmr__sim_place_next(sim, addr));
 }
@@ -782,7 +809,6 @@ static void default_snapshots_at_exit(void) {
   pthread_mutex_unlock(&default_lock);
 }
 
-
 int gmr_default_runtime(int device, gmr_runtime_t **out) {
   if (out == NULL || device < 0 || device >= DEFAULT_MAX_DEVICES)
     return gmr__error_set(GMR_EINVAL, "gmr_default_runtime: device %d is out of range", device);
@@ -796,9 +822,8 @@ int gmr_default_runtime(int device, gmr_runtime_t **out) {
     if (path != NULL && *path != '\0')
       err = gmr_config_load_file(path, &cfg, &cerr);
     else
-      err = gmr_config_load_string(gmr__policy_lookup("caching") ? "policy: caching\n"
-                                                                   : "policy: direct\n",
-                                   &cfg, &cerr);
+      err = gmr_config_load_string(
+          gmr__policy_lookup("caching") ? "policy: caching\n" : "policy: direct\n", &cfg, &cerr);
     if (err != 0) {
       gmr__error_set(err, "GMR_CONFIG: %s", cerr.message);
       gmr__log(GMR_LOG_ERROR, "%s", cerr.message);

@@ -19,15 +19,16 @@ void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
       st->reserved_bytes > st->active_bytes ? st->reserved_bytes - st->active_bytes : 0;
 }
 
-#define COMMON_FIELDS(X)                                                        \
-  X(reserved_bytes) X(peak_reserved_bytes) X(allocated_bytes) X(peak_allocated_bytes) \
-  X(requested_bytes) X(peak_requested_bytes) X(active_bytes) X(peak_active_bytes) \
-  X(segments) X(peak_segments) X(allocations) X(peak_allocations) X(num_allocs) \
-  X(num_frees) X(device_allocs) X(device_frees) X(ooms) X(alloc_retries)        \
-  X(largest_free_block) X(free_cached_bytes) X(limit_bytes)
+#define COMMON_FIELDS(X)                                                                           \
+  X(reserved_bytes)                                                                                \
+  X(peak_reserved_bytes) X(allocated_bytes) X(peak_allocated_bytes) X(requested_bytes)             \
+      X(peak_requested_bytes) X(active_bytes) X(peak_active_bytes) X(segments) X(peak_segments)    \
+          X(allocations) X(peak_allocations) X(num_allocs) X(num_frees) X(device_allocs)           \
+              X(device_frees) X(ooms) X(alloc_retries) X(largest_free_block) X(free_cached_bytes)  \
+                  X(limit_bytes)
 
 int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud) {
-#define EMIT(f)                                                                 \
+#define EMIT(f)                                                                                    \
   if (cb(#f, (int64_t)st->f, ud) != 0) return 0;
   COMMON_FIELDS(EMIT)
 #undef EMIT
@@ -38,20 +39,22 @@ int gmr__stats_print(const gmr_stats_t *st, const char *policy, const char *back
   char a[32], b[32];
   fprintf(out, "gmr memory summary: policy %s on %s\n", policy, backend);
   fprintf(out, "  %-22s %16s %16s\n", "", "current", "peak");
-#define ROW(label, cur, peak)                                                   \
-  gmr__format_size(cur, a, sizeof a);                                           \
-  gmr__format_size(peak, b, sizeof b);                                          \
+#define ROW(label, cur, peak)                                                                      \
+  gmr__format_size(cur, a, sizeof a);                                                              \
+  gmr__format_size(peak, b, sizeof b);                                                             \
   fprintf(out, "  %-22s %16s %16s\n", label, a, b);
   ROW("reserved", st->reserved_bytes, st->peak_reserved_bytes)
   ROW("allocated", st->allocated_bytes, st->peak_allocated_bytes)
   ROW("requested", st->requested_bytes, st->peak_requested_bytes)
   ROW("active", st->active_bytes, st->peak_active_bytes)
 #undef ROW
-  fprintf(out, "  %-22s %16" PRIu64 " %16" PRIu64 "\n", "segments", st->segments, st->peak_segments);
+  fprintf(out, "  %-22s %16" PRIu64 " %16" PRIu64 "\n", "segments", st->segments,
+          st->peak_segments);
   fprintf(out, "  %-22s %16" PRIu64 " %16" PRIu64 "\n", "allocations", st->allocations,
           st->peak_allocations);
-  fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", device allocs %" PRIu64
-               ", device frees %" PRIu64 ", OOMs %" PRIu64 ", retries %" PRIu64 "\n",
+  fprintf(out,
+          "  allocs %" PRIu64 ", frees %" PRIu64 ", device allocs %" PRIu64
+          ", device frees %" PRIu64 ", OOMs %" PRIu64 ", retries %" PRIu64 "\n",
           st->num_allocs, st->num_frees, st->device_allocs, st->device_frees, st->ooms,
           st->alloc_retries);
   if (st->limit_bytes) {

@@ -54,7 +54,8 @@ void gmr__trace_event(gmr_trace_t *t, const char *action, const void *ptr, size_
   if (trace_thread_id == 0) trace_thread_id = atomic_fetch_add(&trace_thread_next, 1) + 1;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  unsigned long long us = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+  unsigned long long us =
+      (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
   pthread_mutex_lock(&t->lock);
   fprintf(t->file, "%u,%llu,%s,%#llx,%zu,%llu\n", trace_thread_id - 1, us, action,
           (unsigned long long)(uintptr_t)ptr, size, (unsigned long long)(uintptr_t)s);

@@ -18,7 +18,9 @@
  * host_fail_countdown: 0 = disarmed; k = the k-th next allocation fails. */
 static _Atomic uint64_t host_fail_countdown;
 
-void gmr__host_fail_nth(uint64_t k) { atomic_store(&host_fail_countdown, k); }
+void gmr__host_fail_nth(uint64_t k) {
+  atomic_store(&host_fail_countdown, k);
+}
 
 static bool host_should_fail(void) {
   uint64_t c = atomic_load_explicit(&host_fail_countdown, memory_order_relaxed);
@@ -28,10 +30,18 @@ static bool host_should_fail(void) {
   return false;
 }
 
-void *gmr__malloc(size_t size) { return host_should_fail() ? NULL : malloc(size); }
-void *gmr__calloc(size_t n, size_t size) { return host_should_fail() ? NULL : calloc(n, size); }
-void *gmr__realloc(void *p, size_t size) { return host_should_fail() ? NULL : realloc(p, size); }
-void gmr__free(void *p) { free(p); }
+void *gmr__malloc(size_t size) {
+  return host_should_fail() ? NULL : malloc(size);
+}
+void *gmr__calloc(size_t n, size_t size) {
+  return host_should_fail() ? NULL : calloc(n, size);
+}
+void *gmr__realloc(void *p, size_t size) {
+  return host_should_fail() ? NULL : realloc(p, size);
+}
+void gmr__free(void *p) {
+  free(p);
+}
 
 char *gmr__strdup(const char *s) {
   size_t n = strlen(s) + 1;
@@ -47,7 +57,8 @@ static bool sb_reserve(gmr_strbuf_t *sb, size_t extra) {
   if (sb->failed) return false;
   if (sb->len + extra + 1 <= sb->cap) return true;
   size_t cap = sb->cap ? sb->cap : 256;
-  while (cap < sb->len + extra + 1) cap *= 2;
+  while (cap < sb->len + extra + 1)
+    cap *= 2;
   char *d = realloc(sb->data, cap); /* plain realloc: error text must survive host faults */
   if (d == NULL) {
     sb->failed = true;
@@ -94,14 +105,16 @@ void gmr__sb_free(gmr_strbuf_t *sb) {
 
 int gmr__parse_size(const char *text, uint64_t *out) {
   if (text == NULL) return GMR_EINVAL;
-  while (isspace((unsigned char)*text)) ++text;
+  while (isspace((unsigned char)*text))
+    ++text;
   if (*text == '\0' || *text == '-') return GMR_EINVAL;
   if (text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 16);
     if (errno != 0 || end == text + 2) return GMR_EINVAL;
-    while (isspace((unsigned char)*end)) ++end;
+    while (isspace((unsigned char)*end))
+      ++end;
     if (*end != '\0') return GMR_EINVAL;
     *out = v;
     return 0;
@@ -110,10 +123,12 @@ int gmr__parse_size(const char *text, uint64_t *out) {
   errno = 0;
   double v = strtod(text, &end);
   if (errno != 0 || end == text || !(v >= 0) || isinf(v)) return GMR_EINVAL;
-  while (isspace((unsigned char)*end)) ++end;
+  while (isspace((unsigned char)*end))
+    ++end;
   char unit[8];
   size_t ulen = strlen(end);
-  while (ulen > 0 && isspace((unsigned char)end[ulen - 1])) --ulen;
+  while (ulen > 0 && isspace((unsigned char)end[ulen - 1]))
+    --ulen;
   if (ulen >= sizeof unit) return GMR_EINVAL;
   memcpy(unit, end, ulen);
   unit[ulen] = '\0';

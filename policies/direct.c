@@ -169,12 +169,16 @@ static int direct_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
   direct_rec_t **v = gmr__malloc((n ? n : 1) * sizeof *v);
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "direct: out of host memory");
   size_t i = 0;
-  for (direct_rec_t *r = d->live; r; r = r->next) v[i++] = r;
+  for (direct_rec_t *r = d->live; r; r = r->next)
+    v[i++] = r;
   qsort(v, n, sizeof *v, rec_by_address);
   int stop = 0;
   for (i = 0; i < n && !stop; ++i) {
-    gmr_walk_entry_t seg = {.is_segment = 1, .address = (uintptr_t)v[i]->ptr, .size = v[i]->size,
-                            .stream = v[i]->stream, .pool = "device"};
+    gmr_walk_entry_t seg = {.is_segment = 1,
+                            .address = (uintptr_t)v[i]->ptr,
+                            .size = v[i]->size,
+                            .stream = v[i]->stream,
+                            .pool = "device"};
     gmr_walk_entry_t blk = seg;
     blk.is_segment = 0;
     blk.requested = v[i]->size;

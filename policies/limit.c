@@ -56,10 +56,10 @@ static const char *const limit_counts_names[] = {"allocated", "reserved", NULL};
 
 /* A backend that forwards to the real one and refuses memory past the cap. */
 typedef struct limit_backend_s {
-  gmr_backend_t base;      /* must be first */
+  gmr_backend_t base; /* must be first */
   gmr_backend_t *real;
-  uint64_t cap;            /* bytes */
-  _Atomic uint64_t held;   /* bytes reserved or mapped through this backend */
+  uint64_t cap;          /* bytes */
+  _Atomic uint64_t held; /* bytes reserved or mapped through this backend */
 } limit_backend_t;
 
 #define LIMIT_SHARDS 64 /* a power of two */
@@ -69,18 +69,18 @@ typedef struct limit_shard_s {
 } limit_shard_t;
 
 typedef struct limit_s {
-  gmr_policy_t base;       /* must be first; base.upstream is the wrapped policy */
-  uint64_t cap;            /* bytes */
+  gmr_policy_t base; /* must be first; base.upstream is the wrapped policy */
+  uint64_t cap;      /* bytes */
   int counts;
-  uint64_t chunk;          /* bytes a shard takes from the pool beyond its request */
-  _Atomic uint64_t refused;/* allocations refused by the cap */
-  bool up_serialize;       /* the upstream is not concurrent */
-  gmr_lock_t up_lock;      /* guards upstream calls when up_serialize */
-  limit_backend_t *lbe;    /* counts == reserved: the upstream's backend */
-  void *raw;               /* what gmr__calloc returned (the limit_t is aligned inside it) */
+  uint64_t chunk;           /* bytes a shard takes from the pool beyond its request */
+  _Atomic uint64_t refused; /* allocations refused by the cap */
+  bool up_serialize;        /* the upstream is not concurrent */
+  gmr_lock_t up_lock;       /* guards upstream calls when up_serialize */
+  limit_backend_t *lbe;     /* counts == reserved: the upstream's backend */
+  void *raw;                /* what gmr__calloc returned (the limit_t is aligned inside it) */
   _Alignas(64) gmr_lock_t pool_lock; /* guards changes of `pool` and drains */
-  _Atomic uint64_t pool;   /* counts == allocated: bytes of the cap held by no shard */
-  _Atomic uint64_t external; /* bytes charged from outside gmr (gmr_charge) */
+  _Atomic uint64_t pool;             /* counts == allocated: bytes of the cap held by no shard */
+  _Atomic uint64_t external;         /* bytes charged from outside gmr (gmr_charge) */
   limit_shard_t shards[LIMIT_SHARDS];
 } limit_t;
 
@@ -108,7 +108,9 @@ static bool take(_Atomic uint64_t *held, uint64_t cap, uint64_t n, uint64_t *see
 
 /* ---- the capped backend (counts: reserved) -------------------------------- */
 
-static limit_backend_t *lbe_of(gmr_backend_t *be) { return (limit_backend_t *)be; }
+static limit_backend_t *lbe_of(gmr_backend_t *be) {
+  return (limit_backend_t *)be;
+}
 
 static int lbe_reserve(gmr_backend_t *be, size_t size, void **out) {
   limit_backend_t *l = lbe_of(be);
@@ -177,9 +179,15 @@ static void lbe_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
 static int lbe_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
   return gmr__backend_stream_sync(lbe_of(be)->real, s);
 }
-static int lbe_device_sync(gmr_backend_t *be) { return gmr__backend_device_sync(lbe_of(be)->real); }
-static uint64_t lbe_now_ns(gmr_backend_t *be) { return gmr__backend_now_ns(lbe_of(be)->real); }
-static void lbe_destroy(gmr_backend_t *be) { gmr__free(be); }
+static int lbe_device_sync(gmr_backend_t *be) {
+  return gmr__backend_device_sync(lbe_of(be)->real);
+}
+static uint64_t lbe_now_ns(gmr_backend_t *be) {
+  return gmr__backend_now_ns(lbe_of(be)->real);
+}
+static void lbe_destroy(gmr_backend_t *be) {
+  gmr__free(be);
+}
 
 static const gmr_backend_ops_t lbe_ops = {
     .name = "limit",
@@ -233,7 +241,8 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   l->chunk = cap / (8 * LIMIT_SHARDS);
   if (l->chunk > ((uint64_t)64 << 20)) l->chunk = (uint64_t)64 << 20;
   atomic_init(&l->pool, cap);
-  for (int i = 0; i < LIMIT_SHARDS; ++i) atomic_init(&l->shards[i].credit, 0);
+  for (int i = 0; i < LIMIT_SHARDS; ++i)
+    atomic_init(&l->shards[i].credit, 0);
   gmr_backend_t *up_be = be;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&l->pool_lock) != 0) goto fail_pool_lock;
@@ -311,7 +320,8 @@ static inline bool shard_take(limit_shard_t *sh, uint64_t n) {
 static uint64_t limit_unused(limit_t *l) {
   gmr__lock(&l->pool_lock); /* no shard is frozen while this is held */
   uint64_t unused = atomic_load(&l->pool);
-  for (int i = 0; i < LIMIT_SHARDS; ++i) unused += atomic_load(&l->shards[i].credit);
+  for (int i = 0; i < LIMIT_SHARDS; ++i)
+    unused += atomic_load(&l->shards[i].credit);
   gmr__unlock(&l->pool_lock);
   return unused;
 }
@@ -336,7 +346,8 @@ static bool limit_refill(limit_t *l, limit_shard_t *sh, uint64_t n, uint64_t *se
       pool += atomic_exchange(&l->shards[i].credit, LIMIT_FROZEN);
     bool fits = pool >= n;
     if (!fits) *seen = l->cap - pool;
-    for (int i = 0; i < LIMIT_SHARDS; ++i) atomic_store(&l->shards[i].credit, 0);
+    for (int i = 0; i < LIMIT_SHARDS; ++i)
+      atomic_store(&l->shards[i].credit, 0);
     if (!fits) {
       atomic_store(&l->pool, pool);
       gmr__unlock(&l->pool_lock);
@@ -554,13 +565,25 @@ static int limit_check(gmr_policy_t *self) {
 static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};
 
 static const gmr_opt_desc_t limit_opts_desc[] = {
-    {.key = "bytes", .type = GMR_OPT_SIZE, .offset = offsetof(limit_opts_t, bytes), .min = 1,
-     .default_text = "", .help = "The cap in bytes, e.g. 8GiB."},
-    {.key = "fraction", .type = GMR_OPT_DOUBLE, .offset = offsetof(limit_opts_t, fraction),
-     .min = 0, .max = 1, .min_exclusive = true, .default_text = "",
+    {.key = "bytes",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(limit_opts_t, bytes),
+     .min = 1,
+     .default_text = "",
+     .help = "The cap in bytes, e.g. 8GiB."},
+    {.key = "fraction",
+     .type = GMR_OPT_DOUBLE,
+     .offset = offsetof(limit_opts_t, fraction),
+     .min = 0,
+     .max = 1,
+     .min_exclusive = true,
+     .default_text = "",
      .help = "The cap as a fraction of the device's total memory, in (0, 1]."},
-    {.key = "counts", .type = GMR_OPT_ENUM, .offset = offsetof(limit_opts_t, counts),
-     .choices = limit_counts_names, .default_text = "allocated",
+    {.key = "counts",
+     .type = GMR_OPT_ENUM,
+     .offset = offsetof(limit_opts_t, counts),
+     .choices = limit_counts_names,
+     .default_text = "allocated",
      .help = "allocated: live requested bytes (checked before the policy runs); reserved: "
              "device memory the policy holds, cache included."},
     {.key = NULL},

@@ -30,21 +30,21 @@ typedef struct gmr_policy_cfg_s gmr_policy_cfg_t;
 
 /* One allocation as the runtime keeps it (value type, copied freely). */
 typedef struct gmr_block_s {
-  void *ptr;            /* device address handed to the user */
-  size_t size;          /* policy-rounded size, >= requested */
-  size_t requested;     /* what the user asked for */
-  gmr_stream_t stream;  /* stream of the allocation */
-  void *handle;         /* the policy's own record of the block (opaque) */
+  void *ptr;           /* device address handed to the user */
+  size_t size;         /* policy-rounded size, >= requested */
+  size_t requested;    /* what the user asked for */
+  gmr_stream_t stream; /* stream of the allocation */
+  void *handle;        /* the policy's own record of the block (opaque) */
 } gmr_block_t;
 
 typedef struct gmr_policy_ops_s {
-  const char *name;               /* the YAML `name:` */
-  const char *help;               /* one sentence for the reference */
-  size_t opts_size;               /* sizeof(the policy's options struct) */
-  const void *opts_default;       /* the defaults, copied before parsing */
-  const gmr_opt_desc_t *opts_desc;/* terminated by an entry with key NULL */
-  bool is_decorator;              /* takes an `upstream:` policy */
-  bool concurrent;                /* does its own locking (rule 5) */
+  const char *name;                /* the YAML `name:` */
+  const char *help;                /* one sentence for the reference */
+  size_t opts_size;                /* sizeof(the policy's options struct) */
+  const void *opts_default;        /* the defaults, copied before parsing */
+  const gmr_opt_desc_t *opts_desc; /* terminated by an entry with key NULL */
+  bool is_decorator;               /* takes an `upstream:` policy */
+  bool concurrent;                 /* does its own locking (rule 5) */
   /* Calls gmr__history_free_completed (backend.h) when a freed block becomes
    * reusable; otherwise the runtime records free_completed with the free. */
   bool reports_free_completed;

@@ -63,7 +63,8 @@ int main(void) {
           "takes a single value, not a list", "a list where a scalar is expected");
   rejects("policy:\n  name: limit\n  counts: everything\n  upstream: direct\n", 3, 11,
           "expected one of: allocated, reserved", "a bad choice");
-  rejects("policy:\n  name: limit\n  bytes: 1GiB\n", 2, 3, "add 'upstream:", "a limit without upstream");
+  rejects("policy:\n  name: limit\n  bytes: 1GiB\n", 2, 3,
+          "add 'upstream:", "a limit without upstream");
   rejects("policy:\n  name: limit\n  bytes: 1GiB\n  fraction: 0.5\n  upstream: direct\n", 2, 3,
           "exactly one of 'bytes'", "both bytes and fraction");
   rejects("device: {host_backed: maybe}\npolicy: direct\n", 1, 23,

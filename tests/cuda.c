@@ -45,9 +45,11 @@ int main(void) {
   rt = make("device: {backend: cuda}\npolicy: caching\n");
   if (rt != NULL) {
     void *a[16];
-    for (int i = 0; i < 16; ++i) is_int(gmr_alloc(rt, (size_t)(i + 1) * MiB, NULL, &a[i]), 0,
-                                        "caching on CUDA: alloc %d MiB", i + 1);
-    for (int i = 0; i < 16; ++i) gmr_free(rt, a[i]);
+    for (int i = 0; i < 16; ++i)
+      is_int(gmr_alloc(rt, (size_t)(i + 1) * MiB, NULL, &a[i]), 0, "caching on CUDA: alloc %d MiB",
+             i + 1);
+    for (int i = 0; i < 16; ++i)
+      gmr_free(rt, a[i]);
     is_int(gmr_check(rt), 0, "caching on CUDA: invariants hold");
     is_int(gmr_empty_cache(rt), 0, "caching on CUDA: empty_cache");
     gmr_runtime_free(rt);
@@ -66,7 +68,8 @@ int main(void) {
     is_u64(st.reserved_bytes, 0, "  and nothing is reserved");
     gmr_runtime_free(rt);
   }
-  rt = make("device: {backend: cuda}\npolicy: {name: bfc, allow_growth: true, memory_limit: 1GiB}\n");
+  rt = make(
+      "device: {backend: cuda}\npolicy: {name: bfc, allow_growth: true, memory_limit: 1GiB}\n");
   if (rt != NULL) {
     void *a;
     is_int(gmr_alloc(rt, 3 * MiB, NULL, &a), 0, "bfc on CUDA: alloc");

@@ -272,7 +272,8 @@ static void *quota_worker(void *arg) {
         ++w->errors;
         break;
       }
-    for (int i = 0; i < n; ++i) w->errors += gmr_free(w->rt, p[i]) != 0;
+    for (int i = 0; i < n; ++i)
+      w->errors += gmr_free(w->rt, p[i]) != 0;
   }
   return NULL;
 }
@@ -291,8 +292,8 @@ static void test_limit_exact_under_threads(void) {
     pthread_join(t[i], NULL);
     errors += w[i].errors;
   }
-  is_int(errors, 0, "limit 2 MiB, %d threads each holding up to %d x 4 KiB: never refused",
-         THREADS, QUOTA);
+  is_int(errors, 0, "limit 2 MiB, %d threads each holding up to %d x 4 KiB: never refused", THREADS,
+         QUOTA);
   int64_t in_use = -1, refused = -1;
   gmr_stat_get(rt, "limit_in_use_bytes", &in_use);
   gmr_stat_get(rt, "limit_refused", &refused);
@@ -306,7 +307,8 @@ static void test_limit_exact_under_threads(void) {
          THREADS * QUOTA);
   void *q = NULL;
   is_int(gmr_alloc(rt, 1, GMR_SIM_STREAM(7), &q), GMR_ENOMEM, "and not one byte more");
-  for (int i = 0; i < THREADS * QUOTA; ++i) gmr_free(rt, p[i]);
+  for (int i = 0; i < THREADS * QUOTA; ++i)
+    gmr_free(rt, p[i]);
   gmr_runtime_free(rt);
 }
 

@@ -199,14 +199,16 @@ int main(void) {
   typedef int (*release_fn)(unsigned long long);
   create_fn mc = (create_fn)dlsym(cu, "cuMemCreate");
   release_fn mr = (release_fn)dlsym(cu, "cuMemRelease");
-  ok(mc != NULL && (void *)mc != fake->cuMemCreate, "dlsym(libcuda, cuMemCreate) is the interposer's");
+  ok(mc != NULL && (void *)mc != fake->cuMemCreate,
+     "dlsym(libcuda, cuMemCreate) is the interposer's");
   ok(mr != NULL, "dlsym(libcuda, cuMemRelease) resolves");
   unsigned long long h1 = 0, h2 = 0;
   is_int(mc(&h1, 40 * MiB, NULL, 0), 0, "cuMemCreate(40 MiB)");
   is_u64(fake->creates, 1, "  is created by the driver");
   info(&f, &t);
   is_u64(f, 24 * MiB, "  cuMemGetInfo: free = 64 - 40 MiB");
-  is_int(mc(&h2, 30 * MiB, NULL, 0), 2, "cuMemCreate(30 MiB) past the limit: CUDA_ERROR_OUT_OF_MEMORY");
+  is_int(mc(&h2, 30 * MiB, NULL, 0), 2,
+         "cuMemCreate(30 MiB) past the limit: CUDA_ERROR_OUT_OF_MEMORY");
   is_u64(fake->creates, 1, "  without asking the driver");
   is_int(cm(&p, 30 * MiB), 2, "cudaMalloc(30 MiB) is refused too: one limit for both");
   is_int(mr(h1), 0, "cuMemRelease");

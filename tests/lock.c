@@ -74,8 +74,10 @@ int main(void) {
   enum { MANY = 3 * WORKERS };
   pthread_t m[MANY];
   counter = 0;
-  for (int i = 0; i < MANY; ++i) pthread_create(&m[i], NULL, hammer_and_hold, NULL);
-  for (int i = 0; i < MANY; ++i) pthread_join(m[i], NULL);
+  for (int i = 0; i < MANY; ++i)
+    pthread_create(&m[i], NULL, hammer_and_hold, NULL);
+  for (int i = 0; i < MANY; ++i)
+    pthread_join(m[i], NULL);
   is_u64(counter, (uint64_t)MANY * (ROUNDS / 10),
          "%d threads, holders sleeping inside now and then: every increment, nobody stuck", MANY);
 
@@ -88,15 +90,18 @@ int main(void) {
 
   /* Waiters that outlast their spin count themselves and sleep on the futex. */
   counter = 0;
-  for (int i = 0; i < WORKERS; ++i) pthread_create(&t[i], NULL, once, NULL);
+  for (int i = 0; i < WORKERS; ++i)
+    pthread_create(&t[i], NULL, once, NULL);
   int waited = 0;
-  while (atomic_load(&lock.sleepers) != WORKERS && waited < 10000) sleep_ms(1), ++waited;
+  while (atomic_load(&lock.sleepers) != WORKERS && waited < 10000)
+    sleep_ms(1), ++waited;
   is_int(atomic_load(&lock.sleepers), WORKERS, "%d blocked waiters count themselves sleepers",
          WORKERS);
   sleep_ms(20);
   is_u64(counter, 0, "no waiter passes a held lock");
   gmr__unlock(&lock);
-  for (int i = 0; i < WORKERS; ++i) pthread_join(t[i], NULL);
+  for (int i = 0; i < WORKERS; ++i)
+    pthread_join(t[i], NULL);
   is_u64(counter, WORKERS, "unlocks wake the sleepers: all %d waiters got the lock", WORKERS);
   is_int(atomic_load(&lock.locked), 0, "the lock is free once they are done");
   is_int(atomic_load(&lock.sleepers), 0, "with no sleeper counted");

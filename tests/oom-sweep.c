@@ -33,7 +33,8 @@ static int scenario(const char *yaml, int *stage) {
   if (rc != 0) return rc;
   *stage = 2;
   void *p[40] = {0};
-  for (int i = 0; i < 40 && rc == 0; ++i) rc = gmr_alloc(rt, (size_t)(i + 1) * 700000, NULL, &p[i]);
+  for (int i = 0; i < 40 && rc == 0; ++i)
+    rc = gmr_alloc(rt, (size_t)(i + 1) * 700000, NULL, &p[i]);
   for (int i = 0; i < 40; ++i)
     if (p[i] != NULL && gmr_free(rt, p[i]) != 0) rc = GMR_EINVAL; /* must never happen */
   if (rc == 0) rc = gmr_check(rt);

@@ -17,7 +17,8 @@ int main(void) {
   gmr_config_free(cfg);
 
   void *p[8];
-  for (int i = 0; i < 8; ++i) gmr_alloc(rt, (size_t)(i + 1) * MiB, NULL, &p[i]);
+  for (int i = 0; i < 8; ++i)
+    gmr_alloc(rt, (size_t)(i + 1) * MiB, NULL, &p[i]);
   gmr_sim_counters_t k;
   gmr_sim_counters(rt, &k);
   is_u64(k.reserve_calls, 8, "eight allocations, eight device reservations");
@@ -30,7 +31,8 @@ int main(void) {
   is_int(gmr_alloc(rt, 30 * MiB, NULL, &big), GMR_ENOMEM, "30 MiB more does not fit in 64");
   like(gmr_last_error(rt), "Tried to allocate 30.00 MiB", "the message names the request");
   like(gmr_last_error(rt), "28.00 MiB is free", "  and what is free");
-  for (int i = 0; i < 8; ++i) gmr_free(rt, p[i]);
+  for (int i = 0; i < 8; ++i)
+    gmr_free(rt, p[i]);
   gmr_sim_counters(rt, &k);
   is_u64(k.release_calls, 8, "every free releases its reservation");
   gmr_stats(rt, &st);

@@ -36,7 +36,8 @@ int main(void) {
   is_u64(k1.reserve_calls, k0.reserve_calls, "  without touching the device");
   like(gmr_last_error(rt), "limit of 10.00 MiB (10485760 bytes) reached", "  naming the cap");
   like(gmr_last_error(rt), "Tried to allocate 1 bytes", "  the request");
-  like(gmr_last_error(rt), "10.00 MiB (10485760 bytes) already allocated", "  and the bytes in use");
+  like(gmr_last_error(rt), "10.00 MiB (10485760 bytes) already allocated",
+       "  and the bytes in use");
   gmr_stats_t st;
   gmr_stats(rt, &st);
   is_u64(st.limit_bytes, 10 * MiB, "stats report the limit");

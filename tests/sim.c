@@ -32,7 +32,8 @@ int main(void) {
 
   is_int(gmr__backend_reserve(be, 1 * GiB, &c), GMR_ENOMEM, "a reservation past capacity fails");
   like(gmr__error_last(), "out of memory", "  with a message");
-  is_int(gmr__backend_release(be, b, 4 * MiB), GMR_EINVAL, "release with the wrong size is refused");
+  is_int(gmr__backend_release(be, b, 4 * MiB), GMR_EINVAL,
+         "release with the wrong size is refused");
   is_int(gmr__backend_release(be, (char *)a + 512, 20 * MiB), GMR_EINVAL,
          "release of an interior address is refused");
   is_int(gmr__backend_release(be, b, 2 * MiB), 0, "release 2 MiB");
@@ -68,8 +69,7 @@ int main(void) {
   is_u64(atomic_load(&be->counters.reserved_bytes), 60 * MiB, "mapped bytes count as reserved");
   is_int(gmr__backend_va_release(be, va, 64 * GiB), GMR_EINVAL,
          "a virtual range with mapped pages cannot be released");
-  is_int(gmr__backend_unmap(be, va, 40 * MiB), GMR_EINVAL,
-         "unmap must match one map call");
+  is_int(gmr__backend_unmap(be, va, 40 * MiB), GMR_EINVAL, "unmap must match one map call");
   is_int(gmr__backend_unmap(be, va, 20 * MiB), 0, "unmap the first page");
   is_int(gmr__backend_unmap(be, (char *)va + 20 * MiB, 20 * MiB), 0, "unmap the second");
   is_int(gmr__backend_va_release(be, va, 64 * GiB), 0, "release the virtual range");

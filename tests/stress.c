@@ -13,14 +13,14 @@
 #include "tap.h"
 
 #define THREADS 16
-#define SLOTS 64
-#define ROUNDS 3000
+#define SLOTS   64
+#define ROUNDS  3000
 
 typedef struct worker_s {
   gmr_runtime_t *rt;
   uint64_t seed;
   int index;
-  long failures;  /* pattern mismatches or unexpected errors */
+  long failures; /* pattern mismatches or unexpected errors */
   long ooms;
 } worker_t;
 
@@ -31,8 +31,10 @@ static uint64_t next(uint64_t *s) { /* xorshift64* */
 
 static void fill(void *p, size_t n, uint64_t tag) {
   uint64_t *w = p;
-  for (size_t i = 0; i < n / 8; ++i) w[i] = tag ^ (i * 0x9E3779B97F4A7C15ull);
-  for (size_t i = n / 8 * 8; i < n; ++i) ((unsigned char *)p)[i] = (unsigned char)tag;
+  for (size_t i = 0; i < n / 8; ++i)
+    w[i] = tag ^ (i * 0x9E3779B97F4A7C15ull);
+  for (size_t i = n / 8 * 8; i < n; ++i)
+    ((unsigned char *)p)[i] = (unsigned char)tag;
 }
 
 static int verify(const void *p, size_t n, uint64_t tag) {
@@ -124,7 +126,6 @@ int main(void) {
   run("caching expandable", "policy: {name: caching, expandable_segments: true}\n", seed);
   run("bfc greedy", "policy: {name: bfc, allow_growth: false, memory_limit: 1GiB}\n", seed);
   run("bfc growth", "policy: {name: bfc, allow_growth: true, memory_limit: 1GiB}\n", seed);
-  run("limit(caching) reserved",
-      "policy: caching\nlimit: {bytes: 1GiB, counts: reserved}\n", seed);
+  run("limit(caching) reserved", "policy: caching\nlimit: {bytes: 1GiB, counts: reserved}\n", seed);
   return done_testing();
 }

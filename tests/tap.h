@@ -44,42 +44,41 @@ static inline void diag(const char *fmt, ...) {
   fflush(stdout);
 }
 
-#define is_int(got, want, ...)                                                  \
-  do {                                                                          \
-    long long tap_g_ = (long long)(got), tap_w_ = (long long)(want);            \
-    if (!ok(tap_g_ == tap_w_, __VA_ARGS__))                                     \
-      diag("  got: %lld, expected: %lld (%s:%d)", tap_g_, tap_w_, __FILE__, __LINE__); \
+#define is_int(got, want, ...)                                                                     \
+  do {                                                                                             \
+    long long tap_g_ = (long long)(got), tap_w_ = (long long)(want);                               \
+    if (!ok(tap_g_ == tap_w_, __VA_ARGS__))                                                        \
+      diag("  got: %lld, expected: %lld (%s:%d)", tap_g_, tap_w_, __FILE__, __LINE__);             \
   } while (0)
 
-#define is_u64(got, want, ...)                                                  \
-  do {                                                                          \
-    unsigned long long tap_g_ = (unsigned long long)(got),                      \
-                       tap_w_ = (unsigned long long)(want);                     \
-    if (!ok(tap_g_ == tap_w_, __VA_ARGS__))                                     \
-      diag("  got: %llu, expected: %llu (%s:%d)", tap_g_, tap_w_, __FILE__, __LINE__); \
+#define is_u64(got, want, ...)                                                                     \
+  do {                                                                                             \
+    unsigned long long tap_g_ = (unsigned long long)(got), tap_w_ = (unsigned long long)(want);    \
+    if (!ok(tap_g_ == tap_w_, __VA_ARGS__))                                                        \
+      diag("  got: %llu, expected: %llu (%s:%d)", tap_g_, tap_w_, __FILE__, __LINE__);             \
   } while (0)
 
-#define is_ptr(got, want, ...)                                                  \
-  do {                                                                          \
-    const void *tap_g_ = (const void *)(got), *tap_w_ = (const void *)(want);   \
-    if (!ok(tap_g_ == tap_w_, __VA_ARGS__))                                     \
-      diag("  got: %p, expected: %p (%s:%d)", tap_g_, tap_w_, __FILE__, __LINE__); \
+#define is_ptr(got, want, ...)                                                                     \
+  do {                                                                                             \
+    const void *tap_g_ = (const void *)(got), *tap_w_ = (const void *)(want);                      \
+    if (!ok(tap_g_ == tap_w_, __VA_ARGS__))                                                        \
+      diag("  got: %p, expected: %p (%s:%d)", tap_g_, tap_w_, __FILE__, __LINE__);                 \
   } while (0)
 
-#define is_str(got, want, ...)                                                  \
-  do {                                                                          \
-    const char *tap_g_ = (got), *tap_w_ = (want);                               \
-    if (!ok(tap_g_ && tap_w_ && strcmp(tap_g_, tap_w_) == 0, __VA_ARGS__))      \
-      diag("  got: \"%s\"\n#   expected: \"%s\" (%s:%d)", tap_g_ ? tap_g_ : "(null)", \
-           tap_w_ ? tap_w_ : "(null)", __FILE__, __LINE__);                     \
+#define is_str(got, want, ...)                                                                     \
+  do {                                                                                             \
+    const char *tap_g_ = (got), *tap_w_ = (want);                                                  \
+    if (!ok(tap_g_ && tap_w_ && strcmp(tap_g_, tap_w_) == 0, __VA_ARGS__))                         \
+      diag("  got: \"%s\"\n#   expected: \"%s\" (%s:%d)", tap_g_ ? tap_g_ : "(null)",              \
+           tap_w_ ? tap_w_ : "(null)", __FILE__, __LINE__);                                        \
   } while (0)
 
-#define like(got, needle, ...)                                                  \
-  do {                                                                          \
-    const char *tap_g_ = (got), *tap_n_ = (needle);                             \
-    if (!ok(tap_g_ && strstr(tap_g_, tap_n_) != NULL, __VA_ARGS__))             \
-      diag("  \"%s\"\n#   does not contain \"%s\" (%s:%d)", tap_g_ ? tap_g_ : "(null)", tap_n_, \
-           __FILE__, __LINE__);                                                 \
+#define like(got, needle, ...)                                                                     \
+  do {                                                                                             \
+    const char *tap_g_ = (got), *tap_n_ = (needle);                                                \
+    if (!ok(tap_g_ && strstr(tap_g_, tap_n_) != NULL, __VA_ARGS__))                                \
+      diag("  \"%s\"\n#   does not contain \"%s\" (%s:%d)", tap_g_ ? tap_g_ : "(null)", tap_n_,    \
+           __FILE__, __LINE__);                                                                    \
   } while (0)
 
 /* One skipped check, with a reason. */

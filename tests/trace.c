@@ -46,8 +46,7 @@ int main(void) {
   is_int(t->n_events, 5, "five events");
   is_int(t->n_ids, 2, "two allocations");
   is_int(t->n_live_at_end, 1, "one still live at the end");
-  ok(t->events[0].action == GMR_TRACE_ALLOC && t->events[0].size == 1000 &&
-         t->events[0].id == 0,
+  ok(t->events[0].action == GMR_TRACE_ALLOC && t->events[0].size == 1000 && t->events[0].id == 0,
      "event 0: allocate 1000 bytes, id 0");
   ok(t->events[1].stream == 2 && t->events[1].id == 1, "event 1: stream 2, id 1");
   ok(t->events[2].action == GMR_TRACE_RECORD_STREAM && t->events[2].stream == 3 &&
@@ -62,8 +61,9 @@ int main(void) {
   remove(path);
 
   /* Reader errors name the line. */
-  parse_fails("Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x10,100,0\n0,2,free,0x20,100,0\n",
-              "t.csv:3: free of 0x20, which is not live", "a free of an unknown id");
+  parse_fails(
+      "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x10,100,0\n0,2,free,0x20,100,0\n",
+      "t.csv:3: free of 0x20, which is not live", "a free of an unknown id");
   parse_fails("0,1,allocate,0x10,100,0\n0,1,allocate,0x10,100,0\n",
               "t.csv:2: allocate of 0x10, which is still live (allocated at line 1",
               "an allocation of a live id");

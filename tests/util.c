@@ -19,10 +19,12 @@ int main(void) {
   struct {
     const char *text;
     uint64_t want;
-  } good[] = {{"4096", 4096},          {"512B", 512},           {"1KiB", 1024},
-              {"512MiB", 512ull << 20}, {"8GiB", 8ull << 30},    {"1.5GiB", 3ull << 29},
-              {"2MB", 2000000},         {"143771MiB", 143771ull << 20}, {"0x1000", 4096},
-              {" 4 GiB ", 4ull << 30},  {"20M", 20ull << 20}, {"1EiB", 1ull << 60}};
+  } good[] = {{"4096", 4096},       {"512B", 512},
+              {"1KiB", 1024},       {"512MiB", 512ull << 20},
+              {"8GiB", 8ull << 30}, {"1.5GiB", 3ull << 29},
+              {"2MB", 2000000},     {"143771MiB", 143771ull << 20},
+              {"0x1000", 4096},     {" 4 GiB ", 4ull << 30},
+              {"20M", 20ull << 20}, {"1EiB", 1ull << 60}};
   for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
     uint64_t v = 0;
     int rc = gmr__parse_size(good[i].text, &v);
@@ -47,7 +49,8 @@ int main(void) {
   /* Growable strings. */
   gmr_strbuf_t sb = {0};
   is_str(gmr__sb_str(&sb), "", "an empty builder reads as \"\"");
-  for (int i = 0; i < 1000; ++i) gmr__sb_printf(&sb, "%d,", i);
+  for (int i = 0; i < 1000; ++i)
+    gmr__sb_printf(&sb, "%d,", i);
   is_int(sb.len, 3890, "1000 numbers appended (%zu bytes)", sb.len);
   ok(strncmp(sb.data, "0,1,2,", 6) == 0 && strcmp(sb.data + sb.len - 4, "999,") == 0,
      "their text is intact");

@@ -140,7 +140,9 @@ int gmr__backend_device_sync(gmr_backend_t *be) {
   return be->ops->device_sync(be);
 }
 
-uint64_t gmr__backend_now_ns(gmr_backend_t *be) { return be->ops->now_ns(be); }
+uint64_t gmr__backend_now_ns(gmr_backend_t *be) {
+  return be->ops->now_ns(be);
+}
 
 void gmr__backend_counters_reset_peak(gmr_backend_t *be) {
   atomic_store(&be->counters.peak_reserved_bytes, atomic_load(&be->counters.reserved_bytes));
@@ -158,7 +160,9 @@ void gmr__backend_free(gmr_backend_t *be) {
 
 #ifndef GMR_HAVE_CUDA
 /* Built without the CUDA Toolkit: the simulator is the only device. */
-int gmr__cuda_available(void) { return 0; }
+int gmr__cuda_available(void) {
+  return 0;
+}
 
 int gmr__cuda_backend_new(int device, gmr_backend_t **out) {
   (void)device;

@@ -59,18 +59,18 @@ typedef struct gmr_backend_ops_s {
 
 /* Device-level counters, kept by the wrappers for every backend. */
 typedef struct gmr_backend_counters_s {
-  _Atomic uint64_t reserved_bytes;      /* reserve + map, minus release + unmap */
+  _Atomic uint64_t reserved_bytes; /* reserve + map, minus release + unmap */
   _Atomic uint64_t peak_reserved_bytes;
-  _Atomic uint64_t segments;            /* live reserve ranges */
+  _Atomic uint64_t segments; /* live reserve ranges */
   _Atomic uint64_t peak_segments;
-  _Atomic uint64_t device_allocs;       /* successful reserve + map calls */
-  _Atomic uint64_t device_frees;        /* release + unmap calls */
+  _Atomic uint64_t device_allocs; /* successful reserve + map calls */
+  _Atomic uint64_t device_frees;  /* release + unmap calls */
 } gmr_backend_counters_t;
 
 struct gmr_backend_s {
   const gmr_backend_ops_t *ops;
-  size_t granularity;     /* bytes; reserve/map sizes are multiples of it */
-  int device;             /* CUDA ordinal, 0 for the simulator */
+  size_t granularity; /* bytes; reserve/map sizes are multiples of it */
+  int device;         /* CUDA ordinal, 0 for the simulator */
   gmr_backend_counters_t counters;
   /* The runtime's memory history while it records one, else NULL: the
    * wrappers add segment entries to it.  Written by runtime.c only. */
@@ -115,8 +115,8 @@ void gmr__backend_counters_reset_peak(gmr_backend_t *be);
  * keeps no history. */
 void gmr__history_free_completed_slow(gmr_history_t *h, const void *ptr, size_t requested,
                                       gmr_stream_t s);
-static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr,
-                                               size_t requested, gmr_stream_t s) {
+static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr, size_t requested,
+                                               gmr_stream_t s) {
   for (; be != NULL; be = be->forwards_to) {
     gmr_history_t *h = atomic_load_explicit(&be->history, memory_order_relaxed);
     if (GMR_UNLIKELY(h != NULL)) {

@@ -54,13 +54,15 @@ typedef struct cuda_driver_s {
 } cuda_driver_t;
 
 typedef struct cuda_be_s {
-  gmr_backend_t base;     /* must be first */
-  int ordinal;            /* CUDA device */
-  bool vmm;               /* the driver entry points were found and VMM is supported */
+  gmr_backend_t base; /* must be first */
+  int ordinal;        /* CUDA device */
+  bool vmm;           /* the driver entry points were found and VMM is supported */
   cuda_driver_t drv;
 } cuda_be_t;
 
-static inline cuda_be_t *cuda_of(gmr_backend_t *be) { return (cuda_be_t *)be; }
+static inline cuda_be_t *cuda_of(gmr_backend_t *be) {
+  return (cuda_be_t *)be;
+}
 
 static int cuda_fail(cudaError_t e, const char *what) {
   cudaGetLastError(); /* clear the sticky-free error state */
@@ -227,7 +229,9 @@ static uint64_t cuda_now_ns(gmr_backend_t *be) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void cuda_destroy(gmr_backend_t *be) { gmr__free(be); }
+static void cuda_destroy(gmr_backend_t *be) {
+  gmr__free(be);
+}
 
 static const gmr_backend_ops_t cuda_ops = {
     .name = "cuda",

@@ -30,11 +30,11 @@
 #include "backend/backend.h"
 #include "internal.h"
 
-#define SIM_SPACE_BASE ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
-#define SIM_SPACE_SIZE ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
-#define SIM_DEFAULT_CAPACITY ((uint64_t)80 << 30)
+#define SIM_SPACE_BASE          ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
+#define SIM_SPACE_SIZE          ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
+#define SIM_DEFAULT_CAPACITY    ((uint64_t)80 << 30)
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
-#define SIM_RESERVE_ALIGN 512                         /* cudaMalloc's minimum */
+#define SIM_RESERVE_ALIGN       512 /* cudaMalloc's minimum */
 
 typedef struct sim_range_s {
   uintptr_t addr;
@@ -51,21 +51,21 @@ typedef struct sim_live_s {
 
 typedef struct sim_stream_s {
   uintptr_t id;
-  uint64_t enqueued;   /* units of work queued so far */
-  uint64_t completed;  /* units of work completed so far (<= enqueued) */
+  uint64_t enqueued;  /* units of work queued so far */
+  uint64_t completed; /* units of work completed so far (<= enqueued) */
 } sim_stream_t;
 
 typedef struct sim_event_s {
   uintptr_t stream;
-  uint64_t seq;        /* complete when the stream's completed >= seq */
+  uint64_t seq; /* complete when the stream's completed >= seq */
 } sim_event_t;
 
 struct gmr_sim_s {
-  gmr_backend_t base;        /* must be first */
+  gmr_backend_t base; /* must be first */
   pthread_mutex_t lock;
-  uint64_t capacity;         /* bytes */
+  uint64_t capacity; /* bytes */
   bool host_backed;
-  uint64_t bytes_in_use;     /* physical bytes reserved or mapped */
+  uint64_t bytes_in_use; /* physical bytes reserved or mapped */
   /* Fake address space (address-only mode): sorted free ranges. */
   sim_range_t *free_ranges;
   size_t n_free, cap_free;
@@ -76,9 +76,9 @@ struct gmr_sim_s {
   sim_stream_t *streams;
   size_t n_streams, cap_streams;
   /* Fault schedule. */
-  uint64_t fail_countdown;   /* 0: off; 1: the next reserve/map fails */
-  uint64_t fail_above;       /* 0: off */
-  uintptr_t place_next;      /* address-only: the next reserve's address if free; 0: none */
+  uint64_t fail_countdown; /* 0: off; 1: the next reserve/map fails */
+  uint64_t fail_above;     /* 0: off */
+  uintptr_t place_next;    /* address-only: the next reserve's address if free; 0: none */
   bool fail_all;
   /* Clock. */
   bool clock_fixed;
@@ -86,14 +86,17 @@ struct gmr_sim_s {
   gmr_sim_counters_t counters;
 };
 
-static inline gmr_sim_t *sim_of(gmr_backend_t *be) { return (gmr_sim_t *)be; }
+static inline gmr_sim_t *sim_of(gmr_backend_t *be) {
+  return (gmr_sim_t *)be;
+}
 
 /* ---- sorted arrays -------------------------------------------------------- */
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return true;
   size_t c = *cap ? *cap * 2 : 16;
-  while (c < need) c *= 2;
+  while (c < need)
+    c *= 2;
   void *n = gmr__realloc(*arr, c * elem);
   if (n == NULL) return false;
   *arr = n;
@@ -136,9 +139,10 @@ static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind
       return 0;
     }
   }
-  return gmr__error_set(GMR_EINVAL,
-                        "simulated device: no %s range of %zu bytes at %p to give back",
-                        kind == SIM_RESERVED ? "reserved" : kind == SIM_VA ? "virtual" : "mapped",
+  return gmr__error_set(GMR_EINVAL, "simulated device: no %s range of %zu bytes at %p to give back",
+                        kind == SIM_RESERVED ? "reserved"
+                        : kind == SIM_VA     ? "virtual"
+                                             : "mapped",
                         size, (void *)a);
 }
 
@@ -281,8 +285,8 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (above %llu)",
                           what, size, (unsigned long long)sim->fail_above);
   if (sim->fail_countdown != 0 && --sim->fail_countdown == 0)
-    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)",
-                          what, size);
+    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
+                          size);
   if (sim->bytes_in_use + size > sim->capacity || size > sim->capacity) {
     char need[32], free_[32];
     gmr__format_size(size, need, sizeof need);
@@ -305,8 +309,8 @@ static int sim_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
   if (err == 0) {
     if (sim->host_backed) {
       if (posix_memalign(&host, SIM_RESERVE_ALIGN, size) != 0)
-        err = gmr__error_set(GMR_ENOMEM, "simulated device: host memory for %zu bytes refused",
-                             size);
+        err =
+            gmr__error_set(GMR_ENOMEM, "simulated device: host memory for %zu bytes refused", size);
       a = (uintptr_t)host;
     } else {
       /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes. */
@@ -404,7 +408,8 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size) {
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.map_calls;
   int err = 0;
-  if (va_containing(sim, (uintptr_t)addr, size) == NULL || mapped_overlaps(sim, (uintptr_t)addr, size))
+  if (va_containing(sim, (uintptr_t)addr, size) == NULL ||
+      mapped_overlaps(sim, (uintptr_t)addr, size))
     err = gmr__error_set(GMR_EINVAL,
                          "simulated device: cannot map %zu bytes at %p (outside a virtual range, "
                          "or already mapped)",
@@ -464,7 +469,8 @@ static sim_stream_t *sim_stream(gmr_sim_t *sim, gmr_stream_t s) {
 static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   gmr_sim_t *sim = sim_of(be);
   sim_event_t *ev = gmr__malloc(sizeof *ev);
-  if (ev == NULL) return gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for an event");
+  if (ev == NULL)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for an event");
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.event_records;
   sim_stream_t *st = sim_stream(sim, s);
@@ -505,7 +511,9 @@ static int sim_event_sync(gmr_backend_t *be, gmr_event_t e) {
   return 0;
 }
 
-static void sim_event_destroy(gmr_backend_t *be, gmr_event_t e) { gmr__free(e); }
+static void sim_event_destroy(gmr_backend_t *be, gmr_event_t e) {
+  gmr__free(e);
+}
 
 static int sim_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
   gmr_sim_t *sim = sim_of(be);
@@ -521,7 +529,8 @@ static int sim_device_sync(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.syncs;
-  for (size_t i = 0; i < sim->n_streams; ++i) sim->streams[i].completed = sim->streams[i].enqueued;
+  for (size_t i = 0; i < sim->n_streams; ++i)
+    sim->streams[i].completed = sim->streams[i].enqueued;
   pthread_mutex_unlock(&sim->lock);
   return 0;
 }
@@ -573,8 +582,9 @@ static const gmr_backend_ops_t sim_ops = {
 int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   uint64_t granularity = opts && opts->granularity ? opts->granularity : SIM_DEFAULT_GRANULARITY;
   if (!gmr__is_pow2(granularity) || granularity < 4096)
-    return gmr__error_set(GMR_EINVAL, "simulated device: granularity %llu is not a power of two "
-                                      ">= 4096",
+    return gmr__error_set(GMR_EINVAL,
+                          "simulated device: granularity %llu is not a power of two "
+                          ">= 4096",
                           (unsigned long long)granularity);
   gmr_sim_t *sim = gmr__calloc(1, sizeof *sim);
   if (sim == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
@@ -598,8 +608,12 @@ fail_lock:
   return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
 }
 
-bool gmr__backend_is_sim(const gmr_backend_t *be) { return be->ops == &sim_ops; }
-gmr_sim_t *gmr__sim_of(gmr_backend_t *be) { return be->ops == &sim_ops ? sim_of(be) : NULL; }
+bool gmr__backend_is_sim(const gmr_backend_t *be) {
+  return be->ops == &sim_ops;
+}
+gmr_sim_t *gmr__sim_of(gmr_backend_t *be) {
+  return be->ops == &sim_ops ? sim_of(be) : NULL;
+}
 
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k) {
   pthread_mutex_lock(&sim->lock);
