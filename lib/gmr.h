@@ -87,6 +87,11 @@ GMR_EXTERN const char *gmr_config_policy_name(const gmr_config_t *cfg);
 /** Write the configuration reference (every policy, every option) as Markdown. */
 GMR_EXTERN int gmr_config_write_reference(FILE *out);
 
+/** Parse a size as configuration files write them: "4096", "512MiB", "8GiB",
+ * "1.5GiB", "2MB" (decimal), "0x1000".  @return 0, GMR_EINVAL (malformed;
+ * *out untouched) */
+GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
+
 /* ------------------------------------------------------------------------ */
 /* Runtime                                                                  */
 

@@ -166,6 +166,11 @@ int gmr__parse_size(const char *text, uint64_t *out) {
   return GMR_EINVAL;
 }
 
+int gmr_parse_size(const char *text, uint64_t *out) {
+  if (out == NULL) return GMR_EINVAL;
+  return gmr__parse_size(text, out);
+}
+
 void gmr__format_size(uint64_t bytes, char *buf, size_t len) {
   static const char *const names[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   if (bytes < 1024) {

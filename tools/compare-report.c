@@ -25,42 +25,6 @@ void compare_format_bytes(uint64_t bytes, char *buf, size_t len) {
   snprintf(buf, len, "%.2f %s", v, units[u]);
 }
 
-int compare_parse_size(const char *text, uint64_t *out) {
-  static const struct {
-    const char *unit;
-    double mult;
-  } units[] = {
-      {"", 1.0},
-      {"B", 1.0},
-      {"KiB", 1024.0},
-      {"MiB", 1048576.0},
-      {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0},
-      {"K", 1024.0},
-      {"M", 1048576.0},
-      {"G", 1073741824.0},
-      {"T", 1099511627776.0},
-      {"KB", 1e3},
-      {"MB", 1e6},
-      {"GB", 1e9},
-      {"TB", 1e12},
-  };
-  if (text == NULL || !isdigit((unsigned char)text[0])) return -1;
-  char *end;
-  double v = strtod(text, &end);
-  if (end == text || !(v >= 0) || isinf(v)) return -1;
-  while (isspace((unsigned char)*end))
-    ++end;
-  for (size_t i = 0; i < sizeof units / sizeof units[0]; ++i) {
-    if (strcmp(end, units[i].unit) != 0) continue;
-    double bytes = v * units[i].mult;
-    if (bytes >= 18446744073709551616.0 || bytes != floor(bytes)) return -1;
-    *out = (uint64_t)bytes;
-    return 0;
-  }
-  return -1;
-}
-
 void compare_json_string(FILE *out, const char *s) {
   fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)s; *p; ++p) {

@@ -358,7 +358,7 @@ int main(int argc, char **argv) {
       if (i + 1 >= argc) return cmp_usage_error("%s needs a value", a);
       const char *v = argv[++i];
       if (a[2] == 'c') {
-        if (compare_parse_size(v, &o.capacity) != 0 || o.capacity < ((uint64_t)2 << 20))
+        if (gmr_parse_size(v, &o.capacity) != 0 || o.capacity < ((uint64_t)2 << 20))
           return cmp_usage_error("--capacity: '%s' is not a size of at least 2MiB (e.g. 80GiB, "
                                  "143771MiB)",
                                  v);
