@@ -19,13 +19,30 @@ void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
       st->reserved_bytes > st->active_bytes ? st->reserved_bytes - st->active_bytes : 0;
 }
 
-#define COMMON_FIELDS(X)                                                                           \
-  X(reserved_bytes)                                                                                \
-  X(peak_reserved_bytes) X(allocated_bytes) X(peak_allocated_bytes) X(requested_bytes)             \
-      X(peak_requested_bytes) X(active_bytes) X(peak_active_bytes) X(segments) X(peak_segments)    \
-          X(allocations) X(peak_allocations) X(num_allocs) X(num_frees) X(device_allocs)           \
-              X(device_frees) X(ooms) X(alloc_retries) X(largest_free_block) X(free_cached_bytes)  \
-                  X(limit_bytes)
+/* clang-format off: one field per line, in the order of gmr_stats_t */
+#define COMMON_FIELDS(X) \
+  X(reserved_bytes) \
+  X(peak_reserved_bytes) \
+  X(allocated_bytes) \
+  X(peak_allocated_bytes) \
+  X(requested_bytes) \
+  X(peak_requested_bytes) \
+  X(active_bytes) \
+  X(peak_active_bytes) \
+  X(segments) \
+  X(peak_segments) \
+  X(allocations) \
+  X(peak_allocations) \
+  X(num_allocs) \
+  X(num_frees) \
+  X(device_allocs) \
+  X(device_frees) \
+  X(ooms) \
+  X(alloc_retries) \
+  X(largest_free_block) \
+  X(free_cached_bytes) \
+  X(limit_bytes)
+/* clang-format on */
 
 int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud) {
 #define EMIT(f)                                                                                    \
