@@ -19,7 +19,8 @@ void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
       st->reserved_bytes > st->active_bytes ? st->reserved_bytes - st->active_bytes : 0;
 }
 
-/* clang-format off: one field per line, in the order of gmr_stats_t */
+/* One field per line, in the order of gmr_stats_t. */
+// clang-format off
 #define COMMON_FIELDS(X) \
   X(reserved_bytes) \
   X(peak_reserved_bytes) \
@@ -42,7 +43,7 @@ void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
   X(largest_free_block) \
   X(free_cached_bytes) \
   X(limit_bytes)
-/* clang-format on */
+// clang-format on
 
 int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud) {
 #define EMIT(f)                                                                                    \
