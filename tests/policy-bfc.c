@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "gmr.h"
+#include "sim-runtime.h"
 #include "tap.h"
 
 #define KiB (1ull << 10)
@@ -24,17 +25,7 @@ static const char *const env_vars[] = {
     "XLA_CLIENT_MEM_FRACTION",       NULL};
 
 static gmr_runtime_t *make_opts(const char *yaml, uint64_t capacity, int host_backed) {
-  gmr_config_t *cfg;
-  gmr_error_t err;
-  if (gmr_config_load_string(yaml, &cfg, &err) != 0) {
-    diag("config: %s", err.message);
-    return NULL;
-  }
-  gmr_runtime_t *rt = NULL;
-  gmr_sim_options_t o = {.capacity = capacity, .host_backed = host_backed};
-  if (gmr_runtime_new_sim(cfg, &o, &rt) != 0) diag("runtime: %s", gmr_last_error(NULL));
-  gmr_config_free(cfg);
-  return rt;
+  return sim_runtime(yaml, capacity, host_backed);
 }
 
 /* A bfc runtime on an 80 GiB simulated device; `extra` adds option lines. */
@@ -353,12 +344,7 @@ static int64_t count_lines(const char *text, const char *prefix) {
 }
 
 static char *summary_text(gmr_runtime_t *rt) {
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  gmr_summary(rt, f);
-  fclose(f);
-  return buf;
+  return summary_string(rt);
 }
 
 static void test_bin_debug_info(void) {

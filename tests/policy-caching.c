@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "gmr.h"
+#include "sim-runtime.h"
 #include "tap.h"
 
 /* From lib/util.c (this test links the library statically). */
@@ -24,19 +25,7 @@ void gmr__host_fail_nth(uint64_t k);
 #define S(n) GMR_SIM_STREAM(n)
 
 static gmr_runtime_t *make_rt(const char *yaml, uint64_t capacity) {
-  gmr_config_t *cfg = NULL;
-  gmr_error_t err;
-  memset(&err, 0, sizeof err);
-  if (gmr_config_load_string(yaml, &cfg, &err) != 0) {
-    diag("config: %s", err.message);
-    return NULL;
-  }
-  gmr_sim_options_t o = {.capacity = capacity};
-  gmr_runtime_t *rt = NULL;
-  int rc = gmr_runtime_new_sim(cfg, &o, &rt);
-  gmr_config_free(cfg);
-  if (rc != 0) diag("runtime: %s", gmr_strerror(rc));
-  return rt;
+  return sim_runtime(yaml, capacity, 0);
 }
 
 static gmr_runtime_t *fresh(void) {
@@ -73,12 +62,7 @@ static gmr_sim_counters_t counters(gmr_runtime_t *rt) {
 }
 
 static char *summary_of(gmr_runtime_t *rt) {
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  gmr_summary(rt, f);
-  fclose(f);
-  return buf;
+  return summary_string(rt);
 }
 
 static const char summary_one_byte[] =

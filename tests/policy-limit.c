@@ -4,22 +4,13 @@
 #include <string.h>
 
 #include "gmr.h"
+#include "sim-runtime.h"
 #include "tap.h"
 
 #define MiB (1ull << 20)
 
 static gmr_runtime_t *make(const char *yaml, uint64_t capacity) {
-  gmr_config_t *cfg;
-  gmr_error_t err;
-  if (gmr_config_load_string(yaml, &cfg, &err) != 0) {
-    diag("%s", err.message);
-    return NULL;
-  }
-  gmr_runtime_t *rt = NULL;
-  gmr_sim_options_t o = {.capacity = capacity};
-  gmr_runtime_new_sim(cfg, &o, &rt);
-  gmr_config_free(cfg);
-  return rt;
+  return sim_runtime(yaml, capacity, 0);
 }
 
 int main(void) {

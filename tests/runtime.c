@@ -8,22 +8,13 @@
 #include <string.h>
 
 #include "gmr.h"
+#include "sim-runtime.h"
 #include "tap.h"
 
 #define MiB (1ull << 20)
 
 static gmr_runtime_t *new_rt(const char *yaml) {
-  gmr_config_t *cfg;
-  gmr_error_t err;
-  if (gmr_config_load_string(yaml, &cfg, &err) != 0) {
-    diag("config: %s", err.message);
-    return NULL;
-  }
-  gmr_runtime_t *rt = NULL;
-  gmr_sim_options_t o = {.capacity = 1ull << 30};
-  int rc = gmr_runtime_new_sim(cfg, &o, &rt);
-  gmr_config_free(cfg);
-  return rc == 0 ? rt : NULL;
+  return sim_runtime(yaml, 1ull << 30, 0);
 }
 
 static int logged;
