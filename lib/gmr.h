@@ -140,6 +140,12 @@ GMR_EXTERN int gmr_empty_cache(gmr_runtime_t *rt);
  * every charge.  @return 0, GMR_ENOMEM (the limit would be passed; nothing is
  * counted, and gmr_last_error says so), GMR_EINVAL */
 GMR_EXTERN int gmr_charge(gmr_runtime_t *rt, int64_t bytes);
+/** Declare that one thread makes every call on this runtime (exclusive != 0),
+ * as a trace replay does, or that this no longer holds (0).  Policies then
+ * never wait for frees from other threads: TensorFlow's BFC retry fails at
+ * once instead of waiting its retry_timeout, with the same result, since no
+ * other thread can free anything meanwhile.  gmr_replay sets it. */
+GMR_EXTERN void gmr_runtime_set_exclusive(gmr_runtime_t *rt, int exclusive);
 /** The requested and the policy-rounded size of a live allocation. */
 GMR_EXTERN int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested,
                               size_t *out_allocated);

@@ -369,6 +369,7 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
   gmr_backend_t *be = gmr__runtime_backend(rt);
   uint64_t best = 0;
   gmr_stats(rt, &r.at_peak);
+  gmr_runtime_set_exclusive(rt, 1); /* this thread makes every call */
   double t0 = now_seconds();
   size_t i = 0;
   for (; i < t->n_events; ++i) {

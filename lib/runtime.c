@@ -514,6 +514,13 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   return 0;
 }
 
+void gmr_runtime_set_exclusive(gmr_runtime_t *rt, int exclusive) {
+  if (rt == NULL || rt->policy->ops->set_exclusive == NULL) return;
+  if (rt->serialize) gmr__lock(&rt->lock);
+  rt->policy->ops->set_exclusive(rt->policy, exclusive);
+  if (rt->serialize) gmr__unlock(&rt->lock);
+}
+
 int gmr_charge(gmr_runtime_t *rt, int64_t bytes) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_charge: the runtime is NULL");
   if (bytes == 0 || rt->policy->ops->charge == NULL) return 0;

@@ -122,6 +122,7 @@ typedef struct bfc_s {
   size_t max_frag;               /* split when the waste would be at least this, bytes */
   bool gc, retry, coalesce, vmm; /* garbage_collection, allow_retry, coalescing, VMM */
   uint64_t retry_ns;             /* wait for frees, nanoseconds */
+  bool exclusive;                /* one thread makes every call: waiting is pointless */
   uintptr_t va_base;             /* VMM: the reserved virtual range */
   size_t va_size;                /* VMM: bytes of it */
 
@@ -820,7 +821,8 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   if (c == NULL && err == 0 && b->retry) {
     /* AllocatorRetry: wait for frees until the deadline, then a last try. */
     ++b->retries;
-    uint64_t deadline = bfc_now_ns() + b->retry_ns;
+    /* With one caller nothing is freed meanwhile: the last try comes at once. */
+    uint64_t deadline = b->exclusive ? 0 : bfc_now_ns() + b->retry_ns;
     for (;;) {
       uint64_t now = bfc_now_ns();
       if (now >= deadline) {
@@ -864,13 +866,20 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
                "waiting %.3f s for memory to be freed",
-               b->name, h, rounded, (double)b->retry_ns / 1e9);
+               b->name, h, rounded, b->exclusive ? 0.0 : (double)b->retry_ns / 1e9);
     else
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s with freed_by_count=0.",
                b->name, h);
   }
   return c != NULL ? 0 : err;
+}
+
+static void bfc_set_exclusive(gmr_policy_t *self, int exclusive) {
+  bfc_t *b = (bfc_t *)self;
+  pthread_mutex_lock(&b->lock);
+  b->exclusive = exclusive != 0;
+  pthread_mutex_unlock(&b->lock);
 }
 
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
@@ -1446,6 +1455,7 @@ const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .destroy = bfc_destroy,
     .alloc = bfc_alloc,
     .free = bfc_free,
+    .set_exclusive = bfc_set_exclusive,
     .trim = bfc_trim,
     .stats = bfc_stats,
     .reset_peak = bfc_reset_peak,

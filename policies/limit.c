@@ -452,6 +452,14 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
   return 0;
 }
 
+static void limit_set_exclusive(gmr_policy_t *self, int exclusive) {
+  limit_t *l = (limit_t *)self;
+  if (self->upstream->ops->set_exclusive == NULL) return;
+  up_lock(l);
+  self->upstream->ops->set_exclusive(self->upstream, exclusive);
+  up_unlock(l);
+}
+
 static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
   limit_t *l = (limit_t *)self;
   if (self->upstream->ops->record_stream == NULL) return 0;
@@ -606,6 +614,7 @@ const gmr_policy_ops_t gmr_limit_policy_ops = {
     .record_stream = limit_record_stream,
     .trim = limit_trim,
     .charge = limit_charge,
+    .set_exclusive = limit_set_exclusive,
     .stats = limit_stats,
     .reset_peak = limit_reset_peak,
     .reset_accumulated = limit_reset_accumulated,

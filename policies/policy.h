@@ -67,6 +67,11 @@ typedef struct gmr_policy_ops_s {
    * give them back) against what the policy enforces; GMR_ENOMEM when that
    * would pass a cap, and then nothing is counted.  NULL: nothing to enforce. */
   int (*charge)(gmr_policy_t *self, int64_t bytes);
+  /* One thread makes every call from now on (exclusive != 0): nothing can be
+   * freed while a call waits, so a policy must not wait for other threads'
+   * frees (BFC's retry).  Decorators pass it on.  NULL: the policy never
+   * waits. */
+  void (*set_exclusive)(gmr_policy_t *self, int exclusive);
   /* Fill the allocation-level fields of gmr_stats_t; the runtime fills the
    * device-level ones (reserved, segments, device_allocs/frees) from the
    * backend counters unless the policy already set them. */

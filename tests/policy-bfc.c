@@ -183,6 +183,24 @@ static void test_no_dups(void) {
   gmr_runtime_free(rt);
 }
 
+/* gmr_runtime_set_exclusive: with one caller nothing is freed during a wait,
+ * so the retry's last try comes at once, with the same result and report. */
+static void test_exclusive_skips_the_wait(void) {
+  gmr_runtime_t *rt = make("  memory_limit: 1GiB\n  retry_timeout: 2s\n");
+  void *big = (void *)1;
+  gmr_runtime_set_exclusive(rt, 1);
+  double t0 = now_s();
+  int err = gmr_alloc(rt, (size_t)GiB + 1, NULL, &big);
+  double waited = now_s() - t0;
+  is_int(err, GMR_ENOMEM, "exclusive: (1<<30)+1 bytes fail");
+  ok(waited < 1.0, "  without waiting the 2 s retry timeout (%.3f s)", waited);
+  like(gmr_last_error(rt), "ran out of memory trying to allocate 1.00GiB", "  with TF's banner");
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.alloc_retries, 1, "  one retry counted, as when waiting");
+  gmr_runtime_free(rt);
+}
+
 static void test_allocations_and_deallocations(void) {
   gmr_runtime_t *rt = make("  memory_limit: 1GiB\n  retry_timeout: 100ms\n");
   static void *p[510];
@@ -1094,6 +1112,7 @@ int main(void) {
   test_failure_log_limit();
   test_no_dups();
   test_allocations_and_deallocations();
+  test_exclusive_skips_the_wait();
   test_exercise_coalescing();
   test_zero_and_sizes();
   test_custom_memory_limit();

@@ -50,10 +50,6 @@ typedef struct suggest_s {
   size_t rejected;         /* candidates the policy refused to load */
   char first_reject[1400]; /* why the first one was refused */
   const gmr_trace_data_t *t;
-  /* A line added to every candidate for the replay only, not to the YAML
-   * printed: "retry_timeout: 0" for bfc, whose OOM path waits for frees from
-   * other threads, which a one-thread replay never has. */
-  char replay_extra[64];
   compare_opts_t o; /* progress off: the search draws its own */
   int progress;
 } suggest_t;
@@ -126,10 +122,9 @@ static int suggest_space(suggest_t *s) {
   return -1;
 }
 
-/* The YAML of a candidate; `replay` adds the lines that only the replay
- * needs (s->replay_extra). */
-static char *suggest_yaml(const suggest_t *s, const int *pick, int replay) {
-  size_t cap = 256 + (replay ? strlen(s->replay_extra) + 8 : 0);
+/* The YAML of a candidate. */
+static char *suggest_yaml(const suggest_t *s, const int *pick) {
+  size_t cap = 256;
   for (int d = 0; d < s->n_dims; ++d)
     cap += strlen(s->dims[d].values[pick[d]]) + 8;
   char *y = malloc(cap);
@@ -144,7 +139,6 @@ static char *suggest_yaml(const suggest_t *s, const int *pick, int replay) {
       v += n + (nl != NULL);
     }
   }
-  if (replay && s->replay_extra[0]) snprintf(y + off, cap - off, "  %s\n", s->replay_extra);
   return y;
 }
 
@@ -157,10 +151,8 @@ static int suggest_changed(const suggest_t *s, const int *pick) {
 
 /* Load and replay one candidate into `run` (name and source set by the caller). */
 static int suggest_run(suggest_t *s, const int *pick, compare_run_t *run, int detail) {
-  run->yaml = suggest_yaml(s, pick, 0);
-  char *replayed = suggest_yaml(s, pick, 1);
-  if (run->yaml == NULL || replayed == NULL) {
-    free(replayed);
+  run->yaml = suggest_yaml(s, pick);
+  if (run->yaml == NULL) {
     run->status = COMPARE_ERUNTIME;
     snprintf(run->error, sizeof run->error, "out of host memory");
     return -1;
@@ -168,9 +160,7 @@ static int suggest_run(suggest_t *s, const int *pick, compare_run_t *run, int de
   gmr_config_t *cfg = NULL;
   gmr_error_t err;
   memset(&err, 0, sizeof err);
-  int loaded = gmr_config_load_string(replayed, &cfg, &err);
-  free(replayed);
-  if (loaded != 0) {
+  if (gmr_config_load_string(run->yaml, &cfg, &err) != 0) {
     run->status = COMPARE_ELOAD;
     snprintf(run->error, sizeof run->error, "%s", err.message);
     return -1;
@@ -282,13 +272,6 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
     return -1;
   }
   gmr_config_free(cfg);
-  if (strcmp(policy, "bfc") == 0) {
-    cfg = NULL;
-    snprintf(yaml, sizeof yaml, "policy:\n  name: bfc\n  retry_timeout: 0\n");
-    if (gmr_config_load_string(yaml, &cfg, &err) == 0)
-      snprintf(s.replay_extra, sizeof s.replay_extra, "retry_timeout: 0");
-    gmr_config_free(cfg);
-  }
   s.evals = calloc(SUGGEST_MAX_EVALS, sizeof *s.evals);
   if (s.evals == NULL) return -1;
 
