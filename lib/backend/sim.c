@@ -173,35 +173,42 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
 
 /* ---- the fake address space (first fit, merged free list) ---------------- */
 
+/* Remove [a, a+size) from free range i, which holds it: what remains before
+ * and after it stays free (two ranges when both sides remain). */
+static int space_carve(gmr_sim_t *sim, size_t i, uintptr_t a, size_t size) {
+  sim_range_t *r = &sim->free_ranges[i];
+  uintptr_t end = r->addr + r->size, tail = a + size;
+  if (a > r->addr && tail < end) {
+    if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
+              sizeof *sim->free_ranges))
+      return GMR_ENOMEM;
+    r = &sim->free_ranges[i];
+    memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
+            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+    sim->free_ranges[i + 1] = (sim_range_t){tail, end - tail};
+    ++sim->n_free;
+    r->size = a - r->addr;
+  } else if (a > r->addr) {
+    r->size = a - r->addr;
+  } else if (tail < end) {
+    r->addr = tail;
+    r->size = end - tail;
+  } else {
+    memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
+            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
+    --sim->n_free;
+  }
+  return 0;
+}
+
+/* First fit: the lowest free range that holds `size` bytes at `align`. */
 static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
   for (size_t i = 0; i < sim->n_free; ++i) {
     sim_range_t *r = &sim->free_ranges[i];
     if (r->size < size) continue; /* cheap test first: most ranges are too small */
     uintptr_t start = (r->addr + align - 1) / align * align;
     if (start + size > r->addr + r->size || start < r->addr) continue;
-    uintptr_t tail = start + size, end = r->addr + r->size;
-    if (start > r->addr) {
-      /* keep the aligned-away head; add the tail after it if any */
-      sim_range_t head = {r->addr, start - r->addr};
-      if (tail < end) {
-        if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
-                  sizeof *sim->free_ranges))
-          return GMR_ENOMEM;
-        r = &sim->free_ranges[i];
-        memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
-                (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-        sim->free_ranges[i + 1] = (sim_range_t){tail, end - tail};
-        ++sim->n_free;
-      }
-      *r = head;
-    } else if (tail < end) {
-      r->addr = tail;
-      r->size = end - tail;
-    } else {
-      memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
-              (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-      --sim->n_free;
-    }
+    if (space_carve(sim, i, start, size) != 0) return GMR_ENOMEM;
     *out = start;
     return 0;
   }
@@ -213,28 +220,7 @@ static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
   for (size_t i = 0; i < sim->n_free; ++i) {
     sim_range_t *r = &sim->free_ranges[i];
     if (a < r->addr || a + size > r->addr + r->size) continue;
-    uintptr_t end = r->addr + r->size;
-    if (a > r->addr && a + size < end) {
-      if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
-                sizeof *sim->free_ranges))
-        return GMR_ENOMEM;
-      r = &sim->free_ranges[i];
-      memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
-              (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-      sim->free_ranges[i + 1] = (sim_range_t){a + size, end - a - size};
-      ++sim->n_free;
-      r->size = a - r->addr;
-    } else if (a > r->addr) {
-      r->size = a - r->addr;
-    } else if (a + size < end) {
-      r->addr = a + size;
-      r->size = end - a - size;
-    } else {
-      memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
-              (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-      --sim->n_free;
-    }
-    return 0;
+    return space_carve(sim, i, a, size);
   }
   return GMR_ENOMEM;
 }
