@@ -16,6 +16,7 @@
 
 #include "gmr.h"
 #include "gmr_replay.h"
+#include "sim-runtime.h"
 #include "tap.h"
 
 #define H200_BYTES ((uint64_t)143771 << 20)
@@ -65,19 +66,7 @@ static const figure_t *figure(const char *trace, const char *conf) {
 }
 
 static gmr_runtime_t *runtime_for(const char *config_file) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/config/%s", tap_srcdir(), config_file);
-  gmr_config_t *cfg = NULL;
-  gmr_error_t err;
-  if (gmr_config_load_file(path, &cfg, &err) != 0) {
-    diag("%s", err.message);
-    return NULL;
-  }
-  gmr_sim_options_t o = {.capacity = H200_BYTES};
-  gmr_runtime_t *rt = NULL;
-  if (gmr_runtime_new_sim(cfg, &o, &rt) != 0) diag("runtime creation failed");
-  gmr_config_free(cfg);
-  return rt;
+  return sim_runtime_file(config_file, H200_BYTES);
 }
 
 static int64_t st(gmr_runtime_t *rt, const char *key) {
