@@ -42,7 +42,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "lock.h"
+#include "core/lock.h"
 #include "policy.h"
 
 typedef struct limit_opts_s {

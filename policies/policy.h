@@ -7,7 +7,7 @@
  * table and one tests/policy-NAME.c: nothing else changes.
  *
  * Rules:
- *  1. Ops are called only through the runtime (lib/runtime.c), which owns the
+ *  1. Ops are called only through the runtime (lib/core/runtime.c), which owns the
  *     pointer -> block map and passes the block back at free time.
  *  2. `self` comes first; out-parameters come last and are never NULL.
  *  3. A NULL slot means "unsupported"; only the runtime tests for it.
@@ -23,7 +23,7 @@
 #define GMR_POLICY_H
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 
 typedef struct gmr_policy_s gmr_policy_t;
 typedef struct gmr_policy_cfg_s gmr_policy_cfg_t;

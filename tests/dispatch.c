@@ -1,4 +1,4 @@
-/* dispatch.c: tests of the dispatcher's hot paths (lib/runtime.c).
+/* dispatch.c: tests of the dispatcher's hot paths (lib/core/runtime.c).
  *
  * What gmr_alloc and gmr_free promise whatever the policy: argument checks
  * with their exact errors and out-parameters untouched; double frees and
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 
 #include "gmr.h"
-#include "internal.h"
-#include "runtime.h"
+#include "core/internal.h"
+#include "core/runtime.h"
 #include "tap.h"
 
 static gmr_runtime_t *new_runtime(const char *yaml) {

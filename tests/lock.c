@@ -1,4 +1,4 @@
-/* lock.c: tests of gmr_lock_t (lib/lock.h), the hot-path mutex.
+/* lock.c: tests of gmr_lock_t (lib/core/lock.h), the hot-path mutex.
  *
  * Mutual exclusion under contention (an unprotected read-modify-write would
  * lose increments), the sleeping path (a waiter that outlasts its spin
@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "lock.h"
+#include "core/lock.h"
 #include "tap.h"
 
 #define WORKERS 4

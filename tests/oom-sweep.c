@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "gmr.h"
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 static const char *const stacks[] = {

@@ -17,7 +17,7 @@
 #include "sim-runtime.h"
 #include "tap.h"
 
-/* From lib/util.c (this test links the library statically). */
+/* From lib/core/util.c (this test links the library statically). */
 void gmr__host_fail_nth(uint64_t k);
 
 #define MiB  ((size_t)1 << 20)

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 #define MiB (1ull << 20)

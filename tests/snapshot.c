@@ -16,11 +16,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h" /* the hook test builds a configuration around its own policy */
+#include "core/config.h" /* the hook test builds a configuration around its own policy */
 #include "gmr.h"
-#include "history.h"
+#include "observe/history.h"
 #include "policy.h"
-#include "runtime.h"
+#include "core/runtime.h"
 #include "tap.h"
 
 #define MiB  ((size_t)1 << 20)

@@ -1,6 +1,6 @@
 #!/bin/sh
 # torch-oom.sh: gmr_torch_alloc raises torch's c10::OutOfMemoryError through
-# the C++ ABI (lib/hooks.c), checked against a stand-in libc10 built here
+# the C++ ABI (lib/adapters/hooks.c), checked against a stand-in libc10 built here
 # from tests/fixtures/torch-oom with the C++ compiler.  Skips without one.
 set -u
 src=${GMR_SRCDIR:-.}

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "tap.h"
 
 int main(void) {

@@ -38,7 +38,7 @@
 #include <time.h>
 
 #include "gmr.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #ifdef GMR_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -34,8 +34,8 @@
 
 #include "backend/backend.h"
 #include "gmr.h"
-#include "internal.h"
-#include "runtime.h"
+#include "core/internal.h"
+#include "core/runtime.h"
 
 #define MiB (1024.0 * 1024.0)
 

@@ -14,10 +14,10 @@
  * so another thread cannot record a reuse of the range before its release.
  * With no history, each wrapper pays one load and one predictable branch.
  */
-#include "internal.h"
+#include "core/internal.h"
 
 #include "backend/backend.h"
-#include "history.h"
+#include "observe/history.h"
 
 static inline gmr_history_t *history_of(gmr_backend_t *be) {
   return atomic_load_explicit(&be->history, memory_order_relaxed);

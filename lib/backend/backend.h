@@ -26,7 +26,7 @@
 #include <stdbool.h>
 
 #include "gmr.h"
-#include "internal.h"
+#include "core/internal.h"
 
 typedef struct gmr_backend_s gmr_backend_t;
 typedef struct gmr_history_s gmr_history_t; /* history.h */

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 
 typedef CUresult (*pfn_cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
                                             unsigned long long);

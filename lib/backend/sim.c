@@ -28,7 +28,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define SIM_SPACE_BASE          ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
 #define SIM_SPACE_SIZE          ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */

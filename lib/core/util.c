@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/internal.h"
 
 /* ---- host memory ---------------------------------------------------------
  * host_fail_countdown: 0 = disarmed; k = the k-th next allocation fails. */

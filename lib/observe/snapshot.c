@@ -28,9 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "history.h"
-#include "internal.h"
-#include "runtime.h"
+#include "observe/history.h"
+#include "core/internal.h"
+#include "core/runtime.h"
 
 /* ---- the pickle writer ------------------------------------------------------ */
 

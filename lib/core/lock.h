@@ -36,7 +36,7 @@
 
 #include <stdint.h>
 
-#include "internal.h"
+#include "core/internal.h"
 
 #if defined(__linux__)
 #define GMR_LOCK_FUTEX 1

@@ -18,8 +18,8 @@
 #include <time.h>
 
 #include "gmr_replay.h"
-#include "internal.h"
-#include "runtime.h"
+#include "core/internal.h"
+#include "core/runtime.h"
 
 /* ---- live pointer -> id map (open addressing, backward-shift deletion) ---- */
 

@@ -19,8 +19,8 @@
 #include <string.h>
 #include <yaml.h>
 
-#include "config.h"
-#include "internal.h"
+#include "core/config.h"
+#include "core/internal.h"
 #include "policy.h"
 
 /* ---- the device section's table ---------------------------------------- */

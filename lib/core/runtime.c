@@ -33,13 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "history.h"
-#include "internal.h"
-#include "lock.h"
+#include "core/config.h"
+#include "observe/history.h"
+#include "core/internal.h"
+#include "core/lock.h"
 #include "policy.h"
-#include "runtime.h"
-#include "trace.h"
+#include "core/runtime.h"
+#include "observe/trace.h"
 
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */

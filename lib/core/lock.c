@@ -2,7 +2,7 @@
  * sleeping on the futex, and waking one sleeper.  The fast paths are inline
  * in lock.h.
  */
-#include "lock.h"
+#include "core/lock.h"
 
 #ifdef GMR_LOCK_FUTEX
 #include <linux/futex.h>

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
-#include "trace.h"
+#include "core/internal.h"
+#include "observe/trace.h"
 
 struct gmr_trace_s {
   FILE *file;

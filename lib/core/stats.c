@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "internal.h"
-#include "runtime.h"
+#include "core/internal.h"
+#include "core/runtime.h"
 
 void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
   st->reserved_bytes = atomic_load(&be->counters.reserved_bytes);

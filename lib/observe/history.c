@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "history.h"
+#include "observe/history.h"
 
 #define HISTORY_FIRST_CAP 1024 /* entries */
 

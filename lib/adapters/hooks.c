@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "gmr_hooks.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define HOOKS_MAX_DEVICES 64
 
@@ -180,7 +180,7 @@ static void hooks_abi_load(void) {
 static void hooks_torch_throw(const char *msg) {
   pthread_once(&hooks_abi_once, hooks_abi_load);
   const hooks_torch_abi_t *a = &hooks_abi;
-  hooks_srcloc_t loc = {"gmr_torch_alloc", "lib/hooks.c", (uint32_t)__LINE__};
+  hooks_srcloc_t loc = {"gmr_torch_alloc", "lib/adapters/hooks.c", (uint32_t)__LINE__};
   if (a->full) {
     size_t n = strlen(msg);
     hooks_cxxstring_t s;

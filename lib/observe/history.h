@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 
 typedef enum gmr_hist_action_e {
   GMR_HIST_ALLOC = 0,
