@@ -30,9 +30,16 @@ extern "C" {
 #define GMR_EXTERN
 #endif
 
+/* The version: configure.ac reads it from these three lines, the Python
+ * package and the Debian packages follow it.  gmr_version() gives the
+ * library's at run time, which may differ from the header's a program was
+ * built with. */
 #define GMR_VERSION_MAJOR 0
 #define GMR_VERSION_MINOR 1
 #define GMR_VERSION_PATCH 0
+
+/** The library's version, "MAJOR.MINOR.PATCH" (never NULL). */
+GMR_EXTERN const char *gmr_version(void);
 
 /* Error codes: X(name, value, message).  Functions return -value. */
 #define GMR_ERRNO_MAP(X)                                                                           \
@@ -84,6 +91,18 @@ GMR_EXTERN int gmr_config_load_string(const char *yaml, gmr_config_t **out, gmr_
 GMR_EXTERN void gmr_config_free(gmr_config_t *cfg);
 /** The name of the outermost policy of a configuration ("caching", "limit"...). */
 GMR_EXTERN const char *gmr_config_policy_name(const gmr_config_t *cfg);
+/** Find a configuration by file or by name, as the tools take them.
+ * A `name` that contains a '/' or names an existing file is that file.
+ * Otherwise NAME, then NAME.yaml, is looked for in ./config (a source tree)
+ * and then in the installed configurations (the package data directory,
+ * e.g. /usr/share/gmr): "pytorch" finds config/pytorch.yaml, else
+ * /usr/share/gmr/pytorch.yaml.  The path is written to `out` (`len` bytes,
+ * NUL-terminated); gmr_config_dir() names the installed directory.
+ * @return 0, GMR_EINVAL (NULL or empty name, NULL out, or the path does not
+ *         fit in `len`; *out untouched), GMR_EIO (found nowhere) */
+GMR_EXTERN int gmr_config_find(const char *name, char *out, size_t len);
+/** The directory of the installed configurations (never NULL). */
+GMR_EXTERN const char *gmr_config_dir(void);
 /** Write the configuration reference (every policy, every option) as Markdown. */
 GMR_EXTERN int gmr_config_write_reference(FILE *out);
 
