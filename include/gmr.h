@@ -120,9 +120,14 @@ GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
  * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EDEVICE, GMR_ECONFIG */
 GMR_EXTERN int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out);
 
+/** The memory of a simulated device unless a configuration (device:
+ * capacity) or a tool (--capacity) says otherwise: 143771 MiB, what CUDA
+ * reports for an NVIDIA H200.  Every tool uses this default. */
+#define GMR_SIM_DEFAULT_CAPACITY ((uint64_t)143771 << 20)
+
 /** Options of a simulated device, for tools and tests that force one. */
 typedef struct gmr_sim_options_s {
-  uint64_t capacity;    /* bytes of device memory; 0: 80 GiB */
+  uint64_t capacity;    /* bytes of device memory; 0: GMR_SIM_DEFAULT_CAPACITY */
   uint64_t granularity; /* reservation granularity in bytes; 0: 2 MiB */
   int host_backed;      /* 1: real host memory behind every range */
 } gmr_sim_options_t;

@@ -97,7 +97,9 @@ function help_paragraph(    i, all_indented, term, desc, l, m, first) {
   }
   if (para[1] ~ /^Exit status:/) {
     print ".SH \"EXIT STATUS\""
+    cur_section = "EXIT STATUS"
     sub(/^Exit status: */, "", para[1])
+    para[1] = toupper(substr(para[1], 1, 1)) substr(para[1], 2)
     for (i = 1; i <= np; ++i) if (trim(para[i]) != "") line(esc(para[i]))
     np = 0
     return
@@ -130,7 +132,9 @@ function help_paragraph(    i, all_indented, term, desc, l, m, first) {
   }
   all_indented = 1
   for (i = first; i <= np; ++i) if (para[i] !~ /^    /) all_indented = 0
-  if (first == 1) section_once("DESCRIPTION")
+  # Text before the options describes the tool; text after them is notes.
+  if (first == 1)
+    section_once(cur_section == "" || cur_section == "DESCRIPTION" ? "DESCRIPTION" : "NOTES")
   if (all_indented) {
     print ".PP"
     print ".RS 4"

@@ -32,7 +32,7 @@
 
 #define SIM_SPACE_BASE          ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
 #define SIM_SPACE_SIZE          ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
-#define SIM_DEFAULT_CAPACITY    ((uint64_t)80 << 30)
+#define SIM_DEFAULT_CAPACITY    GMR_SIM_DEFAULT_CAPACITY
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
 #define SIM_RESERVE_ALIGN       512 /* cudaMalloc's minimum */
 

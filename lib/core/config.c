@@ -2,7 +2,7 @@
  *
  * A configuration picks the device, the policy stack and its options:
  *
- *   device:   {backend: auto|sim|cuda, capacity: 141GiB, granularity: 2MiB,
+ *   device:   {backend: auto|sim|cuda, capacity: 143771MiB, granularity: 2MiB,
  *              host_backed: false}                       (optional)
  *   policy:   {name: caching, <options of caching>}      (required)
  *   limit:    {bytes: 8GiB} or {fraction: 0.5}           (optional: wraps policy)
@@ -38,7 +38,7 @@ static const gmr_opt_desc_t device_opts_desc[] = {
      .type = GMR_OPT_SIZE,
      .offset = offsetof(gmr_device_opts_t, capacity),
      .min = 1 << 20,
-     .default_text = "80GiB",
+     .default_text = "143771MiB",
      .help = "Memory of the simulated device."},
     {.key = "granularity",
      .type = GMR_OPT_SIZE,
