@@ -250,6 +250,8 @@ def _figures(out, res, final, trace):
 
 def compare(lib, trace, configs, capacity=DEFAULT_CAPACITY, check=False):
     trace_path = fspath_bytes(trace, "trace")
+    if trace_path == b"-":
+        raise ValueError("gmr: trace must be a file ('-', standard input, is for gmr-compare)")
     if isinstance(configs, (str, bytes)) or hasattr(configs, "__fspath__"):
         configs = [configs]
     try:

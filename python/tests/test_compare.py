@@ -103,6 +103,8 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path):
         gmr.compare(SMALL, 7)
     with pytest.raises(TypeError, match="trace must be a path"):
         gmr.compare(None, ["direct"])
+    with pytest.raises(ValueError, match="must be a file"):
+        gmr.compare("-", ["direct"])
     with pytest.raises(TypeError, match="check must be"):
         gmr.compare(SMALL, ["direct"], check="yes")
     with pytest.raises(OSError, match="nope.csv"):
