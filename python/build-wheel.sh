@@ -43,10 +43,31 @@ cp "$src/python/pyproject.toml" "$src/python/setup.py" "$src/python/README.md" "
 cp "$src"/python/gmr/*.py "$stage/gmr/"
 cp "$src"/config/*.yaml "$stage/gmr/config/"
 cp -L "$lib" "$stage/gmr/libgmr.so.0"
+# libyaml, for hosts without it (libgmr.so.0 has RUNPATH $ORIGIN; _lib.py
+# loads this copy only when the system has none), with its license.
+yaml=$(ldd "$lib" 2>/dev/null | awk '/libyaml-0\.so\.2/ {print $3}')
+if [ -n "$yaml" ] && [ -f "$yaml" ]; then
+  cp -L "$yaml" "$stage/gmr/libyaml-0.so.2"
+  for c in /usr/share/doc/libyaml-0-2/copyright /usr/share/doc/libyaml/copyright; do
+    if [ -f "$c" ]; then cp "$c" "$stage/gmr/LICENSE.libyaml"; break; fi
+  done
+  if [ ! -f "$stage/gmr/LICENSE.libyaml" ]; then
+    echo "build-wheel.sh: libyaml's license was not found; the wheel will not carry libyaml" >&2
+    rm -f "$stage/gmr/libyaml-0.so.2"
+  fi
+fi
 if [ -f "$bld/lib/.libs/libgmr-preload.so" ]; then
   cp -L "$bld/lib/.libs/libgmr-preload.so" "$stage/gmr/libgmr-preload.so"
 fi
 chmod u+w "$stage"/gmr/*.so* "$stage"/* 2>/dev/null || true
+# The build's libgmr-preload.so searches the build tree before $ORIGIN
+# (libtool's uninstalled RUNPATH): in the wheel, $ORIGIN alone (with patchelf;
+# without it the build path stays first, harmless where it does not exist).
+if command -v patchelf >/dev/null 2>&1; then
+  for so in "$stage"/gmr/libgmr.so.0 "$stage"/gmr/libgmr-preload.so; do
+    [ -f "$so" ] && patchelf --set-rpath '$ORIGIN' "$so"
+  done
+fi
 
 want=$(sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' "$src/python/gmr/__init__.py")
 have=$(sed -n 's/^#define GMR_VERSION_\(MAJOR\|MINOR\|PATCH\) *//p' "$src/include/gmr.h" | paste -sd. -)

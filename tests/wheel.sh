@@ -68,6 +68,18 @@ if [ -f "$BLD/lib/.libs/libgmr-preload.so" ]; then
   if grep -qx gmr/libgmr-preload.so "$tmp/contents"; then result ok "it carries gmr/libgmr-preload.so"
   else result fail "it carries gmr/libgmr-preload.so"; fi
 fi
+if grep -qx gmr/libyaml-0.so.2 "$tmp/contents" && grep -qx gmr/LICENSE.libyaml "$tmp/contents"; then
+  result ok "it carries libyaml-0.so.2 and its license"
+else result fail "it carries libyaml-0.so.2 and its license"; fi
+if command -v patchelf >/dev/null 2>&1; then
+  mkdir "$tmp/x" && (cd "$tmp/x" && "${py:-python3}" -m zipfile -e "$whl" . >/dev/null 2>&1)
+  for so in libgmr.so.0 libgmr-preload.so; do
+    [ -f "$tmp/x/gmr/$so" ] || continue
+    rp=$(patchelf --print-rpath "$tmp/x/gmr/$so" 2>/dev/null)
+    [ "$rp" = '$ORIGIN' ]
+    result $([ $? -eq 0 ] && echo ok || echo fail) "its $so looks beside itself only (RUNPATH $rp)"
+  done
+fi
 if grep -q '\.dist-info/.*LICENSE' "$tmp/contents"; then result ok "it carries the LICENSE"
 else result fail "it carries the LICENSE"; fi
 

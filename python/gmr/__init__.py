@@ -109,7 +109,8 @@ def compare(trace, configs, capacity=DEFAULT_CAPACITY, check=False):
 
 
 def configure(config=None):
-    """Make `config` (a YAML file: str, bytes or os.PathLike) the
+    """Make `config` (a YAML file: str, bytes or os.PathLike; or the name of
+    a ready configuration, e.g. "pytorch", looked up as compare() does) the
     configuration of gmr's process-wide runtimes, after checking that it
     loads.  None keeps GMR_CONFIG as it is (unset: PyTorch-style caching).
     Returns the path in force, or None.
@@ -119,7 +120,7 @@ def configure(config=None):
     lib = _library()
     if config is None:
         return _os.environ.get("GMR_CONFIG") or None
-    raw = _replay.fspath_bytes(config, "config")
+    raw = _replay.find_config(lib, config)  # a file, or a name such as "pytorch"
     path = _os.fsdecode(_os.path.abspath(raw))
     cfg = _ctypes.c_void_p()
     err = _lib.Error()

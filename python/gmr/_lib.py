@@ -139,11 +139,30 @@ def _declare(lib):
     _replay.declare(lib)
 
 
+def _bundled_yaml():
+    """The wheel carries libyaml-0.so.2 for hosts without it: load that copy
+    (so that the bundled libgmr's dependency is met) only when the system
+    has none."""
+    path = os.path.join(HERE, "libyaml-0.so.2")
+    if not os.path.exists(path):
+        return
+    try:
+        ctypes.CDLL("libyaml-0.so.2", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
 def load(want_version):
     """Return a Library for libgmr `want_version`, or raise OSError naming
     every place that was tried."""
     tried = []
     for origin, path in _candidates():
+        if origin == "bundled":
+            try:
+                _bundled_yaml()
+            except OSError as e:
+                tried.append("%s (%s): its libyaml: %s" % (path, origin, e))
+                continue
         try:
             cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:

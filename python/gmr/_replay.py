@@ -114,7 +114,7 @@ def find_config(lib, name):
     existing file), else NAME or NAME.yaml in ./config, in the configurations
     bundled with this package, then where gmr_config_find looks (the
     installed share directory).  ValueError when none has it."""
-    raw = fspath_bytes(name, "a configuration")
+    raw = fspath_bytes(name, "config")
     if b"/" in raw or os.path.isfile(raw):
         return raw
     here = os.fsencode(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config"))

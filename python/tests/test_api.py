@@ -100,6 +100,16 @@ def test_configure_takes_str_bytes_and_pathlike(tmp_path, kind):
     assert out.split() == [str(path), "direct"]
 
 
+def test_configure_takes_a_name(tmp_path):
+    rc, out = run_child("""
+        import gmr
+        print(gmr.configure("direct"))
+        print(gmr.policy(0))
+    """, env={"GMR_CONFIG": ""}, cwd=SRCDIR)
+    assert rc == 0, out
+    assert out.split() == [os.path.join(SRCDIR, "config", "direct.yaml"), "direct"]
+
+
 def test_configure_rejects_what_is_not_a_path():
     with pytest.raises(TypeError, match="must be a path"):
         gmr.configure(42)

@@ -14,3 +14,7 @@ cp -r "$src/python/gmr" "$dest/python/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
+# The gmr-runtime wheel, when `make wheel` made one: scripts/gpu/wheel.sh tests it.
+for w in "$b"/dist/gmr_runtime-*.whl; do
+  if [ -f "$w" ]; then cp "$w" "$dest/"; fi
+done
