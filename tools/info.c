@@ -33,9 +33,9 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "gmr.h"
 #include "core/internal.h"
 #include "core/runtime.h"
+#include "gmr.h"
 
 #define MiB (1024.0 * 1024.0)
 
@@ -118,8 +118,8 @@ static void features(gmr_runtime_t *rt) {
 
   void *ptr = NULL;
   double t0 = now_us();
-  int err = gmr__backend_reserve(be, g, &ptr);
-  if (err == 0) err = gmr__backend_release(be, ptr, g);
+  int err = gmr__backend_reserve(be, g, NULL, &ptr);
+  if (err == 0) err = gmr__backend_release(be, ptr, g, NULL);
   double t1 = now_us();
   if (err == 0)
     printf("  reserve/release (cudaMalloc)     works: %.1f us for a %zu-byte pair\n", t1 - t0, g);
@@ -135,12 +135,12 @@ static void features(gmr_runtime_t *rt) {
     const char *step = "reserve a virtual range";
     if (err == 0) {
       step = "map a page";
-      err = gmr__backend_map(be, base, g);
+      err = gmr__backend_map(be, base, g, NULL);
       if (err == 0) {
         step = "map the next page";
-        err = gmr__backend_map(be, (char *)base + g, g);
-        if (err == 0) gmr__backend_unmap(be, (char *)base + g, g);
-        int e2 = gmr__backend_unmap(be, base, g);
+        err = gmr__backend_map(be, (char *)base + g, g, NULL);
+        if (err == 0) gmr__backend_unmap(be, (char *)base + g, g, NULL);
+        int e2 = gmr__backend_unmap(be, base, g, NULL);
         if (err == 0 && e2 != 0) step = "unmap", err = e2;
       }
       gmr__backend_va_release(be, base, span);

@@ -21,17 +21,6 @@ gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt);
 /* The longest probe sequence in the pointer map, in slots (1: every live
  * pointer sits in its home slot; 0: the map is empty).  For tests. */
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt);
+/* The backend the policies were given (the recording layer over the device). */
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt);
-/* The memory history while the runtime records one, else NULL (history.h). */
-gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt);
-/* For snapshots: under the policy lock, add a `snapshot` entry to the history
- * and copy it (*out_entries: NULL and *out_len 0 when not recording; gmr__free
- * it), then walk the segments (*out_walk_err: the walk's result, GMR_ENOTSUP
- * when the policy keeps no segments).  @return 0, GMR_ENOMEM */
-typedef struct gmr_hist_entry_s gmr_hist_entry_t;
-int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_walk_err,
-                         gmr_hist_entry_t **out_entries, size_t *out_len);
-/* The device ordinal the runtime was created for. */
-int gmr__runtime_device(gmr_runtime_t *rt);
-
 #endif /* GMR_RUNTIME_H */
