@@ -752,6 +752,9 @@ gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) {
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) {
   return rt->backend;
 }
+gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt) {
+  return rt->dev;
+}
 
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
   size_t longest = 0;

@@ -23,4 +23,7 @@ gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt);
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt);
 /* The backend the policies were given (the recording layer over the device). */
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt);
+/* The device backend under the recording layer (probes that must leave no
+ * trace in the runtime's history or statistics). */
+gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt);
 #endif /* GMR_RUNTIME_H */
