@@ -41,6 +41,7 @@
 #include "core/internal.h"
 #include "core/lock.h"
 #include "core/runtime.h"
+#include "core/stats.h"
 #include "observe/history.h"
 #include "observe/recording.h"
 #include "observe/snapshot.h"

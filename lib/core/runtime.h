@@ -1,5 +1,5 @@
-/* runtime.h: internal entry points shared by runtime.c, stats.c and the tools
- * that link the library statically. */
+/* runtime.h: the runtime's internal accessors, for the library's own files
+ * above it (replay, probe) and the tests. */
 #ifndef GMR_RUNTIME_H
 #define GMR_RUNTIME_H
 
@@ -7,15 +7,6 @@
 #include "gmr.h"
 
 typedef struct gmr_policy_s gmr_policy_t;
-
-/* Fill the device-level fields of a gmr_stats_t from the backend counters:
- * reserved and segments (current and peak), device allocations and frees,
- * and free_cached_bytes = reserved - active. */
-void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st);
-/* Call cb for every field of a gmr_stats_t, named as in the struct. */
-int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud);
-/* The generic summary, for policies that have none of their own. */
-int gmr__stats_print(const gmr_stats_t *st, const char *policy, const char *backend, FILE *out);
 
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt);
 /* The longest probe sequence in the pointer map, in slots (1: every live
