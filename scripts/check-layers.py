@@ -304,8 +304,12 @@ def main():
         for key in sorted(k for k in known if k[0] == name and k not in seen_known):
             report(False, "%s lists a cycle of the %s graph that is gone: delete its line (%s)"
                    % (KNOWN_CYCLES, name, ", ".join(key[1])))
-        desc = "no %scycle in the %s graph (%d nodes, %d edges)" % (
-            "other " if seen_known else "", name, len(graph), n_edges)
+        if unknown:
+            desc = "%d cycle%s not listed in %s, in the %s graph (%d nodes, %d edges)" % (
+                unknown, "" if unknown == 1 else "s", KNOWN_CYCLES, name, len(graph), n_edges)
+        else:
+            desc = "no %scycle in the %s graph (%d nodes, %d edges)" % (
+                "other " if seen_known else "", name, len(graph), n_edges)
         if name == "calls" and n_objects == 0:
             desc += " # SKIP no object files under %s: run make first" % builddir
         report(unknown == 0, desc)
