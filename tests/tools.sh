@@ -73,6 +73,21 @@ for tool in gmr-compare gmr-info gmr-bench gmr-demo gmr-record; do
   done
 done
 
+usage_error gmr-info "--device x" --device x
+usage_error gmr-info "--device without a value" --device
+usage_error gmr-info "with an argument" extra
+usage_error gmr-bench "--reps 0" --reps 0 "$SRC/config/direct.yaml"
+usage_error gmr-bench "--sizes 0" --sizes 0 "$SRC/config/direct.yaml"
+usage_error gmr-bench "--capacity 1KiB" --capacity 1KiB "$SRC/config/direct.yaml"
+usage_error gmr-bench "--json=1" --json=1 "$SRC/config/direct.yaml"
+usage_error gmr-bench "--threads without a value" --threads
+usage_error gmr-bench "without a configuration" --reps 1
+usage_error gmr-bench "--torch without --device cuda" --torch x.so "$SRC/config/direct.yaml"
+usage_error gmr-bench "--json-file, then a bad option" --json-file "$tmp/never.json" --bogus "$SRC/config/direct.yaml"
+[ ! -e "$tmp/never.json" ]
+ok $? "gmr-bench --json-file is not created when the command line is bad"
+grep -q "unknown option '--bogus'" "$tmp/err"
+ok $? "  and the bad option is named"
 usage_error gmr-demo "with two configurations" a b
 usage_error gmr-demo "--reference with a configuration" --reference "$SRC/config/direct.yaml"
 usage_error gmr-demo "--reference=1" --reference=1
