@@ -158,8 +158,8 @@ def _runtime(device):
     rc = lib.gmr_default_runtime(device, _ctypes.byref(rt))
     if rc != 0:
         raise GmrError(rc, "gmr: no runtime for device %d: %s" % (
-            device, lib.gmr_hooks_last_error().decode(errors="replace")
-            or lib.gmr_strerror(rc).decode()))
+            device, (lib.gmr_hooks_last_error() or lib.gmr_thread_last_error()).decode(
+                errors="replace") or lib.gmr_strerror(rc).decode()))
     _frozen = True  # only once one exists: a failed creation may be retried
     return rt
 
