@@ -4,18 +4,48 @@
  * The one place that knows what an empty slot means (the default written at
  * each wrapper in policy.h), which lock a call needs (the instance's own,
  * when the policy is not `concurrent`) and whom a failure belongs to (the
- * runtime in `owner`, set for the whole stack).  The runtime and every
+ * runtime in `owner`, set for the whole stack), and where the environment
+ * variables of an option table (`env`) reach a policy's options: on a copy,
+ * when the policy is created (gmr__config_apply_env reads them).  The runtime and every
  * decorator call policies through these, never through the table.
  *
  * Invariant: for every instance p of a built stack,
  *     p->serialize == !p->ops->concurrent,  p->lock initialized,
  *     p->owner == the owner of the stack's top (NULL until it is set).
  */
+#include <string.h>
+
+#include "core/config-env.h"
 #include "policy.h"
+
+static bool has_env(const gmr_opt_desc_t *desc) {
+  for (const gmr_opt_desc_t *d = desc; d != NULL && d->key != NULL; ++d)
+    if (d->env != NULL) return true;
+  return false;
+}
+
+/* create, with the options the environment overrides (their `env`) applied
+ * to a copy: the configuration stays as loaded, and each runtime sees the
+ * environment of its creation. */
+static int create_with_env(const gmr_policy_cfg_t *cfg, gmr_backend_t *be, gmr_policy_t **out) {
+  const gmr_policy_ops_t *ops = cfg->ops;
+  if (!has_env(ops->opts_desc)) return ops->create(cfg->opts, be, cfg->upstream, out);
+  void *opts = gmr__malloc(ops->opts_size);
+  if (opts == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", ops->name);
+  memcpy(opts, cfg->opts, ops->opts_size); /* shallow: env_apply sets plain fields only */
+  char why[512] = "";
+  int err = gmr__config_apply_env(ops->opts_desc, opts, why, sizeof why);
+  if (err != 0)
+    err = gmr__error_set(err, "%s", why);
+  else
+    err = ops->create(opts, be, cfg->upstream, out);
+  gmr__free(opts);
+  return err;
+}
 
 int gmr__policy_create(const gmr_policy_cfg_t *cfg, gmr_backend_t *be, gmr_policy_t **out) {
   gmr_policy_t *p = NULL;
-  int err = cfg->ops->create(cfg->opts, be, cfg->upstream, &p);
+  int err = create_with_env(cfg, be, &p);
   if (err != 0) return err;
   if (gmr__lock_init(&p->lock) != 0) {
     cfg->ops->destroy(p);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "core/config-env.h"
 #include "core/config.h"
 #include "core/internal.h"
 #include "policy.h"
@@ -535,7 +536,17 @@ static void write_table(FILE *out, const gmr_opt_desc_t *desc) {
       for (int i = 0; d->choices[i]; ++i)
         fprintf(out, " `%s`", d->choices[i]);
     }
-    fprintf(out, " | %s | %s |\n", d->default_text ? d->default_text : "", d->help ? d->help : "");
+    fprintf(out, " | %s | %s", d->default_text ? d->default_text : "", d->help ? d->help : "");
+    if (d->env != NULL) {
+      fprintf(out, " Environment:");
+      for (const char *p = d->env; *p != '\0';) {
+        size_t len = strcspn(p, " ");
+        fprintf(out, " `%.*s`", (int)len, p);
+        p += len + strspn(p + len, " ");
+      }
+      fprintf(out, ".");
+    }
+    fprintf(out, " |\n");
   }
 }
 
@@ -563,5 +574,6 @@ int gmr_config_write_reference(FILE *out) {
     else
       fprintf(out, "No options.\n");
   }
+  gmr__env_write_reference(out);
   return ferror(out) ? GMR_EIO : 0;
 }

@@ -30,11 +30,11 @@
  * snapshot when the runtime is freed (at exit for the default runtimes), to
  * path, path.1, path.2... in the order the runtimes were created.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config-env.h"
 #include "core/config.h"
 #include "core/internal.h"
 #include "core/lock.h"
@@ -229,7 +229,7 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
   gmr__policy_set_owner(rt->policy, rt);
   rt->policy_lock = gmr__policy_lock_ptr(rt->policy);
   describe_stack(rt);
-  const char *trace_path = cfg->trace_path ? cfg->trace_path : getenv("GMR_TRACE");
+  const char *trace_path = cfg->trace_path ? cfg->trace_path : gmr__env(GMR_ENV_TRACE);
   if (trace_path != NULL && *trace_path != '\0') {
     err = gmr__trace_open(trace_path, &rt->trace);
     if (err != 0) goto fail_trace;
@@ -237,25 +237,19 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
   rt->history_completes = true;
   for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
     if (p->ops->reports_free_completed) rt->history_completes = false;
-  const char *hist = getenv("GMR_HISTORY");
-  if (hist != NULL && *hist != '\0') {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long n = strtoull(hist, &end, 10);
-    if (errno != 0 || end == hist || *end != '\0' || hist[0] == '-') {
-      err = gmr__error_set(GMR_EINVAL,
-                           "GMR_HISTORY=%s: expected the number of trace entries to keep, "
-                           "e.g. GMR_HISTORY=100000 (0: off)",
-                           hist);
-      gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
-      goto fail_history;
-    }
-    if (n > 0 && (err = gmr_history_enable(rt, n > SIZE_MAX ? SIZE_MAX : (size_t)n)) != 0)
-      goto fail_history;
-  }
-  const char *snap = getenv("GMR_SNAPSHOT");
-  if (snap != NULL && *snap != '\0' && (err = snapshot_path_new(snap, &rt->snapshot_path)) != 0)
+  const char *hist;
+  size_t n;
+  if (gmr__env_history(&n, &hist) != 0) {
+    err = gmr__error_set(GMR_EINVAL,
+                         "GMR_HISTORY=%s: expected the number of trace entries to keep, "
+                         "e.g. GMR_HISTORY=100000 (0: off)",
+                         hist);
+    gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
     goto fail_history;
+  }
+  if (n > 0 && (err = gmr_history_enable(rt, n)) != 0) goto fail_history;
+  const char *snap = gmr__env(GMR_ENV_SNAPSHOT);
+  if (snap != NULL && (err = snapshot_path_new(snap, &rt->snapshot_path)) != 0) goto fail_history;
   *out = rt;
   return 0;
 fail_history:
@@ -791,8 +785,8 @@ int gmr_default_runtime(int device, gmr_runtime_t **out) {
     gmr_config_t *cfg = NULL;
     gmr_error_t cerr;
     memset(&cerr, 0, sizeof cerr);
-    const char *path = getenv("GMR_CONFIG");
-    if (path != NULL && *path != '\0')
+    const char *path = gmr__env(GMR_ENV_CONFIG);
+    if (path != NULL)
       err = gmr_config_load_file(path, &cfg, &cerr);
     else
       err = gmr_config_load_string(
