@@ -34,7 +34,7 @@ static int create_with_env(const gmr_policy_cfg_t *cfg, gmr_backend_t *be, gmr_p
   if (opts == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", ops->name);
   memcpy(opts, cfg->opts, ops->opts_size); /* shallow: env_apply sets plain fields only */
   char why[512] = "";
-  int err = gmr__config_apply_env(ops->opts_desc, opts, why, sizeof why);
+  int err = gmr__config_apply_env(ops->opts_desc, opts, be->device, why, sizeof why);
   if (err != 0)
     err = gmr__error_set(err, "%s", why);
   else

@@ -62,7 +62,8 @@ bool gmr__env_log(void) {
 
 #define ENV_MAX_NAMES 4 /* variables one option entry may name */
 
-int gmr__config_apply_env(const gmr_opt_desc_t *desc, void *opts, char *err, size_t errlen) {
+int gmr__config_apply_env(const gmr_opt_desc_t *desc, void *opts, int device, char *err,
+                          size_t errlen) {
   for (const gmr_opt_desc_t *d = desc; d != NULL && d->key != NULL; ++d) {
     if (d->env == NULL || d->env_apply == NULL) continue;
     const char *values[ENV_MAX_NAMES] = {NULL};
@@ -82,7 +83,7 @@ int gmr__config_apply_env(const gmr_opt_desc_t *desc, void *opts, char *err, siz
       p += strspn(p, " ");
     }
     if (!any) continue;
-    int rc = d->env_apply(values, opts, err, errlen);
+    int rc = d->env_apply(values, opts, device, err, errlen);
     if (rc != 0) return rc;
   }
   return 0;

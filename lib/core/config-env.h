@@ -35,7 +35,8 @@ bool gmr__env_log(void);
 /* Apply the variables of an option table to `opts` (a policy's options, at
  * runtime creation): for each entry with `env`, when one of its variables is
  * set, call its env_apply.  @return 0, or GMR_ECONFIG with a sentence in err */
-int gmr__config_apply_env(const gmr_opt_desc_t *desc, void *opts, char *err, size_t errlen);
+int gmr__config_apply_env(const gmr_opt_desc_t *desc, void *opts, int device, char *err,
+                          size_t errlen);
 
 /* The reference's section on gmr's own variables (docs/config.md). */
 void gmr__env_write_reference(FILE *out);

@@ -541,7 +541,7 @@ static void write_table(FILE *out, const gmr_opt_desc_t *desc) {
       fprintf(out, " Environment:");
       for (const char *p = d->env; *p != '\0';) {
         size_t len = strcspn(p, " ");
-        fprintf(out, " `%.*s`", (int)len, p);
+        fprintf(out, "%s `%.*s`", p == d->env ? "" : ",", (int)len, p);
         p += len + strspn(p + len, " ");
       }
       fprintf(out, ".");

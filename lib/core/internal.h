@@ -139,9 +139,10 @@ typedef struct gmr_opt_desc_s {
    * created, separated by spaces (NULL: none); shown in docs/config.md.  The
    * config layer reads them (gmr__config_apply_env, config-env.c) and, when
    * one is set, calls env_apply with their values in that order (NULL:
-   * unset).  env_apply returns 0, or GMR_ECONFIG with a sentence in err. */
+   * unset) and the device the runtime is created for.  env_apply returns 0,
+   * or GMR_ECONFIG with a sentence in err. */
   const char *env;
-  int (*env_apply)(const char *const *values, void *opts, char *err, size_t errlen);
+  int (*env_apply)(const char *const *values, void *opts, int device, char *err, size_t errlen);
 } gmr_opt_desc_t;
 
 #endif /* GMR_INTERNAL_H */
