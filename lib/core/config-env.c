@@ -7,10 +7,9 @@
  * of a policy's options when a runtime is created (policies/policy.c).
  * docs/config.md lists both, generated from the same tables.
  *
- * Leaf: calls nothing of gmr but the env_apply hooks it is handed, so the
- * logger (error.c) may use it without a cycle.
+ * Calls nothing of gmr but the parsers of util.c and the env_apply hooks it
+ * is handed, so the logger (error.c) may use it without a cycle.
  */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,10 +46,8 @@ int gmr__env_history(size_t *out, const char **out_text) {
   *out = 0;
   *out_text = v;
   if (v == NULL) return 0;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long n = strtoull(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || v[0] == '-') return GMR_EINVAL;
+  uint64_t n;
+  if (gmr__parse_u64(v, &n) != 0) return GMR_EINVAL;
   *out = n > SIZE_MAX ? SIZE_MAX : (size_t)n;
   return 0;
 }

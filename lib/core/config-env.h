@@ -4,7 +4,8 @@
  * option table entry's `env` (gmr_opt_desc_t), and read by config-env.c
  * only; the interposer's constructor (lib/adapters/interpose.c) keeps its
  * own two switches, since it runs before the library may be used.
- * config-env.c calls nothing else of gmr, so any file may call it. */
+ * config-env.c calls nothing of gmr but util.c's parsers, so any file may
+ * call it. */
 #ifndef GMR_CONFIG_ENV_H
 #define GMR_CONFIG_ENV_H
 

@@ -898,9 +898,8 @@ static int bfc_env_fraction(const char *const *v, void *opts, int device, char *
     return GMR_ECONFIG;
   }
   const char *f = v[0] ? v[0] : v[1];
-  char *end;
-  double x = strtod(f, &end);
-  if (end == f || *end != '\0' || !(x > 0) || x > 1) {
+  double x = 0;
+  if (gmr__parse_double(f, &x) != 0 || !(x > 0) || x > 1) {
     snprintf(err, len, "%s: %s=\"%s\" is not a fraction in (0, 1]", name,
              v[0] ? "XLA_CLIENT_MEM_FRACTION" : "XLA_PYTHON_CLIENT_MEM_FRACTION", f);
     return GMR_ECONFIG;
