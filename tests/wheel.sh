@@ -19,6 +19,7 @@ if ldd "$BLD/lib/.libs/libgmr.so.0" 2>/dev/null | grep -q 'lib[at]san'; then
   echo "1..0 # SKIP a sanitizer build: the wheel is tested on the plain build"
   exit 0
 fi
+version=$(sed -n 's/^#define GMR_VERSION_\(MAJOR\|MINOR\|PATCH\) *//p' "$SRC/include/gmr.h" | paste -sd. -)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-wheel.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 
@@ -128,4 +129,10 @@ PYEOF
 ) && ok=ok || ok=fail
 result $ok "from an empty folder with nothing set: import gmr loads the bundled libgmr and gmr.compare gives gmr-compare's figures"
 sed 's/^/# /' "$tmp/run.log" | tail -20
+(cd "$tmp/empty" && env -u GMR_LIBRARY -u LD_LIBRARY_PATH -u LD_PRELOAD -u PYTHONPATH \
+  "$tmp/venv/bin/python" -m gmr >"$tmp/m.log" 2>&1)
+rc=$?
+[ $rc -eq 0 ] && grep -q "^libgmr $version: .*/site-packages/gmr/libgmr.so.0 (bundled)$" "$tmp/m.log"
+result $([ $? -eq 0 ] && echo ok || echo fail) "python -m gmr says it loaded the bundled libgmr"
+sed 's/^/# /' "$tmp/m.log"
 echo "1..$n"
