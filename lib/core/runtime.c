@@ -34,12 +34,12 @@
 #include <string.h>
 
 #include "core/config.h"
-#include "observe/history.h"
 #include "core/internal.h"
 #include "core/lock.h"
-#include "policy.h"
 #include "core/runtime.h"
+#include "observe/history.h"
 #include "observe/trace.h"
+#include "policy.h"
 
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */
@@ -794,6 +794,9 @@ int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) {
 }
 int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr) {
   SIM_CALL(gmr__sim_place_next(sim, addr));
+}
+int gmr_sim_stream_capture(gmr_runtime_t *rt, gmr_stream_t s, int on) {
+  SIM_CALL(gmr__sim_stream_capture(sim, s, on));
 }
 int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
   if (out == NULL) return GMR_EINVAL;
