@@ -80,8 +80,8 @@ int main(void) {
     ok(s > 0 && s <= 1.02, "%s: stitch peak reserved / peak requested = %.4f <= 1.02", traces[i],
        s);
     ok(s > 0 && e > 0 && s < e, "%s:   below pytorch-expandable's %.4f", traces[i], e);
-    is_int((int)c.checks_failed, 0, "%s:   invariants hold after every %s event", traces[i],
-           every == 1 ? "" : "N-th");
+    is_int((int)c.checks_failed, 0, "%s:   invariants hold after every %sevent", traces[i],
+           every == 1 ? "" : "N-th ");
     if (c.checks_failed) diag("%s", c.why);
     if (rt != NULL) {
       int64_t maps = stat_of(rt, "stitch.map_calls") - c.maps_at_half;

@@ -233,19 +233,54 @@ int st_map_range(stitch_t *t, st_range_t *r) {
   return 0;
 }
 
-int st_unmap_range(stitch_t *t, st_range_t *r) {
+int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
+  int err = gmr__backend_phys_unmap(t->base.backend, (void *)(r->va + j * t->P), t->P);
+  ++t->st.unmap_calls;
+  if (err != 0) return err;
+  map_unlink(t, &r->maps[j]);
+  r->maps[j].r = NULL;
+  --r->nmapped;
+  return 0;
+}
+
+int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page) {
   gmr_backend_t *be = t->base.backend;
-  while (r->nmapped > 0) {
-    uint32_t j = r->nmapped - 1;
-    int err = gmr__backend_phys_unmap(be, (void *)(r->va + j * t->P), t->P);
-    ++t->st.unmap_calls;
+  void *at = (void *)(r->va + j * t->P);
+  uint64_t t0 = gmr__backend_now_ns(be);
+  int err = gmr__backend_phys_map(be, at, t->P, t->pages[page].h, 0);
+  ++t->st.map_calls;
+  if (err == 0) {
+    err = gmr__backend_set_access(be, at, t->P);
+    ++t->st.access_calls;
+    if (err != 0) {
+      gmr__backend_phys_unmap(be, at, t->P);
+      ++t->st.unmap_calls;
+    }
+  }
+  t->st.map_ns += gmr__backend_now_ns(be) - t0;
+  if (err != 0) return err;
+  st_page_t *p = &t->pages[page];
+  st_map_t *m = &r->maps[j];
+  r->pages[j] = page;
+  *m = (st_map_t){.r = r, .slot = j, .page = page, .prev = NULL, .next = p->maps};
+  if (p->maps != NULL) p->maps->prev = m;
+  p->maps = m;
+  ++p->nmaps;
+  ++r->nmapped;
+  ++t->nmappings;
+  gmr__stat_increase(&t->st.mappings, 1);
+  return 0;
+}
+
+int st_unmap_range(stitch_t *t, st_range_t *r) {
+  for (uint32_t j = r->nslots; j > 0 && r->nmapped > 0; --j) {
+    if (r->maps[j - 1].r == NULL) continue; /* a slot left empty by a failed repair */
+    int err = st_slot_unmap(t, r, j - 1);
     if (err != 0) {
       /* Keep the slots still mapped on record; the range is never used again. */
       r->state = ST_R_BROKEN;
       return err;
     }
-    map_unlink(t, &r->maps[j]);
-    r->nmapped = j;
   }
   uint64_t bytes = (uint64_t)r->nslots * t->P;
   st_va_give(t, r->va, bytes);
@@ -262,6 +297,28 @@ uint32_t st_cache_bucket(const stitch_t *t, uint64_t len) {
   return (uint32_t)((h ^ (h >> 29)) & (t->nbuckets - 1));
 }
 
+/* Chains are kept in the order the ranges were last handed out, so that of
+ * several usable cached ranges of one length, the one handed out first in
+ * the last iteration of a loop is handed out first again: every block gets
+ * the range it had, whatever order the loop freed them in, and the pages
+ * that stay free between allocations are the same in every iteration (the
+ * most recently freed range would permute them, and a permutation breaks
+ * the ranges of blocks that come later). */
+static void bucket_insert(st_range_t **head, st_range_t *r) {
+  st_range_t *prev = NULL, *at = *head;
+  while (at != NULL && at->tick < r->tick) {
+    prev = at;
+    at = at->b_next;
+  }
+  r->b_prev = prev;
+  r->b_next = at;
+  if (at != NULL) at->b_prev = r;
+  if (prev != NULL)
+    prev->b_next = r;
+  else
+    *head = r;
+}
+
 static void buckets_grow(stitch_t *t) {
   uint32_t n = t->nbuckets ? t->nbuckets * 2 : 256;
   st_range_t **b = gmr__calloc(n, sizeof *b);
@@ -274,11 +331,7 @@ static void buckets_grow(stitch_t *t) {
     st_range_t *r = old[i];
     while (r != NULL) {
       st_range_t *next = r->b_next;
-      uint32_t k = st_cache_bucket(t, r->len);
-      r->b_prev = NULL;
-      r->b_next = b[k];
-      if (b[k] != NULL) b[k]->b_prev = r;
-      b[k] = r;
+      bucket_insert(&b[st_cache_bucket(t, r->len)], r);
       r = next;
     }
   }
@@ -288,11 +341,7 @@ static void buckets_grow(stitch_t *t) {
 void st_cache_put(stitch_t *t, st_range_t *r) {
   if (t->ncached + 1 > 2 * t->nbuckets) buckets_grow(t);
   r->state = ST_R_CACHED;
-  uint32_t k = st_cache_bucket(t, r->len);
-  r->b_prev = NULL;
-  r->b_next = t->buckets[k];
-  if (r->b_next != NULL) r->b_next->b_prev = r;
-  t->buckets[k] = r;
+  bucket_insert(&t->buckets[st_cache_bucket(t, r->len)], r);
   r->lru_prev = NULL;
   r->lru_next = t->lru_head;
   if (t->lru_head != NULL)
@@ -339,6 +388,21 @@ st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
     if (st_range_usable(t, r, sidx)) return r;
   }
   return NULL;
+}
+
+void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
+  st_range_t *r = t->buckets[st_cache_bucket(t, len)];
+  while (r != NULL) {
+    st_range_t *next = r->b_next;
+    if (r->len == len && t->o.stale_misses > 0 && !st_range_usable(t, r, sidx) &&
+        ++r->stale >= (uint32_t)t->o.stale_misses &&
+        st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
+      st_cache_remove(t, r);
+      ++t->st.evictions;
+      st_unmap_range(t, r);
+    }
+    r = next;
+  }
 }
 
 void st_range_own(stitch_t *t, st_range_t *r) {

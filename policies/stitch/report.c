@@ -143,6 +143,8 @@ int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
       {"stitch.set_access_calls", s->access_calls},
       {"stitch.map_ns", (int64_t)s->map_ns},
       {"stitch.evictions", s->evictions},
+      {"stitch.repairs", s->repairs},
+      {"stitch.repaired_slots", s->repaired_slots},
       {"stitch.small_reclaims", s->small_reclaims},
       {"stitch.event_records", s->event_records},
       {"stitch.event_queries", s->event_queries},
@@ -187,8 +189,9 @@ int st_report_summary(stitch_t *t, FILE *out) {
           s->mappings.peak, t->ncached);
   fprintf(out,
           "  allocs %" PRId64 ", frees %" PRId64 ", cache hits %" PRId64 ", misses %" PRId64
-          ", partial placements %" PRId64 "\n",
-          s->num_allocs, s->num_frees, s->hits, s->misses, s->stitches_partial);
+          " (%" PRId64 " repaired, %" PRId64 " slots remapped), partial placements %" PRId64 "\n",
+          s->num_allocs, s->num_frees, s->hits, s->misses, s->repairs, s->repaired_slots,
+          s->stitches_partial);
   gmr__format_size(s->map_ns / 1000, c, sizeof c);
   snprintf(d, sizeof d, "%.3f ms", (double)s->map_ns / 1e6);
   fprintf(out,
@@ -365,7 +368,7 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
     if (p->head_owner && (err = check_owner(t, id, p->head_owner, "head")) != 0) return err;
     uint32_t n = 0;
     for (st_map_t *m = p->maps; m != NULL; m = m->next, ++n) {
-      CHECK(m->page == id && m->slot < m->r->nmapped && &m->r->maps[m->slot] == m &&
+      CHECK(m->page == id && m->slot < m->r->nslots && &m->r->maps[m->slot] == m &&
                 m->r->pages[m->slot] == id,
             "page %u: a mapping record that does not point back", id);
       CHECK(m->next == NULL || m->next->prev == m, "page %u: broken mapping list", id);
@@ -422,10 +425,16 @@ static int check_range(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *p
     CHECK(r->nslots > 1 || r->first_off == 0 || end == P,
           "range at %#" PRIxPTR ": a one-slot block inside a page", r->va);
   }
-  for (uint32_t j = 0; j < r->nmapped; ++j)
+  uint32_t mapped = 0;
+  for (uint32_t j = 0; j < r->nslots; ++j) {
+    if (r->maps[j].r == NULL && r->state == ST_R_BROKEN) continue;
     CHECK(r->maps[j].r == r && r->maps[j].slot == j && r->maps[j].page == r->pages[j] &&
               t->pages[r->pages[j]].where != ST_W_DEAD,
           "range at %#" PRIxPTR ": slot %u's mapping record", r->va, j);
+    ++mapped;
+  }
+  CHECK(mapped == r->nmapped, "range at %#" PRIxPTR ": %u slots mapped, counted %u", r->va, mapped,
+        r->nmapped);
   bool owns = r->state == ST_R_LIVE || r->state == ST_R_PENDING || r->state == ST_R_SMALL;
   if (!owns) return 0;
   uint64_t sum = 0;

@@ -29,6 +29,7 @@
  * policy lock.
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "stitch/stitch.h"
@@ -40,7 +41,8 @@ static const st_opts_t st_opts_default = {
     .max_maps_per_page = 8,
     .va_budget = 0,
     .va_chunk = 0,
-    .cache_candidates = 4,
+    .cache_candidates = 16,
+    .stale_misses = 4,
     .cross_stream = ST_CROSS_QUERY,
 };
 
@@ -182,30 +184,50 @@ static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) 
   return ST_NIL;
 }
 
-/* Up to n FREE pages usable by sidx into out[]; returns how many.  Pages at
- * the per-page mapping cap are taken after evicting cached ranges on them. */
+/* How much a FREE page is worth keeping free: the newest use of the cached
+ * ranges that map it (0: none).  A loop re-hits the ranges it used in its
+ * last iteration, so a miss takes the pages of the stalest ranges first and
+ * leaves those of recently used ones alone. */
+static uint64_t page_worth(const stitch_t *t, uint32_t id) {
+  uint64_t w = 0;
+  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next)
+    if (m->r->state == ST_R_CACHED && m->r->tick > w) w = m->r->tick;
+  return w;
+}
+
+typedef struct cand_s {
+  uint64_t worth;
+  uint32_t id;
+} cand_t;
+
+static int cand_cmp(const void *a, const void *b) {
+  const cand_t *x = a, *y = b;
+  if (x->worth != y->worth) return x->worth < y->worth ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Up to n FREE pages usable by sidx into out[], the least worth first;
+ * returns how many.  Pages at the per-page mapping cap are taken after
+ * evicting cached ranges on them. */
 static uint32_t collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
-  uint32_t got = 0, ncap = 0;
-  for (int m = 0; m < 2 && got < n; ++m)
-    for (uint32_t id = t->free_head[m]; id != ST_NIL && got < n; id = t->pages[id].next) {
-      if (!st_page_ready(t, id, sidx)) continue;
-      if ((int64_t)t->pages[id].nmaps >= t->o.max_maps_per_page) {
-        ++ncap;
-        continue;
-      }
+  uint32_t got = 0, ncand = 0;
+  /* Unmapped pages are worth nothing: take them first, as they come. */
+  for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) out[got++] = id;
+  if (got == n || t->free_head[1] == ST_NIL) return got;
+  cand_t *c = gmr__malloc((size_t)t->nfree * sizeof *c);
+  if (c == NULL) return got;
+  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) c[ncand++] = (cand_t){page_worth(t, id), id};
+  qsort(c, ncand, sizeof *c, cand_cmp);
+  /* Eviction only moves FREE pages between the two FREE lists, so the ids
+   * stay FREE while we go. */
+  for (uint32_t i = 0; i < ncand && got < n; ++i) {
+    uint32_t id = c[i].id;
+    if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
       out[got++] = id;
-    }
-  if (got == n || ncap == 0) return got;
-  /* Second pass over capped pages: eviction only moves FREE pages between
-   * the two FREE lists, so collect the ids first. */
-  uint32_t *capped = gmr__malloc(ncap * sizeof *capped), k = 0;
-  if (capped == NULL) return got;
-  for (uint32_t id = t->free_head[1]; id != ST_NIL && k < ncap; id = t->pages[id].next)
-    if ((int64_t)t->pages[id].nmaps >= t->o.max_maps_per_page && st_page_ready(t, id, sidx))
-      capped[k++] = id;
-  for (uint32_t i = 0; i < k && got < n; ++i)
-    if (st_evict_page(t, capped[i])) out[got++] = capped[i];
-  gmr__free(capped);
+  }
+  gmr__free(c);
   return got;
 }
 
@@ -304,12 +326,102 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
   return 0;
 }
 
+/* Repair: the cached range of length len with the fewest slots that cannot
+ * serve stream sidx now (at most a quarter of its slots) gets those slots
+ * remapped to FREE pages (created when missing); every other mapping and
+ * the range's address stay.  A loop whose blocks interleave a little
+ * differently from one iteration to the next then pays a few page maps per
+ * miss instead of one per page.  If a device call fails halfway, the range
+ * is unmapped whole and the pages this repair created are released: the
+ * cache loses one entry, nothing else changes.  1: no candidate. */
+static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out) {
+  st_range_t *best = NULL;
+  uint32_t best_broken = UINT32_MAX;
+  int64_t tries = 4 * t->o.cache_candidates;
+  for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL && tries > 0; q = q->b_next) {
+    if (q->len != len) continue;
+    --tries;
+    uint32_t broken = 0;
+    for (uint32_t j = 0; j < q->nslots && broken < best_broken; ++j) {
+      uint32_t a, b;
+      st_span(t, q, j, &a, &b);
+      broken += !st_span_usable(t, q->pages[j], a, b, sidx);
+    }
+    if (broken < best_broken) {
+      best = q;
+      best_broken = broken;
+    }
+  }
+  if (best == NULL || best_broken == 0 || best_broken * 4 > best->nslots) return 1;
+  st_range_t *r = best;
+  uint32_t nb = best_broken, n = r->nslots;
+  uint32_t *slots = gmr__malloc((size_t)nb * sizeof *slots);
+  uint32_t *repl = gmr__malloc((size_t)(nb + n) * sizeof *repl);
+  int err = slots && repl ? st_pages_reserve(t, nb) : GMR_ENOMEM;
+  if (err != 0) {
+    gmr__free(slots);
+    gmr__free(repl);
+    return 1;
+  }
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    uint32_t a, b;
+    st_span(t, r, j, &a, &b);
+    if (!st_span_usable(t, r->pages[j], a, b, sidx)) slots[k++] = j;
+    t->pages[r->pages[j]].mark = true;
+  }
+  /* Out of the cache while we work: collect_free may evict cached ranges. */
+  st_cache_remove(t, r);
+  r->state = 0;
+  /* Replacement pages: FREE ones that are not already in the range. */
+  uint32_t got = collect_free(t, nb + n, sidx, repl), usable = 0;
+  for (uint32_t i = 0; i < got && usable < nb; ++i)
+    if (!t->pages[repl[i]].mark) repl[usable++] = repl[i];
+  for (uint32_t j = 0; j < n; ++j)
+    t->pages[r->pages[j]].mark = false;
+  uint32_t made = 0;
+  for (; usable + made < nb; ++made) {
+    gmr_phys_t h;
+    if ((err = gmr__backend_phys_create(t->base.backend, t->P, &h)) != 0) break;
+    ++t->st.pages_created;
+    uint32_t id = st_page_new(t, h);
+    st_page_reindex(t, id);
+    repl[usable + made] = id;
+  }
+  if (err != 0) {
+    st_cache_put(t, r); /* untouched: back in the cache */
+  } else {
+    for (uint32_t i = 0; i < nb && err == 0; ++i) {
+      err = st_slot_unmap(t, r, slots[i]);
+      if (err == 0) err = st_slot_map(t, r, slots[i], repl[i]);
+    }
+    if (err != 0) { /* drop the range whole; its pages keep their owners */
+      if (st_unmap_range(t, r) != 0) r->state = ST_R_BROKEN;
+    }
+  }
+  if (err != 0)
+    for (uint32_t i = 0; i < made; ++i) {
+      uint32_t id = repl[usable + i];
+      if (t->pages[id].nmaps == 0) st_page_release(t, id);
+    }
+  gmr__free(slots);
+  gmr__free(repl);
+  if (err != 0) return err;
+  ++t->st.repairs;
+  t->st.repaired_slots += nb;
+  st_range_own(t, r);
+  *out = r;
+  return 0;
+}
+
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   uint64_t len = gmr__align_up(size, ST_G);
   st_range_t *r = st_cache_lookup(t, len, sidx);
   if (r != NULL) {
     st_cache_remove(t, r);
     st_range_own(t, r);
+    r->tick = ++t->tick;
+    r->stale = 0;
     ++t->st.hits;
   } else {
     if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
@@ -322,13 +434,19 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
                             want, s);
     }
     ++t->st.misses;
-    int err = large_stitch(t, len, sidx, &r);
+    st_cache_miss(t, len, sidx);
+    int err = try_repair(t, len, sidx, &r);
+    if (err == 1) err = large_stitch(t, len, sidx, &r);
     if (err == GMR_ENOMEM) {
       ++t->st.retries;
       pending_process(t, true);
       st_small_reclaim(t, true);
       st_evict(t, 0, 0, true);
       err = large_stitch(t, len, sidx, &r);
+    }
+    if (err == 0) {
+      r->tick = ++t->tick;
+      r->stale = 0;
     }
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
@@ -639,8 +757,15 @@ static const gmr_opt_desc_t st_opts_desc[] = {
      .offset = offsetof(st_opts_t, cache_candidates),
      .min = 1,
      .max = 1024,
-     .default_text = "4",
+     .default_text = "16",
      .help = "Cached ranges of the requested length tried before stitching a new one."},
+    {.key = "stale_misses",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, stale_misses),
+     .min = 0,
+     .default_text = "4",
+     .help = "Unmap a cached range once this many misses of its length in a row could not use "
+             "it (0: only the mapping caps unmap cached ranges)."},
     {.key = "cross_stream",
      .type = GMR_OPT_ENUM,
      .offset = offsetof(st_opts_t, cross_stream),

@@ -56,7 +56,8 @@ typedef struct st_opts_s {
   uint64_t va_budget; /* cap on virtual bytes held by ranges; 0: 4 x device memory */
   uint64_t va_chunk;  /* virtual bytes per reservation; 0: 2 x device memory */
   int64_t cache_candidates;
-  int cross_stream; /* ST_CROSS_* */
+  int64_t stale_misses; /* unmap a cached range after this many misses of its length (0: never) */
+  int cross_stream;     /* ST_CROSS_* */
 } st_opts_t;
 
 /* ---- streams ----------------------------------------------------------------------------------
@@ -100,6 +101,7 @@ typedef struct st_page_s {
   uint32_t cls;        /* SUFFIX/PREFIX: the class (open bytes / G) */
   uint32_t prev, next; /* links in that index (page ids) */
   st_stamp_t stamp[ST_STAMPS];
+  bool mark; /* scratch for one operation (repair), false otherwise */
 } st_page_t;
 
 /* A two-level bitmap over classes 0..n-1, each a list of page ids. */
@@ -125,13 +127,15 @@ typedef struct st_small_seg_s st_small_seg_t;
 
 struct st_range_s {
   uintptr_t va;             /* slot 0's address, P-aligned; the block is at va + first_off */
-  uint32_t nslots, nmapped; /* nmapped < nslots only when BROKEN */
+  uint32_t nslots, nmapped; /* mapped slots; < nslots only when BROKEN or mid-repair */
   uint32_t first_off;       /* multiple of G, < P */
   uint64_t len;             /* bytes owned by the block (rounded) */
   uint64_t requested;
   uint8_t state;
   uint32_t sidx;       /* stream index of the allocation */
   st_stamp_t last_use; /* CACHED: the free's stamp */
+  uint64_t tick;       /* the policy's tick when last handed out */
+  uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
   uint32_t *uses;      /* record_stream: other stream indexes */
   uint32_t nuses, capuses;
   st_range_t *lru_prev, *lru_next; /* CACHED: LRU (most recent first) */
@@ -205,7 +209,8 @@ typedef struct st_stats_s {
   gmr_stat_t mappings, dead_gap, va;
   int64_t num_allocs, num_frees, ooms, retries;
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
-      pages_released, evictions, event_records, event_queries, syncs, small_reclaims;
+      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, repairs,
+      repaired_slots;
   uint64_t map_ns;
   int64_t pending_bytes; /* spans still owned by PENDING ranges */
 } st_stats_t;
@@ -250,6 +255,7 @@ typedef struct stitch_s {
   st_small_t *small_recycle;
 
   bool exclusive;
+  uint64_t tick; /* large blocks handed out so far */
   st_stats_t st;
 } stitch_t;
 
@@ -322,13 +328,20 @@ void st_range_destroy(stitch_t *t, st_range_t *r);
 /* Map pages[0..n) at a fresh address range as one transaction: on failure
  * everything done is undone (no mapping record, no VA, pages untouched). */
 int st_map_range(stitch_t *t, st_range_t *r);
-/* Unmap every slot of a range, give back its VA and free it. */
+/* One slot: unmap it, or map page at it with access (undone on failure);
+ * an unmapped slot has maps[j].r == NULL. */
+int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
+int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page);
+/* Unmap every mapped slot of a range, give back its VA and free it. */
 int st_unmap_range(stitch_t *t, st_range_t *r);
 
 uint32_t st_cache_bucket(const stitch_t *t, uint64_t len);
 void st_cache_put(stitch_t *t, st_range_t *r);
 void st_cache_remove(stitch_t *t, st_range_t *r);
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
+/* A miss of len: cached ranges of that length that could not serve it
+ * twice in a row are unmapped (the loop that used them has moved on). */
+void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
 /* Take a validated cached range for stream sidx. */
 void st_range_own(stitch_t *t, st_range_t *r);
 void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp);
