@@ -1,6 +1,6 @@
 /* stitch-traces.c: the stitch policy on the shipped traces.
  *
- * Replays every trace in traces/ on a simulated H200 (143771 MiB) under
+ * Replays every trace in traces/ (*.csv) on a simulated H200 (143771 MiB) under
  * config/stitch.yaml and config/pytorch-expandable.yaml, as gmr-compare
  * does, and asserts the policy's goal: peak reserved / peak requested
  * <= 1.02, and below PyTorch's expandable segments on each trace.  The
@@ -8,6 +8,7 @@
  * N-th).  It also reports the device calls of the last half of each trace,
  * when the loop repeats itself (map calls after warm-up).
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,13 +62,31 @@ static double replay(const gmr_trace_data_t *t, const char *config, ctx_t *c,
   return rc == 0 && res.ooms == 0 ? (double)st.peak_reserved_bytes / (double)t->peak_requested : -1;
 }
 
+static int name_cmp(const void *a, const void *b) {
+  return strcmp((const char *)a, (const char *)b);
+}
+
 int main(void) {
-  static const char *const traces[] = {"gpt2_train", "resnet50_train", "gpt2_varlen_train"};
+  char traces[32][128];
+  int n = 0;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/traces", tap_srcdir());
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d != NULL && n < 32 && (e = readdir(d)) != NULL;) {
+    size_t len = strlen(e->d_name);
+    if (len > 4 && len < 128 && strcmp(e->d_name + len - 4, ".csv") == 0) {
+      memcpy(traces[n], e->d_name, len - 4);
+      traces[n++][len - 4] = '\0';
+    }
+  }
+  if (d != NULL) closedir(d);
+  qsort(traces, (size_t)n, sizeof traces[0], name_cmp);
+  ok(n >= 4, "%d traces in traces/", n);
   const char *env = getenv("GMR_STITCH_CHECK_EVERY");
   size_t every = env ? (size_t)atol(env) : 1;
-  for (int i = 0; i < 3; ++i) {
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/traces/%s.csv", tap_srcdir(), traces[i]);
+  for (int i = 0; i < n; ++i) {
+    char path[8400], err[512];
+    snprintf(path, sizeof path, "%s/%s.csv", dir, traces[i]);
     gmr_trace_data_t *t = NULL;
     if (gmr_trace_read(path, &t, err, sizeof err) != 0) {
       ok(0, "%s: %s", traces[i], err);

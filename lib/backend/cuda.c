@@ -92,7 +92,8 @@ static int use_device(cuda_be_t *c) {
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaSetDevice");
 }
 
-static int cuda_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   int err = use_device(c);
   if (err != 0) return err;
@@ -103,7 +104,8 @@ static int cuda_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
   return 0;
 }
 
-static int cuda_release(gmr_backend_t *be, void *ptr, size_t size) {
+static int cuda_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   int err = use_device(c);
   if (err != 0) return err;
@@ -134,7 +136,8 @@ static void alloc_prop(cuda_be_t *c, CUmemAllocationProp *prop) {
   prop->location.id = c->ordinal;
 }
 
-static int cuda_map(gmr_backend_t *be, void *addr, size_t size) {
+static int cuda_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   CUmemAllocationProp prop;
   alloc_prop(c, &prop);
@@ -160,7 +163,8 @@ static int cuda_map(gmr_backend_t *be, void *addr, size_t size) {
   return 0;
 }
 
-static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size) {
+static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   CUdeviceptr d = (CUdeviceptr)(uintptr_t)addr;
   CUresult r = c->drv.unmap(d, size);
@@ -198,6 +202,12 @@ static int cuda_set_access(gmr_backend_t *be, void *addr, size_t size) {
                             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   CUresult r = c->drv.set_access((CUdeviceptr)(uintptr_t)addr, size, &access, 1);
   return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemSetAccess");
+}
+
+static int cuda_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUresult r = c->drv.unmap((CUdeviceptr)(uintptr_t)addr, size);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemUnmap");
 }
 
 static int cuda_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
@@ -293,7 +303,7 @@ static const gmr_backend_ops_t cuda_ops = {
     .phys_release = cuda_phys_release,
     .phys_map = cuda_phys_map,
     .set_access = cuda_set_access,
-    .phys_unmap = cuda_unmap,
+    .phys_unmap = cuda_phys_unmap,
     .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,

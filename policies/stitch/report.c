@@ -532,10 +532,9 @@ int st_report_check(stitch_t *t) {
   /* Accounting. */
   uint64_t reserved = (uint64_t)t->live_pages * t->P;
   gmr_backend_t *be = t->base.backend;
-  if (be->forwards_to == NULL)
-    CHECK(atomic_load(&be->counters.reserved_bytes) == reserved,
-          "device counts %" PRIu64 " bytes reserved, pages %" PRIu64,
-          (uint64_t)atomic_load(&be->counters.reserved_bytes), reserved);
+  CHECK(atomic_load(&be->counters.reserved_bytes) == reserved,
+        "device counts %" PRIu64 " bytes reserved, pages %" PRIu64,
+        (uint64_t)atomic_load(&be->counters.reserved_bytes), reserved);
   CHECK(live_b == (uint64_t)t->st.allocated[0].current,
         "allocated %" PRIu64 " != Σ live blocks %" PRIu64, (uint64_t)t->st.allocated[0].current,
         live_b);

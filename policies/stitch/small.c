@@ -92,12 +92,17 @@ static void empty_remove(stitch_t *t, st_small_seg_t *g) {
   g->on_empty = false;
 }
 
-/* A FREE page that stream sidx may use and that can take one more mapping. */
+/* A FREE page that stream sidx may use and that can take one more mapping:
+ * unmapped pages first, then mapped ones, evicting cached ranges from a page
+ * at the per-page cap (eviction only moves FREE pages between the two FREE
+ * lists, so the walk restarts after it). */
 static uint32_t free_page_for(stitch_t *t, uint32_t sidx) {
   for (int m = 0; m < 2; ++m)
     for (uint32_t id = t->free_head[m]; id != ST_NIL; id = t->pages[id].next)
       if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
         return id;
+  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx) && st_evict_page(t, id)) return id;
   return ST_NIL;
 }
 

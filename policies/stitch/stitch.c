@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/recording.h"
 #include "stitch/stitch.h"
 
 static const st_opts_t st_opts_default = {
