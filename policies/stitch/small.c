@@ -173,18 +173,23 @@ int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx
   st_small_t *b = x->heads[c];
   idx_remove(t, x, b);
   if (b->size - size >= ST_G) {
+    /* Sizes are multiples of G, so no split means b->size == size: a small
+     * block is never handed out larger than small_max, which is how free
+     * tells small blocks from large ones. */
     st_small_t *rest = block_new(t);
-    if (rest != NULL) {
-      rest->seg = b->seg;
-      rest->off = b->off + size;
-      rest->size = b->size - size;
-      rest->prev = b;
-      rest->next = b->next;
-      if (b->next != NULL) b->next->prev = rest;
-      b->next = rest;
-      b->size = size;
-      idx_push(t, x, rest);
-    } /* else: hand out the whole block (still correct, a little waste) */
+    if (rest == NULL) {
+      idx_push(t, x, b);
+      return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small block");
+    }
+    rest->seg = b->seg;
+    rest->off = b->off + size;
+    rest->size = b->size - size;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != NULL) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    idx_push(t, x, rest);
   }
   b->allocated = true;
   b->requested = requested;
