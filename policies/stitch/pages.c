@@ -275,11 +275,32 @@ bool st_span_usable(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, uint32_t s
   return st_page_ready(t, id, sidx);
 }
 
+/* A FREE page leaves its FREE list (the common case of a whole span). */
+static void free_unlink(stitch_t *t, uint32_t id) {
+  st_page_t *p = &t->pages[id];
+  if (p->prev != ST_NIL)
+    t->pages[p->prev].next = p->next;
+  else
+    t->free_head[p->cls] = p->next;
+  if (p->next != ST_NIL)
+    t->pages[p->next].prev = p->prev;
+  else
+    t->free_tail[p->cls] = p->prev;
+  p->prev = p->next = ST_NIL;
+  --t->nfree;
+}
+
 void st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner) {
   st_page_t *p = &t->pages[id];
   uint32_t P = (uint32_t)t->P;
   if (a == 0 && b == P) {
     p->full_owner = owner;
+    if (p->where == ST_W_FREE) { /* FREE -> FULL without a general re-file */
+      free_unlink(t, id);
+      p->where = ST_W_FULL;
+      ++t->nfull;
+      return;
+    }
   } else if (a == 0) {
     p->tail_owner = owner;
     p->tail_end = b;
@@ -318,6 +339,12 @@ void st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t s
   uint32_t P = (uint32_t)t->P;
   if (a == 0 && b == P) {
     p->full_owner = NULL;
+    stamp_add(t, p, stamp);
+    --t->nfull; /* FULL -> FREE without a general re-file */
+    p->where = ST_W_FREE;
+    free_push(t, id);
+    ++t->nfree;
+    return;
   } else if (a == 0) {
     p->tail_owner = NULL;
     p->tail_end = 0;
@@ -410,7 +437,7 @@ bool st_stamp_ready(stitch_t *t, st_stamp_t s, uint32_t sidx, bool wait) {
   return st->done >= s.seq;
 }
 
-bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx) {
+bool st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx) {
   st_page_t *p = &t->pages[id];
   for (int i = 0; i < ST_STAMPS; ++i) {
     st_stamp_t s = p->stamp[i];

@@ -311,7 +311,17 @@ int st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out);
 /* Has the stamp completed (from stream sidx's view: its own stamps always
  * have)?  May record or query an event; never blocks unless wait. */
 bool st_stamp_ready(stitch_t *t, st_stamp_t st, uint32_t sidx, bool wait);
-bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx);
+bool st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx);
+/* May stream sidx use page id now?  Inline when every stamp is sidx's own
+ * or none (one stream: always). */
+static inline bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx) {
+  const st_page_t *p = &t->pages[id];
+  uint32_t own = sidx + 1;
+  if ((p->stamp[0].stream == 0 || p->stamp[0].stream == own) &&
+      (p->stamp[1].stream == 0 || p->stamp[1].stream == own))
+    return true;
+  return st_page_ready_slow(t, id, sidx);
+}
 st_stamp_t st_stamp_new(stitch_t *t, uint32_t sidx);
 void st_streams_fini(stitch_t *t);
 
