@@ -310,6 +310,9 @@ typedef struct gmr_sim_counters_s {
  * calls counted are those that can fail for lack of memory or address space:
  * reserve, map, virtual reserve, page create, page map and set access. */
 GMR_EXTERN int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k);
+/** Like gmr_sim_fail_nth, then fail every such call after it too, until
+ * gmr_sim_fail_all(rt, 0): a retry after the failure fails as well. */
+GMR_EXTERN int gmr_sim_fail_from(gmr_runtime_t *rt, uint64_t k);
 /** Fail every reserve or map whose size is above `bytes`; 0 disarms. */
 GMR_EXTERN int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t bytes);
 /** Fail every reserve or map from now on (1) or stop doing so (0). */

@@ -332,15 +332,30 @@ static void test_random(void) {
 /* ---- fault sweep
  * ---------------------------------------------------------------------------------- */
 
+static uint64_t fallible_calls(const gmr_sim_counters_t *k) {
+  return k->page_create_calls + k->page_map_calls + k->set_access_calls + k->va_reserve_calls;
+}
+
 /* A fixed script over two streams; returns the number of events that broke
- * a rule (wrong error, invariant walk failed, device disagrees). */
-static int script(gmr_runtime_t *rt, int *nooms) {
+ * a rule (wrong error, invariant walk failed, device disagrees).  sticky_k >
+ * 0: every device call from the sticky_k-th on fails during the event that
+ * makes it (so the policy's retry fails too), and that event must be an
+ * allocation that fails with GMR_ENOMEM; *fired says whether it happened. */
+static int script_k(gmr_runtime_t *rt, int *nooms, uint64_t sticky_k, int *fired) {
   void *p[24] = {0};
   uint64_t r = 12345;
   int bad = 0;
   for (int i = 0; i < 120; ++i) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
     int j = (int)((r >> 33) % 24);
+    uint64_t before = 0;
+    if (sticky_k > 0 && !*fired) {
+      gmr_sim_counters_t k;
+      gmr_sim_counters(rt, &k);
+      before = fallible_calls(&k);
+      if (sticky_k > before) gmr_sim_fail_from(rt, sticky_k - before);
+    }
+    int ooms_before = *nooms;
     if (p[j] == NULL) {
       static const size_t sz[] = {3000,    200000,          1 << 20, (1 << 20) + 512,
                                   3 << 20, (5 << 20) + 777, 9 << 20, (17 << 20) + 4096};
@@ -358,6 +373,20 @@ static int script(gmr_runtime_t *rt, int *nooms) {
     } else {
       gmr_free(rt, p[j]);
       p[j] = NULL;
+    }
+    if (sticky_k > 0 && !*fired) {
+      gmr_sim_counters_t k;
+      gmr_sim_fail_all(rt, 0);
+      gmr_sim_fail_nth(rt, 0);
+      gmr_sim_counters(rt, &k);
+      if (fallible_calls(&k) >= sticky_k) { /* the k-th call was made in this event */
+        *fired = 1;
+        if (*nooms != ooms_before + 1) {
+          diag("event %d: device call %llu failed for good, but no GMR_ENOMEM", i,
+               (unsigned long long)sticky_k);
+          ++bad;
+        }
+      }
     }
     if (gmr_check(rt) != 0) {
       diag("event %d: %s", i, gmr_last_error(rt));
@@ -378,8 +407,9 @@ static int script(gmr_runtime_t *rt, int *nooms) {
   return bad;
 }
 
-static uint64_t fallible_calls(const gmr_sim_counters_t *k) {
-  return k->page_create_calls + k->page_map_calls + k->set_access_calls + k->va_reserve_calls;
+static int script(gmr_runtime_t *rt, int *nooms) {
+  int fired = 0;
+  return script_k(rt, nooms, 0, &fired);
 }
 
 static void test_fault_sweep(void) {
@@ -407,9 +437,33 @@ static void test_fault_sweep(void) {
     gmr_runtime_free(rt);
   }
   is_int(failed_runs, 0,
-         "fault sweep: the k-th of %llu device calls failed, for every k: invariants, no leak, "
-         "GMR_ENOMEM with the full message (%d runs ended an allocation in OOM)",
+         "fault sweep: the k-th of %llu device calls failed once, for every k: the retry "
+         "recovers, invariants hold after every event, no leak (%d runs still ended an "
+         "allocation in OOM)",
          (unsigned long long)calls, oom_runs);
+
+  /* Every call from the k-th on fails during that event: its allocation
+   * must fail with GMR_ENOMEM and the full message, undo exactly, and the
+   * runtime must work afterwards. */
+  failed_runs = 0;
+  int fired_runs = 0;
+  for (uint64_t f = 1; f <= calls; ++f) {
+    rt = sim_runtime(yaml, 128 * MiB, 0);
+    if (rt == NULL) break;
+    int o = 0, fired = 0, b = script_k(rt, &o, f, &fired);
+    if (b != 0) {
+      diag("failing from device call %llu on: %d broken events", (unsigned long long)f, b);
+      ++failed_runs;
+    }
+    fired_runs += fired;
+    gmr_runtime_free(rt);
+  }
+  is_int(failed_runs, 0,
+         "fault sweep: every device call from the k-th on failed during its event, for every k "
+         "of %llu: GMR_ENOMEM with the full message, invariants, no leak",
+         (unsigned long long)calls);
+  ok(fired_runs > 0 && (uint64_t)fired_runs <= calls, "  the failure happened in %d of %llu runs",
+     fired_runs, (unsigned long long)calls);
 
   /* Every call refused: clean OOMs, nothing held. */
   rt = sim_runtime(yaml, 128 * MiB, 0);

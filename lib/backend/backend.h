@@ -142,6 +142,7 @@ void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
 typedef struct gmr_sim_s gmr_sim_t;
 gmr_sim_t *gmr__sim_of(gmr_backend_t *be); /* NULL unless a simulator */
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k);
+void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k); /* the k-th and every later call */
 void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes);
 void gmr__sim_fail_all(gmr_sim_t *sim, int on);
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s);

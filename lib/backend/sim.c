@@ -16,7 +16,8 @@
  * set_access covers it.
  *
  * Test controls: a fault schedule (fail the k-th device call that can run
- * out of memory or address space, fail above N bytes, fail all), streams
+ * out of memory or address space, or every call from the k-th on, fail above
+ * N bytes, fail all), streams
  * marked as being captured into a CUDA graph, streams whose work completes only when a test says
  * so, an injectable clock, spy counters, and a placement hint (the next reserve at a given address,
  * so a replay can reproduce a recorded device's placement).
@@ -97,6 +98,7 @@ struct gmr_sim_s {
   size_t n_streams, cap_streams;
   /* Fault schedule. */
   uint64_t fail_countdown; /* 0: off; 1: the next reserve/map fails */
+  bool fail_sticky;        /* when the countdown fires, fail every call from then on */
   uint64_t fail_above;     /* 0: off */
   uintptr_t place_next;    /* address-only: the next reserve's address if free; 0: none */
   bool fail_all;
@@ -289,9 +291,11 @@ static int sim_check_schedule(gmr_sim_t *sim, size_t size, const char *what) {
   if (sim->fail_all)
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (fail all)", what,
                           size);
-  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0)
+  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0) {
+    sim->fail_all = sim->fail_sticky;
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
                           size);
+  }
   return 0;
 }
 
@@ -303,9 +307,11 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
   if (sim->fail_above != 0 && size > sim->fail_above)
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (above %llu)",
                           what, size, (unsigned long long)sim->fail_above);
-  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0)
+  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0) {
+    sim->fail_all = sim->fail_sticky;
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
                           size);
+  }
   if (sim->bytes_in_use + size > sim->capacity || size > sim->capacity) {
     char need[32], free_[32];
     gmr__format_size(size, need, sizeof need);
@@ -798,6 +804,14 @@ gmr_sim_t *gmr__sim_of(gmr_backend_t *be) {
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k) {
   pthread_mutex_lock(&sim->lock);
   sim->fail_countdown = k;
+  sim->fail_sticky = false;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k) {
+  pthread_mutex_lock(&sim->lock);
+  sim->fail_countdown = k;
+  sim->fail_sticky = true;
   pthread_mutex_unlock(&sim->lock);
 }
 

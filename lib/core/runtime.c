@@ -757,6 +757,9 @@ static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
 int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k) {
   SIM_CALL(gmr__sim_fail_nth(sim, k));
 }
+int gmr_sim_fail_from(gmr_runtime_t *rt, uint64_t k) {
+  SIM_CALL(gmr__sim_fail_from(sim, k));
+}
 int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t b) {
   SIM_CALL(gmr__sim_fail_above(sim, b));
 }
