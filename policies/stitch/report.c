@@ -288,6 +288,9 @@ int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why) {
   gmr__backend_mem_info(t->base.backend, &df, &dt);
   char whybuf[256];
   snprintf(whybuf, sizeof whybuf, "%s", why ? why : "");
+  uint32_t nranges = 0;
+  for (const st_range_t *r = t->all; r != NULL; r = r->all_next)
+    ++nranges;
   gmr__format_size(size, want, sizeof want);
   gmr__format_size((uint64_t)t->st.allocated[0].current, live, sizeof live);
   gmr__format_size(free_b, fr, sizeof fr);
@@ -303,10 +306,10 @@ int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why) {
                         " blocks, %s free (%u whole pages; "
                         "largest without growing %" PRIu64 " bytes), %s in dead gaps, %s "
                         "waiting for other streams; %u mappings, %s of address space in use "
-                        "in %u ranges. Device said: %s",
+                        "in %u ranges (%u of them cached). Device said: %s",
                         want, s, t->base.backend->device, dtot, dfree, res, t->live_pages, t->P,
                         live, t->st.allocation[0].current, fr, t->nfree, largest, dead, pend,
-                        t->nmappings, va, t->ncached, whybuf);
+                        t->nmappings, va, nranges, t->ncached, whybuf);
 }
 
 /* ---- the checker ------------------------------------------------------------------------------
