@@ -220,6 +220,24 @@ static void test_oom_and_trim(void) {
   gmr_runtime_free(rt);
 }
 
+/* Under a limit that counts reserved bytes, created pages count against it. */
+static void test_under_limit(void) {
+  gmr_runtime_t *rt =
+      sim_runtime("policy: stitch\nlimit: {bytes: 64MiB, counts: reserved}\n", 1024 * MiB, 0);
+  if (rt == NULL) return;
+  void *a, *b, *c;
+  is_int(gmr_alloc(rt, 40 * MiB, NULL, &a), 0, "limit(stitch): 40 MiB of a 64 MiB cap");
+  is_int(gmr_alloc(rt, 40 * MiB, NULL, &b), GMR_ENOMEM, "  40 MiB more passes the cap");
+  like(gmr_last_error(rt), "stitch: out of memory allocating 40.00 MiB", "  stitch's message");
+  like(gmr_last_error(rt), "limit of 64.00 MiB", "  naming the limit");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  is_int(gmr_alloc(rt, 20 * MiB, NULL, &c), 0, "  20 MiB still fits");
+  gmr_free(rt, a);
+  gmr_free(rt, c);
+  is_int(gmr_check(rt), 0, "  invariants hold after the frees");
+  gmr_runtime_free(rt);
+}
+
 static void test_page_sizes(void) {
   const uint64_t grans[] = {64 * KiB, 4 * MiB};
   for (int g = 0; g < 2; ++g) {
@@ -547,6 +565,7 @@ int main(void) {
   test_streams();
   test_capture();
   test_oom_and_trim();
+  test_under_limit();
   test_page_sizes();
   test_random();
   test_fault_sweep();
