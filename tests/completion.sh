@@ -53,7 +53,7 @@ check "--help --html=" "more options" gmr-compare --j --h
 check "- config run.csv" "the first argument is a trace (or -), or a folder on the way" gmr-compare ""
 check "config mine theirs" "then configurations by name: ./config and the installed directory" gmr-compare run.csv ""
 check "mine" "names by prefix" gmr-compare run.csv mi
-check "bfc caching" "--suggest takes a policy" gmr-compare --suggest ""
+check "bfc caching stitch" "--suggest takes a policy" gmr-compare --suggest ""
 check "143771MiB" "--capacity suggests the default first" gmr-compare --capacity 14
 check "page.html" "--html takes a file" gmr-compare --html pa
 check "config mine theirs" "option values are not counted as arguments" gmr-compare --capacity 80GiB run.csv ""
