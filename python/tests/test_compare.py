@@ -35,10 +35,19 @@ def _in_srcdir(monkeypatch):
 
 
 def test_the_same_as_gmr_compare_json_on_a_small_trace():
-    configs = ["config/pytorch.yaml", "config/direct.yaml", "config/tf-growth.yaml"]
+    configs = sorted("config/" + f for f in os.listdir(os.path.join(SRCDIR, "config"))
+                     if f.endswith(".yaml"))  # every ready configuration
+    assert len(configs) >= 7
     want = _tool_json("tests/fixtures/compare-small.csv", configs)
     got = gmr.compare("tests/fixtures/compare-small.csv", configs)
     assert [sorted(r) for r in got] == [sorted(r) for r in want]
+    assert _without_timing(got) == _without_timing(want)
+
+
+def test_the_same_as_gmr_compare_json_on_resnet50_train():
+    configs = ["config/stitch.yaml", "config/tf-greedy.yaml", "config/pytorch-expandable.yaml"]
+    want = _tool_json("traces/resnet50_train.csv", configs)
+    got = gmr.compare("traces/resnet50_train.csv", configs)
     assert _without_timing(got) == _without_timing(want)
 
 
