@@ -5,6 +5,10 @@
 # writes them into a temporary folder and compares.
 #
 #   man/generate.sh BUILDDIR SRCDIR OUTDIR [PAGE...]
+#
+# GMR_PKGDATADIR (the build's installed-configurations directory, which a
+# --help may name) is written PREFIX/share/gmr, so the pages do not depend
+# on --prefix.
 set -eu
 b=$1 src=$2 out=$3
 shift 3
@@ -26,7 +30,8 @@ page() {
       "$AWK" -f "$src/man/mkman.awk" -v mode=markdown -v name="$name" -v section="$section" \
         -v summary="$summary" -v version="$version" -v seealso="$seealso" >"$tmp"
   else
-    "$@" --help | "$AWK" -f "$src/man/mkman.awk" -v mode=help -v name="$name" \
+    "$@" --help | sed "s|${GMR_PKGDATADIR:-@pkgdatadir@}|PREFIX/share/gmr|g" |
+      "$AWK" -f "$src/man/mkman.awk" -v mode=help -v name="$name" \
       -v section="$section" -v summary="$summary" -v version="$version" -v seealso="$seealso" >"$tmp"
   fi
   mv "$tmp" "$out/$name.$section"
