@@ -16,9 +16,6 @@ B="$BLD/tools/gmr-compare"
 TR="$SRC/traces"
 CF="$SRC/config"
 FX="$SRC/tests/fixtures"
-# The table wraps at the terminal's width ($COLUMNS when not a terminal).
-COLUMNS=160
-export COLUMNS
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-compare-test.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
 
@@ -121,7 +118,7 @@ is "$(jget "$W/j.json" limit-8g peak_reserved)" 8578542348 "json: peak reserved 
 has "$W/j.json" '"first_oom": {"event": 840, "line": 842, "message": "out of memory: limit of 8.00 GiB' \
   "json: first OOM with event, line and message"
 
-COLUMNS=50 "$B" "$TR/gpt2_train.csv" "$CF/direct.yaml" "$W/limit-8g.yaml" >"$W/narrow.out" 2>/dev/null
+"$B" --width 50 "$TR/gpt2_train.csv" "$CF/direct.yaml" "$W/limit-8g.yaml" >"$W/narrow.out" 2>/dev/null
 is "$(grep -c '^peak reserved' "$W/narrow.out")/$(awk '$1 == "limit-8g" && NF == 1' "$W/narrow.out" | wc -l | tr -d ' ')" \
   "2/1" "table: a narrow terminal gets one block of columns per configuration that fits"
 
@@ -292,9 +289,43 @@ else
 fi
 
 # ---- --suggest of a policy without a search space --------------------------------
-"$B" --suggest direct "$FX/compare-small.csv" >/dev/null 2>"$W/sd.err"
-is "$?" 1 "suggest: a policy with nothing to search is an error"
+"$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
+is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"
 has "$W/sd.err" "--suggest direct: no search space" "suggest: and says so"
+"$B" --suggest nosuch "$W/no-such.csv" >/dev/null 2>"$W/sn.err"
+is "$?" 2 "suggest: an unknown policy is a usage error"
+has "$W/sn.err" "--suggest nosuch: unknown policy; the policies are: direct, limit, caching, bfc" \
+  "suggest: and names the policies"
+
+# ---- the usual manners: --help, --version, unknown options, usage errors ---------
+"$B" --help >"$W/help.out" 2>&1
+is "$?" 0 "--help: exit status 0"
+has "$W/help.out" "usage: gmr-compare [OPTIONS] TRACE CONFIG..." "--help: prints the usage"
+"$B" -h >/dev/null 2>&1
+is "$?" 0 "-h: exit status 0"
+"$B" --version >"$W/version.out" 2>&1
+is "$?" 0 "--version: exit status 0"
+is "$(cat "$W/version.out")" "gmr-compare (gmr) $(sed -n 's/^#define GMR_VERSION_MAJOR //p' "$SRC/include/gmr.h").$(sed -n 's/^#define GMR_VERSION_MINOR //p' "$SRC/include/gmr.h").$(sed -n 's/^#define GMR_VERSION_PATCH //p' "$SRC/include/gmr.h")" \
+  "--version: the library's version"
+"$B" --foo "$W/no-such.csv" direct >/dev/null 2>"$W/foo.err"
+is "$?" 2 "unknown option: exit status 2, before the trace is read"
+has "$W/foo.err" "unknown option '--foo'" "unknown option: says so"
+"$B" -x "$W/no-such.csv" direct >/dev/null 2>"$W/x.err"
+has "$W/x.err" "unknown option '-x'" "unknown short option: says so"
+"$B" "$W/no-such.csv" direct --capacity >/dev/null 2>"$W/nv.err"
+is "$?" 2 "an option without its value: exit status 2"
+has "$W/nv.err" "--capacity needs a value" "an option without its value: says so"
+"$B" --width 5 "$W/no-such.csv" direct >/dev/null 2>&1
+is "$?" 2 "--width out of range: exit status 2"
+
+# ---- configurations by name: ./config, then the share directory ----------------
+(cd "$SRC" && "$B" --json "$FX/compare-small.csv" direct) >"$W/byname.json" 2>/dev/null
+is "$(jget "$W/byname.json" direct peak_reserved)" 56623104 "config by name: ./config/direct.yaml"
+has "$W/byname.json" '"source": "config/direct.yaml"' "config by name: the path it found"
+(cd "$W" && "$B" --json "$FX/compare-small.csv" nosuchname) >"$W/noname.json" 2>"$W/noname.err"
+is "$?" 1 "config by name: an unknown name is a configuration that could not run"
+has "$W/noname.err" "no configuration named 'nosuchname': not a file, and neither ./config/nosuchname.yaml nor" \
+  "config by name: says where it looked"
 
 echo "1..$n"
 exit $failed

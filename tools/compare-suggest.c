@@ -1,8 +1,10 @@
 /* compare-suggest.c: gmr-compare --suggest POLICY, a search over a policy's
  * options for the configuration with the lowest peak reserved and no OOM.
  *
- * Each option is a dimension with a short list of values, value 0 being the
- * policy's default (the key left out).  Candidates are YAML strings loaded
+ * The space comes from the policy's option table (gmr_policy_options): each
+ * option with values to tune is a dimension, value 0 being the policy's
+ * default (the key left out), and "Kx peak" values become absolute sizes
+ * from the trace's peak requested bytes.  Candidates are YAML strings loaded
  * with gmr_config_load_string and replayed like any configuration; those
  * the policy rejects are skipped.  Small spaces (at most SUGGEST_GRID
  * candidates) are searched exhaustively; larger ones by coordinate descent
@@ -19,7 +21,7 @@
 
 #include "compare.h"
 
-#define SUGGEST_MAX_DIMS   6
+#define SUGGEST_MAX_DIMS   8
 #define SUGGEST_MAX_VALUES 10
 #define SUGGEST_GRID       64
 #define SUGGEST_MAX_EVALS  400
@@ -54,72 +56,53 @@ typedef struct suggest_s {
   int progress;
 } suggest_t;
 
-static void suggest_add(suggest_dim_t *d, const char *fmt, double v) {
-  if (d->n >= SUGGEST_MAX_VALUES) return;
-  snprintf(d->values[d->n++], sizeof d->values[0], fmt, v);
+/* A value "Kx peak" of the option table: K times the trace's peak requested
+ * bytes, written as bytes (MiB, rounded up) for a size and as the share of
+ * the stated device (rounded up to 0.001) for a number.  0, or -1 when the
+ * value does not fit the option (a share above 1). */
+static int suggest_scaled(const suggest_t *s, const gmr_option_info_t *opt, double k, char *out,
+                          size_t len) {
+  double bytes = k * (double)s->t->peak_requested;
+  if (opt->type == GMR_OPTION_SIZE) {
+    uint64_t mib = (uint64_t)(bytes / 1048576.0) + 1;
+    snprintf(out, len, "%" PRIu64 "MiB", mib);
+    return 0;
+  }
+  if (opt->type != GMR_OPTION_NUMBER) return -1;
+  double f = bytes / (double)s->o.capacity;
+  f = (double)(long long)(f * 1000.0 + 0.999) / 1000.0; /* round up to 0.001 */
+  if (f <= 0.0 || f > 1.0) return -1;
+  snprintf(out, len, "%.3f", f);
+  return 0;
 }
 
-static void suggest_dim(suggest_t *s, const char *label, const char *const *values) {
-  suggest_dim_t *d = &s->dims[s->n_dims++];
-  d->label = label;
-  d->n = 1;
-  d->values[0][0] = '\0';
-  for (; *values && d->n < SUGGEST_MAX_VALUES; ++values)
-    snprintf(d->values[d->n++], sizeof d->values[0], "%s", *values);
-}
-
-/* The search space of each policy.  The garbage-collection threshold only
- * acts under a memory fraction (as in PyTorch), so it is searched together
- * with fractions that leave 10%, 25% and 50% of headroom over the trace's
- * peak requested bytes. */
+/* The search space: one dimension per option whose table entry has values to
+ * tune, value 0 being the option left out (its default). */
 static int suggest_space(suggest_t *s) {
-  if (strcmp(s->policy, "caching") == 0) {
-    static const char *const split[] = {"max_split_size: 64MiB",
-                                        "max_split_size: 128MiB",
-                                        "max_split_size: 256MiB",
-                                        "max_split_size: 512MiB",
-                                        "max_split_size: 1GiB",
-                                        "max_split_size: 4GiB",
-                                        NULL};
-    static const char *const div[] = {"roundup_power2_divisions: 1",  "roundup_power2_divisions: 2",
-                                      "roundup_power2_divisions: 4",  "roundup_power2_divisions: 8",
-                                      "roundup_power2_divisions: 16", NULL};
-    static const char *const exp[] = {"expandable_segments: true", NULL};
-    suggest_dim(s, "max_split_size", split);
-    suggest_dim(s, "roundup_power2_divisions", div);
-    suggest_dim(s, "expandable_segments", exp);
-    static const char *const none[] = {NULL};
-    suggest_dim(s, "garbage_collection_threshold", none);
-    suggest_dim_t *gc = &s->dims[s->n_dims - 1];
-    static const double headroom[] = {1.1, 1.25, 1.5};
-    static const double threshold[] = {0.6, 0.8};
-    for (int h = 0; h < 3; ++h) {
-      double f = (double)s->t->peak_requested * headroom[h] / (double)s->o.capacity;
-      f = (double)(long long)(f * 1000.0 + 0.999) / 1000.0; /* round up to 0.001 */
-      if (f <= 0.0 || f > 1.0) continue;
-      for (int k = 0; k < 2; ++k) {
-        char fmt[160];
-        snprintf(fmt, sizeof fmt,
-                 "garbage_collection_threshold: %.2f\nper_process_memory_fraction: %%.3f",
-                 threshold[k]);
-        suggest_add(gc, fmt, f);
+  gmr_option_info_t opts[64];
+  size_t n = 0;
+  if (gmr_policy_options(s->policy, opts, 64, &n) != 0) return -1;
+  if (n > 64) n = 64;
+  for (size_t i = 0; i < n && s->n_dims < SUGGEST_MAX_DIMS; ++i) {
+    if (opts[i].tune == NULL) continue;
+    suggest_dim_t *d = &s->dims[s->n_dims];
+    d->label = opts[i].key;
+    d->n = 1;
+    d->values[0][0] = '\0';
+    for (const char *const *v = opts[i].tune; *v && d->n < SUGGEST_MAX_VALUES; ++v) {
+      char text[64];
+      double k;
+      char tail[16];
+      if (sscanf(*v, "%lfx %15s", &k, tail) == 2 && strcmp(tail, "peak") == 0) {
+        if (suggest_scaled(s, &opts[i], k, text, sizeof text) != 0) continue;
+      } else {
+        snprintf(text, sizeof text, "%s", *v);
       }
+      snprintf(d->values[d->n++], sizeof d->values[0], "%s: %s", opts[i].key, text);
     }
-    return 0;
+    if (d->n > 1) ++s->n_dims;
   }
-  if (strcmp(s->policy, "bfc") == 0) {
-    static const char *const growth[] = {"allow_growth: true", "allow_growth: false",
-                                         "allow_growth: true\nvmm: true", NULL};
-    static const char *const frag[] = {
-        "fragmentation_fraction: 0.001", "fragmentation_fraction: 0.01",
-        "fragmentation_fraction: 0.05", "fragmentation_fraction: 0.1", NULL};
-    static const char *const gc[] = {"garbage_collection: true", "garbage_collection: false", NULL};
-    suggest_dim(s, "allow_growth", growth);
-    suggest_dim(s, "fragmentation_fraction", frag);
-    suggest_dim(s, "garbage_collection", gc);
-    return 0;
-  }
-  return -1;
+  return s->n_dims > 0 ? 0 : -1;
 }
 
 /* The YAML of a candidate. */

@@ -51,9 +51,9 @@ typedef struct compare_map_entry_s {
 
 /* Everything gmr-compare learns about one configuration. */
 typedef struct compare_run_s {
-  char name[128];   /* the file's base name without .yaml */
-  char source[512]; /* the path as given, or a description */
-  char *yaml;       /* generated configurations: the YAML text (owned), else NULL */
+  char name[128];    /* the file's base name without .yaml */
+  char source[1024]; /* the path as given, or a description */
+  char *yaml;        /* generated configurations: the YAML text (owned), else NULL */
   compare_status_t status;
   char error[1400];        /* why it did not run (status != COMPARE_OK) */
   char policy[128];        /* the policy stack, e.g. "limit(caching)" */

@@ -135,6 +135,11 @@ typedef struct gmr_opt_desc_s {
   const char *default_text; /* for the reference */
   const char *help;         /* one sentence */
   bool min_exclusive;       /* the range's lower bound is exclusive */
+  /* Values worth trying when tuning the option for a workload (gmr-compare
+   * --suggest reads them through gmr_policy_options): YAML scalars, NULL-
+   * terminated; "1.25x peak" scales the workload's peak requested bytes (see
+   * gmr_option_info_t).  NULL: the option is not tuned. */
+  const char *const *tune;
 } gmr_opt_desc_t;
 
 #endif /* GMR_INTERNAL_H */
