@@ -209,6 +209,9 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
   fprintf(out, "gmr-compare: %s: %zu events, %zu allocations (%zu never freed), %zu stream%s\n",
           t->source, t->n_events, t->n_ids, t->n_live_at_end, t->n_streams,
           t->n_streams == 1 ? "" : "s");
+  if (t->n_alloc_failures)
+    fprintf(out, "the recording saw %zu allocation%s fail: counted, not replayed\n",
+            t->n_alloc_failures, t->n_alloc_failures == 1 ? "" : "s");
   fprintf(out,
           "trace peak requested %s; each configuration on a fresh simulated device of %s%s\n\n", a,
           b, o->check ? "; invariants checked after every event" : "");
@@ -290,6 +293,9 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
     compare_json_string(out, r->error);
   fputs(",\n    \"trace\": ", out);
   compare_json_string(out, t->source);
+  fprintf(out, ",\n    \"trace_format\": \"%s\"",
+          t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "pytorch_snapshot" : "csv");
+  fprintf(out, ",\n    \"trace_alloc_failures\": %zu", t->n_alloc_failures);
   if (r->yaml) {
     fputs(",\n    \"yaml\": ", out);
     compare_json_string(out, r->yaml);

@@ -246,6 +246,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gmr-compare: %s\n", msg[0] ? msg : gmr_strerror(err));
     return 1;
   }
+  if (t->note) fprintf(stderr, "gmr-compare: note: %s: %s\n", trace_path, t->note);
+  if (t->n_alloc_failures > 0) {
+    char b[48];
+    compare_format_bytes(t->alloc_failure_bytes, b, sizeof b);
+    fprintf(stderr,
+            "gmr-compare: note: %s: the recording saw %zu allocation%s fail (%s requested; the "
+            "first at %s %u); counted, not replayed\n",
+            trace_path, t->n_alloc_failures, t->n_alloc_failures == 1 ? "" : "s", b,
+            t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "trace entry" : "line",
+            (unsigned)t->first_alloc_failure_line);
+  }
   if (t->n_live_at_end > 0)
     fprintf(stderr,
             "gmr-compare: note: %s: %zu allocation%s never freed (still live at the end of "
