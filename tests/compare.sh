@@ -288,6 +288,51 @@ else
   for t in status loads figures defaults less; do skip "suggest bfc: $t" "bfc policy not available"; done
 fi
 
+# ---- --fit: the smallest device with no OOM, the same measure for every policy --
+"$B" --json --fit --no-timing "$FX/compare-small.csv" "$CF/direct.yaml" >"$W/fit.json" 2>/dev/null
+is "$?" 0 "fit: exit status 0"
+is "$(jget "$W/fit.json" direct fit_capacity)" 56623104 "fit: direct needs exactly 6 x 9 MiB"
+"$B" --fit --no-timing "$FX/compare-small.csv" "$CF/direct.yaml" >"$W/fit.out" 2>/dev/null
+is "$(grep '^fit capacity' "$W/fit.out" | sed 's/  */ /g')" "fit capacity (no OOM) 54.00 MiB" \
+  "fit: a row of the table"
+"$B" --html "$W/fit.html" --fit "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
+has "$W/fit.html" "<tr><td>fit capacity (no OOM)</td><td>54.00 MiB</td></tr>" "fit: and of the page"
+for c in pytorch tf-growth tf-greedy; do
+  if "$B" "$FX/compare-small.csv" "$CF/$c.yaml" >/dev/null 2>&1; then
+    "$B" --json --fit "$TR/gpt2_train.csv" "$CF/$c.yaml" >"$W/fit-$c.json" 2>/dev/null
+    fit=$(jget "$W/fit-$c.json" "$c" fit_capacity)
+    below=$((fit - 2097152))
+    "$B" --json --capacity "$fit" "$TR/gpt2_train.csv" "$CF/$c.yaml" >"$W/at.json" 2>/dev/null
+    "$B" --json --capacity "$below" "$TR/gpt2_train.csv" "$CF/$c.yaml" >"$W/below.json" 2>/dev/null
+    is "$(jget "$W/at.json" "$c" ooms)" 0 "fit: $c runs gpt2_train with no OOM on its fit ($fit)"
+    [ "$(jget "$W/below.json" "$c" ooms)" -gt 0 ]
+    ok $? "fit: $c OOMs 2 MiB below it"
+  else
+    skip "fit: $c at its fit" "policy not available"
+    skip "fit: $c below its fit" "policy not available"
+  fi
+done
+"$B" --json --fit --capacity 40MiB "$FX/compare-small.csv" "$CF/direct.yaml" >"$W/fitup.json" 2>/dev/null
+is "$(jget "$W/fitup.json" direct fit_capacity)/$(jget "$W/fitup.json" direct ooms)" 56623104/2 \
+  "fit: found above --capacity when the stated device is too small"
+
+# ---- stable output: --no-timing, and --html by default --------------------------
+for k in 1 2; do
+  "$B" --json --no-timing "$TR/resnet50_train.csv" "$CF/direct.yaml" >"$W/st$k.json" 2>/dev/null
+  "$B" --no-timing "$TR/resnet50_train.csv" "$CF/direct.yaml" >"$W/st$k.out" 2>/dev/null
+  "$B" --html "$W/st$k.html" "$TR/resnet50_train.csv" "$CF/direct.yaml" >/dev/null 2>&1
+done
+cmp -s "$W/st1.json" "$W/st2.json"
+ok $? "no-timing: two runs give identical JSON"
+cmp -s "$W/st1.out" "$W/st2.out"
+ok $? "no-timing: two runs give identical tables"
+cmp -s "$W/st1.html" "$W/st2.html"
+ok $? "html: two runs give identical pages (no timing by default)"
+is "$(jget "$W/st1.json" direct seconds)/$(grep -c 'replay time' "$W/st1.out")/$(grep -c 'replay time' "$W/st1.html")" \
+  "null/0/0" "no-timing: no replay time in the JSON, the table or the page"
+"$B" --html "$W/t.html" --timing "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
+has "$W/t.html" "<td>replay time</td>" "html: --timing puts the times back"
+
 # ---- --suggest of a policy without a search space --------------------------------
 "$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
 is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"

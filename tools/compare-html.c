@@ -578,7 +578,7 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
   fputs("</svg>\n", out);
 }
 
-static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
+static void html_table(FILE *out, const compare_run_t *runs, size_t n, const compare_opts_t *o) {
   fputs("<div class=\"scroll\"><table><thead><tr><th></th>", out);
   for (size_t k = 0; k < n; ++k) {
     fputs("<th>", out);
@@ -588,6 +588,7 @@ static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
   fputs("</tr></thead><tbody>\n", out);
   char cell[96];
   for (int row = 0; compare_table_label(row); ++row) {
+    if (!compare_table_shows(row, o)) continue;
     fprintf(out, "<tr><td>%s</td>", compare_table_label(row));
     for (size_t k = 0; k < n; ++k) {
       compare_table_cell(&runs[k], row, cell, sizeof cell);
@@ -717,7 +718,7 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
         "<span><i style=\"background:#2b8a4b\"></i>peak requested</span></div>\n",
         out);
   html_overview(out, runs, n, vmax);
-  html_table(out, runs, n);
+  html_table(out, runs, n, o);
   fputs("</section>\n", out);
   for (size_t k = 0; k < n; ++k)
     html_config(out, t, &runs[k], least, tl_shared, row_shared);

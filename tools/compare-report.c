@@ -61,6 +61,7 @@ typedef enum table_row_e {
   ROW_DEV_FREES,
   ROW_OOMS,
   ROW_RETRIES,
+  ROW_FIT,
   ROW_SECONDS,
   ROW_SPEED,
   ROW_COUNT
@@ -81,12 +82,19 @@ static const char *const table_labels[ROW_COUNT] = {
     "device frees",
     "OOMs",
     "alloc retries",
+    "fit capacity (no OOM)",
     "replay time",
     "replay speed",
 };
 
 const char *compare_table_label(int row) {
   return row >= 0 && row < ROW_COUNT ? table_labels[row] : NULL;
+}
+
+int compare_table_shows(int row, const compare_opts_t *o) {
+  if (row == ROW_FIT) return o->fit;
+  if (row == ROW_SECONDS || row == ROW_SPEED) return o->timing;
+  return row >= 0 && row < ROW_COUNT;
 }
 
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) {
@@ -149,6 +157,16 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
   case ROW_RETRIES:
     snprintf(buf, len, "%" PRIu64, f->alloc_retries);
     break;
+  case ROW_FIT:
+    if (r->fit_capacity)
+      compare_format_bytes(r->fit_capacity, buf, len);
+    else if (r->fit_max) {
+      char m[40];
+      compare_format_bytes(r->fit_max, m, sizeof m);
+      snprintf(buf, len, "> %s", m);
+    } else
+      snprintf(buf, len, "-");
+    break;
   case ROW_SECONDS:
     snprintf(buf, len, "%.3f s", r->res.seconds);
     break;
@@ -166,7 +184,7 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
 
 /* Columns [lo, hi) of the table, under their headings. */
 static void table_block(FILE *out, const compare_run_t *runs, const size_t *width, size_t lo,
-                        size_t hi) {
+                        size_t hi, const compare_opts_t *o) {
   char cell[96];
   fprintf(out, "%-*s", TABLE_LABEL, "");
   for (size_t k = lo; k < hi; ++k)
@@ -179,6 +197,7 @@ static void table_block(FILE *out, const compare_run_t *runs, const size_t *widt
   }
   fputc('\n', out);
   for (int row = 0; row < ROW_COUNT; ++row) {
+    if (!compare_table_shows(row, o)) continue;
     fprintf(out, "%-*s", TABLE_LABEL, table_labels[row]);
     for (size_t k = lo; k < hi; ++k) {
       compare_table_cell(&runs[k], row, cell, sizeof cell);
@@ -222,6 +241,7 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
   for (size_t k = 0; k < n; ++k) {
     width[k] = strlen(runs[k].name);
     for (int row = 0; row < ROW_COUNT; ++row) {
+      if (!compare_table_shows(row, o)) continue;
       compare_table_cell(&runs[k], row, cell, sizeof cell);
       if (strlen(cell) > width[k]) width[k] = strlen(cell);
     }
@@ -233,7 +253,7 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
     for (hi = lo + 1; hi < n && used + 2 + width[hi] <= o->columns; ++hi)
       used += 2 + width[hi];
     if (lo > 0) fputc('\n', out);
-    table_block(out, runs, width, lo, hi);
+    table_block(out, runs, width, lo, hi, o);
   }
   free(width);
 
@@ -280,7 +300,8 @@ static void json_u64(FILE *out, const char *key, uint64_t v) {
   fprintf(out, ",\n    \"%s\": %" PRIu64, key, v);
 }
 
-static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r) {
+static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
+                     const compare_opts_t *o) {
   fputs("  {\n    \"config\": ", out);
   compare_json_string(out, r->name);
   fputs(",\n    \"source\": ", out);
@@ -336,16 +357,28 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
     fputs(",\n    \"first_oom\": null", out);
   }
   json_u64(out, "alloc_retries", f->alloc_retries);
-  fprintf(out, ",\n    \"seconds\": %.6f", r->res.seconds);
-  fprintf(out, ",\n    \"events_per_second\": %.0f",
-          r->res.seconds > 0 ? (double)r->res.events_done / r->res.seconds : 0.0);
+  if (o->fit) {
+    if (r->fit_capacity)
+      json_u64(out, "fit_capacity", r->fit_capacity);
+    else
+      fputs(",\n    \"fit_capacity\": null", out);
+    json_u64(out, "fit_max_tried", r->fit_max);
+  }
+  if (o->timing) {
+    fprintf(out, ",\n    \"seconds\": %.6f", r->res.seconds);
+    fprintf(out, ",\n    \"events_per_second\": %.0f",
+            r->res.seconds > 0 ? (double)r->res.events_done / r->res.seconds : 0.0);
+  } else {
+    fputs(",\n    \"seconds\": null,\n    \"events_per_second\": null", out);
+  }
   fputs("\n  }", out);
 }
 
-void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n) {
+void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
+                        const compare_opts_t *o) {
   fputs("[\n", out);
   for (size_t k = 0; k < n; ++k) {
-    json_run(out, t, &runs[k]);
+    json_run(out, t, &runs[k], o);
     fputs(k + 1 < n ? ",\n" : "\n", out);
   }
   fputs("]\n", out);

@@ -47,6 +47,11 @@ static const char cmp_usage[] =
     "                    segment maps at the peak\n"
     "  --suggest POLICY  search POLICY's options (caching, bfc) for the lowest\n"
     "                    peak reserved with no OOM; print it as YAML\n"
+    "  --fit             also find, per CONFIG, the smallest device on which\n"
+    "                    the trace runs with no OOM (fit capacity)\n"
+    "  --no-timing       leave out the replay times, so that two runs give\n"
+    "                    identical output (the default with --html;\n"
+    "                    --timing puts them back)\n"
     "  --width N         characters per line of the table (default: the\n"
     "                    terminal's, else 160)\n"
     "  -h, --help        this text\n"
@@ -136,7 +141,8 @@ static void cmp_run_config(compare_run_t *run, const char *arg, const gmr_trace_
              cerr.message[0] ? cerr.message : gmr_strerror(err));
     return;
   }
-  compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK);
+  if (compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK) == 0 && o->fit)
+    compare_fit(run, cfg, t, o);
   gmr_config_free(cfg);
 }
 
@@ -168,7 +174,18 @@ static int cmp_check_suggest(const char *policy) {
 
 int main(int argc, char **argv) {
   compare_opts_t o = {.capacity = COMPARE_DEFAULT_CAPACITY};
-  enum { OPT_JSON = 256, OPT_CHECK, OPT_CAPACITY, OPT_HTML, OPT_SUGGEST, OPT_WIDTH };
+  enum {
+    OPT_JSON = 256,
+    OPT_CHECK,
+    OPT_CAPACITY,
+    OPT_HTML,
+    OPT_SUGGEST,
+    OPT_WIDTH,
+    OPT_FIT,
+    OPT_NO_TIMING,
+    OPT_TIMING
+  };
+  int timing = -1; /* -1: the default (on, off in --html) */
   static const struct option longs[] = {
       {"json", no_argument, NULL, OPT_JSON},
       {"check", no_argument, NULL, OPT_CHECK},
@@ -176,6 +193,9 @@ int main(int argc, char **argv) {
       {"html", required_argument, NULL, OPT_HTML},
       {"suggest", required_argument, NULL, OPT_SUGGEST},
       {"width", required_argument, NULL, OPT_WIDTH},
+      {"fit", no_argument, NULL, OPT_FIT},
+      {"no-timing", no_argument, NULL, OPT_NO_TIMING},
+      {"timing", no_argument, NULL, OPT_TIMING},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0},
@@ -207,6 +227,15 @@ int main(int argc, char **argv) {
     case OPT_HTML:
       o.html = optarg;
       break;
+    case OPT_FIT:
+      o.fit = 1;
+      break;
+    case OPT_NO_TIMING:
+      timing = 0;
+      break;
+    case OPT_TIMING:
+      timing = 1;
+      break;
     case OPT_SUGGEST:
       o.suggest = optarg;
       break;
@@ -236,6 +265,7 @@ int main(int argc, char **argv) {
   if (n_cfg == 0 && o.suggest == NULL)
     return cmp_usage_error("%s", "no CONFIG given (a YAML file or a name, or --suggest POLICY)");
   if (o.suggest && cmp_check_suggest(o.suggest) != 0) return 2;
+  o.timing = timing >= 0 ? timing : o.html == NULL;
   o.progress = isatty(STDERR_FILENO);
   if (o.columns == 0) o.columns = cmp_columns();
 
@@ -279,7 +309,7 @@ int main(int argc, char **argv) {
   }
 
   if (o.json)
-    compare_print_json(stdout, t, runs, n_runs);
+    compare_print_json(stdout, t, runs, n_runs, &o);
   else if (n_cfg > 0)
     compare_print_table(stdout, t, runs, (size_t)n_cfg, &o);
   if (suggested && !o.json) {

@@ -72,6 +72,10 @@ typedef struct compare_run_s {
   compare_map_entry_t *map; /* segments in address order, each followed by its blocks */
   size_t n_map;
   int map_status; /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  /* Filled only for --fit: */
+  uint64_t fit_capacity; /* bytes: the smallest device with no OOM; 0 when none up to fit_max */
+  uint64_t fit_max;      /* bytes: the largest device tried */
+  unsigned fit_replays;  /* replays the search took */
 } compare_run_t;
 
 typedef struct compare_opts_s {
@@ -82,6 +86,8 @@ typedef struct compare_opts_s {
   uint64_t capacity;   /* --capacity, bytes */
   const char *html;    /* --html FILE, or NULL */
   const char *suggest; /* --suggest POLICY, or NULL */
+  int timing;          /* replay time and speed shown (not with --no-timing; off in --html) */
+  int fit;             /* --fit */
 } compare_opts_t;
 
 /* How much compare_replay learns (each level adds a replay). */
@@ -100,15 +106,24 @@ void compare_run_release(compare_run_t *run);
 /* compare-report.c */
 void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
                          const compare_opts_t *o);
-void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n);
-/* The table's rows: label of row `row` (NULL past the last row), and the
- * text of one cell. */
+void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
+                        const compare_opts_t *o);
+/* The table's rows: label of row `row` (NULL past the last row), whether
+ * the options show it, and the text of one cell. */
 const char *compare_table_label(int row);
+int compare_table_shows(int row, const compare_opts_t *o);
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len);
 /* Human units: "14.24 GiB", "512 B". */
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len);
 /* Write `s` as a JSON string literal (with the quotes). */
 void compare_json_string(FILE *out, const char *s);
+
+/* compare-fit.c: the smallest device capacity on which `cfg` replays `t`
+ * with no OOM (a binary search on the simulator, to 2 MiB), into
+ * run->fit_capacity (0 when even fit_max OOMs).  0, or -1 when a replay
+ * could not run (run->status and run->error set). */
+int compare_fit(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                const compare_opts_t *o);
 
 /* compare-html.c: 0, or -1 with a message on stderr. */
 int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,
