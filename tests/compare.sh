@@ -333,6 +333,67 @@ is "$(jget "$W/st1.json" direct seconds)/$(grep -c 'replay time' "$W/st1.out")/$
 "$B" --html "$W/t.html" --timing "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
 has "$W/t.html" "<td>replay time</td>" "html: --timing puts the times back"
 
+# ---- --suggest that can be deployed: several traces, --capacity, the framework's syntax --
+if "$B" "$FX/compare-small.csv" "$CF/pytorch.yaml" >/dev/null 2>&1; then
+  "$B" --suggest caching "$TR/gpt2_train.csv" "$TR/resnet50_train.csv" >"$W/multi.yaml" 2>/dev/null
+  is "$?" 0 "suggest over two traces: exit status 0"
+  is "$(grep -c '^#   peak reserved (bytes)' "$W/multi.yaml")" 2 "suggest over two traces: figures for each"
+  for tr in gpt2_train resnet50_train; do
+    promised=$(awk -v t="# $TR/$tr.csv " 'index($0, t) == 1 { on = 1 } on && /^#   peak reserved \(bytes\)/ { print $NF; exit }' "$W/multi.yaml")
+    "$B" --json "$TR/$tr.csv" "$W/multi.yaml" >"$W/multi-$tr.json" 2>/dev/null
+    is "$(jget "$W/multi-$tr.json" multi peak_reserved)/$(jget "$W/multi-$tr.json" multi ooms)" \
+      "$promised/0" "suggest over two traces: on $tr it replays to what it promised, no OOM"
+  done
+  conf=$(sed -n 's/^#   export PYTORCH_CUDA_ALLOC_CONF=//p' "$W/multi.yaml")
+  [ -n "$conf" ]
+  ok $? "suggest: PyTorch's syntax, PYTORCH_CUDA_ALLOC_CONF=$conf"
+  printf 'policy:\n  name: caching\n  pytorch_alloc_conf: "%s"\n' "$conf" >"$W/conf.yaml"
+  frac=$(sed -n 's/^  per_process_memory_fraction: //p' "$W/multi.yaml")
+  [ -n "$frac" ] && printf '  per_process_memory_fraction: %s\n' "$frac" >>"$W/conf.yaml"
+  "$B" --json "$TR/gpt2_train.csv" "$W/conf.yaml" "$W/multi.yaml" >"$W/conf.json" 2>/dev/null
+  is "$(jget "$W/conf.json" conf peak_reserved)" "$(jget "$W/conf.json" multi peak_reserved)" \
+    "suggest: the PYTORCH_CUDA_ALLOC_CONF string gives the YAML's figures"
+  if [ -n "$frac" ]; then
+    cap=$(sed -n 's/^#   torch.cuda.set_per_process_memory_fraction(\([0-9]*\) .*/\1/p' "$W/multi.yaml")
+    want=$(awk -v f="$frac" 'BEGIN { printf "%.0f", int(f * 143771 * 1048576) }')
+    is "$cap" "$want" "suggest: the memory cap as absolute bytes over the device's total"
+  else
+    skip "suggest: the memory cap as absolute bytes" "no fraction suggested"
+  fi
+  "$B" --suggest caching "$TR/gpt2_train.csv" "$TR/resnet50_train.csv" "$CF/direct.yaml" \
+    >/dev/null 2>"$W/multi-cfg.err"
+  is "$?" 2 "suggest over two traces with a CONFIG: a usage error"
+
+  # --capacity honoured: on 14 GiB the defaults (14.24 GiB) OOM; the suggestion must not.
+  "$B" --capacity 14GiB --suggest caching "$TR/gpt2_train.csv" >"$W/cap14.yaml" 2>/dev/null
+  is "$?" 0 "suggest --capacity 14GiB: found one"
+  has "$W/cap14.yaml" "# on a device of 14.00 GiB" "suggest --capacity 14GiB: says for which device"
+  has "$W/cap14.yaml" "The defaults run out of memory on this device; this does not." \
+    "suggest --capacity 14GiB: the defaults OOM there"
+  "$B" --json --capacity 14GiB "$TR/gpt2_train.csv" "$W/cap14.yaml" >"$W/cap14.json" 2>/dev/null
+  is "$(jget "$W/cap14.json" cap14 ooms)" 0 "suggest --capacity 14GiB: the suggestion runs with no OOM on 14 GiB"
+  "$B" --capacity 12GiB --suggest caching "$TR/gpt2_train.csv" >"$W/cap12.yaml" 2>"$W/cap12.err"
+  is "$?" 1 "suggest --capacity 12GiB (below the 12.66 GiB requested): exit status 1"
+  is "$(wc -c <"$W/cap12.yaml" | tr -d ' ')" 0 "suggest --capacity 12GiB: nothing printed that would OOM"
+  has "$W/cap12.err" "so none is suggested" "suggest --capacity 12GiB: says so"
+else
+  for t in status figures gpt2 resnet50 conf conf-figures cap-bytes usage c14 c14-device c14-defaults c14-ooms c12 c12-empty c12-says; do
+    skip "suggest deploy: $t" "caching policy not available"
+  done
+fi
+if "$B" "$FX/compare-small.csv" "$CF/tf-growth.yaml" >/dev/null 2>&1; then
+  "$B" --suggest bfc "$TR/gpt2_train.csv" >"$W/bfcd.yaml" 2>/dev/null
+  lim=$(sed -n 's/^  memory_limit: \([0-9]*\)MiB$/\1/p' "$W/bfcd.yaml")
+  if [ -n "$lim" ]; then
+    has "$W/bfcd.yaml" "LogicalDeviceConfiguration(memory_limit=$lim)" \
+      "suggest bfc: TensorFlow's memory_limit in MiB, as the YAML's"
+    has "$W/bfcd.yaml" "export XLA_PYTHON_CLIENT_MEM_FRACTION=" "suggest bfc: and JAX's variable"
+  else
+    has "$W/bfcd.yaml" "# TensorFlow:" "suggest bfc: TensorFlow's settings"
+    has "$W/bfcd.yaml" "# JAX:" "suggest bfc: and JAX's"
+  fi
+fi
+
 # ---- --suggest of a policy without a search space --------------------------------
 "$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
 is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"

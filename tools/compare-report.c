@@ -302,6 +302,7 @@ static void json_u64(FILE *out, const char *key, uint64_t v) {
 
 static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
                      const compare_opts_t *o) {
+  if (r->trace) t = r->trace;
   fputs("  {\n    \"config\": ", out);
   compare_json_string(out, r->name);
   fputs(",\n    \"source\": ", out);

@@ -172,6 +172,44 @@ static int cmp_check_suggest(const char *policy) {
   return 2;
 }
 
+/* With --suggest, the arguments after TRACE that are traces too: "-" or an
+ * existing file that is not YAML. */
+static int cmp_is_trace_arg(const char *arg) {
+  size_t n = strlen(arg);
+  if ((n > 5 && strcmp(arg + n - 5, ".yaml") == 0) || (n > 4 && strcmp(arg + n - 4, ".yml") == 0))
+    return 0;
+  return strcmp(arg, "-") == 0 || cmp_is_file(arg);
+}
+
+/* Read a trace and say on stderr what the reader noted; NULL on failure
+ * (said on stderr). */
+static gmr_trace_data_t *cmp_read_trace(const char *path) {
+  char msg[1024] = "";
+  gmr_trace_data_t *t = NULL;
+  int err = gmr_trace_read(path, &t, msg, sizeof msg);
+  if (err != 0) {
+    fprintf(stderr, "gmr-compare: %s\n", msg[0] ? msg : gmr_strerror(err));
+    return NULL;
+  }
+  if (t->note) fprintf(stderr, "gmr-compare: note: %s: %s\n", path, t->note);
+  if (t->n_alloc_failures > 0) {
+    char b[48];
+    compare_format_bytes(t->alloc_failure_bytes, b, sizeof b);
+    fprintf(stderr,
+            "gmr-compare: note: %s: the recording saw %zu allocation%s fail (%s requested; the "
+            "first at %s %u); counted, not replayed\n",
+            path, t->n_alloc_failures, t->n_alloc_failures == 1 ? "" : "s", b,
+            t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "trace entry" : "line",
+            (unsigned)t->first_alloc_failure_line);
+  }
+  if (t->n_live_at_end > 0)
+    fprintf(stderr,
+            "gmr-compare: note: %s: %zu allocation%s never freed (still live at the end of "
+            "the trace)\n",
+            path, t->n_live_at_end, t->n_live_at_end == 1 ? " is" : "s are");
+  return t;
+}
+
 int main(int argc, char **argv) {
   compare_opts_t o = {.capacity = COMPARE_DEFAULT_CAPACITY};
   enum {
@@ -260,52 +298,53 @@ int main(int argc, char **argv) {
   }
   int i = optind;
   if (i >= argc) return cmp_usage_error("%s", "no TRACE given");
-  const char *trace_path = argv[i++];
-  int n_cfg = argc - i;
+  /* TRACE, then (with --suggest) more traces, then the CONFIGs. */
+  const char **paths = (const char **)&argv[i];
+  size_t n_traces = 1;
+  while (o.suggest && i + (int)n_traces < argc && cmp_is_trace_arg(argv[i + (int)n_traces]))
+    ++n_traces;
+  int n_cfg = argc - i - (int)n_traces;
+  char **cfg_args = &argv[i + (int)n_traces];
   if (n_cfg == 0 && o.suggest == NULL)
     return cmp_usage_error("%s", "no CONFIG given (a YAML file or a name, or --suggest POLICY)");
+  if (n_traces > 1 && (n_cfg > 0 || o.html))
+    return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
   if (o.suggest && cmp_check_suggest(o.suggest) != 0) return 2;
   o.timing = timing >= 0 ? timing : o.html == NULL;
   o.progress = isatty(STDERR_FILENO);
   if (o.columns == 0) o.columns = cmp_columns();
 
-  char msg[1024] = "";
-  gmr_trace_data_t *t = NULL;
-  int err = gmr_trace_read(trace_path, &t, msg, sizeof msg);
-  if (err != 0) {
-    fprintf(stderr, "gmr-compare: %s\n", msg[0] ? msg : gmr_strerror(err));
-    return 1;
-  }
-  if (t->note) fprintf(stderr, "gmr-compare: note: %s: %s\n", trace_path, t->note);
-  if (t->n_alloc_failures > 0) {
-    char b[48];
-    compare_format_bytes(t->alloc_failure_bytes, b, sizeof b);
-    fprintf(stderr,
-            "gmr-compare: note: %s: the recording saw %zu allocation%s fail (%s requested; the "
-            "first at %s %u); counted, not replayed\n",
-            trace_path, t->n_alloc_failures, t->n_alloc_failures == 1 ? "" : "s", b,
-            t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "trace entry" : "line",
-            (unsigned)t->first_alloc_failure_line);
-  }
-  if (t->n_live_at_end > 0)
-    fprintf(stderr,
-            "gmr-compare: note: %s: %zu allocation%s never freed (still live at the end of "
-            "the trace)\n",
-            trace_path, t->n_live_at_end, t->n_live_at_end == 1 ? " is" : "s are");
-
-  size_t n_runs = (size_t)n_cfg + (o.suggest ? 2 : 0);
+  gmr_trace_data_t **traces = calloc(n_traces, sizeof *traces);
+  size_t n_runs = (size_t)n_cfg + (o.suggest ? 2 * n_traces : 0);
   compare_run_t *runs = calloc(n_runs ? n_runs : 1, sizeof *runs);
-  if (runs == NULL) {
+  int rc = 0;
+  if (traces == NULL || runs == NULL) {
     fprintf(stderr, "gmr-compare: out of memory\n");
-    gmr_trace_data_free(t);
-    return 1;
+    rc = 1;
+    goto done;
   }
-  for (int k = 0; k < n_cfg; ++k)
-    cmp_run_config(&runs[k], argv[i + k], t, &o);
+  for (size_t k = 0; k < n_traces; ++k)
+    if ((traces[k] = cmp_read_trace(paths[k])) == NULL) {
+      rc = 1;
+      goto done;
+    }
+  const gmr_trace_data_t *t = traces[0];
+  for (int k = 0; k < n_cfg; ++k) {
+    runs[k].trace = t;
+    cmp_run_config(&runs[k], cfg_args[k], t, &o);
+  }
   int suggested = 0;
   if (o.suggest) {
-    suggested = compare_suggest(o.suggest, t, &o, &runs[n_cfg], &runs[n_cfg + 1]) == 0;
-    if (!suggested) n_runs = (size_t)n_cfg;
+    compare_run_t *sr = &runs[n_cfg];
+    for (size_t k = 0; k < 2 * n_traces; ++k)
+      sr[k].trace = traces[k / 2];
+    suggested =
+        compare_suggest(o.suggest, (const gmr_trace_data_t *const *)traces, n_traces, &o, sr) == 0;
+    if (!suggested) {
+      for (size_t k = 0; k < 2 * n_traces; ++k)
+        compare_run_release(&sr[k]);
+      n_runs = (size_t)n_cfg;
+    }
   }
 
   if (o.json)
@@ -314,9 +353,9 @@ int main(int argc, char **argv) {
     compare_print_table(stdout, t, runs, (size_t)n_cfg, &o);
   if (suggested && !o.json) {
     if (n_cfg > 0) fputc('\n', stdout);
-    compare_print_suggestion(stdout, o.suggest, t, &runs[n_cfg], &runs[n_cfg + 1]);
+    compare_print_suggestion(stdout, o.suggest, (const gmr_trace_data_t *const *)traces, n_traces,
+                             &runs[n_cfg], &o);
   }
-  int rc = 0;
   if (o.html && compare_write_html(o.html, t, runs, n_runs, &o) != 0) rc = 1;
   if (o.suggest && !suggested) rc = 1;
 
@@ -338,9 +377,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gmr-compare: cannot write the output: %s\n", strerror(errno));
     rc = 1;
   }
-  for (size_t k = 0; k < (size_t)n_cfg + (o.suggest ? 2 : 0); ++k)
+done:
+  for (size_t k = 0; runs && k < n_runs; ++k)
     compare_run_release(&runs[k]);
   free(runs);
-  gmr_trace_data_free(t);
+  for (size_t k = 0; traces && k < n_traces; ++k)
+    gmr_trace_data_free(traces[k]);
+  free(traces);
   return rc;
 }

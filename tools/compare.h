@@ -51,9 +51,10 @@ typedef struct compare_map_entry_s {
 
 /* Everything gmr-compare learns about one configuration. */
 typedef struct compare_run_s {
-  char name[128];    /* the file's base name without .yaml */
-  char source[1024]; /* the path as given, or a description */
-  char *yaml;        /* generated configurations: the YAML text (owned), else NULL */
+  char name[128];                /* the file's base name without .yaml */
+  char source[1024];             /* the path as given, or a description */
+  char *yaml;                    /* generated configurations: the YAML text (owned), else NULL */
+  const gmr_trace_data_t *trace; /* the trace it replays (the JSON names it) */
   compare_status_t status;
   char error[1400];        /* why it did not run (status != COMPARE_OK) */
   char policy[128];        /* the policy stack, e.g. "limit(caching)" */
@@ -129,13 +130,18 @@ int compare_fit(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_dat
 int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,
                        size_t n, const compare_opts_t *o);
 
-/* compare-suggest.c: search `policy`'s options for the lowest peak reserved
- * with no OOM.  Fills `defaults` and `best` (whose yaml is the winner's
- * configuration) and returns 0, or -1 with a message on stderr. */
-int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare_opts_t *o,
-                    compare_run_t *defaults, compare_run_t *best);
-/* Print the winner as YAML, the figures in comments next to the default's. */
-void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *t,
-                              const compare_run_t *defaults, const compare_run_t *best);
+/* compare-suggest.c: search `policy`'s options (from its option table) for
+ * the lowest peak reserved with no OOM on every trace.  Fills runs[2 k] (the
+ * defaults) and runs[2 k + 1] (the winner, whose yaml is its configuration)
+ * for trace k, and returns 0; or -1 with a message on stderr when no
+ * candidate replays every trace without an OOM on the --capacity device. */
+int compare_suggest(const char *policy, const gmr_trace_data_t *const *traces, size_t n_traces,
+                    const compare_opts_t *o, compare_run_t *runs);
+/* Print the winner as YAML: the figures in comments next to the defaults',
+ * per trace, then the framework's own settings (compare-deploy.c). */
+void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *const *traces,
+                              size_t n_traces, const compare_run_t *runs, const compare_opts_t *o);
+/* compare-deploy.c: the winner's YAML in the framework's syntax, as comments. */
+void compare_print_deploy(FILE *out, const char *policy, const char *yaml, uint64_t capacity);
 
 #endif /* GMR_COMPARE_H */
