@@ -126,7 +126,7 @@ has "$W/bt.err" "badtime.log:2: Time '12:61:00.5' is not a time" "variants: it n
 # ---- 3. PyTorch snapshots ---------------------------------------------------------
 if "$PY" -c 'import pickle' >/dev/null 2>&1; then
   for fx in pytorch-2.11-snapshot pytorch-2.11-snapshot-expandable; do
-    "$PY" "$SRC/tools/snapshot2csv.py" -q -o "$W/$fx.csv" "$FX/$fx.pickle"
+    "$PY" "$SRC/tools/snapshot2csv.py" -q --sites -o "$W/$fx.csv" "$FX/$fx.pickle"
     "$B" --json "$FX/$fx.pickle" "$CF/direct.yaml" "$CF/pytorch.yaml" >"$W/$fx.p.json" 2>"$W/$fx.err"
     is "$?" 0 "$fx.pickle: read directly (exit status 0)"
     "$B" --json "$W/$fx.csv" "$CF/direct.yaml" "$CF/pytorch.yaml" >"$W/$fx.c.json" 2>/dev/null
@@ -134,6 +134,9 @@ if "$PY" -c 'import pickle' >/dev/null 2>&1; then
     is "$(jget "$W/$fx.p.json" pytorch peak_requested)" 10490760 \
       "$fx.pickle: PyTorch's requested_bytes.all.peak, 10490760"
     is "$(jget "$W/$fx.p.json" pytorch trace_format)" '"pytorch_snapshot"' "$fx.pickle: the format"
+    is "$(jget "$W/$fx.p.json" pytorch top_sites)" \
+      '[{"site": "p.py:8 (<module>)", "bytes": 7340032, "allocations": 1}, {"site": "p.py:5 (<module>)", "bytes": 3145728, "allocations": 1}, {"site": "p.py:7 (<module>)", "bytes": 5000, "allocations": 1}]' \
+      "$fx.pickle: the call sites at the peak, from the frames"
   done
 
   "$PY" - "$W" <<'EOF2'
@@ -178,7 +181,7 @@ open(os.path.join(w, "getnone.pickle"), "wb").write(b"\x80\x04h\x05.")
 open(os.path.join(w, "deep.pickle"), "wb").write(b"\x80\x04" + b"]" * 100000 + b"a" * 99999 + b".")
 EOF2
   ok $? "build synthetic and hostile snapshots with python3"
-  "$PY" "$SRC/tools/snapshot2csv.py" -q -o "$W/ring.csv" "$W/ring.pickle" 2>/dev/null
+  "$PY" "$SRC/tools/snapshot2csv.py" -q --sites -o "$W/ring.csv" "$W/ring.pickle" 2>/dev/null
   "$B" --json "$W/ring.pickle" "$CF/direct.yaml" >"$W/ring.json" 2>"$W/ring.err"
   is "$?" 0 "ring: a history that lost its beginning still replays"
   "$B" --json "$W/ring.csv" "$CF/direct.yaml" >"$W/ringc.json" 2>/dev/null
@@ -186,6 +189,8 @@ EOF2
   has "$W/ring.err" "The history starts in the middle of the run: 1 free of allocations made before it began is left out" \
     "ring: says what is missing"
   has "$W/ring.err" "_record_memory_history(max_entries=N)" "ring: and how to record it whole"
+  is "$(jget "$W/ring.json" direct top_sites | cut -c 1-40)" '[{"site": "train.py:12 (step)", "bytes":' \
+    "ring: the call site is the innermost frame outside torch"
   has "$W/ring.err" "the recording saw 1 allocation fail (20.00 MiB requested; the first at trace entry 9)" \
     "ring: the oom entry is a failure, counted, not replayed"
   "$B" --json "$W/ring-p2.pickle" "$CF/direct.yaml" >"$W/ring2.json" 2>/dev/null

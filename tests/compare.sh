@@ -394,6 +394,53 @@ if "$B" "$FX/compare-small.csv" "$CF/tf-growth.yaml" >/dev/null 2>&1; then
   fi
 fi
 
+# ---- call sites and --diff -------------------------------------------------------
+cat >"$W/before.csv" <<'EOF2'
+Thread,Time,Action,Pointer,Size,Stream,Site
+0,1,allocate,0x10,9437184,0,model.py:10 (embed)
+0,2,allocate,0x20,9437184,0,model.py:20 (attn)
+0,3,allocate,0x30,9437184,0,model.py:20 (attn)
+0,4,free,0x20,9437184,0
+0,5,allocate,0x40,4194304,0,train.py:5 (loss, scaled)
+0,6,free,0x30,9437184,0
+EOF2
+cat >"$W/after.csv" <<'EOF2'
+Thread,Time,Action,Pointer,Size,Stream,Site
+0,1,allocate,0x10,9437184,0,model.py:10 (embed)
+0,2,allocate,0x20,9437184,0,model.py:20 (attn)
+0,3,allocate,0x30,9437184,0,model.py:20 (attn)
+0,3,allocate,0x50,9437184,0,model.py:20 (attn)
+0,4,free,0x20,9437184,0
+0,5,allocate,0x40,8388608,0,train.py:5 (loss, scaled)
+0,6,free,0x30,9437184,0
+EOF2
+"$B" --no-timing "$W/before.csv" "$CF/direct.yaml" >"$W/sites.out" 2>/dev/null
+is "$?" 0 "sites: a trace with a Site column replays"
+has "$W/sites.out" "Call sites holding the most memory at each configuration's peak" "sites: the table names them"
+is "$(grep -A2 '^  direct (peak at event 2, line 4):' "$W/sites.out" | tail -n 2 | sed 's/  */ /g')" \
+  " 18.00 MiB 2 allocations model.py:20 (attn)
+ 9.00 MiB 1 allocation model.py:10 (embed)" "sites: largest first, with their live allocations"
+"$B" --json "$W/before.csv" "$CF/direct.yaml" >"$W/sites.json" 2>/dev/null
+is "$(jget "$W/sites.json" direct top_sites)" \
+  '[{"site": "model.py:20 (attn)", "bytes": 18874368, "allocations": 2}, {"site": "model.py:10 (embed)", "bytes": 9437184, "allocations": 1}]' \
+  "sites: top_sites in the JSON"
+"$B" --html "$W/sites.html" "$W/before.csv" "$CF/direct.yaml" >/dev/null 2>&1
+has "$W/sites.html" "<tr><td>18.00 MiB</td><td>2</td><td>model.py:20 (attn)</td></tr>" "sites: and the page"
+is "$(jget "$W/j.json" direct top_sites)" "[]" "sites: none in a trace without the column"
+
+"$B" --diff --fit "$W/before.csv" "$W/after.csv" "$CF/direct.yaml" >"$W/diff.out" 2>/dev/null
+is "$?" 0 "diff: exit status 0"
+is "$(grep '^  peak reserved' "$W/diff.out" | sed 's/  */ /g')" \
+  " peak reserved 27.00 MiB 36.00 MiB +9.00 MiB (+33.3 %)" "diff: the peaks and the change"
+has "$W/diff.out" "+9.00 MiB     model.py:20 (attn) (18.00 MiB -> 27.00 MiB)" "diff: the call site that grew"
+has "$W/diff.out" "  fit capacity (no OOM)" "diff: with --fit, the fit of each"
+"$B" --json --diff "$W/before.csv" "$W/after.csv" "$CF/direct.yaml" >"$W/diff.json" 2>/dev/null
+is "$(jget "$W/diff.json" direct peak_reserved_change)" 9437184 "diff json: the change in bytes"
+is "$(jget "$W/diff.json" direct sites_grew)" '[{"site": "model.py:20 (attn)", "before": 18874368, "after": 28311552}]' \
+  "diff json: the sites that grew"
+"$B" --diff "$W/before.csv" "$W/after.csv" >/dev/null 2>&1
+is "$?" 2 "diff without a CONFIG: a usage error"
+
 # ---- --suggest of a policy without a search space --------------------------------
 "$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
 is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"

@@ -662,6 +662,21 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
     html_segmap(out, r, row_bytes ? row_bytes : 1, map_own && row_shared != 0);
   }
   html_caption(out, r, least);
+  compare_site_t top[COMPARE_TOP_SITES];
+  size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
+  if (m > 0) {
+    fputs("<h3>Call sites at the peak</h3>\n<table class=\"sites\"><thead><tr><th>requested"
+          "</th><th>allocations</th><th>call site</th></tr></thead><tbody>\n",
+          out);
+    for (size_t j = 0; j < m; ++j) {
+      char b[48];
+      compare_format_bytes(top[j].bytes, b, sizeof b);
+      fprintf(out, "<tr><td>%s</td><td>%" PRIu64 "</td><td>", b, top[j].allocations);
+      html_text(out, compare_site_name(t, top[j].site));
+      fputs("</td></tr>\n", out);
+    }
+    fputs("</tbody></table>\n", out);
+  }
   fputs("</section>\n", out);
 }
 

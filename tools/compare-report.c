@@ -220,6 +220,28 @@ static size_t table_first_line(const char *msg, char *buf, size_t len) {
   return more;
 }
 
+/* The call sites holding the most memory at each configuration's peak. */
+static void table_sites(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n) {
+  if (t->n_sites == 0) return;
+  fputs("\nCall sites holding the most memory at each configuration's peak (requested bytes of "
+        "the live allocations):\n",
+        out);
+  for (size_t k = 0; k < n; ++k) {
+    const compare_run_t *r = &runs[k];
+    if (r->status != COMPARE_OK) continue;
+    compare_site_t top[COMPARE_TOP_SITES];
+    size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
+    fprintf(out, "  %s (peak at event %zu, line %u):\n", r->name, r->res.peak_event,
+            r->res.peak_event < t->n_events ? t->events[r->res.peak_event].line : 0);
+    for (size_t j = 0; j < m; ++j) {
+      char b[48];
+      compare_format_bytes(top[j].bytes, b, sizeof b);
+      fprintf(out, "    %12s  %6" PRIu64 " allocation%s  %s\n", b, top[j].allocations,
+              top[j].allocations == 1 ? " " : "s", compare_site_name(t, top[j].site));
+    }
+  }
+}
+
 void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
                          const compare_opts_t *o) {
   char a[48], b[48];
@@ -278,6 +300,7 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
       first = 0;
     }
   }
+  table_sites(out, t, runs, n);
 }
 
 /* ---- JSON ------------------------------------------------------------------------ */
@@ -358,6 +381,16 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
     fputs(",\n    \"first_oom\": null", out);
   }
   json_u64(out, "alloc_retries", f->alloc_retries);
+  compare_site_t top[COMPARE_TOP_SITES];
+  size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
+  fputs(",\n    \"top_sites\": [", out);
+  for (size_t j = 0; j < m; ++j) {
+    fputs(j ? ", {\"site\": " : "{\"site\": ", out);
+    compare_json_string(out, compare_site_name(t, top[j].site));
+    fprintf(out, ", \"bytes\": %" PRIu64 ", \"allocations\": %" PRIu64 "}", top[j].bytes,
+            top[j].allocations);
+  }
+  fputc(']', out);
   if (o->fit) {
     if (r->fit_capacity)
       json_u64(out, "fit_capacity", r->fit_capacity);

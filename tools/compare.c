@@ -32,7 +32,8 @@
 
 static const char cmp_usage[] =
     "usage: gmr-compare [OPTIONS] TRACE CONFIG...\n"
-    "       gmr-compare [OPTIONS] --suggest POLICY TRACE [CONFIG...]\n"
+    "       gmr-compare [OPTIONS] --suggest POLICY TRACE... [CONFIG...]\n"
+    "       gmr-compare [OPTIONS] --diff BEFORE AFTER CONFIG...\n"
     "\n"
     "Replay TRACE under each CONFIG on a fresh simulated device, and print the\n"
     "figures side by side.  TRACE is a CSV in RMM's layout (gmr's traces, or\n"
@@ -46,7 +47,12 @@ static const char cmp_usage[] =
     "  --html FILE       also write a self-contained page: timelines and\n"
     "                    segment maps at the peak\n"
     "  --suggest POLICY  search POLICY's options (caching, bfc) for the lowest\n"
-    "                    peak reserved with no OOM; print it as YAML\n"
+    "                    peak reserved with no OOM on every TRACE on the\n"
+    "                    --capacity device; print it as YAML and in the\n"
+    "                    framework's own syntax\n"
+    "  --diff            compare two traces of one program (before and after a\n"
+    "                    change) under each CONFIG: peaks, fragmentation, and\n"
+    "                    the call sites that grew\n"
     "  --fit             also find, per CONFIG, the smallest device on which\n"
     "                    the trace runs with no OOM (fit capacity)\n"
     "  --no-timing       leave out the replay times, so that two runs give\n"
@@ -221,7 +227,8 @@ int main(int argc, char **argv) {
     OPT_WIDTH,
     OPT_FIT,
     OPT_NO_TIMING,
-    OPT_TIMING
+    OPT_TIMING,
+    OPT_DIFF
   };
   int timing = -1; /* -1: the default (on, off in --html) */
   static const struct option longs[] = {
@@ -234,6 +241,7 @@ int main(int argc, char **argv) {
       {"fit", no_argument, NULL, OPT_FIT},
       {"no-timing", no_argument, NULL, OPT_NO_TIMING},
       {"timing", no_argument, NULL, OPT_TIMING},
+      {"diff", no_argument, NULL, OPT_DIFF},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0},
@@ -274,6 +282,9 @@ int main(int argc, char **argv) {
     case OPT_TIMING:
       timing = 1;
       break;
+    case OPT_DIFF:
+      o.diff = 1;
+      break;
     case OPT_SUGGEST:
       o.suggest = optarg;
       break;
@@ -300,14 +311,18 @@ int main(int argc, char **argv) {
   if (i >= argc) return cmp_usage_error("%s", "no TRACE given");
   /* TRACE, then (with --suggest) more traces, then the CONFIGs. */
   const char **paths = (const char **)&argv[i];
-  size_t n_traces = 1;
+  size_t n_traces = o.diff ? 2 : 1;
+  if (o.diff && (o.suggest || o.html))
+    return cmp_usage_error("%s", "--diff takes no --suggest and no --html");
+  if (o.diff && argc - i < 3)
+    return cmp_usage_error("%s", "--diff needs two traces and a CONFIG: --diff A B CONFIG...");
   while (o.suggest && i + (int)n_traces < argc && cmp_is_trace_arg(argv[i + (int)n_traces]))
     ++n_traces;
   int n_cfg = argc - i - (int)n_traces;
   char **cfg_args = &argv[i + (int)n_traces];
   if (n_cfg == 0 && o.suggest == NULL)
     return cmp_usage_error("%s", "no CONFIG given (a YAML file or a name, or --suggest POLICY)");
-  if (n_traces > 1 && (n_cfg > 0 || o.html))
+  if (o.suggest && n_traces > 1 && (n_cfg > 0 || o.html))
     return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
   if (o.suggest && cmp_check_suggest(o.suggest) != 0) return 2;
   o.timing = timing >= 0 ? timing : o.html == NULL;
@@ -315,7 +330,7 @@ int main(int argc, char **argv) {
   if (o.columns == 0) o.columns = cmp_columns();
 
   gmr_trace_data_t **traces = calloc(n_traces, sizeof *traces);
-  size_t n_runs = (size_t)n_cfg + (o.suggest ? 2 * n_traces : 0);
+  size_t n_runs = (size_t)n_cfg * (o.diff ? 2 : 1) + (o.suggest ? 2 * n_traces : 0);
   compare_run_t *runs = calloc(n_runs ? n_runs : 1, sizeof *runs);
   int rc = 0;
   if (traces == NULL || runs == NULL) {
@@ -329,6 +344,17 @@ int main(int argc, char **argv) {
       goto done;
     }
   const gmr_trace_data_t *t = traces[0];
+  if (o.diff) {
+    for (int k = 0; k < 2 * n_cfg; ++k) {
+      runs[k].trace = traces[k % 2];
+      cmp_run_config(&runs[k], cfg_args[k / 2], traces[k % 2], &o);
+    }
+    if (o.json)
+      compare_print_diff_json(stdout, runs, (size_t)n_cfg);
+    else
+      compare_print_diff(stdout, runs, (size_t)n_cfg, &o);
+    goto report;
+  }
   for (int k = 0; k < n_cfg; ++k) {
     runs[k].trace = t;
     cmp_run_config(&runs[k], cfg_args[k], t, &o);
@@ -359,6 +385,7 @@ int main(int argc, char **argv) {
   if (o.html && compare_write_html(o.html, t, runs, n_runs, &o) != 0) rc = 1;
   if (o.suggest && !suggested) rc = 1;
 
+report:;
   size_t failed = 0;
   for (size_t k = 0; k < n_runs; ++k)
     if (runs[k].status != COMPARE_OK) {

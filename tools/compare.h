@@ -89,6 +89,7 @@ typedef struct compare_opts_s {
   const char *suggest; /* --suggest POLICY, or NULL */
   int timing;          /* replay time and speed shown (not with --no-timing; off in --html) */
   int fit;             /* --fit */
+  int diff;            /* --diff */
 } compare_opts_t;
 
 /* How much compare_replay learns (each level adds a replay). */
@@ -125,6 +126,25 @@ void compare_json_string(FILE *out, const char *s);
  * could not run (run->status and run->error set). */
 int compare_fit(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
                 const compare_opts_t *o);
+
+/* compare-sites.c: the call sites holding the most requested bytes among
+ * the allocations live after event `at`, largest first: up to `max` into
+ * `out`, returning how many (0 when the trace names no sites). */
+typedef struct compare_site_s {
+  uint32_t site;        /* index into the trace's sites (1-based), 0: none */
+  uint64_t bytes;       /* requested bytes live there */
+  uint64_t allocations; /* live allocations there */
+} compare_site_t;
+#define COMPARE_TOP_SITES 5
+size_t compare_sites_at(const gmr_trace_data_t *t, size_t at, compare_site_t *out, size_t max);
+/* A site's text ("(no call site)" for 0). */
+const char *compare_site_name(const gmr_trace_data_t *t, uint32_t site);
+
+/* compare-diff.c: --diff, runs[2 k] on the trace before and runs[2 k + 1]
+ * on the trace after, for configuration k: a table, or JSON. */
+void compare_print_diff(FILE *out, const compare_run_t *runs, size_t n_cfg,
+                        const compare_opts_t *o);
+void compare_print_diff_json(FILE *out, const compare_run_t *runs, size_t n_cfg);
 
 /* compare-html.c: 0, or -1 with a message on stderr. */
 int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,
