@@ -121,6 +121,10 @@ void compare_print_diff(FILE *out, const compare_run_t *runs, size_t n_cfg,
             100.0 * (b->fragmentation - a->fragmentation));
     fprintf(out, "  %-24s %14" PRIu64 " %14" PRIu64 "\n", "segments (peak)", a->final.peak_segments,
             b->final.peak_segments);
+    fprintf(out, "  %-24s %14" PRIu64 " %14" PRIu64 "\n", "device allocs", a->final.device_allocs,
+            b->final.device_allocs);
+    fprintf(out, "  %-24s %14" PRIu64 " %14" PRIu64 "\n", "device frees", a->final.device_frees,
+            b->final.device_frees);
     fprintf(out, "  %-24s %14zu %14zu\n", "OOMs", a->res.ooms, b->res.ooms);
     if (o->fit) diff_bytes_row(out, "fit capacity (no OOM)", a->fit_capacity, b->fit_capacity);
     diff_site_t *d = NULL;
@@ -150,9 +154,11 @@ static void diff_json_side(FILE *out, const char *key, const compare_run_t *r) {
           ", \"peak_reserved\": %" PRIu64 ", \"peak_requested\": %" PRIu64
           ", \"free_at_peak\": %" PRIu64
           ", \"fragmentation_at_peak\": %.4f, \"segments_peak\": %" PRIu64
+          ", \"device_allocs\": %" PRIu64 ", \"device_frees\": %" PRIu64
           ", \"ooms\": %zu, \"peak_event\": %zu",
           r->final.peak_reserved_bytes, r->final.peak_requested_bytes, r->free_at_peak,
-          r->fragmentation, r->final.peak_segments, r->res.ooms, r->res.peak_event);
+          r->fragmentation, r->final.peak_segments, r->final.device_allocs, r->final.device_frees,
+          r->res.ooms, r->res.peak_event);
   if (r->fit_max) {
     if (r->fit_capacity)
       fprintf(out, ", \"fit_capacity\": %" PRIu64, r->fit_capacity);
