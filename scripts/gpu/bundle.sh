@@ -10,6 +10,10 @@ ln -s libgmr.so.0 "$dest/lib/libgmr.so"
 cp -L "$b/lib/.libs/libgmr-preload.so" "$dest/lib/"
 cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
 cp "$b/tools/gmr-info" "$dest/bin/"
+# gmr-compare (snapshot_compare.sh): the real program, not libtool's wrapper.
+if [ -f "$b/tools/.libs/gmr-compare" ]; then cp "$b/tools/.libs/gmr-compare" "$dest/bin/"; else
+  cp "$b/tools/gmr-compare" "$dest/bin/"
+fi
 cp -r "$src/python/gmr" "$dest/python/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
