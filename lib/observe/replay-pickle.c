@@ -525,16 +525,68 @@ static void snap_site(const pk_val_t *frames, char *out, size_t len) {
     if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
 }
 
-/* Live addresses of the history, for frees of allocations it never saw. */
+/* Live addresses of the history, for frees of allocations it never saw: an
+ * open-addressing set with backward-shift deletion, load <= 1/2. */
 typedef struct live_s {
-  int64_t *addr;
-  size_t n, cap;
+  int64_t *slot; /* 0: empty (addresses are > 0) */
+  size_t mask, n;
 } live_t;
 
-static ptrdiff_t live_find(const live_t *l, int64_t a) {
-  for (size_t i = l->n; i-- > 0;) /* recent first: frees follow their allocs closely */
-    if (l->addr[i] == a) return (ptrdiff_t)i;
-  return -1;
+static size_t live_home(const live_t *l, int64_t a) {
+  return (size_t)(((uint64_t)a >> 4) * 0x9E3779B97F4A7C15ull >> 17) & l->mask;
+}
+
+static bool live_has(const live_t *l, int64_t a) {
+  if (l->slot == NULL) return false;
+  for (size_t i = live_home(l, a);; i = (i + 1) & l->mask) {
+    if (l->slot[i] == a) return true;
+    if (l->slot[i] == 0) return false;
+  }
+}
+
+static bool live_add(live_t *l, int64_t a) {
+  if (l->slot == NULL || (l->n + 1) * 2 > l->mask + 1) {
+    size_t cap = l->slot ? (l->mask + 1) * 2 : 1024;
+    live_t g = {gmr__calloc(cap, sizeof(int64_t)), cap - 1, 0};
+    if (g.slot == NULL) return false;
+    for (size_t i = 0; l->slot && i <= l->mask; ++i)
+      if (l->slot[i] != 0) {
+        size_t j = live_home(&g, l->slot[i]);
+        while (g.slot[j] != 0)
+          j = (j + 1) & g.mask;
+        g.slot[j] = l->slot[i];
+        ++g.n;
+      }
+    gmr__free(l->slot);
+    *l = g;
+  }
+  size_t i = live_home(l, a);
+  while (l->slot[i] != 0)
+    i = (i + 1) & l->mask;
+  l->slot[i] = a;
+  ++l->n;
+  return true;
+}
+
+static void live_remove(live_t *l, int64_t a) {
+  if (l->slot == NULL) return;
+  size_t i = live_home(l, a);
+  while (l->slot[i] != a) {
+    if (l->slot[i] == 0) return;
+    i = (i + 1) & l->mask;
+  }
+  for (size_t j = i;;) {
+    j = (j + 1) & l->mask;
+    if (l->slot[j] == 0) break;
+    size_t h = live_home(l, l->slot[j]);
+    bool between = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+    if (!between) {
+      l->slot[i] = l->slot[j];
+      i = j;
+    }
+  }
+  l->slot[i] = 0;
+  --l->n;
 }
 
 bool gmr__is_pickle(const char *text, size_t len) {
@@ -561,12 +613,15 @@ static int snap_busiest(const pk_val_t *traces, size_t *out_allocs, int *out_bus
 }
 
 /* The stream's number: 0 for the default stream, then 1, 2... in order of
- * first use (as snapshot2csv.py numbers them). */
+ * first use (as snapshot2csv.py numbers them); streams beyond the
+ * SNAP_STREAMS-th share the last number (no program uses that many). */
+enum { SNAP_STREAMS = 256 };
+
 static int64_t snap_stream(int64_t *seen, size_t *n, int64_t s) {
   if (s == 0) return 0;
   for (size_t i = 0; i < *n; ++i)
     if (seen[i] == s) return (int64_t)i + 1;
-  if (*n < 4096) seen[(*n)++] = s;
+  if (*n < SNAP_STREAMS) seen[(*n)++] = s;
   return (int64_t)*n;
 }
 
@@ -582,7 +637,7 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
             .name = name};
   buf_t b = {0};
   live_t live = {0};
-  int64_t *streams = gmr__malloc(4096 * sizeof *streams);
+  int64_t *streams = gmr__malloc(SNAP_STREAMS * sizeof *streams);
   size_t n_streams = 0;
   int rc = GMR_EINVAL;
   if (streams == NULL) {
@@ -634,10 +689,9 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
         pk_fail(&k, "trace entry %zu: an alloc without a positive addr and size", i + 1);
         goto done;
       }
-      ptrdiff_t at = live_find(&live, addr);
-      if (at >= 0) { /* its free_completed is missing: free it first */
+      if (live_has(&live, addr)) { /* its free_completed is missing: free it first */
         bprintf(&b, "0,%" PRId64 ",free,%#" PRIx64 ",0,0\n", time_us, (uint64_t)addr);
-        live.addr[at] = live.addr[--live.n];
+        live_remove(&live, addr);
         ++supplied;
       }
       char site[400];
@@ -645,16 +699,12 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
       bprintf(&b, "0,%" PRId64 ",allocate,%#" PRIx64 ",%" PRId64 ",%" PRId64 "%s%s\n", time_us,
               (uint64_t)addr, size, snap_stream(streams, &n_streams, stream), site[0] ? "," : "",
               site);
-      if (!pk_grow((void **)&live.addr, &live.cap, live.n + 1, sizeof *live.addr))
-        b.oom = true;
-      else
-        live.addr[live.n++] = addr;
+      if (!live_add(&live, addr)) b.oom = true;
     } else if (pk_is(act, "free_completed") || pk_is(act, "free")) {
-      ptrdiff_t at = has_addr ? live_find(&live, addr) : -1;
-      if (at >= 0) {
+      if (has_addr && addr > 0 && live_has(&live, addr)) {
         bprintf(&b, "0,%" PRId64 ",free,%#" PRIx64 ",%" PRId64 ",%" PRId64 "\n", time_us,
                 (uint64_t)addr, size, snap_stream(streams, &n_streams, stream));
-        live.addr[at] = live.addr[--live.n];
+        live_remove(&live, addr);
       } else {
         bprintf(&b, "# free of %#" PRIx64 ", allocated before the history starts: left out\n",
                 (uint64_t)addr);
@@ -709,7 +759,7 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
   rc = 0;
 done:
   gmr__free(b.p);
-  gmr__free(live.addr);
+  gmr__free(live.slot);
   gmr__free(streams);
   pk_release(&k);
   return rc;
