@@ -1,8 +1,9 @@
 /* replay-formats.h: the trace reader's helpers for the formats other tools
  * write, shared by replay.c (the reader) and the files that know them:
  * replay-rmm.c (the fields of RMM's logging_resource_adaptor logs, and call
- * sites) and replay-pickle.c (PyTorch memory snapshots).  Neither calls back
- * into replay.c except through the public gmr_trace_parse.
+ * sites) and replay-pickle.c (PyTorch memory snapshots).  Neither calls
+ * into replay.c: the reader calls them, and parses what the pickle reader
+ * writes as any trace.
  */
 #ifndef GMR_REPLAY_FORMATS_H
 #define GMR_REPLAY_FORMATS_H
