@@ -360,6 +360,9 @@ if "$B" "$FX/compare-small.csv" "$CF/pytorch.yaml" >/dev/null 2>&1; then
   else
     skip "suggest: the memory cap as absolute bytes" "no fraction suggested"
   fi
+  "$B" --json --fit --suggest caching "$FX/compare-small.csv" >"$W/sfit.json" 2>/dev/null
+  is "$(jget "$W/sfit.json" caching-defaults fit_capacity)" 62914560 \
+    "suggest --fit: the defaults' fit (three 20 MiB segments)"
   "$B" --suggest caching "$TR/gpt2_train.csv" "$TR/resnet50_train.csv" "$CF/direct.yaml" \
     >/dev/null 2>"$W/multi-cfg.err"
   is "$?" 2 "suggest over two traces with a CONFIG: a usage error"
@@ -377,7 +380,7 @@ if "$B" "$FX/compare-small.csv" "$CF/pytorch.yaml" >/dev/null 2>&1; then
   is "$(wc -c <"$W/cap12.yaml" | tr -d ' ')" 0 "suggest --capacity 12GiB: nothing printed that would OOM"
   has "$W/cap12.err" "so none is suggested" "suggest --capacity 12GiB: says so"
 else
-  for t in status figures gpt2 resnet50 conf conf-figures cap-bytes usage c14 c14-device c14-defaults c14-ooms c12 c12-empty c12-says; do
+  for t in status figures gpt2 resnet50 conf conf-figures cap-bytes sfit usage c14 c14-device c14-defaults c14-ooms c12 c12-empty c12-says; do
     skip "suggest deploy: $t" "caching policy not available"
   done
 fi

@@ -154,6 +154,7 @@ static int suggest_run(suggest_t *s, const int *pick, size_t tr, compare_run_t *
     return -1;
   }
   int rc = compare_replay(run, cfg, s->traces[tr], &s->o, detail);
+  if (rc == 0 && detail != COMPARE_TIMED && s->o.fit) compare_fit(run, cfg, s->traces[tr], &s->o);
   gmr_config_free(cfg);
   return rc;
 }
