@@ -112,36 +112,36 @@ static limit_backend_t *lbe_of(gmr_backend_t *be) {
   return (limit_backend_t *)be;
 }
 
-static int lbe_reserve(gmr_backend_t *be, size_t size, void **out) {
+static int lbe_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out) {
   limit_backend_t *l = lbe_of(be);
   uint64_t seen;
   if (!take(&l->held, l->cap, size, &seen))
     return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_reserve(l->real, size, out);
+  int err = gmr__backend_reserve(l->real, size, s, out);
   if (err != 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
 
-static int lbe_release(gmr_backend_t *be, void *ptr, size_t size) {
+static int lbe_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  int err = gmr__backend_release(l->real, ptr, size);
+  int err = gmr__backend_release(l->real, ptr, size, s);
   if (err == 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
 
-static int lbe_map(gmr_backend_t *be, void *addr, size_t size) {
+static int lbe_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
   uint64_t seen;
   if (!take(&l->held, l->cap, size, &seen))
     return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_map(l->real, addr, size);
+  int err = gmr__backend_map(l->real, addr, size, s);
   if (err != 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
 
-static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size) {
+static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  int err = gmr__backend_unmap(l->real, addr, size);
+  int err = gmr__backend_unmap(l->real, addr, size, s);
   if (err == 0) atomic_fetch_sub(&l->held, size);
   return err;
 }

@@ -315,10 +315,11 @@ static int bfc_piece_add(bfc_region_t *r, void *ptr, size_t size) {
   return 0;
 }
 
-/* Give a device range back to the backend (one reserve or one map). */
+/* Give a device range back to the backend (one reserve or one map).  Regions
+ * belong to no stream (TensorFlow's allocator has none): device calls pass NULL. */
 static void bfc_sub_free(bfc_t *b, void *ptr, size_t size) {
-  int err = b->vmm ? gmr__backend_unmap(b->base.backend, ptr, size)
-                   : gmr__backend_release(b->base.backend, ptr, size);
+  int err = b->vmm ? gmr__backend_unmap(b->base.backend, ptr, size, NULL)
+                   : gmr__backend_release(b->base.backend, ptr, size, NULL);
   if (err != 0)
     gmr__log(GMR_LOG_ERROR, "%s: the device refused to take back %zu bytes at %p: %s", b->name,
              size, ptr, gmr__error_last());
@@ -327,7 +328,7 @@ static void bfc_sub_free(bfc_t *b, void *ptr, size_t size) {
 /* SubAllocator::Alloc: 0, GMR_ENOMEM (refused), or another device error. */
 static int bfc_sub_alloc(bfc_t *b, size_t bytes, void **out, size_t *received) {
   if (!b->vmm) {
-    int err = gmr__backend_reserve(b->base.backend, bytes, out);
+    int err = gmr__backend_reserve(b->base.backend, bytes, NULL, out);
     if (err == 0) *received = bytes;
     return err;
   }
@@ -338,7 +339,7 @@ static int bfc_sub_alloc(bfc_t *b, size_t bytes, void **out, size_t *received) {
                           "mapped, %zu more asked)",
                           b->name, b->va_used, b->va_size, padded);
   void *at = (void *)(b->va_base + b->va_used);
-  int err = gmr__backend_map(b->base.backend, at, padded);
+  int err = gmr__backend_map(b->base.backend, at, padded, NULL);
   if (err != 0) return err;
   b->va_used += padded;
   *out = at;
