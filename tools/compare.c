@@ -85,13 +85,23 @@ static int cmp_usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
+/* Whether `s` ends with `suffix` (and has something before it). */
+static int cmp_ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n > k && memcmp(s + (n - k), suffix, k) == 0;
+}
+
+static int cmp_is_yaml_name(const char *s) {
+  return cmp_ends_with(s, ".yaml") || cmp_ends_with(s, ".yml");
+}
+
 static void cmp_base_name(const char *path, char *out, size_t len) {
   const char *b = strrchr(path, '/');
   b = b ? b + 1 : path;
   size_t n = strlen(b);
-  if (n > 5 && strcmp(b + n - 5, ".yaml") == 0)
+  if (cmp_ends_with(b, ".yaml"))
     n -= 5;
-  else if (n > 4 && strcmp(b + n - 4, ".yml") == 0)
+  else if (cmp_ends_with(b, ".yml"))
     n -= 4;
   if (n >= len) n = len - 1;
   memcpy(out, b, n);
@@ -107,9 +117,7 @@ static int cmp_is_file(const char *path) {
  * like a path), else NAME.yaml in ./config, then in the share directory.
  * 0 with the path in `out`, or -1 with a sentence in `why`. */
 static int cmp_find_config(const char *arg, char *out, size_t len, char *why, size_t whylen) {
-  size_t n = strlen(arg);
-  int pathlike = strchr(arg, '/') != NULL || (n > 5 && strcmp(arg + n - 5, ".yaml") == 0) ||
-                 (n > 4 && strcmp(arg + n - 4, ".yml") == 0);
+  int pathlike = strchr(arg, '/') != NULL || cmp_is_yaml_name(arg);
   if (pathlike || cmp_is_file(arg)) {
     snprintf(out, len, "%s", arg);
     return 0;
@@ -182,9 +190,7 @@ static int cmp_check_suggest(const char *policy) {
 /* With --suggest, the arguments after TRACE that are traces too: "-" or an
  * existing file that is not YAML. */
 static int cmp_is_trace_arg(const char *arg) {
-  size_t n = strlen(arg);
-  if ((n > 5 && strcmp(arg + n - 5, ".yaml") == 0) || (n > 4 && strcmp(arg + n - 4, ".yml") == 0))
-    return 0;
+  if (cmp_is_yaml_name(arg)) return 0;
   return strcmp(arg, "-") == 0 || cmp_is_file(arg);
 }
 
