@@ -299,12 +299,12 @@ is "$(grep '^fit capacity' "$W/fit.out" | sed 's/  */ /g')" "fit capacity (no OO
 has "$W/fit.html" "<tr><td>fit capacity (no OOM)</td><td>54.00 MiB</td></tr>" "fit: and of the page"
 for c in pytorch tf-growth tf-greedy; do
   if "$B" "$FX/compare-small.csv" "$CF/$c.yaml" >/dev/null 2>&1; then
-    "$B" --json --fit "$TR/gpt2_train.csv" "$CF/$c.yaml" >"$W/fit-$c.json" 2>/dev/null
+    "$B" --json --fit "$TR/resnet50_train.csv" "$CF/$c.yaml" >"$W/fit-$c.json" 2>/dev/null
     fit=$(jget "$W/fit-$c.json" "$c" fit_capacity)
     below=$((fit - 2097152))
-    "$B" --json --capacity "$fit" "$TR/gpt2_train.csv" "$CF/$c.yaml" >"$W/at.json" 2>/dev/null
-    "$B" --json --capacity "$below" "$TR/gpt2_train.csv" "$CF/$c.yaml" >"$W/below.json" 2>/dev/null
-    is "$(jget "$W/at.json" "$c" ooms)" 0 "fit: $c runs gpt2_train with no OOM on its fit ($fit)"
+    "$B" --json --capacity "$fit" "$TR/resnet50_train.csv" "$CF/$c.yaml" >"$W/at.json" 2>/dev/null
+    "$B" --json --capacity "$below" "$TR/resnet50_train.csv" "$CF/$c.yaml" >"$W/below.json" 2>/dev/null
+    is "$(jget "$W/at.json" "$c" ooms)" 0 "fit: $c runs resnet50_train with no OOM on its fit ($fit)"
     [ "$(jget "$W/below.json" "$c" ooms)" -gt 0 ]
     ok $? "fit: $c OOMs 2 MiB below it"
   else

@@ -8,9 +8,15 @@
  *   lo = a capacity known to OOM (or 0), hi = one known to fit;
  *   invariant: fits(hi) and (lo = 0 or !fits(lo));  stop when hi - lo <= 2 MiB.
  * hi starts at --capacity and doubles while it OOMs, up to 64 times the
- * trace's peak requested bytes (then there is no fit: fit_capacity = 0).  A
- * policy whose need is not monotonic in the capacity (none of gmr's is
- * known to be) would get the edge of one of its fitting ranges.
+ * trace's peak requested bytes (then there is no fit: fit_capacity = 0);
+ * then the fitting run's own peak reserved and the trace's peak requested
+ * are tried first, which leaves a few replays of bisection.
+ * The need is not always monotonic in the capacity: TensorFlow's BFC derives
+ * its limit from the device (free memory less its reserve) and its growing
+ * regions double up to that limit, so gpt2_train under tf-growth fits on
+ * 16332-16402 MiB, OOMs on 16404-16426 MiB and fits again from 16428 MiB.
+ * The search then reports the lower edge of a fitting range it meets: a
+ * capacity that fits, 2 MiB above one that does not.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +25,15 @@
 
 #define FIT_STEP ((uint64_t)2 << 20)
 
-/* 1: fits, 0: OOMs, -1: the replay failed (run->error set). */
+/* 1: fits, 0: OOMs, -1: the replay failed (run->error set).  *reserved: the
+ * replay's peak reserved bytes. */
 static int fit_try(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
-                   uint64_t capacity) {
+                   uint64_t capacity, uint64_t *reserved) {
   gmr_sim_options_t sim = {.capacity = capacity};
   gmr_runtime_t *rt = NULL;
   ++run->fit_replays;
   int err = gmr_runtime_new_sim(cfg, &sim, &rt);
+  *reserved = 0;
   if (err == GMR_ENOMEM) return 0; /* a policy that reserves up front may not fit at all */
   if (err != 0) {
     run->status = COMPARE_ERUNTIME;
@@ -42,6 +50,8 @@ static int fit_try(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
     return -1;
   }
   err = gmr_replay(rt, t, &ro, res);
+  gmr_stats_t st;
+  *reserved = gmr_stats(rt, &st) == 0 ? st.peak_reserved_bytes : 0;
   gmr_runtime_free(rt);
   int fits = err == 0 && !res->check_failed && res->ooms == 0;
   if (err != 0 || res->check_failed) {
@@ -57,10 +67,10 @@ static int fit_try(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
 int compare_fit(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
                 const compare_opts_t *o) {
   uint64_t limit = t->peak_requested * 64 + 64 * FIT_STEP;
-  uint64_t hi = (o->capacity + FIT_STEP - 1) / FIT_STEP * FIT_STEP, lo = 0;
+  uint64_t hi = (o->capacity + FIT_STEP - 1) / FIT_STEP * FIT_STEP, lo = 0, reserved = 0;
   run->fit_capacity = 0;
   for (;;) {
-    int r = fit_try(run, cfg, t, hi);
+    int r = fit_try(run, cfg, t, hi, &reserved);
     if (r < 0) return -1;
     if (r == 1) break;
     lo = hi;
@@ -71,20 +81,25 @@ int compare_fit(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_dat
     hi *= 2;
   }
   run->fit_max = hi > o->capacity ? hi : o->capacity;
-  /* Nothing fits below the peak of requested bytes (rounded down to a step). */
-  uint64_t floor = t->peak_requested / FIT_STEP * FIT_STEP;
-  if (lo < floor && floor < hi) {
-    int r = floor >= FIT_STEP ? fit_try(run, cfg, t, floor) : 0;
+  /* Two guesses narrow the search: the peak the fitting run reserved (a
+   * policy that does not size itself by the device fits there), and the
+   * trace's peak of requested bytes (nothing fits below it), both rounded
+   * to a step. */
+  uint64_t guess[2] = {(reserved + FIT_STEP - 1) / FIT_STEP * FIT_STEP,
+                       t->peak_requested / FIT_STEP * FIT_STEP};
+  for (int g = 0; g < 2; ++g) {
+    if (guess[g] <= lo || guess[g] >= hi || guess[g] < FIT_STEP) continue;
+    int r = fit_try(run, cfg, t, guess[g], &reserved);
     if (r < 0) return -1;
     if (r == 1)
-      hi = floor;
+      hi = guess[g];
     else
-      lo = floor;
+      lo = guess[g];
   }
   while (hi - lo > FIT_STEP) {
     uint64_t mid = lo + (hi - lo) / 2 / FIT_STEP * FIT_STEP;
     if (mid <= lo) mid = lo + FIT_STEP;
-    int r = fit_try(run, cfg, t, mid);
+    int r = fit_try(run, cfg, t, mid, &reserved);
     if (r < 0) return -1;
     if (r == 1)
       hi = mid;
