@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "json.h"
 
 #define DIFF_SITES_SCAN  4096 /* sites compared per run (the largest) */
 #define DIFF_SITES_SHOWN 5
@@ -149,7 +150,7 @@ void compare_print_diff(FILE *out, const compare_run_t *runs, size_t n_cfg,
 
 static void diff_json_side(FILE *out, const char *key, const compare_run_t *r) {
   fprintf(out, ",\n    \"%s\": {\"trace\": ", key);
-  compare_json_string(out, r->trace->source);
+  tool_json_string(out, r->trace->source);
   fprintf(out,
           ", \"peak_reserved\": %" PRIu64 ", \"peak_requested\": %" PRIu64
           ", \"free_at_peak\": %" PRIu64
@@ -173,20 +174,20 @@ void compare_print_diff_json(FILE *out, const compare_run_t *runs, size_t n_cfg)
   for (size_t k = 0; k < n_cfg; ++k) {
     const compare_run_t *a = &runs[2 * k], *b = &runs[2 * k + 1];
     fputs("  {\n    \"config\": ", out);
-    compare_json_string(out, a->name);
+    tool_json_string(out, a->name);
     fputs(",\n    \"source\": ", out);
-    compare_json_string(out, a->source);
+    tool_json_string(out, a->source);
     int ok = a->status == COMPARE_OK && b->status == COMPARE_OK;
     fprintf(out, ",\n    \"status\": \"%s\"", ok ? "ok" : "error");
     if (!ok) {
       fputs(",\n    \"error\": ", out);
-      compare_json_string(out, a->status != COMPARE_OK ? a->error : b->error);
+      tool_json_string(out, a->status != COMPARE_OK ? a->error : b->error);
       fputs("\n  }", out);
       fputs(k + 1 < n_cfg ? ",\n" : "\n", out);
       continue;
     }
     fputs(",\n    \"policy\": ", out);
-    compare_json_string(out, a->policy);
+    tool_json_string(out, a->policy);
     diff_json_side(out, "before", a);
     diff_json_side(out, "after", b);
     fprintf(out, ",\n    \"peak_reserved_change\": %" PRId64,
@@ -196,7 +197,7 @@ void compare_print_diff_json(FILE *out, const compare_run_t *runs, size_t n_cfg)
     fputs(",\n    \"sites_grew\": [", out);
     for (size_t j = 0; j < n; ++j) {
       fputs(j ? ", {\"site\": " : "{\"site\": ", out);
-      compare_json_string(out, d[j].name);
+      tool_json_string(out, d[j].name);
       fprintf(out, ", \"before\": %" PRIu64 ", \"after\": %" PRIu64 "}", d[j].before, d[j].after);
     }
     free(d);

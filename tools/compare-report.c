@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "json.h"
 
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -23,23 +24,6 @@ void compare_format_bytes(uint64_t bytes, char *buf, size_t len) {
   while (v >= 1024.0 && u < 6)
     v /= 1024.0, ++u;
   snprintf(buf, len, "%.2f %s", v, units[u]);
-}
-
-void compare_json_string(FILE *out, const char *s) {
-  fputc('"', out);
-  for (const unsigned char *p = (const unsigned char *)s; *p; ++p) {
-    if (*p == '"' || *p == '\\')
-      fprintf(out, "\\%c", *p);
-    else if (*p == '\n')
-      fputs("\\n", out);
-    else if (*p == '\t')
-      fputs("\\t", out);
-    else if (*p < 0x20)
-      fprintf(out, "\\u%04x", *p);
-    else
-      fputc(*p, out);
-  }
-  fputc('"', out);
 }
 
 /* ---- the table ------------------------------------------------------------------- */
@@ -327,23 +311,23 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
                      const compare_opts_t *o) {
   if (r->trace) t = r->trace;
   fputs("  {\n    \"config\": ", out);
-  compare_json_string(out, r->name);
+  tool_json_string(out, r->name);
   fputs(",\n    \"source\": ", out);
-  compare_json_string(out, r->source);
+  tool_json_string(out, r->source);
   fprintf(out, ",\n    \"status\": \"%s\"", json_status(r->status));
   fputs(",\n    \"error\": ", out);
   if (r->status == COMPARE_OK)
     fputs("null", out);
   else
-    compare_json_string(out, r->error);
+    tool_json_string(out, r->error);
   fputs(",\n    \"trace\": ", out);
-  compare_json_string(out, t->source);
+  tool_json_string(out, t->source);
   fprintf(out, ",\n    \"trace_format\": \"%s\"",
           t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "pytorch_snapshot" : "csv");
   fprintf(out, ",\n    \"trace_alloc_failures\": %zu", t->n_alloc_failures);
   if (r->yaml) {
     fputs(",\n    \"yaml\": ", out);
-    compare_json_string(out, r->yaml);
+    tool_json_string(out, r->yaml);
   }
   if (r->status == COMPARE_ELOAD || r->status == COMPARE_ERUNTIME) {
     fputs("\n  }", out);
@@ -351,7 +335,7 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
   }
   const gmr_stats_t *f = &r->final;
   fputs(",\n    \"policy\": ", out);
-  compare_json_string(out, r->policy);
+  tool_json_string(out, r->policy);
   json_u64(out, "events", r->res.events_done);
   json_u64(out, "peak_reserved", f->peak_reserved_bytes);
   json_u64(out, "peak_allocated", f->peak_allocated_bytes);
@@ -375,7 +359,7 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
   if (r->res.ooms) {
     fprintf(out, ",\n    \"first_oom\": {\"event\": %zu, \"line\": %u, \"message\": ",
             r->res.first_oom_event, r->res.first_oom_line);
-    compare_json_string(out, r->res.first_oom_message);
+    tool_json_string(out, r->res.first_oom_message);
     fputc('}', out);
   } else {
     fputs(",\n    \"first_oom\": null", out);
@@ -386,7 +370,7 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
   fputs(",\n    \"top_sites\": [", out);
   for (size_t j = 0; j < m; ++j) {
     fputs(j ? ", {\"site\": " : "{\"site\": ", out);
-    compare_json_string(out, compare_site_name(t, top[j].site));
+    tool_json_string(out, compare_site_name(t, top[j].site));
     fprintf(out, ", \"bytes\": %" PRIu64 ", \"allocations\": %" PRIu64 "}", top[j].bytes,
             top[j].allocations);
   }

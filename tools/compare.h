@@ -117,8 +117,6 @@ int compare_table_shows(int row, const compare_opts_t *o);
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len);
 /* Human units: "14.24 GiB", "512 B". */
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len);
-/* Write `s` as a JSON string literal (with the quotes). */
-void compare_json_string(FILE *out, const char *s);
 
 /* compare-fit.c: the smallest device capacity on which `cfg` replays `t`
  * with no OOM (a binary search on the simulator, to 2 MiB), into
