@@ -6,7 +6,12 @@
 # once it is registered; malformed traces (line numbers), a free of an unknown
 # id, a configuration that does not load, OOMs under a small --capacity while
 # another configuration still runs, standard input, usage errors, --check,
-# and --suggest (its YAML loads back and gives the figures it promised).
+# and --suggest (its YAML loads back and gives the figures it promised); the
+# usual manners (--help, --version, unknown options, exit 2 before any work);
+# configurations by name; --fit (the fit runs with no OOM, 2 MiB less does
+# not); --no-timing (identical runs); --suggest over several traces, on the
+# --capacity device, in PyTorch's and TensorFlow's syntax; call sites at the
+# peak and --diff.
 #
 # Finds the binary through GMR_BUILDDIR and the data through GMR_SRCDIR.
 
