@@ -449,6 +449,23 @@ is "$(jget "$W/diff.json" direct sites_grew)" '[{"site": "model.py:20 (attn)", "
 "$B" --diff "$W/before.csv" "$W/after.csv" >/dev/null 2>&1
 is "$?" 2 "diff without a CONFIG: a usage error"
 
+# ---- the stitch policy: config/stitch.yaml runs like the others ------------------
+"$B" --json --check "$TR/resnet50_train.csv" "$CF/stitch.yaml" "$CF/pytorch-expandable.yaml" \
+  >"$W/stitch.json" 2>/dev/null
+is "$?" 0 "stitch: config/stitch.yaml replays resnet50 with --check"
+st=$(jget "$W/stitch.json" stitch peak_reserved)
+ex=$(jget "$W/stitch.json" pytorch-expandable peak_reserved)
+[ -n "$st" ] && [ -n "$ex" ] && [ "$st" -lt "$ex" ] && [ "$st" -le $((3192592912 * 102 / 100)) ]
+ok $? "stitch: peak reserved $st <= 1.02 x requested and below expandable ($ex)"
+"$B" --suggest stitch "$TR/resnet50_train.csv" >"$W/sst.yaml" 2>/dev/null
+is "$?" 0 "suggest stitch: exit status 0"
+promised=$(awk '/^#   peak reserved \(bytes\)/ { print $NF }' "$W/sst.yaml")
+"$B" --json "$TR/resnet50_train.csv" "$W/sst.yaml" >"$W/stitch2.json" 2>/dev/null
+is "$(jget "$W/stitch2.json" sst peak_reserved)" "$promised" \
+  "suggest stitch: the YAML loads back and replays to the peak it promised ($promised)"
+[ -n "$promised" ] && [ "$promised" -le "$st" ]
+ok $? "suggest stitch: no worse than the defaults ($st)"
+
 # ---- --suggest of a policy without a search space --------------------------------
 "$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
 is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"

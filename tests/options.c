@@ -46,7 +46,7 @@ int main(void) {
   int names = 0;
   for (size_t i = 0; gmr_policy_name(i); ++i)
     names += gmr_policy_options(gmr_policy_name(i), NULL, 0, &n) == 0;
-  ok(names >= 4, "every registered policy has a table (%d)", names);
+  ok(names >= 5, "every registered policy has a table (%d)", names);
   is_ptr(gmr_policy_name(1000), NULL, "gmr_policy_name past the last is NULL");
   is_int(gmr_policy_options("nosuch", NULL, 0, &n), GMR_EINVAL, "an unknown policy: GMR_EINVAL");
   is_int(gmr_policy_options("caching", NULL, 3, &n), GMR_EINVAL, "out NULL with cap > 0");
@@ -83,6 +83,9 @@ int main(void) {
   ok(ag && ag->type == GMR_OPTION_BOOL && strcmp(ag->default_text, "false") == 0 && ag->tune,
      "bfc: allow_growth is a tuned boolean, false by default");
   tuned_values_load("bfc", o, n);
+
+  is_int(gmr_policy_options("stitch", o, 64, &n), 0, "stitch: listed");
+  tuned_values_load("stitch", o, n);
 
   is_int(gmr_policy_options("direct", o, 64, &n), 0, "direct: listed");
   is_int((int)n, 0, "direct: no options");

@@ -300,8 +300,8 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *const *traces, s
   s.progress = o->progress;
   if (suggest_space(&s) != 0) {
     fprintf(stderr,
-            "gmr-compare: --suggest %s: no search space for this policy (caching and "
-            "bfc have one)\n",
+            "gmr-compare: --suggest %s: no search space for this policy (caching, bfc "
+            "and stitch have one)\n",
             policy);
     return -1;
   }
