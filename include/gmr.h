@@ -133,9 +133,12 @@ GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
 /* ------------------------------------------------------------------------ */
 /* Runtime                                                                  */
 
-/** Create a runtime for `device` (the CUDA ordinal; ignored by the simulator).
+/** Create a runtime for `device` (the CUDA ordinal, or the simulated device's).
  * The backend is the one the configuration names; `auto` (the default) picks
- * CUDA when a device is present and the simulator otherwise.  On failure
+ * CUDA when a device is present and the simulator otherwise.  Simulated
+ * devices 0 to 30 exist; each hands out addresses from its own window, so
+ * pointers of two devices never collide (as under CUDA's unified addressing),
+ * and device 0's addresses are gmr_runtime_new_sim's.  On failure
  * gmr_thread_last_error() (or gmr_last_error(NULL)) says why.
  * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EDEVICE, GMR_ECONFIG */
 GMR_EXTERN int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out);
@@ -147,7 +150,7 @@ typedef struct gmr_sim_options_s {
   int host_backed;      /* 1: real host memory behind every range */
 } gmr_sim_options_t;
 
-/** Create a runtime on a fresh simulated device, whatever the configuration
+/** Create a runtime on a fresh simulated device 0, whatever the configuration
  * says about the device (`opts` may be NULL for the configuration's or the
  * default simulated device). */
 GMR_EXTERN int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,

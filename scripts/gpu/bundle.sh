@@ -17,6 +17,9 @@ if [ -f "$b/tools/.libs/gmr-compare" ]; then cp "$b/tools/.libs/gmr-compare" "$d
   cp "$b/tools/gmr-compare" "$dest/bin/"
 fi
 cp -r "$src/python/gmr" "$dest/python/"
+# The public headers, for programs built on the GPU host (multi-gpu.sh).
+mkdir -p "$dest/include"
+cp "$src"/include/*.h "$dest/include/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
