@@ -49,6 +49,8 @@ check() {
 }
 
 check "--capacity= --check" "options by prefix" gmr-compare --c
+check "--no-timing" "--no-timing" gmr-compare --no
+check "120 160" "--width takes columns" gmr-compare --width 1
 check "--help --html=" "more options" gmr-compare --j --h
 check "- config run.csv" "the first argument is a trace (or -), or a folder on the way" gmr-compare ""
 check "config mine theirs" "then configurations by name: ./config and the installed directory" gmr-compare run.csv ""

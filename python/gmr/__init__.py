@@ -92,14 +92,15 @@ def _check(rc, what, rt=None):
 
 
 def compare(trace, configs, capacity=DEFAULT_CAPACITY, check=False):
-    """Replay the trace file `trace` under each configuration of `configs` (a
+    """Replay the trace file `trace` (gmr's CSV, an RMM log or a PyTorch memory
+    snapshot pickle, as gmr-compare reads them) under each configuration of `configs` (a
     path or a name such as "pytorch", or a list of them), each on a fresh
     simulated device of `capacity` bytes (an int, or a size such as
     "80GiB"; default 143771 MiB, an H200), as gmr-compare does.
 
     Returns a list with one dict per configuration, with the keys and values
     of `gmr-compare --json` ("config", "status", "peak_reserved",
-    "fragmentation_at_peak", "first_oom"...).  A configuration that does not
+    "fragmentation_at_peak", "first_oom", "top_sites"...).  A configuration that does not
     load or run has status "load_error" or "runtime_error" and an "error";
     an OOM is a result.  check=True walks the policy's invariants after
     every event.  Names are looked up in ./config, the configurations

@@ -21,20 +21,27 @@ import os
 from ._lib import GmrError, Stats
 
 MiB = 1 << 20
+TOP_SITES = 5  # call sites listed at the peak, as gmr-compare lists them
+ALLOC, FREE = 0, 1  # gmr_trace_action_t
 DEFAULT_CAPACITY = 143771 * MiB  # an H200 as CUDA reports it; the tools' default too
 
 
 class TraceEvent(ctypes.Structure):  # gmr_trace_event_t
     _fields_ = [("time_us", ctypes.c_uint64), ("size", ctypes.c_uint64),
                 ("stream", ctypes.c_uint64), ("id", ctypes.c_uint32), ("line", ctypes.c_uint32),
-                ("action", ctypes.c_uint8), ("thread", ctypes.c_uint8)]
+                ("action", ctypes.c_uint8), ("thread", ctypes.c_uint8),
+                ("site", ctypes.c_uint32)]
 
 
 class TraceData(ctypes.Structure):  # gmr_trace_data_t
     _fields_ = [("events", ctypes.POINTER(TraceEvent)), ("n_events", ctypes.c_size_t),
                 ("n_ids", ctypes.c_size_t), ("n_live_at_end", ctypes.c_size_t),
                 ("n_streams", ctypes.c_size_t), ("peak_requested", ctypes.c_uint64),
-                ("source", ctypes.c_char_p)]
+                ("source", ctypes.c_char_p), ("sites", ctypes.POINTER(ctypes.c_char_p)),
+                ("n_sites", ctypes.c_size_t), ("n_alloc_failures", ctypes.c_size_t),
+                ("alloc_failure_bytes", ctypes.c_uint64),
+                ("first_alloc_failure_line", ctypes.c_uint32), ("format", ctypes.c_int),
+                ("note", ctypes.c_char_p)]
 
 
 REPLAY_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(TraceData),
@@ -216,6 +223,34 @@ def _replay_one(lib, cfg, trace, capacity, check):
     return res, final, policy
 
 
+def _top_sites(t, at):
+    """The call sites holding the most requested bytes after event `at`, as
+    gmr-compare ranks them: bytes(site) = sum of size(id) over the ids live
+    after `at` with that site; largest first, ties by the site seen first;
+    allocations with no site under "(no call site)"."""
+    if t.n_sites == 0 or t.n_events == 0:
+        return []
+    at = min(at, t.n_events - 1)
+    live = {}
+    for i in range(at + 1):
+        e = t.events[i]
+        if e.action == ALLOC:
+            live[e.id] = (e.site if e.site <= t.n_sites else 0, e.size)
+        elif e.action == FREE:
+            live.pop(e.id, None)
+    totals = {}
+    for site, size in live.values():
+        b, n = totals.get(site, (0, 0))
+        totals[site] = (b + size, n + 1)
+    ranked = sorted(((b, n, s) for s, (b, n) in totals.items() if b > 0),
+                    key=lambda x: (-x[0], x[2]))[:TOP_SITES]
+
+    def name(s):
+        return t.sites[s - 1].decode(errors="replace") if 1 <= s <= t.n_sites \
+            else "(no call site)"
+    return [{"site": name(s), "bytes": b, "allocations": n} for b, n, s in ranked]
+
+
 def _figures(out, res, final, trace):
     p = res.at_peak
     free = p.free_cached_bytes
@@ -243,6 +278,7 @@ def _figures(out, res, final, trace):
                        "message": res.first_oom_message.decode(errors="replace")}
                       if res.ooms else None),
         "alloc_retries": final.alloc_retries,
+        "top_sites": _top_sites(t, res.peak_event),
         "seconds": round(res.seconds, 6),
         "events_per_second": round(res.events_done / res.seconds) if res.seconds > 0 else 0,
     })
@@ -270,10 +306,13 @@ def compare(lib, trace, configs, capacity=DEFAULT_CAPACITY, check=False):
 
     runs = []
     with _Trace(lib, trace_path) as t:
-        trace_name = t.ptr.contents.source.decode(errors="replace")
+        tdata = t.ptr.contents
+        trace_name = tdata.source.decode(errors="replace")
         for path in paths:
             run = {"config": _base_name(path), "source": os.fsdecode(path), "status": "ok",
-                   "error": None, "trace": trace_name}
+                   "error": None, "trace": trace_name,
+                   "trace_format": "pytorch_snapshot" if tdata.format == 1 else "csv",
+                   "trace_alloc_failures": tdata.n_alloc_failures}
             runs.append(run)
             cfg, err = ctypes.c_void_p(), Error()
             rc = lib.gmr_config_load_file(path, ctypes.byref(cfg), ctypes.byref(err))

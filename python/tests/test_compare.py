@@ -75,7 +75,8 @@ def test_a_config_that_does_not_load_is_a_load_error(tmp_path):
     got = gmr.compare(SMALL, [bad, "direct"])
     assert got[0]["status"] == "load_error"
     assert "broken.yaml:1:" in got[0]["error"]
-    assert set(got[0]) == {"config", "source", "status", "error", "trace"}
+    assert set(got[0]) == {"config", "source", "status", "error", "trace", "trace_format",
+                           "trace_alloc_failures"}
     assert got[1]["status"] == "ok"
 
 
@@ -127,3 +128,20 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path):
 def test_check_walks_the_invariants():
     got = gmr.compare(SMALL, ["pytorch", "tf-growth"], check=True)
     assert [r["status"] for r in got] == ["ok", "ok"]
+
+
+def test_top_sites_as_gmr_compare_names_them(tmp_path):
+    """A trace with a Site column: the call sites holding the most bytes at
+    the peak, ranked as gmr-compare ranks them."""
+    trace = tmp_path / "sites.csv"
+    rows = ["Thread,Time,Action,Pointer,Size,Stream,Site"]
+    sites = ["model.py:10", "model.py:20", "opt.py:5"]
+    for k in range(9):
+        rows.append("0,%d,allocate,0x%x,%d,0,%s" % (k, 0x1000 * (k + 1), (k + 1) << 20,
+                                                    sites[k % 3]))
+    rows.append("0,20,free,0x1000,%d,0,%s" % (1 << 20, sites[0]))
+    trace.write_text("\n".join(rows) + "\n")
+    got = gmr.compare(trace, ["pytorch", "direct"])
+    want = _tool_json(str(trace), ["config/pytorch.yaml", "config/direct.yaml"])
+    assert _without_timing(got) == _without_timing(want)
+    assert [s["site"] for s in got[0]["top_sites"]] == ["opt.py:5", "model.py:20", "model.py:10"]
