@@ -95,7 +95,8 @@ static uint64_t committed_from_slots(const char *path, uint64_t *held, size_t *l
 static void read_info(const char *path, gmr_shared_cap_info_t *info) {
   size_t n;
   memset(info, 0, sizeof *info);
-  if (gmr_shared_cap_read(path, info, NULL, 0, &n) != 0) diag("read %s: %s", path, gmr_last_error(NULL));
+  if (gmr_shared_cap_read(path, info, NULL, 0, &n) != 0)
+    diag("read %s: %s", path, gmr_last_error(NULL));
 }
 
 /* A pipe used as a one-byte signal. */
@@ -237,8 +238,8 @@ static void test_attach_race(void) {
   char p[300];
   path_of("attach-race", p, sizeof p);
   int nproc = (int)env_long("GMR_SCAP_PROCS", 64);
-  race_rec_t *rec =
-      mmap(NULL, sizeof *rec * (size_t)nproc, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  race_rec_t *rec = mmap(NULL, sizeof *rec * (size_t)nproc, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   int go[2], done[2], hold[2];
   if (pipe(go) || pipe(done) || pipe(hold)) return;
   pid_t *pids = calloc((size_t)nproc, sizeof *pids);
@@ -354,11 +355,14 @@ static void test_dead_lock_holder(void) {
   }
   gmr__scap_debug(me, &d1);
   diag("%ld lock holders killed in %.2f s", kills, now_s() - t0);
-  is_int(bad_rc, 0, "%ld times: the victim held the lock mid-update when killed, and the next "
-                    "reservation succeeded", kills);
+  is_int(bad_rc, 0,
+         "%ld times: the victim held the lock mid-update when killed, and the next "
+         "reservation succeeded",
+         kills);
   is_int(bad_repairs, 0, "each time the next locker saw EOWNERDEAD and repaired");
-  is_int(bad_totals, 0, "each time committed = held = Σ over live slots = 1 MiB (the victim's "
-                        "150 MiB, half-counted, are gone)");
+  is_int(bad_totals, 0,
+         "each time committed = held = Σ over live slots = 1 MiB (the victim's "
+         "150 MiB, half-counted, are gone)");
   is_u64(d1.repairs - d0.repairs, kills, "repairs counted");
   is_int(gmr__scap_reserve(me, 10 * GiB - MiB), 0, "the whole cap (less 1 MiB) is free again");
   gmr__scap_release(me, 10 * GiB - MiB);
@@ -680,7 +684,8 @@ static void test_unlinked(void) {
   is_int(gmr__scap_reserve(b, 724 * MiB), 0, "up to the cap");
   /* Later checks on the reservation path find the new file linked. */
   usleep(60000);
-  is_int(gmr__scap_reserve(a, MiB), GMR_ENOMEM, "a's next reservation is refused by the shared cap");
+  is_int(gmr__scap_reserve(a, MiB), GMR_ENOMEM,
+         "a's next reservation is refused by the shared cap");
   gmr__scap_release(a, 300 * MiB);
   gmr__scap_view(b, &v);
   is_u64(v.committed, 724 * MiB, "a's release lands in the new file");

@@ -111,6 +111,14 @@ int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total
   return be->ops->mem_info(be, out_free, out_total);
 }
 
+int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  while (be->ops->device_id == NULL && be->forwards_to != NULL)
+    be = be->forwards_to;
+  if (be->ops->device_id == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "backend %s has no device id", be->ops->name);
+  return be->ops->device_id(be, buf, len);
+}
+
 int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   if (be->ops->event_record == NULL) return GMR_ENOTSUP;
   return be->ops->event_record(be, s, out_ev);

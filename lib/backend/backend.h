@@ -25,8 +25,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "gmr.h"
 #include "core/internal.h"
+#include "gmr.h"
 
 typedef struct gmr_backend_s gmr_backend_t;
 typedef struct gmr_history_s gmr_history_t; /* history.h */
@@ -45,6 +45,9 @@ typedef struct gmr_backend_ops_s {
   int (*map)(gmr_backend_t *self, void *addr, size_t size);
   int (*unmap)(gmr_backend_t *self, void *addr, size_t size);
   int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
+  /* A name of the device that is the same in every process: the GPU UUID
+   * ("GPU-xxxxxxxx-...") for CUDA, "sim-<capacity>" for the simulator. */
+  int (*device_id)(gmr_backend_t *self, char *buf, size_t len);
   /* Events: record on a stream; query returns 0 (complete), 1 (not ready) or
    * an error; sync waits for completion. */
   int (*event_record)(gmr_backend_t *self, gmr_stream_t s, gmr_event_t *out_ev);
@@ -96,6 +99,7 @@ int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size);
 int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size);
 int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
+int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len);
 int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev);
 int gmr__backend_event_query(gmr_backend_t *be, gmr_event_t ev);
 int gmr__backend_event_sync(gmr_backend_t *be, gmr_event_t ev);

@@ -390,8 +390,8 @@ static int check_header(gmr_scap_t *h, const scap_header_t *hd) {
                           "shared cap: %s holds a cap of %s (%llu bytes) but this process asks "
                           "for %s (%llu bytes); every process sharing device %s must give the "
                           "same cap. The file is left as it is",
-                          h->path, a, (unsigned long long)hd->cap, b,
-                          (unsigned long long)h->o.cap, h->device_id);
+                          h->path, a, (unsigned long long)hd->cap, b, (unsigned long long)h->o.cap,
+                          h->device_id);
   }
   return 0;
 }
@@ -472,8 +472,7 @@ static int open_file(gmr_scap_t *h, bool *created) {
     }
     scap_file_t *f = NULL;
     if (err == 0) {
-      size_t len = fresh || a.st_size >= (off_t)SCAP_FILE_SIZE ? SCAP_FILE_SIZE
-                                                               : (size_t)a.st_size;
+      size_t len = fresh || a.st_size >= (off_t)SCAP_FILE_SIZE ? SCAP_FILE_SIZE : (size_t)a.st_size;
       void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
       if (m == MAP_FAILED) {
         err = sys_fail("cannot map", h->path);
@@ -481,8 +480,7 @@ static int open_file(gmr_scap_t *h, bool *created) {
         f = m;
         /* A maker that died before storing magic left a sized file of zeros
          * (no one else is making it: we hold SCAP_LOCK_INIT). */
-        if (!fresh && len == SCAP_FILE_SIZE && atomic_load(&f->h.magic) == 0 &&
-            f->h.version == 0)
+        if (!fresh && len == SCAP_FILE_SIZE && atomic_load(&f->h.magic) == 0 && f->h.version == 0)
           fresh = true;
         if (fresh)
           err = init_file(h, f);
@@ -828,8 +826,8 @@ void gmr__scap_release(gmr_scap_t *h, uint64_t n) {
 void gmr__scap_view(gmr_scap_t *h, gmr_scap_view_t *out) {
   gmr__lock(&h->local);
   scap_file_t *f = h->f;
-  uint64_t u = h->slot >= 0 ? atomic_load_explicit(&f->slot[h->slot].used, memory_order_relaxed)
-                            : 0;
+  uint64_t u =
+      h->slot >= 0 ? atomic_load_explicit(&f->slot[h->slot].used, memory_order_relaxed) : 0;
   uint64_t c = atomic_load_explicit(&f->h.committed, memory_order_relaxed);
   uint64_t held = atomic_load_explicit(&f->h.held, memory_order_relaxed);
   uint64_t g = h->o.guaranteed, cap = f->h.cap;
@@ -957,8 +955,10 @@ int gmr_shared_cap_read(const char *path, gmr_shared_cap_info_t *info, gmr_share
       e.since = atomic_load(&s->claimed_at);
       memcpy(e.label, s->label, sizeof e.label - 1);
       /* Alive: its owner still holds the liveness byte. */
-      struct flock fl = {
-          .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SCAP_LOCK_BASE + (off_t)i, .l_len = 1};
+      struct flock fl = {.l_type = F_WRLCK,
+                         .l_whence = SEEK_SET,
+                         .l_start = SCAP_LOCK_BASE + (off_t)i,
+                         .l_len = 1};
       e.alive = fcntl(fd, F_OFD_GETLK, &fl) == 0 ? fl.l_type != F_UNLCK : 1;
       if (atomic_load_explicit(&s->gen, memory_order_acquire) != gen) continue; /* reclaimed */
       ++info->live;
