@@ -826,6 +826,12 @@ void gmr__scap_release(gmr_scap_t *h, uint64_t n) {
 void gmr__scap_view(gmr_scap_t *h, gmr_scap_view_t *out) {
   gmr__lock(&h->local);
   scap_file_t *f = h->f;
+  /* Fresh totals: the shares of processes that died since the last sweep
+   * are not counted (one lock probe per live slot). */
+  if (h->lockfd >= 0 && scap_lock(h) == 0) {
+    sweep(h);
+    scap_unlock(h);
+  }
   uint64_t u =
       h->slot >= 0 ? atomic_load_explicit(&f->slot[h->slot].used, memory_order_relaxed) : 0;
   uint64_t c = atomic_load_explicit(&f->h.committed, memory_order_relaxed);

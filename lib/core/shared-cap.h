@@ -52,7 +52,8 @@ int gmr__scap_reserve(gmr_scap_t *h, uint64_t n);
  * bytes are owed and given back at the next call that gets it. */
 void gmr__scap_release(gmr_scap_t *h, uint64_t n);
 
-/* Figures for stats and memory info (a consistent-enough snapshot, no lock). */
+/* Figures for stats and memory info, after a sweep (the shares of dead
+ * processes are not counted); without the lock when it cannot be had. */
 typedef struct gmr_scap_view_s {
   uint64_t cap, committed, used, quota, guaranteed;
   uint64_t room; /* what this process may still reserve: min(quota - used,
