@@ -121,16 +121,26 @@ typedef struct scap_file_s {
 } scap_file_t;
 _Static_assert(sizeof(scap_file_t) == SCAP_FILE_SIZE, "file layout");
 
-struct gmr_scap_s {
-  gmr_lock_t local; /* serializes this handle's calls in the process */
+/* A retired mapping (after a move to a new file): kept until detach, since
+ * another thread may still be about to lock its mutex. */
+typedef struct scap_retired_s {
   scap_file_t *f;
-  int mapfd, lockfd; /* lockfd < 0: no slot (after fork) */
-  int slot;          /* -1: none */
-  uint32_t gen;
-  bool created;             /* this handle made the file */
-  uint64_t next_link_check; /* CLOCK_MONOTONIC_COARSE ns */
-  _Atomic uint64_t owed;    /* releases that could not get the lock in time */
-  gmr_scap_opts_t o;        /* strings below */
+  struct scap_retired_s *next;
+} scap_retired_t;
+
+struct gmr_scap_s {
+  gmr_lock_t local; /* the slow paths: reclaim after fork, moves, detach */
+  _Atomic(scap_file_t *) f;
+  int mapfd;                        /* under local */
+  _Atomic int lockfd;               /* < 0: no lock descriptor (after fork) */
+  _Atomic int slot;                 /* -1: none; changes under f's mu */
+  uint32_t gen;                     /* under f's mu */
+  bool created;                     /* this handle made the file */
+  int32_t pid;                      /* getpid(), kept: it is a system call */
+  _Atomic uint64_t next_link_check; /* CLOCK_MONOTONIC_COARSE ns */
+  _Atomic uint64_t owed;            /* releases that could not get the lock in time */
+  scap_retired_t *retired;          /* under local */
+  gmr_scap_opts_t o;                /* strings below */
   char path[512];
   char device_id[SCAP_DEVICE_ID];
   char label[SCAP_LABEL];
@@ -193,6 +203,7 @@ static void reg_child(void) {
     if (h->lockfd >= 0) close(h->lockfd);
     h->lockfd = -1;
     h->slot = -1;
+    h->pid = (int32_t)getpid();
     atomic_store(&h->owed, 0);
     gmr__unlock(&h->local);
   }
@@ -249,10 +260,9 @@ static void sweep(gmr_scap_t *h) {
   atomic_fetch_add_explicit(&f->h.sweeps, 1, memory_order_relaxed);
 }
 
-/* Take mu: at once when free, else wait up to the timeout.  A dead holder is
- * repaired by a sweep.  Caller: holds local and has a lock descriptor. */
-static int scap_lock(gmr_scap_t *h) {
-  scap_file_t *f = h->f;
+/* Take f's mu: at once when free, else wait up to the timeout.  A dead
+ * holder is repaired by a sweep (f must be h's file then). */
+static int scap_lock_f(gmr_scap_t *h, scap_file_t *f) {
   int r = pthread_mutex_trylock(&f->h.mu);
   if (GMR_UNLIKELY(r == EBUSY)) {
     struct timespec ts;
@@ -264,12 +274,12 @@ static int scap_lock(gmr_scap_t *h) {
     r = pthread_mutex_timedlock(&f->h.mu, &ts);
   }
   if (GMR_LIKELY(r == 0)) {
-    atomic_store_explicit(&f->h.holder_pid, (int32_t)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&f->h.holder_pid, h->pid, memory_order_relaxed);
     return 0;
   }
   if (r == EOWNERDEAD) {
     int dead = atomic_load_explicit(&f->h.holder_pid, memory_order_relaxed);
-    atomic_store_explicit(&f->h.holder_pid, (int32_t)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&f->h.holder_pid, h->pid, memory_order_relaxed);
     sweep(h);
     atomic_fetch_add_explicit(&f->h.repairs, 1, memory_order_relaxed);
     pthread_mutex_consistent(&f->h.mu);
@@ -292,6 +302,10 @@ static int scap_lock(gmr_scap_t *h) {
                           "no process uses it",
                           h->path);
   return gmr__error_set(GMR_EIO, "shared cap: locking %s: %s", h->path, strerror(r));
+}
+
+static inline int scap_lock(gmr_scap_t *h) {
+  return scap_lock_f(h, h->f);
 }
 
 static inline void scap_unlock(gmr_scap_t *h) {
@@ -325,7 +339,7 @@ static int claim(gmr_scap_t *h, uint64_t used0) {
     atomic_store_explicit(&s->quota, h->o.quota, memory_order_relaxed);
     atomic_store_explicit(&s->guaranteed, g, memory_order_relaxed);
     atomic_store_explicit(&s->used, used0, memory_order_relaxed);
-    atomic_store_explicit(&s->pid, (int32_t)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&s->pid, h->pid, memory_order_relaxed);
     atomic_store_explicit(&s->claimed_at, (uint64_t)time(NULL), memory_order_relaxed);
     atomic_store_explicit(&s->ops, 0, memory_order_relaxed);
     memset(s->label, 0, sizeof s->label);
@@ -512,6 +526,12 @@ static int open_file(gmr_scap_t *h, bool *created) {
 }
 
 static void close_file(gmr_scap_t *h) {
+  while (h->retired) {
+    scap_retired_t *r = h->retired;
+    h->retired = r->next;
+    munmap(r->f, SCAP_FILE_SIZE);
+    gmr__free(r);
+  }
   if (h->f) munmap(h->f, SCAP_FILE_SIZE);
   if (h->lockfd >= 0) close(h->lockfd);
   if (h->mapfd >= 0) close(h->mapfd);
@@ -540,6 +560,7 @@ int gmr__scap_attach(const gmr_scap_opts_t *o, gmr_scap_t **out) {
   h->o = *o;
   h->mapfd = h->lockfd = -1;
   h->slot = -1;
+  h->pid = (int32_t)getpid();
   if (h->o.timeout_s <= 0) h->o.timeout_s = 1.0;
   snprintf(h->device_id, sizeof h->device_id, "%s", o->device_id);
   snprintf(h->label, sizeof h->label, "%s", o->label ? o->label : "");
@@ -580,11 +601,13 @@ int gmr__scap_attach(const gmr_scap_opts_t *o, gmr_scap_t **out) {
   return 0;
 }
 
+static inline int enter(gmr_scap_t *h);
+
 void gmr__scap_detach(gmr_scap_t *h) {
   if (h == NULL) return;
   reg_remove(h);
   gmr__lock(&h->local);
-  if (h->slot >= 0 && h->lockfd >= 0 && scap_lock(h) == 0) {
+  if (h->lockfd >= 0 && enter(h) == 0) {
     unclaim(h);
     scap_unlock(h);
   }
@@ -600,17 +623,25 @@ const char *gmr__scap_path(const gmr_scap_t *h) {
 
 /* ---- split domains and forks ---------------------------------------------------------------- */
 
-/* Move our slot (with `used` bytes) to the file now at the path.  Caller:
- * holds local, not mu. */
+/* Move our slot (with its `used` bytes) to the file now at the path.  The
+ * new file is published (h->f) while the old one's mu is held, so a thread
+ * that locked the old mu meanwhile sees the change and tries again.  The old
+ * mapping stays until detach.  Caller: holds local, not mu. */
 static int migrate(gmr_scap_t *h) {
+  scap_retired_t *r = gmr__calloc(1, sizeof *r);
+  if (r == NULL) return gmr__error_set(GMR_ENOMEM, "shared cap: out of host memory");
   gmr_scap_t fresh = *h;
   fresh.f = NULL;
   fresh.mapfd = fresh.lockfd = -1;
   fresh.slot = -1;
-  uint64_t used = 0;
-  int err = scap_lock(h);
-  if (err != 0) return err;
-  if (h->slot >= 0) used = atomic_load(&h->f->slot[h->slot].used);
+  scap_file_t *old = h->f;
+  int old_mapfd = h->mapfd, old_lockfd = h->lockfd;
+  int err = scap_lock_f(h, old);
+  if (err != 0) {
+    gmr__free(r);
+    return err;
+  }
+  uint64_t used = h->slot >= 0 ? atomic_load(&old->slot[h->slot].used) : 0;
   bool created;
   err = open_file(&fresh, &created);
   if (err == 0) {
@@ -622,17 +653,22 @@ static int migrate(gmr_scap_t *h) {
     if (err != 0) close_file(&fresh);
   }
   if (err != 0) {
-    scap_unlock(h);
+    pthread_mutex_unlock(&old->h.mu);
+    gmr__free(r);
     return err;
   }
   unclaim(h);
-  scap_unlock(h);
-  close_file(h);
-  h->f = fresh.f;
-  h->mapfd = fresh.mapfd;
-  h->lockfd = fresh.lockfd;
-  h->slot = fresh.slot;
+  atomic_store(&h->slot, fresh.slot);
   h->gen = fresh.gen;
+  h->mapfd = fresh.mapfd;
+  atomic_store(&h->lockfd, fresh.lockfd);
+  atomic_store_explicit(&h->f, fresh.f, memory_order_release);
+  pthread_mutex_unlock(&old->h.mu);
+  close(old_lockfd);
+  close(old_mapfd);
+  r->f = old;
+  r->next = h->retired;
+  h->retired = r;
   return 0;
 }
 
@@ -670,32 +706,54 @@ static int reclaim(gmr_scap_t *h) {
   }
   if (lfd < 0) {
     /* The file at the path is another one now: start over there. */
+    scap_retired_t *r = gmr__calloc(1, sizeof *r);
+    if (r == NULL) return gmr__error_set(GMR_ENOMEM, "shared cap: out of host memory");
     gmr_scap_t fresh = *h;
     bool created;
     int err = open_file(&fresh, &created);
-    if (err != 0) return err;
-    munmap(h->f, SCAP_FILE_SIZE);
+    if (err != 0) {
+      gmr__free(r);
+      return err;
+    }
+    r->f = h->f;
+    r->next = h->retired;
+    h->retired = r;
     close(h->mapfd);
-    h->f = fresh.f;
     h->mapfd = fresh.mapfd;
+    atomic_store_explicit(&h->f, fresh.f, memory_order_release);
     lfd = fresh.lockfd;
   }
-  h->lockfd = lfd;
+  atomic_store(&h->lockfd, lfd);
   return 0;
 }
 
-/* Ready to reserve: a slot of our own, in the file at the path. */
-static inline int scap_ready(gmr_scap_t *h) {
-  if (GMR_UNLIKELY(h->lockfd < 0)) {
-    int err = reclaim(h);
-    if (err != 0) return err;
+/* Lock the file at the path, with a lock descriptor of our own (after a
+ * fork, a new one) and, at most every SCAP_LINK_CHECK_NS, after a look at
+ * its link count.  The slot is claimed by slot_check.  Returns holding the
+ * current file's mu. */
+static inline int enter(gmr_scap_t *h) {
+  for (;;) {
+    if (GMR_UNLIKELY(atomic_load_explicit(&h->lockfd, memory_order_acquire) < 0)) {
+      gmr__lock(&h->local);
+      int err = h->lockfd < 0 ? reclaim(h) : 0;
+      gmr__unlock(&h->local);
+      if (err != 0) return err;
+    }
+    uint64_t now = coarse_ns();
+    uint64_t next = atomic_load_explicit(&h->next_link_check, memory_order_relaxed);
+    if (GMR_UNLIKELY(now >= next) &&
+        atomic_compare_exchange_strong(&h->next_link_check, &next, now + SCAP_LINK_CHECK_NS)) {
+      gmr__lock(&h->local);
+      check_link_locked(h);
+      gmr__unlock(&h->local);
+    }
+    scap_file_t *f = atomic_load_explicit(&h->f, memory_order_acquire);
+    int err = scap_lock_f(h, f);
+    if (GMR_UNLIKELY(err != 0)) return err;
+    /* Moved meanwhile (the mover published while holding this mu)? */
+    if (GMR_LIKELY(atomic_load_explicit(&h->f, memory_order_relaxed) == f)) return 0;
+    pthread_mutex_unlock(&f->h.mu);
   }
-  uint64_t now = coarse_ns();
-  if (GMR_UNLIKELY(now >= h->next_link_check)) {
-    h->next_link_check = now + SCAP_LINK_CHECK_NS;
-    check_link_locked(h);
-  }
-  return 0;
 }
 
 /* ---- reserve, release ------------------------------------------------------------------------ */
@@ -754,21 +812,16 @@ static int refusal(gmr_scap_t *h, uint64_t n, uint64_t committed, uint64_t held,
 }
 
 int gmr__scap_reserve(gmr_scap_t *h, uint64_t n) {
-  gmr__lock(&h->local);
-  int err = scap_ready(h);
-  if (GMR_LIKELY(err == 0)) err = scap_lock(h);
-  if (GMR_UNLIKELY(err != 0)) {
-    gmr__unlock(&h->local);
-    return err;
-  }
+  int err = enter(h);
+  if (GMR_UNLIKELY(err != 0)) return err;
   err = slot_check(h);
   uint64_t owed = atomic_load_explicit(&h->owed, memory_order_relaxed);
   if (GMR_UNLIKELY(owed != 0) && err == 0) {
+    owed = atomic_exchange(&h->owed, 0);
     apply_release(h, owed);
-    atomic_fetch_sub(&h->owed, owed);
   }
   scap_file_t *f = h->f;
-  if (err == 0) {
+  if (GMR_LIKELY(err == 0)) {
     scap_slot_t *s = &f->slot[h->slot];
     uint64_t u = atomic_load_explicit(&s->used, memory_order_relaxed);
     uint64_t g = h->o.guaranteed, cap = f->h.cap;
@@ -784,7 +837,7 @@ int gmr__scap_reserve(gmr_scap_t *h, uint64_t n) {
       if (d > cap || c > cap - d || n > cap || held > cap - n)
         err = refusal(h, n, c, held, u, "the processes sharing this device hold the whole cap");
     }
-    if (err == 0) {
+    if (GMR_LIKELY(err == 0)) {
       atomic_store_explicit(&s->used, u + n, memory_order_relaxed);
       atomic_store_explicit(&f->h.committed, c + d, memory_order_relaxed);
       atomic_store_explicit(&f->h.held, held + n, memory_order_relaxed);
@@ -794,48 +847,40 @@ int gmr__scap_reserve(gmr_scap_t *h, uint64_t n) {
                             memory_order_relaxed);
     }
   }
-  scap_unlock(h);
-  gmr__unlock(&h->local);
+  pthread_mutex_unlock(&f->h.mu);
   return err;
 }
 
 void gmr__scap_release(gmr_scap_t *h, uint64_t n) {
   if (n == 0) return;
-  gmr__lock(&h->local);
-  if (GMR_UNLIKELY(h->lockfd < 0 || h->slot < 0)) {
-    /* A forked child without a slot yet: it holds nothing in the file. */
-    gmr__unlock(&h->local);
-    return;
-  }
-  if (GMR_UNLIKELY(scap_lock(h) != 0)) {
+  if (GMR_UNLIKELY(enter(h) != 0)) {
     atomic_fetch_add(&h->owed, n); /* given back by the next call that gets the lock */
-    gmr__unlock(&h->local);
     return;
   }
-  uint64_t owed = atomic_exchange_explicit(&h->owed, 0, memory_order_relaxed);
-  if (slot_check(h) == 0) {
+  scap_file_t *f = h->f;
+  uint64_t owed = atomic_load_explicit(&h->owed, memory_order_relaxed);
+  if (GMR_UNLIKELY(owed != 0)) owed = atomic_exchange(&h->owed, 0);
+  /* (A forked child claims a slot here, holding nothing: apply_release clamps.) */
+  if (GMR_LIKELY(slot_check(h) == 0)) {
     apply_release(h, n + owed);
-    atomic_store_explicit(&h->f->h.ops,
-                          atomic_load_explicit(&h->f->h.ops, memory_order_relaxed) + 1,
+    atomic_store_explicit(&f->h.ops, atomic_load_explicit(&f->h.ops, memory_order_relaxed) + 1,
                           memory_order_relaxed);
   }
-  scap_unlock(h);
-  gmr__unlock(&h->local);
+  pthread_mutex_unlock(&f->h.mu);
 }
 
 void gmr__scap_view(gmr_scap_t *h, gmr_scap_view_t *out) {
-  gmr__lock(&h->local);
-  scap_file_t *f = h->f;
   /* Fresh totals: the shares of processes that died since the last sweep
-   * are not counted (one lock probe per live slot). */
-  if (h->lockfd >= 0 && scap_lock(h) == 0) {
-    sweep(h);
-    scap_unlock(h);
-  }
-  uint64_t u =
-      h->slot >= 0 ? atomic_load_explicit(&f->slot[h->slot].used, memory_order_relaxed) : 0;
+   * are not counted (one lock probe per live slot).  Without the lock, the
+   * figures as they are. */
+  bool locked = enter(h) == 0;
+  scap_file_t *f = atomic_load_explicit(&h->f, memory_order_acquire);
+  if (locked) sweep(h);
+  int slot = atomic_load_explicit(&h->slot, memory_order_relaxed);
+  uint64_t u = slot >= 0 ? atomic_load_explicit(&f->slot[slot].used, memory_order_relaxed) : 0;
   uint64_t c = atomic_load_explicit(&f->h.committed, memory_order_relaxed);
   uint64_t held = atomic_load_explicit(&f->h.held, memory_order_relaxed);
+  if (locked) pthread_mutex_unlock(&f->h.mu);
   uint64_t g = h->o.guaranteed, cap = f->h.cap;
   out->cap = cap;
   out->committed = c;
@@ -853,20 +898,14 @@ void gmr__scap_view(gmr_scap_t *h, gmr_scap_view_t *out) {
     if (room > q) room = q;
   }
   out->room = room;
-  gmr__unlock(&h->local);
 }
 
 /* ---- test hooks ----------------------------------------------------------------------------- */
 
 int gmr__scap_debug_hold(gmr_scap_t *h, uint64_t n) {
-  gmr__lock(&h->local);
-  int err = scap_ready(h);
-  if (err == 0) err = scap_lock(h);
+  int err = enter(h);
   if (err == 0 && (err = slot_check(h)) != 0) scap_unlock(h);
-  if (err != 0) {
-    gmr__unlock(&h->local);
-    return err;
-  }
+  if (err != 0) return err;
   atomic_fetch_add(&h->f->slot[h->slot].used, n); /* committed is not updated */
   return 0;
 }
@@ -874,21 +913,18 @@ int gmr__scap_debug_hold(gmr_scap_t *h, uint64_t n) {
 void gmr__scap_debug_unhold(gmr_scap_t *h) {
   sweep(h); /* repair the half-done update */
   scap_unlock(h);
-  gmr__unlock(&h->local);
 }
 
 void gmr__scap_debug(gmr_scap_t *h, gmr_scap_debug_t *out) {
-  gmr__lock(&h->local);
-  scap_header_t *hd = &h->f->h;
+  scap_header_t *hd = &atomic_load(&h->f)->h;
   out->sweeps = atomic_load(&hd->sweeps);
   out->repairs = atomic_load(&hd->repairs);
   out->timeouts = atomic_load(&hd->timeouts);
   out->ops = atomic_load(&hd->ops);
   out->freed = atomic_load(&hd->freed);
   out->held = atomic_load(&hd->held);
-  out->slot = h->slot;
+  out->slot = atomic_load(&h->slot);
   out->created = h->created;
-  gmr__unlock(&h->local);
 }
 
 /* ---- the public reader (gmr-top) ------------------------------------------------------------ */
