@@ -601,13 +601,11 @@ int gmr__scap_attach(const gmr_scap_opts_t *o, gmr_scap_t **out) {
   return 0;
 }
 
-static inline int enter(gmr_scap_t *h);
-
 void gmr__scap_detach(gmr_scap_t *h) {
   if (h == NULL) return;
   reg_remove(h);
-  gmr__lock(&h->local);
-  if (h->lockfd >= 0 && enter(h) == 0) {
+  gmr__lock(&h->local); /* no move can happen now: scap_lock, not enter */
+  if (h->lockfd >= 0 && scap_lock(h) == 0) {
     unclaim(h);
     scap_unlock(h);
   }
