@@ -425,7 +425,8 @@ typedef struct race_shared_s {
   _Atomic int64_t cap_violations; /* the file's committed seen > cap */
   _Atomic int64_t quota_violations;
   _Atomic int64_t errors;
-  _Atomic int64_t done; /* operations made */
+  _Atomic int64_t done;    /* operations made */
+  _Atomic int64_t started; /* workers of the first round past attach */
   _Atomic int64_t refused;
   _Atomic int64_t held[RACE_PROCS]; /* per worker: bytes in the audit */
 } race_shared_t;
@@ -437,6 +438,10 @@ static void race_worker(const char *path, race_shared_t *sh, int w, long total, 
     atomic_fetch_add(&sh->errors, 1);
     _exit(1);
   }
+  /* The first round starts together, so that all 16 hold memory at once. */
+  if (atomic_fetch_add(&sh->started, 1) < RACE_PROCS)
+    while (atomic_load(&sh->started) < RACE_PROCS)
+      usleep(100);
   uint64_t mine[RACE_HELD];
   int n = 0;
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
