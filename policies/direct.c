@@ -52,7 +52,7 @@ static void direct_destroy(gmr_policy_t *self) {
   direct_t *d = (direct_t *)self;
   for (direct_rec_t *r = d->live, *next; r; r = next) {
     next = r->next;
-    gmr__backend_release(self->backend, r->ptr, r->size);
+    gmr__backend_release(self->backend, r->ptr, r->size, r->stream);
     gmr__free(r);
   }
   for (direct_rec_t *r = d->spare, *next; r; r = next) {
@@ -85,7 +85,7 @@ static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_blo
   direct_rec_t *r = direct_rec_new(d);
   if (r == NULL) return gmr__error_set(GMR_ENOMEM, "direct: out of host memory");
   void *ptr;
-  int err = gmr__backend_reserve(self->backend, size, &ptr);
+  int err = gmr__backend_reserve(self->backend, size, s, &ptr);
   if (err != 0) {
     direct_rec_release(d, r);
     if (err == GMR_ENOMEM) {
@@ -118,7 +118,7 @@ static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_blo
 static int direct_free(gmr_policy_t *self, const gmr_block_t *blk) {
   direct_t *d = (direct_t *)self;
   direct_rec_t *r = blk->handle;
-  int err = gmr__backend_release(self->backend, r->ptr, r->size);
+  int err = gmr__backend_release(self->backend, r->ptr, r->size, blk->stream);
   if (err != 0) return err;
   if (r->prev)
     r->prev->next = r->next;

@@ -155,34 +155,34 @@ static void lbe_give(limit_backend_t *l, uint64_t n) {
   if (l->shared != NULL) gmr__scap_release(l->shared, n);
 }
 
-static int lbe_reserve(gmr_backend_t *be, size_t size, void **out) {
+static int lbe_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out) {
   limit_backend_t *l = lbe_of(be);
   int err = lbe_take(l, size);
   if (err != 0) return err;
-  err = gmr__backend_reserve(l->real, size, out);
+  err = gmr__backend_reserve(l->real, size, s, out);
   if (err != 0) lbe_give(l, size);
   return err;
 }
 
-static int lbe_release(gmr_backend_t *be, void *ptr, size_t size) {
+static int lbe_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  int err = gmr__backend_release(l->real, ptr, size);
+  int err = gmr__backend_release(l->real, ptr, size, s);
   if (err == 0) lbe_give(l, size);
   return err;
 }
 
-static int lbe_map(gmr_backend_t *be, void *addr, size_t size) {
+static int lbe_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
   int err = lbe_take(l, size);
   if (err != 0) return err;
-  err = gmr__backend_map(l->real, addr, size);
+  err = gmr__backend_map(l->real, addr, size, s);
   if (err != 0) lbe_give(l, size);
   return err;
 }
 
-static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size) {
+static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  int err = gmr__backend_unmap(l->real, addr, size);
+  int err = gmr__backend_unmap(l->real, addr, size, s);
   if (err == 0) lbe_give(l, size);
   return err;
 }

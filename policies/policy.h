@@ -45,7 +45,7 @@ typedef struct gmr_policy_ops_s {
   const gmr_opt_desc_t *opts_desc; /* terminated by an entry with key NULL */
   bool is_decorator;               /* takes an `upstream:` policy */
   bool concurrent;                 /* does its own locking (rule 5) */
-  /* Calls gmr__history_free_completed (backend.h) when a freed block becomes
+  /* Calls gmr__history_free_completed (observe/recording.h) when a freed block becomes
    * reusable; otherwise the runtime records free_completed with the free. */
   bool reports_free_completed;
   /* Cross-field checks after parsing; write a sentence to err on failure. */

@@ -144,6 +144,10 @@ const char *gmr__error_text(const void *owner) {
   return e->text.data;
 }
 
+const char *gmr_thread_last_error(void) {
+  return gmr__error_last();
+}
+
 const char *gmr__error_last(void) {
   error_tls_t *e = error_tls();
   return e && e->text.data ? e->text.data : "";

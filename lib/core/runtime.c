@@ -24,7 +24,11 @@
  * free_requested (and free_completed, unless the policy stack reports it)
  * before the policy sees the block, so the address cannot be handed out again
  * before its free is in the history.  With no history each entry point pays
- * one load and one predictable branch.  GMR_SNAPSHOT=path writes the memory
+ * one load and one predictable branch.  The device's entries (segment_*) are
+ * recorded by the recording layer (observe/recording.h) that the runtime puts
+ * between its policies and the device; snapshots are written by
+ * observe/snapshot.c, which reads the runtime through a gmr_snapshot_source_t
+ * and never calls back.  GMR_SNAPSHOT=path writes the memory
  * snapshot when the runtime is freed (at exit for the default runtimes), to
  * path, path.1, path.2... in the order the runtimes were created.
  */
@@ -34,12 +38,15 @@
 #include <string.h>
 
 #include "core/config.h"
-#include "observe/history.h"
 #include "core/internal.h"
 #include "core/lock.h"
-#include "policy.h"
 #include "core/runtime.h"
+#include "core/stats.h"
+#include "observe/history.h"
+#include "observe/recording.h"
+#include "observe/snapshot.h"
 #include "observe/trace.h"
+#include "policy.h"
 
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */
@@ -72,10 +79,11 @@ typedef struct map_shard_s {
  * when `serialize`, else by the shard's own lock. */
 struct gmr_runtime_s {
   gmr_policy_t *policy;
-  gmr_backend_t *backend;
-  bool serialize;     /* !policy->ops->concurrent */
-  gmr_trace_t *trace; /* NULL unless recording */
-  void *raw;          /* what gmr__calloc returned (the runtime is aligned inside) */
+  gmr_backend_t *backend; /* the recording layer the policies were given */
+  gmr_backend_t *dev;     /* the device under it (owned by `backend`) */
+  bool serialize;         /* !policy->ops->concurrent */
+  gmr_trace_t *trace;     /* NULL unless recording */
+  void *raw;              /* what gmr__calloc returned (the runtime is aligned inside) */
   /* The memory history: `history` is NULL when off and `history_store` while
    * on; the store lives until the runtime is freed, so a thread that loaded
    * `history` just before it was turned off still records into valid memory.
@@ -210,8 +218,11 @@ static void snapshot_at_end(gmr_runtime_t *rt) {
              f ? gmr_last_error(rt) : "cannot open it for writing");
 }
 
-static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
+static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device,
                          gmr_runtime_t **out) {
+  gmr_backend_t *be = NULL;
+  int rec_err = gmr__recording_new(dev, &be);
+  if (rec_err != 0) return rec_err;
   void *raw = gmr__calloc(1, sizeof(gmr_runtime_t) + CACHE_LINE - 1);
   if (raw == NULL) {
     gmr__backend_free(be);
@@ -221,6 +232,7 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
       (gmr_runtime_t *)(((uintptr_t)raw + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1));
   rt->raw = raw;
   rt->backend = be;
+  rt->dev = dev;
   rt->device = device;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
@@ -261,7 +273,7 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
   *out = rt;
   return 0;
 fail_history:
-  atomic_store(&be->history, NULL);
+  gmr__recording_attach(be, NULL);
   gmr__history_free(rt->history_store);
   gmr__trace_close(rt->trace);
 fail_trace:
@@ -406,7 +418,6 @@ static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_
 static RUNTIME_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
   gmr_block_t blk;
-  gmr__history_stream = s;
   int err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM) {
     size_t free_b = 0, total = 0;
@@ -442,7 +453,6 @@ static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr
 /* Record a free before the policy sees the block (see the file comment). */
 static RUNTIME_COLD void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist,
                                        const gmr_block_t *blk) {
-  gmr__history_stream = blk->stream;
   gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk->ptr, blk->requested,
                       blk->stream);
   if (rt->history_completes)
@@ -505,7 +515,6 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
 int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = 0;
-  if (GMR_UNLIKELY(history_of(rt) != NULL)) gmr__history_stream = NULL; /* every stream's */
   policy_lock(rt);
   if (rt->policy->ops->trim != NULL) err = rt->policy->ops->trim(rt->policy);
   policy_unlock(rt);
@@ -650,10 +659,9 @@ int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   return err ? fail(rt, err) : 0;
 }
 
-int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_walk_err,
-                         gmr_hist_entry_t **out_entries, size_t *out_len) {
-  gmr_hist_entry_t *entries = NULL;
-  size_t len = 0;
+/* The snapshot source's capture (snapshot.h). */
+static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_capture_t *out) {
+  gmr_runtime_t *rt = ctx;
   int err = 0;
   policy_lock(rt);
   gmr_history_t *hist = history_of(rt);
@@ -662,17 +670,32 @@ int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_w
     memset(&st, 0, sizeof st);
     rt->policy->ops->stats(rt->policy, &st);
     gmr__history_record(hist, GMR_HIST_SNAPSHOT, 0, st.active_bytes, NULL);
-    err = gmr__history_copy(hist, &entries, &len);
+    err = gmr__history_copy(hist, &out->entries, &out->n_entries);
+    pthread_mutex_lock(&hist->lock);
+    out->history_max = hist->max;
+    out->history_dropped = hist->dropped;
+    pthread_mutex_unlock(&hist->lock);
   }
-  int walk_err = GMR_ENOTSUP;
+  out->walk_err = GMR_ENOTSUP;
   if (err == 0 && rt->policy->ops->walk != NULL)
-    walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
+    out->walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
   policy_unlock(rt);
-  if (err != 0) return fail(rt, err);
-  *out_walk_err = walk_err;
-  *out_entries = entries;
-  *out_len = len;
-  return 0;
+  return err;
+}
+
+int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
+  if (rt == NULL || out == NULL) {
+    gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
+                   rt == NULL ? "the runtime" : "the output file");
+    return rt != NULL ? fail(rt, GMR_EINVAL) : GMR_EINVAL;
+  }
+  gmr_snapshot_source_t src = {.ctx = rt,
+                               .device = rt->device,
+                               .policy = rt->policy_name,
+                               .backend = rt->backend->ops->name,
+                               .capture = runtime_capture};
+  int err = gmr__snapshot_write(&src, out);
+  return err ? fail(rt, err) : 0;
 }
 
 int gmr_check(gmr_runtime_t *rt) {
@@ -708,7 +731,7 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   gmr__lock(&rt->lock);
   if (max_entries == 0) {
     atomic_store(&rt->history, NULL);
-    atomic_store(&rt->backend->history, NULL);
+    gmr__recording_attach(rt->backend, NULL);
     if (rt->history_store != NULL) gmr__history_clear(rt->history_store);
   } else {
     if (rt->history_store == NULL)
@@ -716,7 +739,7 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
     else
       err = gmr__history_resize(rt->history_store, max_entries);
     if (err == 0) {
-      atomic_store(&rt->backend->history, rt->history_store);
+      gmr__recording_attach(rt->backend, rt->history_store);
       atomic_store(&rt->history, rt->history_store);
     }
   }
@@ -724,17 +747,14 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   return err ? fail(rt, err) : 0;
 }
 
-gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt) {
-  return history_of(rt);
-}
-int gmr__runtime_device(gmr_runtime_t *rt) {
-  return rt->device;
-}
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) {
   return rt->policy;
 }
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) {
   return rt->backend;
+}
+gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt) {
+  return rt->dev;
 }
 
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
@@ -759,7 +779,7 @@ size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
 
 static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
   if (rt == NULL) return NULL;
-  gmr_sim_t *sim = gmr__sim_of(rt->backend);
+  gmr_sim_t *sim = gmr__sim_of(rt->dev);
   if (sim == NULL)
     fail(rt, gmr__error_set(GMR_ENOTSUP, "this runtime runs on %s, not on the simulator",
                             rt->backend->ops->name));

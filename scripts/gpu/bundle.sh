@@ -9,8 +9,12 @@ cp -L "$b/lib/.libs/libgmr.so.0" "$dest/lib/libgmr.so.0"
 ln -s libgmr.so.0 "$dest/lib/libgmr.so"
 cp -L "$b/lib/.libs/libgmr-preload.so" "$dest/lib/"
 cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
-cp "$b/tools/gmr-info" "$dest/bin/"
-cp "$b/tools/gmr-top" "$dest/bin/"
+# gmr-info and gmr-top link libgmr.so: the real binaries (not libtool's
+# wrappers), run with run.sh's LD_LIBRARY_PATH.
+for t in gmr-info gmr-top; do
+  if [ -f "$b/tools/.libs/$t" ]; then cp "$b/tools/.libs/$t" "$dest/bin/"; else cp "$b/tools/$t" "$dest/bin/"; fi
+done
+# The shared cap's process tests (linked statically with gmr), for the race on many cores.
 cp "$b/tests/shared-cap" "$dest/bin/gmr-shared-cap-test"
 cp -r "$src/python/gmr" "$dest/python/"
 cp "$src"/config/*.yaml "$dest/config/"
