@@ -20,11 +20,15 @@
  *               release is owed and applied later, SIGCONT recovers
  *   unlinked    the file is unlinked while in use: "domain split", and the
  *               process moves its share to the new file
+ *   pid ns      a holder that is pid 1 of its own PID namespace, SIGKILLed
+ *               from outside: liveness does not depend on pids (skipped
+ *               where unshare(CLONE_NEWPID) is not allowed)
  *   threads     4 threads on one handle
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -701,6 +705,61 @@ static void test_unlinked(void) {
   gmr__scap_detach(b);
 }
 
+/* ---- a holder in another PID namespace ------------------------------------------------ */
+
+static void test_pid_namespace(void) {
+  char p[300];
+  path_of("pidns", p, sizeof p);
+  int fds[2];
+  if (pipe(fds)) return;
+  pid_t outer = fork();
+  if (outer == 0) {
+    close(fds[0]);
+    if (unshare(CLONE_NEWPID) != 0) {
+      pid_t none = -1;
+      ssize_t w = write(fds[1], &none, sizeof none);
+      (void)w;
+      _exit(0);
+    }
+    pid_t inner = fork(); /* pid 1 of the new namespace */
+    if (inner == 0) {
+      gmr_scap_t *h = attach(p, 10 * GiB, 0, 0, "namespaced");
+      char ok1 = h && getpid() == 1 && gmr__scap_reserve(h, 9 * GiB) == 0;
+      ssize_t w = write(fds[1], &ok1, 1);
+      (void)w;
+      for (;;)
+        pause();
+    }
+    ssize_t w = write(fds[1], &inner, sizeof inner); /* its pid out here */
+    (void)w;
+    reap(inner);
+    _exit(0);
+  }
+  close(fds[1]);
+  pid_t inner = -1;
+  if (read(fds[0], &inner, sizeof inner) != sizeof inner || inner <= 0) {
+    skip("unshare(CLONE_NEWPID) is not allowed here");
+    reap(outer);
+    close(fds[0]);
+    return;
+  }
+  char ok1 = 0;
+  ok(read(fds[0], &ok1, 1) == 1 && ok1 == 1, "pid 1 of a new PID namespace holds 9 GiB");
+  gmr_shared_cap_info_t info;
+  gmr_shared_cap_slot_t s[4];
+  size_t n = 0;
+  gmr_shared_cap_read(p, &info, s, 4, &n);
+  ok(n == 1 && s[0].pid == 1 && s[0].alive == 1, "its slot says pid 1, alive");
+  kill(inner, SIGKILL);
+  reap(outer);
+  gmr_shared_cap_read(p, &info, s, 4, &n);
+  ok(n == 1 && s[0].alive == 0, "SIGKILLed from outside: dead, though pid 1 exists here too");
+  gmr_scap_t *me = attach(p, 10 * GiB, 0, 0, "outside");
+  ok(me && gmr__scap_reserve(me, 9 * GiB) == 0, "its 9 GiB come back");
+  gmr__scap_detach(me);
+  close(fds[0]);
+}
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 static gmr_scap_t *thread_h;
@@ -749,6 +808,7 @@ int main(void) {
   test_fork();
   test_stopped();
   test_unlinked();
+  test_pid_namespace();
   test_threads();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
