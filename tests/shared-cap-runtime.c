@@ -105,6 +105,10 @@ static void test_caching_retry(void) {
   is_int(stat_of(b, "limit_shared_committed_bytes"), (int64_t)(800 * MiB),
          "limit_shared_committed_bytes: 500 + 300");
   is_int(stat_of(b, "limit_shared_free_bytes"), 0, "limit_shared_free_bytes: nothing left");
+  char *sum = summary_string(b);
+  like(sum, "shared cap: 800.00 MiB committed of 800.00 MiB by all processes, 0 bytes left",
+       "the summary has a line for the shared cap");
+  free(sum);
   void *px;
   is_int(gmr_alloc(b, 100 * MiB, NULL, &px), GMR_ENOMEM, "B: 100 MiB more is an OOM");
   like(gmr_last_error(b), "CUDA out of memory. Tried to allocate 100.00 MiB", "in PyTorch's words");

@@ -41,14 +41,18 @@
  *
  * Unlink: a file unlinked while processes use it splits the domain (those
  * that attach later make a new file).  At most every SCAP_LINK_CHECK_NS on
- * the reservation path, and at every sweep, the link count is looked at; at
- * 0 the process logs "domain split" and moves its slot to the file now at
- * the path.
+ * the reservation path the link count is looked at; at 0 the process logs
+ * "domain split" and moves its slot, with its bytes, to the file now at the
+ * path.
  *
- * Synchronization in the process: `local` (one per handle) serializes the
- * handle's calls and keeps fork from copying a half-made change; `mu`
- * serializes all processes.  The registry of handles (for fork) has its own
- * mutex, taken before any `local`.
+ * Synchronization in the process: the reservation path takes only the
+ * current file's `mu` (h->slot, h->gen and the file change under it).  A
+ * move to a new file publishes h->f while holding the old file's `mu`, so a
+ * thread that locked the old one meanwhile sees h->f changed and tries
+ * again; the old mapping stays until detach.  `local` (one per handle)
+ * serializes the slow paths (a new lock descriptor after fork, moves,
+ * detach) and keeps fork from copying a half-made one.  The registry of
+ * handles (for fork) has its own mutex, taken before any `local`.
  */
 #include <errno.h>
 #include <fcntl.h>
