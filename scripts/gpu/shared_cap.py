@@ -205,7 +205,7 @@ def main():
                     "  shared: {cap: %dGiB, label: %s}\n" % (a.quota_gib, a.cap_gib, label))
         cfgs[kind] = path
     print("configuration of A:\n" + open(cfgs["torch"]).read())
-    cap, quota, hold = a.cap_gib * GiB, a.quota_gib * GiB, a.hold_gib * GiB
+    cap, quota = a.cap_gib * GiB, a.quota_gib * GiB
     check(cap < 2 * quota, "the cap (%d GiB) is below the sum of the quotas (2 x %d GiB)" %
           (a.cap_gib, a.quota_gib))
     results = {"uuid": uuid, "cap": cap, "quota": quota}
