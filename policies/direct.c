@@ -12,7 +12,8 @@
  *   allocated_bytes.current = requested_bytes.current = Σ live sizes
  *   allocations.current = number of records in the live list
  *   n_spare = number of records in the spare list <= DIRECT_SPARE_MAX
- * Synchronization: not concurrent; the runtime calls every op under its lock.
+ * Synchronization: not concurrent; every op runs under the instance's lock,
+ * taken by the policy.h wrappers (one op at a time).
  */
 #include <stdlib.h>
 #include <string.h>

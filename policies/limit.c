@@ -47,8 +47,9 @@
  *
  * Synchronization: concurrent.  Shard credit, `pool`, `refused` and the
  * reserved count are atomics; `pool` and the drain change only under
- * `pool_lock`.  An upstream policy that is not concurrent is called under
- * `up_lock`.
+ * `pool_lock`.  The upstream is called through the policy.h wrappers, which
+ * take its own lock when it is not concurrent and supply its empty slots'
+ * defaults.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -96,8 +97,6 @@ typedef struct limit_s {
   int counts;
   uint64_t chunk;           /* bytes a shard takes from the pool beyond its request */
   _Atomic uint64_t refused; /* allocations refused by the cap */
-  bool up_serialize;        /* the upstream is not concurrent */
-  gmr_lock_t up_lock;       /* guards upstream calls when up_serialize */
   limit_backend_t *lbe;     /* counts == reserved: the upstream's backend */
   void *raw;                /* what gmr__calloc returned (the limit_t is aligned inside it) */
   _Alignas(64) gmr_lock_t pool_lock; /* guards changes of `pool` and drains */
@@ -347,7 +346,6 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   gmr_backend_t *up_be = be;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&l->pool_lock) != 0) goto fail_pool_lock;
-  if (gmr__lock_init(&l->up_lock) != 0) goto fail_lock;
   if (l->counts == LIMIT_COUNTS_RESERVED) {
     l->lbe = gmr__calloc(1, sizeof *l->lbe);
     if (l->lbe == NULL) goto fail_lbe;
@@ -362,7 +360,6 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   }
   err = gmr__policy_create(upstream, up_be, &l->base.upstream);
   if (err != 0) goto fail_upstream;
-  l->up_serialize = !l->base.upstream->ops->concurrent;
   *out = &l->base;
   return 0;
 fail_upstream:
@@ -370,8 +367,6 @@ fail_upstream:
 fail_share:
   gmr__free(l->lbe);
 fail_lbe:
-  gmr__lock_destroy(&l->up_lock);
-fail_lock:
   gmr__lock_destroy(&l->pool_lock);
 fail_pool_lock:
   gmr__free(raw);
@@ -385,16 +380,8 @@ static void limit_destroy(gmr_policy_t *self) {
   gmr__policy_destroy(self->upstream);
   if (l->lbe) gmr__scap_detach(l->lbe->shared); /* after the upstream gave its memory back */
   gmr__free(l->lbe);
-  gmr__lock_destroy(&l->up_lock);
   gmr__lock_destroy(&l->pool_lock);
   gmr__free(l->raw);
-}
-
-static inline void up_lock(limit_t *l) {
-  if (l->up_serialize) gmr__lock(&l->up_lock);
-}
-static inline void up_unlock(limit_t *l) {
-  if (l->up_serialize) gmr__unlock(&l->up_lock);
 }
 
 /* ---- the allocated-bytes count: shard credit and the pool ---------------------- */
@@ -505,9 +492,7 @@ static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_bloc
       return limit_refusal(l->cap, size, seen, "already allocated");
     }
   }
-  up_lock(l);
-  int err = self->upstream->ops->alloc(self->upstream, size, s, out);
-  up_unlock(l);
+  int err = gmr__policy_alloc(self->upstream, size, s, out);
   if (err != 0) {
     if (sh != NULL) limit_give(l, sh, size);
     if (err == GMR_ENOMEM && l->counts == LIMIT_COUNTS_RESERVED) atomic_fetch_add(&l->refused, 1);
@@ -517,9 +502,7 @@ static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_bloc
 
 static int limit_free(gmr_policy_t *self, const gmr_block_t *blk) {
   limit_t *l = (limit_t *)self;
-  up_lock(l);
-  int err = self->upstream->ops->free(self->upstream, blk);
-  up_unlock(l);
+  int err = gmr__policy_free(self->upstream, blk);
   if (err == 0 && l->counts == LIMIT_COUNTS_ALLOCATED)
     limit_give(l, shard_of(l, blk->stream), blk->requested);
   return err;
@@ -563,56 +546,33 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
 }
 
 static void limit_set_exclusive(gmr_policy_t *self, int exclusive) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->set_exclusive == NULL) return;
-  up_lock(l);
-  self->upstream->ops->set_exclusive(self->upstream, exclusive);
-  up_unlock(l);
+  gmr__policy_set_exclusive(self->upstream, exclusive);
 }
 
 static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->record_stream == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->record_stream(self->upstream, blk, s);
-  up_unlock(l);
-  return err;
+  return gmr__policy_record_stream(self->upstream, blk, s);
 }
 
 static int limit_trim(gmr_policy_t *self) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->trim == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->trim(self->upstream);
-  up_unlock(l);
-  return err;
+  return gmr__policy_trim(self->upstream);
 }
 
 static void limit_stats(gmr_policy_t *self, gmr_stats_t *st) {
   limit_t *l = (limit_t *)self;
-  up_lock(l);
-  self->upstream->ops->stats(self->upstream, st);
-  up_unlock(l);
+  gmr__policy_stats(self->upstream, st);
   st->limit_bytes = l->cap;
   /* Refusals by the capped backend are counted by the upstream as its OOMs. */
   if (l->counts == LIMIT_COUNTS_ALLOCATED) st->ooms += atomic_load(&l->refused);
 }
 
 static void limit_reset_peak(gmr_policy_t *self) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->reset_peak == NULL) return;
-  up_lock(l);
-  self->upstream->ops->reset_peak(self->upstream);
-  up_unlock(l);
+  gmr__policy_reset_peak(self->upstream);
 }
 
 static void limit_reset_accumulated(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   atomic_store(&l->refused, 0);
-  if (self->upstream->ops->reset_accumulated == NULL) return;
-  up_lock(l);
-  self->upstream->ops->reset_accumulated(self->upstream);
-  up_unlock(l);
+  gmr__policy_reset_accumulated(self->upstream);
 }
 
 static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
@@ -632,11 +592,8 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
     if (cb("limit_shared_committed_bytes", (int64_t)v.committed, ud) != 0) return 0;
     if (cb("limit_shared_free_bytes", (int64_t)v.room, ud) != 0) return 0;
   }
-  if (self->upstream->ops->stats_foreach == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->stats_foreach(self->upstream, cb, ud);
-  up_unlock(l);
-  return err;
+  int err = gmr__policy_stats_foreach(self->upstream, cb, ud);
+  return err == GMR_POLICY_NONE ? 0 : err;
 }
 
 static int limit_summary(gmr_policy_t *self, FILE *out) {
@@ -659,22 +616,12 @@ static int limit_summary(gmr_policy_t *self, FILE *out) {
     fprintf(out, "shared cap: %s committed of %s by all processes, %s left to this one (%s)\n", sm,
             sc, sr, gmr__scap_path(l->lbe->shared));
   }
-  if (self->upstream->ops->summary == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->summary(self->upstream, out);
-  up_unlock(l);
-  return err;
+  int err = gmr__policy_summary(self->upstream, out);
+  return err == GMR_POLICY_NONE ? 0 : err;
 }
 
 static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->walk == NULL)
-    return gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk",
-                          self->upstream->ops->name);
-  up_lock(l);
-  int err = self->upstream->ops->walk(self->upstream, cb, ud);
-  up_unlock(l);
-  return err;
+  return gmr__policy_walk(self->upstream, cb, ud);
 }
 
 static int limit_check(gmr_policy_t *self) {
@@ -690,11 +637,7 @@ static int limit_check(gmr_policy_t *self) {
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);
-  if (self->upstream->ops->check == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->check(self->upstream);
-  up_unlock(l);
-  return err;
+  return gmr__policy_check(self->upstream);
 }
 
 static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};

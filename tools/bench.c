@@ -39,6 +39,7 @@
 #include <time.h>
 
 #include "gmr.h"
+#include "json.h"
 
 #ifdef GMR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -362,27 +363,12 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, 
   fflush(stdout);
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped. */
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; ++s) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
-    else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
 static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
                        const result_t *r, bool first) {
   fprintf(f, "%s\n  {\"contender\": ", first ? "" : ",");
-  json_str(f, c->name);
+  tool_json_string(f, c->name);
   fprintf(f, ", \"policy\": ");
-  json_str(f, c->policy);
+  tool_json_string(f, c->policy);
   fprintf(f,
           ", \"backend\": \"%s\", \"pinned\": %s, \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": "
           "%" PRIu64
