@@ -147,9 +147,9 @@ typedef struct gmr_opt_desc_s {
   /* CUSTOM: parse `text` into the field; on error write a sentence to err. */
   int (*parse)(const char *text, void *field, char *err, size_t errlen);
   const struct gmr_opt_desc_s *sub; /* TABLE: the nested keys (offsets in the struct) */
-  const char *default_text; /* for the reference */
-  const char *help;         /* one sentence */
-  bool min_exclusive;       /* the range's lower bound is exclusive */
+  const char *default_text;         /* for the reference */
+  const char *help;                 /* one sentence */
+  bool min_exclusive;               /* the range's lower bound is exclusive */
   /* The environment variable(s) that override this option when a runtime is
    * created, separated by spaces (NULL: none); shown in docs/config.md.  The
    * config layer reads them (gmr__config_apply_env, config-env.c) and, when
