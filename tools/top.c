@@ -45,17 +45,30 @@ static void on_signal(int sig) {
   top_stop = 1;
 }
 
+static const char top_usage[] =
+    "usage: gmr-top [--json] [--once] [--interval SEC] [--count N] [FILE...]\n"
+    "\n"
+    "Show the processes that share a GPU's memory under gmr's shared cap\n"
+    "(limit.shared in the configuration): per shared-cap FILE the device, the\n"
+    "cap, what all processes have committed and hold, and per process its label,\n"
+    "pid, quota, guaranteed bytes, bytes held and whether it is alive (a dead\n"
+    "process's share returns at the next reservation of another).  Without FILE,\n"
+    "every file of this user in /dev/shm (gmr-cap-UID-*).  The files are read\n"
+    "without taking their lock and are never changed.  The screen is redrawn\n"
+    "every SEC seconds until interrupted.\n"
+    "\n"
+    "  -j, --json           print one JSON document and exit\n"
+    "  -1, --once           print the table once and exit\n"
+    "  -n, --interval SEC   seconds between redraws, 0.05 to 3600 (default 1)\n"
+    "  -c, --count N        stop after N redraws\n"
+    "  -h, --help           print this help and exit\n"
+    "  -V, --version        print the version and exit\n"
+    "\n"
+    "Exit status: 0, 1 when a file cannot be read (the others are still\n"
+    "shown), 2 for usage errors.\n";
+
 static void usage(FILE *f) {
-  fprintf(f, "usage: gmr-top [--json] [--once] [--interval SEC] [--count N] [FILE...]\n"
-             "Show the processes sharing a device's memory under gmr's shared cap\n"
-             "(limit.shared in the configuration).\n\n"
-             "  FILE            a shared-cap file; default: every /dev/shm/gmr-cap-<uid>-*\n"
-             "  -j, --json      print one JSON document and exit\n"
-             "  -1, --once      print the table once and exit\n"
-             "  -n, --interval SEC  seconds between redraws (default 1)\n"
-             "  -c, --count N   stop after N redraws\n"
-             "  -h, --help      this text\n"
-             "  -V, --version   the version\n");
+  fputs(top_usage, f);
 }
 
 static void fmt(uint64_t b, char *buf, size_t len) {
