@@ -178,6 +178,8 @@ static void test_basic(void) {
     gmr__scap_view(b, &v);
     is_u64(v.committed, 90 * MiB, "committed counts gamma's guarantee: 60 + 30");
     is_int(gmr__scap_reserve(b, 11 * MiB), GMR_ENOMEM, "beta cannot take gamma's guarantee");
+    gmr__scap_view(c, &v);
+    is_u64(v.room, 40 * MiB, "gamma's room: its 30 MiB guarantee + the 10 MiB the cap has left");
     is_int(gmr__scap_reserve(c, 30 * MiB), 0, "gamma gets its 30 MiB");
     gmr__scap_view(c, &v);
     is_u64(v.committed, 90 * MiB, "which cost nothing more");
