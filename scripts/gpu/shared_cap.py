@@ -179,8 +179,12 @@ def main():
     a = ap.parse_args()
     if a.worker:
         return worker(a.worker)
-    if subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode != 0:
-        print("SKIP: no CUDA device")
+    try:
+        found = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    except OSError:
+        found = False
+    if not found:
+        print("SKIP: no CUDA device (nvidia-smi -L failed)")
         return 0
     os.makedirs(a.results, exist_ok=True)
     uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
