@@ -264,10 +264,12 @@ static void sweep(gmr_scap_t *h) {
   atomic_fetch_add_explicit(&f->h.sweeps, 1, memory_order_relaxed);
 }
 
-/* Take f's mu: at once when free, else wait up to the timeout.  A dead
- * holder is repaired by a sweep (f must be h's file then). */
-static int scap_lock_f(gmr_scap_t *h, scap_file_t *f) {
+/* Take f's mu: at once when free, else (wait) up to the timeout.  A dead
+ * holder is repaired by a sweep (f must be h's file then).  Without wait, a
+ * busy mutex is GMR_EBUSY with no message. */
+static int scap_lock_f(gmr_scap_t *h, scap_file_t *f, bool wait) {
   int r = pthread_mutex_trylock(&f->h.mu);
+  if (GMR_UNLIKELY(r == EBUSY) && !wait) return GMR_EBUSY;
   if (GMR_UNLIKELY(r == EBUSY)) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -309,7 +311,7 @@ static int scap_lock_f(gmr_scap_t *h, scap_file_t *f) {
 }
 
 static inline int scap_lock(gmr_scap_t *h) {
-  return scap_lock_f(h, h->f);
+  return scap_lock_f(h, h->f, true);
 }
 
 static inline void scap_unlock(gmr_scap_t *h) {
@@ -638,7 +640,7 @@ static int migrate(gmr_scap_t *h) {
   fresh.slot = -1;
   scap_file_t *old = h->f;
   int old_mapfd = h->mapfd, old_lockfd = h->lockfd;
-  int err = scap_lock_f(h, old);
+  int err = scap_lock_f(h, old, true);
   if (err != 0) {
     gmr__free(r);
     return err;
@@ -750,7 +752,7 @@ static inline int enter(gmr_scap_t *h) {
       gmr__unlock(&h->local);
     }
     scap_file_t *f = atomic_load_explicit(&h->f, memory_order_acquire);
-    int err = scap_lock_f(h, f);
+    int err = scap_lock_f(h, f, true);
     if (GMR_UNLIKELY(err != 0)) return err;
     /* Moved meanwhile (the mover published while holding this mu)? */
     if (GMR_LIKELY(atomic_load_explicit(&h->f, memory_order_relaxed) == f)) return 0;
@@ -873,10 +875,16 @@ void gmr__scap_release(gmr_scap_t *h, uint64_t n) {
 
 void gmr__scap_view(gmr_scap_t *h, gmr_scap_view_t *out) {
   /* Fresh totals: the shares of processes that died since the last sweep
-   * are not counted (one lock probe per live slot).  Without the lock, the
-   * figures as they are. */
-  bool locked = enter(h) == 0;
+   * are not counted (one lock probe per live slot).  When the lock is busy,
+   * the figures as they are: a view never waits. */
   scap_file_t *f = atomic_load_explicit(&h->f, memory_order_acquire);
+  bool locked = atomic_load_explicit(&h->lockfd, memory_order_acquire) >= 0 &&
+                atomic_load_explicit(&h->slot, memory_order_relaxed) >= 0 &&
+                scap_lock_f(h, f, false) == 0;
+  if (locked && atomic_load_explicit(&h->f, memory_order_relaxed) != f) {
+    pthread_mutex_unlock(&f->h.mu); /* moved meanwhile: the old file's figures */
+    locked = false;
+  }
   if (locked) sweep(h);
   int slot = atomic_load_explicit(&h->slot, memory_order_relaxed);
   uint64_t u = slot >= 0 ? atomic_load_explicit(&f->slot[slot].used, memory_order_relaxed) : 0;
