@@ -14,8 +14,9 @@ cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
 for t in gmr-info gmr-top; do
   if [ -f "$b/tools/.libs/$t" ]; then cp "$b/tools/.libs/$t" "$dest/bin/"; else cp "$b/tools/$t" "$dest/bin/"; fi
 done
-# The shared cap's process tests (linked statically with gmr), for the race on many cores.
+# The shared cap's process tests and its benchmark (linked statically with gmr).
 cp "$b/tests/shared-cap" "$dest/bin/gmr-shared-cap-test"
+cp "$b/tests/shared-cap-bench" "$dest/bin/gmr-shared-cap-bench"
 cp -r "$src/python/gmr" "$dest/python/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
