@@ -373,6 +373,41 @@ static void test_dead_lock_holder(void) {
   is_u64(d1.repairs - d0.repairs, kills, "repairs counted");
   is_int(gmr__scap_reserve(me, 10 * GiB - MiB), 0, "the whole cap (less 1 MiB) is free again");
   gmr__scap_release(me, 10 * GiB - MiB);
+
+  /* Once more with this process already waiting for the lock when the
+   * holder dies (EOWNERDEAD from pthread_mutex_timedlock). */
+  int fds[2];
+  if (pipe(fds) == 0) {
+    pid_t holder = fork();
+    if (holder == 0) {
+      close(fds[0]);
+      gmr_scap_t *h = attach(p, 10 * GiB, 0, 0, "victim");
+      if (!h || gmr__scap_debug_hold(h, 50 * MiB) != 0) _exit(1);
+      signal_fd(fds[1]);
+      for (;;)
+        pause();
+    }
+    close(fds[1]);
+    int w = wait_fd(fds[0]);
+    close(fds[0]);
+    pid_t killer = fork();
+    if (killer == 0) {
+      usleep(100000);
+      kill(holder, SIGKILL);
+      _exit(0);
+    }
+    gmr__scap_debug(me, &d0);
+    double t1 = now_s();
+    int rc = gmr__scap_reserve(me, MiB);
+    double waited = now_s() - t1;
+    gmr__scap_debug(me, &d1);
+    ok(w == 0 && rc == 0 && d1.repairs == d0.repairs + 1 && waited >= 0.05,
+       "a reservation waiting for the lock when its holder is killed gets it, repaired (%.3f s)",
+       waited);
+    gmr__scap_release(me, MiB);
+    reap(killer);
+    reap(holder);
+  }
   gmr__scap_detach(me);
 }
 
