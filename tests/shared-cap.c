@@ -747,14 +747,14 @@ static void test_unlinked(void) {
 static void test_pid_namespace(void) {
   char p[300];
   path_of("pidns", p, sizeof p);
-  int fds[2];
-  if (pipe(fds)) return;
+  int pids[2], oks[2]; /* the inner pid from the outer child; the inner's result */
+  if (pipe(pids) || pipe(oks)) return;
   pid_t outer = fork();
   if (outer == 0) {
-    close(fds[0]);
+    close(pids[0]), close(oks[0]);
     if (unshare(CLONE_NEWPID) != 0) {
       pid_t none = -1;
-      ssize_t w = write(fds[1], &none, sizeof none);
+      ssize_t w = write(pids[1], &none, sizeof none);
       (void)w;
       _exit(0);
     }
@@ -762,26 +762,26 @@ static void test_pid_namespace(void) {
     if (inner == 0) {
       gmr_scap_t *h = attach(p, 10 * GiB, 0, 0, "namespaced");
       char ok1 = h && getpid() == 1 && gmr__scap_reserve(h, 9 * GiB) == 0;
-      ssize_t w = write(fds[1], &ok1, 1);
+      ssize_t w = write(oks[1], &ok1, 1);
       (void)w;
       for (;;)
         pause();
     }
-    ssize_t w = write(fds[1], &inner, sizeof inner); /* its pid out here */
+    ssize_t w = write(pids[1], &inner, sizeof inner); /* its pid out here */
     (void)w;
     reap(inner);
     _exit(0);
   }
-  close(fds[1]);
+  close(pids[1]), close(oks[1]);
   pid_t inner = -1;
-  if (read(fds[0], &inner, sizeof inner) != sizeof inner || inner <= 0) {
+  if (read(pids[0], &inner, sizeof inner) != sizeof inner || inner <= 1) {
     skip("unshare(CLONE_NEWPID) is not allowed here");
     reap(outer);
-    close(fds[0]);
+    close(pids[0]), close(oks[0]);
     return;
   }
   char ok1 = 0;
-  ok(read(fds[0], &ok1, 1) == 1 && ok1 == 1, "pid 1 of a new PID namespace holds 9 GiB");
+  ok(read(oks[0], &ok1, 1) == 1 && ok1 == 1, "pid 1 of a new PID namespace holds 9 GiB");
   gmr_shared_cap_info_t info;
   gmr_shared_cap_slot_t s[4];
   size_t n = 0;
@@ -794,7 +794,7 @@ static void test_pid_namespace(void) {
   gmr_scap_t *me = attach(p, 10 * GiB, 0, 0, "outside");
   ok(me && gmr__scap_reserve(me, 9 * GiB) == 0, "its 9 GiB come back");
   gmr__scap_detach(me);
-  close(fds[0]);
+  close(pids[0]), close(oks[0]);
 }
 
 /* ---- threads ------------------------------------------------------------------------------ */
