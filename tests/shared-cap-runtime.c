@@ -1,7 +1,8 @@
 /* shared-cap-runtime.c: the shared cap seen through the public API: the
  * `limit.shared` configuration and its errors, policies that free their
  * cache and retry when the shared cap refuses (caching, BFC), allocations
- * served from a cache never reaching the shared file, the statistics the
+ * served from a cache never reaching the shared file, stitch's pages
+ * counted there, the statistics the
  * interposer reports from, gmr_shared_cap_read, and a refused mismatch at
  * runtime creation.  Runtimes of one process stand for processes here: each
  * has its own slot in the file (tests/shared-cap.c uses real processes).
@@ -164,6 +165,34 @@ static void test_bfc_retry(void) {
   gmr_runtime_free(c);
 }
 
+/* The stitch policy: its pages count against the shared cap, it reuses
+ * its own free pages without asking, and past the cap its OOM names it. */
+static void test_stitch(void) {
+  gmr_runtime_t *a = rt_with("direct", "600MiB", "800MiB", ", label: A");
+  gmr_runtime_t *s = rt_with("stitch", "600MiB", "800MiB", ", label: S");
+  ok(a && s, "a direct runtime and a stitch one share the cap");
+  if (!a || !s) return;
+  void *pa, *ps, *px;
+  is_int(gmr_alloc(s, 300 * MiB, NULL, &ps), 0, "S: 300 MiB");
+  is_int(gmr_free(s, ps), 0, "S frees: its pages stay in its pool");
+  is_int(gmr_alloc(a, 510 * MiB, NULL, &pa), GMR_ENOMEM,
+         "A cannot take S's pages (300 + 510 > 800)");
+  is_int(gmr_alloc(a, 480 * MiB, NULL, &pa), 0, "A: 480 MiB fits");
+  uint64_t ops = slot_ops("S");
+  is_int(gmr_alloc(s, 300 * MiB, NULL, &ps), 0, "S: 300 MiB again, from its own pages");
+  ok(slot_ops("S") == ops, "  without a reservation in the file");
+  is_int(gmr_alloc(s, 30 * MiB, NULL, &px), GMR_ENOMEM, "S: 30 MiB more passes the cap");
+  like(gmr_last_error(s), "stitch: out of memory allocating 30.00 MiB", "  stitch's message");
+  like(gmr_last_error(s), "Shared cap of 800.00 MiB", "  naming the shared cap");
+  is_int(gmr_check(s), 0, "  invariants hold");
+  is_int(gmr_free(a, pa), 0, "A frees its 480 MiB");
+  is_int(gmr_alloc(s, 30 * MiB, NULL, &px), 0, "S grows into them");
+  gmr_free(s, px);
+  gmr_free(s, ps);
+  gmr_runtime_free(a);
+  gmr_runtime_free(s);
+}
+
 static void test_mismatch(void) {
   gmr_runtime_t *a = rt_with("caching", "600MiB", "800MiB", NULL);
   char yaml[1024];
@@ -191,7 +220,7 @@ static void test_mismatch(void) {
   ok(gmr_config_load_string(yaml, &cfg, &err) == 0, "the same cap");
   o.capacity = 2048 * MiB;
   is_int(gmr_runtime_new_sim(cfg, &o, &b), GMR_ECONFIG, "on another device: refused");
-  like(gmr_last_error(NULL), "belongs to device sim-1073741824", "naming the file's device");
+  like(gmr_last_error(NULL), "belongs to device sim0-1073741824", "naming the file's device");
   gmr_config_free(cfg);
   gmr_runtime_free(a);
 }
@@ -206,6 +235,8 @@ int main(void) {
   test_caching_retry();
   unlink(file);
   test_bfc_retry();
+  unlink(file);
+  test_stitch();
   unlink(file);
   test_mismatch();
   unlink(file);

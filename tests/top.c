@@ -57,7 +57,7 @@ int main(void) {
            (int)getpid());
   like(out, want, "llama-serve: pid, alive, quota, guarantee, held");
   like(out, "\"label\": \"batch\"", "batch too");
-  like(out, "\"device\": \"sim-2147483648\"", "the device id");
+  like(out, "\"device\": \"sim0-2147483648\"", "the device id");
 
   snprintf(args, sizeof args, "--once '%s'", file);
   is_int(top(args), 0, "gmr-top --once FILE");

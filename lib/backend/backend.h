@@ -2,6 +2,9 @@
  *
  * A backend reserves and releases raw device ranges, maps physical pages
  * into a reserved virtual range (for expandable segments and VMM growth),
+ * creates physical pages as handles that may be mapped at several virtual
+ * addresses at once (the stitch policy's aliasing), tells whether a stream
+ * is being captured into a CUDA graph,
  * reports memory info, records and queries events on streams, and keeps a
  * clock.  Implementations: sim.c (simulated device), cuda.c (the only file
  * with CUDA calls).  A NULL slot means "unsupported".
@@ -30,6 +33,7 @@
 
 typedef struct gmr_backend_s gmr_backend_t;
 typedef void *gmr_event_t;
+typedef uint64_t gmr_phys_t; /* a physical page handle (CUmemGenericAllocationHandle) */
 
 typedef struct gmr_backend_ops_s {
   const char *name; /* "sim", "cuda" */
@@ -48,8 +52,22 @@ typedef struct gmr_backend_ops_s {
   int (*unmap)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
   /* A name of the device that is the same in every process: the GPU UUID
-   * ("GPU-xxxxxxxx-...") for CUDA, "sim-<capacity>" for the simulator. */
+   * ("GPU-xxxxxxxx-...") for CUDA, "sim<ordinal>-<capacity>" for the simulator. */
   int (*device_id)(gmr_backend_t *self, char *buf, size_t len);
+  /* Physical pages as handles (cuMemCreate / cuMemRelease): `size` is a
+   * multiple of `granularity`.  A handle holds memory until released; it may
+   * be mapped at any number of virtual addresses meanwhile. */
+  int (*phys_create)(gmr_backend_t *self, size_t size, gmr_phys_t *out);
+  int (*phys_release)(gmr_backend_t *self, gmr_phys_t h, size_t size);
+  /* Map [offset, offset+size) of handle h at addr, inside a reserved
+   * virtual range, without access rights yet (cuMemMap); set_access makes
+   * [addr, addr+size) readable and writable (one cuMemSetAccess, which may
+   * span several maps); phys_unmap undoes exactly one phys_map. */
+  int (*phys_map)(gmr_backend_t *self, void *addr, size_t size, gmr_phys_t h, size_t offset);
+  int (*set_access)(gmr_backend_t *self, void *addr, size_t size);
+  int (*phys_unmap)(gmr_backend_t *self, void *addr, size_t size);
+  /* 1 while stream s is being captured into a CUDA graph, 0 otherwise. */
+  int (*stream_capturing)(gmr_backend_t *self, gmr_stream_t s);
   /* Events: record on a stream; query returns 0 (complete), 1 (not ready) or
    * an error; sync waits for completion. */
   int (*event_record)(gmr_backend_t *self, gmr_stream_t s, gmr_event_t *out_ev);
@@ -75,7 +93,7 @@ typedef struct gmr_backend_counters_s {
 struct gmr_backend_s {
   const gmr_backend_ops_t *ops;
   size_t granularity; /* bytes; reserve/map sizes are multiples of it */
-  int device;         /* CUDA ordinal, 0 for the simulator */
+  int device;         /* the device ordinal (CUDA's, or the simulated device's) */
   gmr_backend_counters_t counters;
   /* A backend that forwards to another one (a decorator: the limit policy's
    * capped backend, the recording layer): that one; NULL otherwise. */
@@ -83,7 +101,10 @@ struct gmr_backend_s {
 };
 
 /* Constructors (one per backend). */
-int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out);
+int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out); /* device 0 */
+/* Simulated device `device` (0..30): address-only, its addresses come from
+ * its own window, so no two ordinals share an address; GMR_EINVAL otherwise. */
+int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backend_t **out);
 int gmr__cuda_backend_new(int device, gmr_backend_t **out);
 /* 1 when a CUDA device can be used, 0 otherwise (no toolkit, no driver...). */
 int gmr__cuda_available(void);
@@ -99,6 +120,17 @@ int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
 int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
 int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len);
+/* Physical pages: create/release count as reserved bytes and device
+ * allocations/frees; map/unmap of a handle count as device calls only. */
+int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out);
+int gmr__backend_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size);
+int gmr__backend_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset);
+int gmr__backend_set_access(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_phys_unmap(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_stream_capturing(gmr_backend_t *be, gmr_stream_t s);
+static inline bool gmr__backend_has_phys(const gmr_backend_t *be) {
+  return be->ops->phys_create != NULL && be->ops->phys_map != NULL && be->ops->va_reserve != NULL;
+}
 int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev);
 int gmr__backend_event_query(gmr_backend_t *be, gmr_event_t ev);
 int gmr__backend_event_sync(gmr_backend_t *be, gmr_event_t ev);
@@ -117,12 +149,14 @@ void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
 typedef struct gmr_sim_s gmr_sim_t;
 gmr_sim_t *gmr__sim_of(gmr_backend_t *be); /* NULL unless a simulator */
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k);
+void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k); /* the k-th and every later call */
 void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes);
 void gmr__sim_fail_all(gmr_sim_t *sim, int on);
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s);
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s);
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
+void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on);
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out);
 
 #endif /* GMR_BACKEND_H */

@@ -15,6 +15,9 @@
  * map() creates one physical allocation per call (cuMemCreate of the whole
  * range), maps it and grants read/write access to this device; unmap() finds
  * the handle again with cuMemRetainAllocationHandle, so no table is kept.
+ * The stitch policy's pages are handles of their own (phys_create = one
+ * cuMemCreate), mapped at one or more addresses each (phys_map = cuMemMap
+ * with no access yet; set_access = one cuMemSetAccess over a whole range).
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -80,22 +83,34 @@ static int drv_fail(cuda_be_t *c, CUresult r, const char *what) {
                         (int)r);
 }
 
-/* Make the backend's device current for this thread (cheap when it is). */
-static int use_device(cuda_be_t *c) {
+/* Make the backend's device current for this thread (cheap when it is);
+ * *prev: the device to make current again afterwards (restore_device), -1
+ * when nothing changed.  A caller's current device is never left changed, as
+ * PyTorch's allocator guards it: in a process with two GPUs, an allocation
+ * or empty_cache on device 1 must not move the framework's thread off device 0. */
+static int use_device(cuda_be_t *c, int *prev) {
   int cur = -1;
+  *prev = -1;
   cudaError_t e = cudaGetDevice(&cur);
   if (e == cudaSuccess && cur == c->ordinal) return 0;
   e = cudaSetDevice(c->ordinal);
-  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaSetDevice");
+  if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+  *prev = cur;
+  return 0;
+}
+
+static void restore_device(int prev) {
+  if (prev >= 0) cudaSetDevice(prev);
 }
 
 static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
   (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   void *p = NULL;
   cudaError_t e = cudaMalloc(&p, size);
+  restore_device(prev);
   if (e != cudaSuccess) return cuda_fail(e, "cudaMalloc");
   *out_ptr = p;
   return 0;
@@ -104,9 +119,10 @@ static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **o
 static int cuda_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   cudaError_t e = cudaFree(ptr);
+  restore_device(prev);
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaFree");
 }
 
@@ -168,12 +184,63 @@ static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s
   return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemUnmap");
 }
 
+static int cuda_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  cuda_be_t *c = cuda_of(be);
+  CUmemAllocationProp prop;
+  alloc_prop(c, &prop);
+  CUmemGenericAllocationHandle h;
+  CUresult r = c->drv.create(&h, size, &prop, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(c, r, "cuMemCreate");
+  *out = (gmr_phys_t)h;
+  return 0;
+}
+
+static int cuda_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  (void)size;
+  cuda_be_t *c = cuda_of(be);
+  CUresult r = c->drv.release((CUmemGenericAllocationHandle)h);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemRelease");
+}
+
+static int cuda_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset) {
+  cuda_be_t *c = cuda_of(be);
+  CUresult r =
+      c->drv.map((CUdeviceptr)(uintptr_t)addr, size, offset, (CUmemGenericAllocationHandle)h, 0);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemMap");
+}
+
+static int cuda_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->ordinal},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUresult r = c->drv.set_access((CUdeviceptr)(uintptr_t)addr, size, &access, 1);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemSetAccess");
+}
+
+static int cuda_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUresult r = c->drv.unmap((CUdeviceptr)(uintptr_t)addr, size);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemUnmap");
+}
+
+static int cuda_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  (void)be;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)s, &st);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 static int cuda_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   size_t f = 0, t = 0;
   cudaError_t e = cudaMemGetInfo(&f, &t);
+  restore_device(prev);
   if (e != cudaSuccess) return cuda_fail(e, "cudaMemGetInfo");
   *out_free = f;
   *out_total = t;
@@ -195,16 +262,18 @@ static int cuda_device_id(gmr_backend_t *be, char *buf, size_t len) {
 
 static int cuda_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   cudaEvent_t ev;
+  const char *what = "cudaEventCreateWithFlags";
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e != cudaSuccess) return cuda_fail(e, "cudaEventCreateWithFlags");
-  e = cudaEventRecord(ev, (cudaStream_t)s);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(ev);
-    return cuda_fail(e, "cudaEventRecord");
+  if (e == cudaSuccess) {
+    what = "cudaEventRecord";
+    e = cudaEventRecord(ev, (cudaStream_t)s);
+    if (e != cudaSuccess) cudaEventDestroy(ev);
   }
+  restore_device(prev);
+  if (e != cudaSuccess) return cuda_fail(e, what);
   *out_ev = ev;
   return 0;
 }
@@ -234,9 +303,10 @@ static int cuda_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
 }
 
 static int cuda_device_sync(gmr_backend_t *be) {
-  int err = use_device(cuda_of(be));
+  int prev, err = use_device(cuda_of(be), &prev);
   if (err != 0) return err;
   cudaError_t e = cudaDeviceSynchronize();
+  restore_device(prev);
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaDeviceSynchronize");
 }
 
@@ -260,6 +330,12 @@ static const gmr_backend_ops_t cuda_ops = {
     .unmap = cuda_unmap,
     .mem_info = cuda_mem_info,
     .device_id = cuda_device_id,
+    .phys_create = cuda_phys_create,
+    .phys_release = cuda_phys_release,
+    .phys_map = cuda_phys_map,
+    .set_access = cuda_set_access,
+    .phys_unmap = cuda_phys_unmap,
+    .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_sync = cuda_event_sync,
@@ -277,6 +353,7 @@ static const gmr_backend_ops_t cuda_ops_novmm = {
     .release = cuda_release,
     .mem_info = cuda_mem_info,
     .device_id = cuda_device_id,
+    .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_sync = cuda_event_sync,
@@ -335,11 +412,12 @@ int gmr__cuda_backend_new(int device, gmr_backend_t **out) {
   c->ordinal = device;
   c->base.device = device;
   c->base.granularity = (size_t)2 << 20;
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev); /* creates the device's primary context */
   if (err != 0) {
     gmr__free(c);
     return err;
   }
+  restore_device(prev);
   c->vmm = load_driver(c);
   if (c->vmm) {
     typedef CUresult (*pfn_attr)(int *, CUdevice_attribute, CUdevice);

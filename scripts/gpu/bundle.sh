@@ -18,6 +18,9 @@ done
 cp "$b/tests/shared-cap" "$dest/bin/gmr-shared-cap-test"
 cp "$b/tests/shared-cap-bench" "$dest/bin/gmr-shared-cap-bench"
 cp -r "$src/python/gmr" "$dest/python/"
+# The public headers, for programs built on the GPU host (multi-gpu.sh).
+mkdir -p "$dest/include"
+cp "$src"/include/*.h "$dest/include/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
