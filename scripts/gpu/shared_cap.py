@@ -8,7 +8,8 @@ Starts two worker processes of this same script, each under the interposer
 one shared cap smaller than the sum of the quotas:
   A: PyTorch through gmr's hooks (gmr.use_in_torch), label torch-A;
   B: CuPy through gmr's hooks (gmr.use_in_cupy), label cupy-B.
-The file is the default one, /dev/shm/gmr-cap-<uid>-<GPU UUID>.  Then:
+The file is the default one, /dev/shm/gmr-cap-<uid>-<GPU UUID>, of the
+first device in CUDA_VISIBLE_DEVICES (default 0).  Then:
   1. A takes --hold-gib in 1 GiB tensors; B takes 1 GiB arrays until CuPy
      raises its OutOfMemoryError: B gets only cap - hold (not its quota);
   2. A asks for 1 GiB more: torch.OutOfMemoryError;
@@ -187,10 +188,13 @@ def main():
         print("SKIP: no CUDA device (nvidia-smi -L failed)")
         return 0
     os.makedirs(a.results, exist_ok=True)
-    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
-                          capture_output=True, text=True).stdout.strip()
+    # The device the workers see first (CUDA_VISIBLE_DEVICES: an index or a
+    # UUID; nvidia-smi itself ignores that variable).
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i",
+                           visible], capture_output=True, text=True).stdout.strip()
     default = "/dev/shm/gmr-cap-%d-%s" % (os.getuid(), uuid)
-    print("GPU 0: %s; the shared-cap file: %s" % (uuid, default))
+    print("GPU %s: %s; the shared-cap file: %s" % (visible, uuid, default))
     if os.path.exists(default):
         t = subprocess.run([a.top, "--json", default], capture_output=True, text=True)
         live = json.loads(t.stdout)["files"][0]["live"] if t.returncode == 0 else 0
