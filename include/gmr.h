@@ -87,6 +87,45 @@ GMR_EXTERN const char *gmr_config_policy_name(const gmr_config_t *cfg);
 /** Write the configuration reference (every policy, every option) as Markdown. */
 GMR_EXTERN int gmr_config_write_reference(FILE *out);
 
+/** The type of an option (gmr_option_info_t.type). */
+typedef enum gmr_option_type_e {
+  GMR_OPTION_BOOL = 0,   /* true or false */
+  GMR_OPTION_SIZE = 1,   /* bytes, with an optional unit ("512MiB") */
+  GMR_OPTION_INT = 2,    /* an integer */
+  GMR_OPTION_NUMBER = 3, /* a real number */
+  GMR_OPTION_STRING = 4, /* free text */
+  GMR_OPTION_CHOICE = 5, /* one of `choices` */
+  GMR_OPTION_TEXT = 6,   /* text with a syntax of its own (see `help`) */
+  GMR_OPTION_MAPPING = 7 /* a nested mapping of options (limit's `shared`; see docs/config.md) */
+} gmr_option_type_t;
+
+/** One option of a policy, as the table that parses the YAML describes it.
+ * Strings point into the library's tables (static; never freed). */
+typedef struct gmr_option_info_s {
+  const char *key;            /* the YAML key */
+  gmr_option_type_t type;     /* GMR_OPTION_* */
+  double min, max;            /* SIZE, INT, NUMBER: the range (max 0: no upper bound) */
+  int min_exclusive;          /* 1: the range excludes min */
+  const char *const *choices; /* CHOICE: NULL-terminated names; else NULL */
+  const char *default_text;   /* the default as the reference writes it ("" when derived) */
+  const char *help;           /* one sentence */
+  /* Values worth trying when tuning the option for a workload, YAML scalars,
+   * NULL-terminated; NULL when the option is not tuned.  A value "Kx peak"
+   * stands for K times the workload's peak requested bytes: that many bytes
+   * for a SIZE, and that share of the device's memory for a NUMBER (a
+   * fraction of the device). */
+  const char *const *tune;
+} gmr_option_info_t;
+
+/** The name of policy number `index` of the registry (0, 1, ...); NULL past
+ * the last. */
+GMR_EXTERN const char *gmr_policy_name(size_t index);
+/** The options of policy `policy`, in the order of its table: fills
+ * out[0 .. min(cap, n) - 1] and sets *out_count to n (call with cap 0 to
+ * learn n).  @return 0, GMR_EINVAL (unknown policy, or out NULL with cap > 0) */
+GMR_EXTERN int gmr_policy_options(const char *policy, gmr_option_info_t *out, size_t cap,
+                                  size_t *out_count);
+
 /** Parse a size as configuration files write them: "4096", "512MiB", "8GiB",
  * "1.5GiB", "2MB" (decimal), "0x1000".  @return 0, GMR_EINVAL (malformed;
  * *out untouched) */

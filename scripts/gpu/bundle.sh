@@ -14,6 +14,10 @@ cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
 for t in gmr-info gmr-top; do
   if [ -f "$b/tools/.libs/$t" ]; then cp "$b/tools/.libs/$t" "$dest/bin/"; else cp "$b/tools/$t" "$dest/bin/"; fi
 done
+# gmr-compare (snapshot_compare.sh): the real program, not libtool's wrapper.
+if [ -f "$b/tools/.libs/gmr-compare" ]; then cp "$b/tools/.libs/gmr-compare" "$dest/bin/"; else
+  cp "$b/tools/gmr-compare" "$dest/bin/"
+fi
 # The shared cap's process tests and its benchmark (linked statically with gmr).
 cp "$b/tests/shared-cap" "$dest/bin/gmr-shared-cap-test"
 cp "$b/tests/shared-cap-bench" "$dest/bin/gmr-shared-cap-bench"
