@@ -632,6 +632,14 @@ static int sim_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) 
   return 0;
 }
 
+/* The same simulated device in every process: named by its ordinal and
+ * capacity, "sim0-85899345920". */
+static int sim_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  gmr_sim_t *sim = sim_of(be);
+  snprintf(buf, len, "sim%d-%llu", be->device, (unsigned long long)sim->capacity);
+  return 0;
+}
+
 /* Streams: looked up by id; created on first use.  Called with the lock. */
 static sim_stream_t *sim_stream(gmr_sim_t *sim, gmr_stream_t s) {
   uintptr_t id = (uintptr_t)s;
@@ -760,6 +768,7 @@ static const gmr_backend_ops_t sim_ops = {
     .map = sim_map,
     .unmap = sim_unmap,
     .mem_info = sim_mem_info,
+    .device_id = sim_device_id,
     .phys_create = sim_phys_create,
     .phys_release = sim_phys_release,
     .phys_map = sim_phys_map,
