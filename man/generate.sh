@@ -49,5 +49,7 @@ page gmr-record 1 "record a PyTorch program's GPU allocations as a gmr trace" \
   "gmr-compare(1)" "${PYTHON3:-python3}" "$src/tools/gmr-record"
 page gmr-demo 1 "a short tour of gmr's C interface on a simulated device" \
   "gmr-config(5), gmr-compare(1)" "$b/tools/gmr-demo"
+page gmr-top 1 "the processes sharing a GPU's memory under gmr's shared cap" \
+  "gmr-config(5), gmr-info(1)" "$b/tools/gmr-top"
 page gmr-config 5 "gmr's YAML configuration files: the device, the policy and its options" \
   "gmr-compare(1), gmr-bench(1), gmr-demo(1)" "$b/tools/gmr-demo" --reference

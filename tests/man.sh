@@ -6,7 +6,7 @@ BLD=${GMR_BUILDDIR:-.}
 SRC=${GMR_SRCDIR:-.}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-man.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
-pages="gmr-compare.1 gmr-info.1 gmr-bench.1 gmr-record.1 gmr-demo.1 gmr-config.5"
+pages="gmr-compare.1 gmr-info.1 gmr-bench.1 gmr-record.1 gmr-demo.1 gmr-top.1 gmr-config.5"
 set -- $pages
 echo "1..$(($# * 2))"
 n=0

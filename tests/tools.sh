@@ -1,6 +1,6 @@
 #!/bin/sh
 # tools.sh: every tool's manners.  For each of gmr-compare, gmr-info,
-# gmr-bench, gmr-demo and gmr-record:
+# gmr-bench, gmr-demo, gmr-top and gmr-record:
 #   --help      exits 0 and prints the usage on stdout, nothing on stderr;
 #   --version   exits 0 and prints "TOOL (gmr) VERSION", VERSION being
 #               include/gmr.h's;
@@ -46,7 +46,7 @@ usage_error() {
   [ $rc -eq 2 ] || sed 's/^/# /' "$tmp/err" "$tmp/out" | head -5
 }
 
-for tool in gmr-compare gmr-info gmr-bench gmr-demo gmr-record; do
+for tool in gmr-compare gmr-info gmr-bench gmr-demo gmr-top gmr-record; do
   if [ "$tool" = gmr-record ] && [ -z "$PY" ]; then
     skip "$tool" "no python3"
     continue

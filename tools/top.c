@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "gmr.h"
 
 #define TOP_MAX_FILES 64
@@ -242,7 +243,8 @@ int main(int argc, char **argv) {
                                         {NULL, 0, NULL, 0}};
   top_opts_t o = {.interval = 1.0};
   int c;
-  while ((c = getopt_long(argc, argv, "j1n:c:hV", longs, NULL)) != -1) {
+  opterr = 0; /* tools/cli.h says what is wrong */
+  while ((c = getopt_long(argc, argv, ":j1n:c:hV", longs, NULL)) != -1) {
     char *end;
     switch (c) {
     case 'j':
@@ -274,8 +276,7 @@ int main(int argc, char **argv) {
       printf("gmr-top (gmr) %d.%d.%d\n", GMR_VERSION_MAJOR, GMR_VERSION_MINOR, GMR_VERSION_PATCH);
       return 0;
     default:
-      usage(stderr);
-      return 2;
+      return cli_bad_option("gmr-top", argv, c, longs);
     }
   }
   for (int i = optind; i < argc; ++i) {
