@@ -45,13 +45,14 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/internal.h"
 #include "gmr.h"
+#include "json.h"
 
 #ifdef GMR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -539,6 +540,22 @@ static int gmr_self_check(contender_t *c) {
 
 /* ---- output --------------------------------------------------------------- */
 
+/* "1.50 GiB" style, as gmr's own messages write sizes. */
+static void format_size(uint64_t bytes, char *buf, size_t len) {
+  static const char *const names[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) {
+    snprintf(buf, len, "%llu bytes", (unsigned long long)bytes);
+    return;
+  }
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  snprintf(buf, len, "%.2f %s", v, names[u]);
+}
+
 /* Tables: one per workload, each with its header before its first row. */
 static void print_header(const bench_opts_t *o, bench_kind_t kind) {
   static bool printed[3];
@@ -581,7 +598,7 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size,
   if (spec != NULL)
     snprintf(sz, sizeof sz, "%zu", spec->live);
   else
-    gmr__format_size(size, sz, sizeof sz);
+    format_size(size, sz, sizeof sz);
   printf("%-18s %-28s %9s %9.1f |", c->name, c->policy, sz, r->single);
   for (int k = 0; k < o->n_threads; ++k)
     printf(" %8.1f", r->agg[k]);
@@ -605,29 +622,14 @@ static void print_sweep_row(const bench_opts_t *o, const contender_t *c, const d
   fflush(stdout);
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped. */
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; ++s) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
-    else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
 static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
                        const churn_spec_t *spec, const result_t *r, bool first) {
   const char *unit = spec ? "ns_per_op" : "ns_per_pair";
   fprintf(f, "%s\n  {\"workload\": \"%s\", \"contender\": ", first ? "" : ",",
           spec ? "random" : "pair");
-  json_str(f, c->name);
+  tool_json_string(f, c->name);
   fprintf(f, ", \"policy\": ");
-  json_str(f, c->policy);
+  tool_json_string(f, c->policy);
   fprintf(f, ", \"backend\": \"%s\", \"pinned\": %s, ", c->backend, o->pin ? "true" : "false");
   if (spec != NULL)
     fprintf(f, "\"live_blocks\": %zu, \"size_min\": %zu, \"size_max\": %zu, \"steps_per_rep\"",
@@ -648,9 +650,9 @@ static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, siz
 static void print_sweep_json(FILE *f, const bench_opts_t *o, const contender_t *c, const double *ns,
                              const double *lo, const double *hi, bool first) {
   fprintf(f, "%s\n  {\"workload\": \"sweep\", \"contender\": ", first ? "" : ",");
-  json_str(f, c->name);
+  tool_json_string(f, c->name);
   fprintf(f, ", \"policy\": ");
-  json_str(f, c->policy);
+  tool_json_string(f, c->policy);
   fprintf(f,
           ", \"backend\": \"%s\", \"pinned\": %s, \"size_min\": %zu, \"size_max\": %zu, "
           "\"reps\": %d, \"points\": [",
@@ -718,7 +720,7 @@ static int gmr_contender_new(const char *path, const bench_opts_t *o, contender_
   gmr_config_free(cfg);
   if (rc != 0) {
     fprintf(stderr, "gmr-bench: %s: cannot create the runtime: %s (%s)\n", path, gmr_strerror(rc),
-            gmr__error_last());
+            gmr_thread_last_error());
     return 1;
   }
   c->backend = gmr_runtime_backend(c->rt);
@@ -903,7 +905,7 @@ static int parse_list(const char *opt, const char *text, bool sizes, void *out, 
     }
     uint64_t v;
     if (sizes) {
-      if (gmr__parse_size(tok, &v) != 0 || v == 0) {
+      if (gmr_parse_size(tok, &v) != 0 || v == 0) {
         fprintf(stderr, "gmr-bench: %s: '%s' is not a size in bytes above 0 (e.g. 4KiB)\n", opt,
                 tok);
         return 1;
@@ -1035,7 +1037,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
       if (parse_int(a, v, 1, 1L << 40, &n) != 0) return 1;
       o->fixed_pairs = (uint64_t)n;
     } else if (strcmp(a, "--capacity") == 0) {
-      if (gmr__parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20)) {
+      if (gmr_parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20)) {
         fprintf(stderr, "gmr-bench: --capacity: '%s' is not a size of 1MiB or more\n", v);
         return 1;
       }

@@ -17,9 +17,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "gmr_replay.h"
 #include "core/internal.h"
 #include "core/runtime.h"
+#include "gmr_replay.h"
 
 /* ---- live pointer -> id map (open addressing, backward-shift deletion) ---- */
 
