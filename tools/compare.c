@@ -309,6 +309,37 @@ static size_t cmp_columns(void) {
   return v >= 40 && v <= 10000 ? (size_t)v : 160;
 }
 
+/* ---- reading the trace -------------------------------------------------------------
+ * The reader streams the file; once it has run for a second a bar shows the
+ * bytes parsed (or, from a pipe, the events so far). */
+
+typedef struct cmp_read_ctx_s {
+  double start, last_draw;
+  int progress, drawn;
+} cmp_read_ctx_t;
+
+static int cmp_read_progress(uint64_t done, uint64_t total, size_t events, void *ud) {
+  cmp_read_ctx_t *c = ud;
+  double now = cmp_now();
+  if (!c->progress || now - c->start < 1.0 || now - c->last_draw < 0.1) return 0;
+  c->last_draw = now;
+  c->drawn = 1;
+  if (total > 0) {
+    int width = 40, fill = (int)((double)done * width / (double)total);
+    char bar[64];
+    for (int i = 0; i < width; ++i)
+      bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\r\033[K%-24.24s [%s] %5.1f%%  %zu events", "reading the trace", bar,
+            100.0 * (double)done / (double)total, events);
+  } else {
+    fprintf(stderr, "\r\033[K%-24.24s %.1f MiB, %zu events", "reading the trace",
+            (double)done / 1048576.0, events);
+  }
+  fflush(stderr);
+  return 0;
+}
+
 /* ---- the command line ------------------------------------------------------------ */
 
 static int cmp_usage_error(const char *fmt, const char *arg) {
@@ -381,7 +412,11 @@ int main(int argc, char **argv) {
 
   char msg[1024] = "";
   gmr_trace_data_t *t = NULL;
-  int err = gmr_trace_read(trace_path, &t, msg, sizeof msg);
+  cmp_read_ctx_t rctx = {.start = cmp_now(), .progress = o.progress};
+  gmr_trace_read_options_t ropts = {
+      .progress = cmp_read_progress, .ud = &rctx, .progress_every = (uint64_t)4 << 20};
+  int err = gmr_trace_read_with(trace_path, &ropts, &t, msg, sizeof msg);
+  if (rctx.drawn) fprintf(stderr, "\r\033[K");
   if (err != 0) {
     fprintf(stderr, "gmr-compare: %s\n", msg[0] ? msg : gmr_strerror(err));
     return 1;
