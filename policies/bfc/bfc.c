@@ -46,10 +46,11 @@
  *   num_allocs, num_frees, requested and allocations of the core plus the
  *     caches' unfolded counts are TF's figures;
  * and every operation that reads or changes the whole state (statistics,
- * walks, checks, summary, trim) first flushes the caches (their chunks go
- * back to the bins through TF's free, their counts are folded in) and keeps
- * them bypassed until it ends (bfc_lock_all); an allocation that finds no
- * chunk flushes them before it extends, and before every try while it waits.
+ * walks, checks, summary, trim, and an allocation that finds no chunk:
+ * Extend, the wait, the report) first freezes the caches: their chunks go
+ * back to the bins through TF's free, their counts are folded in, and they
+ * are bypassed until it ends (bfc_front_freeze / thaw, nested by a count),
+ * so nothing outside `lock` writes a chunk while the whole state is read.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -572,15 +573,11 @@ static bool bfc_free_regions(bfc_t *b, size_t rounded, bool force) {
 
 /* AllocateRawInternal without the report.  NULL with *err = 0 when nothing
  * fits; *err < 0 when the device or the host failed. */
-static size_t bfc_front_flush(bfc_t *b, bool freeze);
 static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err) {
   *err = 0;
   bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
   if (c != NULL) return c;
-  /* Under concurrency: chunks kept by front caches first (none otherwise). */
-  if (b->n_fronts > 0 && bfc_front_flush(b, false) > 0 &&
-      (c = bfc_find_chunk(b, rounded, num_bytes)) != NULL)
-    return c;
+
   int e = bfc_extend(b, rounded);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) return (*err = e), NULL;
@@ -635,6 +632,7 @@ static void bfc_front_new(bfc_t *b, gmr_stream_t s) {
   if (f == NULL) return;
   gmr__lock_init(&f->lock);
   f->id = s;
+  f->frozen = b->freezes > 0;
   size_t i = bfc_front_home(s);
   while (atomic_load_explicit(&b->fronts[i], memory_order_relaxed) != NULL)
     i = (i + 1) & (BFC_FRONT_STREAMS - 1);
@@ -686,20 +684,19 @@ static bool bfc_front_free(bfc_t *b, bfc_chunk_t *c, gmr_stream_t s) {
   return kept;
 }
 
+/* Under lock, for bfc_front_freeze: mark every front cache frozen, fold its
+ * counts into the figures and give its chunks back to the bins (TF's free,
+ * counted when the user freed them).  Returns the number of chunks given
+ * back. */
 static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c);
-
-/* Under lock: fold every front cache's counts into the figures and give its
- * chunks back to the bins (TF's free, counted when the user freed them);
- * `freeze` also keeps the caches bypassed until bfc_front_thaw.  Returns the
- * number of chunks given back. */
-static size_t bfc_front_flush(bfc_t *b, bool freeze) {
+static size_t bfc_front_flush(bfc_t *b) {
   size_t back = 0;
   for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
     bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
     if (f == NULL) continue;
     bfc_chunk_t *held[BFC_FRONT_SLOTS];
     gmr__lock(&f->lock);
-    if (freeze) f->frozen = true;
+    f->frozen = true;
     uint32_t n = f->n;
     memcpy(held, f->slot, n * sizeof *held);
     f->n = 0;
@@ -722,7 +719,15 @@ static size_t bfc_front_flush(bfc_t *b, bool freeze) {
   return back;
 }
 
+/* Under lock: flush the front caches and keep them bypassed until the
+ * matching bfc_front_thaw (nested freezes count), so that nothing outside
+ * `lock` writes a chunk while the whole state is read or changed. */
+static void bfc_front_freeze(bfc_t *b) {
+  if (b->freezes++ == 0) bfc_front_flush(b);
+}
+
 static void bfc_front_thaw(bfc_t *b) {
+  if (--b->freezes > 0) return;
   for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
     bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
     if (f == NULL) continue;
@@ -736,7 +741,7 @@ static void bfc_front_thaw(bfc_t *b) {
  * walks, checks, trim): front caches flushed and bypassed meanwhile. */
 static void bfc_lock_all(bfc_t *b) {
   bfc_lock(b);
-  bfc_front_flush(b, true);
+  bfc_front_freeze(b);
 }
 
 static void bfc_unlock_all(bfc_t *b) {
@@ -754,8 +759,9 @@ static uint64_t bfc_now_ns(void) {
 
 /* AllocatorRetry: wait for frees until the deadline, then a last try.  With
  * one caller nothing is freed meanwhile: the last try comes at once.  Every
- * wake-up tries again (bfc_try gives back what front caches keep first);
- * while someone waits, frees bypass the front caches and wake the waiters. */
+ * wake-up tries again.  The caller has frozen the front caches (under
+ * concurrency), so every free meanwhile goes to the bins and wakes the
+ * waiters. */
 static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, int *err) {
   ++b->retries;
   uint64_t deadline = b->exclusive ? 0 : bfc_now_ns() + b->retry_ns;
@@ -763,10 +769,6 @@ static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, in
   atomic_fetch_add_explicit(&b->waiters, 1, memory_order_seq_cst);
   for (;;) {
     uint32_t seen = atomic_load_explicit(&b->freed_seq, memory_order_seq_cst);
-    /* A front cache may have kept a chunk before it saw this waiter. */
-    if (b->n_fronts > 0 && bfc_front_flush(b, false) > 0 &&
-        ((c = bfc_try(b, size, rounded, err)) != NULL || *err != 0))
-      break;
     if (bfc_now_ns() >= deadline) {
       c = bfc_try(b, size, rounded, err);
       break;
@@ -799,7 +801,14 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
     bfc_lock(b);
   }
   int err = 0;
-  c = bfc_try(b, size, rounded, &err);
+  c = locked ? NULL : bfc_find_chunk(b, rounded, size);
+  /* Nothing fits: under concurrency the front caches give their chunks back
+   * and stay bypassed until this allocation ends (Extend, the wait and the
+   * report then see every chunk as TF would, and the report reads chunks
+   * nobody else writes). */
+  bool frozen = c == NULL && atomic_load_explicit(&b->contended, memory_order_relaxed);
+  if (frozen) bfc_front_freeze(b);
+  if (c == NULL) c = bfc_try(b, size, rounded, &err);
   if (c == NULL && err == 0 && b->retry) c = bfc_wait_for_frees(b, size, rounded, &err);
   /* What to log, decided under the lock and written after it (a log
    * callback may call back into the runtime). */
@@ -814,6 +823,7 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
     *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
     gmr_assert_expensive(bfc_check_locked(b) == 0);
   }
+  if (frozen) bfc_front_thaw(b);
   if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, s);
   bfc_unlock(b);
   if (log_gc)

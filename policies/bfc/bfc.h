@@ -94,6 +94,7 @@ typedef struct bfc_s {
   _Atomic int waiters;                              /* allocations waiting for frees */
   _Atomic(bfc_front_t *) fronts[BFC_FRONT_STREAMS]; /* by stream hash, append-only */
   _Alignas(64) size_t n_fronts;                     /* under lock */
+  size_t freezes; /* under lock: bfc_front_freeze calls not yet thawed */
 
   /* Configuration: immutable after create. */
   char name[128];                /* "GPU_0_bfc" */
