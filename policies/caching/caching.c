@@ -58,6 +58,14 @@
 
 #include "caching.h"
 
+/* The hot path (a cached alloc and its free) is inlined whole into the ops,
+ * once with direct statistics (j == NULL) and once with a journal. */
+#if defined(__GNUC__)
+#define CACHE_HOT inline __attribute__((always_inline))
+#else
+#define CACHE_HOT inline
+#endif
+
 /* ---- treaps ---------------------------------------------------------------------
  * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
  * never changes while it is in a tree. */
@@ -423,19 +431,20 @@ static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *
   }
   for (int i = 0; i < j->n; ++i) {
     gmr_stat_t *a = (gmr_stat_t *)((char *)&cs->delta + ((char *)j->e[i].stat - (char *)&c->st));
-    cache_delta_one(&a[0], j->e[i].d);
-    if (j->e[i].t >= 0) cache_delta_one(&a[j->e[i].t], j->e[i].d);
+    cache_delta_one(&a[j->e[i].t >= 0 ? j->e[i].t : 0], j->e[i].d); /* aggregates: synced */
   }
   cs->dirty = true;
 }
 
-/* Fold every stream's delta into the figures; global path only. */
+/* Fold every stream's delta into the figures, then write the aggregates
+ * (cache_sync_all); global path only. */
 static void cache_fold(cache_t *c) {
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
     if (!cs->dirty) continue;
     gmr_stat_t *dst = (gmr_stat_t *)&c->st, *src = (gmr_stat_t *)&cs->delta;
     for (int k = 0; k < CACHE_N_STATS; ++k) {
+      if (k < CACHE_N_TRIPLES * 3 && k % 3 == CS_ALL) continue; /* synced below */
       dst[k].current += src[k].current;
       dst[k].allocated += src[k].allocated;
       dst[k].freed += src[k].freed;
@@ -444,6 +453,7 @@ static void cache_fold(cache_t *c) {
     }
     cs->dirty = false;
   }
+  cache_sync_all(&c->st);
 }
 
 /* ---- sizes -------------------------------------------------------------------------- */
@@ -544,7 +554,8 @@ static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t
  * which record survives is not observable) and no tree changes shape.
  * Returns the merged block and in *subsumed the neighbour's old size; NULL
  * when the general path must run. */
-static inline cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b, size_t *subsumed) {
+static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b,
+                                                     size_t *subsumed) {
   cache_block_t *pv = b->prev, *nx = b->next;
   bool mp = cache_mergeable(b, pv), mn = cache_mergeable(b, nx);
   if (mp == mn || !b->mapped) return NULL;
@@ -572,7 +583,7 @@ static inline cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b, 
 }
 
 /* free_block: return a block with no pending uses to its pool, merging it. */
-static inline void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
   cache_seg_t *seg = b->seg;
@@ -980,8 +991,8 @@ static int cache_garbage_collect(cache_t *c) {
  * fitting cached block, or NULL; *pred is the block before it in the tree
  * when the plain best fit was taken, else the block itself (no in-place
  * split then: see cache_alloc_found). */
-static inline cache_block_t *cache_find_free_block(cache_t *c, cache_pool_t *p, size_t size,
-                                                   cache_block_t **pred) {
+static CACHE_HOT cache_block_t *cache_find_free_block(cache_t *c, cache_pool_t *p, size_t size,
+                                                      cache_block_t **pred) {
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
   cache_block_t *b = treap_fit(p->blocks, size, pred);
   if (b == NULL) return NULL;
@@ -1052,9 +1063,9 @@ static bool cache_should_split(const cache_t *c, const cache_block_t *b, size_t 
  * then keeps b's node when its key stays above pred's (the key only shrinks,
  * so nothing else can pass it), instead of leaving the tree and entering it
  * again; otherwise b leaves the tree first. */
-static inline cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size,
-                                               size_t orig, bool split, cache_journal_t *j,
-                                               bool in_tree, const cache_block_t *pred) {
+static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size,
+                                                  size_t orig, bool split, cache_journal_t *j,
+                                                  bool in_tree, const cache_block_t *pred) {
   cache_pool_t *p = b->pool;
   int t = cache_stat_type(p);
   bool already_split = cache_is_split(b), expandable = b->seg->expandable;
@@ -1115,6 +1126,7 @@ static int cache_oom(cache_t *c, size_t alloc_size) {
     cache_format_size(c->allowed_max, cap, sizeof cap);
     snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
   }
+  cache_sync_all(&c->st); /* the aggregates, as of now */
   int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
   int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
   cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
@@ -1204,7 +1216,7 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
 }
 
 /* free(); j NULL on the global path. */
-static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   int t = cache_stat_type(b->pool);
   b->allocated = false;
   cache_down(j, c->st.allocation, t, 1);
@@ -1223,7 +1235,10 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_spin_lock(&cs->lock);
   if (GMR_LIKELY(b->n_uses == 0)) {
     cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-    cache_free_locked(c, b, j);
+    if (GMR_LIKELY(j == NULL))
+      cache_free_locked(c, b, NULL);
+    else
+      cache_free_locked(c, b, j);
     cache_commit(c, cs, j);
     cache_spin_unlock(&cs->lock);
   } else {
