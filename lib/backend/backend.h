@@ -51,6 +51,9 @@ typedef struct gmr_backend_ops_s {
   int (*map)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*unmap)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
+  /* A name of the device that is the same in every process: the GPU UUID
+   * ("GPU-xxxxxxxx-...") for CUDA, "sim<ordinal>-<capacity>" for the simulator. */
+  int (*device_id)(gmr_backend_t *self, char *buf, size_t len);
   /* Physical pages as handles (cuMemCreate / cuMemRelease): `size` is a
    * multiple of `granularity`.  A handle holds memory until released; it may
    * be mapped at any number of virtual addresses meanwhile. */
@@ -90,7 +93,7 @@ typedef struct gmr_backend_counters_s {
 struct gmr_backend_s {
   const gmr_backend_ops_t *ops;
   size_t granularity; /* bytes; reserve/map sizes are multiples of it */
-  int device;         /* CUDA ordinal, 0 for the simulator */
+  int device;         /* the device ordinal (CUDA's, or the simulated device's) */
   gmr_backend_counters_t counters;
   /* A backend that forwards to another one (a decorator: the limit policy's
    * capped backend, the recording layer): that one; NULL otherwise. */
@@ -98,7 +101,10 @@ struct gmr_backend_s {
 };
 
 /* Constructors (one per backend). */
-int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out);
+int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out); /* device 0 */
+/* Simulated device `device` (0..30): address-only, its addresses come from
+ * its own window, so no two ordinals share an address; GMR_EINVAL otherwise. */
+int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backend_t **out);
 int gmr__cuda_backend_new(int device, gmr_backend_t **out);
 /* 1 when a CUDA device can be used, 0 otherwise (no toolkit, no driver...). */
 int gmr__cuda_available(void);
@@ -113,6 +119,7 @@ int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size);
 int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
+int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len);
 /* Physical pages: create/release count as reserved bytes and device
  * allocations/frees; map/unmap of a handle count as device calls only. */
 int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out);
