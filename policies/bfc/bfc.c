@@ -25,12 +25,34 @@
  *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
  *   VMM mode: at most one region, at va_base, of va_used bytes
  *
- * Synchronization: concurrent.  One mutex (`lock`) guards everything in
- * bfc_t except the immutable configuration; `freed` is signalled after every
- * free while an allocation waits for memory, and the wait releases `lock`.
+ * Synchronization: concurrent.  One lock (`lock`, a gmr_lock_t) guards
+ * everything in bfc_t except the immutable configuration and the front
+ * caches; an allocation that waits for frees sleeps on `freed_seq`, which
+ * every free bumps while `waiters` > 0, and the wait releases `lock`.
+ *
+ * Concurrency: front caches.  As long as one thread at a time calls the
+ * allocator, nothing else exists: every call takes `lock` and runs TF's
+ * code, so single-threaded behaviour is TensorFlow's exactly.  The first
+ * time a thread finds `lock` held, `contended` is set (for good) and each
+ * stream gets a front cache (bfc_front_t, its own lock and cache line): a
+ * free on that stream keeps the chunk there (at most BFC_FRONT_SLOTS, and
+ * never while an allocation waits for memory) instead of taking `lock`, and
+ * an allocation on the stream takes a kept chunk that TF would hand out
+ * whole (rounded <= size < 2 rounded and size - rounded < max_frag) before
+ * it takes `lock`.  So threads on different streams that reuse their sizes
+ * share no lock and no written cache line.  Invariants:
+ *   a chunk in a front cache is in use for the core (allocation_id != -1,
+ *     counted in bytes_in_use) and freed for its user;
+ *   num_allocs, num_frees, requested and allocations of the core plus the
+ *     caches' unfolded counts are TF's figures;
+ * and every operation that reads or changes the whole state (statistics,
+ * walks, checks, summary, trim, and an allocation that finds no chunk:
+ * Extend, the wait, the report) first freezes the caches: their chunks go
+ * back to the bins through TF's free, their counts are folded in, and they
+ * are bypassed until it ends (bfc_front_freeze / thaw, nested by a count),
+ * so nothing outside `lock` writes a chunk while the whole state is read.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,15 +100,11 @@ static int bfc_slab_grow(bfc_t *b) {
 }
 
 /* A fresh free, unbinned record; NULL when the host is out of memory. */
-static bfc_chunk_t *bfc_chunk_get(bfc_t *b) {
+static inline bfc_chunk_t *bfc_chunk_get(bfc_t *b) {
   if (b->chunk_pool == NULL && bfc_slab_grow(b) != 0) return NULL;
   bfc_chunk_t *c = b->chunk_pool;
   b->chunk_pool = c->left;
-  uint32_t h = c->handle;
-  memset(c, 0, sizeof *c);
-  c->handle = h;
-  c->allocation_id = -1;
-  c->bin = -1;
+  *c = (bfc_chunk_t){.allocation_id = -1, .handle = c->handle, .bin = -1};
   return c;
 }
 
@@ -175,19 +193,6 @@ static bfc_chunk_t *avl_remove(bfc_chunk_t *n, const bfc_chunk_t *c) {
     n->right = avl_remove(n->right, c);
   return avl_balance(n);
 }
-/* The first chunk in (size, ptr) order with size >= `size`. */
-static bfc_chunk_t *avl_lower_bound(bfc_chunk_t *n, size_t size) {
-  bfc_chunk_t *best = NULL;
-  while (n != NULL) {
-    if (n->size >= size) {
-      best = n;
-      n = n->left;
-    } else {
-      n = n->right;
-    }
-  }
-  return best;
-}
 static bfc_chunk_t *avl_min(bfc_chunk_t *n) {
   while (n && n->left)
     n = n->left;
@@ -214,13 +219,62 @@ static void bfc_bin_remove(bfc_t *b, bfc_chunk_t *c) {
 }
 
 /* Best fit: the smallest free chunk of at least `rounded` bytes, lowest
- * address among equals, as TF's scan of bins from BinNumForSize upward. */
-static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
+ * address among equals, as TF's scan of bins from BinNumForSize upward.
+ * *slot is the link that points to it (its parent's child link or the
+ * bin's root), for the in-place replacements below. */
+static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded, bfc_chunk_t ***slot) {
   int i = bfc_bin_for(rounded);
-  bfc_chunk_t *c = avl_lower_bound(b->bins[i].root, rounded);
-  if (c != NULL) return c;
+  bfc_chunk_t *best = NULL, **link = &b->bins[i].root;
+  for (bfc_chunk_t **at = link; *at != NULL;) {
+    if ((*at)->size >= rounded) {
+      best = *at, link = at;
+      at = &(*at)->left;
+    } else {
+      at = &(*at)->right;
+    }
+  }
+  if (best != NULL) return (*slot = link), best;
   uint32_t higher = b->nonempty & ~((2u << i) - 1);
-  return higher ? avl_min(b->bins[__builtin_ctz(higher)].root) : NULL;
+  if (higher == 0) return NULL;
+  link = &b->bins[__builtin_ctz(higher)].root;
+  while ((*link)->left != NULL)
+    link = &(*link)->left;
+  *slot = link;
+  return *link;
+}
+
+/* In-place bin changes.  A bin is a set ordered by (size, ptr); a chunk
+ * whose key changes, or a record that takes another's place, may stay at
+ * the same node when the new key still lies between the node's in-order
+ * neighbours and maps to the same bin: then the tree keeps its shape (and
+ * its balance) and no rotation is needed.  This is the common case of a
+ * cached allocation (the remainder of a split takes the split chunk's
+ * place) and of its free (the merged chunk takes its free neighbour's). */
+
+/* Put `to` (unbinned) at the node of `from` (binned), reached by *slot. */
+static inline void bfc_bin_take_place(bfc_chunk_t **slot, bfc_chunk_t *from, bfc_chunk_t *to) {
+  to->left = from->left;
+  to->right = from->right;
+  to->height = from->height;
+  to->bin = from->bin;
+  from->bin = -1;
+  *slot = to;
+}
+
+/* The link to the binned chunk `c`, and its in-order successor (NULL: none). */
+static bfc_chunk_t **bfc_bin_find(bfc_t *b, const bfc_chunk_t *c, bfc_chunk_t **succ) {
+  bfc_chunk_t **at = &b->bins[c->bin].root, *after = NULL;
+  while (*at != c) {
+    if (bfc_less(c, *at)) {
+      after = *at;
+      at = &(*at)->left;
+    } else {
+      at = &(*at)->right;
+    }
+  }
+  if (c->right != NULL) after = avl_min(c->right);
+  *succ = after;
+  return at;
 }
 
 /* ---- chunks: split and merge ------------------------------------------------------ */
@@ -267,15 +321,63 @@ static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   return c;
 }
 
+/* A freed chunk (unbinned) back into the bins, merged with its free
+ * neighbours: TryToCoalesce + InsertFreeChunkIntoBin.  When exactly one
+ * neighbour is free and the merged chunk may take that neighbour's node
+ * (see "In-place bin changes"), no tree is rebalanced. */
+static void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
+  bfc_chunk_t *n = c->next, *p = c->prev;
+  bool n_free = n != NULL && n->allocation_id == -1, p_free = p != NULL && p->allocation_id == -1;
+  if (n_free != p_free) {
+    bfc_chunk_t *nb = n_free ? n : p; /* the binned neighbour */
+    size_t size = c->size + nb->size;
+    uintptr_t ptr = n_free ? c->ptr : p->ptr;
+    bfc_chunk_t *succ;
+    if (bfc_bin_for(size) == nb->bin) {
+      bfc_chunk_t **slot = bfc_bin_find(b, nb, &succ);
+      if (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr)) {
+        if (n_free) { /* c absorbs n and takes its node */
+          bfc_bin_take_place(slot, n, c);
+          bfc_merge(b, c, n);
+        } else { /* p absorbs c and stays where it is */
+          bfc_merge(b, p, c);
+        }
+        return;
+      }
+    }
+  }
+  bfc_bin_insert(b, bfc_coalesce(b, c));
+}
+
 /* FindChunkPtr.  Should the host refuse a record for the remainder of a
  * split, the whole chunk is handed out (never observed in practice). */
-static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
-  bfc_chunk_t *c = bfc_best_fit(b, rounded);
+static inline bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
+  bfc_chunk_t **slot;
+  bfc_chunk_t *c = bfc_best_fit(b, rounded, &slot);
   if (c == NULL) return NULL;
-  bfc_bin_remove(b, c);
   if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
     bfc_chunk_t *rest = bfc_chunk_get(b);
-    if (rest != NULL) bfc_split(b, c, rounded, rest);
+    size_t rest_size = c->size - rounded;
+    /* The remainder takes the chunk's node when it stays in its bin and
+     * above its predecessor: every chunk before it in the bin is smaller
+     * than `rounded` (c was the first fit), or c was the bin's first. */
+    if (rest != NULL && rest_size >= rounded && bfc_bin_for(rest_size) == c->bin) {
+      bfc_bin_take_place(slot, c, rest);
+      rest->ptr = c->ptr + rounded;
+      rest->size = rest_size;
+      rest->region = c->region;
+      rest->prev = c;
+      rest->next = c->next;
+      if (c->next) c->next->prev = rest;
+      c->next = rest;
+      c->size = rounded;
+      if (c->region->last == c) c->region->last = rest;
+    } else {
+      bfc_bin_remove(b, c);
+      if (rest != NULL) bfc_split(b, c, rounded, rest);
+    }
+  } else {
+    bfc_bin_remove(b, c);
   }
   c->requested = num_bytes;
   c->allocation_id = b->next_allocation_id++;
@@ -475,6 +577,7 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   *err = 0;
   bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
   if (c != NULL) return c;
+
   int e = bfc_extend(b, rounded);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) return (*err = e), NULL;
@@ -488,6 +591,171 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
 
 static int bfc_check_locked(bfc_t *b);
 
+/* The invariant walk of gmr_assert_expensive (--enable-debug=3) after an op:
+ * only while no front cache can hold chunks or uncounted figures (none
+ * exists, or all are frozen, hence flushed); gmr_check flushes them first. */
+static int bfc_check_settled(bfc_t *b) {
+  return b->n_fronts == 0 || b->freezes > 0 ? bfc_check_locked(b) : 0;
+}
+
+/* ---- the lock, waits, and the front caches ------------------------------------------
+ * See "Concurrency" at the top of the file. */
+
+/* Take the allocator's lock; a thread that finds it held turns the front
+ * caches on for good. */
+static inline void bfc_lock(bfc_t *b) {
+  uint32_t free_state = 0;
+  if (GMR_LIKELY(atomic_compare_exchange_weak_explicit(&b->lock.locked, &free_state, 1,
+                                                       memory_order_acquire, memory_order_relaxed)))
+    return;
+  if (!atomic_load_explicit(&b->contended, memory_order_relaxed))
+    atomic_store_explicit(&b->contended, true, memory_order_relaxed);
+  gmr__lock_slow(&b->lock);
+}
+
+static inline void bfc_unlock(bfc_t *b) {
+  gmr__unlock(&b->lock);
+}
+
+static inline size_t bfc_front_home(gmr_stream_t s) {
+  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 56) & (BFC_FRONT_STREAMS - 1);
+}
+
+/* The stream's front cache, or NULL; lock-free (the table is append-only). */
+static inline bfc_front_t *bfc_front_find(bfc_t *b, gmr_stream_t s) {
+  for (size_t i = bfc_front_home(s), n = 0; n < BFC_FRONT_STREAMS;
+       i = (i + 1) & (BFC_FRONT_STREAMS - 1), ++n) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_acquire);
+    if (f == NULL || f->id == s) return f;
+  }
+  return NULL;
+}
+
+/* Give the stream a front cache (under lock); failing quietly leaves the
+ * stream on the shared path. */
+static void bfc_front_new(bfc_t *b, gmr_stream_t s) {
+  if (b->n_fronts >= BFC_FRONT_STREAMS / 2 || bfc_front_find(b, s) != NULL) return;
+  bfc_front_t *f = gmr__calloc(1, sizeof *f);
+  if (f == NULL) return;
+  gmr__lock_init(&f->lock);
+  f->id = s;
+  f->frozen = b->freezes > 0;
+  size_t i = bfc_front_home(s);
+  while (atomic_load_explicit(&b->fronts[i], memory_order_relaxed) != NULL)
+    i = (i + 1) & (BFC_FRONT_STREAMS - 1);
+  atomic_store_explicit(&b->fronts[i], f, memory_order_release);
+  ++b->n_fronts;
+}
+
+/* A chunk of the stream's front cache that TF would hand out whole for
+ * `rounded` bytes (it would not split it), or NULL. */
+static bfc_chunk_t *bfc_front_alloc(bfc_t *b, gmr_stream_t s, size_t num_bytes, size_t rounded) {
+  bfc_front_t *f = bfc_front_find(b, s);
+  if (f == NULL) return NULL;
+  bfc_chunk_t *c = NULL;
+  gmr__lock(&f->lock);
+  if (!f->frozen) {
+    for (uint32_t i = f->n; i-- > 0;) {
+      bfc_chunk_t *k = f->slot[i];
+      if (k->size >= rounded && k->size < rounded * 2 && k->size - rounded < b->max_frag) {
+        c = k;
+        f->slot[i] = f->slot[--f->n];
+        break;
+      }
+    }
+  }
+  if (c != NULL) {
+    c->requested = num_bytes;
+    ++f->allocs;
+    f->req_in += (int64_t)num_bytes;
+  }
+  gmr__unlock(&f->lock);
+  return c;
+}
+
+/* Keep a freed chunk in the stream's front cache; false: take the shared
+ * path (no cache, full, frozen, or someone waits for memory). */
+static bool bfc_front_free(bfc_t *b, bfc_chunk_t *c, gmr_stream_t s) {
+  bfc_front_t *f = bfc_front_find(b, s);
+  if (f == NULL) return false;
+  bool kept = false;
+  gmr__lock(&f->lock);
+  if (!f->frozen && f->n < BFC_FRONT_SLOTS &&
+      atomic_load_explicit(&b->waiters, memory_order_seq_cst) == 0) {
+    f->slot[f->n++] = c;
+    ++f->frees;
+    f->req_out += (int64_t)c->requested;
+    kept = true;
+  }
+  gmr__unlock(&f->lock);
+  return kept;
+}
+
+/* Under lock, for bfc_front_freeze: mark every front cache frozen, fold its
+ * counts into the figures and give its chunks back to the bins (TF's free,
+ * counted when the user freed them).  Returns the number of chunks given
+ * back. */
+static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c);
+static size_t bfc_front_flush(bfc_t *b) {
+  size_t back = 0;
+  for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
+    if (f == NULL) continue;
+    bfc_chunk_t *held[BFC_FRONT_SLOTS];
+    gmr__lock(&f->lock);
+    f->frozen = true;
+    uint32_t n = f->n;
+    memcpy(held, f->slot, n * sizeof *held);
+    f->n = 0;
+    b->num_allocs += f->allocs;
+    b->num_frees += (uint64_t)f->frees;
+    b->requested.current += f->req_in - f->req_out;
+    b->requested.allocated += f->req_in;
+    b->requested.freed += f->req_out;
+    if (b->requested.current > b->requested.peak) b->requested.peak = b->requested.current;
+    b->allocations.current += f->allocs - f->frees;
+    b->allocations.allocated += f->allocs;
+    b->allocations.freed += f->frees;
+    if (b->allocations.current > b->allocations.peak) b->allocations.peak = b->allocations.current;
+    f->allocs = f->frees = f->req_in = f->req_out = 0;
+    gmr__unlock(&f->lock);
+    for (uint32_t k = 0; k < n; ++k)
+      bfc_free_chunk(b, held[k]);
+    back += n;
+  }
+  return back;
+}
+
+/* Under lock: flush the front caches and keep them bypassed until the
+ * matching bfc_front_thaw (nested freezes count), so that nothing outside
+ * `lock` writes a chunk while the whole state is read or changed. */
+static void bfc_front_freeze(bfc_t *b) {
+  if (b->freezes++ == 0) bfc_front_flush(b);
+}
+
+static void bfc_front_thaw(bfc_t *b) {
+  if (--b->freezes > 0) return;
+  for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
+    if (f == NULL) continue;
+    gmr__lock(&f->lock);
+    f->frozen = false;
+    gmr__unlock(&f->lock);
+  }
+}
+
+/* The lock for an operation that reads or changes everything (statistics,
+ * walks, checks, trim): front caches flushed and bypassed meanwhile. */
+static void bfc_lock_all(bfc_t *b) {
+  bfc_lock(b);
+  bfc_front_freeze(b);
+}
+
+static void bfc_unlock_all(bfc_t *b) {
+  bfc_front_thaw(b);
+  bfc_unlock(b);
+}
+
 /* ---- policy ops ----------------------------------------------------------------------- */
 
 static uint64_t bfc_now_ns(void) {
@@ -496,32 +764,59 @@ static uint64_t bfc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
-  bfc_t *b = (bfc_t *)self;
-  (void)s;
-  size_t rounded = bfc_rounded(size);
-  pthread_mutex_lock(&b->lock);
-  int err = 0;
-  bfc_chunk_t *c = bfc_try(b, size, rounded, &err);
-  if (c == NULL && err == 0 && b->retry) {
-    /* AllocatorRetry: wait for frees until the deadline, then a last try. */
-    ++b->retries;
-    /* With one caller nothing is freed meanwhile: the last try comes at once. */
-    uint64_t deadline = b->exclusive ? 0 : bfc_now_ns() + b->retry_ns;
-    for (;;) {
-      uint64_t now = bfc_now_ns();
-      if (now >= deadline) {
-        c = bfc_try(b, size, rounded, &err);
-        break;
-      }
-      struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
-      ++b->waiters;
-      pthread_cond_timedwait(&b->freed, &b->lock, &ts);
-      --b->waiters;
-      c = bfc_try(b, size, rounded, &err);
-      if (c != NULL || err != 0) break;
+/* AllocatorRetry: wait for frees until the deadline, then a last try.  With
+ * one caller nothing is freed meanwhile: the last try comes at once.  Every
+ * wake-up tries again.  The caller has frozen the front caches (under
+ * concurrency), so every free meanwhile goes to the bins and wakes the
+ * waiters. */
+static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, int *err) {
+  ++b->retries;
+  uint64_t deadline = b->exclusive ? 0 : bfc_now_ns() + b->retry_ns;
+  bfc_chunk_t *c = NULL;
+  atomic_fetch_add_explicit(&b->waiters, 1, memory_order_seq_cst);
+  for (;;) {
+    uint32_t seen = atomic_load_explicit(&b->freed_seq, memory_order_seq_cst);
+    if (bfc_now_ns() >= deadline) {
+      c = bfc_try(b, size, rounded, err);
+      break;
     }
+    gmr__lock_wait_until(&b->lock, &b->freed_seq, seen, deadline);
+    c = bfc_try(b, size, rounded, err);
+    if (c != NULL || *err != 0) break;
   }
+  atomic_fetch_sub_explicit(&b->waiters, 1, memory_order_seq_cst);
+  return c;
+}
+
+#if defined(__GNUC__)
+#define BFC_COLD __attribute__((cold, noinline))
+#else
+#define BFC_COLD
+#endif
+
+/* Everything but a cached allocation by one thread: front caches, Extend,
+ * garbage collection, the wait, the report.  Called with lock held when
+ * `locked` (the fast path found no chunk), else without. */
+static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
+                                   bool locked, gmr_block_t *out) {
+  bfc_chunk_t *c;
+  if (!locked) {
+    if ((c = bfc_front_alloc(b, s, size, rounded)) != NULL) {
+      *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+      return 0;
+    }
+    bfc_lock(b);
+  }
+  int err = 0;
+  c = locked ? NULL : bfc_find_chunk(b, rounded, size);
+  /* Nothing fits: under concurrency the front caches give their chunks back
+   * and stay bypassed until this allocation ends (Extend, the wait and the
+   * report then see every chunk as TF would, and the report reads chunks
+   * nobody else writes). */
+  bool frozen = c == NULL && atomic_load_explicit(&b->contended, memory_order_relaxed);
+  if (frozen) bfc_front_freeze(b);
+  if (c == NULL) c = bfc_try(b, size, rounded, &err);
+  if (c == NULL && err == 0 && b->retry) c = bfc_wait_for_frees(b, size, rounded, &err);
   /* What to log, decided under the lock and written after it (a log
    * callback may call back into the runtime). */
   bool log_gc = b->gc_to_log, log_fail = false;
@@ -533,9 +828,11 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   }
   if (c != NULL) {
     *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
-    gmr_assert_expensive(bfc_check_locked(b) == 0);
+    gmr_assert_expensive(bfc_check_settled(b) == 0);
   }
-  pthread_mutex_unlock(&b->lock);
+  if (frozen) bfc_front_thaw(b);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, s);
+  bfc_unlock(b);
   if (log_gc)
     gmr__log(GMR_LOG_WARN,
              "Garbage collection: deallocate free memory regions (i.e., allocations) so that we "
@@ -560,45 +857,69 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   return c != NULL ? 0 : err;
 }
 
+static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+  bfc_t *b = (bfc_t *)self;
+  size_t rounded = bfc_rounded(size);
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->contended, memory_order_relaxed)))
+    return bfc_alloc_slow(b, size, rounded, s, false, out);
+  bfc_lock(b);
+  bfc_chunk_t *c = bfc_find_chunk(b, rounded, size);
+  if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, true, out);
+  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  bfc_unlock(b);
+  return 0;
+}
+
 static void bfc_set_exclusive(gmr_policy_t *self, int exclusive) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock(b);
   b->exclusive = exclusive != 0;
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock(b);
+}
+
+/* TF's DeallocateRawInternal without the counts: back to a bin, merged with
+ * free neighbours; waiters are woken.  Under lock. */
+static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
+  c->allocation_id = -1;
+  b->bytes_in_use -= (int64_t)c->size;
+  bfc_release_chunk(b, c);
+  if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
 }
 
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;
-  pthread_mutex_lock(&b->lock);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed) &&
+      bfc_front_free(b, c, blk->stream))
+    return 0;
+  bfc_lock(b);
   if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->ptr != (uintptr_t)blk->ptr)) {
-    pthread_mutex_unlock(&b->lock);
+    bfc_unlock(b);
     return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
                           blk->ptr);
   }
-  c->allocation_id = -1;
-  b->bytes_in_use -= (int64_t)c->size;
   gmr__stat_decrease(&b->requested, (int64_t)c->requested);
   gmr__stat_decrease(&b->allocations, 1);
   ++b->num_frees;
-  bfc_bin_insert(b, bfc_coalesce(b, c));
-  if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
-  gmr_assert_expensive(bfc_check_locked(b) == 0);
-  pthread_mutex_unlock(&b->lock);
+  bfc_free_chunk(b, c);
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, blk->stream);
+  bfc_unlock(b);
   return 0;
 }
 
 static int bfc_trim(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   bfc_free_regions(b, 0, true);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   return 0;
 }
 
 static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   st->allocated_bytes = st->active_bytes = (uint64_t)b->bytes_in_use;
   st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
   st->requested_bytes = (uint64_t)b->requested.current;
@@ -611,29 +932,29 @@ static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
   st->alloc_retries = b->retries;
   st->largest_free_block = bfc_largest_free(b);
   st->limit_bytes = b->limit;
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
 }
 
 /* ClearStats() is reset_peak + reset_accumulated. */
 static void bfc_reset_peak(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   b->peak_bytes_in_use = b->bytes_in_use;
   b->largest_alloc_size = 0;
   b->peak_pool_bytes = b->pool_bytes;
   gmr__stat_reset_peak(&b->requested);
   gmr__stat_reset_peak(&b->allocations);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
 }
 
 static void bfc_reset_accumulated(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   b->num_allocs = 0;
   b->num_frees = b->ooms = b->retries = 0;
   gmr__stat_reset_accumulated(&b->requested);
   gmr__stat_reset_accumulated(&b->allocations);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
 }
 
 enum { BFC_N_KEYS = 16 };
@@ -646,7 +967,7 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   bfc_t *b = (bfc_t *)self;
   bfc_kv_t kv[BFC_N_KEYS];
   int n = 0;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   int64_t largest = (int64_t)bfc_largest_free(b), free_b = b->pool_bytes - b->bytes_in_use;
 #define KV(k, v) kv[n++] = (bfc_kv_t){k, (int64_t)(v)}
   KV("num_allocs", b->num_allocs);
@@ -668,7 +989,7 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   KV("num_frees", b->num_frees);
   KV("ooms", b->ooms);
 #undef KV
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   for (int i = 0; i < n; ++i)
     if (cb(kv[i].key, kv[i].value, ud) != 0) break;
   return 0;
@@ -676,7 +997,7 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
 
 static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   int stop = 0;
   for (size_t i = 0; i < b->n_regions && !stop; ++i) {
     const bfc_region_t *r = b->regions[i];
@@ -696,7 +1017,7 @@ static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
       stop = cb(&k, ud);
     }
   }
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   return 0;
 }
 
@@ -806,10 +1127,21 @@ static int bfc_check_locked(bfc_t *b) {
 
 static int bfc_check(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   int err = bfc_check_locked(b);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   return err;
+}
+
+static int bfc_summary(gmr_policy_t *self, FILE *out) {
+  bfc_t *b = (bfc_t *)self;
+  gmr_strbuf_t sb = {0};
+  bfc_lock_all(b);
+  gmr__bfc_summary_locked(b, &sb);
+  bfc_unlock_all(b);
+  fprintf(out, "%s\n", gmr__sb_str(&sb));
+  gmr__sb_free(&sb);
+  return ferror(out) ? GMR_EIO : 0;
 }
 
 /* ---- construction ---------------------------------------------------------------- */
@@ -944,8 +1276,9 @@ static void bfc_destroy(gmr_policy_t *self) {
     next = s->next;
     gmr__free(s);
   }
-  pthread_cond_destroy(&b->freed);
-  pthread_mutex_destroy(&b->lock);
+  for (size_t i = 0; i < BFC_FRONT_STREAMS; ++i)
+    gmr__free(atomic_load_explicit(&b->fronts[i], memory_order_relaxed));
+  gmr__lock_destroy(&b->lock);
   gmr__free(b);
 }
 
@@ -994,13 +1327,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   if (b->curr_region_bytes == 0) b->curr_region_bytes = BFC_MIN_ALLOC;
   b->next_allocation_id = 1;
   err = GMR_ENOMEM;
-  if (pthread_mutex_init(&b->lock, NULL) != 0) goto fail_lock;
-  pthread_condattr_t ca;
-  if (pthread_condattr_init(&ca) != 0) goto fail_cond;
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  int cerr = pthread_cond_init(&b->freed, &ca);
-  pthread_condattr_destroy(&ca);
-  if (cerr != 0) goto fail_cond;
+  if (gmr__lock_init(&b->lock) != 0) goto fail_lock;
   if (b->vmm) {
     size_t g = be->granularity;
     b->va_size = gmr__align_up((size_t)limit, g) + g;
@@ -1015,9 +1342,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   *out = &b->base;
   return 0;
 fail_va:
-  pthread_cond_destroy(&b->freed);
-fail_cond:
-  pthread_mutex_destroy(&b->lock);
+  gmr__lock_destroy(&b->lock);
 fail_lock:
   gmr__free(b);
   if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
@@ -1167,7 +1492,7 @@ const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .reset_peak = bfc_reset_peak,
     .reset_accumulated = bfc_reset_accumulated,
     .stats_foreach = bfc_stats_foreach,
-    .summary = gmr__bfc_summary,
+    .summary = bfc_summary,
     .walk = bfc_walk,
     .check = bfc_check,
 };

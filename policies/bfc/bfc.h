@@ -12,8 +12,9 @@
 #ifndef GMR_POLICIES_BFC_H
 #define GMR_POLICIES_BFC_H
 
-#include <pthread.h>
+#include <stdatomic.h>
 
+#include "core/lock.h"
 #include "policy.h"
 
 #define BFC_MIN_ALLOC_BITS   8
@@ -24,6 +25,8 @@
 #define BFC_MAX_FAILURE_LOGS 10
 #define BFC_INVALID_HANDLE   ((uint64_t)SIZE_MAX) /* printed as 18446744073709551615 */
 #define BFC_SLAB             256                  /* chunk records per host allocation */
+#define BFC_FRONT_SLOTS      32                   /* chunks one stream's front cache holds */
+#define BFC_FRONT_STREAMS    256                  /* streams with a front cache (a power of two) */
 
 /* ---- data model ---------------------------------------------------------------- */
 
@@ -68,11 +71,30 @@ typedef struct bfc_slab_s {
   bfc_chunk_t chunks[BFC_SLAB];
 } bfc_slab_t;
 
+/* A stream's front cache (see "Concurrency" at the top of bfc.c): chunks its
+ * user freed, kept allocated for its next allocations of a fitting size.
+ * Everything is guarded by `lock`; `id` is immutable once published. */
+typedef struct bfc_front_s {
+  _Alignas(64) gmr_lock_t lock;
+  gmr_stream_t id;
+  bool frozen;                        /* a global operation runs: bypass the cache */
+  uint32_t n;                         /* chunks in slot[0 .. n) */
+  int64_t allocs, frees;              /* user allocations and frees served here, not folded */
+  int64_t req_in, req_out;            /* their requested bytes */
+  bfc_chunk_t *slot[BFC_FRONT_SLOTS]; /* in use for the core, free for the user */
+} bfc_front_t;
+
 typedef struct bfc_s {
-  gmr_policy_t base; /* must be first */
-  pthread_mutex_t lock;
-  pthread_cond_t freed; /* signalled after frees while waiters > 0 */
-  int waiters;          /* allocations waiting for frees */
+  gmr_policy_t base;            /* must be first */
+  _Alignas(64) gmr_lock_t lock; /* the allocator's lock (TF's one mutex) */
+  _Atomic uint32_t freed_seq;   /* bumped by frees while waiters > 0 (gmr__wake_all) */
+
+  /* Read by every fast path, written rarely: a cache line of their own. */
+  _Alignas(64) _Atomic bool contended;              /* two threads met at `lock`: front caches on */
+  _Atomic int waiters;                              /* allocations waiting for frees */
+  _Atomic(bfc_front_t *) fronts[BFC_FRONT_STREAMS]; /* by stream hash, append-only */
+  _Alignas(64) size_t n_fronts;                     /* under lock */
+  size_t freezes; /* under lock: bfc_front_freeze calls not yet thawed */
 
   /* Configuration: immutable after create. */
   char name[128];                /* "GPU_0_bfc" */
@@ -137,10 +159,10 @@ static inline size_t bfc_largest_free(const bfc_t *b) {
 
 /* ---- across files -------------------------------------------------------------- */
 
-/* report.c, all called with the policy's lock held except gmr__bfc_hr and
- * gmr__bfc_summary (which takes it). */
+/* report.c, all called with the policy's lock held (and the front caches
+ * flushed) except gmr__bfc_hr. */
 void gmr__bfc_hr(int64_t n, char *buf, size_t len);
 int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded);
-int gmr__bfc_summary(gmr_policy_t *self, FILE *out);
+void gmr__bfc_summary_locked(bfc_t *b, gmr_strbuf_t *sb);
 
 #endif /* GMR_POLICIES_BFC_H */
