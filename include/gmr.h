@@ -370,6 +370,9 @@ typedef struct gmr_sim_counters_s {
   uint64_t set_access_calls, capture_queries;
   uint64_t pages_live;     /* handles created and not released */
   uint64_t page_maps_live; /* handle mappings not unmapped */
+  /* Unmaps, page unmaps and virtual releases of addresses that work queued
+   * with gmr_sim_stream_use still used (a policy must keep this 0). */
+  uint64_t unsafe_unmaps;
 } gmr_sim_counters_t;
 
 /** Fail the k-th device call from now on (1: the next one); 0 disarms.  The
@@ -386,6 +389,11 @@ GMR_EXTERN int gmr_sim_fail_all(gmr_runtime_t *rt, int on);
 /** Queue one unit of work on stream `s`; events recorded after it complete
  * only when gmr_sim_stream_complete is called. */
 GMR_EXTERN int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s);
+/** Queue one unit of work on stream `s` that reads and writes
+ * [ptr, ptr + size) until the stream completes it (gmr_sim_stream_complete,
+ * or a wait on an event or the stream); unmapping any of those addresses
+ * meanwhile counts in gmr_sim_counters_t.unsafe_unmaps. */
+GMR_EXTERN int gmr_sim_stream_use(gmr_runtime_t *rt, gmr_stream_t s, const void *ptr, size_t size);
 /** Complete all the work queued on stream `s`. */
 GMR_EXTERN int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s);
 /** Set the simulated clock in nanoseconds (it then stands still). */

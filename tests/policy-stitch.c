@@ -172,6 +172,52 @@ static void test_streams(void) {
   gmr_runtime_free(rt);
 }
 
+/* Unmapping is not ordered with a stream's work: an address that queued
+ * work still uses must stay mapped to the same page until that work is
+ * known complete.  The simulator counts every unmap of such an address. */
+static void test_unmap_safety(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  void *a, *b, *c;
+  gmr_sim_counters_t k;
+  /* The repair path: a cached range one of whose pages another block took
+   * is the best candidate to remap for a request of its length. */
+  gmr_alloc(rt, 8 * MiB, S(1), &a);
+  gmr_sim_stream_use(rt, S(1), a, 8 * MiB); /* a kernel reading a, still queued */
+  gmr_free(rt, a);
+  is_int(gmr_alloc(rt, 2 * MiB, S(1), &b), 0, "2 MiB on the same stream takes one of a's pages");
+  is_int(gmr_alloc(rt, 8 * MiB, S(1), &c), 0, "8 MiB again while the kernel on a is queued");
+  gmr_sim_counters(rt, &k);
+  is_u64(k.unsafe_unmaps, 0, "  a's addresses are not remapped under the queued kernel");
+  is_int((int)stat_of(rt, "stitch.repairs"), 0, "  so the range is not repaired");
+  gmr_free(rt, c);
+  gmr_free(rt, b);
+  /* Once the stream is done, the same situation repairs. */
+  gmr_sim_stream_complete(rt, S(1));
+  gmr_empty_cache(rt);
+  gmr_alloc(rt, 8 * MiB, S(1), &a);
+  gmr_free(rt, a);
+  gmr_alloc(rt, 2 * MiB, S(1), &b);
+  gmr_sim_stream_complete(rt, S(1));
+  gmr_alloc(rt, 8 * MiB, S(1), &c);
+  ok(stat_of(rt, "stitch.repairs") == 1 && c == a, "stream done: the range is repaired in place");
+  gmr_free(rt, c);
+  gmr_free(rt, b);
+  is_int(gmr_check(rt), 0, "invariants hold");
+
+  /* empty_cache with work still queued. */
+  gmr_alloc(rt, 6 * MiB, S(2), &a);
+  gmr_alloc(rt, 4096, S(2), &b);
+  gmr_sim_stream_use(rt, S(2), a, 6 * MiB);
+  gmr_sim_stream_use(rt, S(2), b, 4096);
+  gmr_free(rt, a);
+  gmr_free(rt, b);
+  is_int(gmr_empty_cache(rt), 0, "empty_cache while a kernel on stream 2 is queued");
+  gmr_sim_counters(rt, &k);
+  ok(k.unsafe_unmaps == 0 && k.page_maps_live == 0, "  it waits, then unmaps everything");
+  gmr_runtime_free(rt);
+}
+
 static void test_capture(void) {
   gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
   if (rt == NULL) return;
@@ -292,6 +338,7 @@ typedef struct live_s {
   unsigned char *p;
   size_t n;
   unsigned char tag;
+  gmr_stream_t s;
 } live_t;
 
 static void stamp(live_t *l) {
@@ -318,9 +365,11 @@ static void test_random(void) {
       live_t *l = &live[n];
       l->n = pick_size();
       l->tag = (unsigned char)(1 + xs() % 250);
-      int rc = gmr_alloc(rt, l->n, S(xs() % 3), (void **)&l->p);
+      l->s = S(xs() % 3);
+      int rc = gmr_alloc(rt, l->n, l->s, (void **)&l->p);
       if (rc == 0) {
         stamp(l);
+        if (xs() % 2) gmr_sim_stream_use(rt, l->s, l->p, l->n); /* a kernel on it, queued */
         ++n;
       } else if (rc != GMR_ENOMEM) {
         ++bad_err;
@@ -331,9 +380,12 @@ static void test_random(void) {
       gmr_free(rt, live[j].p);
       live[j] = live[--n];
     }
+    if (xs() % 16 == 0) gmr_sim_stream_complete(rt, S(xs() % 3));
     if (i % 97 == 0) gmr_empty_cache(rt);
     if (gmr_check(rt) != 0 && bad_check++ == 0) diag("event %d: %s", i, gmr_last_error(rt));
   }
+  gmr_sim_counters_t k;
+  gmr_sim_counters(rt, &k);
   for (int j = 0; j < n; ++j) {
     bad_data += !stamped(&live[j]);
     gmr_free(rt, live[j].p);
@@ -341,6 +393,7 @@ static void test_random(void) {
   is_int(bad_check, 0, "random run of %d events: invariants hold after each", ops);
   is_int(bad_data, 0, "  no block's bytes were overwritten by another");
   is_int(bad_err, 0, "  every failure was GMR_ENOMEM");
+  is_u64(k.unsafe_unmaps, 0, "  no address was unmapped while queued work used it");
   ok(device_agrees(rt), "  the device holds what the policy counts");
   ok(stat_of(rt, "stitch.shared_pages.current") >= 0 && stat_of(rt, "stitch.map_calls") > 0,
      "  pages were mapped and shared");
@@ -563,6 +616,7 @@ int main(void) {
   test_layout();
   test_cache_hit();
   test_streams();
+  test_unmap_safety();
   test_capture();
   test_oom_and_trim();
   test_under_limit();

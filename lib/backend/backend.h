@@ -154,6 +154,8 @@ void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes);
 void gmr__sim_fail_all(gmr_sim_t *sim, int on);
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s);
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s);
+/* One unit of work on s that uses [ptr, ptr + size) until it completes. */
+int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t size);
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
 void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on);

@@ -24,8 +24,16 @@
  * out of memory or address space, or every call from the k-th on, fail above
  * N bytes, fail all), streams
  * marked as being captured into a CUDA graph, streams whose work completes only when a test says
- * so, an injectable clock, spy counters, and a placement hint (the next reserve at a given address,
- * so a replay can reproduce a recorded device's placement).
+ * so, work that uses an address range (gmr__sim_stream_use), an injectable clock, spy counters,
+ * and a placement hint (the next reserve at a given address, so a replay can reproduce a recorded
+ * device's placement).
+ *
+ * Queued work and unmapping: on a GPU, cuMemUnmap and cuMemMap are not ordered with a stream's
+ * work, so unmapping (or remapping) an address that a queued kernel still uses lets that kernel
+ * fault or read another page.  The simulator keeps each unit of work queued with
+ * gmr__sim_stream_use as (stream, seq, range) until the stream completes it, and counts every
+ * unmap, page unmap or virtual release that touches such a range (counters.unsafe_unmaps);
+ * a correct policy keeps that count at 0.
  *
  * Invariants:
  *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes
@@ -84,6 +92,15 @@ typedef struct sim_stream_s {
   uint64_t completed; /* units of work completed so far (<= enqueued) */
 } sim_stream_t;
 
+/* A unit of queued work that uses [addr, addr + size): pending while the
+ * stream's completed < seq. */
+typedef struct sim_use_s {
+  uintptr_t stream;
+  uint64_t seq;
+  uintptr_t addr;
+  size_t size;
+} sim_use_t;
+
 typedef struct sim_event_s {
   uintptr_t stream;
   uint64_t seq; /* complete when the stream's completed >= seq */
@@ -107,6 +124,9 @@ struct gmr_sim_s {
   /* Streams. */
   sim_stream_t *streams;
   size_t n_streams, cap_streams;
+  /* Queued work that uses address ranges (pending ones only). */
+  sim_use_t *uses;
+  size_t n_uses, cap_uses;
   /* Fault schedule. */
   uint64_t fail_countdown; /* 0: off; 1: the next reserve/map fails */
   bool fail_sticky;        /* when the countdown fires, fail every call from then on */
@@ -122,6 +142,8 @@ struct gmr_sim_s {
 static inline gmr_sim_t *sim_of(gmr_backend_t *be) {
   return (gmr_sim_t *)be;
 }
+
+static bool use_pending(gmr_sim_t *sim, uintptr_t a, size_t size);
 
 /* ---- sorted arrays -------------------------------------------------------- */
 
@@ -427,6 +449,7 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.va_release_calls;
+  if (use_pending(sim, (uintptr_t)base, size)) ++sim->counters.unsafe_unmaps;
   int err = 0;
   if (mapped_overlaps(sim, (uintptr_t)base, size))
     err = gmr__error_set(GMR_EINVAL, "simulated device: virtual range at %p still has mapped pages",
@@ -476,6 +499,7 @@ static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.unmap_calls;
+  if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_MAPPED);
   if (err == 0) {
     sim->bytes_in_use -= size;
@@ -613,6 +637,7 @@ static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.page_unmap_calls;
+  if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_ALIAS);
   if (err == 0) {
     --sim->counters.page_maps_live;
@@ -650,6 +675,22 @@ static sim_stream_t *sim_stream(gmr_sim_t *sim, gmr_stream_t s) {
   sim_stream_t *st = &sim->streams[sim->n_streams++];
   *st = (sim_stream_t){.id = id};
   return st;
+}
+
+/* Does work still queued use any byte of [a, a+size)?  Drops the uses that
+ * completed on the way.  Called with the lock. */
+static bool use_pending(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  bool hit = false;
+  size_t k = 0;
+  for (size_t i = 0; i < sim->n_uses; ++i) {
+    sim_use_t *u = &sim->uses[i];
+    sim_stream_t *st = sim_stream(sim, (gmr_stream_t)u->stream);
+    if (st == NULL || st->completed >= u->seq) continue; /* done: drop */
+    if (u->addr < a + size && a < u->addr + u->size) hit = true;
+    sim->uses[k++] = *u;
+  }
+  sim->n_uses = k;
+  return hit;
 }
 
 static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
@@ -755,6 +796,7 @@ static void sim_destroy(gmr_backend_t *be) {
   gmr__free(sim->free_ranges);
   gmr__free(sim->live);
   gmr__free(sim->streams);
+  gmr__free(sim->uses);
   pthread_mutex_destroy(&sim->lock);
   gmr__free(sim);
 }
@@ -878,6 +920,21 @@ int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s) {
   if (st != NULL) ++st->enqueued;
   pthread_mutex_unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
+}
+
+int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t size) {
+  pthread_mutex_lock(&sim->lock);
+  sim_stream_t *st = sim_stream(sim, s);
+  int err =
+      st != NULL && grow((void **)&sim->uses, &sim->cap_uses, sim->n_uses + 1, sizeof *sim->uses)
+          ? 0
+          : GMR_ENOMEM;
+  if (err == 0) {
+    ++st->enqueued;
+    sim->uses[sim->n_uses++] = (sim_use_t){st->id, st->enqueued, (uintptr_t)ptr, size};
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
 }
 
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {

@@ -769,6 +769,9 @@ int gmr_sim_fail_all(gmr_runtime_t *rt, int on) {
 int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s) {
   SIM_CALL(gmr__sim_stream_enqueue(sim, s));
 }
+int gmr_sim_stream_use(gmr_runtime_t *rt, gmr_stream_t s, const void *ptr, size_t size) {
+  SIM_CALL(gmr__sim_stream_use(sim, s, ptr, size));
+}
 int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s) {
   SIM_CALL(gmr__sim_stream_complete(sim, s));
 }

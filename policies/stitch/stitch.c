@@ -342,6 +342,9 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
   for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL && tries > 0; q = q->b_next) {
     if (q->len != len) continue;
     --tries;
+    /* Remapping a slot is not ordered with the streams' work: only a range
+     * whose last use is known complete may be remapped (no wait here). */
+    if (!st_stamp_ready(t, q->last_use, UINT32_MAX, false)) continue;
     uint32_t broken = 0;
     for (uint32_t j = 0; j < q->nslots && broken < best_broken; ++j) {
       uint32_t a, b;
@@ -594,6 +597,10 @@ static int st_trim(gmr_policy_t *self) {
 
 static void st_destroy(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  /* Unmapping is not ordered with the streams: wait for every free's work. */
+  for (uint32_t i = 0; i < t->nstreams; ++i)
+    if (t->streams[i].frees > t->streams[i].done)
+      st_stamp_ready(t, (st_stamp_t){i + 1, t->streams[i].frees}, UINT32_MAX, true);
   while (t->pend_head != NULL) {
     st_pending_t *q = t->pend_head;
     t->pend_head = q->next;
