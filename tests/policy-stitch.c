@@ -218,6 +218,37 @@ static void test_unmap_safety(void) {
   gmr_runtime_free(rt);
 }
 
+/* A loop that repeats itself makes no page map after warm-up, even when one
+ * length is handed out twice per iteration with different neighbours (the
+ * cache predicts the range from the two hand-outs before it). */
+static void test_loop_steady(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 1024 * MiB, 0);
+  if (rt == NULL) return;
+  int64_t maps_after_warmup = -1;
+  for (int it = 0; it < 12; ++it) {
+    if (it == 3) maps_after_warmup = stat_of(rt, "stitch.map_calls");
+    void *a, *b, *c, *d, *x, *y, *z;
+    gmr_alloc(rt, 40 * MiB + 4096, NULL, &a);
+    gmr_alloc(rt, 9 * MiB, NULL, &x);
+    gmr_alloc(rt, 40 * MiB + 4096, NULL, &b);
+    gmr_free(rt, a);
+    gmr_free(rt, x);
+    gmr_alloc(rt, 30 * MiB, NULL, &y);
+    gmr_alloc(rt, 40 * MiB + 4096, NULL, &c);
+    gmr_free(rt, y);
+    gmr_alloc(rt, 40 * MiB + 4096, NULL, &d);
+    gmr_free(rt, b);
+    gmr_free(rt, c);
+    gmr_alloc(rt, 70 * MiB, NULL, &z);
+    gmr_free(rt, d);
+    gmr_free(rt, z);
+  }
+  is_int((int)(stat_of(rt, "stitch.map_calls") - maps_after_warmup), 0,
+         "a repeating loop makes no page map after three warm-up iterations");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 static void test_capture(void) {
   gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
   if (rt == NULL) return;
@@ -617,6 +648,7 @@ int main(void) {
   test_cache_hit();
   test_streams();
   test_unmap_safety();
+  test_loop_steady();
   test_capture();
   test_oom_and_trim();
   test_under_limit();

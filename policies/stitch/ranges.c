@@ -165,7 +165,18 @@ void st_range_link(stitch_t *t, st_range_t *r) {
   t->all = r;
 }
 
+static st_last_t *last_slot(const stitch_t *t, uint64_t len) {
+  if (t->caplast == 0) return NULL;
+  uint64_t h = (len / ST_G) * 0x9E3779B97F4A7C15ull;
+  for (uint32_t i = (uint32_t)(h >> 32) & (t->caplast - 1);; i = (i + 1) & (t->caplast - 1))
+    if (t->last[i].len == len || t->last[i].len == 0) return &t->last[i];
+}
+
 void st_range_destroy(stitch_t *t, st_range_t *r) {
+  if (r->serial != 0) {
+    st_last_t *e = last_slot(t, r->len);
+    if (e != NULL && e->len == r->len && e->r == r) e->r = NULL;
+  }
   if (r->all_prev != NULL)
     r->all_prev->all_next = r->all_next;
   else if (t->all == r)
@@ -379,8 +390,93 @@ bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
   return true;
 }
 
+#define ST_PAIRS_MAX (1u << 20)
+
+static uint32_t pair_index(const stitch_t *t, uint64_t a, uint64_t b) {
+  uint64_t h = (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full);
+  uint32_t i = (uint32_t)(h >> 32) & (t->cappairs - 1);
+  while (t->pairs[i].b != 0 && (t->pairs[i].a != a || t->pairs[i].b != b))
+    i = (i + 1) & (t->cappairs - 1);
+  return i;
+}
+
+/* Learn that c followed (a, b).  Out of host memory or full: forget the
+ * old pairs (predictions only; nothing else depends on them). */
+static void pair_put(stitch_t *t, uint64_t a, uint64_t b, uint64_t c) {
+  if (2 * (t->npairs + 1) > t->cappairs) {
+    uint32_t cap = t->cappairs ? 2 * t->cappairs : 1024;
+    st_pair_t *old = t->pairs, *n = cap <= ST_PAIRS_MAX ? gmr__calloc(cap, sizeof *n) : NULL;
+    uint32_t oldcap = t->cappairs;
+    if (n == NULL) { /* start over at the current size */
+      if (old == NULL) return;
+      memset(old, 0, (size_t)oldcap * sizeof *old);
+      t->npairs = 0;
+    } else {
+      t->pairs = n;
+      t->cappairs = cap;
+      t->npairs = 0;
+      for (uint32_t i = 0; i < oldcap; ++i)
+        if (old[i].b != 0) {
+          t->pairs[pair_index(t, old[i].a, old[i].b)] = old[i];
+          ++t->npairs;
+        }
+      gmr__free(old);
+    }
+  }
+  st_pair_t *e = &t->pairs[pair_index(t, a, b)];
+  if (e->b == 0) ++t->npairs;
+  *e = (st_pair_t){a, b, c};
+}
+
+static uint64_t pair_get(const stitch_t *t, uint64_t a, uint64_t b) {
+  if (t->cappairs == 0) return 0;
+  const st_pair_t *e = &t->pairs[pair_index(t, a, b)];
+  return e->b != 0 ? e->c : 0;
+}
+
+void st_cache_handout(stitch_t *t, st_range_t *r) {
+  if (2 * (t->nlast + 1) > t->caplast) { /* grow (on failure: no prediction, still correct) */
+    uint32_t cap = t->caplast ? 2 * t->caplast : 256;
+    st_last_t *n = gmr__calloc(cap, sizeof *n), *old = t->last;
+    if (n == NULL) return;
+    uint32_t oldcap = t->caplast;
+    t->last = n;
+    t->caplast = cap;
+    for (uint32_t i = 0; i < oldcap; ++i)
+      if (old[i].len != 0) *last_slot(t, old[i].len) = old[i];
+    gmr__free(old);
+  }
+  st_last_t *e = last_slot(t, r->len);
+  if (e->len == 0) {
+    e->len = r->len;
+    ++t->nlast;
+  } else if (e->r != NULL) {
+    e->r->succ = r->serial;
+    pair_put(t, e->before, e->r->serial, r->serial);
+  }
+  e->before = e->r != NULL ? e->r->serial : 0;
+  e->r = r;
+}
+
+st_range_t *st_cache_predicted(stitch_t *t, uint64_t len) {
+  st_last_t *e = last_slot(t, len);
+  if (e == NULL || e->len != len || e->r == NULL) return NULL;
+  /* Second order first: a range handed out twice per iteration of a loop
+   * has two successors, told apart by the range before it. */
+  uint64_t want = pair_get(t, e->before, e->r->serial);
+  if (want == 0) want = e->r->succ;
+  if (want == 0) return NULL;
+  for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL; q = q->b_next)
+    if (q->serial == want) return q;
+  return NULL;
+}
+
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   if (t->ncached == 0) return NULL;
+  /* A loop hands out the ranges of one length in the order of its last
+   * iteration: the successor of the range handed out last comes first. */
+  st_range_t *q = st_cache_predicted(t, len);
+  if (q != NULL && st_range_usable(t, q, sidx)) return q;
   int64_t tries = t->o.cache_candidates;
   for (st_range_t *r = t->buckets[st_cache_bucket(t, len)]; r != NULL && tries > 0; r = r->b_next) {
     if (r->len != len) continue;
@@ -394,7 +490,10 @@ void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
   st_range_t *r = t->buckets[st_cache_bucket(t, len)];
   while (r != NULL) {
     st_range_t *next = r->b_next;
-    if (r->len == len && t->o.stale_misses > 0 && !st_range_usable(t, r, sidx) &&
+    /* A range that recurs (handed out every `gap` ticks) is not stale
+     * before it is two periods overdue. */
+    bool due = r->gap == 0 || t->tick >= r->tick + 2 * r->gap;
+    if (r->len == len && t->o.stale_misses > 0 && due && !st_range_usable(t, r, sidx) &&
         ++r->stale >= (uint32_t)t->o.stale_misses &&
         st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
       st_cache_remove(t, r);
@@ -479,4 +578,10 @@ void st_ranges_fini(stitch_t *t) {
   gmr__free(t->buckets);
   t->buckets = NULL;
   t->nbuckets = 0;
+  gmr__free(t->last);
+  t->last = NULL;
+  t->caplast = t->nlast = 0;
+  gmr__free(t->pairs);
+  t->pairs = NULL;
+  t->cappairs = t->npairs = 0;
 }

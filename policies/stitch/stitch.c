@@ -185,14 +185,20 @@ static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) 
   return ST_NIL;
 }
 
-/* How much a FREE page is worth keeping free: the newest use of the cached
- * ranges that map it (0: none).  A loop re-hits the ranges it used in its
- * last iteration, so a miss takes the pages of the stalest ranges first and
- * leaves those of recently used ones alone. */
+/* When a FREE page will next be wanted: the soonest expected hand-out of
+ * the cached ranges that map it, a range's next hand-out expected one
+ * period (the ticks between its last two hand-outs) after its last one
+ * (UINT64_MAX: no cached range maps it).  A miss takes the pages wanted
+ * last first (Belady's rule): in a loop, the pages of the range handed out
+ * longest ago are the ones the loop wants again soonest. */
 static uint64_t page_worth(const stitch_t *t, uint32_t id) {
-  uint64_t w = 0;
-  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next)
-    if (m->r->state == ST_R_CACHED && m->r->tick > w) w = m->r->tick;
+  uint64_t w = UINT64_MAX;
+  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next) {
+    const st_range_t *r = m->r;
+    if (r->state != ST_R_CACHED) continue;
+    uint64_t next = r->tick + (r->gap ? r->gap : 2 * (t->tick - r->tick) + 1);
+    if (next < w) w = next;
+  }
   return w;
 }
 
@@ -203,7 +209,7 @@ typedef struct cand_s {
 
 static int cand_cmp(const void *a, const void *b) {
   const cand_t *x = a, *y = b;
-  if (x->worth != y->worth) return x->worth < y->worth ? -1 : 1;
+  if (x->worth != y->worth) return x->worth > y->worth ? -1 : 1;
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
@@ -339,6 +345,22 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
   st_range_t *best = NULL;
   uint32_t best_broken = UINT32_MAX;
   int64_t tries = 4 * t->o.cache_candidates;
+  /* The range the loop's order predicts comes first: repairing it keeps the
+   * order (up to half of its slots). */
+  st_range_t *pred = st_cache_predicted(t, len);
+  if (pred != NULL && st_stamp_ready(t, pred->last_use, UINT32_MAX, false)) {
+    uint32_t broken = 0;
+    for (uint32_t j = 0; j < pred->nslots; ++j) {
+      uint32_t a, b;
+      st_span(t, pred, j, &a, &b);
+      broken += !st_span_usable(t, pred->pages[j], a, b, sidx);
+    }
+    if (broken > 0 && broken * 2 <= pred->nslots) {
+      best = pred;
+      best_broken = broken;
+      tries = 0;
+    }
+  }
   for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL && tries > 0; q = q->b_next) {
     if (q->len != len) continue;
     --tries;
@@ -356,7 +378,8 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
       best_broken = broken;
     }
   }
-  if (best == NULL || best_broken == 0 || best_broken * 4 > best->nslots) return 1;
+  if (best == NULL || best_broken == 0 || (best != pred && best_broken * 4 > best->nslots))
+    return 1;
   st_range_t *r = best;
   uint32_t nb = best_broken, n = r->nslots;
   uint32_t *slots = gmr__malloc((size_t)nb * sizeof *slots);
@@ -424,8 +447,10 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   if (r != NULL) {
     st_cache_remove(t, r);
     st_range_own(t, r);
+    r->gap = t->tick + 1 - r->tick;
     r->tick = ++t->tick;
     r->stale = 0;
+    st_cache_handout(t, r);
     ++t->st.hits;
   } else {
     if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
@@ -449,8 +474,11 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
       err = large_stitch(t, len, sidx, &r);
     }
     if (err == 0) {
+      if (r->serial == 0) r->serial = ++t->serials;
+      r->gap = r->tick ? t->tick + 1 - r->tick : 0;
       r->tick = ++t->tick;
       r->stale = 0;
+      st_cache_handout(t, r);
     }
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;

@@ -135,6 +135,9 @@ struct st_range_s {
   uint32_t sidx;       /* stream index of the allocation */
   st_stamp_t last_use; /* CACHED: the free's stamp */
   uint64_t tick;       /* the policy's tick when last handed out */
+  uint64_t gap;        /* ticks between its last two hand-outs (0: handed out once) */
+  uint64_t serial;     /* large ranges: a number never reused (0: a small segment's) */
+  uint64_t succ;       /* the serial of the range of this length handed out after it */
   uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
   uint32_t *uses;      /* record_stream: other stream indexes */
   uint32_t nuses, capuses;
@@ -204,6 +207,18 @@ typedef struct st_res_s {
   uint64_t size;
 } st_res_t;
 
+/* Per length: the large range handed out last (NULL once it is gone). */
+typedef struct st_last_s {
+  uint64_t len; /* 0: an empty slot */
+  st_range_t *r;
+  uint64_t before; /* the serial of the range of this length handed out before r */
+} st_last_t;
+
+/* (serial a, serial b) -> serial c: after a then b, c was handed out. */
+typedef struct st_pair_s {
+  uint64_t a, b, c; /* b == 0: an empty slot */
+} st_pair_t;
+
 typedef struct st_stats_s {
   gmr_stat_t allocated[3], requested[3], active[3], allocation[3], reserved[3], segment[3];
   gmr_stat_t mappings, dead_gap, va;
@@ -253,6 +268,12 @@ typedef struct stitch_s {
   uint32_t nsmall_segs;
   uint64_t small_free_bytes;
   st_small_t *small_recycle;
+
+  st_last_t *last; /* open addressing by len, never more than half full */
+  uint32_t nlast, caplast;
+  uint64_t serials; /* large ranges made so far */
+  st_pair_t *pairs; /* open addressing by (a, b), at most half full; cleared when too big */
+  uint32_t npairs, cappairs;
 
   bool exclusive;
   uint64_t tick; /* large blocks handed out so far */
@@ -349,6 +370,11 @@ uint32_t st_cache_bucket(const stitch_t *t, uint64_t len);
 void st_cache_put(stitch_t *t, st_range_t *r);
 void st_cache_remove(stitch_t *t, st_range_t *r);
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
+/* Record that r is handed out: the previous range of its length learns r as
+ * its successor. */
+void st_cache_handout(stitch_t *t, st_range_t *r);
+/* The cached range predicted for the next request of len, or NULL. */
+st_range_t *st_cache_predicted(stitch_t *t, uint64_t len);
 /* A miss of len: cached ranges of that length that could not serve it
  * twice in a row are unmapped (the loop that used them has moved on). */
 void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
