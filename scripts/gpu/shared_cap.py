@@ -62,6 +62,9 @@ def worker(kind):
         def alloc_gib():
             return torch.ones(GiB // 4, dtype=torch.float32, device="cuda")
 
+        def alloc_spare():
+            return torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+
         def meminfo():
             return torch.cuda.mem_get_info()
 
@@ -75,6 +78,9 @@ def worker(kind):
 
         def alloc_gib():
             return cupy.ones(GiB // 4, dtype=cupy.float32)
+
+        def alloc_spare():
+            return cupy.empty(64 * MiB, dtype=cupy.uint8)
 
         def meminfo():
             return cupy.cuda.runtime.memGetInfo()
@@ -94,6 +100,13 @@ def worker(kind):
         if cmd[0] == "grow":  # grow MAX_GIB: 1 GiB at a time until OOM or MAX_GIB held
             limit = int(cmd[1])
             err = None
+            # Room for the reductions that verify the data: at the cap even
+            # a 4-byte sum result would fail, so 64 MiB is taken first and
+            # given back (to gmr's cache) before the sums.
+            try:
+                spare = alloc_spare()
+            except oom_type:
+                spare = None
             while len(held) < limit:
                 try:
                     held.append(alloc_gib())
@@ -103,6 +116,7 @@ def worker(kind):
                 except Exception as e:  # noqa: BLE001 (anything else is a failure)
                     err = "UNEXPECTED %s: %s" % (type(e).__name__, str(e)[:400])
                     break
+            del spare
             ok_sum = total_sum() == float(len(held) * (GiB // 4))
             reply(held_gib=len(held), error=err, sums_right=ok_sum)
         elif cmd[0] == "meminfo":

@@ -24,6 +24,14 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-wheel-gpu.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "wheel: FAIL $*"; exit 1; }
 python3 -m venv --system-site-packages "$tmp/venv" || fail "python3 -m venv"
+# Where python3 is itself a virtual environment (PyTorch installed there),
+# --system-site-packages reaches only the base interpreter's packages: the new
+# environment sees the outer one's through a .pth file, as a user's nested
+# environment would.
+inner=$("$tmp/venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+python3 -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")' \
+  >"$inner/gmr-outer-env.pth"
+"$tmp/venv/bin/python" -c 'import torch' || fail "torch is not importable from the environment"
 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "$tmp/venv/bin/python" -m pip install -q --no-index \
   --no-deps "$whl" || fail "pip install --no-index $whl"
 mkdir "$tmp/empty"
