@@ -107,6 +107,19 @@ static void test_cache_hit(void) {
            "  a cached pair of %zu bytes makes no device call", sizes[i]);
   }
   is_int((int)stat_of(rt, "stitch.cache_hits"), 2, "two large hits counted");
+  /* A freed range keeps its whole pages parked; a request of another
+   * length takes them back rather than creating pages. */
+  gmr_empty_cache(rt);
+  void *p, *q;
+  gmr_alloc(rt, 16 * MiB, NULL, &p);
+  gmr_free(rt, p);
+  is_int(gmr_check(rt), 0, "a freed 16 MiB range parks its pages (invariants hold)");
+  gmr_alloc(rt, 10 * MiB, NULL, &q);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.reserved_bytes, 16 * MiB, "  10 MiB of another length reuses them: no new page");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_free(rt, q);
   is_int(gmr_check(rt), 0, "invariants hold");
   gmr_runtime_free(rt);
 }

@@ -14,6 +14,17 @@
  *
  * Cache: CACHED ranges are in an LRU list and a hash of their length; a hit
  * validates the range's spans lazily (free, stream-ready, dead gap <= tau).
+ *
+ * Parking: a freed range keeps its whole pages (full_owner = the CACHED
+ * range, nparked counts them) and gives back only its partial end slots, so
+ * a free and the next hit touch at most two pages whatever the length.
+ * Parked pages are free memory that no other range can take: the first
+ * request that cannot be served as things stand (a cache miss, a FREE page
+ * wanted) unparks every cached range (st_unpark_all), which files their
+ * whole pages FREE, stamped with the range's last free, as an unparked
+ * free always did.
+ *   parked(r) ⇒ r CACHED ∧ ∀ whole slot j: pages[j].full_owner = r
+ *   nparked = Σ_{parked r} r.nwhole
  * Eviction unmaps a range only once the free that cached it has completed on
  * its stream (st_stamp_ready), least recently used first.
  */
@@ -284,6 +295,7 @@ int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page) {
 }
 
 int st_unmap_range(stitch_t *t, st_range_t *r) {
+  st_unpark(t, r);
   for (uint32_t j = r->nslots; j > 0 && r->nmapped > 0; --j) {
     if (r->maps[j - 1].r == NULL) continue; /* a slot left empty by a failed repair */
     int err = st_slot_unmap(t, r, j - 1);
@@ -381,13 +393,53 @@ void st_cache_remove(stitch_t *t, st_range_t *r) {
   --t->ncached;
 }
 
+static inline bool slot_whole(const stitch_t *t, const st_range_t *r, uint32_t j) {
+  uint32_t a, b;
+  st_span(t, r, j, &a, &b);
+  return a == 0 && b == (uint32_t)t->P;
+}
+
+bool st_slot_usable(stitch_t *t, const st_range_t *r, uint32_t j, uint32_t sidx) {
+  uint32_t a, b;
+  st_span(t, r, j, &a, &b);
+  if (r->parked && a == 0 && b == (uint32_t)t->P)
+    return st_stamp_ready(t, r->last_use, sidx, false);
+  return st_span_usable(t, r->pages[j], a, b, sidx);
+}
+
 bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
+  if (r->parked) { /* the stream and the partial end slots; the whole pages are its own */
+    if (!st_stamp_ready_now(t, r->last_use, sidx)) return false;
+    uint32_t a, b;
+    if (r->ends & 1) {
+      st_span(t, r, 0, &a, &b);
+      if (!st_span_usable(t, r->pages[0], a, b, sidx)) return false;
+    }
+    if (r->ends & 2) {
+      st_span(t, r, r->nslots - 1, &a, &b);
+      if (!st_span_usable(t, r->pages[r->nslots - 1], a, b, sidx)) return false;
+    }
+    return true;
+  }
   for (uint32_t j = 0; j < r->nslots; ++j) {
     uint32_t a, b;
     st_span(t, r, j, &a, &b);
     if (!st_span_usable(t, r->pages[j], a, b, sidx)) return false;
   }
   return true;
+}
+
+void st_unpark(stitch_t *t, st_range_t *r) {
+  if (!r->parked) return;
+  for (uint32_t j = 0; j < r->nslots; ++j)
+    if (slot_whole(t, r, j)) st_span_give(t, r->pages[j], 0, (uint32_t)t->P, r->last_use);
+  r->parked = false;
+  t->nparked -= r->nwhole;
+}
+
+void st_unpark_all(stitch_t *t) {
+  for (st_range_t *r = t->lru_head; r != NULL && t->nparked > 0; r = r->lru_next)
+    st_unpark(t, r);
 }
 
 #define ST_PAIRS_MAX (1u << 20)
@@ -435,36 +487,48 @@ static uint64_t pair_get(const stitch_t *t, uint64_t a, uint64_t b) {
 }
 
 void st_cache_handout(stitch_t *t, st_range_t *r) {
-  if (2 * (t->nlast + 1) > t->caplast) { /* grow (on failure: no prediction, still correct) */
-    uint32_t cap = t->caplast ? 2 * t->caplast : 256;
-    st_last_t *n = gmr__calloc(cap, sizeof *n), *old = t->last;
-    if (n == NULL) return;
-    uint32_t oldcap = t->caplast;
-    t->last = n;
-    t->caplast = cap;
-    for (uint32_t i = 0; i < oldcap; ++i)
-      if (old[i].len != 0) *last_slot(t, old[i].len) = old[i];
-    gmr__free(old);
+  st_last_t *e = t->hint_e;
+  t->hint_e = NULL;
+  if (e == NULL || e->len != r->len) {
+    if (2 * (t->nlast + 1) > t->caplast) { /* grow (on failure: no prediction, still correct) */
+      uint32_t cap = t->caplast ? 2 * t->caplast : 256;
+      st_last_t *n = gmr__calloc(cap, sizeof *n), *old = t->last;
+      if (n == NULL) return;
+      uint32_t oldcap = t->caplast;
+      t->last = n;
+      t->caplast = cap;
+      for (uint32_t i = 0; i < oldcap; ++i)
+        if (old[i].len != 0) *last_slot(t, old[i].len) = old[i];
+      gmr__free(old);
+    }
+    e = last_slot(t, r->len);
+    if (e->len == 0) {
+      e->len = r->len;
+      ++t->nlast;
+    }
   }
-  st_last_t *e = last_slot(t, r->len);
-  if (e->len == 0) {
-    e->len = r->len;
-    ++t->nlast;
-  } else if (e->r != NULL) {
-    e->r->succ = r->serial;
-    pair_put(t, e->before, e->r->serial, r->serial);
+  st_range_t *prev = e->r;
+  if (prev != NULL && (prev->succ_after != e->before || prev->succ != r->serial)) {
+    /* A new association: the range keeps the latest, the pairs all. */
+    pair_put(t, e->before, prev->serial, r->serial);
+    prev->succ_after = e->before;
+    prev->succ = r->serial;
   }
-  e->before = e->r != NULL ? e->r->serial : 0;
+  e->before = prev != NULL ? prev->serial : 0;
   e->r = r;
 }
 
 st_range_t *st_cache_predicted(stitch_t *t, uint64_t len) {
   st_last_t *e = last_slot(t, len);
-  if (e == NULL || e->len != len || e->r == NULL) return NULL;
-  /* Second order first: a range handed out twice per iteration of a loop
-   * has two successors, told apart by the range before it. */
-  uint64_t want = pair_get(t, e->before, e->r->serial);
-  if (want == 0) want = e->r->succ;
+  t->hint_e = e != NULL && e->len == len ? e : NULL;
+  if (t->hint_e == NULL || e->r == NULL) return NULL;
+  /* Second order: a range handed out twice per iteration of a loop has two
+   * successors, told apart by the range before it. */
+  uint64_t want = e->r->succ;
+  if (e->r->succ_after != e->before) {
+    uint64_t w = pair_get(t, e->before, e->r->serial);
+    if (w != 0) want = w;
+  }
   if (want == 0) return NULL;
   for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL; q = q->b_next)
     if (q->serial == want) return q;
@@ -505,20 +569,42 @@ void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
 }
 
 void st_range_own(stitch_t *t, st_range_t *r) {
-  for (uint32_t j = 0; j < r->nslots; ++j) {
+  if (r->parked) { /* only the partial end slots change hands */
     uint32_t a, b;
-    st_span(t, r, j, &a, &b);
-    st_span_take(t, r->pages[j], a, b, r);
+    if (r->ends & 1) {
+      st_span(t, r, 0, &a, &b);
+      st_span_take(t, r->pages[0], a, b, r);
+    }
+    if ((r->ends & 2) && r->nslots > 1) {
+      st_span(t, r, r->nslots - 1, &a, &b);
+      st_span_take(t, r->pages[r->nslots - 1], a, b, r);
+    }
+    r->parked = false;
+    t->nparked -= r->nwhole;
+  } else {
+    for (uint32_t j = 0; j < r->nslots; ++j) {
+      uint32_t a, b;
+      st_span(t, r, j, &a, &b);
+      st_span_take(t, r->pages[j], a, b, r);
+    }
   }
   r->state = ST_R_LIVE;
 }
 
 void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp) {
-  for (uint32_t j = 0; j < r->nslots; ++j) {
-    uint32_t a, b;
-    st_span(t, r, j, &a, &b);
-    st_span_give(t, r->pages[j], a, b, stamp);
+  /* The partial end slots go back to their pages; the whole pages stay
+   * parked under the range. */
+  uint32_t a, b;
+  if (r->ends & 1) {
+    st_span(t, r, 0, &a, &b);
+    st_span_give(t, r->pages[0], a, b, stamp);
   }
+  if ((r->ends & 2) && r->nslots > 1) {
+    st_span(t, r, r->nslots - 1, &a, &b);
+    st_span_give(t, r->pages[r->nslots - 1], a, b, stamp);
+  }
+  r->parked = r->nwhole > 0;
+  t->nparked += r->nwhole;
   r->last_use = stamp;
   r->nuses = 0;
   st_cache_put(t, r);

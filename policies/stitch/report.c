@@ -48,10 +48,11 @@ void st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest) 
     open += o;
     if (o > best) best = o;
   }
-  *free_bytes = (uint64_t)t->nfree * t->P + open + t->small_free_bytes;
-  /* The largest block served without growing: every FREE page plus the best
-   * open slot (FREE pages can be stitched in any order). */
-  *largest = (uint64_t)t->nfree * t->P + best;
+  uint64_t whole = (uint64_t)(t->nfree + t->nparked) * t->P; /* parked pages are free too */
+  *free_bytes = whole + open + t->small_free_bytes;
+  /* The largest block served without growing: every FREE or parked page plus
+   * the best open slot (FREE pages can be stitched in any order). */
+  *largest = whole + best;
 }
 
 void st_report_stats(stitch_t *t, gmr_stats_t *out) {
@@ -321,7 +322,8 @@ int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why) {
   } while (0)
 
 static int check_owner(stitch_t *t, uint32_t id, st_range_t *o, const char *slot) {
-  CHECK(o->state == ST_R_LIVE || o->state == ST_R_PENDING || o->state == ST_R_SMALL,
+  CHECK(o->state == ST_R_LIVE || o->state == ST_R_PENDING || o->state == ST_R_SMALL ||
+            (o->state == ST_R_CACHED && o->parked && slot[0] == 'f'),
         "page %u's %s owner is a range in state %d", id, slot, o->state);
   for (uint32_t j = 0; j < o->nslots; ++j)
     if (o->pages[j] == id) return 0;
@@ -329,7 +331,7 @@ static int check_owner(stitch_t *t, uint32_t id, st_range_t *o, const char *slot
 }
 
 static int check_pages(stitch_t *t, uint64_t *free_b) {
-  uint32_t P = (uint32_t)t->P, nfree = 0, nclosed = 0, nfull = 0, live = 0;
+  uint32_t P = (uint32_t)t->P, nfree = 0, nclosed = 0, nfull = 0, live = 0, nparked = 0;
   uint64_t dead = 0, open = 0, maps = 0;
   for (uint32_t id = 0; id < t->npages; ++id) {
     st_page_t *p = &t->pages[id];
@@ -348,6 +350,7 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
       CHECK(p->where == ST_W_FULL, "page %u: full but filed as %d", id, p->where);
       if ((err = check_owner(t, id, p->full_owner, "full")) != 0) return err;
       ++nfull;
+      nparked += p->full_owner->state == ST_R_CACHED;
     } else if (p->tail_owner == NULL && p->head_owner == NULL) {
       CHECK(p->where == ST_W_FREE && p->cls == (p->nmaps != 0), "page %u: free but filed as %d/%u",
             id, p->where, p->cls);
@@ -383,6 +386,7 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
   CHECK(live == t->live_pages && nfree == t->nfree && nclosed == t->nclosed && nfull == t->nfull,
         "page counts: live %u/%u free %u/%u closed %u/%u full %u/%u", live, t->live_pages, nfree,
         t->nfree, nclosed, t->nclosed, nfull, t->nfull);
+  CHECK(nparked == t->nparked, "parked pages %u != %u", nparked, t->nparked);
   CHECK(dead == t->dead_bytes, "dead gaps %" PRIu64 " != %" PRIu64, dead, t->dead_bytes);
   CHECK(maps == t->nmappings && (int64_t)maps == t->st.mappings.current,
         "mappings %" PRIu64 " != %u", maps, t->nmappings);
@@ -410,7 +414,7 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
     for (uint32_t z = 0; z < c->n1; ++z)
       CHECK(((c->l0[z / 64] >> (z % 64)) & 1) == (c->l1[z] != 0), "class summary word %u", z);
   }
-  *free_b = (uint64_t)nfree * P + open;
+  *free_b = (uint64_t)(nfree + nparked) * P + open;
   return 0;
 }
 
@@ -439,6 +443,20 @@ static int check_range(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *p
   CHECK(mapped == r->nmapped, "range at %#" PRIxPTR ": %u slots mapped, counted %u", r->va, mapped,
         r->nmapped);
   bool owns = r->state == ST_R_LIVE || r->state == ST_R_PENDING || r->state == ST_R_SMALL;
+  uint32_t whole = 0;
+  for (uint32_t j = 0; j < r->nslots; ++j) {
+    uint32_t a, b;
+    st_span(t, r, j, &a, &b);
+    if (a != 0 || b != (uint32_t)P) continue;
+    ++whole;
+    if (r->parked)
+      CHECK(t->pages[r->pages[j]].full_owner == r,
+            "parked range at %#" PRIxPTR ": slot %u's page is not parked under it", r->va, j);
+  }
+  CHECK(r->seg != NULL || r->state == ST_R_SMALL || whole == r->nwhole,
+        "range at %#" PRIxPTR ": %u whole slots, counted %u", r->va, whole, r->nwhole);
+  CHECK(!r->parked || r->state == ST_R_CACHED, "range at %#" PRIxPTR ": parked but not cached",
+        r->va);
   if (!owns) return 0;
   uint64_t sum = 0;
   for (uint32_t j = 0; j < r->nslots; ++j) {

@@ -97,6 +97,9 @@ static void empty_remove(stitch_t *t, st_small_seg_t *g) {
  * at the per-page cap (eviction only moves FREE pages between the two FREE
  * lists, so the walk restarts after it). */
 static uint32_t free_page_for(stitch_t *t, uint32_t sidx) {
+  for (uint32_t id = t->free_head[0]; id != ST_NIL; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) return id;
+  st_unpark_all(t);
   for (int m = 0; m < 2; ++m)
     for (uint32_t id = t->free_head[m]; id != ST_NIL; id = t->pages[id].next)
       if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))

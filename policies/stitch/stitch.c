@@ -221,6 +221,7 @@ static uint32_t collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *o
   /* Unmapped pages are worth nothing: take them first, as they come. */
   for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
     if (st_page_ready(t, id, sidx)) out[got++] = id;
+  if (got < n) st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
   if (got == n || t->free_head[1] == ST_NIL) return got;
   cand_t *c = gmr__malloc((size_t)t->nfree * sizeof *c);
   if (c == NULL) return got;
@@ -318,6 +319,13 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
     r->first_off = pl.first_off;
     r->len = len;
     r->sidx = sidx;
+    for (uint32_t j = 0; j < nslots; ++j) {
+      uint32_t a, b;
+      st_span(t, r, j, &a, &b);
+      bool whole = a == 0 && b == (uint32_t)P;
+      r->nwhole += whole;
+      if (!whole) r->ends |= j == 0 ? 1 : 2;
+    }
     err = st_map_range(t, r);
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
@@ -350,11 +358,8 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
   st_range_t *pred = st_cache_predicted(t, len);
   if (pred != NULL && st_stamp_ready(t, pred->last_use, UINT32_MAX, false)) {
     uint32_t broken = 0;
-    for (uint32_t j = 0; j < pred->nslots; ++j) {
-      uint32_t a, b;
-      st_span(t, pred, j, &a, &b);
-      broken += !st_span_usable(t, pred->pages[j], a, b, sidx);
-    }
+    for (uint32_t j = 0; j < pred->nslots; ++j)
+      broken += !st_slot_usable(t, pred, j, sidx);
     if (broken > 0 && broken * 2 <= pred->nslots) {
       best = pred;
       best_broken = broken;
@@ -368,11 +373,8 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
      * whose last use is known complete may be remapped (no wait here). */
     if (!st_stamp_ready(t, q->last_use, UINT32_MAX, false)) continue;
     uint32_t broken = 0;
-    for (uint32_t j = 0; j < q->nslots && broken < best_broken; ++j) {
-      uint32_t a, b;
-      st_span(t, q, j, &a, &b);
-      broken += !st_span_usable(t, q->pages[j], a, b, sidx);
-    }
+    for (uint32_t j = 0; j < q->nslots && broken < best_broken; ++j)
+      broken += !st_slot_usable(t, q, j, sidx);
     if (broken < best_broken) {
       best = q;
       best_broken = broken;
@@ -381,6 +383,7 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
   if (best == NULL || best_broken == 0 || (best != pred && best_broken * 4 > best->nslots))
     return 1;
   st_range_t *r = best;
+  st_unpark(t, r); /* its whole pages are FREE now, and as usable as they were */
   uint32_t nb = best_broken, n = r->nslots;
   uint32_t *slots = gmr__malloc((size_t)nb * sizeof *slots);
   uint32_t *repl = gmr__malloc((size_t)(nb + n) * sizeof *repl);
@@ -444,6 +447,10 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   uint64_t len = gmr__align_up(size, ST_G);
   st_range_t *r = st_cache_lookup(t, len, sidx);
+  if (r == NULL && t->nparked > 0) { /* parked pages may be what it lacks */
+    st_unpark_all(t);
+    r = st_cache_lookup(t, len, sidx);
+  }
   if (r != NULL) {
     st_cache_remove(t, r);
     st_range_own(t, r);

@@ -137,8 +137,12 @@ struct st_range_s {
   uint64_t tick;       /* the policy's tick when last handed out */
   uint64_t gap;        /* ticks between its last two hand-outs (0: handed out once) */
   uint64_t serial;     /* large ranges: a number never reused (0: a small segment's) */
-  uint64_t succ;       /* the serial of the range of this length handed out after it */
+  uint64_t succ;       /* the serial of the range of this length handed out after it, */
+  uint64_t succ_after; /* when the one before it was this serial (the pairs hold the rest) */
+  uint8_t ends;        /* bit 0: slot 0 is a partial span; bit 1: the last slot is */
   uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
+  uint32_t nwhole;     /* slots whose span is a whole page */
+  bool parked;         /* CACHED: its whole pages stay owned by it (full_owner), see ranges.c */
   uint32_t *uses;      /* record_stream: other stream indexes */
   uint32_t nuses, capuses;
   st_range_t *lru_prev, *lru_next; /* CACHED: LRU (most recent first) */
@@ -245,6 +249,7 @@ typedef struct stitch_s {
   uint32_t nfree;
   st_classes_t suffix, prefix; /* PARTIAL pages by open bytes / G */
   uint32_t nclosed, nfull;
+  uint32_t nparked; /* whole pages parked under cached ranges (counted in nfull too) */
   uint64_t dead_bytes;
 
   st_stream_t *streams;
@@ -274,6 +279,9 @@ typedef struct stitch_s {
   uint64_t serials; /* large ranges made so far */
   st_pair_t *pairs; /* open addressing by (a, b), at most half full; cleared when too big */
   uint32_t npairs, cappairs;
+  /* The entry of the length last predicted (st_cache_predicted), so that
+   * the hand-out that follows needs no lookup: NULL when unset. */
+  st_last_t *hint_e;
 
   bool exclusive;
   uint64_t tick; /* large blocks handed out so far */
@@ -332,6 +340,11 @@ int st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out);
 /* Has the stamp completed (from stream sidx's view: its own stamps always
  * have)?  May record or query an event; never blocks unless wait. */
 bool st_stamp_ready(stitch_t *t, st_stamp_t st, uint32_t sidx, bool wait);
+/* st_stamp_ready without waiting, inline for the common case of no stamp
+ * or one of sidx's own. */
+static inline bool st_stamp_ready_now(stitch_t *t, st_stamp_t st, uint32_t sidx) {
+  return st.stream == 0 || st.stream - 1 == sidx || st_stamp_ready(t, st, sidx, false);
+}
 bool st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx);
 /* May stream sidx use page id now?  Inline when every stamp is sidx's own
  * or none (one stream: always). */
@@ -382,6 +395,13 @@ void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
 void st_range_own(stitch_t *t, st_range_t *r);
 void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp);
 bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx);
+/* Is slot j of r usable by stream sidx (a parked slot: its range's last
+ * free completed from sidx's view)? */
+bool st_slot_usable(stitch_t *t, const st_range_t *r, uint32_t j, uint32_t sidx);
+/* Give a parked range's whole pages back to the FREE lists (stamped with
+ * its last free); every parked range. */
+void st_unpark(stitch_t *t, st_range_t *r);
+void st_unpark_all(stitch_t *t);
 /* Evict LRU cached ranges whose last use completed until the caps hold
  * (need_maps more mappings and need_va more bytes fit); all: every one. */
 int st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all);
