@@ -106,6 +106,30 @@ fi
 grep -q 'live-blocks sweep' "$tmp/churn.txt" && grep -q 'random sizes' "$tmp/churn.txt"
 ok $? "the tables name both workloads"
 
+# The miss workload: microseconds per miss by pages mapped, for a policy that
+# maps pages; gmr-bench itself refuses a figure whose page maps are not the
+# pages asked for, and the runtime's counts must match.
+"$bench" --workloads miss --miss-pages 1,8 --reps 3 --json "$src/config/stitch.yaml" \
+  "$src/config/pytorch.yaml" >"$tmp/miss.json" 2>"$tmp/err"
+ok $? "the miss workload of stitch (and of a policy that maps no pages) exits 0"
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$tmp/miss.json" <<'EOF2'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert [(r["workload"], r["contender"]) for r in rows] == [("miss", "stitch")], rows
+r = rows[0]
+assert r["page_size"] == 2 << 20 and [p["pages"] for p in r["points"]] == [1, 8], r
+assert all(p["new_us"] > 0 and p["held_us"] > 0 for p in r["points"]), r
+EOF2
+  ok $? "one miss record: 1 and 8 pages, new and held figures"
+else
+  grep -q '"workload": "miss"' "$tmp/miss.json"
+  ok $? "one miss record (python3 absent: found only)"
+fi
+"$bench" --workloads miss --miss-pages 2 --reps 1 "$src/config/pytorch.yaml" >"$tmp/miss.txt"
+grep -q "no page maps" "$tmp/miss.txt"
+ok $? "the miss table says a caching policy maps no pages"
+
 check_refusal() { # expected-status needle description args...
   want=$1 needle=$2 what=$3
   shift 3
@@ -119,7 +143,7 @@ check_refusal() { # expected-status needle description args...
 check_refusal 2 "'0' is not a size in bytes above 0" "--sizes 0 is refused" --sizes 0 x.yaml
 check_refusal 2 "'0' is not a thread count in \[1, 64\]" "--threads 0 is refused" --threads 1,0 x.yaml
 check_refusal 2 "unknown option '--frobnicate'" "an unknown option is refused" --frobnicate x.yaml
-check_refusal 2 "'churn' is not one of pair, random, sweep" "an unknown workload is refused" \
+check_refusal 2 "'churn' is not one of pair, random, sweep, miss" "an unknown workload is refused" \
   --workloads pair,churn x.yaml
 check_refusal 2 "is not LO,HI with LO <= HI" "a reversed size range is refused" \
   --random-range 64MiB,512 x.yaml

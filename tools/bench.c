@@ -25,7 +25,15 @@
  *    figure is ns per operation (an alloc or a free), one thread and N;
  *  - sweep: the random workload on one thread with 10 to 100,000 live blocks
  *    (--sweep-live), sizes in --sweep-range (512 B to 4 MiB): how the cost
- *    per operation grows with the number of live blocks (gmr runtimes only).
+ *    per operation grows with the number of live blocks (gmr runtimes only);
+ *  - miss (policies that map pages: stitch): microseconds per cache miss by
+ *    the pages it maps (--miss-pages, default 1,4,16,64,256 pages): "new",
+ *    a request of k pages after empty_cache (k pages created, mapped and
+ *    made accessible), and "held", a request of k pages less 512 bytes right
+ *    after a k-page block was freed (no cached range of that length: the
+ *    held pages are mapped again at a new address).  Each untimed set-up
+ *    is outside the timed call; the median of --reps is reported, with the
+ *    page maps the policy counted (k, or the figure is refused).
  * The steps (which block, which size) are drawn before the timed loop from
  * a fixed seed, so every contender makes the same requests.
  *
@@ -66,9 +74,10 @@
 #define BENCH_MAX_SIZES   16
 #define BENCH_MAX_REPS    101
 #define BENCH_MAX_SWEEP   16
+#define BENCH_MAX_MISS    16
 
 /* The workloads (see the top of the file). */
-typedef enum bench_kind_e { WL_PAIR, WL_RANDOM, WL_SWEEP } bench_kind_t;
+typedef enum bench_kind_e { WL_PAIR, WL_RANDOM, WL_SWEEP, WL_MISS } bench_kind_t;
 
 /* A churn workload: `live` blocks per thread, sizes log-uniform in [lo, hi]. */
 typedef struct churn_spec_s {
@@ -92,12 +101,14 @@ typedef struct bench_opts_s {
   int n_sizes;
   int threads[BENCH_MAX_THREADS]; /* thread counts, ascending as given */
   int n_threads;
-  int max_threads;                      /* max of threads[] */
-  const char *torch_shim;               /* path of the shim, or NULL */
-  uint64_t capacity;                    /* simulated device, bytes */
-  bool run_pair, run_random, run_sweep; /* --workloads */
-  churn_spec_t random;                  /* --live, --random-range */
-  size_t sweep_live[BENCH_MAX_SWEEP];   /* --sweep-live */
+  int max_threads;                                /* max of threads[] */
+  const char *torch_shim;                         /* path of the shim, or NULL */
+  uint64_t capacity;                              /* simulated device, bytes */
+  bool run_pair, run_random, run_sweep, run_miss; /* --workloads */
+  size_t miss_pages[BENCH_MAX_MISS];              /* --miss-pages */
+  int n_miss;
+  churn_spec_t random;                /* --live, --random-range */
+  size_t sweep_live[BENCH_MAX_SWEEP]; /* --sweep-live */
   int n_sweep;
   size_t sweep_lo, sweep_hi; /* --sweep-range */
 } bench_opts_t;
@@ -563,9 +574,18 @@ static void format_size(uint64_t bytes, char *buf, size_t len) {
 
 /* Tables: one per workload, each with its header before its first row. */
 static void print_header(const bench_opts_t *o, bench_kind_t kind) {
-  static bool printed[3];
+  static bool printed[4];
   if (printed[kind]) return;
   printed[kind] = true;
+  if (kind == WL_MISS) {
+    printf("\ngmr-bench: cache misses, microseconds per miss by the pages it maps, median of %d\n"
+           "  repetitions, %s device: new: k pages created, mapped, made accessible;\n"
+           "  held: k held pages mapped again at a new address (docs/benchmarks.md).\n\n",
+           o->reps, o->cuda ? "CUDA" : "simulated");
+    printf("%-18s %-28s %9s %9s | %10s %8s | %10s %8s\n", "contender", "policy", "page", "pages",
+           "new us", "us/page", "held us", "us/page");
+    return;
+  }
   if (kind == WL_SWEEP) {
     printf("\ngmr-bench: live-blocks sweep, one thread, ns per operation (an alloc or a free),\n"
            "  random workload with sizes log-uniform in [%zu, %zu] bytes, median of %d\n"
@@ -785,11 +805,83 @@ static int sweep(contender_t *c, const bench_opts_t *o, bool *first) {
   return 0;
 }
 
+/* The miss workload of one gmr contender whose policy maps pages. */
+static int miss_bench(contender_t *c, const bench_opts_t *o, bool *first) {
+  gmr_runtime_t *rt = c->rt;
+  int64_t P = 0;
+  if (gmr_stat_get(rt, "stitch.page_size", &P) != 0 || P <= 0) {
+    if (!o->json) {
+      print_header(o, WL_MISS);
+      printf("%-18s %-28s | no page maps: the workload is for policies that map pages\n", c->name,
+             c->policy);
+    }
+    return 0;
+  }
+  void *s = c->streams[0];
+  double med[BENCH_MAX_MISS][2];
+  for (int k = 0; k < o->n_miss; ++k) {
+    size_t pages = o->miss_pages[k], size = pages * (size_t)P;
+    double t[2][BENCH_MAX_REPS];
+    for (int r = 0; r < o->reps; ++r) {
+      for (int w = 0; w < 2; ++w) {
+        size_t n = w == 0 ? size : size - 512;
+        void *p = NULL;
+        if (w == 0 && gmr_empty_cache(rt) != 0) goto fail;
+        int64_t m0 = 0, m1 = 0;
+        gmr_stat_get(rt, "stitch.map_calls", &m0);
+        uint64_t t0 = now_ns();
+        int rc = gmr_alloc(rt, n, s, &p);
+        uint64_t t1 = now_ns();
+        gmr_stat_get(rt, "stitch.map_calls", &m1);
+        if (rc != 0) goto fail;
+        if (gmr_free(rt, p) != 0) goto fail;
+        count_pairs(c, 1);
+        if ((size_t)(m1 - m0) != pages) {
+          fprintf(stderr, "gmr-bench: %s: a miss of %zu pages made %lld page maps\n", c->name,
+                  pages, (long long)(m1 - m0));
+          return 1;
+        }
+        t[w][r] = (double)(t1 - t0) / 1e3;
+      }
+    }
+    med[k][0] = median(t[0], o->reps);
+    med[k][1] = median(t[1], o->reps);
+  }
+  gmr_empty_cache(rt);
+  for (int f = 0; f < 2; ++f) {
+    FILE *out = f == 0 ? (o->json ? stdout : NULL) : o->json_file;
+    if (out == NULL) continue;
+    fprintf(out, "%s\n  {\"workload\": \"miss\", \"contender\": ", *first ? "" : ",");
+    tool_json_string(out, c->name);
+    fprintf(out, ", \"policy\": ");
+    tool_json_string(out, c->policy);
+    fprintf(out, ", \"backend\": \"%s\", \"page_size\": %lld, \"reps\": %d, \"points\": [",
+            c->backend, (long long)P, o->reps);
+    for (int k = 0; k < o->n_miss; ++k)
+      fprintf(out, "%s{\"pages\": %zu, \"new_us\": %.2f, \"held_us\": %.2f}", k ? ", " : "",
+              o->miss_pages[k], med[k][0], med[k][1]);
+    fprintf(out, "]}");
+    fflush(out);
+  }
+  if (!o->json) {
+    print_header(o, WL_MISS);
+    for (int k = 0; k < o->n_miss; ++k)
+      printf("%-18s %-28s %9lld %9zu | %10.1f %8.2f | %10.1f %8.2f\n", k ? "" : c->name,
+             k ? "" : c->policy, (long long)P, o->miss_pages[k], med[k][0],
+             med[k][0] / (double)o->miss_pages[k], med[k][1], med[k][1] / (double)o->miss_pages[k]);
+  }
+  *first = false;
+  return 0;
+fail:
+  fprintf(stderr, "gmr-bench: %s: miss workload: %s\n", c->name, gmr_last_error(rt));
+  return 1;
+}
+
 /* Measure one contender in one workload and print its rows. */
 static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t kind, bool *first) {
   /* The sweep is about gmr's policies: 100,000 live blocks through
    * cudaMalloc would take minutes of set-up and say nothing new. */
-  if (kind == WL_SWEEP && c->rt == NULL) return 0;
+  if ((kind == WL_SWEEP || kind == WL_MISS) && c->rt == NULL) return 0;
   pthread_mutex_init(&c->count_lock, NULL);
   int rc = streams_new(c, o);
   for (int i = 0; i < o->n_sizes && rc == 0 && kind == WL_PAIR; ++i) {
@@ -809,6 +901,10 @@ static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t k
   }
   if (rc == 0 && kind == WL_SWEEP) {
     rc = sweep(c, o, first);
+    if (rc == 0) rc = gmr_self_check(c);
+  }
+  if (rc == 0 && kind == WL_MISS) {
+    rc = miss_bench(c, o, first);
     if (rc == 0) rc = gmr_self_check(c);
   }
   streams_free(c, o);
@@ -907,12 +1003,14 @@ static const char bench_usage[] =
     "                     figures\n"
     "  --json             one JSON array instead of the table\n"
     "  --json-file PATH   the table, and the JSON array written to PATH\n"
-    "  --workloads LIST   pair, random, sweep (default pair; docs/benchmarks.md)\n"
+    "  --workloads LIST   pair, random, sweep, miss (default pair;\n"
+    "                     docs/benchmarks.md)\n"
     "  --live N           random: blocks each thread keeps live (default 512)\n"
     "  --random-range LO,HI  random: sizes, log-uniform (default 512,64MiB)\n"
     "  --sweep-live LIST  sweep: live-block counts (default\n"
     "                     10,100,1000,10000,100000)\n"
     "  --sweep-range LO,HI   sweep: sizes, log-uniform (default 512,4MiB)\n"
+    "  --miss-pages LIST  miss: pages per miss (default 1,4,16,64,256)\n"
     "  -h, --help         print this help and exit\n"
     "  -V, --version      print the version and exit\n"
     "\n"
@@ -971,7 +1069,7 @@ static int parse_range(const char *opt, const char *text, size_t *lo, size_t *hi
 static int parse_workloads(const char *opt, const char *text, bench_opts_t *o) {
   char buf[128];
   snprintf(buf, sizeof buf, "%s", text);
-  o->run_pair = o->run_random = o->run_sweep = false;
+  o->run_pair = o->run_random = o->run_sweep = o->run_miss = false;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     if (strcmp(tok, "pair") == 0)
       o->run_pair = true;
@@ -979,12 +1077,14 @@ static int parse_workloads(const char *opt, const char *text, bench_opts_t *o) {
       o->run_random = true;
     else if (strcmp(tok, "sweep") == 0)
       o->run_sweep = true;
+    else if (strcmp(tok, "miss") == 0)
+      o->run_miss = true;
     else {
-      fprintf(stderr, "gmr-bench: %s: '%s' is not one of pair, random, sweep\n", opt, tok);
+      fprintf(stderr, "gmr-bench: %s: '%s' is not one of pair, random, sweep, miss\n", opt, tok);
       return 1;
     }
   }
-  if (!o->run_pair && !o->run_random && !o->run_sweep) {
+  if (!o->run_pair && !o->run_random && !o->run_sweep && !o->run_miss) {
     fprintf(stderr, "gmr-bench: %s: the list is empty\n", opt);
     return 1;
   }
@@ -1019,7 +1119,9 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
                       .sweep_live = {10, 100, 1000, 10000, 100000},
                       .n_sweep = 5,
                       .sweep_lo = 512,
-                      .sweep_hi = (size_t)4 << 20};
+                      .sweep_hi = (size_t)4 << 20,
+                      .miss_pages = {1, 4, 16, 64, 256},
+                      .n_miss = 5};
   enum {
     OPT_DEVICE = 256,
     OPT_SIZES,
@@ -1037,6 +1139,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
     OPT_LIVE,
     OPT_RANDOM_RANGE,
     OPT_SWEEP_LIVE,
+    OPT_MISS_PAGES,
     OPT_SWEEP_RANGE
   };
   static const struct option longopts[] = {
@@ -1056,6 +1159,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
       {"live", required_argument, NULL, OPT_LIVE},
       {"random-range", required_argument, NULL, OPT_RANDOM_RANGE},
       {"sweep-live", required_argument, NULL, OPT_SWEEP_LIVE},
+      {"miss-pages", required_argument, NULL, OPT_MISS_PAGES},
       {"sweep-range", required_argument, NULL, OPT_SWEEP_RANGE},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -1120,6 +1224,16 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
       if (parse_range("--random-range", v, &o->random.lo, &o->random.hi) != 0)
         return CLI_USAGE_ERROR;
       break;
+    case OPT_MISS_PAGES:
+      if (parse_list("--miss-pages", v, true, o->miss_pages, BENCH_MAX_MISS, &o->n_miss) != 0)
+        return CLI_USAGE_ERROR;
+      for (int k = 0; k < o->n_miss; ++k)
+        if (o->miss_pages[k] > 65536) {
+          fprintf(stderr, "gmr-bench: --miss-pages: %zu is more than 65536 pages\n",
+                  o->miss_pages[k]);
+          return CLI_USAGE_ERROR;
+        }
+      break;
     case OPT_SWEEP_LIVE:
       if (parse_list("--sweep-live", v, true, o->sweep_live, BENCH_MAX_SWEEP, &o->n_sweep) != 0)
         return CLI_USAGE_ERROR;
@@ -1179,8 +1293,8 @@ int main(int argc, char **argv) {
   if (o.json_file != NULL) fprintf(o.json_file, "[");
   int rc = 0;
   /* Workload by workload, so each table is whole; a fresh runtime each. */
-  const bool run[3] = {o.run_pair, o.run_random, o.run_sweep};
-  for (int kind = WL_PAIR; kind <= WL_SWEEP && rc == 0; ++kind) {
+  const bool run[4] = {o.run_pair, o.run_random, o.run_sweep, o.run_miss};
+  for (int kind = WL_PAIR; kind <= WL_MISS && rc == 0; ++kind) {
     if (!run[kind]) continue;
     for (int i = first_config; i < argc && rc == 0; ++i) {
       contender_t *c = calloc(1, sizeof *c);

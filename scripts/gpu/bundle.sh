@@ -9,9 +9,9 @@ cp -L "$b/lib/.libs/libgmr.so.0" "$dest/lib/libgmr.so.0"
 ln -s libgmr.so.0 "$dest/lib/libgmr.so"
 cp -L "$b/lib/.libs/libgmr-preload.so" "$dest/lib/"
 cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
-# gmr-info and gmr-top link libgmr.so: the real binaries (not libtool's
+# gmr-info, gmr-top and gmr-bench link libgmr.so: the real binaries (not libtool's
 # wrappers), run with run.sh's LD_LIBRARY_PATH.
-for t in gmr-info gmr-top; do
+for t in gmr-info gmr-top gmr-bench; do
   if [ -f "$b/tools/.libs/$t" ]; then cp "$b/tools/.libs/$t" "$dest/bin/"; else cp "$b/tools/$t" "$dest/bin/"; fi
 done
 # gmr-compare (snapshot_compare.sh): the real program, not libtool's wrapper.

@@ -21,6 +21,8 @@
 #                        (stitch_alias.cu), bandwidth and SGEMM on stitched
 #                        pages against cudaMalloc (stitch_bw.cu)
 #   bench                host cost of an allocation + free through torch, native vs gmr
+#   bench-miss           the stitch policy's cache misses on the device: microseconds
+#                        per miss by pages mapped (gmr-bench --workloads miss)
 #   compare              bit-exact losses and step times of the gpt2 runs
 # Logs go to stdout; JSON results to $RESULTS (default /tmp/gmr-results).
 # Without a CUDA device: "SKIP" and exit 0.
@@ -106,6 +108,11 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     phase "host cost of torch.empty(1 MiB) + del: PyTorch's allocator, then gmr caching"
     timeout 120 python3 "$here/alloc_bench.py" native || status=1
     timeout 120 python3 "$here/alloc_bench.py" gmr "$dir/config/pytorch.yaml" || status=1
+    ;;
+  bench-miss)
+    phase "stitch: microseconds per cache miss by pages mapped (gmr-bench --device cuda)"
+    timeout 300 "$dir/bin/gmr-bench" --device cuda --workloads miss --reps 7 \
+      --json-file "$results/bench-miss.json" "$dir/config/stitch.yaml" || status=1
     ;;
   stitch)
     phase "stitch: alias safety and bandwidth/SGEMM on stitched pages (nvcc -arch=sm_90)"
