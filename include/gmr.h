@@ -291,6 +291,12 @@ typedef struct gmr_walk_entry_s {
   gmr_stream_t stream;     /* the stream the segment or block belongs to */
   const char *pool;        /* segments: "small", "large", "region"... */
   int is_expandable;       /* segments: grows by mapping pages */
+  /* Blocks of a policy that shares pages between neighbours (stitch): the
+   * bytes at the block's start and at its end that lie on a page another
+   * block also holds, and those pages' numbers (the same number on both
+   * blocks of a page; 0 and 0 when nothing is shared). */
+  uint64_t shared_head, shared_tail;
+  uint64_t head_page, tail_page;
 } gmr_walk_entry_t;
 
 typedef int (*gmr_walk_cb)(const gmr_walk_entry_t *e, void *ud);

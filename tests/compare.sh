@@ -466,6 +466,17 @@ is "$(jget "$W/stitch2.json" sst peak_reserved)" "$promised" \
 [ -n "$promised" ] && [ "$promised" -le "$st" ]
 ok $? "suggest stitch: no worse than the defaults ($st)"
 
+# The page draws the pages two stitched blocks share: outlined at both
+# blocks, each titled with the page's number, so the halves can be matched.
+"$B" --html "$W/stitch.html" "$TR/resnet50_train.csv" "$CF/stitch.yaml" >/dev/null 2>&1
+is "$?" 0 "stitch: --html writes the page"
+grep -q "a page shared by two blocks" "$W/stitch.html"
+ok $? "stitch: the segment map's legend names shared pages"
+grep -o '<title>page #[0-9]*, shared: its tail holds [a-z]*' "$W/stitch.html" |
+  sed 's/<title>page #//; s/, shared: its tail holds / /' | sort -u |
+  awk '{ n[$1]++; pages++ } END { for (p in n) if (n[p] != 2) bad++; exit (pages && !bad) ? 0 : 1 }'
+ok $? "stitch: every shared page is drawn at both of its blocks (one half each)"
+
 # ---- --suggest of a policy without a search space --------------------------------
 "$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
 is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"

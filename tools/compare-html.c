@@ -341,6 +341,28 @@ static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, i
                  map_state_name(state), a, count, count == 1 ? "" : "s",
                  seg->pool[0] ? seg->pool : "a", seg->address);
       map_rects(out, off, run, row_bytes, map_state_class(state), title);
+      /* Pages shared with a neighbour (stitch): outlined, the page's number
+       * in the title, so the two blocks that hold one page can be matched. */
+      uint64_t at = off;
+      for (size_t q = j - count; q < j; ++q) {
+        const compare_map_entry_t *blk = &r->map[q];
+        if (blk->shared_head) {
+          snprintf(title, sizeof title,
+                   "page #%" PRIu64 ", shared: its tail holds another block, its head the "
+                   "first %" PRIu64 " bytes of this one",
+                   blk->head_page, blk->shared_head);
+          map_rects(out, at, blk->shared_head, row_bytes, "sh", title);
+        }
+        if (blk->shared_tail) {
+          snprintf(title, sizeof title,
+                   "page #%" PRIu64 ", shared: its tail holds the last %" PRIu64
+                   " bytes of this block, its head another block",
+                   blk->tail_page, blk->shared_tail);
+          map_rects(out, at + blk->size - blk->shared_tail, blk->shared_tail, row_bytes, "sh",
+                    title);
+        }
+        at += blk->size;
+      }
       off += run;
     }
     /* The segment's start, as a thin gap, where the segment is wide enough to show it. */
@@ -488,6 +510,7 @@ static const char html_css[] =
     ".oomlab{fill:#8e44ad;font-weight:600}.own{fill:#b9770e;font-weight:600}\n"
     ".segmap .row{fill:#eef0f4}.segmap .a{fill:#3b75c4}.segmap .f{fill:#e4572e}"
     ".segmap .p{fill:#f0a202}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
+    ".segmap .sh{fill:#7b3fa0;fill-opacity:.55;stroke:#4b1f66;stroke-width:1}\n"
     ".segmap rect:hover{opacity:.7}\n"
     ".hover .hl{stroke:#1d2330;stroke-width:1;stroke-dasharray:3 2}"
     ".hover .hb{fill:#fff;stroke:#9aa3b2;fill-opacity:.95}.hover .ht{fill:#1d2330;font-size:11px}\n"
@@ -653,8 +676,16 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
   } else {
     fputs("<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>allocated</span>"
           "<span><i style=\"background:#e4572e\"></i>free (cached, unused)</span><span><i "
-          "style=\"background:#f0a202\"></i>freed, waiting for stream work</span></div>\n",
+          "style=\"background:#f0a202\"></i>freed, waiting for stream work</span>",
           out);
+    int shares = 0;
+    for (size_t q = 0; q < r->n_map && !shares; ++q)
+      shares = r->map[q].shared_head != 0 || r->map[q].shared_tail != 0;
+    if (shares)
+      fputs("<span><i style=\"background:#7b3fa0\"></i>a page shared by two blocks (drawn at "
+            "both; the title names the page)</span>",
+            out);
+    fputs("</div>\n", out);
     uint64_t total = map_total(r);
     uint64_t rows_shared = row_shared ? (total + row_shared - 1) / row_shared : 0;
     int map_own = row_shared == 0 || rows_shared > MAP_MAX_ROWS;

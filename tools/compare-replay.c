@@ -94,6 +94,10 @@ static int cmp_map_cb(const gmr_walk_entry_t *e, void *ud) {
   m->is_segment = (uint8_t)(e->is_segment != 0);
   m->state = (uint8_t)e->state;
   m->is_expandable = (uint8_t)(e->is_expandable != 0);
+  m->shared_head = e->shared_head;
+  m->shared_tail = e->shared_tail;
+  m->head_page = e->head_page;
+  m->tail_page = e->tail_page;
   if (e->is_segment && e->pool) snprintf(m->pool, sizeof m->pool, "%s", e->pool);
   return 0;
 }

@@ -46,7 +46,9 @@ typedef struct compare_map_entry_s {
   uint8_t is_segment; /* 1: a segment; 0: a block of the last segment */
   uint8_t state;      /* gmr_block_state_t, blocks only */
   uint8_t is_expandable;
-  char pool[13]; /* segments: "small", "large", "region"... */
+  char pool[13];                     /* segments: "small", "large", "region"... */
+  uint64_t shared_head, shared_tail; /* blocks: bytes on a page another block holds */
+  uint64_t head_page, tail_page;     /* those pages' numbers (gmr_walk_entry_t) */
 } compare_map_entry_t;
 
 /* Everything gmr-compare learns about one configuration. */

@@ -244,6 +244,24 @@ static int walk_range(stitch_t *t, st_range_t *r, gmr_walk_cb cb, void *ud) {
                                  : r->state == ST_R_PENDING ? GMR_BLOCK_PENDING_FREE
                                                             : GMR_BLOCK_FREE,
                         .stream = e.stream};
+  /* A block that holds a partial end slot shares that page with the block
+   * holding the page's other slot (a CLOSED page). */
+  bool owns = r->state == ST_R_LIVE || r->state == ST_R_PENDING;
+  if (owns && r->first_off > 0) {
+    const st_page_t *p = &t->pages[r->pages[0]];
+    if (p->head_owner == r && p->tail_owner != NULL) {
+      x.shared_head = t->P - r->first_off < r->len ? t->P - r->first_off : r->len;
+      x.head_page = (uint64_t)r->pages[0] + 1;
+    }
+  }
+  uint64_t last_end = r->first_off + r->len - (uint64_t)(r->nslots - 1) * t->P;
+  if (owns && last_end < t->P && (r->nslots > 1 || r->first_off == 0)) {
+    const st_page_t *p = &t->pages[r->pages[r->nslots - 1]];
+    if (p->tail_owner == r && p->head_owner != NULL) {
+      x.shared_tail = last_end;
+      x.tail_page = (uint64_t)r->pages[r->nslots - 1] + 1;
+    }
+  }
   if ((rc = cb(&x, ud)) != 0) return rc;
   uint64_t end = r->first_off + r->len, total = (uint64_t)r->nslots * t->P;
   if (end < total) {
