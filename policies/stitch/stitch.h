@@ -25,7 +25,8 @@
  *   FREE    ⇔ no owner: tail_end = 0, head_start = P
  *   PARTIAL ⇔ no full owner and exactly one slot owned: the other is "open"
  *   CLOSED  ⇔ both slots owned: [tail_end, head_start) is a dead gap <= tau
- *   FULL    ⇔ a full owner
+ *   FULL    ⇔ a full owner (a CACHED range's whole page is "parked" under
+ *             it: free memory, taken back by st_unpark_all; ranges.c)
  * Offsets are multiples of G = 512 bytes, so no 32-byte sector is ever
  * shared by two blocks.
  *
@@ -33,6 +34,9 @@
  * (stream, count) stamps of releases on it.  A page may be used by stream s
  * once every stamp is of s or known complete (an event recorded after it,
  * queried without blocking, or waited on with cross_stream: sync).
+ * Unmapping and remapping are not ordered with a stream's work: a range's
+ * slot is unmapped or remapped only once the range's last free (last_use)
+ * is known complete (st_stamp_ready with no stream of its own).
  */
 #ifndef GMR_STITCH_H
 #define GMR_STITCH_H
