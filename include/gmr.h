@@ -117,6 +117,19 @@ GMR_EXTERN int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_option
 /** Destroy a runtime and return all its device memory.  Live allocations are
  * reported through the log (gmr_set_log) and their memory released. */
 GMR_EXTERN void gmr_runtime_free(gmr_runtime_t *rt);
+/** gmr_runtime_free, reporting whether what the runtime wrote on its own
+ * reached its files: GMR_TRACE's trace (flushed and closed here) and
+ * GMR_SNAPSHOT's snapshot (written here).  A tool exits non-zero on failure.
+ * @return 0, GMR_EIO or GMR_ENOMEM (the file, the reason and what was lost in
+ * gmr_last_error(NULL); also logged once at GMR_LOG_ERROR) */
+GMR_EXTERN int gmr_runtime_close(gmr_runtime_t *rt);
+/** Write out GMR_TRACE's buffered lines now (they are flushed every 256 lines
+ * or 0.1 s anyway, so a crash loses at most that tail).  A trace line that
+ * cannot be written never fails the call it records: that call returns 0 and
+ * sets the thread's last error; from then on the trace drops its lines and
+ * this call returns GMR_EIO.  @return 0 (no trace, or every line written),
+ * GMR_EIO (a write failed; gmr_last_error says which file and why) */
+GMR_EXTERN int gmr_flush(gmr_runtime_t *rt);
 
 /** The process-wide runtime of `device`, created on first use from the file
  * named by GMR_CONFIG (PyTorch-style caching when unset).  Never freed. */

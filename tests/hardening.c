@@ -2,10 +2,15 @@
  * device found (issue 15), one section per class: each check failed before
  * its fix.  Bounds and messages are the documented ones (docs/design.md,
  * docs/trace-format.md, gmr.h). */
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gmr.h"
 #include "gmr_replay.h"
@@ -86,7 +91,115 @@ static void trace_collisions(void) {
   free(text);
 }
 
+static int log_errors;
+static void count_errors(gmr_log_level_t level, const char *msg, void *ud) {
+  (void)msg, (void)ud;
+  if (level == GMR_LOG_ERROR) ++log_errors;
+}
+
+static off_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* Class 6, in a child whose file size limit makes the disk "full" after
+ * 4 KiB (the parent's TAP output must not be limited).  Exit status bits:
+ * 1 allocations failed, 2 no last error, 4 gmr_flush succeeded, 8
+ * gmr_runtime_close succeeded, 16 not exactly one log line, 32 lines lost
+ * before the failure were not flushed. */
+static int trace_full_disk_child(const char *path) {
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit rl = {4096, 4096};
+  setrlimit(RLIMIT_FSIZE, &rl);
+  gmr_set_log(count_errors, NULL);
+  setenv("GMR_TRACE", path, 1);
+  gmr_runtime_t *rt = sim_runtime("policy: direct\n", 0, 0);
+  unsetenv("GMR_TRACE");
+  if (rt == NULL) return 1;
+  int bits = 0;
+  void *p;
+  for (int i = 0; i < 300; ++i) {
+    if (gmr_alloc(rt, 4096, NULL, &p) != 0 || gmr_free(rt, p) != 0) bits |= 1;
+  }
+  if (strstr(gmr_last_error(rt), "File too large") == NULL) bits |= 2;
+  if (gmr_flush(rt) != GMR_EIO) bits |= 4;
+  if (file_size(path) < 4096 - 64) bits |= 32; /* flushed up to the limit */
+  if (gmr_runtime_close(rt) != GMR_EIO) bits |= 8;
+  if (log_errors != 1) bits |= 16;
+  return bits;
+}
+
+/* GMR_TRACE=/dev/full: the header cannot be written.  Bits: 1 not GMR_EIO,
+ * 2 no reason given. */
+static int trace_dev_full_child(const char *unused) {
+  (void)unused;
+  setenv("GMR_TRACE", "/dev/full", 1);
+  gmr_config_t *cfg;
+  gmr_error_t cerr;
+  gmr_config_load_string("policy: direct\n", &cfg, &cerr);
+  gmr_runtime_t *rt = NULL;
+  int bits = gmr_runtime_new_sim(cfg, NULL, &rt) == GMR_EIO ? 0 : 1;
+  if (strstr(gmr_last_error(NULL), "No space left on device") == NULL) bits |= 2;
+  gmr_runtime_free(rt);
+  gmr_config_free(cfg);
+  return bits;
+}
+
+/* Run fn in a child, so that the trace it opens is the process's first (a
+ * later one would be named path.1) and its limits stay there. */
+static int in_child(int (*fn)(const char *), const char *arg) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) _exit(fn(arg));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
+}
+
+static void trace_write_failures(void) {
+  char path[256];
+  snprintf(path, sizeof path, "/tmp/gmr-harden-%d.csv", (int)getpid());
+  is_int(in_child(trace_dev_full_child, NULL), 0,
+         "GMR_TRACE=/dev/full: runtime creation fails with GMR_EIO, saying why");
+  is_int(in_child(trace_full_disk_child, path), 0,
+         "a trace on a full disk: allocations go on, the last error, gmr_flush and "
+         "gmr_runtime_close say GMR_EIO, one log line");
+  remove(path);
+
+  /* Periodic flush: the lines are in the file before the runtime is closed. */
+  setenv("GMR_TRACE", path, 1);
+  gmr_runtime_t *rt = sim_runtime("policy: direct\n", 0, 0);
+  unsetenv("GMR_TRACE");
+  void *p;
+  for (int i = 0; i < 300 && rt; ++i)
+    if (gmr_alloc(rt, 4096, NULL, &p) == 0) gmr_free(rt, p);
+  ok(file_size(path) >= 256 * 20, "the trace is flushed every 256 lines (%lld bytes on disk)",
+     (long long)file_size(path));
+  is_int(gmr_flush(rt), 0, "gmr_flush on a healthy trace");
+  is_int(gmr_runtime_close(rt), 0, "gmr_runtime_close on a healthy trace");
+  remove(path);
+
+  gmr_config_t *cfg;
+  gmr_error_t cerr;
+  gmr_config_load_string("policy: direct\n", &cfg, &cerr);
+  log_errors = 0;
+  gmr_set_log(count_errors, NULL);
+  setenv("GMR_SNAPSHOT", "/dev/full", 1);
+  setenv("GMR_HISTORY", "1000", 1);
+  gmr_runtime_new_sim(cfg, NULL, &rt);
+  unsetenv("GMR_SNAPSHOT");
+  unsetenv("GMR_HISTORY");
+  if (rt && gmr_alloc(rt, 4096, NULL, &p) == 0) gmr_free(rt, p);
+  is_int(gmr_runtime_close(rt), GMR_EIO, "GMR_SNAPSHOT=/dev/full: gmr_runtime_close says GMR_EIO");
+  like(gmr_last_error(NULL), "GMR_SNAPSHOT: cannot write /dev/full", "  naming the file");
+  like(gmr_last_error(NULL), "No space left on device", "  and why");
+  is_int(log_errors, 1, "  in one log line");
+  gmr_set_log(NULL, NULL);
+  gmr_config_free(cfg);
+}
+
 int main(void) {
+  trace_write_failures();
   trace_reader();
   trace_collisions();
   return done_testing();

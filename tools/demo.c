@@ -3,6 +3,9 @@
  *   gmr-demo [CONFIG]       allocate a few tensors on the simulated device
  *                           under CONFIG and print the summary
  *   gmr-demo --reference    print the configuration reference (docs/config.md)
+ *
+ * Exit status: 0, or 1 when the configuration, the runtime or a file the
+ * runtime writes on its own (GMR_TRACE, GMR_SNAPSHOT) fails.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,7 +31,8 @@ int main(int argc, char **argv) {
   rc = gmr_runtime_new_sim(cfg, &sim, &rt);
   gmr_config_free(cfg);
   if (rc != 0) {
-    fprintf(stderr, "gmr-demo: cannot create the runtime: %s\n", gmr_strerror(rc));
+    fprintf(stderr, "gmr-demo: cannot create the runtime: %s: %s\n", gmr_strerror(rc),
+            gmr_last_error(NULL));
     return 1;
   }
   /* A small training-like pattern: weights stay, activations come and go. */
@@ -46,6 +50,11 @@ int main(int argc, char **argv) {
   gmr_summary(rt, stdout);
   for (int i = 0; i < 5; ++i)
     gmr_free(rt, w[i]);
-  gmr_runtime_free(rt);
+  /* GMR_TRACE / GMR_SNAPSHOT files that could not be written fail the tool. */
+  rc = gmr_runtime_close(rt);
+  if (rc != 0) {
+    fprintf(stderr, "gmr-demo: %s\n", gmr_last_error(NULL));
+    return 1;
+  }
   return 0;
 }

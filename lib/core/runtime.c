@@ -34,12 +34,12 @@
 #include <string.h>
 
 #include "core/config.h"
-#include "observe/history.h"
 #include "core/internal.h"
 #include "core/lock.h"
-#include "policy.h"
 #include "core/runtime.h"
+#include "observe/history.h"
 #include "observe/trace.h"
+#include "policy.h"
 
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */
@@ -174,6 +174,19 @@ static inline void policy_unlock(gmr_runtime_t *rt) {
   if (rt->serialize) gmr__unlock(&rt->lock);
 }
 
+static int fail(gmr_runtime_t *rt, int err) {
+  gmr__error_tag(rt);
+  return err;
+}
+
+/* A trace line that could not be written: the call itself succeeded, so it
+ * returns 0, but the thread's last error on this runtime says what was lost
+ * (trace.c logs the first failure and gmr_flush reports it). */
+static RUNTIME_COLD void trace_write(gmr_runtime_t *rt, const char *action, const void *ptr,
+                                     size_t size, gmr_stream_t s) {
+  if (gmr__trace_event(rt->trace, action, ptr, size, s) != 0) gmr__error_tag(rt);
+}
+
 /* ---- construction ---------------------------------------------------------- */
 
 static void describe_stack(gmr_runtime_t *rt) {
@@ -200,14 +213,28 @@ static int snapshot_path_new(const char *path, char **out) {
   return 0;
 }
 
-/* Write GMR_SNAPSHOT's file; failures go to the log (nobody is there to ask). */
-static void snapshot_at_end(gmr_runtime_t *rt) {
+/* Write GMR_SNAPSHOT's file.  Nobody may be there to ask, so a failure is
+ * logged (one line at GMR_LOG_ERROR) and left as the thread's last error;
+ * gmr_runtime_close returns it.  @return 0, GMR_EIO, GMR_ENOMEM */
+static int snapshot_at_end(gmr_runtime_t *rt) {
+  errno = 0;
   FILE *f = fopen(rt->snapshot_path, "wb");
+  int open_errno = errno;
   int err = f ? gmr_snapshot_write(rt, f) : GMR_EIO;
-  if (f != NULL && fclose(f) != 0 && err == 0) err = GMR_EIO;
-  if (err != 0)
-    gmr__log(GMR_LOG_WARN, "GMR_SNAPSHOT: cannot write %s: %s", rt->snapshot_path,
-             f ? gmr_last_error(rt) : "cannot open it for writing");
+  errno = 0;
+  if (f != NULL && fclose(f) != 0 && err == 0) {
+    err = gmr__error_set(GMR_EIO, "%s", strerror(errno));
+  }
+  if (err != 0) {
+    if (f == NULL)
+      gmr__error_set(GMR_EIO, "GMR_SNAPSHOT: cannot open %s for writing: %s", rt->snapshot_path,
+                     strerror(open_errno));
+    else
+      gmr__error_set(err, "GMR_SNAPSHOT: cannot write %s: %s", rt->snapshot_path,
+                     gmr__error_last());
+    gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
+  }
+  return err;
 }
 
 static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
@@ -325,9 +352,11 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
   return runtime_build(cfg, be, 0, out);
 }
 
-void gmr_runtime_free(gmr_runtime_t *rt) {
-  if (rt == NULL) return;
-  if (rt->snapshot_path != NULL) snapshot_at_end(rt); /* live blocks included */
+int gmr_runtime_close(gmr_runtime_t *rt) {
+  if (rt == NULL) return 0;
+  gmr__error_clear();
+  int err = 0;
+  if (rt->snapshot_path != NULL) err = snapshot_at_end(rt); /* live blocks included */
   size_t live = 0, bytes = 0;
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
@@ -342,20 +371,30 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
              "their device memory is released",
              rt->policy_name, rt->backend->ops->name, live, live == 1 ? "" : "s", bytes);
   gmr__policy_destroy(rt->policy);
-  gmr__trace_close(rt->trace);
+  if (err == 0)
+    err = gmr__trace_close(rt->trace);
+  else
+    (void)gmr__trace_close(rt->trace); /* the snapshot's message stays */
   gmr__backend_free(rt->backend);
   gmr__history_free(rt->history_store);
   gmr__free(rt->snapshot_path);
   gmr__lock_destroy(&rt->lock);
   gmr__free(rt->raw);
+  return err;
+}
+
+void gmr_runtime_free(gmr_runtime_t *rt) {
+  (void)gmr_runtime_close(rt);
+}
+
+int gmr_flush(gmr_runtime_t *rt) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_flush: the runtime is NULL");
+  if (rt->trace == NULL) return 0;
+  int err = gmr__trace_flush(rt->trace);
+  return err ? fail(rt, err) : 0;
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
-
-static int fail(gmr_runtime_t *rt, int err) {
-  gmr__error_tag(rt);
-  return err;
-}
 
 /* The refusals of gmr_alloc, out of line so the hot path stays small. */
 static RUNTIME_COLD int alloc_refused(gmr_runtime_t *rt, size_t size, void **out_ptr) {
@@ -415,7 +454,7 @@ static RUNTIME_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, s
   }
   if (err != 0) return fail(rt, err);
   gmr__history_record(hist, GMR_HIST_ALLOC, (uintptr_t)blk.ptr, size, s);
-  if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  if (rt->trace) trace_write(rt, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
   return 0;
 }
@@ -428,7 +467,7 @@ int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
-  if (GMR_UNLIKELY(rt->trace != NULL)) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
   return 0;
 }
@@ -474,8 +513,7 @@ int gmr_free(gmr_runtime_t *rt, void *ptr) {
   int err = rt->policy->ops->free(rt->policy, &blk);
   if (serialize) gmr__unlock(&rt->lock);
   if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
-  if (GMR_UNLIKELY(rt->trace != NULL))
-    gmr__trace_event(rt->trace, "free", ptr, blk.requested, blk.stream);
+  if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "free", ptr, blk.requested, blk.stream);
   return 0;
 }
 
@@ -498,7 +536,7 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
     err = rt->policy->ops->record_stream(rt->policy, &blk, s);
   policy_unlock(rt);
   if (err != 0) return fail(rt, err);
-  if (rt->trace) gmr__trace_event(rt->trace, "record_stream", ptr, blk.requested, s);
+  if (rt->trace) trace_write(rt, "record_stream", ptr, blk.requested, s);
   return 0;
 }
 
@@ -510,7 +548,7 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt->policy->ops->trim != NULL) err = rt->policy->ops->trim(rt->policy);
   policy_unlock(rt);
   if (err != 0) return fail(rt, err);
-  if (rt->trace) gmr__trace_event(rt->trace, "empty_cache", NULL, 0, NULL);
+  if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
 
@@ -806,13 +844,16 @@ int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
 static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
 static gmr_runtime_t *default_runtimes[DEFAULT_MAX_DEVICES];
 
-/* The default runtimes are never freed: GMR_SNAPSHOT's files are written at
- * exit instead. */
-static void default_snapshots_at_exit(void) {
+/* The default runtimes are never freed: GMR_SNAPSHOT's files are written,
+ * and GMR_TRACE's buffered lines flushed, at exit (failures are logged). */
+static void default_outputs_at_exit(void) {
   pthread_mutex_lock(&default_lock);
-  for (int d = 0; d < DEFAULT_MAX_DEVICES; ++d)
-    if (default_runtimes[d] != NULL && default_runtimes[d]->snapshot_path != NULL)
-      snapshot_at_end(default_runtimes[d]);
+  for (int d = 0; d < DEFAULT_MAX_DEVICES; ++d) {
+    gmr_runtime_t *rt = default_runtimes[d];
+    if (rt == NULL) continue;
+    if (rt->snapshot_path != NULL) (void)snapshot_at_end(rt);
+    if (rt->trace != NULL) (void)gmr__trace_flush(rt->trace);
+  }
   pthread_mutex_unlock(&default_lock);
 }
 
@@ -838,8 +879,9 @@ int gmr_default_runtime(int device, gmr_runtime_t **out) {
       err = gmr_runtime_new(cfg, device, &default_runtimes[device]);
       gmr_config_free(cfg);
       static bool at_exit_registered; /* under default_lock */
-      if (err == 0 && default_runtimes[device]->snapshot_path != NULL && !at_exit_registered)
-        at_exit_registered = atexit(default_snapshots_at_exit) == 0;
+      if (err == 0 && !at_exit_registered &&
+          (default_runtimes[device]->snapshot_path != NULL || default_runtimes[device]->trace))
+        at_exit_registered = atexit(default_outputs_at_exit) == 0;
     }
   }
   if (err == 0) *out = default_runtimes[device];

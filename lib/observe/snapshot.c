@@ -25,12 +25,13 @@
  * the unpickler inside PyTorch's MemoryViz.js also reads (no memo; lists
  * appended in batches of 1000, as Python's pickler does).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "observe/history.h"
 #include "core/internal.h"
 #include "core/runtime.h"
+#include "observe/history.h"
 
 /* ---- the pickle writer ------------------------------------------------------ */
 
@@ -360,9 +361,11 @@ int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
     goto out;
   }
   if (sn.n_segs > 1) qsort(sn.segs, sn.n_segs, sizeof *sn.segs, seg_by_address);
+  errno = 0;
   write_snapshot(out, rt, &sn, entries, n_entries);
   if (fflush(out) != 0 || ferror(out))
-    err = gmr__error_set(GMR_EIO, "gmr_snapshot_write: writing the snapshot failed");
+    err = gmr__error_set(GMR_EIO, "gmr_snapshot_write: writing the snapshot failed: %s",
+                         strerror(errno ? errno : EIO));
 out:
   gmr__free(entries);
   gmr__free(sn.blocks);
