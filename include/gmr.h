@@ -150,8 +150,10 @@ GMR_EXTERN int gmr_empty_cache(gmr_runtime_t *rt);
 /** Count `bytes` of device memory that a framework obtained outside gmr
  * (the interposer charges JAX's cuMemCreate this way) against the runtime's
  * limit; a negative count gives them back.  A stack without a limit accepts
- * every charge.  @return 0, GMR_ENOMEM (the limit would be passed; nothing is
- * counted, and gmr_last_error says so), GMR_EINVAL */
+ * every charge.  A refund gives back at most what is charged and not yet
+ * refunded.  @return 0, GMR_ENOMEM (the limit would be passed; nothing is
+ * counted, and gmr_last_error says so), GMR_EINVAL (a refund beyond the
+ * charges; nothing changes) */
 GMR_EXTERN int gmr_charge(gmr_runtime_t *rt, int64_t bytes);
 /** Declare that one thread makes every call on this runtime (exclusive != 0),
  * as a trace replay does, or that this no longer holds (0).  Policies then

@@ -198,7 +198,34 @@ static void trace_write_failures(void) {
   gmr_config_free(cfg);
 }
 
+/* Class 5: refunds beyond the charges are refused, so no count wraps. */
+static void charge_refunds(void) {
+  static const char *const stacks[] = {"policy: direct\nlimit: {bytes: 1GiB}\n",
+                                       "policy: direct\nlimit: {bytes: 1GiB, counts: reserved}\n"};
+  for (int k = 0; k < 2; ++k) {
+    gmr_runtime_t *rt = sim_runtime(stacks[k], 0, 0);
+    if (rt == NULL) continue;
+    const char *name = k ? "counts: reserved" : "counts: allocated";
+    is_int(gmr_charge(rt, 100 << 20), 0, "%s: charge 100 MiB", name);
+    is_int(gmr_charge(rt, -(200 << 20)), GMR_EINVAL, "  a refund of 200 MiB is refused");
+    like(gmr_last_error(rt), "more than the 100.00 MiB", "  saying what is charged");
+    is_int(gmr_charge(rt, INT64_MIN), GMR_EINVAL, "  so is a refund of 2^63 bytes");
+    void *p = NULL, *q = NULL;
+    is_int(gmr_alloc(rt, (1u << 30) - (100u << 20), NULL, &p), 0,
+           "  the rest of the cap can be allocated");
+    is_int(gmr_alloc(rt, 2 << 20, NULL, &q), GMR_ENOMEM, "  and nothing more: the cap holds");
+    gmr_free(rt, p);
+    is_int(gmr_charge(rt, -(100 << 20)), 0, "  the charge is refunded");
+    is_int(gmr_charge(rt, -1), GMR_EINVAL, "  once");
+    is_int(gmr_alloc(rt, 1u << 30, NULL, &p), 0, "  then the whole cap is free");
+    is_int(gmr_alloc(rt, 2 << 20, NULL, &q), GMR_ENOMEM, "  and still holds");
+    gmr_free(rt, p);
+    gmr_runtime_free(rt);
+  }
+}
+
 int main(void) {
+  charge_refunds();
   trace_write_failures();
   trace_reader();
   trace_collisions();
