@@ -224,7 +224,64 @@ static void charge_refunds(void) {
   }
 }
 
+/* Class 7: the simulator's capacity is bounded (4 PiB) and every capacity it
+ * accepts works: its address space grows with it. */
+static void sim_capacity(void) {
+  static const char *const stacks[] = {
+      "policy: caching\n", "policy: {name: caching, expandable_segments: true}\n", "policy: bfc\n",
+      "policy: {name: bfc, allow_growth: false}\n", "policy: direct\n"};
+  static const uint64_t caps[] = {57ull << 40, 1ull << 50, 1ull << 52};
+  for (int c = 0; c < 3; ++c) {
+    int bad = 0;
+    for (int k = 0; k < 5; ++k) {
+      gmr_runtime_t *rt = sim_runtime(stacks[k], caps[c], 0);
+      void *p = NULL, *q = NULL;
+      if (rt == NULL || gmr_alloc(rt, 1 << 20, NULL, &p) != 0 ||
+          gmr_alloc(rt, caps[c] / 2, NULL, &q) != 0 || gmr_check(rt) != 0) {
+        diag("%s: %s", stacks[k], rt ? gmr_last_error(rt) : "no runtime");
+        ++bad;
+      }
+      if (rt) gmr_free(rt, p), gmr_free(rt, q);
+      gmr_runtime_free(rt);
+    }
+    is_int(bad, 0, "capacity %llu TiB: every stack allocates 1 MiB and half the device",
+           (unsigned long long)(caps[c] >> 40));
+  }
+  gmr_config_t *cfg;
+  gmr_error_t cerr;
+  gmr_config_load_string("policy: direct\n", &cfg, &cerr);
+  gmr_sim_options_t o = {.capacity = (1ull << 52) + 1};
+  gmr_runtime_t *rt = NULL;
+  is_int(gmr_runtime_new_sim(cfg, &o, &rt), GMR_EINVAL, "a capacity above 4 PiB is refused");
+  like(gmr_last_error(NULL), "more than the simulator's limit of 4 PiB", "  saying so");
+  o.capacity = UINT64_MAX;
+  is_int(gmr_runtime_new_sim(cfg, &o, &rt), GMR_EINVAL, "  also 16 EiB");
+  gmr_config_free(cfg);
+}
+
+/* The simulator's live ranges: O(log n) per reserve and release, whatever
+ * the order (a sorted array moved every range behind the one removed). */
+static void sim_many_ranges(void) {
+  size_t n = 200000;
+  gmr_runtime_t *rt = sim_runtime("policy: direct\n", 1ull << 40, 0);
+  void **p = calloc(n, sizeof *p);
+  if (rt == NULL || p == NULL) return;
+  double t0 = now_s();
+  int bad = 0;
+  for (size_t i = 0; i < n; ++i)
+    bad += gmr_alloc(rt, 4096, NULL, &p[i]) != 0;
+  for (size_t i = 0; i < n; ++i) /* oldest first: the worst order for a sorted array */
+    bad += gmr_free(rt, p[i]) != 0;
+  double took = now_s() - t0;
+  is_int(bad, 0, "%zu ranges reserved and released", n);
+  ok(took < 3.0, "  in %.3f s (< 3 s)", took);
+  free(p);
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
+  sim_capacity();
+  sim_many_ranges();
   charge_refunds();
   trace_write_failures();
   trace_reader();

@@ -1,9 +1,12 @@
 /* sim.c: the simulated device, a first-class backend.
  *
  * Two modes:
- *  - address-only (default): addresses come from a fake 64 TiB address space
- *    with no memory behind them, so an 80 GB training trace replays on a
- *    small machine.  Only `capacity` limits what can be reserved.
+ *  - address-only (default): addresses come from a fake address space of
+ *    max(64 TiB, 64 x capacity) with no memory behind them, so an 80 GB
+ *    training trace replays on a small machine, and virtual reservations of
+ *    the whole capacity (expandable segments, one per stream) always fit.
+ *    Only `capacity` limits what can be reserved; it is at most 4 PiB, so
+ *    every address stays below 2^59.
  *  - host-backed: every reservation is real host memory (posix_memalign, so
  *    AddressSanitizer sees each range separately), and virtual ranges are
  *    PROT_NONE mappings whose pages map() makes readable and writable, so
@@ -16,7 +19,7 @@
  * placement).
  *
  * Invariants:
- *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes <= capacity
+ *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes <= capacity <= 4 PiB
  *   free ranges of the fake address space are sorted, disjoint and never
  *   adjacent (merged on release).
  * Synchronization: one mutex guards everything in gmr_sim_t.
@@ -28,10 +31,13 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "core/avl.h"
 #include "core/internal.h"
 
 #define SIM_SPACE_BASE          ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
-#define SIM_SPACE_SIZE          ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
+#define SIM_SPACE_MIN           ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
+#define SIM_SPACE_PER_BYTE      64                             /* addresses per byte of capacity */
+#define SIM_MAX_CAPACITY        ((uint64_t)1 << 52)            /* 4 PiB */
 #define SIM_DEFAULT_CAPACITY    ((uint64_t)80 << 30)
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
 #define SIM_RESERVE_ALIGN       512 /* cudaMalloc's minimum */
@@ -42,12 +48,6 @@ typedef struct sim_range_s {
 } sim_range_t;
 
 typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3 } sim_kind_t;
-
-typedef struct sim_live_s {
-  uintptr_t addr;
-  size_t size;
-  sim_kind_t kind;
-} sim_live_t;
 
 typedef struct sim_stream_s {
   uintptr_t id;
@@ -69,9 +69,9 @@ struct gmr_sim_s {
   /* Fake address space (address-only mode): sorted free ranges. */
   sim_range_t *free_ranges;
   size_t n_free, cap_free;
-  /* Live ranges, sorted by address, to validate release/unmap. */
-  sim_live_t *live;
-  size_t n_live, cap_live;
+  /* Live ranges, to validate release/unmap and map: one AVL tree per kind
+   * (key: address, val: size), so each check costs O(log n). */
+  gmr_avl_t live[4]; /* indexed by sim_kind_t */
   /* Streams. */
   sim_stream_t *streams;
   size_t n_streams, cap_streams;
@@ -104,71 +104,45 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
-/* Index of the first live range with addr >= a. */
-static size_t live_lower(gmr_sim_t *sim, uintptr_t a) {
-  size_t lo = 0, hi = sim->n_live;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (sim->live[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
+  int err = gmr__avl_insert(&sim->live[kind], a, size, 0);
+  if (err == GMR_ENOMEM)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its range table");
+  if (err != 0) /* the device handed out one address twice: a simulator bug */
+    return gmr__error_set(GMR_EDEVICE, "simulated device: %p is already live", (void *)a);
+  return 0;
 }
 
-static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  if (!grow((void **)&sim->live, &sim->cap_live, sim->n_live + 1, sizeof *sim->live))
-    return gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its range table");
-  size_t i = live_lower(sim, a);
-  memmove(&sim->live[i + 1], &sim->live[i], (sim->n_live - i) * sizeof *sim->live);
-  sim->live[i] = (sim_live_t){a, size, kind};
-  ++sim->n_live;
-  return 0;
+static const char *kind_name(sim_kind_t kind) {
+  return kind == SIM_RESERVED ? "reserved" : kind == SIM_VA ? "virtual" : "mapped";
 }
 
 /* Remove exactly (a, size, kind); GMR_EINVAL when no such live range. */
 static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  size_t i = live_lower(sim, a);
-  /* A mapping and its virtual range may start at the same address. */
-  for (; i < sim->n_live && sim->live[i].addr == a; ++i) {
-    if (sim->live[i].kind == kind) {
-      if (sim->live[i].size != size) break;
-      memmove(&sim->live[i], &sim->live[i + 1], (sim->n_live - i - 1) * sizeof *sim->live);
-      --sim->n_live;
-      return 0;
-    }
-  }
-  return gmr__error_set(GMR_EINVAL, "simulated device: no %s range of %zu bytes at %p to give back",
-                        kind == SIM_RESERVED ? "reserved"
-                        : kind == SIM_VA     ? "virtual"
-                                             : "mapped",
-                        size, (void *)a);
+  gmr_avl_node_t *n = gmr__avl_find(&sim->live[kind], a);
+  if (n == NULL || n->val != size)
+    return gmr__error_set(GMR_EINVAL,
+                          "simulated device: no %s range of %zu bytes at %p to give back",
+                          kind_name(kind), size, (void *)a);
+  gmr__avl_erase(&sim->live[kind], a);
+  return 0;
 }
 
-/* The virtual range that wholly contains [a, a+size), or NULL. */
-static sim_live_t *va_containing(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = live_lower(sim, a + 1);
-  while (i > 0) {
-    --i;
-    sim_live_t *r = &sim->live[i];
-    if (r->kind == SIM_VA) return (a >= r->addr && a + size <= r->addr + r->size) ? r : NULL;
-  }
-  return NULL;
+/* Does the virtual range starting last at or before `a` wholly contain
+ * [a, a+size)?  (Virtual ranges never overlap.) */
+static bool va_contains(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->live[SIM_VA], a);
+  return r != NULL && size <= r->val && a - r->key <= r->val - size;
 }
 
 /* Is any page of [a, a+size) already mapped?  Mappings never overlap each
- * other, so only mappings starting inside the range and the last mapping
- * starting before it can touch it. */
+ * other, so only the last mapping starting inside or before the range can
+ * reach into it. */
 static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = live_lower(sim, a + size);
-  while (i > 0) {
-    sim_live_t *r = &sim->live[--i];
-    if (r->kind != SIM_MAPPED) continue;
-    if (r->addr >= a) return true;
-    return r->addr + r->size > a;
-  }
-  return false;
+  if (size == 0) return false;
+  uintptr_t last = a + size - 1 < a ? UINTPTR_MAX : a + size - 1;
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->live[SIM_MAPPED], last);
+  return r != NULL && r->key + r->val > a;
 }
 
 /* ---- the fake address space (first fit, merged free list) ---------------- */
@@ -273,7 +247,7 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
   if (sim->fail_countdown != 0 && --sim->fail_countdown == 0)
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
                           size);
-  if (sim->bytes_in_use + size > sim->capacity || size > sim->capacity) {
+  if (size > sim->capacity || sim->bytes_in_use > sim->capacity - size) {
     char need[32], free_[32];
     gmr__format_size(size, need, sizeof need);
     gmr__format_size(sim->capacity - sim->bytes_in_use, free_, sizeof free_);
@@ -394,8 +368,7 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size) {
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.map_calls;
   int err = 0;
-  if (va_containing(sim, (uintptr_t)addr, size) == NULL ||
-      mapped_overlaps(sim, (uintptr_t)addr, size))
+  if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
     err = gmr__error_set(GMR_EINVAL,
                          "simulated device: cannot map %zu bytes at %p (outside a virtual range, "
                          "or already mapped)",
@@ -529,18 +502,22 @@ static uint64_t sim_now_ns(gmr_backend_t *be) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static void free_reserved(gmr_avl_node_t *n, void *ud) {
+  (void)ud;
+  free((void *)(uintptr_t)n->key);
+}
+static void unmap_va(gmr_avl_node_t *n, void *ud) {
+  (void)ud;
+  munmap((void *)(uintptr_t)n->key, n->val);
+}
+
 static void sim_destroy(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
-  if (sim->host_backed) {
-    /* Give back whatever a policy left behind (it should leave nothing). */
-    for (size_t i = 0; i < sim->n_live; ++i) {
-      sim_live_t *r = &sim->live[i];
-      if (r->kind == SIM_RESERVED) free((void *)r->addr);
-      if (r->kind == SIM_VA) munmap((void *)r->addr, r->size);
-    }
-  }
+  /* Give back whatever a policy left behind (it should leave nothing). */
+  gmr__avl_clear(&sim->live[SIM_RESERVED], sim->host_backed ? free_reserved : NULL, NULL);
+  gmr__avl_clear(&sim->live[SIM_MAPPED], NULL, NULL);
+  gmr__avl_clear(&sim->live[SIM_VA], sim->host_backed ? unmap_va : NULL, NULL);
   gmr__free(sim->free_ranges);
-  gmr__free(sim->live);
   gmr__free(sim->streams);
   pthread_mutex_destroy(&sim->lock);
   gmr__free(sim);
@@ -572,17 +549,28 @@ int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
                           "simulated device: granularity %llu is not a power of two "
                           ">= 4096",
                           (unsigned long long)granularity);
+  uint64_t capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
+  if (capacity > SIM_MAX_CAPACITY) {
+    char c[32];
+    gmr__format_size(capacity, c, sizeof c);
+    return gmr__error_set(GMR_EINVAL,
+                          "simulated device: a capacity of %s (%llu bytes) is more than the "
+                          "simulator's limit of 4 PiB",
+                          c, (unsigned long long)capacity);
+  }
   gmr_sim_t *sim = gmr__calloc(1, sizeof *sim);
   if (sim == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
   sim->base.ops = &sim_ops;
   sim->base.granularity = granularity;
-  sim->capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
+  sim->capacity = capacity;
   sim->host_backed = opts && opts->host_backed;
   if (pthread_mutex_init(&sim->lock, NULL) != 0) goto fail_lock;
   if (!sim->host_backed) {
     if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges))
       goto fail_space;
-    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, SIM_SPACE_SIZE};
+    uintptr_t space = (uintptr_t)sim->capacity * SIM_SPACE_PER_BYTE;
+    if (space < SIM_SPACE_MIN) space = SIM_SPACE_MIN;
+    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, space};
     sim->n_free = 1;
   }
   *out = &sim->base;
