@@ -279,7 +279,82 @@ static void sim_many_ranges(void) {
   gmr_runtime_free(rt);
 }
 
+/* Callbacks that call the runtime again (gmr_walk, gmr_stats_foreach, and a
+ * FILE whose writes allocate, for gmr_summary) neither deadlock nor see a
+ * half-changed state; alarm() turns a hang into a failure. */
+typedef struct reenter_s {
+  gmr_runtime_t *rt;
+  int calls, errors, depth;
+} reenter_t;
+
+static void reenter(reenter_t *r) {
+  void *p = NULL;
+  gmr_stats_t st;
+  if (gmr_alloc(r->rt, 4096, NULL, &p) != 0 || gmr_free(r->rt, p) != 0 ||
+      gmr_stats(r->rt, &st) != 0 || gmr_check(r->rt) != 0)
+    ++r->errors;
+  ++r->calls;
+}
+
+static int walk_reenter(const gmr_walk_entry_t *e, void *ud) {
+  reenter_t *r = ud;
+  (void)e;
+  reenter(r);
+  if (r->depth++ == 0) { /* a walk inside the walk */
+    int rc = gmr_walk(r->rt, walk_reenter, r);
+    if (rc != 0 && rc != GMR_ENOTSUP) ++r->errors;
+  }
+  return 0;
+}
+
+static int stat_reenter(const char *key, int64_t value, void *ud) {
+  (void)key, (void)value;
+  reenter(ud);
+  int64_t v;
+  if (gmr_stat_get(((reenter_t *)ud)->rt, "num_allocs", &v) != 0) ++((reenter_t *)ud)->errors;
+  return 0;
+}
+
+static ssize_t file_reenter(void *cookie, const char *buf, size_t size) {
+  (void)buf;
+  reenter(cookie);
+  return (ssize_t)size;
+}
+
+static void callbacks_reenter(void) {
+  static const char *const stacks[] = {
+      "policy: direct\n", "policy: caching\n", "policy: bfc\n",
+      "policy: {name: caching, expandable_segments: true}\nlimit: {bytes: 1GiB}\n"};
+  alarm(60);
+  for (int k = 0; k < 4; ++k) {
+    gmr_runtime_t *rt = sim_runtime(stacks[k], 1ull << 30, 0);
+    if (rt == NULL) continue;
+    void *keep = NULL;
+    gmr_alloc(rt, 1 << 20, NULL, &keep);
+    const char *name = gmr_runtime_policy(rt);
+    reenter_t r = {rt, 0, 0, 0};
+    int rc = gmr_walk(rt, walk_reenter, &r);
+    ok((rc == 0 && r.calls > 0 && r.errors == 0) || rc == GMR_ENOTSUP,
+       "%s: a gmr_walk callback allocates, frees, checks and walks (%d calls)", name, r.calls);
+    r = (reenter_t){rt, 0, 0, 0};
+    rc = gmr_stats_foreach(rt, stat_reenter, &r);
+    ok(rc == 0 && r.calls > 0 && r.errors == 0, "  a gmr_stats_foreach callback too (%d calls)",
+       r.calls);
+    r = (reenter_t){rt, 0, 0, 0};
+    FILE *f = fopencookie(&r, "w", (cookie_io_functions_t){.write = file_reenter});
+    setvbuf(f, NULL, _IONBF, 0);
+    rc = gmr_summary(rt, f);
+    ok(rc == 0 && r.calls > 0 && r.errors == 0,
+       "  and a FILE given to gmr_summary whose writes allocate (%d calls)", r.calls);
+    fclose(f);
+    gmr_free(rt, keep);
+    gmr_runtime_free(rt);
+  }
+  alarm(0);
+}
+
 int main(void) {
+  callbacks_reenter();
   sim_capacity();
   sim_many_ranges();
   charge_refunds();

@@ -19,8 +19,9 @@
 #include "backend/backend.h"
 #include "observe/history.h"
 
+/* Acquire: pairs with the runtime's release store (see runtime.c). */
 static inline gmr_history_t *history_of(gmr_backend_t *be) {
-  return atomic_load_explicit(&be->history, memory_order_relaxed);
+  return atomic_load_explicit(&be->history, memory_order_acquire);
 }
 
 static void counter_add_peak(_Atomic uint64_t *cur, _Atomic uint64_t *peak, uint64_t n) {

@@ -25,8 +25,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "gmr.h"
 #include "core/internal.h"
+#include "gmr.h"
 
 typedef struct gmr_backend_s gmr_backend_t;
 typedef struct gmr_history_s gmr_history_t; /* history.h */
@@ -118,7 +118,7 @@ void gmr__history_free_completed_slow(gmr_history_t *h, const void *ptr, size_t 
 static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr, size_t requested,
                                                gmr_stream_t s) {
   for (; be != NULL; be = be->forwards_to) {
-    gmr_history_t *h = atomic_load_explicit(&be->history, memory_order_relaxed);
+    gmr_history_t *h = atomic_load_explicit(&be->history, memory_order_acquire);
     if (GMR_UNLIKELY(h != NULL)) {
       gmr__history_free_completed_slow(h, ptr, requested, s);
       return;

@@ -415,8 +415,11 @@ static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
   return gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
 }
 
+/* Acquire: pairs with the release of gmr_history_enable's store, so a thread
+ * that sees the history also sees it initialized (its mutex, ring and clock),
+ * on every memory model (aarch64 included), not only on x86. */
 static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
-  return atomic_load_explicit(&rt->history, memory_order_relaxed);
+  return atomic_load_explicit(&rt->history, memory_order_acquire);
 }
 
 /* The policy's allocation and the map insertion, under the locks. */
@@ -614,19 +617,61 @@ void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
   policy_unlock(rt);
 }
 
+typedef struct stat_vec_s {
+  gmr_strbuf_t keys; /* the keys, each NUL-terminated, one after another */
+  int64_t *values;
+  size_t *key_at; /* offsets into keys */
+  size_t n, cap;
+  bool failed;
+} stat_vec_t;
+
+static int stat_collect(const char *key, int64_t value, void *ud) {
+  stat_vec_t *v = ud;
+  if (v->n == v->cap) {
+    size_t cap = v->cap ? v->cap * 2 : 128;
+    int64_t *values = gmr__realloc(v->values, cap * sizeof *values);
+    if (values != NULL) v->values = values;
+    size_t *key_at = values ? gmr__realloc(v->key_at, cap * sizeof *key_at) : NULL;
+    if (key_at != NULL) v->key_at = key_at;
+    if (values == NULL || key_at == NULL) {
+      v->failed = true;
+      return 1;
+    }
+    v->cap = cap;
+  }
+  v->key_at[v->n] = v->keys.len;
+  gmr__sb_puts(&v->keys, key);
+  gmr__sb_puts(&v->keys, "\x01"); /* a separator, made NUL below */
+  if (v->keys.failed) {
+    v->failed = true;
+    return 1;
+  }
+  v->values[v->n++] = value;
+  return 0;
+}
+
 int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats_foreach: NULL");
-  int err;
-  if (rt->policy->ops->stats_foreach != NULL) {
-    policy_lock(rt);
-    err = rt->policy->ops->stats_foreach(rt->policy, cb, ud);
-    policy_unlock(rt);
-  } else {
+  if (rt->policy->ops->stats_foreach == NULL) {
     gmr_stats_t st;
     gmr_stats(rt, &st);
-    err = gmr__stats_foreach_common(&st, cb, ud);
+    return gmr__stats_foreach_common(&st, cb, ud); /* no lock is held */
   }
-  return err;
+  stat_vec_t v;
+  memset(&v, 0, sizeof v);
+  policy_lock(rt);
+  int err = rt->policy->ops->stats_foreach(rt->policy, stat_collect, &v);
+  policy_unlock(rt);
+  if (err == 0 && v.failed)
+    err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
+  for (size_t i = 0; i < v.keys.len; ++i)
+    if (v.keys.data[i] == '\x01') v.keys.data[i] = '\0';
+  for (size_t i = 0; err == 0 && i < v.n; ++i)
+    if (cb(v.keys.data + v.key_at[i], v.values[i], ud) != 0) break;
+  gmr__sb_free(&v.keys);
+  gmr__free(v.values);
+  gmr__free(v.key_at);
+  return err ? fail(rt, err) : 0;
 }
 
 typedef struct stat_find_s {
@@ -662,19 +707,61 @@ int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out) {
 
 int gmr_summary(gmr_runtime_t *rt, FILE *out) {
   if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_summary: NULL argument");
-  if (rt->policy->ops->summary != NULL) {
-    policy_lock(rt);
-    int err = rt->policy->ops->summary(rt->policy, out);
-    policy_unlock(rt);
-    return err;
+  if (rt->policy->ops->summary == NULL) {
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
   }
-  gmr_stats_t st;
-  gmr_stats(rt, &st);
-  return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
+  /* The text is written to memory under the lock and to `out` after it (a
+   * FILE may have write functions of its own that call gmr). */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  if (mem == NULL)
+    return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text"));
+  policy_lock(rt);
+  int err = rt->policy->ops->summary(rt->policy, mem);
+  policy_unlock(rt);
+  if (fclose(mem) != 0 && err == 0)
+    err = gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text");
+  if (err == 0 && len > 0 && (fwrite(text, 1, len, out) != len || ferror(out)))
+    err = gmr__error_set(GMR_EIO, "gmr_summary: writing the summary failed: %s", strerror(errno));
+  free(text);
+  return err ? fail(rt, err) : 0;
 }
 
 const char *gmr_last_error(gmr_runtime_t *rt) {
   return gmr__error_text(rt);
+}
+
+/* Re-entrance.  gmr_walk, gmr_stats_foreach and gmr_summary call back into
+ * the caller (a walk or statistics callback, the FILE's own write function)
+ * while the policy would be locked, and a callback that calls the runtime
+ * again (allocates, frees, walks) would wait for that lock forever.  So the
+ * policy hands its entries to a collector under the lock, and the caller's
+ * callback sees the copies after the lock is released: any callback may call
+ * any gmr function.  Costs one host allocation per call, never the hot path. */
+
+typedef struct walk_vec_s {
+  gmr_walk_entry_t *v;
+  size_t n, cap;
+  bool failed; /* out of host memory */
+} walk_vec_t;
+
+static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
+  walk_vec_t *w = ud;
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 64;
+    gmr_walk_entry_t *v = gmr__realloc(w->v, cap * sizeof *v);
+    if (v == NULL) {
+      w->failed = true;
+      return 1;
+    }
+    w->v = v;
+    w->cap = cap;
+  }
+  w->v[w->n++] = *e; /* `pool` names are string literals */
+  return 0;
 }
 
 int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
@@ -682,9 +769,15 @@ int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   if (rt->policy->ops->walk == NULL)
     return fail(
         rt, gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk", rt->policy_name));
+  walk_vec_t w = {NULL, 0, 0, false};
   policy_lock(rt);
-  int err = rt->policy->ops->walk(rt->policy, cb, ud);
+  int err = rt->policy->ops->walk(rt->policy, walk_collect, &w);
   policy_unlock(rt);
+  if (err == 0 && w.failed)
+    err = gmr__error_set(GMR_ENOMEM, "gmr_walk: out of host memory for the segment list");
+  for (size_t i = 0; err == 0 && i < w.n; ++i)
+    if (cb(&w.v[i], ud) != 0) break;
+  gmr__free(w.v);
   return err ? fail(rt, err) : 0;
 }
 
@@ -754,8 +847,9 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
     else
       err = gmr__history_resize(rt->history_store, max_entries);
     if (err == 0) {
-      atomic_store(&rt->backend->history, rt->history_store);
-      atomic_store(&rt->history, rt->history_store);
+      /* Release (seq_cst): publishes the history's initialization. */
+      atomic_store_explicit(&rt->backend->history, rt->history_store, memory_order_release);
+      atomic_store_explicit(&rt->history, rt->history_store, memory_order_release);
     }
   }
   gmr__unlock(&rt->lock);
