@@ -20,12 +20,12 @@ static const char *const fuzz_stacks[] = {
     "policy: caching\n",
     "policy: {name: caching, expandable_segments: true}\n",
     "policy: {name: caching, max_split_size: 128MiB, garbage_collection_threshold: 0.5}\n",
-    "policy: {name: bfc, memory_limit: 256MiB}\n",
+    "policy: {name: bfc, allow_growth: true, memory_limit: 512MiB}\n",
     "policy: {name: bfc, allow_growth: false, memory_limit: 256MiB}\n",
     "policy: direct\nlimit: {bytes: 64MiB}\n",
     "policy: caching\nlimit: {bytes: 128MiB, counts: reserved}\n",
     "policy: {name: caching, expandable_segments: true}\nlimit: {bytes: 128MiB}\n",
-    "policy: {name: bfc, memory_limit: 256MiB}\nlimit: {bytes: 96MiB}\n",
+    "policy: {name: bfc, allow_growth: true}\nlimit: {bytes: 96MiB}\n",
     "policy: {name: bfc, memory_limit: 256MiB}\nlimit: {bytes: 128MiB, counts: reserved}\n",
 };
 #define FUZZ_N_STACKS (sizeof fuzz_stacks / sizeof fuzz_stacks[0])
