@@ -78,10 +78,11 @@ def configure(config=None):
     lib = _library()
     if config is None:
         return os.environ.get("GMR_CONFIG") or None
-    path = os.path.abspath(os.fspath(config))
+    # str, bytes or path-like; the environment holds it as text
+    path = os.fsdecode(os.path.abspath(os.fspath(config)))
     cfg = ctypes.c_void_p()
     err = _Error()
-    rc = lib.gmr_config_load_file(path.encode(), ctypes.byref(cfg), ctypes.byref(err))
+    rc = lib.gmr_config_load_file(os.fsencode(path), ctypes.byref(cfg), ctypes.byref(err))
     if rc != 0:
         raise ValueError("gmr: %s" % err.message.decode(errors="replace"))
     lib.gmr_config_free(cfg)
@@ -98,14 +99,16 @@ def configure(config=None):
 def _runtime(device):
     global _frozen
     lib = _library()
-    if not isinstance(device, int) or device < 0:
-        raise ValueError("gmr: device must be a CUDA ordinal (an int >= 0), not %r" % (device,))
+    # a C int: 2**32 would silently be device 0
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < 2**31:
+        raise ValueError("gmr: device must be a CUDA ordinal (an int in [0, 2**31)), not %r"
+                         % (device,))
     rt = ctypes.c_void_p()
-    _frozen = True
     rc = lib.gmr_default_runtime(device, ctypes.byref(rt))
-    if rc != 0:
+    if rc != 0:  # no runtime was built: configure() may still choose another file
         raise GmrError(rc, "gmr: no runtime for device %d: %s" % (
             device, lib.gmr_hooks_last_error().decode(errors="replace")))
+    _frozen = True
     return rt
 
 
@@ -204,9 +207,11 @@ def empty_cache(device=0):
 
 def _write_with(fn, rt, path, what):
     c = libc()
-    f = c.fopen(os.fspath(path).encode(), b"wb")
+    f = c.fopen(os.fsencode(path), b"wb")
     if not f:
-        raise OSError(ctypes.get_errno(), "gmr: cannot open %s for writing" % path)
+        e = ctypes.get_errno()
+        raise OSError(e, "gmr: cannot open %s for writing: %s" % (os.fsdecode(path),
+                                                                  os.strerror(e)), path)
     try:
         rc = fn(rt, f)
     finally:
