@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/internal.h"
 #include "gmr.h"
 #include "gmr_replay.h"
 #include "sim-runtime.h"
@@ -353,7 +354,28 @@ static void callbacks_reenter(void) {
   alarm(0);
 }
 
+/* Class 12: a well-formed size past 64 bits is "too large", not "not a size". */
+static void size_parsing(void) {
+  static const char *const big[] = {"16EiB", "0x10000000000000000", "1e30", "17179869184GiB"};
+  for (int i = 0; i < 4; ++i) {
+    uint64_t v = 7;
+    bool too_large = false;
+    int rc = gmr__parse_size_why(big[i], &v, &too_large);
+    ok(rc == GMR_EINVAL && too_large && v == 7, "'%s' is too large for 64 bits", big[i]);
+  }
+  static const char *const bad[] = {"inf", "nan", "12x", "-1", ""};
+  for (int i = 0; i < 5; ++i) {
+    uint64_t v = 7;
+    bool too_large = true;
+    int rc = gmr__parse_size_why(bad[i], &v, &too_large);
+    ok(rc == GMR_EINVAL && !too_large && v == 7, "'%s' is not a size", bad[i]);
+  }
+  uint64_t v = 0;
+  ok(gmr_parse_size("15.5EiB", &v) == 0 && v == 17870283321406128128ull, "15.5EiB still fits");
+}
+
 int main(void) {
+  size_parsing();
   callbacks_reenter();
   sim_capacity();
   sim_many_ranges();

@@ -88,6 +88,9 @@ static inline bool gmr__is_pow2(uint64_t x) {
 }
 /* Parse "512MiB", "8GiB", "1.5GB", "4096"; GMR_EINVAL when malformed. */
 int gmr__parse_size(const char *text, uint64_t *out);
+/* The same; on GMR_EINVAL, *too_large tells a well-formed size past 2^64 - 1
+ * ("16EiB", "0x10000000000000000") from malformed text. */
+int gmr__parse_size_why(const char *text, uint64_t *out, bool *too_large);
 /* "1.50 GiB" style, for messages. */
 void gmr__format_size(uint64_t bytes, char *buf, size_t len);
 
