@@ -10,7 +10,7 @@
 #include "fuzz.h"
 #include "gmr_replay.h"
 
-#define FUZZ_MAX_EVENTS 2000
+#define FUZZ_MAX_EVENTS 256
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gmr_trace_data_t *t = NULL;

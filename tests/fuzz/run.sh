@@ -19,7 +19,7 @@ for n in $names; do
   mkdir -p "$out/corpus-$n"
   case $n in
   config) max_len=4096 ;;
-  trace) max_len=16384 ;;
+  trace) max_len=4096 ;;
   *) max_len=2048 ;;
   esac
   fork=""
