@@ -1,7 +1,7 @@
 /* caching-traces.c: the caching policy against PyTorch on real traces.
  *
- * Replays traces/gpt2_train.csv, resnet50_train.csv and
- * gpt2_varlen_train.csv (recorded from PyTorch 2.11 on an H200 of 143771 MiB)
+ * Replays traces/gpt2_train.csv, resnet50_train.csv, gpt2_varlen_train.csv
+ * and gpt2_generate.csv (recorded from PyTorch 2.11 on an H200 of 143771 MiB)
  * on a simulated device of that size and compares with PyTorch's own figures
  * (traces/figures.md, read at run time): peak reserved bytes and peak
  * segment count exactly under the default settings and max_split_size_mb:128,
@@ -246,6 +246,7 @@ int main(void) {
   check_trace("gpt2_train");
   check_trace("resnet50_train");
   check_trace("gpt2_varlen_train");
+  check_trace("gpt2_generate");
   check_summary();
   return done_testing();
 }

@@ -1,4 +1,4 @@
-/* bfc.c: the `bfc` policy, TensorFlow's best-fit-with-coalescing allocator.
+/* bfc.c: the core of the `bfc` policy, TensorFlow's best-fit-with-coalescing allocator.
  *
  * A faithful C version of tsl::BFCAllocator as TF 2.15-2.16 ships it (the
  * [TSL-M] reference of docs/bfc.md), wrapped the way GPUBFCAllocator and
@@ -14,7 +14,7 @@
  * 0.9x while the device refuses, with XLA's strict-progress fix), then
  * garbage collection of wholly free regions and Extend again, then, when
  * allowed, a bounded wait for frees by other threads (10 s by default) and a
- * last attempt that writes TensorFlow's OOM report.
+ * last attempt that writes TensorFlow's OOM report (report.c, with the summary).
  *
  * Invariants (checked by bfc_check):
  *   for every region R with chunks c_1..c_k (prev/next links):
@@ -36,16 +36,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "policy.h"
-
-#define BFC_MIN_ALLOC_BITS   8
-#define BFC_MIN_ALLOC        ((size_t)1 << BFC_MIN_ALLOC_BITS) /* 256 bytes */
-#define BFC_NUM_BINS         21
-#define BFC_MAX_FRAG_DEFAULT ((size_t)128 << 20) /* 128 MiB */
-#define BFC_BACKPEDAL        0.9f                /* float, as TF's kBackpedalFactor */
-#define BFC_MAX_FAILURE_LOGS 10
-#define BFC_INVALID_HANDLE   ((uint64_t)SIZE_MAX) /* printed as 18446744073709551615 */
-#define BFC_SLAB             256                  /* chunk records per host allocation */
+#include "bfc.h"
 
 /* ---- options ----------------------------------------------------------------- */
 
@@ -67,125 +58,7 @@ typedef struct bfc_opts_s {
   int environment;               /* BFC_ENV_*: whose environment variables to honour */
 } bfc_opts_t;
 
-/* ---- data model ---------------------------------------------------------------- */
-
-typedef struct bfc_region_s bfc_region_t;
-
-/* One chunk: a piece of a region, wholly in use or wholly free. */
-typedef struct bfc_chunk_s {
-  uintptr_t ptr;                    /* device address */
-  size_t size;                      /* bytes, a multiple of 256 */
-  size_t requested;                 /* bytes the user asked for (kept after free, as TF) */
-  int64_t allocation_id;            /* -1: free; else unique, from 1 */
-  struct bfc_chunk_s *prev, *next;  /* physical neighbours in the region; NULL at its edges */
-  struct bfc_chunk_s *left, *right; /* bin tree children while free; free-list link (left) */
-  bfc_region_t *region;             /* the region holding the chunk */
-  uint32_t handle;                  /* stable number for the dump */
-  int8_t height;                    /* AVL height while binned */
-  int8_t bin;                       /* bin index while free, -1 while in use */
-} bfc_chunk_t;
-
-/* A device range the region was built from (one reserve or one map call). */
-typedef struct bfc_piece_s {
-  void *ptr;   /* device address */
-  size_t size; /* bytes */
-} bfc_piece_t;
-
-struct bfc_region_s {
-  uintptr_t ptr;       /* device address of the first byte */
-  size_t size;         /* bytes = Σ piece sizes */
-  bfc_chunk_t *first;  /* the chunk at ptr */
-  bfc_chunk_t *last;   /* the chunk ending at ptr + size */
-  bfc_piece_t *pieces; /* what to give back to the backend */
-  size_t n_pieces, cap_pieces;
-};
-
-typedef struct bfc_bin_s {
-  bfc_chunk_t *root; /* AVL tree by (size, ptr) */
-  size_t count;      /* free chunks */
-} bfc_bin_t;
-
-typedef struct bfc_slab_s {
-  struct bfc_slab_s *next;
-  bfc_chunk_t chunks[BFC_SLAB];
-} bfc_slab_t;
-
-typedef struct bfc_s {
-  gmr_policy_t base; /* must be first */
-  pthread_mutex_t lock;
-  pthread_cond_t freed; /* signalled after frees while waiters > 0 */
-  int waiters;          /* allocations waiting for frees */
-
-  /* Configuration: immutable after create. */
-  char name[128];                /* "GPU_0_bfc" */
-  uint64_t limit;                /* memory_limit_, bytes */
-  size_t max_frag;               /* split when the waste would be at least this, bytes */
-  bool gc, retry, coalesce, vmm; /* garbage_collection, allow_retry, coalescing, VMM */
-  uint64_t retry_ns;             /* wait for frees, nanoseconds */
-  bool exclusive;                /* one thread makes every call: waiting is pointless */
-  uintptr_t va_base;             /* VMM: the reserved virtual range */
-  size_t va_size;                /* VMM: bytes of it */
-
-  /* State (under lock). */
-  size_t va_used;           /* VMM: bytes mapped from va_base */
-  size_t curr_region_bytes; /* next region's target size, bytes */
-  bfc_region_t **regions;   /* sorted by address */
-  size_t n_regions, cap_regions;
-  bfc_bin_t bins[BFC_NUM_BINS];
-  uint32_t nonempty;       /* bit i: bins[i].count > 0 */
-  bfc_chunk_t *chunk_pool; /* recycled records, linked by left */
-  bfc_slab_t *slabs;
-  uint32_t n_handles; /* records handed out by slabs so far */
-  int64_t next_allocation_id;
-  size_t free_chunks; /* chunks in bins */
-
-  /* Statistics (under lock). */
-  int64_t num_allocs;   /* since creation or reset_accumulated */
-  int64_t bytes_in_use; /* Σ in-use chunk sizes */
-  int64_t peak_bytes_in_use;
-  int64_t largest_alloc_size; /* largest chunk handed out since the last reset_peak */
-  int64_t pool_bytes;         /* Σ region sizes */
-  int64_t peak_pool_bytes;
-  gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
-  gmr_stat_t allocations; /* in-use chunks */
-  uint64_t num_frees, ooms, retries;
-  bool gc_to_log; /* a garbage collection happened; log it outside the lock */
-} bfc_t;
-
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
-
-static inline size_t bfc_rounded(size_t n) {
-  return (n + BFC_MIN_ALLOC - 1) / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
-}
-static inline int bfc_bin_for(size_t size) {
-  size_t v = size >> BFC_MIN_ALLOC_BITS;
-  int b = v ? 63 - __builtin_clzll((unsigned long long)v) : 0;
-  return b < BFC_NUM_BINS - 1 ? b : BFC_NUM_BINS - 1;
-}
-static inline size_t bfc_bin_size(int b) {
-  return BFC_MIN_ALLOC << b;
-}
-
-/* HumanReadableNumBytes of tsl/platform/numbers.cc: "512B", "3.0KiB", "34.10MiB". */
-static void bfc_hr(int64_t n, char *buf, size_t len) {
-  if (n == INT64_MIN) {
-    snprintf(buf, len, "-8E");
-    return;
-  }
-  const char *neg = n < 0 ? "-" : "";
-  if (n < 0) n = -n;
-  if (n < 1024) {
-    snprintf(buf, len, "%s%lldB", neg, (long long)n);
-    return;
-  }
-  static const char units[] = "KMGTPE";
-  int u = 0;
-  while (n >= (int64_t)1024 * 1024) {
-    n /= 1024;
-    ++u;
-  }
-  snprintf(buf, len, u == 0 ? "%s%.1f%ciB" : "%s%.2f%ciB", neg, (double)n / 1024.0, units[u]);
-}
 
 /* ---- chunk records ------------------------------------------------------------- */
 
@@ -320,11 +193,6 @@ static bfc_chunk_t *avl_min(bfc_chunk_t *n) {
     n = n->left;
   return n;
 }
-static bfc_chunk_t *avl_max(bfc_chunk_t *n) {
-  while (n && n->right)
-    n = n->right;
-  return n;
-}
 
 static void bfc_bin_insert(bfc_t *b, bfc_chunk_t *c) {
   gmr_assert_internal(c->allocation_id == -1 && c->bin == -1);
@@ -353,12 +221,6 @@ static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
   if (c != NULL) return c;
   uint32_t higher = b->nonempty & ~((2u << i) - 1);
   return higher ? avl_min(b->bins[__builtin_ctz(higher)].root) : NULL;
-}
-
-static size_t bfc_largest_free(const bfc_t *b) {
-  if (b->nonempty == 0) return 0;
-  int i = 31 - __builtin_clz(b->nonempty);
-  return avl_max(b->bins[i].root)->size;
 }
 
 /* ---- chunks: split and merge ------------------------------------------------------ */
@@ -623,184 +485,6 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   return NULL;
 }
 
-/* ---- the OOM report (AllocateRawInternal's banner, DumpMemoryLog, RenderOccupancy) -- */
-
-typedef struct bfc_bin_info_s {
-  uint64_t bytes_in_bin, bytes_in_use, requested_in_use;
-  uint64_t chunks_in_bin, chunks_in_use;
-} bfc_bin_info_t;
-
-static void bfc_bin_infos(const bfc_t *b, bfc_bin_info_t info[BFC_NUM_BINS]) {
-  memset(info, 0, sizeof(bfc_bin_info_t) * BFC_NUM_BINS);
-  for (size_t i = 0; i < b->n_regions; ++i)
-    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      bfc_bin_info_t *bi = &info[bfc_bin_for(c->size)];
-      bi->bytes_in_bin += c->size;
-      ++bi->chunks_in_bin;
-      if (c->allocation_id != -1) {
-        bi->bytes_in_use += c->size;
-        bi->requested_in_use += c->requested;
-        ++bi->chunks_in_use;
-      }
-    }
-}
-
-static void bfc_chunk_debug(gmr_strbuf_t *sb, const bfc_chunk_t *c, bool recurse) {
-  char s[32], r[32];
-  bfc_hr((int64_t)c->size, s, sizeof s);
-  bfc_hr((int64_t)c->requested, r, sizeof r);
-  gmr__sb_printf(sb, "  Size: %s | Requested Size: %s | in_use: %d | bin_num: %d", s, r,
-                 c->allocation_id != -1, c->bin);
-  if (recurse && c->prev) {
-    gmr__sb_puts(sb, ", prev: ");
-    bfc_chunk_debug(sb, c->prev, false);
-  }
-  if (recurse && c->next) {
-    gmr__sb_puts(sb, ", next: ");
-    bfc_chunk_debug(sb, c->next, false);
-  }
-}
-
-static void bfc_inorder_debug(gmr_strbuf_t *sb, const bfc_chunk_t *n) {
-  if (n == NULL) return;
-  bfc_inorder_debug(sb, n->left);
-  bfc_chunk_debug(sb, n, true);
-  gmr__sb_puts(sb, "\n");
-  bfc_inorder_debug(sb, n->right);
-}
-
-static int bfc_cmp_size(const void *x, const void *y) {
-  size_t a = *(const size_t *)x, c = *(const size_t *)y;
-  return a < c ? -1 : a > c;
-}
-
-static void bfc_render_range(char *out, uint64_t total, uint64_t offset, uint64_t size, char ch) {
-  uint64_t start = offset * 100 / total, end = (offset + size - 1) * 100 / total;
-  for (uint64_t i = start; i <= end && i < 100; ++i)
-    out[i] = ch;
-}
-
-/* RenderOccupancy: 100 characters, '_' free, '*' requested, 'x' waste. */
-static void bfc_render(const bfc_t *b, gmr_strbuf_t *sb) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < b->n_regions; ++i)
-    total += b->regions[i]->size;
-  if (total == 0) {
-    gmr__sb_puts(sb, "<allocator contains no memory>");
-    return;
-  }
-  char map[101];
-  memset(map, '_', 100);
-  map[100] = '\0';
-  uint64_t offset = 0;
-  for (size_t i = 0; i < b->n_regions; ++i) {
-    const bfc_region_t *r = b->regions[i];
-    for (const bfc_chunk_t *c = r->first; c; c = c->next) {
-      if (c->allocation_id == -1) continue;
-      uint64_t at = offset + (c->ptr - r->ptr);
-      if (c->size > c->requested)
-        bfc_render_range(map, total, at + c->requested, c->size - c->requested, 'x');
-      if (c->requested > 0) bfc_render_range(map, total, at, c->requested, '*');
-    }
-    offset += r->size;
-  }
-  gmr__sb_puts(sb, map);
-}
-
-/* DumpMemoryLog(rounded) into `sb`, one LOG line per text line; `rounded`
- * 0 leaves out the "Bin for" section (gmr_summary). */
-static void bfc_dump(const bfc_t *b, size_t rounded, gmr_strbuf_t *sb) {
-  bfc_bin_info_t info[BFC_NUM_BINS];
-  bfc_bin_infos(b, info);
-  char h1[32], h2[32], h3[32];
-  gmr__sb_printf(sb, "BFCAllocator dump for %s\n", b->name);
-  for (int i = 0; i < BFC_NUM_BINS; ++i) {
-    bfc_hr((int64_t)info[i].bytes_in_bin, h1, sizeof h1);
-    bfc_hr((int64_t)info[i].bytes_in_use, h2, sizeof h2);
-    bfc_hr((int64_t)info[i].requested_in_use, h3, sizeof h3);
-    gmr__sb_printf(sb,
-                   "Bin (%zu): \tTotal Chunks: %llu, Chunks in use: %llu. %s allocated for "
-                   "chunks. %s in use in bin. %s client-requested in use in bin.\n",
-                   bfc_bin_size(i), (unsigned long long)info[i].chunks_in_bin,
-                   (unsigned long long)info[i].chunks_in_use, h1, h2, h3);
-  }
-  if (rounded > 0) { /* 0: a summary, not a failed request */
-    int want = bfc_bin_for(rounded);
-    bfc_hr((int64_t)rounded, h1, sizeof h1);
-    bfc_hr((int64_t)bfc_bin_size(want), h2, sizeof h2);
-    gmr__sb_printf(sb, "Bin for %s was %s, Chunk State: \n", h1, h2);
-    bfc_inorder_debug(sb, b->bins[want].root);
-  }
-  size_t n_in_use = (size_t)b->allocations.current, k = 0;
-  size_t *sizes = gmr__malloc((n_in_use ? n_in_use : 1) * sizeof *sizes);
-  for (size_t i = 0; i < b->n_regions; ++i) {
-    gmr__sb_printf(sb, "Next region of size %zu\n", b->regions[i]->size);
-    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      bool used = c->allocation_id != -1;
-      if (used && sizes && k < n_in_use) sizes[k++] = c->size;
-      gmr__sb_printf(sb, "%s at %llx of size %zu next %llu\n", used ? "InUse" : "Free ",
-                     (unsigned long long)c->ptr, c->size,
-                     (unsigned long long)(c->next ? c->next->handle : BFC_INVALID_HANDLE));
-    }
-  }
-  gmr__sb_puts(sb, "     Summary of in-use Chunks by size: \n");
-  uint64_t total = 0;
-  if (sizes != NULL) {
-    qsort(sizes, k, sizeof *sizes, bfc_cmp_size);
-    for (size_t i = 0; i < k;) {
-      size_t j = i;
-      while (j < k && sizes[j] == sizes[i])
-        ++j;
-      bfc_hr((int64_t)(sizes[i] * (j - i)), h1, sizeof h1);
-      gmr__sb_printf(sb, "%zu Chunks of size %zu totalling %s\n", j - i, sizes[i], h1);
-      total += sizes[i] * (j - i);
-      i = j;
-    }
-    gmr__free(sizes);
-  }
-  bfc_hr((int64_t)total, h1, sizeof h1);
-  gmr__sb_printf(sb, "Sum Total of in-use chunks: %s\n", h1);
-  gmr__sb_printf(sb,
-                 "Total bytes in pool: %lld memory_limit_: %llu available bytes: %lld "
-                 "curr_region_allocation_bytes_: %zu\n",
-                 (long long)b->pool_bytes, (unsigned long long)b->limit,
-                 (long long)((int64_t)b->limit - b->pool_bytes), b->curr_region_bytes);
-  /* tsl::AllocatorStats::DebugString (raw integers, as tsl prints them). */
-  gmr__sb_printf(sb,
-                 "Stats: \nLimit:            %20lld\nInUse:            %20lld\n"
-                 "MaxInUse:         %20lld\nNumAllocs:        %20lld\n"
-                 "MaxAllocSize:     %20lld\nReserved:         %20lld\n"
-                 "PeakReserved:     %20lld\nLargestFreeBlock: %20lld\n\n",
-                 (long long)b->limit, (long long)b->bytes_in_use, (long long)b->peak_bytes_in_use,
-                 (long long)b->num_allocs, (long long)b->largest_alloc_size, 0LL, 0LL,
-                 (long long)bfc_largest_free(b));
-}
-
-/* The full OOM text: banner, dump, occupancy map.  Sets the thread's error. */
-static int bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded) {
-  gmr_strbuf_t sb = {0};
-  char h[32];
-  bfc_hr((int64_t)num_bytes, h, sizeof h);
-  gmr__sb_printf(&sb,
-                 "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu)"
-                 "requested by op \n"
-                 "If the cause is memory fragmentation maybe the environment variable "
-                 "'TF_GPU_ALLOCATOR=cuda_malloc_async' will improve the situation. \n"
-                 "Current allocation summary follows.\n"
-                 "Current allocation summary follows.\n",
-                 b->name, h, rounded);
-  bfc_dump(b, rounded, &sb);
-  bfc_render(b, &sb);
-  int err = sb.failed ? gmr__error_set(GMR_ENOMEM,
-                                       "Allocator (%s) ran out of memory trying to allocate %s "
-                                       "(rounded to %zu) (the full report did not fit in host "
-                                       "memory)",
-                                       b->name, h, rounded)
-                      : gmr__error_set_text(GMR_ENOMEM, gmr__sb_str(&sb));
-  gmr__sb_free(&sb);
-  return err;
-}
-
 static int bfc_check_locked(bfc_t *b);
 
 /* ---- policy ops ----------------------------------------------------------------------- */
@@ -843,7 +527,7 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   b->gc_to_log = false;
   if (c == NULL && err == 0) {
     ++b->ooms;
-    err = bfc_oom(b, size, rounded);
+    err = gmr__bfc_oom(b, size, rounded);
     log_fail = b->retry || atomic_fetch_add(&bfc_failure_logs, 1) < BFC_MAX_FAILURE_LOGS;
   }
   if (c != NULL) {
@@ -861,7 +545,7 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
              "TF_ENABLE_GPU_GARBAGE_COLLECTION=false if you'd like to disable this feature.");
   if (log_fail) {
     char h[32];
-    bfc_hr((int64_t)size, h, sizeof h);
+    gmr__bfc_hr((int64_t)size, h, sizeof h);
     if (b->retry)
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
@@ -987,18 +671,6 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   for (int i = 0; i < n; ++i)
     if (cb(kv[i].key, kv[i].value, ud) != 0) break;
   return 0;
-}
-
-static int bfc_summary(gmr_policy_t *self, FILE *out) {
-  bfc_t *b = (bfc_t *)self;
-  gmr_strbuf_t sb = {0};
-  pthread_mutex_lock(&b->lock);
-  bfc_dump(b, 0, &sb);
-  bfc_render(b, &sb);
-  pthread_mutex_unlock(&b->lock);
-  fprintf(out, "%s\n", gmr__sb_str(&sb));
-  gmr__sb_free(&sb);
-  return ferror(out) ? GMR_EIO : 0;
 }
 
 static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
@@ -1461,7 +1133,7 @@ const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .reset_peak = bfc_reset_peak,
     .reset_accumulated = bfc_reset_accumulated,
     .stats_foreach = bfc_stats_foreach,
-    .summary = bfc_summary,
+    .summary = gmr__bfc_summary,
     .walk = bfc_walk,
     .check = bfc_check,
 };

@@ -1,0 +1,146 @@
+/* bfc.h: what the files of the bfc policy share (private to policies/bfc/).
+ *
+ * The policy (TensorFlow's BFCAllocator) is cut in two: bfc.c, the
+ * allocator (regions, chunks, bins, the alloc and free paths, options and
+ * construction), and report.c, TensorFlow's words about it: the OOM report
+ * (AllocateRawInternal's banner, DumpMemoryLog, RenderOccupancy), the
+ * summary built from the same dump, and HumanReadableNumBytes.  This header
+ * holds the data model they share, the small inline functions on it, and the
+ * functions that cross files.  Invariants and locking are written at the
+ * top of bfc.c.
+ */
+#ifndef GMR_POLICIES_BFC_H
+#define GMR_POLICIES_BFC_H
+
+#include <pthread.h>
+
+#include "policy.h"
+
+#define BFC_MIN_ALLOC_BITS   8
+#define BFC_MIN_ALLOC        ((size_t)1 << BFC_MIN_ALLOC_BITS) /* 256 bytes */
+#define BFC_NUM_BINS         21
+#define BFC_MAX_FRAG_DEFAULT ((size_t)128 << 20) /* 128 MiB */
+#define BFC_BACKPEDAL        0.9f                /* float, as TF's kBackpedalFactor */
+#define BFC_MAX_FAILURE_LOGS 10
+#define BFC_INVALID_HANDLE   ((uint64_t)SIZE_MAX) /* printed as 18446744073709551615 */
+#define BFC_SLAB             256                  /* chunk records per host allocation */
+
+/* ---- data model ---------------------------------------------------------------- */
+
+typedef struct bfc_region_s bfc_region_t;
+
+/* One chunk: a piece of a region, wholly in use or wholly free. */
+typedef struct bfc_chunk_s {
+  uintptr_t ptr;                    /* device address */
+  size_t size;                      /* bytes, a multiple of 256 */
+  size_t requested;                 /* bytes the user asked for (kept after free, as TF) */
+  int64_t allocation_id;            /* -1: free; else unique, from 1 */
+  struct bfc_chunk_s *prev, *next;  /* physical neighbours in the region; NULL at its edges */
+  struct bfc_chunk_s *left, *right; /* bin tree children while free; free-list link (left) */
+  bfc_region_t *region;             /* the region holding the chunk */
+  uint32_t handle;                  /* stable number for the dump */
+  int8_t height;                    /* AVL height while binned */
+  int8_t bin;                       /* bin index while free, -1 while in use */
+} bfc_chunk_t;
+
+/* A device range the region was built from (one reserve or one map call). */
+typedef struct bfc_piece_s {
+  void *ptr;   /* device address */
+  size_t size; /* bytes */
+} bfc_piece_t;
+
+struct bfc_region_s {
+  uintptr_t ptr;       /* device address of the first byte */
+  size_t size;         /* bytes = Σ piece sizes */
+  bfc_chunk_t *first;  /* the chunk at ptr */
+  bfc_chunk_t *last;   /* the chunk ending at ptr + size */
+  bfc_piece_t *pieces; /* what to give back to the backend */
+  size_t n_pieces, cap_pieces;
+};
+
+typedef struct bfc_bin_s {
+  bfc_chunk_t *root; /* AVL tree by (size, ptr) */
+  size_t count;      /* free chunks */
+} bfc_bin_t;
+
+typedef struct bfc_slab_s {
+  struct bfc_slab_s *next;
+  bfc_chunk_t chunks[BFC_SLAB];
+} bfc_slab_t;
+
+typedef struct bfc_s {
+  gmr_policy_t base; /* must be first */
+  pthread_mutex_t lock;
+  pthread_cond_t freed; /* signalled after frees while waiters > 0 */
+  int waiters;          /* allocations waiting for frees */
+
+  /* Configuration: immutable after create. */
+  char name[128];                /* "GPU_0_bfc" */
+  uint64_t limit;                /* memory_limit_, bytes */
+  size_t max_frag;               /* split when the waste would be at least this, bytes */
+  bool gc, retry, coalesce, vmm; /* garbage_collection, allow_retry, coalescing, VMM */
+  uint64_t retry_ns;             /* wait for frees, nanoseconds */
+  bool exclusive;                /* one thread makes every call: waiting is pointless */
+  uintptr_t va_base;             /* VMM: the reserved virtual range */
+  size_t va_size;                /* VMM: bytes of it */
+
+  /* State (under lock). */
+  size_t va_used;           /* VMM: bytes mapped from va_base */
+  size_t curr_region_bytes; /* next region's target size, bytes */
+  bfc_region_t **regions;   /* sorted by address */
+  size_t n_regions, cap_regions;
+  bfc_bin_t bins[BFC_NUM_BINS];
+  uint32_t nonempty;       /* bit i: bins[i].count > 0 */
+  bfc_chunk_t *chunk_pool; /* recycled records, linked by left */
+  bfc_slab_t *slabs;
+  uint32_t n_handles; /* records handed out by slabs so far */
+  int64_t next_allocation_id;
+  size_t free_chunks; /* chunks in bins */
+
+  /* Statistics (under lock). */
+  int64_t num_allocs;   /* since creation or reset_accumulated */
+  int64_t bytes_in_use; /* Σ in-use chunk sizes */
+  int64_t peak_bytes_in_use;
+  int64_t largest_alloc_size; /* largest chunk handed out since the last reset_peak */
+  int64_t pool_bytes;         /* Σ region sizes */
+  int64_t peak_pool_bytes;
+  gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
+  gmr_stat_t allocations; /* in-use chunks */
+  uint64_t num_frees, ooms, retries;
+  bool gc_to_log; /* a garbage collection happened; log it outside the lock */
+} bfc_t;
+
+static inline size_t bfc_rounded(size_t n) {
+  return (n + BFC_MIN_ALLOC - 1) / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
+}
+static inline int bfc_bin_for(size_t size) {
+  size_t v = size >> BFC_MIN_ALLOC_BITS;
+  int b = v ? 63 - __builtin_clzll((unsigned long long)v) : 0;
+  return b < BFC_NUM_BINS - 1 ? b : BFC_NUM_BINS - 1;
+}
+static inline size_t bfc_bin_size(int b) {
+  return BFC_MIN_ALLOC << b;
+}
+
+static inline bfc_chunk_t *avl_max(bfc_chunk_t *n) {
+  while (n && n->right)
+    n = n->right;
+  return n;
+}
+
+/* The largest free chunk: the last of the highest nonempty bin. */
+static inline size_t bfc_largest_free(const bfc_t *b) {
+  if (b->nonempty == 0) return 0;
+  int i = 31 - __builtin_clz(b->nonempty);
+  return avl_max(b->bins[i].root)->size;
+}
+
+/* ---- across files -------------------------------------------------------------- */
+
+/* report.c, all called with the policy's lock held except gmr__bfc_hr and
+ * gmr__bfc_summary (which takes it). */
+void gmr__bfc_hr(int64_t n, char *buf, size_t len);
+int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded);
+int gmr__bfc_summary(gmr_policy_t *self, FILE *out);
+
+#endif /* GMR_POLICIES_BFC_H */

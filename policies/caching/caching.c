@@ -1,0 +1,1311 @@
+/* caching.c: the core of the `caching` policy, PyTorch's CUDA caching allocator.
+ *
+ * A re-implementation, behaviour for behaviour, of
+ * c10/cuda/CUDACachingAllocator.cpp's DeviceCachingAllocator (see
+ * docs/caching.md and the specification it follows): requests are rounded
+ * to 512 bytes (or to power-of-two divisions), go to the small pool
+ * (<= 1 MiB) or the large pool, are served best fit by (stream, size,
+ * address) from cached free blocks, and otherwise from a new segment of
+ * 2 MiB, 20 MiB or the request rounded to 2 MiB (or from pages mapped into
+ * one growing virtual range per stream and pool: expandable segments).
+ * Blocks are split and merged exactly as PyTorch does; max_split_size,
+ * max_non_split_rounding, garbage_collection_threshold, the memory fraction,
+ * record_stream with events, release-and-retry before OOM and empty_cache
+ * follow PyTorch, as do torch.cuda.memory_stats() (every key, same name),
+ * memory_summary() (byte for byte) and the OOM message.  This file holds the
+ * allocator, its alloc and free paths and the ops (with their locking); the
+ * options and the PYTORCH_CUDA_ALLOC_CONF parser are in options.c,
+ * memory_stats() and memory_summary() in stats.c, the walk and the check in
+ * walk.c (caching.h).
+ *
+ * Structures.  A segment (cache_seg_t) is a doubly linked list of blocks in
+ * address order (prev/next).  Free blocks live in their (stream, pool)'s
+ * treap ordered by (size, address); since PyTorch's one std::set is ordered
+ * by (stream, size, address) and a search never leaves its stream, per-stream
+ * trees give the identical best fit.  Unmapped ranges of expandable segments
+ * live in a second treap per pool, ordered by address.  Block records are
+ * recycled, so the hot path (a cached alloc and free) does no host
+ * allocation.
+ *
+ * Invariants (checked by gmr__cache_check_locked in walk.c):
+ *   for every segment: Σ block sizes = segment size, blocks contiguous,
+ *     no two neighbours both free (not allocated, no pending events, same
+ *     mapping state);
+ *   a block is in its pool's free tree iff it is free and mapped;
+ *   reserved_bytes.all.current = Σ non-expandable segment sizes
+ *                                + Σ mapped bytes of expandable segments
+ *   reserved >= active >= allocated (bytes, every pool).
+ *
+ * Locking (the policy is `concurrent`).  Blocks never cross streams, so
+ * each stream has its own lock over its pools and blocks.  The fast path (an
+ * alloc served from the stream's cache, a free without recorded streams)
+ * takes only that lock.  Everything else (new segments, releasing, events,
+ * record_stream, statistics, walks) takes the global path: `glock`, then
+ * every stream lock in creation order, which excludes all fast paths.
+ * Statistics: the fast path changes the policy's figures under `slock`
+ * when that lock is free (always, with one thread, so every figure and
+ * every peak is PyTorch's, exactly); once a fast path finds it busy, fast
+ * paths journal their changes into a per-stream delta, folded in by the
+ * next global path.  Then current, allocated and freed
+ * figures stay exact and peaks are those seen at the folds.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "caching.h"
+
+/* ---- treaps ---------------------------------------------------------------------
+ * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
+ * never changes while it is in a tree. */
+
+static cache_block_t *treap_join(cache_block_t *l, cache_block_t *r) {
+  if (l == NULL) return r;
+  if (r == NULL) return l;
+  if (l->prio > r->prio) {
+    l->right = treap_join(l->right, r);
+    return l;
+  }
+  r->left = treap_join(l, r->left);
+  return r;
+}
+
+/* Split t into keys < (size, ptr) and keys >= (size, ptr). */
+static void treap_split(cache_block_t *t, size_t size, uintptr_t ptr, bool by_addr,
+                        cache_block_t **l, cache_block_t **r) {
+  if (t == NULL) {
+    *l = *r = NULL;
+  } else if (cache_less(t, size, ptr, by_addr)) {
+    treap_split(t->right, size, ptr, by_addr, &t->right, r);
+    *l = t;
+  } else {
+    treap_split(t->left, size, ptr, by_addr, l, &t->left);
+    *r = t;
+  }
+}
+
+static cache_block_t *treap_insert(cache_block_t *t, cache_block_t *n, bool by_addr) {
+  if (t == NULL) {
+    n->left = n->right = NULL;
+    return n;
+  }
+  if (n->prio > t->prio) {
+    treap_split(t, n->size, n->ptr, by_addr, &n->left, &n->right);
+    return n;
+  }
+  if (cache_less(n, t->size, t->ptr, by_addr))
+    t->left = treap_insert(t->left, n, by_addr);
+  else
+    t->right = treap_insert(t->right, n, by_addr);
+  return t;
+}
+
+static cache_block_t *treap_erase(cache_block_t *t, cache_block_t *n, bool by_addr) {
+  if (t == n) return treap_join(n->left, n->right);
+  if (cache_less(n, t->size, t->ptr, by_addr))
+    t->left = treap_erase(t->left, n, by_addr);
+  else
+    t->right = treap_erase(t->right, n, by_addr);
+  return t;
+}
+
+/* The first block whose key is >= (size, ptr), or NULL. */
+static cache_block_t *treap_lower_bound(cache_block_t *t, size_t size, uintptr_t ptr,
+                                        bool by_addr) {
+  cache_block_t *best = NULL;
+  while (t != NULL) {
+    if (cache_less(t, size, ptr, by_addr)) {
+      t = t->right;
+    } else {
+      best = t;
+      t = t->left;
+    }
+  }
+  return best;
+}
+
+static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
+  if (t == NULL) return n;
+  n = treap_collect(t->left, v, n);
+  v[n++] = t;
+  return treap_collect(t->right, v, n);
+}
+
+static inline uint32_t cache_prio(cache_stream_t *cs) {
+  cs->prio_state = cs->prio_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(cs->prio_state >> 33);
+}
+
+/* BlockPool::insert_into_blocks: stamps the GC clock. */
+static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
+  b->gc_count_base = c->gc_clock[p->is_small];
+  b->prio = cache_prio(p->stream);
+  p->blocks = treap_insert(p->blocks, b, false);
+  b->in_tree = true;
+  ++p->n_blocks;
+}
+
+static void pool_erase(cache_pool_t *p, cache_block_t *b) {
+  p->blocks = treap_erase(p->blocks, b, false);
+  b->in_tree = false;
+  --p->n_blocks;
+}
+
+static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
+  b->prio = cache_prio(p->stream);
+  p->unmapped = treap_insert(p->unmapped, b, true);
+  b->in_tree = true;
+}
+
+static void unmapped_erase(cache_pool_t *p, cache_block_t *b) {
+  p->unmapped = treap_erase(p->unmapped, b, true);
+  b->in_tree = false;
+}
+
+/* ---- records ---------------------------------------------------------------------- */
+
+/* Keep at least n spare block records in a stream, so that a step that
+ * needs some cannot fail half way.  Caller holds the stream's lock. */
+static int cache_records_reserve(cache_stream_t *cs, size_t n) {
+  while (cs->n_spare < n) {
+    cache_block_t *b = gmr__calloc(1, sizeof *b);
+    if (b == NULL)
+      return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for block records");
+    b->next = cs->spare;
+    cs->spare = b;
+    ++cs->n_spare;
+  }
+  return 0;
+}
+
+/* A blank record from the pool's stream; the caller has reserved it. */
+static cache_block_t *cache_record(cache_pool_t *p, cache_seg_t *seg, uintptr_t ptr, size_t size) {
+  cache_stream_t *cs = p->stream;
+  cache_block_t *b = cs->spare;
+  cs->spare = b->next;
+  --cs->n_spare;
+  gmr_stream_t *uses = b->uses;
+  uint32_t cap = b->cap_uses;
+  memset(b, 0, sizeof *b);
+  b->uses = uses;
+  b->cap_uses = cap;
+  b->pool = p;
+  b->seg = seg;
+  b->ptr = ptr;
+  b->size = size;
+  b->mapped = true;
+  return b;
+}
+
+static void cache_recycle(cache_block_t *b) {
+  cache_stream_t *cs = b->pool->stream;
+  b->next = cs->spare;
+  cs->spare = b;
+  ++cs->n_spare;
+}
+
+/* ---- streams ----------------------------------------------------------------------- */
+
+/* Stream locks are spin locks: the fast path holds one for a few tens of
+ * nanoseconds; a waiter yields the processor after a short spin, so a global
+ * path that holds every stream lock through a device call costs waiters
+ * little. */
+static inline void cache_spin_lock(_Atomic int *l) {
+  for (unsigned n = 0;;) {
+    if (!atomic_exchange_explicit(l, 1, memory_order_acquire)) return;
+    while (atomic_load_explicit(l, memory_order_relaxed)) {
+      if (++n < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        n = 0;
+        sched_yield();
+      }
+    }
+  }
+}
+
+static inline void cache_spin_unlock(_Atomic int *l) {
+  atomic_store_explicit(l, 0, memory_order_release);
+}
+
+static inline size_t cache_stab_home(gmr_stream_t s) {
+  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 52) & (CACHE_STAB - 1);
+}
+
+/* Lock-free lookup (the table is append-only; entries are published with
+ * release stores after they are built). */
+static cache_stream_t *cache_stream_find(cache_t *c, gmr_stream_t s) {
+  for (size_t i = cache_stab_home(s), n = 0; n < CACHE_STAB; i = (i + 1) & (CACHE_STAB - 1), ++n) {
+    cache_stream_t *cs = atomic_load_explicit(&c->stab[i], memory_order_acquire);
+    if (cs == NULL || cs->id == s) return cs;
+  }
+  return NULL;
+}
+
+/* Find or create (global path only).  A new stream is created with its lock
+ * held, as the global path holds every stream's lock. */
+static cache_stream_t *cache_stream(cache_t *c, gmr_stream_t s) {
+  cache_stream_t *cs = cache_stream_find(c, s);
+  if (cs != NULL) return cs;
+  if (c->n_streams >= CACHE_STAB / 2) {
+    gmr__error_set(GMR_ENOMEM, "caching: more than %d streams", CACHE_STAB / 2);
+    return NULL;
+  }
+  if (c->n_streams == c->cap_streams) {
+    size_t cap = c->cap_streams ? c->cap_streams * 2 : 8;
+    cache_stream_t **v = gmr__realloc(c->streams, cap * sizeof *v);
+    if (v == NULL) goto nomem;
+    c->streams = v;
+    c->cap_streams = cap;
+  }
+  cs = gmr__calloc(1, sizeof *cs);
+  if (cs == NULL) goto nomem;
+  cache_spin_lock(&cs->lock);
+  cs->id = s;
+  cs->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)c->n_streams;
+  for (int i = 0; i < 2; ++i) {
+    cs->pools[i].stream = cs;
+    cs->pools[i].is_small = i == 1;
+  }
+  c->streams[c->n_streams++] = cs;
+  size_t i = cache_stab_home(s);
+  while (atomic_load_explicit(&c->stab[i], memory_order_relaxed) != NULL)
+    i = (i + 1) & (CACHE_STAB - 1);
+  atomic_store_explicit(&c->stab[i], cs, memory_order_release);
+  return cs;
+nomem:
+  gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a stream");
+  return NULL;
+}
+
+/* The global path: glock, then every stream's lock in creation order; the
+ * fast paths' stat deltas are folded in first. */
+static void cache_fold(cache_t *c);
+static void cache_lock_all(cache_t *c) {
+  pthread_mutex_lock(&c->glock);
+  for (size_t i = 0; i < c->n_streams; ++i)
+    cache_spin_lock(&c->streams[i]->lock);
+  cache_fold(c);
+}
+
+static void cache_unlock_all(cache_t *c) {
+  for (size_t i = c->n_streams; i-- > 0;)
+    cache_spin_unlock(&c->streams[i]->lock);
+  pthread_mutex_unlock(&c->glock);
+}
+
+/* ---- statistic journals ------------------------------------------------------------
+ * A fast path that found slock busy records its stat changes and keeps them
+ * in its stream's delta (see "Locking" at the top); otherwise changes are
+ * applied directly (j NULL).
+ * t < 0: a single record (oversize_*) rather than an [all, small, large]
+ * array.  A stat changes at most once per op, so a journal gives the same
+ * peaks as direct updates. */
+
+typedef struct cache_journal_s {
+  int n;
+  struct {
+    gmr_stat_t *stat; /* into cache_t.st */
+    int t;
+    int64_t d; /* > 0: increase; < 0: decrease */
+  } e[16];
+} cache_journal_t;
+
+static inline void cache_apply(gmr_stat_t *a, int t, int64_t d) {
+  if (t < 0 && d > 0)
+    gmr__stat_increase(a, d);
+  else if (t < 0)
+    gmr__stat_decrease(a, -d);
+  else if (d > 0)
+    cache_inc(a, t, d);
+  else
+    cache_dec(a, t, -d);
+}
+
+static inline void cache_add(cache_journal_t *j, gmr_stat_t *a, int t, int64_t d) {
+  if (j == NULL) {
+    cache_apply(a, t, d);
+  } else {
+    j->e[j->n].stat = a;
+    j->e[j->n].t = t;
+    j->e[j->n].d = d;
+    ++j->n;
+  }
+}
+
+static inline void cache_delta_one(gmr_stat_t *x, int64_t d) {
+  x->current += d;
+  if (d > 0)
+    x->allocated += d;
+  else
+    x->freed += -d;
+}
+
+/* A fast path that is about to change statistics: NULL when it may change
+ * the policy's figures directly (it then holds slock until cache_commit),
+ * else the journal to fill.  Caller holds cs->lock. */
+static cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
+  j->n = 0;
+  if (!atomic_load_explicit(&c->sharded, memory_order_relaxed)) {
+    if (!atomic_flag_test_and_set_explicit(&c->slock, memory_order_acquire)) return NULL;
+    atomic_store_explicit(&c->sharded, true, memory_order_relaxed);
+  }
+  return j;
+}
+
+/* Release slock, or keep the journal in the stream's delta. */
+static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
+  if (j == NULL) {
+    atomic_flag_clear_explicit(&c->slock, memory_order_release);
+    return;
+  }
+  for (int i = 0; i < j->n; ++i) {
+    gmr_stat_t *a = (gmr_stat_t *)((char *)&cs->delta + ((char *)j->e[i].stat - (char *)&c->st));
+    cache_delta_one(&a[0], j->e[i].d);
+    if (j->e[i].t >= 0) cache_delta_one(&a[j->e[i].t], j->e[i].d);
+  }
+  cs->dirty = true;
+}
+
+/* Fold every stream's delta into the figures; global path only. */
+static void cache_fold(cache_t *c) {
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    if (!cs->dirty) continue;
+    gmr_stat_t *dst = (gmr_stat_t *)&c->st, *src = (gmr_stat_t *)&cs->delta;
+    for (int k = 0; k < CACHE_N_STATS; ++k) {
+      dst[k].current += src[k].current;
+      dst[k].allocated += src[k].allocated;
+      dst[k].freed += src[k].freed;
+      if (dst[k].current > dst[k].peak) dst[k].peak = dst[k].current;
+      src[k] = (gmr_stat_t){0, 0, 0, 0};
+    }
+    cs->dirty = false;
+  }
+}
+
+/* ---- sizes -------------------------------------------------------------------------- */
+
+static size_t cache_next_division(size_t size, uint32_t divisions) {
+  if (gmr__is_pow2(size)) return size;
+  size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+  size_t step = floor2 >> (31 - __builtin_clz(divisions));
+  if (step == 0) return floor2 << 1;
+  size_t f = size & ~(step - 1);
+  return f == size ? size : f + step;
+}
+
+/* round_size */
+static size_t cache_round_size(const cache_t *c, size_t size) {
+  if (size < CACHE_MIN_BLOCK) return CACHE_MIN_BLOCK;
+  int lg = 63 - __builtin_clzll((unsigned long long)size);
+  int idx = lg > 20 ? lg - 20 : 0;
+  if (idx > CACHE_DIV_BUCKETS - 1) idx = CACHE_DIV_BUCKETS - 1;
+  uint32_t div = c->conf.div[idx];
+  if (div > 1 && size > CACHE_MIN_BLOCK * div) return cache_next_division(size, div);
+  return gmr__align_up(size, CACHE_MIN_BLOCK);
+}
+
+/* get_allocation_size */
+static size_t cache_allocation_size(const cache_t *c, size_t size) {
+  if (size <= CACHE_SMALL_SIZE) return CACHE_SMALL_BUFFER;
+  if (size < CACHE_MIN_LARGE_ALLOC) return c->conf.large_segment;
+  return gmr__align_up(size, CACHE_ROUND_LARGE);
+}
+
+/* c10's format_size, for the OOM message. */
+static void cache_format_size(uint64_t size, char *buf, size_t len) {
+  if (size <= 1024)
+    snprintf(buf, len, "%llu bytes", (unsigned long long)size);
+  else if (size <= 1048576)
+    snprintf(buf, len, "%.2f KiB", (double)size / 1024.0);
+  else if (size <= 1073741824ull)
+    snprintf(buf, len, "%.2f MiB", (double)size / 1048576.0);
+  else
+    snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
+}
+
+/* ---- segments ----------------------------------------------------------------------- */
+
+static void seg_link(cache_t *c, cache_seg_t *s) {
+  s->prev_seg = NULL;
+  s->next_seg = c->segs;
+  if (c->segs) c->segs->prev_seg = s;
+  c->segs = s;
+  ++c->n_segs;
+}
+
+static void seg_unlink(cache_t *c, cache_seg_t *s) {
+  if (s->prev_seg)
+    s->prev_seg->next_seg = s->next_seg;
+  else
+    c->segs = s->next_seg;
+  if (s->next_seg) s->next_seg->prev_seg = s->prev_seg;
+  --c->n_segs;
+}
+
+/* try_merge_blocks: merge `src` into `dst` (dst is in no tree); returns the
+ * bytes subsumed, 0 when refused. */
+static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src) {
+  if (src == NULL || src->allocated || src->event_count > 0 || src->n_uses > 0 ||
+      dst->mapped != src->mapped)
+    return 0;
+  if (dst->prev == src) { /* [src dst] */
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev) dst->prev->next = dst;
+    if (dst->seg->head == src) dst->seg->head = dst;
+  } else { /* [dst src] */
+    dst->next = src->next;
+    if (dst->next) dst->next->prev = dst;
+  }
+  size_t subsumed = src->size;
+  dst->size += subsumed;
+  if (src->mapped)
+    pool_erase(src->pool, src);
+  else
+    unmapped_erase(src->pool, src);
+  cache_recycle(src);
+  return subsumed;
+}
+
+/* free_block: return a block with no pending uses to its pool, merging it. */
+static void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+  size_t orig = b->size, requested = b->requested;
+  cache_pool_t *p = b->pool;
+  int64_t net_n = 0, net_bytes = 0;
+  cache_block_t *cand[2] = {b->prev, b->next};
+  for (int i = 0; i < 2; ++i) {
+    size_t sub = cache_try_merge(c, b, cand[i]);
+    if (sub > 0) {
+      net_n -= 1;
+      net_bytes -= (int64_t)sub;
+    }
+  }
+  pool_insert(c, p, b);
+  if (cache_is_split(b)) {
+    net_n += 1;
+    net_bytes += (int64_t)b->size;
+  }
+  int t = cache_stat_type(p);
+  if (!b->seg->expandable) {
+    if (net_n != 0) cache_add(j, c->st.inactive_split, t, net_n);
+    if (net_bytes != 0) cache_add(j, c->st.inactive_split_bytes, t, net_bytes);
+  }
+  cache_add(j, c->st.active, t, -1);
+  cache_add(j, c->st.active_bytes, t, -(int64_t)orig);
+  cache_add(j, c->st.requested_bytes, t, -(int64_t)requested);
+}
+
+/* release_block: cudaFree a whole free non-expandable segment. */
+static int cache_release_block(cache_t *c, cache_block_t *b) {
+  cache_seg_t *s = b->seg;
+  int err = gmr__backend_release(c->base.backend, (void *)s->base, s->size);
+  if (err != 0) return err;
+  ++c->st.num_device_free;
+  c->total_allocated -= b->size;
+  int t = cache_stat_type(b->pool);
+  cache_dec(c->st.segment, t, 1);
+  cache_dec(c->st.reserved_bytes, t, (int64_t)b->size);
+  if (b->size >= c->conf.max_split_size) gmr__stat_decrease(&c->st.oversize_segments, 1);
+  pool_erase(b->pool, b);
+  seg_unlink(c, s);
+  gmr__free(s);
+  cache_recycle(b);
+  return 0;
+}
+
+/* ---- expandable segments ------------------------------------------------------------- */
+
+/* Unmap pages [first, last) of s. */
+static void seg_unmap_pages(cache_t *c, cache_seg_t *s, size_t first, size_t last) {
+  for (size_t i = first; i < last; ++i)
+    gmr__backend_unmap(c->base.backend, (void *)(s->base + i * s->page), s->page);
+}
+
+/* map_block: back the first `size` bytes of the unmapped block b with pages.
+ * 0 with *mapped false when the device is out of memory. */
+static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapped) {
+  cache_seg_t *s = b->seg;
+  cache_pool_t *p = b->pool;
+  *mapped = false;
+  int err = cache_records_reserve(p->stream, 1);
+  if (err != 0) return err;
+  size_t first = (b->ptr - s->base) / s->page;
+  size_t last = (b->ptr - s->base + size + s->page - 1) / s->page;
+  for (size_t i = first; i < last; ++i) {
+    err = gmr__backend_map(c->base.backend, (void *)(s->base + i * s->page), s->page);
+    if (err != 0) {
+      seg_unmap_pages(c, s, first, i);
+      return err == GMR_ENOMEM ? 0 : err;
+    }
+  }
+  size_t bytes = (last - first) * s->page;
+  unmapped_erase(p, b);
+  b->mapped = true;
+  if (bytes < b->size) {
+    cache_block_t *rest = cache_record(p, s, b->ptr + bytes, b->size - bytes);
+    rest->mapped = false;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    unmapped_insert(c, p, rest);
+    b->size = bytes;
+  }
+  cache_try_merge(c, b, b->prev);
+  cache_try_merge(c, b, b->next);
+  pool_insert(c, p, b);
+  c->total_allocated += bytes;
+  cache_inc(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
+  ++c->st.num_device_alloc;
+  *mapped = true;
+  return 0;
+}
+
+/* unmap_block: give back the pages wholly inside the free block b. */
+static int cache_unmap_block(cache_t *c, cache_block_t *b) {
+  cache_seg_t *s = b->seg;
+  cache_pool_t *p = b->pool;
+  size_t off = b->ptr - s->base;
+  size_t first = (off + s->page - 1) / s->page, last = (off + b->size) / s->page;
+  if (first >= last) return 0;
+  int err = cache_records_reserve(p->stream, 2);
+  if (err != 0) return err;
+  err = gmr__backend_stream_sync(c->base.backend, p->stream->id);
+  if (err != 0) return err;
+  seg_unmap_pages(c, s, first, last);
+  uintptr_t uptr = s->base + first * s->page;
+  size_t bytes = (last - first) * s->page;
+  pool_erase(p, b);
+  size_t before = uptr - b->ptr;
+  if (before > 0) {
+    cache_block_t *bf = cache_record(p, s, b->ptr, before);
+    bf->prev = b->prev;
+    bf->next = b;
+    if (b->prev) b->prev->next = bf;
+    b->prev = bf;
+    if (s->head == b) s->head = bf;
+    pool_insert(c, p, bf);
+  }
+  size_t after = b->size - before - bytes;
+  if (after > 0) {
+    cache_block_t *af = cache_record(p, s, uptr + bytes, after);
+    af->prev = b;
+    af->next = b->next;
+    if (b->next) b->next->prev = af;
+    b->next = af;
+    pool_insert(c, p, af);
+  }
+  b->ptr = uptr;
+  b->size = bytes;
+  b->mapped = false;
+  cache_try_merge(c, b, b->prev);
+  cache_try_merge(c, b, b->next);
+  unmapped_insert(c, p, b);
+  c->total_allocated -= bytes;
+  cache_dec(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
+  ++c->st.num_device_free;
+  return 0;
+}
+
+static int cache_release_expandable(cache_t *c, cache_block_t *b) {
+  cache_seg_t *s = b->seg;
+  int err = gmr__backend_va_release(c->base.backend, (void *)s->base, s->size);
+  if (err != 0) return err;
+  unmapped_erase(b->pool, b);
+  seg_unlink(c, s);
+  gmr__free(s);
+  cache_recycle(b);
+  return 0;
+}
+
+/* find_expandable_block: the lowest-address run of free and unmapped blocks of
+ * this pool holding `size` bytes, or a new virtual range. */
+static int cache_find_expandable(cache_t *c, cache_pool_t *p, size_t size, cache_block_t **out) {
+  for (cache_block_t *u = treap_lower_bound(p->unmapped, 0, 0, true); u != NULL;
+       u = treap_lower_bound(p->unmapped, 0, u->ptr + 1, true)) {
+    cache_block_t *cand = cache_allocatable(u->prev) ? u->prev : u;
+    size_t bytes = 0;
+    for (cache_block_t *b = cand; bytes < size && cache_allocatable(b); b = b->next)
+      bytes += b->size;
+    if (bytes >= size) {
+      *out = cand;
+      return 0;
+    }
+  }
+  size_t page = p->is_small ? CACHE_SMALL_BUFFER : c->conf.large_segment;
+  size_t want = c->device_total + c->device_total / 8;
+  size_t va = (want + page - 1) / page * page;
+  int err = cache_records_reserve(p->stream, 1);
+  if (err != 0) return err;
+  cache_seg_t *s = gmr__calloc(1, sizeof *s);
+  if (s == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a segment");
+  void *base;
+  err = gmr__backend_va_reserve(c->base.backend, va, &base);
+  if (err != 0) {
+    gmr__free(s);
+    *out = NULL;
+    return err == GMR_ENOMEM ? 0 : err;
+  }
+  *s = (cache_seg_t){
+      .base = (uintptr_t)base, .size = va, .pool = p, .expandable = true, .page = page};
+  cache_block_t *b = cache_record(p, s, s->base, va);
+  b->mapped = false;
+  s->head = b;
+  seg_link(c, s);
+  unmapped_insert(c, p, b);
+  *out = b;
+  return 0;
+}
+
+/* try_allocate_expandable_block */
+static int cache_try_expandable(cache_t *c, cache_pool_t *p, size_t size, cache_block_t **out) {
+  cache_block_t *cand = NULL;
+  int err = cache_find_expandable(c, p, size, &cand);
+  if (err != 0 || cand == NULL) return err;
+  bool ok = true;
+  if (!cand->mapped) {
+    err = cache_map_block(c, cand, cand->size < size ? cand->size : size, &ok);
+    if (err != 0 || !ok) return err;
+  }
+  while (cand->size < size) {
+    size_t remaining = size - cand->size;
+    cache_block_t *nc = cand->next;
+    err = cache_map_block(c, nc, remaining < nc->size ? remaining : nc->size, &ok);
+    if (err != 0 || !ok) return err;
+    cand = nc;
+  }
+  pool_erase(p, cand);
+  *out = cand;
+  return 0;
+}
+
+/* ---- events ------------------------------------------------------------------------- */
+
+static void cache_event_done(cache_t *c, cache_stream_t *cs) {
+  cache_event_t *e = cs->ev_head;
+  cs->ev_head = e->next;
+  if (cs->ev_head == NULL) cs->ev_tail = NULL;
+  gmr__backend_event_destroy(c->base.backend, e->ev);
+  atomic_fetch_sub_explicit(&c->n_pending, 1, memory_order_relaxed);
+  cache_block_t *b = e->block;
+  e->next = c->spare_ev;
+  c->spare_ev = e;
+  if (--b->event_count == 0) cache_free_block(c, b, NULL);
+}
+
+/* process_events: return blocks whose every event has completed. */
+static int cache_process_events(cache_t *c) {
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    while (cs->ev_head != NULL) {
+      int q = gmr__backend_event_query(c->base.backend, cs->ev_head->ev);
+      if (q == 1) break;
+      if (q < 0) return q;
+      cache_event_done(c, cs);
+    }
+  }
+  return 0;
+}
+
+/* synchronize_and_free_events */
+static int cache_sync_events(cache_t *c) {
+  ++c->st.num_sync_all_streams;
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    while (cs->ev_head != NULL) {
+      int err = gmr__backend_event_sync(c->base.backend, cs->ev_head->ev);
+      if (err != 0) return err;
+      cache_event_done(c, cs);
+    }
+  }
+  return 0;
+}
+
+/* insert_events: one event per recorded stream; the block stays active until
+ * all complete.  When an event cannot be recorded, that stream is waited for
+ * instead, so the block is never reused early. */
+static void cache_insert_events(cache_t *c, cache_block_t *b) {
+  for (uint32_t i = 0; i < b->n_uses; ++i) {
+    gmr_stream_t s = b->uses[i];
+    cache_stream_t *cs = cache_stream(c, s);
+    cache_event_t *e = c->spare_ev;
+    if (e == NULL)
+      e = gmr__malloc(sizeof *e);
+    else
+      c->spare_ev = e->next;
+    gmr_event_t ev;
+    if (cs == NULL || e == NULL || gmr__backend_event_record(c->base.backend, s, &ev) != 0) {
+      if (e != NULL) {
+        e->next = c->spare_ev;
+        c->spare_ev = e;
+      }
+      gmr__backend_stream_sync(c->base.backend, s);
+      continue;
+    }
+    *e = (cache_event_t){ev, b, NULL};
+    if (cs->ev_tail)
+      cs->ev_tail->next = e;
+    else
+      cs->ev_head = e;
+    cs->ev_tail = e;
+    ++b->event_count;
+    atomic_fetch_add_explicit(&c->n_pending, 1, memory_order_relaxed);
+  }
+  b->n_uses = 0;
+  if (b->event_count == 0) cache_free_block(c, b, NULL);
+}
+
+/* ---- releasing cached memory ---------------------------------------------------------- */
+
+/* release_blocks: every whole free segment of a pool; free pages of expandable ones. */
+static int cache_release_pool(cache_t *c, cache_pool_t *p) {
+  if (p->n_blocks == 0) return 0;
+  cache_block_t **v = gmr__malloc(p->n_blocks * sizeof *v);
+  if (v == NULL)
+    return gmr__error_set(GMR_ENOMEM, "caching: out of host memory to empty the cache");
+  size_t n = treap_collect(p->blocks, v, 0);
+  int err = 0;
+  for (size_t i = 0; i < n && err == 0; ++i) {
+    if (v[i]->seg->expandable || cache_is_split(v[i])) continue;
+    err = cache_release_block(c, v[i]);
+    v[i] = NULL; /* recycled */
+  }
+  for (size_t i = 0; i < n && err == 0; ++i) {
+    cache_block_t *b = v[i];
+    if (b == NULL || !b->seg->expandable) continue;
+    err = cache_unmap_block(c, b);
+    if (err == 0 && !cache_is_split(b) && !b->mapped) err = cache_release_expandable(c, b);
+  }
+  gmr__free(v);
+  return err;
+}
+
+/* release_cached_blocks: wait for every event, then release. */
+static int cache_release_cached(cache_t *c) {
+  int err = cache_sync_events(c);
+  for (int small = 0; small < 2 && err == 0; ++small)
+    for (size_t i = 0; i < c->n_streams && err == 0; ++i)
+      err = cache_release_pool(c, &c->streams[i]->pools[small]);
+  return err;
+}
+
+/* release_available_cached_blocks (only with max_split_size set): free one
+ * oversize block big enough, or the largest oversize blocks until enough. */
+static int cache_release_available(cache_t *c, cache_pool_t *p, size_t size, bool *released) {
+  *released = false;
+  size_t mss = c->conf.max_split_size;
+  if (mss == CACHE_UNLIMITED) return 0;
+  size_t key = size < mss ? mss : size;
+  cache_block_t *b = treap_lower_bound(p->blocks, key, 0, false);
+  if (b != NULL && !b->seg->expandable) {
+    int err = cache_release_block(c, b);
+    if (err == 0) *released = true;
+    return err;
+  }
+  if (p->n_blocks == 0) return 0;
+  cache_block_t **v = gmr__malloc(p->n_blocks * sizeof *v);
+  if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
+  size_t n = treap_collect(p->blocks, v, 0), total = 0;
+  int err = 0;
+  for (size_t i = n; i-- > 0 && total < key && err == 0;) {
+    if (v[i]->size < mss) break;
+    if (v[i]->seg->expandable || cache_is_split(v[i])) continue;
+    total += v[i]->size;
+    err = cache_release_block(c, v[i]);
+  }
+  gmr__free(v);
+  *released = err == 0 && total >= key;
+  return err;
+}
+
+/* garbage_collect_cached_blocks (only with a fraction and a threshold). */
+static int cache_garbage_collect(cache_t *c) {
+  size_t threshold = (size_t)(c->conf.gc_threshold * (double)c->allowed_max);
+  if (c->total_allocated <= threshold) return 0;
+  size_t target = c->total_allocated - threshold, reclaimed = 0, total_age = 0, count = 0, n = 0;
+  for (size_t i = 0; i < c->n_streams; ++i)
+    n += c->streams[i]->pools[0].n_blocks;
+  if (n == 0) return 0;
+  cache_block_t **v = gmr__malloc(n * sizeof *v);
+  if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
+  n = 0;
+  for (size_t i = 0; i < c->n_streams; ++i)
+    n = treap_collect(c->streams[i]->pools[0].blocks, v, n);
+  int64_t clock = c->gc_clock[0];
+  for (size_t i = 0; i < n; ++i) {
+    if (cache_is_split(v[i]) || v[i]->seg->expandable) continue;
+    total_age += (size_t)(clock - v[i]->gc_count_base);
+    ++count;
+  }
+  bool freed = true;
+  int err = 0;
+  while (reclaimed < target && freed && count > 0 && err == 0) {
+    double age_threshold = (double)total_age / (double)count;
+    freed = false;
+    for (size_t i = 0; i < n && err == 0; ++i) {
+      cache_block_t *b = v[i];
+      if (b == NULL || cache_is_split(b) || b->seg->expandable) continue;
+      size_t age = (size_t)(clock - b->gc_count_base);
+      if ((double)age < age_threshold) continue;
+      freed = true;
+      reclaimed += b->size;
+      total_age -= age;
+      --count;
+      v[i] = NULL;
+      err = cache_release_block(c, b);
+    }
+  }
+  gmr__free(v);
+  return err;
+}
+
+/* ---- allocation ------------------------------------------------------------------------- */
+
+/* get_free_block: the smallest fitting cached block, or NULL. */
+static cache_block_t *cache_get_free_block(cache_t *c, cache_pool_t *p, size_t size) {
+  if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
+  cache_block_t *b = treap_lower_bound(p->blocks, size, 0, false);
+  if (b == NULL) return NULL;
+  if (b->seg->expandable) {
+    /* Best fit by the size a block can grow to (its unmapped successor). */
+    for (;;) {
+      cache_block_t *nx = treap_lower_bound(p->blocks, b->size, b->ptr + 1, false);
+      if (nx == NULL) break;
+      size_t es_b = b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+      size_t es_n = nx->size + (nx->next && !nx->next->mapped ? nx->next->size : 0);
+      if (!(es_n < es_b)) break;
+      b = nx;
+    }
+  }
+  size_t mss = c->conf.max_split_size;
+  if (size < mss && b->size >= mss) return NULL;
+  if (size >= mss && b->size >= size + c->conf.max_non_split_rounding) return NULL;
+  pool_erase(p, b);
+  return b;
+}
+
+/* alloc_block: a new segment (or mapped pages).  0 with *out NULL when the
+ * device, or the memory fraction, refuses. */
+static int cache_alloc_block(cache_t *c, cache_pool_t *p, size_t size, size_t alloc_size,
+                             bool retry, cache_block_t **out) {
+  *out = NULL;
+  if (retry) ++c->st.num_alloc_retries;
+  if (c->fraction_set && c->total_allocated + alloc_size > c->allowed_max) return 0;
+  if (c->conf.expandable) return cache_try_expandable(c, p, size, out);
+  cache_seg_t *s = gmr__calloc(1, sizeof *s);
+  if (s == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a segment");
+  void *ptr;
+  int err = gmr__backend_reserve(c->base.backend, alloc_size, &ptr);
+  if (err != 0) {
+    gmr__free(s);
+    return err == GMR_ENOMEM ? 0 : err;
+  }
+  *s = (cache_seg_t){.base = (uintptr_t)ptr, .size = alloc_size, .pool = p};
+  cache_block_t *b = cache_record(p, s, s->base, alloc_size);
+  s->head = b;
+  seg_link(c, s);
+  c->total_allocated += alloc_size;
+  int t = cache_stat_type(p);
+  cache_inc(c->st.segment, t, 1);
+  cache_inc(c->st.reserved_bytes, t, (int64_t)alloc_size);
+  if (alloc_size >= c->conf.max_split_size) gmr__stat_increase(&c->st.oversize_segments, 1);
+  ++c->st.num_device_alloc;
+  *out = b;
+  return 0;
+}
+
+static bool cache_should_split(const cache_t *c, const cache_block_t *b, size_t size) {
+  size_t remaining = b->size - size;
+  if (b->pool->is_small || c->conf.expandable) return remaining >= CACHE_MIN_BLOCK;
+  return size < c->conf.max_split_size && remaining > CACHE_SMALL_SIZE;
+}
+
+/* alloc_found_block */
+static cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size, size_t orig,
+                                        bool split, cache_journal_t *j) {
+  cache_pool_t *p = b->pool;
+  int t = cache_stat_type(p);
+  bool already_split = cache_is_split(b), expandable = b->seg->expandable;
+  if (split) {
+    cache_block_t *rest = b;
+    b = cache_record(p, rest->seg, rest->ptr, size);
+    b->prev = rest->prev;
+    if (b->prev) b->prev->next = b;
+    b->next = rest;
+    rest->prev = b;
+    if (rest->seg->head == rest) rest->seg->head = b;
+    rest->ptr += size;
+    rest->size -= size;
+    pool_insert(c, p, rest);
+    if (already_split && !expandable) {
+      cache_add(j, c->st.inactive_split_bytes, t, -(int64_t)size);
+    } else if (!expandable) {
+      cache_add(j, c->st.inactive_split_bytes, t, (int64_t)rest->size);
+      cache_add(j, c->st.inactive_split, t, 1);
+    }
+  } else if (already_split && !expandable) {
+    cache_add(j, c->st.inactive_split_bytes, t, -(int64_t)b->size);
+    cache_add(j, c->st.inactive_split, t, -1);
+  }
+  b->allocated = true;
+  b->requested = orig;
+  cache_add(j, c->st.allocation, t, 1);
+  cache_add(j, c->st.allocated_bytes, t, (int64_t)b->size);
+  cache_add(j, c->st.active, t, 1);
+  cache_add(j, c->st.active_bytes, t, (int64_t)b->size);
+  cache_add(j, c->st.requested_bytes, t, (int64_t)orig);
+  if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, 1);
+  return b;
+}
+
+/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc). */
+static int cache_oom(cache_t *c, size_t alloc_size) {
+  size_t dev_free = 0, dev_total = 0;
+  gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
+  ++c->st.num_ooms;
+  char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
+  cache_format_size(alloc_size, want, sizeof want);
+  cache_format_size(dev_total, total, sizeof total);
+  cache_format_size(dev_free, fr, sizeof fr);
+  if (c->fraction_set) {
+    cache_format_size(c->allowed_max, cap, sizeof cap);
+    snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
+  }
+  int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
+  int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
+  cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
+  cache_format_size((uint64_t)(reserved - allocated), unalloc, sizeof unalloc);
+  return gmr__error_set(
+      GMR_ENOMEM,
+      "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
+      "is free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
+      "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+      "documentation for Memory Management  "
+      "(https://docs.pytorch.org/docs/stable/notes/"
+      "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+      want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
+}
+
+/* The whole of PyTorch's malloc; global path (every lock held). */
+static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  int err;
+  if (GMR_UNLIKELY(atomic_load_explicit(&c->n_pending, memory_order_relaxed) > 0) &&
+      (err = cache_process_events(c)) != 0)
+    return err;
+  cache_stream_t *cs = cache_stream(c, s);
+  if (GMR_UNLIKELY(cs == NULL)) return GMR_ENOMEM;
+  if ((err = cache_records_reserve(cs, 4)) != 0) return err;
+  size_t size = cache_round_size(c, orig);
+  cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
+  size_t alloc_size = cache_allocation_size(c, size);
+  cache_block_t *b = cache_get_free_block(c, p, size);
+  if (b == NULL) {
+    if (c->fraction_set && c->conf.gc_threshold > 0 && (err = cache_garbage_collect(c)) != 0)
+      return err;
+    if ((err = cache_alloc_block(c, p, size, alloc_size, false, &b)) != 0) return err;
+    if (b == NULL) {
+      bool released;
+      if ((err = cache_release_available(c, p, size, &released)) != 0) return err;
+      if (released && (err = cache_alloc_block(c, p, size, alloc_size, false, &b)) != 0) return err;
+    }
+    if (b == NULL) {
+      if ((err = cache_release_cached(c)) != 0) return err;
+      if ((err = cache_alloc_block(c, p, size, alloc_size, true, &b)) != 0) return err;
+    }
+    if (b == NULL) return cache_oom(c, alloc_size);
+  }
+  b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size), NULL);
+  *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
+  return 0;
+}
+
+/* The fast path serves a cached block of the stream under its lock alone;
+ * anything else (no fitting block, events pending, a new stream, GC on)
+ * takes the global path, which runs the search again: a failed search
+ * changes nothing, so the answers are PyTorch's either way. */
+static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stream_t *cs;
+  if (GMR_LIKELY(!c->global_only &&
+                 atomic_load_explicit(&c->n_pending, memory_order_acquire) == 0 &&
+                 (cs = cache_stream_find(c, s)) != NULL)) {
+    cache_spin_lock(&cs->lock);
+    if (GMR_LIKELY(cs->n_spare >= 1 || cache_records_reserve(cs, 4) == 0)) {
+      size_t size = cache_round_size(c, orig);
+      cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
+      cache_block_t *b = cache_get_free_block(c, p, size);
+      if (GMR_LIKELY(b != NULL)) {
+        cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+        b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size), j);
+        cache_commit(c, cs, j);
+        cache_spin_unlock(&cs->lock);
+        *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
+        gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+        return 0;
+      }
+    }
+    cache_spin_unlock(&cs->lock);
+  }
+  cache_lock_all(c);
+  int err = cache_alloc_global(c, orig, s, out);
+  cache_unlock_all(c);
+  gmr_assert_expensive(err != 0 || self->ops->check(self) != GMR_EINVAL);
+  return err;
+}
+
+/* free(); j NULL on the global path. */
+static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+  int t = cache_stat_type(b->pool);
+  b->allocated = false;
+  cache_add(j, c->st.allocation, t, -1);
+  cache_add(j, c->st.allocated_bytes, t, -(int64_t)b->size);
+  if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, -1);
+  if (b->n_uses > 0)
+    cache_insert_events(c, b);
+  else
+    cache_free_block(c, b, j);
+}
+
+static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  cache_t *c = (cache_t *)self;
+  cache_block_t *b = blk->handle;
+  cache_stream_t *cs = b->pool->stream;
+  cache_spin_lock(&cs->lock);
+  if (GMR_LIKELY(b->n_uses == 0)) {
+    cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+    cache_free_locked(c, b, j);
+    cache_commit(c, cs, j);
+    cache_spin_unlock(&cs->lock);
+  } else {
+    /* Events: the global path (record_stream changed n_uses under it). */
+    cache_spin_unlock(&cs->lock);
+    cache_lock_all(c);
+    cache_free_locked(c, b, NULL);
+    cache_unlock_all(c);
+  }
+  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
+}
+
+static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  (void)self;
+  cache_block_t *b = blk->handle;
+  if (s == b->pool->stream->id) return 0;
+  for (uint32_t i = 0; i < b->n_uses; ++i)
+    if (b->uses[i] == s) return 0;
+  if (b->n_uses == b->cap_uses) {
+    uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
+    gmr_stream_t *u = gmr__realloc(b->uses, cap * sizeof *u);
+    if (u == NULL)
+      return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a stream use");
+    b->uses = u;
+    b->cap_uses = cap;
+  }
+  b->uses[b->n_uses++] = s;
+  return 0;
+}
+
+static int cache_trim_locked(gmr_policy_t *self) {
+  return cache_release_cached((cache_t *)self);
+}
+
+/* ---- create and destroy ------------------------------------------------------------------ */
+
+static void cache_destroy(gmr_policy_t *self) {
+  cache_t *c = (cache_t *)self;
+  gmr_backend_t *be = self->backend;
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    for (cache_event_t *e = cs->ev_head, *nx; e; e = nx) {
+      nx = e->next;
+      gmr__backend_event_destroy(be, e->ev);
+      gmr__free(e);
+    }
+  }
+  for (cache_seg_t *s = c->segs, *nx; s; s = nx) {
+    nx = s->next_seg;
+    size_t next_page = 0;
+    for (cache_block_t *b = s->head, *bn; b; b = bn) {
+      bn = b->next;
+      if (s->expandable && b->mapped) {
+        size_t first = (b->ptr - s->base) / s->page;
+        size_t last = (b->ptr - s->base + b->size + s->page - 1) / s->page;
+        if (first < next_page) first = next_page;
+        seg_unmap_pages(c, s, first, last);
+        if (last > next_page) next_page = last;
+      }
+      gmr__free(b->uses);
+      gmr__free(b);
+    }
+    if (s->expandable)
+      gmr__backend_va_release(be, (void *)s->base, s->size);
+    else
+      gmr__backend_release(be, (void *)s->base, s->size);
+    gmr__free(s);
+  }
+  for (cache_event_t *e = c->spare_ev, *nx; e; e = nx) {
+    nx = e->next;
+    gmr__free(e);
+  }
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    for (cache_block_t *b = cs->spare, *nx; b; b = nx) {
+      nx = b->next;
+      gmr__free(b->uses);
+      gmr__free(b);
+    }
+    gmr__free(cs);
+  }
+  gmr__free(c->streams);
+  pthread_mutex_destroy(&c->glock);
+  gmr__free(c);
+}
+
+static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
+                        gmr_policy_t **out) {
+  (void)upstream;
+  cache_conf_t conf;
+  char why[512];
+  if (gmr__cache_resolve(opts, &conf, why, sizeof why) != 0)
+    return gmr__error_set(GMR_ECONFIG, "caching: %s", why);
+  cache_t *c = gmr__calloc(1, sizeof *c);
+  if (c == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
+  c->base.ops = &gmr_caching_policy_ops;
+  c->base.backend = be;
+  c->conf = conf;
+  c->st.max_split_size = (int64_t)conf.max_split_size; /* -1 when unlimited, as PyTorch */
+  size_t dev_free = 0, total = 0;
+  int err = gmr__backend_mem_info(be, &dev_free, &total);
+  if (err == 0 && pthread_mutex_init(&c->glock, NULL) != 0) err = GMR_ENOMEM;
+  atomic_flag_clear(&c->slock);
+  if (err != 0) {
+    gmr__free(c);
+    return err == GMR_ENOMEM ? gmr__error_set(err, "caching: cannot create locks") : err;
+  }
+  c->device_total = total;
+  if (conf.fraction < 1.0) {
+    c->fraction_set = true;
+    c->allowed_max = (size_t)(conf.fraction * (double)total);
+  }
+  if (conf.expandable && !gmr__backend_has_vmm(be)) {
+    gmr__log(GMR_LOG_WARN,
+             "caching: the %s backend cannot map pages; expandable_segments is "
+             "off",
+             be->ops->name);
+    c->conf.expandable = false;
+  }
+  c->global_only = c->fraction_set && c->conf.gc_threshold > 0;
+  if (c->conf.expandable &&
+      (c->conf.large_segment % be->granularity != 0 || CACHE_SMALL_BUFFER % be->granularity != 0)) {
+    cache_destroy(&c->base);
+    return gmr__error_set(GMR_ECONFIG,
+                          "caching: expandable segments need pages of 2 MiB and "
+                          "large_segment_size that are multiples of the device "
+                          "granularity (%zu bytes)",
+                          be->granularity);
+  }
+  *out = &c->base;
+  return 0;
+}
+
+/* ---- the ops the runtime calls: the global path around the bodies (here, stats.c, walk.c) */
+
+static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  cache_lock_all((cache_t *)self);
+  int err = cache_record_stream_locked(self, blk, s);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+static int cache_trim(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  int err = cache_trim_locked(self);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
+  cache_lock_all((cache_t *)self);
+  gmr__cache_stats_locked(self, out);
+  cache_unlock_all((cache_t *)self);
+}
+
+static void cache_reset_peak(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  gmr__cache_reset_peak_locked(self);
+  cache_unlock_all((cache_t *)self);
+}
+
+static void cache_reset_accumulated(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  gmr__cache_reset_accumulated_locked(self);
+  cache_unlock_all((cache_t *)self);
+}
+
+static int cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  cache_t *c = (cache_t *)self;
+  cache_kv_t kv[CACHE_N_KEYS];
+  cache_lock_all(c);
+  size_t n = gmr__cache_all_stats(c, kv);
+  cache_unlock_all(c);
+  for (size_t i = 0; i < n; ++i)
+    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
+  return 0;
+}
+
+static int cache_summary(gmr_policy_t *self, FILE *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stats_t snap;
+  cache_lock_all(c);
+  snap = c->st;
+  cache_unlock_all(c);
+  return gmr__cache_summary_write(c, &snap, out);
+}
+
+static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  cache_lock_all((cache_t *)self);
+  int err = gmr__cache_walk_locked(self, cb, ud);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+static int cache_check(gmr_policy_t *self) {
+  cache_lock_all((cache_t *)self);
+  int err = gmr__cache_check_locked(self);
+  cache_unlock_all((cache_t *)self);
+  return err;
+}
+
+const gmr_policy_ops_t gmr_caching_policy_ops = {
+    .name = "caching",
+    .help = "PyTorch's CUDA caching allocator, behaviour for behaviour: 512-byte rounding, "
+            "small and large pools, best fit per stream, split and merge, max_split_size, "
+            "expandable segments, record_stream, memory_stats() and memory_summary().",
+    .opts_size = sizeof(cache_opts_t),
+    .opts_default = &gmr__cache_opts_default,
+    .opts_desc = gmr__cache_opts_desc,
+    .validate = gmr__cache_validate,
+    .opts_release = gmr__cache_opts_release,
+    .concurrent = true,
+    .create = cache_create,
+    .destroy = cache_destroy,
+    .alloc = cache_alloc,
+    .free = cache_free,
+    .record_stream = cache_record_stream,
+    .trim = cache_trim,
+    .stats = cache_stats,
+    .reset_peak = cache_reset_peak,
+    .reset_accumulated = cache_reset_accumulated,
+    .stats_foreach = cache_stats_foreach,
+    .summary = cache_summary,
+    .walk = cache_walk,
+    .check = cache_check,
+};

@@ -1,0 +1,241 @@
+/* caching.h: what the files of the caching policy share (private to policies/caching/).
+ *
+ * The policy (PyTorch's CUDA caching allocator) is cut by concern into four
+ * files: caching.c, the allocator itself (blocks, pools, streams, segments,
+ * events, the alloc and free paths and everything they call, kept in one
+ * translation unit so the hot path inlines as before); options.c, the option
+ * table, the PYTORCH_CUDA_ALLOC_CONF tokenizer and the merging of keys and
+ * string into the options in force (PyTorch keeps this in
+ * CUDAAllocatorConfig); stats.c, torch.cuda.memory_stats() and
+ * memory_summary(); walk.c, the walk and the invariant check.  This header
+ * holds the data model they share, the small inline predicates on it, and
+ * the few functions that cross files.  Calls go one way: caching.c (which
+ * also holds every op that takes the locks) calls into the other three, and
+ * they call nothing back.  Invariants and locking are written
+ * at the top of caching.c.
+ */
+#ifndef GMR_POLICIES_CACHING_H
+#define GMR_POLICIES_CACHING_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "policy.h"
+
+#define CACHE_MIB             ((size_t)1 << 20)
+#define CACHE_MIN_BLOCK       ((size_t)512)    /* kMinBlockSize */
+#define CACHE_SMALL_SIZE      CACHE_MIB        /* kSmallSize */
+#define CACHE_SMALL_BUFFER    (2 * CACHE_MIB)  /* kSmallBuffer */
+#define CACHE_LARGE_BUFFER    (20 * CACHE_MIB) /* kLargeBuffer */
+#define CACHE_MIN_LARGE_ALLOC (10 * CACHE_MIB) /* kMinLargeAlloc */
+#define CACHE_ROUND_LARGE     (2 * CACHE_MIB)  /* kRoundLarge */
+#define CACHE_DIV_BUCKETS     16               /* roundup_power2_divisions intervals */
+#define CACHE_UNLIMITED       SIZE_MAX
+
+/* ---- options ------------------------------------------------------------------
+ * Every field has a "not given" value, so an option set both as a key and in
+ * `pytorch_alloc_conf` is found and refused instead of silently overridden. */
+
+typedef struct cache_divs_s {
+  bool given;                      /* set by the key or the string */
+  uint32_t div[CACHE_DIV_BUCKETS]; /* divisions per power-of-two interval from 1 MiB */
+} cache_divs_t;
+
+typedef struct cache_opts_s {
+  uint64_t max_split_size;         /* bytes; 0: not given (unlimited) */
+  uint64_t max_non_split_rounding; /* bytes; 0: not given (20 MiB) */
+  cache_divs_t roundup_power2_divisions;
+  double garbage_collection_threshold; /* in (0, 1); 0: not given (off) */
+  int expandable_segments;             /* -1: not given (false), 0, 1 */
+  double per_process_memory_fraction;  /* in [0, 1]; -1: not given (no cap) */
+  int release_lock_on_cudamalloc;      /* -1: not given, 0, 1 (accepted, no effect) */
+  uint64_t large_segment_size;         /* bytes; 0: not given (20 MiB) */
+  char *pytorch_alloc_conf;            /* PYTORCH_CUDA_ALLOC_CONF text; NULL: none */
+} cache_opts_t;
+
+/* The options in force, after merging keys and the string. */
+typedef struct cache_conf_s {
+  size_t max_split_size;           /* bytes; CACHE_UNLIMITED when unset */
+  size_t max_non_split_rounding;   /* bytes */
+  uint32_t div[CACHE_DIV_BUCKETS]; /* 0 or 1: plain 512-byte rounding */
+  double gc_threshold;             /* 0: off */
+  bool expandable;
+  double fraction; /* >= 1.0: no cap */
+  bool release_lock;
+  size_t large_segment; /* bytes: segment size for 1-10 MiB requests, large page */
+} cache_conf_t;
+
+/* ---- blocks, pools, streams, segments ---------------------------------------- */
+
+typedef struct cache_block_s cache_block_t;
+typedef struct cache_pool_s cache_pool_t;
+typedef struct cache_stream_s cache_stream_t;
+typedef struct cache_seg_s cache_seg_t;
+
+struct cache_block_s {
+  uintptr_t ptr;               /* device address */
+  size_t size;                 /* bytes */
+  size_t requested;            /* bytes the user asked for (live blocks) */
+  cache_pool_t *pool;          /* the (stream, small|large) pool */
+  cache_seg_t *seg;            /* the segment it is part of */
+  cache_block_t *prev, *next;  /* neighbours in the segment, by address */
+  cache_block_t *left, *right; /* treap children while in a free or unmapped tree */
+  uint32_t prio;               /* treap priority */
+  bool allocated;              /* handed to the user */
+  bool mapped;                 /* false only for unmapped expandable ranges */
+  bool in_tree;                /* in pool->blocks (mapped) or pool->unmapped */
+  int event_count;             /* events still pending since the free */
+  gmr_stream_t *uses;          /* streams from record_stream (not the own one) */
+  uint32_t n_uses, cap_uses;   /* entries */
+  int64_t gc_count_base;       /* the pool's GC clock when it became free */
+};
+
+struct cache_pool_s {
+  cache_block_t *blocks;   /* treap of free mapped blocks by (size, ptr) */
+  cache_block_t *unmapped; /* treap of unmapped expandable ranges by ptr */
+  size_t n_blocks;         /* entries in `blocks` */
+  cache_stream_t *stream;
+  bool is_small;
+};
+
+typedef struct cache_event_s {
+  gmr_event_t ev;
+  cache_block_t *block;
+  struct cache_event_s *next;
+} cache_event_t;
+
+struct cache_seg_s {
+  uintptr_t base; /* device address (reservation or virtual range) */
+  size_t size;    /* bytes (reservation, or the whole virtual range) */
+  cache_pool_t *pool;
+  cache_block_t *head;              /* the block at `base` */
+  bool expandable;                  /* a virtual range grown by mapping pages */
+  size_t page;                      /* expandable: bytes per mapped page */
+  cache_seg_t *prev_seg, *next_seg; /* all segments */
+};
+
+/* ---- statistics (c10 DeviceStats) ------------------------------------------- */
+
+enum { CS_ALL = 0, CS_SMALL = 1, CS_LARGE = 2 };
+
+typedef struct cache_stats_s {
+  gmr_stat_t allocation[3], segment[3], active[3], inactive_split[3]; /* counts */
+  gmr_stat_t allocated_bytes[3], reserved_bytes[3], active_bytes[3];  /* bytes */
+  gmr_stat_t inactive_split_bytes[3], requested_bytes[3];             /* bytes */
+  gmr_stat_t oversize_allocations, oversize_segments;                 /* counts */
+  int64_t num_alloc_retries, num_ooms, num_sync_all_streams;          /* events */
+  int64_t num_device_alloc, num_device_free;                          /* events */
+  int64_t max_split_size;                                             /* bytes; -1 */
+} cache_stats_t;
+
+/* The gmr_stat_t records at the start of cache_stats_t. */
+#define CACHE_N_STATS ((int)(offsetof(cache_stats_t, num_alloc_retries) / sizeof(gmr_stat_t)))
+
+/* A stream: its pools, and what the fast path touches without the global
+ * lock.  Synchronization: `lock` guards pools, the blocks of its segments,
+ * spare records, prio_state and delta; ev_head/ev_tail are guarded by the
+ * policy's glock; id is immutable. */
+struct cache_stream_s {
+  char pad_front[64]; /* keeps streams off each other's cache lines */
+  gmr_stream_t id;
+  _Atomic int lock;      /* a spin lock: 0 free, 1 held */
+  cache_pool_t pools[2]; /* [0] large, [1] small */
+  cache_block_t *spare;  /* recycled block records, linked by `next` */
+  size_t n_spare;
+  uint64_t prio_state;              /* treap priorities (an LCG) */
+  bool dirty;                       /* delta holds something */
+  cache_stats_t delta;              /* stat changes not yet folded into the policy's */
+  cache_event_t *ev_head, *ev_tail; /* events recorded on this stream, FIFO (glock) */
+  char pad_back[64];
+};
+
+/* The stream table: open addressing over stream handles, append-only, read
+ * without locks by the fast path. */
+#define CACHE_STAB 4096
+
+/* The policy.  Synchronization: conf, fraction_set, allowed_max,
+ * device_total and global_only are set at creation and then only read; `st`
+ * is changed by fast paths under slock and by the global path; n_pending,
+ * sharded and stab are atomics read by fast paths; everything else belongs
+ * to the global path (glock and every stream lock held). */
+typedef struct cache_s {
+  gmr_policy_t base; /* must be first */
+  cache_conf_t conf;
+  bool fraction_set;      /* a memory fraction < 1 caps the cache */
+  size_t allowed_max;     /* bytes: floor(fraction * total) */
+  size_t device_total;    /* bytes */
+  size_t total_allocated; /* bytes held from the device (segments + mapped pages) */
+  cache_stats_t st;
+  int64_t gc_clock[2];      /* get_free_blocks_call_count: [0] large, [1] small */
+  cache_stream_t **streams; /* in creation order */
+  size_t n_streams, cap_streams;
+  cache_seg_t *segs; /* every segment */
+  size_t n_segs;
+  cache_event_t *spare_ev;  /* recycled event records */
+  _Atomic size_t n_pending; /* events recorded and not yet completed */
+  bool global_only;         /* GC on: every alloc takes the global path */
+  pthread_mutex_t glock;    /* the global lock (see "Locking" above) */
+  atomic_flag slock;        /* guards `st` for the fast path's commits (try only) */
+  _Atomic bool sharded;     /* a commit found slock busy: fast paths keep deltas */
+  _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
+} cache_t;
+
+static inline int cache_stat_type(const cache_pool_t *p) {
+  return p->is_small ? CS_SMALL : CS_LARGE;
+}
+static inline void cache_inc(gmr_stat_t *a, int t, int64_t n) {
+  gmr__stat_increase(&a[CS_ALL], n);
+  gmr__stat_increase(&a[t], n);
+}
+static inline void cache_dec(gmr_stat_t *a, int t, int64_t n) {
+  gmr__stat_decrease(&a[CS_ALL], n);
+  gmr__stat_decrease(&a[t], n);
+}
+
+/* The order of the treaps: free trees by (size, ptr), unmapped trees by ptr. */
+static inline bool cache_less(const cache_block_t *a, size_t size, uintptr_t ptr, bool by_addr) {
+  if (!by_addr && a->size != size) return a->size < size;
+  return a->ptr < ptr;
+}
+
+static inline bool cache_is_split(const cache_block_t *b) {
+  return b->prev || b->next;
+}
+
+static inline bool cache_allocatable(const cache_block_t *b) {
+  return b && !b->allocated && b->event_count == 0 && b->n_uses == 0;
+}
+
+/* torch.cuda.memory_stats(): 122 keys, sorted as Python sorts them. */
+typedef struct cache_kv_s {
+  char key[48];
+  int64_t value;
+} cache_kv_t;
+#define CACHE_N_KEYS 122
+
+/* ---- across files -------------------------------------------------------------- */
+
+/* options.c: the defaults, the option table, and the merging of keys and the
+ * PYTORCH_CUDA_ALLOC_CONF string into the options in force. */
+extern const cache_opts_t gmr__cache_opts_default;
+extern const gmr_opt_desc_t gmr__cache_opts_desc[];
+int gmr__cache_resolve(const cache_opts_t *o, cache_conf_t *conf, char *err, size_t errlen);
+int gmr__cache_validate(void *opts, char *err, size_t errlen);
+void gmr__cache_opts_release(void *opts);
+
+/* stats.c, called on the global path (glock and every stream lock held,
+ * the fast paths' deltas folded in) by the ops at the end of caching.c.
+ * gmr__cache_all_stats fills `kv` (CACHE_N_KEYS entries) and returns the
+ * count; gmr__cache_summary_write prints memory_summary() of a snapshot `st`
+ * of c->st and needs no lock. */
+void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out);
+void gmr__cache_reset_peak_locked(gmr_policy_t *self);
+void gmr__cache_reset_accumulated_locked(gmr_policy_t *self);
+size_t gmr__cache_all_stats(const cache_t *c, cache_kv_t *kv);
+int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out);
+
+/* walk.c, called on the global path by the ops at the end of caching.c. */
+int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
+int gmr__cache_check_locked(gmr_policy_t *self);
+
+#endif /* GMR_POLICIES_CACHING_H */
