@@ -52,8 +52,11 @@ static gmr_avl_node_t *insert(gmr_avl_node_t *n, gmr_avl_node_t *fresh, int *fou
 
 int gmr__avl_insert(gmr_avl_t *t, uint64_t key, uint64_t val, uint32_t aux) {
   if (gmr__avl_find(t, key) != NULL) return 1;
-  gmr_avl_node_t *fresh = gmr__malloc(sizeof *fresh);
-  if (fresh == NULL) return GMR_ENOMEM;
+  gmr_avl_node_t *fresh = t->spare;
+  if (fresh != NULL)
+    t->spare = fresh->child[0];
+  else if ((fresh = gmr__malloc(sizeof *fresh)) == NULL)
+    return GMR_ENOMEM;
   *fresh = (gmr_avl_node_t){key, val, aux, 1, {NULL, NULL}};
   int found = 0;
   t->root = insert(t->root, fresh, &found);
@@ -113,7 +116,8 @@ int gmr__avl_erase(gmr_avl_t *t, uint64_t key) {
   gmr_avl_node_t *gone = NULL;
   t->root = erase(t->root, key, &gone);
   if (gone == NULL) return 0;
-  gmr__free(gone);
+  gone->child[0] = t->spare;
+  t->spare = gone;
   --t->count;
   return 1;
 }
@@ -130,6 +134,11 @@ static void clear(gmr_avl_node_t *n, void (*fn)(gmr_avl_node_t *n, void *ud), vo
 
 void gmr__avl_clear(gmr_avl_t *t, void (*fn)(gmr_avl_node_t *n, void *ud), void *ud) {
   clear(t->root, fn, ud);
+  while (t->spare != NULL) {
+    gmr_avl_node_t *n = t->spare;
+    t->spare = n->child[0];
+    gmr__free(n);
+  }
   t->root = NULL;
   t->count = 0;
 }
