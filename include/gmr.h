@@ -97,7 +97,8 @@ GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
 
 /** Create a runtime for `device` (the CUDA ordinal; ignored by the simulator).
  * The backend is the one the configuration names; `auto` (the default) picks
- * CUDA when a device is present and the simulator otherwise.
+ * CUDA when a device is present and the simulator otherwise.  On failure
+ * gmr_thread_last_error() (or gmr_last_error(NULL)) says why.
  * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EDEVICE, GMR_ECONFIG */
 GMR_EXTERN int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out);
 
@@ -212,8 +213,13 @@ GMR_EXTERN int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out);
 GMR_EXTERN int gmr_summary(gmr_runtime_t *rt, FILE *out);
 
 /** The last error of the calling thread on this runtime: the full OOM text
- * or a sentence naming the bad argument.  Never NULL; "" when none. */
+ * or a sentence naming the bad argument.  Never NULL; "" when none.  With rt
+ * NULL: the thread's last error that belongs to no runtime (why
+ * gmr_runtime_new, gmr_runtime_new_sim or gmr_default_runtime failed). */
 GMR_EXTERN const char *gmr_last_error(gmr_runtime_t *rt);
+/** The calling thread's last error text, whichever call set it (on any
+ * runtime, or on none).  Never NULL; "" when none. */
+GMR_EXTERN const char *gmr_thread_last_error(void);
 
 /* ------------------------------------------------------------------------ */
 /* Introspection: segments and blocks, for maps, snapshots and checks        */
@@ -251,6 +257,28 @@ GMR_EXTERN const char *gmr_runtime_policy(gmr_runtime_t *rt);
 GMR_EXTERN const char *gmr_runtime_backend(gmr_runtime_t *rt);
 /** Device memory as the backend reports it. */
 GMR_EXTERN int gmr_mem_info(gmr_runtime_t *rt, size_t *out_free, size_t *out_total);
+
+/** What the runtime's backend can do, found by trying it (gmr_backend_probe).
+ * Each *_err is 0 when the feature works, else the error of the step that
+ * failed (GMR_ENOTSUP: the backend has no such feature). */
+typedef struct gmr_backend_probe_s {
+  size_t granularity;   /* bytes: reservations and mapped pages are multiples */
+  int reserve_err;      /* reserve + release one granule (cudaMalloc/cudaFree) */
+  double reserve_us;    /* microseconds that pair took (reserve_err == 0) */
+  int vmm_err;          /* reserve a virtual range of vmm_span bytes, map two
+                           pages, unmap them, release the range */
+  const char *vmm_step; /* vmm_err != 0: the step that failed, e.g. "map a page" */
+  size_t vmm_span;      /* bytes of the virtual range tried: 32 granules */
+  int event_err;        /* record an event on the default stream */
+  int event_sync_err;   /* event_err == 0: synchronizing on it */
+  int event_query_err;  /* event_err == 0: querying it (0: complete) */
+} gmr_backend_probe_t;
+
+/** Try the backend's features on `rt`'s device: one granule reserved and
+ * released, a virtual range mapped and unmapped, an event recorded.  Leaves
+ * the device as it found it; safe while other threads use the runtime.
+ * @return 0 (the results are in *out, failures included), GMR_EINVAL */
+GMR_EXTERN int gmr_backend_probe(gmr_runtime_t *rt, gmr_backend_probe_t *out);
 
 /* ------------------------------------------------------------------------ */
 /* Memory history and PyTorch memory snapshots (docs/snapshots.md)           */

@@ -12,7 +12,8 @@
  *   allocated_bytes.current = requested_bytes.current = Σ live sizes
  *   allocations.current = number of records in the live list
  *   n_spare = number of records in the spare list <= DIRECT_SPARE_MAX
- * Synchronization: not concurrent; the runtime calls every op under its lock.
+ * Synchronization: not concurrent; every op runs under the instance's lock,
+ * taken by the policy.h wrappers (one op at a time).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,7 @@ static void direct_destroy(gmr_policy_t *self) {
   direct_t *d = (direct_t *)self;
   for (direct_rec_t *r = d->live, *next; r; r = next) {
     next = r->next;
-    gmr__backend_release(self->backend, r->ptr, r->size);
+    gmr__backend_release(self->backend, r->ptr, r->size, r->stream);
     gmr__free(r);
   }
   for (direct_rec_t *r = d->spare, *next; r; r = next) {
@@ -85,7 +86,7 @@ static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_blo
   direct_rec_t *r = direct_rec_new(d);
   if (r == NULL) return gmr__error_set(GMR_ENOMEM, "direct: out of host memory");
   void *ptr;
-  int err = gmr__backend_reserve(self->backend, size, &ptr);
+  int err = gmr__backend_reserve(self->backend, size, s, &ptr);
   if (err != 0) {
     direct_rec_release(d, r);
     if (err == GMR_ENOMEM) {
@@ -118,7 +119,7 @@ static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_blo
 static int direct_free(gmr_policy_t *self, const gmr_block_t *blk) {
   direct_t *d = (direct_t *)self;
   direct_rec_t *r = blk->handle;
-  int err = gmr__backend_release(self->backend, r->ptr, r->size);
+  int err = gmr__backend_release(self->backend, r->ptr, r->size, blk->stream);
   if (err != 0) return err;
   if (r->prev)
     r->prev->next = r->next;

@@ -36,8 +36,9 @@
  *
  * Synchronization: concurrent.  Shard credit, `pool`, `refused` and the
  * reserved count are atomics; `pool` and the drain change only under
- * `pool_lock`.  An upstream policy that is not concurrent is called under
- * `up_lock`.
+ * `pool_lock`.  The upstream is called through the policy.h wrappers, which
+ * take its own lock when it is not concurrent and supply its empty slots'
+ * defaults.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -74,8 +75,6 @@ typedef struct limit_s {
   int counts;
   uint64_t chunk;           /* bytes a shard takes from the pool beyond its request */
   _Atomic uint64_t refused; /* allocations refused by the cap */
-  bool up_serialize;        /* the upstream is not concurrent */
-  gmr_lock_t up_lock;       /* guards upstream calls when up_serialize */
   limit_backend_t *lbe;     /* counts == reserved: the upstream's backend */
   void *raw;                /* what gmr__calloc returned (the limit_t is aligned inside it) */
   _Alignas(64) gmr_lock_t pool_lock; /* guards changes of `pool` and drains */
@@ -112,36 +111,36 @@ static limit_backend_t *lbe_of(gmr_backend_t *be) {
   return (limit_backend_t *)be;
 }
 
-static int lbe_reserve(gmr_backend_t *be, size_t size, void **out) {
+static int lbe_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out) {
   limit_backend_t *l = lbe_of(be);
   uint64_t seen;
   if (!take(&l->held, l->cap, size, &seen))
     return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_reserve(l->real, size, out);
+  int err = gmr__backend_reserve(l->real, size, s, out);
   if (err != 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
 
-static int lbe_release(gmr_backend_t *be, void *ptr, size_t size) {
+static int lbe_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  int err = gmr__backend_release(l->real, ptr, size);
+  int err = gmr__backend_release(l->real, ptr, size, s);
   if (err == 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
 
-static int lbe_map(gmr_backend_t *be, void *addr, size_t size) {
+static int lbe_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
   uint64_t seen;
   if (!take(&l->held, l->cap, size, &seen))
     return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_map(l->real, addr, size);
+  int err = gmr__backend_map(l->real, addr, size, s);
   if (err != 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
 
-static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size) {
+static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  int err = gmr__backend_unmap(l->real, addr, size);
+  int err = gmr__backend_unmap(l->real, addr, size, s);
   if (err == 0) atomic_fetch_sub(&l->held, size);
   return err;
 }
@@ -246,7 +245,6 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   gmr_backend_t *up_be = be;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&l->pool_lock) != 0) goto fail_pool_lock;
-  if (gmr__lock_init(&l->up_lock) != 0) goto fail_lock;
   if (l->counts == LIMIT_COUNTS_RESERVED) {
     l->lbe = gmr__calloc(1, sizeof *l->lbe);
     if (l->lbe == NULL) goto fail_lbe;
@@ -260,14 +258,11 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   }
   err = gmr__policy_create(upstream, up_be, &l->base.upstream);
   if (err != 0) goto fail_upstream;
-  l->up_serialize = !l->base.upstream->ops->concurrent;
   *out = &l->base;
   return 0;
 fail_upstream:
   gmr__free(l->lbe);
 fail_lbe:
-  gmr__lock_destroy(&l->up_lock);
-fail_lock:
   gmr__lock_destroy(&l->pool_lock);
 fail_pool_lock:
   gmr__free(raw);
@@ -280,16 +275,8 @@ static void limit_destroy(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   gmr__policy_destroy(self->upstream);
   gmr__free(l->lbe);
-  gmr__lock_destroy(&l->up_lock);
   gmr__lock_destroy(&l->pool_lock);
   gmr__free(l->raw);
-}
-
-static inline void up_lock(limit_t *l) {
-  if (l->up_serialize) gmr__lock(&l->up_lock);
-}
-static inline void up_unlock(limit_t *l) {
-  if (l->up_serialize) gmr__unlock(&l->up_lock);
 }
 
 /* ---- the allocated-bytes count: shard credit and the pool ---------------------- */
@@ -400,9 +387,7 @@ static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_bloc
       return limit_refusal(l->cap, size, seen, "already allocated");
     }
   }
-  up_lock(l);
-  int err = self->upstream->ops->alloc(self->upstream, size, s, out);
-  up_unlock(l);
+  int err = gmr__policy_alloc(self->upstream, size, s, out);
   if (err != 0) {
     if (sh != NULL) limit_give(l, sh, size);
     if (err == GMR_ENOMEM && l->counts == LIMIT_COUNTS_RESERVED) atomic_fetch_add(&l->refused, 1);
@@ -412,9 +397,7 @@ static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_bloc
 
 static int limit_free(gmr_policy_t *self, const gmr_block_t *blk) {
   limit_t *l = (limit_t *)self;
-  up_lock(l);
-  int err = self->upstream->ops->free(self->upstream, blk);
-  up_unlock(l);
+  int err = gmr__policy_free(self->upstream, blk);
   if (err == 0 && l->counts == LIMIT_COUNTS_ALLOCATED)
     limit_give(l, shard_of(l, blk->stream), blk->requested);
   return err;
@@ -468,56 +451,33 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
 }
 
 static void limit_set_exclusive(gmr_policy_t *self, int exclusive) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->set_exclusive == NULL) return;
-  up_lock(l);
-  self->upstream->ops->set_exclusive(self->upstream, exclusive);
-  up_unlock(l);
+  gmr__policy_set_exclusive(self->upstream, exclusive);
 }
 
 static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->record_stream == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->record_stream(self->upstream, blk, s);
-  up_unlock(l);
-  return err;
+  return gmr__policy_record_stream(self->upstream, blk, s);
 }
 
 static int limit_trim(gmr_policy_t *self) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->trim == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->trim(self->upstream);
-  up_unlock(l);
-  return err;
+  return gmr__policy_trim(self->upstream);
 }
 
 static void limit_stats(gmr_policy_t *self, gmr_stats_t *st) {
   limit_t *l = (limit_t *)self;
-  up_lock(l);
-  self->upstream->ops->stats(self->upstream, st);
-  up_unlock(l);
+  gmr__policy_stats(self->upstream, st);
   st->limit_bytes = l->cap;
   /* Refusals by the capped backend are counted by the upstream as its OOMs. */
   if (l->counts == LIMIT_COUNTS_ALLOCATED) st->ooms += atomic_load(&l->refused);
 }
 
 static void limit_reset_peak(gmr_policy_t *self) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->reset_peak == NULL) return;
-  up_lock(l);
-  self->upstream->ops->reset_peak(self->upstream);
-  up_unlock(l);
+  gmr__policy_reset_peak(self->upstream);
 }
 
 static void limit_reset_accumulated(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   atomic_store(&l->refused, 0);
-  if (self->upstream->ops->reset_accumulated == NULL) return;
-  up_lock(l);
-  self->upstream->ops->reset_accumulated(self->upstream);
-  up_unlock(l);
+  gmr__policy_reset_accumulated(self->upstream);
 }
 
 static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
@@ -530,11 +490,8 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
     return 0;
   if (cb("limit_refused", (int64_t)atomic_load(&l->refused), ud) != 0) return 0;
   if (cb("limit_external_bytes", (int64_t)atomic_load(&l->external), ud) != 0) return 0;
-  if (self->upstream->ops->stats_foreach == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->stats_foreach(self->upstream, cb, ud);
-  up_unlock(l);
-  return err;
+  int err = gmr__policy_stats_foreach(self->upstream, cb, ud);
+  return err == GMR_POLICY_NONE ? 0 : err;
 }
 
 static int limit_summary(gmr_policy_t *self, FILE *out) {
@@ -547,22 +504,12 @@ static int limit_summary(gmr_policy_t *self, FILE *out) {
   fprintf(out, "limit: %s of %s %s (%llu allocations refused)\n", u, c,
           l->counts == LIMIT_COUNTS_ALLOCATED ? "allocated" : "reserved",
           (unsigned long long)atomic_load(&l->refused));
-  if (self->upstream->ops->summary == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->summary(self->upstream, out);
-  up_unlock(l);
-  return err;
+  int err = gmr__policy_summary(self->upstream, out);
+  return err == GMR_POLICY_NONE ? 0 : err;
 }
 
 static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  limit_t *l = (limit_t *)self;
-  if (self->upstream->ops->walk == NULL)
-    return gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk",
-                          self->upstream->ops->name);
-  up_lock(l);
-  int err = self->upstream->ops->walk(self->upstream, cb, ud);
-  up_unlock(l);
-  return err;
+  return gmr__policy_walk(self->upstream, cb, ud);
 }
 
 static int limit_check(gmr_policy_t *self) {
@@ -578,11 +525,7 @@ static int limit_check(gmr_policy_t *self) {
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);
-  if (self->upstream->ops->check == NULL) return 0;
-  up_lock(l);
-  int err = self->upstream->ops->check(self->upstream);
-  up_unlock(l);
-  return err;
+  return gmr__policy_check(self->upstream);
 }
 
 static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};

@@ -7,23 +7,30 @@
  * table and one tests/policy-NAME.c: nothing else changes.
  *
  * Rules:
- *  1. Ops are called only through the runtime (lib/core/runtime.c), which owns the
- *     pointer -> block map and passes the block back at free time.
+ *  1. Ops are called only through the gmr__policy_* wrappers below (as
+ *     devices are reached only through the gmr__backend_* ones): by the
+ *     runtime (lib/core/runtime.c), which owns the pointer -> block map and
+ *     passes the block back at free time, and by decorators, for their
+ *     upstream.
  *  2. `self` comes first; out-parameters come last and are never NULL.
- *  3. A NULL slot means "unsupported"; only the runtime tests for it.
+ *  3. A NULL slot means "unsupported"; only the wrappers test for it, and
+ *     they apply the one default each slot has (listed at each wrapper).
  *  4. Ops return 0 or a negative GMR_E*, never abort, and leave *out
  *     untouched on failure.  On GMR_ENOMEM the policy has written the full
- *     message (gmr__error_set) in its framework's words.
- *  5. Synchronization: unless `concurrent` is set, the runtime calls every op
- *     with its policy lock held (one op at a time).  A policy that sets
- *     `concurrent` does its own locking and may be called from any number of
- *     threads at once.
+ *     message (gmr__error_set) in its framework's words.  The wrappers tag a
+ *     failure with the runtime the policy serves (gmr_last_error(rt)).
+ *  5. Synchronization: unless `concurrent` is set, every op runs with the
+ *     instance's own lock held (one op at a time): the wrappers take it, or
+ *     the caller holds it (gmr__policy_lock) around the *_locked ones.  A
+ *     policy that sets `concurrent` does its own locking and may be called
+ *     from any number of threads at once.
  */
 #ifndef GMR_POLICY_H
 #define GMR_POLICY_H
 
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "core/lock.h"
 
 typedef struct gmr_policy_s gmr_policy_t;
 typedef struct gmr_policy_cfg_s gmr_policy_cfg_t;
@@ -45,7 +52,7 @@ typedef struct gmr_policy_ops_s {
   const gmr_opt_desc_t *opts_desc; /* terminated by an entry with key NULL */
   bool is_decorator;               /* takes an `upstream:` policy */
   bool concurrent;                 /* does its own locking (rule 5) */
-  /* Calls gmr__history_free_completed (backend.h) when a freed block becomes
+  /* Calls gmr__history_free_completed (observe/recording.h) when a freed block becomes
    * reusable; otherwise the runtime records free_completed with the free. */
   bool reports_free_completed;
   /* Cross-field checks after parsing; write a sentence to err on failure. */
@@ -85,11 +92,15 @@ typedef struct gmr_policy_ops_s {
   int (*check)(gmr_policy_t *self);
 } gmr_policy_ops_t;
 
-/* The first member of every policy instance. */
+/* The first member of every policy instance.  The policy's create sets
+ * `ops`, `backend` and `upstream`; gmr__policy_create sets the rest. */
 struct gmr_policy_s {
   const gmr_policy_ops_t *ops;
   gmr_backend_t *backend;
   gmr_policy_t *upstream; /* decorators only */
+  const void *owner;      /* the runtime served: failures are tagged with it */
+  bool serialize;         /* !ops->concurrent: the wrappers take `lock` */
+  gmr_lock_t lock;        /* one op at a time when serialize (rule 5) */
 };
 
 /* A parsed policy section of a configuration (owned by gmr_config_t). */
@@ -103,9 +114,116 @@ struct gmr_policy_cfg_s {
 extern const gmr_policy_ops_t *const gmr__policies[];
 const gmr_policy_ops_t *gmr__policy_lookup(const char *name);
 
-/* Build a policy stack on a backend. */
+/* Build a policy stack on a backend (policy.c); its failures are tagged
+ * with `owner` from now on (the runtime sets it for the whole stack). */
 int gmr__policy_create(const gmr_policy_cfg_t *cfg, gmr_backend_t *be, gmr_policy_t **out);
 void gmr__policy_destroy(gmr_policy_t *p);
+void gmr__policy_set_owner(gmr_policy_t *p, const void *owner);
+
+/* ---- the wrappers: the only way to call the ops ------------------------------
+ *
+ * Inline, for the hot path: a call costs what a direct one did, plus one
+ * predictable branch on the lock.  The *_locked forms are for a caller that
+ * already holds gmr__policy_lock(p) across other work (the runtime's pointer
+ * map, for a policy that is not concurrent).  Each wrapper tags a failure
+ * with p's runtime, except the runtime's hot path, alloc_locked and
+ * free_locked: their caller passes a failure to gmr__policy_failed(p, err)
+ * itself, so that p need not stay in a register across the call (that costs
+ * the runtime 3 instructions a pair, as callgrind counts them). */
+
+#if defined(__GNUC__)
+#define GMR_POLICY_INLINE static inline __attribute__((always_inline))
+#else
+#define GMR_POLICY_INLINE static inline
+#endif
+
+/* The result of the optional output ops (stats_foreach, summary) when the
+ * slot is empty: the caller writes its own default.  Positive, so never an
+ * op's result (rule 4). */
+#define GMR_POLICY_NONE 1
+
+/* Out of line: tag a failure with p's runtime (gmr__error_tag); returns err. */
+int gmr__policy_failed(const gmr_policy_t *p, int err);
+
+GMR_POLICY_INLINE bool gmr__policy_serialized(const gmr_policy_t *p) {
+  return p->serialize;
+}
+GMR_POLICY_INLINE void gmr__policy_lock(gmr_policy_t *p) {
+  if (p->serialize) gmr__lock(&p->lock);
+}
+GMR_POLICY_INLINE void gmr__policy_unlock(gmr_policy_t *p) {
+  if (p->serialize) gmr__unlock(&p->lock);
+}
+/* p's lock when p is not concurrent, else NULL: for a caller that holds it
+ * across work of its own and the *_locked calls, and keeps the pointer
+ * rather than the policy at hand (the runtime's hot paths). */
+GMR_POLICY_INLINE gmr_lock_t *gmr__policy_lock_ptr(gmr_policy_t *p) {
+  return p->serialize ? &p->lock : NULL;
+}
+GMR_POLICY_INLINE int gmr__policy_tag(const gmr_policy_t *p, int err) {
+  return GMR_UNLIKELY(err != 0) ? gmr__policy_failed(p, err) : 0;
+}
+
+/* alloc and free: required slots. */
+GMR_POLICY_INLINE int gmr__policy_alloc_locked(gmr_policy_t *p, size_t size, gmr_stream_t s,
+                                               gmr_block_t *out) {
+  return p->ops->alloc(p, size, s, out); /* untagged: see above */
+}
+GMR_POLICY_INLINE int gmr__policy_alloc(gmr_policy_t *p, size_t size, gmr_stream_t s,
+                                        gmr_block_t *out) {
+  gmr__policy_lock(p);
+  int err = p->ops->alloc(p, size, s, out);
+  gmr__policy_unlock(p);
+  return gmr__policy_tag(p, err);
+}
+GMR_POLICY_INLINE int gmr__policy_free_locked(gmr_policy_t *p, const gmr_block_t *blk) {
+  return p->ops->free(p, blk); /* untagged: see above */
+}
+GMR_POLICY_INLINE int gmr__policy_free(gmr_policy_t *p, const gmr_block_t *blk) {
+  gmr__policy_lock(p);
+  int err = p->ops->free(p, blk);
+  gmr__policy_unlock(p);
+  return gmr__policy_tag(p, err);
+}
+
+/* record_stream: empty slot, nothing to do (0). */
+GMR_POLICY_INLINE int gmr__policy_record_stream_locked(gmr_policy_t *p, const gmr_block_t *blk,
+                                                       gmr_stream_t s) {
+  if (p->ops->record_stream == NULL) return 0;
+  return gmr__policy_tag(p, p->ops->record_stream(p, blk, s));
+}
+GMR_POLICY_INLINE int gmr__policy_record_stream(gmr_policy_t *p, const gmr_block_t *blk,
+                                                gmr_stream_t s) {
+  if (p->ops->record_stream == NULL) return 0;
+  gmr__policy_lock(p);
+  int err = p->ops->record_stream(p, blk, s);
+  gmr__policy_unlock(p);
+  return gmr__policy_tag(p, err);
+}
+
+/* Empty slot: nothing to release (0). */
+int gmr__policy_trim(gmr_policy_t *p);
+/* Empty slot: nothing to enforce, every charge is accepted (0). */
+int gmr__policy_charge(gmr_policy_t *p, int64_t bytes);
+/* Empty slot: the policy never waits for other threads. */
+void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive);
+/* Empty slot: the fields stay as the caller set them. */
+void gmr__policy_stats_locked(gmr_policy_t *p, gmr_stats_t *st);
+void gmr__policy_stats(gmr_policy_t *p, gmr_stats_t *st);
+/* Empty slots: nothing to reset. */
+void gmr__policy_reset_peak_locked(gmr_policy_t *p);
+void gmr__policy_reset_peak(gmr_policy_t *p);
+void gmr__policy_reset_accumulated_locked(gmr_policy_t *p);
+void gmr__policy_reset_accumulated(gmr_policy_t *p);
+/* Empty slots: GMR_POLICY_NONE, nothing written.  Otherwise the op's result
+ * as is (a callback's stop value, GMR_EIO), untagged. */
+int gmr__policy_stats_foreach(gmr_policy_t *p, gmr_stat_cb cb, void *ud);
+int gmr__policy_summary(gmr_policy_t *p, FILE *out);
+/* Empty slot: GMR_ENOTSUP, "policy NAME keeps no segments to walk". */
+int gmr__policy_walk_locked(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
+int gmr__policy_walk(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
+/* Empty slot: no invariant to check (0). */
+int gmr__policy_check(gmr_policy_t *p);
 
 /* The tables. */
 extern const gmr_policy_ops_t gmr_direct_policy_ops;

@@ -13,9 +13,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "gmr.h"
 #include "core/internal.h"
 #include "core/runtime.h"
+#include "gmr.h"
 #include "tap.h"
 
 static gmr_runtime_t *new_runtime(const char *yaml) {

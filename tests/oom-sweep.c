@@ -5,8 +5,8 @@
  * AddressSanitizer), and the runtime must stay usable. */
 #include <string.h>
 
-#include "gmr.h"
 #include "core/internal.h"
+#include "gmr.h"
 #include "tap.h"
 
 static const char *const stacks[] = {

@@ -30,6 +30,15 @@ static void *other_thread(void *arg) {
   return (void *)(uintptr_t)(gmr_last_error(rt)[0] == '\0');
 }
 
+/* The length of a snapshot of rt, -1 when it cannot be written. */
+static long snapshot_len(gmr_runtime_t *rt) {
+  FILE *f = tmpfile();
+  if (f == NULL || gmr_snapshot_write(rt, f) != 0) return -1;
+  long n = ftell(f);
+  fclose(f);
+  return n;
+}
+
 static int count_cb(const gmr_walk_entry_t *e, void *ud) {
   ((int *)ud)[e->is_segment ? 0 : 1]++;
   return 0;
@@ -147,5 +156,45 @@ int main(void) {
   gmr_default_runtime(0, &def2);
   is_ptr(def2, def, "  and is created once");
   is_int(gmr_default_runtime(-1, &def), GMR_EINVAL, "a negative device is refused");
+
+  /* Why gmr_runtime_new failed, through the public API. */
+  gmr_config_t *cfg = NULL;
+  gmr_error_t cerr;
+  is_int(gmr_config_load_string("policy: direct\n", &cfg, &cerr), 0, "a configuration");
+  gmr_runtime_t *none = NULL;
+  is_int(gmr_runtime_new(cfg, -3, &none), GMR_EINVAL, "gmr_runtime_new refuses device -3");
+  like(gmr_thread_last_error(), "the device ordinal is negative",
+       "  gmr_thread_last_error says why");
+  like(gmr_last_error(NULL), "the device ordinal is negative",
+       "  and so does gmr_last_error(NULL)");
+  gmr_config_free(cfg);
+
+  /* The backend probe: every feature of the simulator works, and the probe
+   * leaves no trace in the runtime's statistics or history. */
+  gmr_runtime_t *pr = new_rt("policy: direct\n");
+  is_int(gmr_history_enable(pr, 100), 0, "probe: history on");
+  long len0 = snapshot_len(pr);
+  gmr_backend_probe_t bp;
+  memset(&bp, 0xff, sizeof bp);
+  is_int(gmr_backend_probe(pr, &bp), 0, "gmr_backend_probe on the simulator");
+  is_u64(bp.granularity, 2 * MiB, "  granularity 2 MiB");
+  is_int(bp.reserve_err, 0, "  reserve/release works");
+  ok(bp.reserve_us >= 0, "  and was timed");
+  is_int(bp.vmm_err, 0, "  VMM map/unmap works");
+  is_u64(bp.vmm_span, 64 * MiB, "  in a range of 32 granules");
+  is_int(bp.event_err, 0, "  events can be recorded");
+  is_int(bp.event_sync_err, 0, "  synchronized");
+  is_int(bp.event_query_err, 0, "  and queried");
+  gmr_stats_t pst;
+  gmr_stats(pr, &pst);
+  is_u64(pst.peak_reserved_bytes + pst.device_allocs + pst.device_frees, 0,
+         "  the runtime's device counters did not move");
+  /* Each snapshot adds one entry of the same length: one snapshot entry
+   * between the first two files means the probe recorded nothing. */
+  long len1 = snapshot_len(pr), len2 = snapshot_len(pr);
+  ok(len0 > 0 && len1 - len0 == len2 - len1,
+     "  the history holds no entry of the probe (%ld, %ld, %ld bytes)", len0, len1, len2);
+  is_int(gmr_backend_probe(NULL, &bp), GMR_EINVAL, "gmr_backend_probe(NULL) is refused");
+  gmr_runtime_free(pr);
   return done_testing();
 }

@@ -20,8 +20,8 @@ int main(void) {
   is_u64(be->granularity, 2 * MiB, "default granularity 2 MiB");
 
   void *a, *b, *c;
-  is_int(gmr__backend_reserve(be, 20 * MiB, &a), 0, "reserve 20 MiB");
-  is_int(gmr__backend_reserve(be, 2 * MiB, &b), 0, "reserve 2 MiB");
+  is_int(gmr__backend_reserve(be, 20 * MiB, NULL, &a), 0, "reserve 20 MiB");
+  is_int(gmr__backend_reserve(be, 2 * MiB, NULL, &b), 0, "reserve 2 MiB");
   ok(a != b && (uintptr_t)a % (2 * MiB) == 0, "distinct, 2 MiB-aligned addresses");
   size_t f, t;
   gmr__backend_mem_info(be, &f, &t);
@@ -30,48 +30,50 @@ int main(void) {
   is_u64(atomic_load(&be->counters.reserved_bytes), 22 * MiB, "wrapper counts reserved bytes");
   is_u64(atomic_load(&be->counters.segments), 2, "and segments");
 
-  is_int(gmr__backend_reserve(be, 1 * GiB, &c), GMR_ENOMEM, "a reservation past capacity fails");
+  is_int(gmr__backend_reserve(be, 1 * GiB, NULL, &c), GMR_ENOMEM,
+         "a reservation past capacity fails");
   like(gmr__error_last(), "out of memory", "  with a message");
-  is_int(gmr__backend_release(be, b, 4 * MiB), GMR_EINVAL,
+  is_int(gmr__backend_release(be, b, 4 * MiB, NULL), GMR_EINVAL,
          "release with the wrong size is refused");
-  is_int(gmr__backend_release(be, (char *)a + 512, 20 * MiB), GMR_EINVAL,
+  is_int(gmr__backend_release(be, (char *)a + 512, 20 * MiB, NULL), GMR_EINVAL,
          "release of an interior address is refused");
-  is_int(gmr__backend_release(be, b, 2 * MiB), 0, "release 2 MiB");
-  is_int(gmr__backend_release(be, b, 2 * MiB), GMR_EINVAL, "a second release is refused");
-  is_int(gmr__backend_reserve(be, 2 * MiB, &c), 0, "reserve again");
+  is_int(gmr__backend_release(be, b, 2 * MiB, NULL), 0, "release 2 MiB");
+  is_int(gmr__backend_release(be, b, 2 * MiB, NULL), GMR_EINVAL, "a second release is refused");
+  is_int(gmr__backend_reserve(be, 2 * MiB, NULL, &c), 0, "reserve again");
   is_ptr(c, b, "  first fit reuses the freed range");
-  gmr__backend_release(be, c, 2 * MiB);
+  gmr__backend_release(be, c, 2 * MiB, NULL);
 
   /* Fault schedule. */
   gmr__sim_fail_nth(sim, 2);
-  ok(gmr__backend_reserve(be, 2 * MiB, &b) == 0, "fail_nth(2): the first succeeds");
-  is_int(gmr__backend_reserve(be, 2 * MiB, &c), GMR_ENOMEM, "  the second fails");
-  ok(gmr__backend_reserve(be, 2 * MiB, &c) == 0, "  the third succeeds");
-  gmr__backend_release(be, b, 2 * MiB);
-  gmr__backend_release(be, c, 2 * MiB);
+  ok(gmr__backend_reserve(be, 2 * MiB, NULL, &b) == 0, "fail_nth(2): the first succeeds");
+  is_int(gmr__backend_reserve(be, 2 * MiB, NULL, &c), GMR_ENOMEM, "  the second fails");
+  ok(gmr__backend_reserve(be, 2 * MiB, NULL, &c) == 0, "  the third succeeds");
+  gmr__backend_release(be, b, 2 * MiB, NULL);
+  gmr__backend_release(be, c, 2 * MiB, NULL);
   gmr__sim_fail_above(sim, 4 * MiB);
-  is_int(gmr__backend_reserve(be, 6 * MiB, &b), GMR_ENOMEM, "fail_above(4 MiB) refuses 6 MiB");
-  ok(gmr__backend_reserve(be, 4 * MiB, &b) == 0, "  and grants 4 MiB");
-  gmr__backend_release(be, b, 4 * MiB);
+  is_int(gmr__backend_reserve(be, 6 * MiB, NULL, &b), GMR_ENOMEM,
+         "fail_above(4 MiB) refuses 6 MiB");
+  ok(gmr__backend_reserve(be, 4 * MiB, NULL, &b) == 0, "  and grants 4 MiB");
+  gmr__backend_release(be, b, 4 * MiB, NULL);
   gmr__sim_fail_above(sim, 0);
   gmr__sim_fail_all(sim, 1);
-  is_int(gmr__backend_reserve(be, 2 * MiB, &b), GMR_ENOMEM, "fail_all refuses everything");
+  is_int(gmr__backend_reserve(be, 2 * MiB, NULL, &b), GMR_ENOMEM, "fail_all refuses everything");
   gmr__sim_fail_all(sim, 0);
 
   /* Virtual ranges and pages. */
   void *va;
   is_int(gmr__backend_va_reserve(be, 64 * GiB, &va), 0, "reserve 64 GiB of addresses");
   is_u64(atomic_load(&be->counters.reserved_bytes), 20 * MiB, "  which hold no memory");
-  is_int(gmr__backend_map(be, va, 20 * MiB), 0, "map a 20 MiB page");
-  is_int(gmr__backend_map(be, (char *)va + 20 * MiB, 20 * MiB), 0, "map the next page");
-  is_int(gmr__backend_map(be, (char *)va + 10 * MiB, 20 * MiB), GMR_EINVAL,
+  is_int(gmr__backend_map(be, va, 20 * MiB, NULL), 0, "map a 20 MiB page");
+  is_int(gmr__backend_map(be, (char *)va + 20 * MiB, 20 * MiB, NULL), 0, "map the next page");
+  is_int(gmr__backend_map(be, (char *)va + 10 * MiB, 20 * MiB, NULL), GMR_EINVAL,
          "mapping over a mapped page is refused");
   is_u64(atomic_load(&be->counters.reserved_bytes), 60 * MiB, "mapped bytes count as reserved");
   is_int(gmr__backend_va_release(be, va, 64 * GiB), GMR_EINVAL,
          "a virtual range with mapped pages cannot be released");
-  is_int(gmr__backend_unmap(be, va, 40 * MiB), GMR_EINVAL, "unmap must match one map call");
-  is_int(gmr__backend_unmap(be, va, 20 * MiB), 0, "unmap the first page");
-  is_int(gmr__backend_unmap(be, (char *)va + 20 * MiB, 20 * MiB), 0, "unmap the second");
+  is_int(gmr__backend_unmap(be, va, 40 * MiB, NULL), GMR_EINVAL, "unmap must match one map call");
+  is_int(gmr__backend_unmap(be, va, 20 * MiB, NULL), 0, "unmap the first page");
+  is_int(gmr__backend_unmap(be, (char *)va + 20 * MiB, 20 * MiB, NULL), 0, "unmap the second");
   is_int(gmr__backend_va_release(be, va, 64 * GiB), 0, "release the virtual range");
 
   /* Streams and events. */
@@ -102,24 +104,24 @@ int main(void) {
   is_u64(k.map_calls, 3, "spy: three map calls");
   is_u64(k.unmap_calls, 3, "spy: three unmap calls");
   is_u64(k.bytes_in_use, 20 * MiB, "spy: 20 MiB in use");
-  gmr__backend_release(be, a, 20 * MiB);
+  gmr__backend_release(be, a, 20 * MiB, NULL);
   gmr__backend_free(be);
 
   /* Host-backed: real memory behind ranges and pages. */
   gmr_sim_options_t h = {.capacity = 256 * MiB, .host_backed = 1};
   is_int(gmr__sim_backend_new(&h, &be), 0, "a host-backed simulator");
-  is_int(gmr__backend_reserve(be, 2 * MiB, &a), 0, "reserve 2 MiB of host memory");
+  is_int(gmr__backend_reserve(be, 2 * MiB, NULL, &a), 0, "reserve 2 MiB of host memory");
   memset(a, 0xab, 2 * MiB);
   ok(((unsigned char *)a)[2 * MiB - 1] == 0xab, "it can be written and read");
-  gmr__backend_release(be, a, 2 * MiB);
+  gmr__backend_release(be, a, 2 * MiB, NULL);
   is_int(gmr__backend_va_reserve(be, 64 * MiB, &va), 0, "a host-backed virtual range");
-  is_int(gmr__backend_map(be, (char *)va + 2 * MiB, 2 * MiB), 0, "map one page");
+  is_int(gmr__backend_map(be, (char *)va + 2 * MiB, 2 * MiB, NULL), 0, "map one page");
   memset((char *)va + 2 * MiB, 0x5a, 2 * MiB);
   ok(((unsigned char *)va)[4 * MiB - 1] == 0x5a, "the mapped page holds data");
-  gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB);
-  gmr__backend_map(be, (char *)va + 2 * MiB, 2 * MiB);
+  gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB, NULL);
+  gmr__backend_map(be, (char *)va + 2 * MiB, 2 * MiB, NULL);
   ok(((unsigned char *)va)[2 * MiB] == 0, "a page mapped again is fresh memory");
-  gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB);
+  gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB, NULL);
   gmr__backend_va_release(be, va, 64 * MiB);
   gmr__backend_free(be);
 

@@ -17,10 +17,11 @@
 #include <unistd.h>
 
 #include "core/config.h" /* the hook test builds a configuration around its own policy */
+#include "core/runtime.h"
 #include "gmr.h"
 #include "observe/history.h"
+#include "observe/recording.h"
 #include "policy.h"
-#include "core/runtime.h"
 #include "tap.h"
 
 #define MiB  ((size_t)1 << 20)
@@ -717,7 +718,7 @@ static int deferred_create(const void *opts, gmr_backend_t *be, const gmr_policy
 static void deferred_destroy(gmr_policy_t *self) {
   deferred_t *d = (deferred_t *)self;
   for (int i = 0; i < d->n; ++i)
-    gmr__backend_release(self->backend, d->rec[i].ptr, d->rec[i].size);
+    gmr__backend_release(self->backend, d->rec[i].ptr, d->rec[i].size, NULL);
   free(d);
 }
 
@@ -730,12 +731,12 @@ static int deferred_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_b
       continue;
     }
     gmr__history_free_completed(self->backend, r->ptr, r->requested, r->stream);
-    gmr__backend_release(self->backend, r->ptr, r->size);
+    gmr__backend_release(self->backend, r->ptr, r->size, s);
     *r = d->rec[--d->n];
   }
   if (d->n == 16) return GMR_ENOMEM;
   void *p;
-  int err = gmr__backend_reserve(self->backend, size, &p);
+  int err = gmr__backend_reserve(self->backend, size, s, &p);
   if (err != 0) return err;
   d->rec[d->n++] = (deferred_rec_t){p, size, 0, s, false};
   *out = (gmr_block_t){.ptr = p, .size = size, .handle = &d->rec[d->n - 1]};

@@ -32,13 +32,14 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "gmr.h"
-#include "core/internal.h"
+#include "json.h"
 
 #ifdef GMR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -336,9 +337,25 @@ static void print_header(const bench_opts_t *o) {
   printf(" | %5s\n", "rate");
 }
 
+/* "1.50 GiB" style, as gmr's own messages write sizes. */
+static void format_size(uint64_t bytes, char *buf, size_t len) {
+  static const char *const names[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) {
+    snprintf(buf, len, "%llu bytes", (unsigned long long)bytes);
+    return;
+  }
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  snprintf(buf, len, "%.2f %s", v, names[u]);
+}
+
 static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, const result_t *r) {
   char sz[32];
-  gmr__format_size(size, sz, sizeof sz);
+  format_size(size, sz, sizeof sz);
   printf("%-18s %-28s %9s %9.1f |", c->name, c->policy, sz, r->single);
   for (int k = 0; k < o->n_threads; ++k)
     printf(" %8.1f", r->agg[k]);
@@ -346,27 +363,12 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, 
   fflush(stdout);
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped. */
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; ++s) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
-    else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
 static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
                        const result_t *r, bool first) {
   fprintf(f, "%s\n  {\"contender\": ", first ? "" : ",");
-  json_str(f, c->name);
+  tool_json_string(f, c->name);
   fprintf(f, ", \"policy\": ");
-  json_str(f, c->policy);
+  tool_json_string(f, c->policy);
   fprintf(f,
           ", \"backend\": \"%s\", \"pinned\": %s, \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": "
           "%" PRIu64
@@ -435,7 +437,7 @@ static int gmr_contender_new(const char *path, const bench_opts_t *o, contender_
   gmr_config_free(cfg);
   if (rc != 0) {
     fprintf(stderr, "gmr-bench: %s: cannot create the runtime: %s (%s)\n", path, gmr_strerror(rc),
-            gmr__error_last());
+            gmr_thread_last_error());
     return 1;
   }
   c->backend = gmr_runtime_backend(c->rt);
@@ -562,7 +564,7 @@ static int parse_list(const char *opt, const char *text, bool sizes, void *out, 
     }
     uint64_t v;
     if (sizes) {
-      if (gmr__parse_size(tok, &v) != 0 || v == 0) {
+      if (gmr_parse_size(tok, &v) != 0 || v == 0) {
         fprintf(stderr, "gmr-bench: %s: '%s' is not a size in bytes above 0 (e.g. 4KiB)\n", opt,
                 tok);
         return 1;
@@ -652,7 +654,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
       if (parse_int(a, v, 1, 1L << 40, &n) != 0) return 1;
       o->fixed_pairs = (uint64_t)n;
     } else if (strcmp(a, "--capacity") == 0) {
-      if (gmr__parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20)) {
+      if (gmr_parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20)) {
         fprintf(stderr, "gmr-bench: --capacity: '%s' is not a size of 1MiB or more\n", v);
         return 1;
       }

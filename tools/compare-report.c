@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "json.h"
 
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -23,23 +24,6 @@ void compare_format_bytes(uint64_t bytes, char *buf, size_t len) {
   while (v >= 1024.0 && u < 6)
     v /= 1024.0, ++u;
   snprintf(buf, len, "%.2f %s", v, units[u]);
-}
-
-void compare_json_string(FILE *out, const char *s) {
-  fputc('"', out);
-  for (const unsigned char *p = (const unsigned char *)s; *p; ++p) {
-    if (*p == '"' || *p == '\\')
-      fprintf(out, "\\%c", *p);
-    else if (*p == '\n')
-      fputs("\\n", out);
-    else if (*p == '\t')
-      fputs("\\t", out);
-    else if (*p < 0x20)
-      fprintf(out, "\\u%04x", *p);
-    else
-      fputc(*p, out);
-  }
-  fputc('"', out);
 }
 
 /* ---- the table ------------------------------------------------------------------- */
@@ -279,20 +263,20 @@ static void json_u64(FILE *out, const char *key, uint64_t v) {
 
 static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r) {
   fputs("  {\n    \"config\": ", out);
-  compare_json_string(out, r->name);
+  tool_json_string(out, r->name);
   fputs(",\n    \"source\": ", out);
-  compare_json_string(out, r->source);
+  tool_json_string(out, r->source);
   fprintf(out, ",\n    \"status\": \"%s\"", json_status(r->status));
   fputs(",\n    \"error\": ", out);
   if (r->status == COMPARE_OK)
     fputs("null", out);
   else
-    compare_json_string(out, r->error);
+    tool_json_string(out, r->error);
   fputs(",\n    \"trace\": ", out);
-  compare_json_string(out, t->source);
+  tool_json_string(out, t->source);
   if (r->yaml) {
     fputs(",\n    \"yaml\": ", out);
-    compare_json_string(out, r->yaml);
+    tool_json_string(out, r->yaml);
   }
   if (r->status == COMPARE_ELOAD || r->status == COMPARE_ERUNTIME) {
     fputs("\n  }", out);
@@ -300,7 +284,7 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
   }
   const gmr_stats_t *f = &r->final;
   fputs(",\n    \"policy\": ", out);
-  compare_json_string(out, r->policy);
+  tool_json_string(out, r->policy);
   json_u64(out, "events", r->res.events_done);
   json_u64(out, "peak_reserved", f->peak_reserved_bytes);
   json_u64(out, "peak_allocated", f->peak_allocated_bytes);
@@ -324,7 +308,7 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
   if (r->res.ooms) {
     fprintf(out, ",\n    \"first_oom\": {\"event\": %zu, \"line\": %u, \"message\": ",
             r->res.first_oom_event, r->res.first_oom_line);
-    compare_json_string(out, r->res.first_oom_message);
+    tool_json_string(out, r->res.first_oom_message);
     fputc('}', out);
   } else {
     fputs(",\n    \"first_oom\": null", out);

@@ -107,8 +107,6 @@ const char *compare_table_label(int row);
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len);
 /* Human units: "14.24 GiB", "512 B". */
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len);
-/* Write `s` as a JSON string literal (with the quotes). */
-void compare_json_string(FILE *out, const char *s);
 
 /* compare-html.c: 0, or -1 with a message on stderr. */
 int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,

@@ -23,8 +23,9 @@
  * that includes every other user of the device.
  *
  * The driver and NVML are reached with dlopen, so the tool needs no CUDA
- * header and runs on machines without them.  It links gmr statically to drive
- * the backend directly (reserve/release, map/unmap, events).
+ * header and runs on machines without them.  The backend's features
+ * (reserve/release, map/unmap, events) are tried through the public
+ * gmr_backend_probe; the tool uses gmr.h only.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -32,10 +33,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend.h"
 #include "gmr.h"
-#include "core/internal.h"
-#include "core/runtime.h"
 
 #define MiB (1024.0 * 1024.0)
 
@@ -61,12 +59,6 @@ typedef struct probe_s {
   int (*nvmlProcesses)(void *, unsigned *, void *);
   void *nvml_dev;
 } probe_t;
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static void *sym(void *h, const char *name) {
   return h ? dlsym(h, name) : NULL;
@@ -106,65 +98,41 @@ static void print_size(const char *what, double bytes) {
 }
 
 static void features(gmr_runtime_t *rt) {
-  gmr_backend_t *be = gmr__runtime_backend(rt);
-  size_t g = be->granularity;
+  gmr_backend_probe_t p;
+  if (gmr_backend_probe(rt, &p) != 0) {
+    printf("  the backend could not be probed: %s\n", gmr_last_error(rt));
+    return;
+  }
   size_t f = 0, t = 0;
   if (gmr_mem_info(rt, &f, &t) == 0) {
     print_size("total memory (backend)", (double)t);
     print_size("free memory (backend)", (double)f);
   }
-  print_size("allocation granularity", (double)g);
+  print_size("allocation granularity", (double)p.granularity);
   printf("backend features (%s):\n", gmr_runtime_backend(rt));
 
-  void *ptr = NULL;
-  double t0 = now_us();
-  int err = gmr__backend_reserve(be, g, &ptr);
-  if (err == 0) err = gmr__backend_release(be, ptr, g);
-  double t1 = now_us();
-  if (err == 0)
-    printf("  reserve/release (cudaMalloc)     works: %.1f us for a %zu-byte pair\n", t1 - t0, g);
+  if (p.reserve_err == 0)
+    printf("  reserve/release (cudaMalloc)     works: %.1f us for a %zu-byte pair\n", p.reserve_us,
+           p.granularity);
   else
-    printf("  reserve/release (cudaMalloc)     FAILS: %s\n", gmr_strerror(err));
+    printf("  reserve/release (cudaMalloc)     FAILS: %s\n", gmr_strerror(p.reserve_err));
 
-  if (!gmr__backend_has_vmm(be)) {
+  if (p.vmm_err == GMR_ENOTSUP)
     printf("  VMM map/unmap                    not available on this backend\n");
-  } else {
-    void *base = NULL;
-    size_t span = 32 * g;
-    err = gmr__backend_va_reserve(be, span, &base);
-    const char *step = "reserve a virtual range";
-    if (err == 0) {
-      step = "map a page";
-      err = gmr__backend_map(be, base, g);
-      if (err == 0) {
-        step = "map the next page";
-        err = gmr__backend_map(be, (char *)base + g, g);
-        if (err == 0) gmr__backend_unmap(be, (char *)base + g, g);
-        int e2 = gmr__backend_unmap(be, base, g);
-        if (err == 0 && e2 != 0) step = "unmap", err = e2;
-      }
-      gmr__backend_va_release(be, base, span);
-    }
-    if (err == 0)
-      printf("  VMM map/unmap                    works (%zu-byte pages in a %zu-byte range)\n", g,
-             span);
-    else
-      printf("  VMM map/unmap                    FAILS to %s: %s\n", step, gmr_strerror(err));
-  }
+  else if (p.vmm_err == 0)
+    printf("  VMM map/unmap                    works (%zu-byte pages in a %zu-byte range)\n",
+           p.granularity, p.vmm_span);
+  else
+    printf("  VMM map/unmap                    FAILS to %s: %s\n", p.vmm_step,
+           gmr_strerror(p.vmm_err));
 
-  gmr_event_t ev = NULL;
-  err = gmr__backend_event_record(be, NULL, &ev);
-  if (err == 0) {
-    int s = gmr__backend_event_sync(be, ev);
-    int q = gmr__backend_event_query(be, ev);
-    gmr__backend_event_destroy(be, ev);
-    if (s == 0 && q == 0)
-      printf("  events (record/sync/query)       work\n");
-    else
-      printf("  events (record/sync/query)       FAIL: sync %d, query %d\n", s, q);
-  } else {
-    printf("  events (record/sync/query)       FAIL: %s\n", gmr_strerror(err));
-  }
+  if (p.event_err != 0)
+    printf("  events (record/sync/query)       FAIL: %s\n", gmr_strerror(p.event_err));
+  else if (p.event_sync_err == 0 && p.event_query_err == 0)
+    printf("  events (record/sync/query)       work\n");
+  else
+    printf("  events (record/sync/query)       FAIL: sync %d, query %d\n", p.event_sync_err,
+           p.event_query_err);
 }
 
 static int simulator(const char *why) {
@@ -176,7 +144,7 @@ static int simulator(const char *why) {
   gmr_runtime_t *rt = NULL;
   if (gmr_config_load_string("device: {backend: sim}\npolicy: direct\n", &cfg, &cerr) != 0 ||
       gmr_runtime_new(cfg, 0, &rt) != 0) {
-    printf("  the simulator could not be created: %s\n", gmr__error_last());
+    printf("  the simulator could not be created: %s\n", gmr_thread_last_error());
     gmr_config_free(cfg);
     return 0;
   }
@@ -257,7 +225,7 @@ int main(int argc, char **argv) {
   gmr_runtime_t *rt = NULL;
   if (gmr_config_load_string("device: {backend: cuda}\npolicy: direct\n", &cfg, &cerr) != 0 ||
       gmr_runtime_new(cfg, ordinal, &rt) != 0) {
-    printf("gmr's CUDA backend could not start: %s\n", gmr__error_last());
+    printf("gmr's CUDA backend could not start: %s\n", gmr_thread_last_error());
     gmr_config_free(cfg);
     return 0;
   }

@@ -32,8 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gmr_hooks.h"
 #include "core/internal.h"
+#include "gmr_hooks.h"
 
 #define HOOKS_MAX_DEVICES 64
 

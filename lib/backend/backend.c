@@ -7,22 +7,13 @@
  *   segments       = number of live reserve ranges
  * Virtual reservations (va_reserve) hold no memory and are not counted.
  *
- * While the runtime records its memory history (be->history != NULL), the
- * wrappers add PyTorch's segment entries: segment_alloc / segment_free for
- * reserve / release, segment_map / segment_unmap for map / unmap.  A release
- * or unmap is recorded under the history lock held across the device call,
- * so another thread cannot record a reuse of the range before its release.
- * With no history, each wrapper pays one load and one predictable branch.
+ * The stream argument of reserve, release, map and unmap is passed on to the
+ * ops untouched: devices ignore it, decorators (the recording layer,
+ * lib/observe/recording.c) use it.
  */
 #include "core/internal.h"
 
 #include "backend/backend.h"
-#include "observe/history.h"
-
-/* Acquire: pairs with the runtime's release store (see runtime.c). */
-static inline gmr_history_t *history_of(gmr_backend_t *be) {
-  return atomic_load_explicit(&be->history, memory_order_acquire);
-}
 
 static void counter_add_peak(_Atomic uint64_t *cur, _Atomic uint64_t *peak, uint64_t n) {
   uint64_t now = atomic_fetch_add(cur, n) + n;
@@ -31,36 +22,20 @@ static void counter_add_peak(_Atomic uint64_t *cur, _Atomic uint64_t *peak, uint
   }
 }
 
-int gmr__backend_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+int gmr__backend_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
   gmr_assert(size > 0 && out_ptr != NULL);
   void *p = NULL;
-  int err = be->ops->reserve(be, size, &p);
+  int err = be->ops->reserve(be, size, s, &p);
   if (err != 0) return err;
   counter_add_peak(&be->counters.reserved_bytes, &be->counters.peak_reserved_bytes, size);
   counter_add_peak(&be->counters.segments, &be->counters.peak_segments, 1);
   atomic_fetch_add(&be->counters.device_allocs, 1);
-  gmr_history_t *h = history_of(be);
-  if (GMR_UNLIKELY(h != NULL))
-    gmr__history_record(h, GMR_HIST_SEGMENT_ALLOC, (uintptr_t)p, size, gmr__history_stream);
   *out_ptr = p;
   return 0;
 }
 
-/* Call release or unmap and record it, with the history lock held across. */
-static int release_recorded(gmr_backend_t *be, gmr_history_t *h, int action, void *ptr,
-                            size_t size) {
-  pthread_mutex_lock(&h->lock);
-  int err = action == GMR_HIST_SEGMENT_FREE ? be->ops->release(be, ptr, size)
-                                            : be->ops->unmap(be, ptr, size);
-  if (err == 0) gmr__history_record_locked(h, action, (uintptr_t)ptr, size, gmr__history_stream);
-  pthread_mutex_unlock(&h->lock);
-  return err;
-}
-
-int gmr__backend_release(gmr_backend_t *be, void *ptr, size_t size) {
-  gmr_history_t *h = history_of(be);
-  int err = GMR_UNLIKELY(h != NULL) ? release_recorded(be, h, GMR_HIST_SEGMENT_FREE, ptr, size)
-                                    : be->ops->release(be, ptr, size);
+int gmr__backend_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
+  int err = be->ops->release(be, ptr, size, s);
   if (err != 0) return err;
   atomic_fetch_sub(&be->counters.reserved_bytes, size);
   atomic_fetch_sub(&be->counters.segments, 1);
@@ -83,25 +58,20 @@ int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size) {
   return be->ops->va_release(be, base, size);
 }
 
-int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size) {
+int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   if (be->ops->map == NULL)
     return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot map pages", be->ops->name);
   gmr_assert(size % be->granularity == 0);
-  int err = be->ops->map(be, addr, size);
+  int err = be->ops->map(be, addr, size, s);
   if (err != 0) return err;
   counter_add_peak(&be->counters.reserved_bytes, &be->counters.peak_reserved_bytes, size);
   atomic_fetch_add(&be->counters.device_allocs, 1);
-  gmr_history_t *h = history_of(be);
-  if (GMR_UNLIKELY(h != NULL))
-    gmr__history_record(h, GMR_HIST_SEGMENT_MAP, (uintptr_t)addr, size, gmr__history_stream);
   return 0;
 }
 
-int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size) {
+int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   if (be->ops->unmap == NULL) return GMR_ENOTSUP;
-  gmr_history_t *h = history_of(be);
-  int err = GMR_UNLIKELY(h != NULL) ? release_recorded(be, h, GMR_HIST_SEGMENT_UNMAP, addr, size)
-                                    : be->ops->unmap(be, addr, size);
+  int err = be->ops->unmap(be, addr, size, s);
   if (err != 0) return err;
   atomic_fetch_sub(&be->counters.reserved_bytes, size);
   atomic_fetch_add(&be->counters.device_frees, 1);

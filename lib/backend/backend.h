@@ -29,21 +29,23 @@
 #include "gmr.h"
 
 typedef struct gmr_backend_s gmr_backend_t;
-typedef struct gmr_history_s gmr_history_t; /* history.h */
 typedef void *gmr_event_t;
 
 typedef struct gmr_backend_ops_s {
   const char *name; /* "sim", "cuda" */
-  /* Physical ranges: reserve `size` bytes of device memory. */
-  int (*reserve)(gmr_backend_t *self, size_t size, void **out_ptr);
-  int (*release)(gmr_backend_t *self, void *ptr, size_t size);
+  /* Physical ranges: reserve `size` bytes of device memory.  `s` is the
+   * stream of the request the range is reserved, released, mapped or
+   * unmapped for (NULL: none, or every stream's); a device ignores it, a
+   * decorator may use it. */
+  int (*reserve)(gmr_backend_t *self, size_t size, gmr_stream_t s, void **out_ptr);
+  int (*release)(gmr_backend_t *self, void *ptr, size_t size, gmr_stream_t s);
   /* Virtual ranges: address space only, no memory behind it. */
   int (*va_reserve)(gmr_backend_t *self, size_t size, void **out_base);
   int (*va_release)(gmr_backend_t *self, void *base, size_t size);
   /* Back [addr, addr+size) of a reserved virtual range with new memory, and
    * make it accessible; undo with unmap of the same range. */
-  int (*map)(gmr_backend_t *self, void *addr, size_t size);
-  int (*unmap)(gmr_backend_t *self, void *addr, size_t size);
+  int (*map)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
+  int (*unmap)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
   /* Events: record on a stream; query returns 0 (complete), 1 (not ready) or
    * an error; sync waits for completion. */
@@ -72,11 +74,8 @@ struct gmr_backend_s {
   size_t granularity; /* bytes; reserve/map sizes are multiples of it */
   int device;         /* CUDA ordinal, 0 for the simulator */
   gmr_backend_counters_t counters;
-  /* The runtime's memory history while it records one, else NULL: the
-   * wrappers add segment entries to it.  Written by runtime.c only. */
-  gmr_history_t *_Atomic history;
-  /* A backend that forwards to another one (the limit policy's capped
-   * backend): that one, where the history is found; NULL otherwise. */
+  /* A backend that forwards to another one (a decorator: the limit policy's
+   * capped backend, the recording layer): that one; NULL otherwise. */
   gmr_backend_t *forwards_to;
 };
 
@@ -89,12 +88,12 @@ bool gmr__backend_is_sim(const gmr_backend_t *be);
 void gmr__backend_free(gmr_backend_t *be);
 
 /* Wrappers: the only way policies reach the ops. */
-int gmr__backend_reserve(gmr_backend_t *be, size_t size, void **out_ptr);
-int gmr__backend_release(gmr_backend_t *be, void *ptr, size_t size);
+int gmr__backend_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr);
+int gmr__backend_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s);
 int gmr__backend_va_reserve(gmr_backend_t *be, size_t size, void **out_base);
 int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size);
-int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size);
-int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
+int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
 int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev);
 int gmr__backend_event_query(gmr_backend_t *be, gmr_event_t ev);
@@ -108,23 +107,6 @@ static inline bool gmr__backend_has_vmm(const gmr_backend_t *be) {
 }
 void gmr__backend_counters_reset_peak(gmr_backend_t *be);
 
-/* A policy that holds freed blocks until the work of their streams completes
- * calls this when such a block becomes reusable (PyTorch's free_completed
- * trace entry), and sets `reports_free_completed` in its table; `requested`
- * is the block's requested size.  Costs one load and branch when the runtime
- * keeps no history. */
-void gmr__history_free_completed_slow(gmr_history_t *h, const void *ptr, size_t requested,
-                                      gmr_stream_t s);
-static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr, size_t requested,
-                                               gmr_stream_t s) {
-  for (; be != NULL; be = be->forwards_to) {
-    gmr_history_t *h = atomic_load_explicit(&be->history, memory_order_acquire);
-    if (GMR_UNLIKELY(h != NULL)) {
-      gmr__history_free_completed_slow(h, ptr, requested, s);
-      return;
-    }
-  }
-}
 void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
 
 /* Simulator controls used by the public gmr_sim_* calls. */

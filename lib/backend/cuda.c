@@ -89,7 +89,8 @@ static int use_device(cuda_be_t *c) {
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaSetDevice");
 }
 
-static int cuda_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   int err = use_device(c);
   if (err != 0) return err;
@@ -100,7 +101,8 @@ static int cuda_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
   return 0;
 }
 
-static int cuda_release(gmr_backend_t *be, void *ptr, size_t size) {
+static int cuda_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   int err = use_device(c);
   if (err != 0) return err;
@@ -131,7 +133,8 @@ static void alloc_prop(cuda_be_t *c, CUmemAllocationProp *prop) {
   prop->location.id = c->ordinal;
 }
 
-static int cuda_map(gmr_backend_t *be, void *addr, size_t size) {
+static int cuda_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   CUmemAllocationProp prop;
   alloc_prop(c, &prop);
@@ -157,7 +160,8 @@ static int cuda_map(gmr_backend_t *be, void *addr, size_t size) {
   return 0;
 }
 
-static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size) {
+static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   CUdeviceptr d = (CUdeviceptr)(uintptr_t)addr;
   CUresult r = c->drv.unmap(d, size);

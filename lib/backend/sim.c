@@ -259,7 +259,8 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
 
 /* ---- ops ------------------------------------------------------------------- */
 
-static int sim_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
+static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
+  (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.reserve_calls;
@@ -302,7 +303,8 @@ static int sim_reserve(gmr_backend_t *be, size_t size, void **out_ptr) {
   return err;
 }
 
-static int sim_release(gmr_backend_t *be, void *ptr, size_t size) {
+static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.release_calls;
@@ -363,7 +365,8 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
   return err;
 }
 
-static int sim_map(gmr_backend_t *be, void *addr, size_t size) {
+static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.map_calls;
@@ -390,7 +393,8 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size) {
   return err;
 }
 
-static int sim_unmap(gmr_backend_t *be, void *addr, size_t size) {
+static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.unmap_calls;

@@ -14,11 +14,11 @@
  * was expected.
  */
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
 
+#include "core/config-env.h"
 #include "core/config.h"
 #include "core/internal.h"
 #include "policy.h"
@@ -111,16 +111,6 @@ static void keys_list(const gmr_opt_desc_t *desc, const char *extra, char *buf, 
 
 /* ---- one option ------------------------------------------------------------- */
 
-static int parse_bool(const char *t, bool *out) {
-  static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "On", NULL};
-  static const char *const no[] = {"false", "False", "FALSE", "no", "No", "off", "Off", NULL};
-  for (int i = 0; yes[i]; ++i)
-    if (strcmp(t, yes[i]) == 0) return (*out = true), 0;
-  for (int i = 0; no[i]; ++i)
-    if (strcmp(t, no[i]) == 0) return (*out = false), 0;
-  return GMR_EINVAL;
-}
-
 static void fmt_num(double v, bool is_size, char *buf, size_t len) {
   if (is_size)
     gmr__format_size((uint64_t)v, buf, len);
@@ -148,10 +138,9 @@ static int parse_option(parse_t *ps, const gmr_opt_desc_t *d, const yaml_node_t 
   if (n->type != YAML_SCALAR_NODE)
     return fail_at(ps, n, "'%s' takes a single value, not %s", d->key, node_kind(n));
   const char *t = scalar(n);
-  char *end;
   switch (d->type) {
   case GMR_OPT_BOOL:
-    if (parse_bool(t, (bool *)field) != 0)
+    if (gmr__parse_bool(t, 0, (bool *)field) != 0)
       return fail_at(ps, n, "'%s' is not a boolean for '%s'; expected true or false", t, d->key);
     return 0;
   case GMR_OPT_SIZE: {
@@ -166,18 +155,16 @@ static int parse_option(parse_t *ps, const gmr_opt_desc_t *d, const yaml_node_t 
     return 0;
   }
   case GMR_OPT_INT: {
-    errno = 0;
-    long long v = strtoll(t, &end, 10);
-    if (errno != 0 || end == t || *end != '\0')
+    int64_t v;
+    if (gmr__parse_int(t, &v) != 0)
       return fail_at(ps, n, "'%s' is not an integer for '%s'", t, d->key);
     if (check_range(ps, n, d, (double)v, false) != 0) return GMR_ECONFIG;
     *(int64_t *)field = v;
     return 0;
   }
   case GMR_OPT_DOUBLE: {
-    errno = 0;
-    double v = strtod(t, &end);
-    if (errno != 0 || end == t || *end != '\0' || isnan(v))
+    double v;
+    if (gmr__parse_double(t, &v) != 0)
       return fail_at(ps, n, "'%s' is not a number for '%s'", t, d->key);
     if (check_range(ps, n, d, v, false) != 0) return GMR_ECONFIG;
     *(double *)field = v;
@@ -535,7 +522,17 @@ static void write_table(FILE *out, const gmr_opt_desc_t *desc) {
       for (int i = 0; d->choices[i]; ++i)
         fprintf(out, " `%s`", d->choices[i]);
     }
-    fprintf(out, " | %s | %s |\n", d->default_text ? d->default_text : "", d->help ? d->help : "");
+    fprintf(out, " | %s | %s", d->default_text ? d->default_text : "", d->help ? d->help : "");
+    if (d->env != NULL) {
+      fprintf(out, " Environment:");
+      for (const char *p = d->env; *p != '\0';) {
+        size_t len = strcspn(p, " ");
+        fprintf(out, "%s `%.*s`", p == d->env ? "" : ",", (int)len, p);
+        p += len + strspn(p + len, " ");
+      }
+      fprintf(out, ".");
+    }
+    fprintf(out, " |\n");
   }
 }
 
@@ -563,5 +560,6 @@ int gmr_config_write_reference(FILE *out) {
     else
       fprintf(out, "No options.\n");
   }
+  gmr__env_write_reference(out);
   return ferror(out) ? GMR_EIO : 0;
 }

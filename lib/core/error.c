@@ -5,7 +5,8 @@
  * set it, so gmr_last_error(rt) never shows another runtime's failure.  The
  * buffer is released at thread exit through a pthread key destructor.
  *
- * Logging is silent unless a callback is set (gmr_set_log) or GMR_LOG=1.
+ * Logging is silent unless a callback is set (gmr_set_log) or GMR_LOG=1
+ * (read by the config layer, config-env.c).
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config-env.h"
 #include "core/internal.h"
 
 const char *gmr_strerror(int err) {
@@ -144,6 +146,10 @@ const char *gmr__error_text(const void *owner) {
   return e->text.data;
 }
 
+const char *gmr_thread_last_error(void) {
+  return gmr__error_last();
+}
+
 const char *gmr__error_last(void) {
   error_tls_t *e = error_tls();
   return e && e->text.data ? e->text.data : "";
@@ -165,10 +171,7 @@ void gmr_set_log(gmr_log_fn fn, void *ud) {
 
 void gmr__log(gmr_log_level_t level, const char *fmt, ...) {
   if (log_fn == NULL) {
-    if (log_env < 0) {
-      const char *v = getenv("GMR_LOG");
-      log_env = (v != NULL && *v != '\0' && strcmp(v, "0") != 0) ? 1 : 0;
-    }
+    if (log_env < 0) log_env = gmr__env_log() ? 1 : 0;
     if (!log_env || level > GMR_LOG_WARN) return;
   }
   char buf[2048];

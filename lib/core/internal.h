@@ -86,11 +86,24 @@ static inline size_t gmr__align_up(size_t x, size_t a) {
 static inline bool gmr__is_pow2(uint64_t x) {
   return x != 0 && (x & (x - 1)) == 0;
 }
-/* Parse "512MiB", "8GiB", "1.5GB", "4096"; GMR_EINVAL when malformed. */
+/* The one parser of scalars (util.c), for YAML values, PyTorch-style option
+ * strings and environment variables alike.  Each takes the whole string
+ * and returns 0, or GMR_EINVAL and leaves *out untouched. */
+/* Parse "512MiB", "8GiB", "1.5GB", "4096", "0x1000". */
 int gmr__parse_size(const char *text, uint64_t *out);
 /* The same; on GMR_EINVAL, *too_large tells a well-formed size past 2^64 - 1
  * ("16EiB", "0x10000000000000000") from malformed text. */
 int gmr__parse_size_why(const char *text, uint64_t *out, bool *too_large);
+/* true/True/TRUE/yes/Yes/on/On and false/False/FALSE/no/No/off/Off; with
+ * GMR_BOOL_DIGITS also 1 and 0 (as PyTorch's option strings take them). */
+#define GMR_BOOL_DIGITS 1u
+int gmr__parse_bool(const char *text, unsigned flags, bool *out);
+/* A decimal integer (strtoll: optional sign, leading blanks), in range. */
+int gmr__parse_int(const char *text, int64_t *out);
+/* A decimal count (strtoull), no minus sign, in range. */
+int gmr__parse_u64(const char *text, uint64_t *out);
+/* A number (strtod), finite or infinite but not NaN, in range. */
+int gmr__parse_double(const char *text, double *out);
 /* "1.50 GiB" style, for messages. */
 void gmr__format_size(uint64_t bytes, char *buf, size_t len);
 
@@ -138,6 +151,14 @@ typedef struct gmr_opt_desc_s {
   const char *default_text; /* for the reference */
   const char *help;         /* one sentence */
   bool min_exclusive;       /* the range's lower bound is exclusive */
+  /* The environment variable(s) that override this option when a runtime is
+   * created, separated by spaces (NULL: none); shown in docs/config.md.  The
+   * config layer reads them (gmr__config_apply_env, config-env.c) and, when
+   * one is set, calls env_apply with their values in that order (NULL:
+   * unset) and the device the runtime is created for.  env_apply returns 0,
+   * or GMR_ECONFIG with a sentence in err. */
+  const char *env;
+  int (*env_apply)(const char *const *values, void *opts, int device, char *err, size_t errlen);
 } gmr_opt_desc_t;
 
 #endif /* GMR_INTERNAL_H */

@@ -5,10 +5,12 @@
  * every argument before a policy sees it, so policies only ever get sizes in
  * (0, GMR_MAX_REQUEST] and blocks they handed out themselves.
  *
- * Locking.  A policy that is not `concurrent` is called under `lock`, one op
- * at a time; the map is then touched under the same lock.  A concurrent
- * policy locks itself, and the map is touched under its shard's lock.  Both
- * are gmr_lock_t (lock.h): an uncontended lock and unlock are one atomic
+ * Locking.  Policies are called through the policy.h wrappers, which own
+ * the lock of a policy that is not `concurrent` (one op at a time); the map
+ * is then touched under that same lock, held across the op and the map
+ * (gmr__policy_lock and the *_locked calls).  A concurrent policy locks
+ * itself, and the map is touched under its shard's lock.  Both are
+ * gmr_lock_t (lock.h): an uncontended lock and unlock are one atomic
  * instruction each, inline.
  *
  * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
@@ -24,7 +26,11 @@
  * free_requested (and free_completed, unless the policy stack reports it)
  * before the policy sees the block, so the address cannot be handed out again
  * before its free is in the history.  With no history each entry point pays
- * one load and one predictable branch.  GMR_SNAPSHOT=path writes the memory
+ * one load and one predictable branch.  The device's entries (segment_*) are
+ * recorded by the recording layer (observe/recording.h) that the runtime puts
+ * between its policies and the device; snapshots are written by
+ * observe/snapshot.c, which reads the runtime through a gmr_snapshot_source_t
+ * and never calls back.  GMR_SNAPSHOT=path writes the memory
  * snapshot when the runtime is freed (at exit for the default runtimes), to
  * path, path.1, path.2... in the order the runtimes were created.
  */
@@ -33,11 +39,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config-env.h"
 #include "core/config.h"
 #include "core/internal.h"
 #include "core/lock.h"
 #include "core/runtime.h"
+#include "core/stats.h"
 #include "observe/history.h"
+#include "observe/recording.h"
+#include "observe/snapshot.h"
 #include "observe/trace.h"
 #include "policy.h"
 
@@ -66,16 +76,17 @@ typedef struct map_shard_s {
   gmr_block_t *slots;                   /* ptr == NULL: empty */
 } map_shard_t;
 
-/* Synchronization: `policy`, `backend`, `serialize`, `trace` and the names
- * are written once by runtime_build and only read afterwards; `lock` guards
- * the policy when `serialize`; each shard's entries are guarded by `lock`
- * when `serialize`, else by the shard's own lock. */
+/* Synchronization: `policy`, `policy_lock`, `backend`, `trace` and the names
+ * are written once by runtime_build and only read afterwards; each shard's
+ * entries are guarded by `policy_lock` when there is one, else by the shard's
+ * own lock; `lock` serializes gmr_history_enable. */
 struct gmr_runtime_s {
   gmr_policy_t *policy;
-  gmr_backend_t *backend;
-  bool serialize;     /* !policy->ops->concurrent */
-  gmr_trace_t *trace; /* NULL unless recording */
-  void *raw;          /* what gmr__calloc returned (the runtime is aligned inside) */
+  gmr_lock_t *policy_lock; /* gmr__policy_lock_ptr(policy): NULL when concurrent */
+  gmr_backend_t *backend;  /* the recording layer the policies were given */
+  gmr_backend_t *dev;      /* the device under it (owned by `backend`) */
+  gmr_trace_t *trace;      /* NULL unless recording */
+  void *raw;               /* what gmr__calloc returned (the runtime is aligned inside) */
   /* The memory history: `history` is NULL when off and `history_store` while
    * on; the store lives until the runtime is freed, so a thread that loaded
    * `history` just before it was turned off still records into valid memory.
@@ -86,7 +97,7 @@ struct gmr_runtime_s {
   char *snapshot_path;    /* GMR_SNAPSHOT: written when the runtime is freed; NULL: none */
   int device;
   char policy_name[128];
-  _Alignas(CACHE_LINE) gmr_lock_t lock; /* the policy lock when serialize */
+  _Alignas(CACHE_LINE) gmr_lock_t lock; /* gmr_history_enable's */
   map_shard_t shards[MAP_SHARDS];
 };
 
@@ -161,17 +172,12 @@ static void map_erase(map_shard_t *sh, gmr_block_t *slot) {
   --sh->count;
 }
 
+/* A shard's lock, unless the policy's lock (held by the caller) guards it. */
 static inline void map_lock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (!rt->serialize) gmr__lock(&sh->lock);
+  if (rt->policy_lock == NULL) gmr__lock(&sh->lock);
 }
 static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (!rt->serialize) gmr__unlock(&sh->lock);
-}
-static inline void policy_lock(gmr_runtime_t *rt) {
-  if (rt->serialize) gmr__lock(&rt->lock);
-}
-static inline void policy_unlock(gmr_runtime_t *rt) {
-  if (rt->serialize) gmr__unlock(&rt->lock);
+  if (rt->policy_lock == NULL) gmr__unlock(&sh->lock);
 }
 
 static int fail(gmr_runtime_t *rt, int err) {
@@ -237,8 +243,11 @@ static int snapshot_at_end(gmr_runtime_t *rt) {
   return err;
 }
 
-static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
+static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device,
                          gmr_runtime_t **out) {
+  gmr_backend_t *be = NULL;
+  int rec_err = gmr__recording_new(dev, &be);
+  if (rec_err != 0) return rec_err;
   void *raw = gmr__calloc(1, sizeof(gmr_runtime_t) + CACHE_LINE - 1);
   if (raw == NULL) {
     gmr__backend_free(be);
@@ -248,6 +257,7 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
       (gmr_runtime_t *)(((uintptr_t)raw + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1));
   rt->raw = raw;
   rt->backend = be;
+  rt->dev = dev;
   rt->device = device;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
@@ -256,9 +266,10 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
     if (gmr__lock_init(&rt->shards[shards].lock) != 0) goto fail_shards;
   err = gmr__policy_create(cfg->policy, be, &rt->policy);
   if (err != 0) goto fail_policy;
-  rt->serialize = !rt->policy->ops->concurrent;
+  gmr__policy_set_owner(rt->policy, rt);
+  rt->policy_lock = gmr__policy_lock_ptr(rt->policy);
   describe_stack(rt);
-  const char *trace_path = cfg->trace_path ? cfg->trace_path : getenv("GMR_TRACE");
+  const char *trace_path = cfg->trace_path ? cfg->trace_path : gmr__env(GMR_ENV_TRACE);
   if (trace_path != NULL && *trace_path != '\0') {
     err = gmr__trace_open(trace_path, &rt->trace);
     if (err != 0) goto fail_trace;
@@ -266,29 +277,23 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *be, int device,
   rt->history_completes = true;
   for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
     if (p->ops->reports_free_completed) rt->history_completes = false;
-  const char *hist = getenv("GMR_HISTORY");
-  if (hist != NULL && *hist != '\0') {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long n = strtoull(hist, &end, 10);
-    if (errno != 0 || end == hist || *end != '\0' || hist[0] == '-') {
-      err = gmr__error_set(GMR_EINVAL,
-                           "GMR_HISTORY=%s: expected the number of trace entries to keep, "
-                           "e.g. GMR_HISTORY=100000 (0: off)",
-                           hist);
-      gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
-      goto fail_history;
-    }
-    if (n > 0 && (err = gmr_history_enable(rt, n > SIZE_MAX ? SIZE_MAX : (size_t)n)) != 0)
-      goto fail_history;
-  }
-  const char *snap = getenv("GMR_SNAPSHOT");
-  if (snap != NULL && *snap != '\0' && (err = snapshot_path_new(snap, &rt->snapshot_path)) != 0)
+  const char *hist;
+  size_t n;
+  if (gmr__env_history(&n, &hist) != 0) {
+    err = gmr__error_set(GMR_EINVAL,
+                         "GMR_HISTORY=%s: expected the number of trace entries to keep, "
+                         "e.g. GMR_HISTORY=100000 (0: off)",
+                         hist);
+    gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
     goto fail_history;
+  }
+  if (n > 0 && (err = gmr_history_enable(rt, n)) != 0) goto fail_history;
+  const char *snap = gmr__env(GMR_ENV_SNAPSHOT);
+  if (snap != NULL && (err = snapshot_path_new(snap, &rt->snapshot_path)) != 0) goto fail_history;
   *out = rt;
   return 0;
 fail_history:
-  atomic_store(&be->history, NULL);
+  gmr__recording_attach(be, NULL);
   gmr__history_free(rt->history_store);
   gmr__trace_close(rt->trace);
 fail_trace:
@@ -411,8 +416,8 @@ static RUNTIME_COLD int alloc_refused(gmr_runtime_t *rt, size_t size, void **out
 }
 
 static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
-  rt->policy->ops->free(rt->policy, blk);
-  return gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map");
+  gmr__policy_free_locked(rt->policy, blk);
+  return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map"));
 }
 
 /* Acquire: pairs with the release of gmr_history_enable's store, so a thread
@@ -425,21 +430,23 @@ static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
 /* The policy's allocation and the map insertion, under the locks. */
 static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
                                      gmr_block_t *blk) {
-  const bool serialize = rt->serialize;
-  if (serialize) gmr__lock(&rt->lock);
-  int err = rt->policy->ops->alloc(rt->policy, size, s, blk);
+  gmr_lock_t *const pl = rt->policy_lock;
+  if (GMR_UNLIKELY(pl != NULL)) gmr__lock(pl);
+  int err = gmr__policy_alloc_locked(rt->policy, size, s, blk);
   if (GMR_LIKELY(err == 0)) {
     gmr_assert(blk->ptr != NULL && blk->size >= size);
     blk->requested = size;
     blk->stream = s;
     uint64_t h = map_hash(blk->ptr);
     map_shard_t *sh = map_shard(rt, h);
-    if (!serialize) gmr__lock(&sh->lock);
+    if (GMR_LIKELY(pl == NULL)) gmr__lock(&sh->lock);
     err = map_insert(sh, blk, h);
-    if (!serialize) gmr__unlock(&sh->lock);
+    if (GMR_LIKELY(pl == NULL)) gmr__unlock(&sh->lock);
     if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, blk);
+  } else {
+    err = gmr__policy_failed(rt->policy, err);
   }
-  if (serialize) gmr__unlock(&rt->lock);
+  if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
   return err;
 }
 
@@ -448,7 +455,6 @@ static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_
 static RUNTIME_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
   gmr_block_t blk;
-  gmr__history_stream = s;
   int err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM) {
     size_t free_b = 0, total = 0;
@@ -469,7 +475,7 @@ int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
   if (GMR_UNLIKELY(hist != NULL)) return alloc_recorded(rt, hist, size, s, out_ptr);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
-  if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
+  if (GMR_UNLIKELY(err != 0)) return err; /* tagged by the wrapper */
   if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
   return 0;
@@ -484,7 +490,6 @@ static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr
 /* Record a free before the policy sees the block (see the file comment). */
 static RUNTIME_COLD void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist,
                                        const gmr_block_t *blk) {
-  gmr__history_stream = blk->stream;
   gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk->ptr, blk->requested,
                       blk->stream);
   if (rt->history_completes)
@@ -497,25 +502,25 @@ int gmr_free(gmr_runtime_t *rt, void *ptr) {
   if (ptr == NULL) return 0;
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  const bool serialize = rt->serialize;
+  gmr_lock_t *const pl = rt->policy_lock;
   /* One lock either way: the policy lock guards the map too when it is held. */
-  gmr__lock(serialize ? &rt->lock : &sh->lock);
+  gmr__lock(GMR_LIKELY(pl == NULL) ? &sh->lock : pl);
   gmr_block_t *slot = map_find(sh, ptr, h);
   gmr_block_t blk;
   if (GMR_LIKELY(slot != NULL)) {
     blk = *slot;
     map_erase(sh, slot);
   }
-  if (!serialize) gmr__unlock(&sh->lock);
+  if (GMR_LIKELY(pl == NULL)) gmr__unlock(&sh->lock);
   if (GMR_UNLIKELY(slot == NULL)) {
-    if (serialize) gmr__unlock(&rt->lock);
+    if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
     return bad_pointer(rt, "gmr_free", ptr);
   }
   gmr_history_t *hist = history_of(rt);
   if (GMR_UNLIKELY(hist != NULL)) free_recorded(rt, hist, &blk);
-  int err = rt->policy->ops->free(rt->policy, &blk);
-  if (serialize) gmr__unlock(&rt->lock);
-  if (GMR_UNLIKELY(err != 0)) return fail(rt, err);
+  int err = gmr__policy_free_locked(rt->policy, &blk);
+  if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
+  if (GMR_UNLIKELY(err != 0)) return gmr__policy_failed(rt->policy, err);
   if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "free", ptr, blk.requested, blk.stream);
   return 0;
 }
@@ -526,48 +531,35 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
                           rt == NULL ? "the runtime" : "the pointer");
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  policy_lock(rt);
+  gmr__policy_lock(rt->policy);
   map_lock(rt, sh);
   gmr_block_t *slot = map_find(sh, ptr, h);
   gmr_block_t blk;
   if (slot != NULL) blk = *slot;
   map_unlock(rt, sh);
-  int err = 0;
-  if (slot == NULL)
-    err = bad_pointer(rt, "gmr_record_stream", ptr);
-  else if (rt->policy->ops->record_stream != NULL)
-    err = rt->policy->ops->record_stream(rt->policy, &blk, s);
-  policy_unlock(rt);
-  if (err != 0) return fail(rt, err);
+  int err = slot == NULL ? bad_pointer(rt, "gmr_record_stream", ptr)
+                         : gmr__policy_record_stream_locked(rt->policy, &blk, s);
+  gmr__policy_unlock(rt->policy);
+  if (err != 0) return err;
   if (rt->trace) trace_write(rt, "record_stream", ptr, blk.requested, s);
   return 0;
 }
 
 int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
-  int err = 0;
-  if (GMR_UNLIKELY(history_of(rt) != NULL)) gmr__history_stream = NULL; /* every stream's */
-  policy_lock(rt);
-  if (rt->policy->ops->trim != NULL) err = rt->policy->ops->trim(rt->policy);
-  policy_unlock(rt);
-  if (err != 0) return fail(rt, err);
+  int err = gmr__policy_trim(rt->policy);
+  if (err != 0) return err;
   if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
 
 void gmr_runtime_set_exclusive(gmr_runtime_t *rt, int exclusive) {
-  if (rt == NULL || rt->policy->ops->set_exclusive == NULL) return;
-  if (rt->serialize) gmr__lock(&rt->lock);
-  rt->policy->ops->set_exclusive(rt->policy, exclusive);
-  if (rt->serialize) gmr__unlock(&rt->lock);
+  if (rt != NULL) gmr__policy_set_exclusive(rt->policy, exclusive);
 }
 
 int gmr_charge(gmr_runtime_t *rt, int64_t bytes) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_charge: the runtime is NULL");
-  if (bytes == 0 || rt->policy->ops->charge == NULL) return 0;
-  /* charge is concurrent-safe in every policy that has it (limit: atomics). */
-  int err = rt->policy->ops->charge(rt->policy, bytes);
-  return err ? fail(rt, err) : 0;
+  return bytes == 0 ? 0 : gmr__policy_charge(rt->policy, bytes);
 }
 
 int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *out_allocated) {
@@ -575,7 +567,7 @@ int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *
     return gmr__error_set(GMR_EINVAL, "gmr_alloc_size: NULL argument");
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  policy_lock(rt);
+  gmr__policy_lock(rt->policy);
   map_lock(rt, sh);
   gmr_block_t *slot = map_find(sh, ptr, h);
   if (slot != NULL) {
@@ -583,7 +575,7 @@ int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *
     *out_allocated = slot->size;
   }
   map_unlock(rt, sh);
-  policy_unlock(rt);
+  gmr__policy_unlock(rt->policy);
   return slot ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
 }
 
@@ -593,9 +585,7 @@ int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
   if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats: NULL argument");
   gmr_stats_t st;
   memset(&st, 0, sizeof st);
-  policy_lock(rt);
-  rt->policy->ops->stats(rt->policy, &st);
-  policy_unlock(rt);
+  gmr__policy_stats(rt->policy, &st);
   gmr__stats_fill_device(rt->backend, &st);
   *out = st;
   return 0;
@@ -603,18 +593,48 @@ int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
 
 void gmr_stats_reset_peak(gmr_runtime_t *rt) {
   if (rt == NULL) return;
-  policy_lock(rt);
-  if (rt->policy->ops->reset_peak) rt->policy->ops->reset_peak(rt->policy);
+  gmr__policy_lock(rt->policy); /* the device's peak with the policy's */
+  gmr__policy_reset_peak_locked(rt->policy);
   gmr__backend_counters_reset_peak(rt->backend);
-  policy_unlock(rt);
+  gmr__policy_unlock(rt->policy);
 }
 
 void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
   if (rt == NULL) return;
-  policy_lock(rt);
-  if (rt->policy->ops->reset_accumulated) rt->policy->ops->reset_accumulated(rt->policy);
+  gmr__policy_lock(rt->policy);
+  gmr__policy_reset_accumulated_locked(rt->policy);
   gmr__backend_counters_reset_accumulated(rt->backend);
-  policy_unlock(rt);
+  gmr__policy_unlock(rt->policy);
+}
+
+/* Re-entrance.  gmr_walk, gmr_stats_foreach and gmr_summary call back into
+ * the caller (a walk or statistics callback, the FILE's own write function)
+ * while the policy would be locked, and a callback that calls the runtime
+ * again (allocates, frees, walks) would wait for that lock forever.  So the
+ * policy hands its entries to a collector under the lock, and the caller's
+ * callback sees the copies after the lock is released: any callback may call
+ * any gmr function.  Costs one host allocation per call, never the hot path. */
+
+typedef struct walk_vec_s {
+  gmr_walk_entry_t *v;
+  size_t n, cap;
+  bool failed; /* out of host memory */
+} walk_vec_t;
+
+static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
+  walk_vec_t *w = ud;
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 64;
+    gmr_walk_entry_t *v = gmr__realloc(w->v, cap * sizeof *v);
+    if (v == NULL) {
+      w->failed = true;
+      return 1;
+    }
+    w->v = v;
+    w->cap = cap;
+  }
+  w->v[w->n++] = *e; /* `pool` names are string literals */
+  return 0;
 }
 
 typedef struct stat_vec_s {
@@ -652,16 +672,15 @@ static int stat_collect(const char *key, int64_t value, void *ud) {
 
 int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats_foreach: NULL");
-  if (rt->policy->ops->stats_foreach == NULL) {
+  stat_vec_t v;
+  memset(&v, 0, sizeof v);
+  int err = gmr__policy_stats_foreach(rt->policy, stat_collect, &v);
+  if (err == GMR_POLICY_NONE) {
+    gmr__sb_free(&v.keys);
     gmr_stats_t st;
     gmr_stats(rt, &st);
     return gmr__stats_foreach_common(&st, cb, ud); /* no lock is held */
   }
-  stat_vec_t v;
-  memset(&v, 0, sizeof v);
-  policy_lock(rt);
-  int err = rt->policy->ops->stats_foreach(rt->policy, stat_collect, &v);
-  policy_unlock(rt);
   if (err == 0 && v.failed)
     err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
   for (size_t i = 0; i < v.keys.len; ++i)
@@ -707,26 +726,24 @@ int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out) {
 
 int gmr_summary(gmr_runtime_t *rt, FILE *out) {
   if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_summary: NULL argument");
-  if (rt->policy->ops->summary == NULL) {
-    gmr_stats_t st;
-    gmr_stats(rt, &st);
-    return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
-  }
-  /* The text is written to memory under the lock and to `out` after it (a
-   * FILE may have write functions of its own that call gmr). */
+  /* The text is written to memory under the policy's lock and to `out` after
+   * it (a FILE may have write functions of its own that call gmr). */
   char *text = NULL;
   size_t len = 0;
   FILE *mem = open_memstream(&text, &len);
   if (mem == NULL)
     return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text"));
-  policy_lock(rt);
-  int err = rt->policy->ops->summary(rt->policy, mem);
-  policy_unlock(rt);
-  if (fclose(mem) != 0 && err == 0)
+  int err = gmr__policy_summary(rt->policy, mem);
+  if (fclose(mem) != 0 && (err == 0 || err == GMR_POLICY_NONE))
     err = gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text");
   if (err == 0 && len > 0 && (fwrite(text, 1, len, out) != len || ferror(out)))
     err = gmr__error_set(GMR_EIO, "gmr_summary: writing the summary failed: %s", strerror(errno));
   free(text);
+  if (err == GMR_POLICY_NONE) {
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
+  }
   return err ? fail(rt, err) : 0;
 }
 
@@ -734,85 +751,58 @@ const char *gmr_last_error(gmr_runtime_t *rt) {
   return gmr__error_text(rt);
 }
 
-/* Re-entrance.  gmr_walk, gmr_stats_foreach and gmr_summary call back into
- * the caller (a walk or statistics callback, the FILE's own write function)
- * while the policy would be locked, and a callback that calls the runtime
- * again (allocates, frees, walks) would wait for that lock forever.  So the
- * policy hands its entries to a collector under the lock, and the caller's
- * callback sees the copies after the lock is released: any callback may call
- * any gmr function.  Costs one host allocation per call, never the hot path. */
-
-typedef struct walk_vec_s {
-  gmr_walk_entry_t *v;
-  size_t n, cap;
-  bool failed; /* out of host memory */
-} walk_vec_t;
-
-static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
-  walk_vec_t *w = ud;
-  if (w->n == w->cap) {
-    size_t cap = w->cap ? w->cap * 2 : 64;
-    gmr_walk_entry_t *v = gmr__realloc(w->v, cap * sizeof *v);
-    if (v == NULL) {
-      w->failed = true;
-      return 1;
-    }
-    w->v = v;
-    w->cap = cap;
-  }
-  w->v[w->n++] = *e; /* `pool` names are string literals */
-  return 0;
-}
-
 int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_walk: NULL argument");
-  if (rt->policy->ops->walk == NULL)
-    return fail(
-        rt, gmr__error_set(GMR_ENOTSUP, "policy %s keeps no segments to walk", rt->policy_name));
   walk_vec_t w = {NULL, 0, 0, false};
-  policy_lock(rt);
-  int err = rt->policy->ops->walk(rt->policy, walk_collect, &w);
-  policy_unlock(rt);
+  int err = gmr__policy_walk(rt->policy, walk_collect, &w);
   if (err == 0 && w.failed)
-    err = gmr__error_set(GMR_ENOMEM, "gmr_walk: out of host memory for the segment list");
+    err = fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_walk: out of host memory for the segments"));
   for (size_t i = 0; err == 0 && i < w.n; ++i)
     if (cb(&w.v[i], ud) != 0) break;
   gmr__free(w.v);
-  return err ? fail(rt, err) : 0;
+  return err;
 }
 
-int gmr__runtime_capture(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud, int *out_walk_err,
-                         gmr_hist_entry_t **out_entries, size_t *out_len) {
-  gmr_hist_entry_t *entries = NULL;
-  size_t len = 0;
+/* The snapshot source's capture (snapshot.h). */
+static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_capture_t *out) {
+  gmr_runtime_t *rt = ctx;
   int err = 0;
-  policy_lock(rt);
+  gmr__policy_lock(rt->policy);
   gmr_history_t *hist = history_of(rt);
   if (hist != NULL) {
     gmr_stats_t st;
     memset(&st, 0, sizeof st);
-    rt->policy->ops->stats(rt->policy, &st);
+    gmr__policy_stats_locked(rt->policy, &st);
     gmr__history_record(hist, GMR_HIST_SNAPSHOT, 0, st.active_bytes, NULL);
-    err = gmr__history_copy(hist, &entries, &len);
+    err = gmr__history_copy(hist, &out->entries, &out->n_entries);
+    pthread_mutex_lock(&hist->lock);
+    out->history_max = hist->max;
+    out->history_dropped = hist->dropped;
+    pthread_mutex_unlock(&hist->lock);
   }
-  int walk_err = GMR_ENOTSUP;
-  if (err == 0 && rt->policy->ops->walk != NULL)
-    walk_err = rt->policy->ops->walk(rt->policy, cb, ud);
-  policy_unlock(rt);
-  if (err != 0) return fail(rt, err);
-  *out_walk_err = walk_err;
-  *out_entries = entries;
-  *out_len = len;
-  return 0;
+  out->walk_err = err == 0 ? gmr__policy_walk_locked(rt->policy, cb, ud) : GMR_ENOTSUP;
+  gmr__policy_unlock(rt->policy);
+  return err;
+}
+
+int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
+  if (rt == NULL || out == NULL) {
+    gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
+                   rt == NULL ? "the runtime" : "the output file");
+    return rt != NULL ? fail(rt, GMR_EINVAL) : GMR_EINVAL;
+  }
+  gmr_snapshot_source_t src = {.ctx = rt,
+                               .device = rt->device,
+                               .policy = rt->policy_name,
+                               .backend = rt->backend->ops->name,
+                               .capture = runtime_capture};
+  int err = gmr__snapshot_write(&src, out);
+  return err ? fail(rt, err) : 0;
 }
 
 int gmr_check(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
-  if (rt->policy->ops->check == NULL) return 0;
-  policy_lock(rt);
-  int err = rt->policy->ops->check(rt->policy);
-  policy_unlock(rt);
-  return err ? fail(rt, err) : 0;
+  return gmr__policy_check(rt->policy);
 }
 
 const char *gmr_runtime_policy(gmr_runtime_t *rt) {
@@ -839,7 +829,7 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   gmr__lock(&rt->lock);
   if (max_entries == 0) {
     atomic_store(&rt->history, NULL);
-    atomic_store(&rt->backend->history, NULL);
+    gmr__recording_attach(rt->backend, NULL);
     if (rt->history_store != NULL) gmr__history_clear(rt->history_store);
   } else {
     if (rt->history_store == NULL)
@@ -847,8 +837,8 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
     else
       err = gmr__history_resize(rt->history_store, max_entries);
     if (err == 0) {
-      /* Release (seq_cst): publishes the history's initialization. */
-      atomic_store_explicit(&rt->backend->history, rt->history_store, memory_order_release);
+      gmr__recording_attach(rt->backend, rt->history_store); /* release, too */
+      /* Release: publishes the history's initialization (history_of). */
       atomic_store_explicit(&rt->history, rt->history_store, memory_order_release);
     }
   }
@@ -856,22 +846,19 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   return err ? fail(rt, err) : 0;
 }
 
-gmr_history_t *gmr__runtime_history(gmr_runtime_t *rt) {
-  return history_of(rt);
-}
-int gmr__runtime_device(gmr_runtime_t *rt) {
-  return rt->device;
-}
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) {
   return rt->policy;
 }
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) {
   return rt->backend;
 }
+gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt) {
+  return rt->dev;
+}
 
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
   size_t longest = 0;
-  policy_lock(rt);
+  gmr__policy_lock(rt->policy);
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
     map_lock(rt, sh);
@@ -883,7 +870,7 @@ size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
     }
     map_unlock(rt, sh);
   }
-  policy_unlock(rt);
+  gmr__policy_unlock(rt->policy);
   return longest;
 }
 
@@ -891,7 +878,7 @@ size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
 
 static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
   if (rt == NULL) return NULL;
-  gmr_sim_t *sim = gmr__sim_of(rt->backend);
+  gmr_sim_t *sim = gmr__sim_of(rt->dev);
   if (sim == NULL)
     fail(rt, gmr__error_set(GMR_ENOTSUP, "this runtime runs on %s, not on the simulator",
                             rt->backend->ops->name));
@@ -960,8 +947,8 @@ int gmr_default_runtime(int device, gmr_runtime_t **out) {
     gmr_config_t *cfg = NULL;
     gmr_error_t cerr;
     memset(&cerr, 0, sizeof cerr);
-    const char *path = getenv("GMR_CONFIG");
-    if (path != NULL && *path != '\0')
+    const char *path = gmr__env(GMR_ENV_CONFIG);
+    if (path != NULL)
       err = gmr_config_load_file(path, &cfg, &cerr);
     else
       err = gmr_config_load_string(

@@ -1,4 +1,5 @@
-/* util.c: host memory for metadata, growable strings, and size parsing.
+/* util.c: host memory for metadata, growable strings, and the one parser of
+ * sizes, numbers and booleans (internal.h).
  *
  * All of the library's own host memory goes through gmr__malloc and friends,
  * so a test can fail the k-th host allocation (gmr__host_fail_nth) as it
@@ -178,6 +179,51 @@ int gmr__parse_size_why(const char *text, uint64_t *out, bool *too_large) {
     }
   }
   return GMR_EINVAL;
+}
+
+/* ---- numbers and booleans ------------------------------------------------ */
+
+int gmr__parse_bool(const char *text, unsigned flags, bool *out) {
+  static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "On", NULL};
+  static const char *const no[] = {"false", "False", "FALSE", "no", "No", "off", "Off", NULL};
+  if (text == NULL) return GMR_EINVAL;
+  for (int i = 0; yes[i]; ++i)
+    if (strcmp(text, yes[i]) == 0) return (*out = true), 0;
+  for (int i = 0; no[i]; ++i)
+    if (strcmp(text, no[i]) == 0) return (*out = false), 0;
+  if ((flags & GMR_BOOL_DIGITS) && (strcmp(text, "1") == 0 || strcmp(text, "0") == 0))
+    return (*out = text[0] == '1'), 0;
+  return GMR_EINVAL;
+}
+
+int gmr__parse_int(const char *text, int64_t *out) {
+  if (text == NULL) return GMR_EINVAL;
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0') return GMR_EINVAL;
+  *out = v;
+  return 0;
+}
+
+int gmr__parse_u64(const char *text, uint64_t *out) {
+  if (text == NULL || text[0] == '-') return GMR_EINVAL;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0') return GMR_EINVAL;
+  *out = v;
+  return 0;
+}
+
+int gmr__parse_double(const char *text, double *out) {
+  if (text == NULL) return GMR_EINVAL;
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno != 0 || end == text || *end != '\0' || isnan(v)) return GMR_EINVAL;
+  *out = v;
+  return 0;
 }
 
 int gmr_parse_size(const char *text, uint64_t *out) {

@@ -16,8 +16,6 @@
 
 #define HISTORY_FIRST_CAP 1024 /* entries */
 
-_Thread_local gmr_stream_t gmr__history_stream;
-
 static const char *const history_action_names[GMR_HIST_N_ACTIONS] = {
     [GMR_HIST_ALLOC] = "alloc",
     [GMR_HIST_FREE_REQUESTED] = "free_requested",
@@ -151,11 +149,6 @@ void gmr__history_record(gmr_history_t *h, int action, uint64_t addr, uint64_t s
   pthread_mutex_lock(&h->lock);
   gmr__history_record_locked(h, action, addr, size, s);
   pthread_mutex_unlock(&h->lock);
-}
-
-void gmr__history_free_completed_slow(gmr_history_t *h, const void *ptr, size_t requested,
-                                      gmr_stream_t s) {
-  gmr__history_record(h, GMR_HIST_FREE_COMPLETED, (uintptr_t)ptr, requested, s);
 }
 
 int gmr__history_copy(gmr_history_t *h, gmr_hist_entry_t **out, size_t *out_len) {

@@ -12,9 +12,10 @@
  *   runtime.c   alloc, free_requested, oom; free_completed right after
  *               free_requested unless the policy stack reports completions
  *               itself (gmr_policy_ops_t.reports_free_completed);
- *   backend.c   segment_alloc / segment_free (reserve / release) and
- *               segment_map / segment_unmap (map / unmap);
- *   policies    free_completed through gmr__history_free_completed when a
+ *   recording.c segment_alloc / segment_free (reserve / release) and
+ *               segment_map / segment_unmap (map / unmap), with the stream
+ *               the policy passed to the backend call;
+ *   policies    free_completed through gmr__history_free_completed (recording.h) when a
  *               block held for stream work becomes reusable;
  *   snapshot.c  snapshot (size: active bytes) each time a snapshot is written.
  *
@@ -23,8 +24,9 @@
  *   len == max          =>  oldest at ring[head], newest at ring[head - 1]
  *   recorded - dropped = len
  * Synchronization: `lock` guards every field; it is a leaf lock except in the
- * release / unmap wrappers, which hold it across the device call so that no
- * other thread can record a reuse of the address before its release.
+ * recording layer's release / unmap (recording.c), which hold it across the
+ * device call so that no other thread can record a reuse of the address
+ * before its release.
  */
 #ifndef GMR_HISTORY_H
 #define GMR_HISTORY_H
@@ -58,6 +60,7 @@ typedef struct gmr_hist_entry_s {
   uint8_t action;   /* gmr_hist_action_t */
 } gmr_hist_entry_t;
 
+typedef struct gmr_history_s gmr_history_t;
 struct gmr_history_s {
   pthread_mutex_t lock;
   gmr_hist_entry_t *ring;  /* cap entries */
@@ -89,10 +92,5 @@ void gmr__history_record_locked(gmr_history_t *h, int action, uint64_t addr, uin
 /* Copy the entries, oldest first, into a new array (gmr__free it).
  * @return 0, GMR_ENOMEM */
 int gmr__history_copy(gmr_history_t *h, gmr_hist_entry_t **out, size_t *out_len);
-
-/* The stream that device operations of this thread are done for: set by the
- * runtime around each policy call while recording, so that segment entries
- * recorded by the backend wrappers carry the stream of the request. */
-extern _Thread_local gmr_stream_t gmr__history_stream;
 
 #endif /* GMR_HISTORY_H */

@@ -30,8 +30,8 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "core/runtime.h"
 #include "observe/history.h"
+#include "observe/snapshot.h"
 
 /* ---- the pickle writer ------------------------------------------------------ */
 
@@ -281,9 +281,11 @@ static void write_trace_entry(FILE *f, const gmr_hist_entry_t *e) {
   pkl_op(f, PKL_SETITEMS);
 }
 
-static void write_snapshot(FILE *f, gmr_runtime_t *rt, const snap_t *sn,
-                           const gmr_hist_entry_t *entries, size_t n_entries) {
-  int device = gmr__runtime_device(rt);
+static void write_snapshot(FILE *f, const gmr_snapshot_source_t *src, const snap_t *sn,
+                           const gmr_snapshot_capture_t *cap) {
+  int device = src->device;
+  const gmr_hist_entry_t *entries = cap->entries;
+  size_t n_entries = cap->n_entries;
   pkl_op(f, PKL_PROTO);
   putc(2, f);
   pkl_op(f, PKL_EMPTY_DICT);
@@ -318,18 +320,10 @@ static void write_snapshot(FILE *f, gmr_runtime_t *rt, const snap_t *sn,
   pkl_str(f, "allocator_settings");
   pkl_op(f, PKL_EMPTY_DICT);
   pkl_op(f, PKL_MARK);
-  pkl_key_str(f, "gmr_policy", gmr_runtime_policy(rt));
-  pkl_key_str(f, "gmr_backend", gmr_runtime_backend(rt));
-  gmr_history_t *hist = gmr__runtime_history(rt);
-  uint64_t max = 0, dropped = 0;
-  if (hist != NULL) {
-    pthread_mutex_lock(&hist->lock);
-    max = hist->max;
-    dropped = hist->dropped;
-    pthread_mutex_unlock(&hist->lock);
-  }
-  pkl_key_uint(f, "gmr_history_max_entries", max);
-  pkl_key_uint(f, "gmr_history_dropped", dropped);
+  pkl_key_str(f, "gmr_policy", src->policy);
+  pkl_key_str(f, "gmr_backend", src->backend);
+  pkl_key_uint(f, "gmr_history_max_entries", cap->history_max);
+  pkl_key_uint(f, "gmr_history_dropped", cap->history_dropped);
   pkl_op(f, PKL_SETITEMS);
 
   pkl_str(f, "external_annotations");
@@ -338,38 +332,30 @@ static void write_snapshot(FILE *f, gmr_runtime_t *rt, const snap_t *sn,
   pkl_op(f, PKL_STOP);
 }
 
-int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
-  if (rt == NULL || out == NULL) {
-    gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
-                   rt == NULL ? "the runtime" : "the output file");
-    if (rt != NULL) gmr__error_tag(rt);
-    return GMR_EINVAL;
-  }
+int gmr__snapshot_write(const gmr_snapshot_source_t *src, FILE *out) {
   snap_t sn;
   memset(&sn, 0, sizeof sn);
-  gmr_hist_entry_t *entries = NULL;
-  size_t n_entries = 0;
-  int walk_err = 0;
-  int err = gmr__runtime_capture(rt, snap_walk_cb, &sn, &walk_err, &entries, &n_entries);
+  gmr_snapshot_capture_t cap;
+  memset(&cap, 0, sizeof cap);
+  int err = src->capture(src->ctx, snap_walk_cb, &sn, &cap);
   if (err != 0) goto out;
   if (sn.failed) {
     err = gmr__error_set(GMR_ENOMEM, "gmr_snapshot_write: out of host memory for the segments");
     goto out;
   }
-  if (walk_err != 0 && walk_err != GMR_ENOTSUP) {
-    err = walk_err;
+  if (cap.walk_err != 0 && cap.walk_err != GMR_ENOTSUP) {
+    err = cap.walk_err;
     goto out;
   }
   if (sn.n_segs > 1) qsort(sn.segs, sn.n_segs, sizeof *sn.segs, seg_by_address);
   errno = 0;
-  write_snapshot(out, rt, &sn, entries, n_entries);
+  write_snapshot(out, src, &sn, &cap);
   if (fflush(out) != 0 || ferror(out))
     err = gmr__error_set(GMR_EIO, "gmr_snapshot_write: writing the snapshot failed: %s",
                          strerror(errno ? errno : EIO));
 out:
-  gmr__free(entries);
+  gmr__free(cap.entries);
   gmr__free(sn.blocks);
   gmr__free(sn.segs);
-  if (err != 0) gmr__error_tag(rt);
   return err;
 }

@@ -315,10 +315,11 @@ static int bfc_piece_add(bfc_region_t *r, void *ptr, size_t size) {
   return 0;
 }
 
-/* Give a device range back to the backend (one reserve or one map). */
+/* Give a device range back to the backend (one reserve or one map).  Regions
+ * belong to no stream (TensorFlow's allocator has none): device calls pass NULL. */
 static void bfc_sub_free(bfc_t *b, void *ptr, size_t size) {
-  int err = b->vmm ? gmr__backend_unmap(b->base.backend, ptr, size)
-                   : gmr__backend_release(b->base.backend, ptr, size);
+  int err = b->vmm ? gmr__backend_unmap(b->base.backend, ptr, size, NULL)
+                   : gmr__backend_release(b->base.backend, ptr, size, NULL);
   if (err != 0)
     gmr__log(GMR_LOG_ERROR, "%s: the device refused to take back %zu bytes at %p: %s", b->name,
              size, ptr, gmr__error_last());
@@ -327,7 +328,7 @@ static void bfc_sub_free(bfc_t *b, void *ptr, size_t size) {
 /* SubAllocator::Alloc: 0, GMR_ENOMEM (refused), or another device error. */
 static int bfc_sub_alloc(bfc_t *b, size_t bytes, void **out, size_t *received) {
   if (!b->vmm) {
-    int err = gmr__backend_reserve(b->base.backend, bytes, out);
+    int err = gmr__backend_reserve(b->base.backend, bytes, NULL, out);
     if (err == 0) *received = bytes;
     return err;
   }
@@ -338,7 +339,7 @@ static int bfc_sub_alloc(bfc_t *b, size_t bytes, void **out, size_t *received) {
                           "mapped, %zu more asked)",
                           b->name, b->va_used, b->va_size, padded);
   void *at = (void *)(b->va_base + b->va_used);
-  int err = gmr__backend_map(b->base.backend, at, padded);
+  int err = gmr__backend_map(b->base.backend, at, padded, NULL);
   if (err != 0) return err;
   b->va_used += padded;
   *out = at;
@@ -819,68 +820,94 @@ static uint64_t bfc_min_system_memory(uint64_t available) {
   return available < ((uint64_t)2 << 30) ? (uint64_t)225 << 20 : (uint64_t)1800 << 20;
 }
 
+/* ---- the environment (applied by the config layer: `env` in the table) ------------ */
+
+/* The allocator's name in messages: allocator_name, else GPU_<device>_bfc. */
+static void bfc_name(const bfc_opts_t *o, int device, char *buf, size_t len) {
+  if (o->name != NULL && o->name[0] != '\0')
+    snprintf(buf, len, "%s", o->name);
+  else
+    snprintf(buf, len, "GPU_%d_bfc", device);
+}
+
 /* TF's "true"/"false" environment booleans (case-sensitive); -1 unset, -2 bad. */
-static int bfc_env_bool(const char *name) {
-  const char *v = getenv(name);
+static int bfc_env_bool(const char *v) {
   if (v == NULL) return -1;
   if (strcmp(v, "true") == 0) return 1;
   if (strcmp(v, "false") == 0) return 0;
   return -2;
 }
 
-/* Apply the environment variables of the framework named by `environment`. */
-static int bfc_apply_env(bfc_opts_t *o, const char *name) {
+/* allow_growth: TF_FORCE_GPU_ALLOW_GROWTH (environment: tensorflow), or
+ * XLA_PYTHON_CLIENT_PREALLOCATE (environment: jax; false or 0: grow). */
+static int bfc_env_growth(const char *const *v, void *opts, int device, char *err, size_t len) {
+  bfc_opts_t *o = opts;
+  (void)device, (void)err, (void)len;
   if (o->environment == BFC_ENV_TENSORFLOW) {
-    int g = bfc_env_bool("TF_FORCE_GPU_ALLOW_GROWTH");
+    int g = bfc_env_bool(v[0]);
     if (g == -2)
       gmr__log(GMR_LOG_ERROR,
                "The TF_FORCE_GPU_ALLOW_GROWTH environment variable is set but could not be "
                "parsed: \"%s\". Valid values are \"true\" or \"false\". Using original config "
                "value of %s.",
-               getenv("TF_FORCE_GPU_ALLOW_GROWTH"), o->allow_growth ? "true" : "false");
+               v[0], o->allow_growth ? "true" : "false");
     if (g >= 0 && (g == 1) != o->allow_growth)
       gmr__log(GMR_LOG_WARN,
                "Overriding orig_value setting because the TF_FORCE_GPU_ALLOW_GROWTH environment "
                "variable is set. Original config value was %s.",
                o->allow_growth ? "true" : "false");
     if (g >= 0) o->allow_growth = g == 1;
-    int gc = bfc_env_bool("TF_ENABLE_GPU_GARBAGE_COLLECTION");
-    if (gc == -2)
-      gmr__log(GMR_LOG_ERROR,
-               "The TF_ENABLE_GPU_GARBAGE_COLLECTION environment variable is set but could not "
-               "be parsed: \"%s\". Valid values are \"true\" or \"false\". Using true.",
-               getenv("TF_ENABLE_GPU_GARBAGE_COLLECTION"));
-    if (gc != -1) o->garbage_collection = gc != 0;
-  } else if (o->environment == BFC_ENV_JAX) {
-    const char *pre = getenv("XLA_PYTHON_CLIENT_PREALLOCATE");
-    if (pre != NULL) {
-      char low[16] = "";
-      size_t i = 0;
-      for (; pre[i] && i < sizeof low - 1; ++i)
-        low[i] = (char)(pre[i] >= 'A' && pre[i] <= 'Z' ? pre[i] + 32 : pre[i]);
-      low[i] = '\0';
-      o->allow_growth = strcmp(low, "false") == 0 || strcmp(low, "0") == 0;
-    }
-    const char *f_new = getenv("XLA_CLIENT_MEM_FRACTION");
-    const char *f_old = getenv("XLA_PYTHON_CLIENT_MEM_FRACTION");
-    if (f_new && f_old)
-      return gmr__error_set(GMR_ECONFIG,
-                            "%s: both XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION "
-                            "are set; set only XLA_CLIENT_MEM_FRACTION",
-                            name);
-    const char *f = f_new ? f_new : f_old;
-    if (f != NULL) {
-      char *end;
-      double v = strtod(f, &end);
-      if (end == f || *end != '\0' || !(v > 0) || v > 1)
-        return gmr__error_set(GMR_ECONFIG, "%s: %s=\"%s\" is not a fraction in (0, 1]", name,
-                              f_new ? "XLA_CLIENT_MEM_FRACTION" : "XLA_PYTHON_CLIENT_MEM_FRACTION",
-                              f);
-      o->memory_fraction = v;
-      o->memory_limit = 0;
-      o->per_process_fraction = 0;
-    }
+  } else if (o->environment == BFC_ENV_JAX && v[1] != NULL) {
+    char low[16] = "";
+    size_t i = 0;
+    for (; v[1][i] && i < sizeof low - 1; ++i)
+      low[i] = (char)(v[1][i] >= 'A' && v[1][i] <= 'Z' ? v[1][i] + 32 : v[1][i]);
+    low[i] = '\0';
+    o->allow_growth = strcmp(low, "false") == 0 || strcmp(low, "0") == 0;
   }
+  return 0;
+}
+
+/* garbage_collection: TF_ENABLE_GPU_GARBAGE_COLLECTION (environment: tensorflow). */
+static int bfc_env_gc(const char *const *v, void *opts, int device, char *err, size_t len) {
+  bfc_opts_t *o = opts;
+  (void)device, (void)err, (void)len;
+  if (o->environment != BFC_ENV_TENSORFLOW) return 0;
+  int gc = bfc_env_bool(v[0]);
+  if (gc == -2)
+    gmr__log(GMR_LOG_ERROR,
+             "The TF_ENABLE_GPU_GARBAGE_COLLECTION environment variable is set but could not "
+             "be parsed: \"%s\". Valid values are \"true\" or \"false\". Using true.",
+             v[0]);
+  if (gc != -1) o->garbage_collection = gc != 0;
+  return 0;
+}
+
+/* memory_fraction: XLA_CLIENT_MEM_FRACTION, or its old name
+ * XLA_PYTHON_CLIENT_MEM_FRACTION (environment: jax); it replaces the other
+ * limit options. */
+static int bfc_env_fraction(const char *const *v, void *opts, int device, char *err, size_t len) {
+  bfc_opts_t *o = opts;
+  if (o->environment != BFC_ENV_JAX) return 0;
+  char name[128];
+  bfc_name(o, device, name, sizeof name);
+  if (v[0] && v[1]) {
+    snprintf(err, len,
+             "%s: both XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are set; set "
+             "only XLA_CLIENT_MEM_FRACTION",
+             name);
+    return GMR_ECONFIG;
+  }
+  const char *f = v[0] ? v[0] : v[1];
+  double x = 0;
+  if (gmr__parse_double(f, &x) != 0 || !(x > 0) || x > 1) {
+    snprintf(err, len, "%s: %s=\"%s\" is not a fraction in (0, 1]", name,
+             v[0] ? "XLA_CLIENT_MEM_FRACTION" : "XLA_PYTHON_CLIENT_MEM_FRACTION", f);
+    return GMR_ECONFIG;
+  }
+  o->memory_fraction = x;
+  o->memory_limit = 0;
+  o->per_process_fraction = 0;
   return 0;
 }
 
@@ -925,16 +952,11 @@ static void bfc_destroy(gmr_policy_t *self) {
 static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
                       gmr_policy_t **out) {
   (void)upstream;
-  bfc_opts_t o = *(const bfc_opts_t *)opts;
+  bfc_opts_t o = *(const bfc_opts_t *)opts; /* the environment already applied */
   char name[128];
-  if (o.name != NULL && o.name[0] != '\0')
-    snprintf(name, sizeof name, "%s", o.name);
-  else
-    snprintf(name, sizeof name, "GPU_%d_bfc", be->device);
-  int err = bfc_apply_env(&o, name);
-  if (err != 0) return err;
+  bfc_name(&o, be->device, name, sizeof name);
   size_t free_b = 0, total = 0;
-  err = gmr__backend_mem_info(be, &free_b, &total);
+  int err = gmr__backend_mem_info(be, &free_b, &total);
   if (err != 0) return err;
   uint64_t limit;
   if (o.memory_limit != 0)
@@ -1037,7 +1059,9 @@ static const gmr_opt_desc_t bfc_opts_desc[] = {
      .offset = offsetof(bfc_opts_t, allow_growth),
      .default_text = "false",
      .help = "Start with a 2 MiB region and double (TF allow_growth); false takes the whole "
-             "limit in one region at the first allocation."},
+             "limit in one region at the first allocation.",
+     .env = "TF_FORCE_GPU_ALLOW_GROWTH XLA_PYTHON_CLIENT_PREALLOCATE",
+     .env_apply = bfc_env_growth},
     {.key = "memory_limit",
      .type = GMR_OPT_SIZE,
      .offset = offsetof(bfc_opts_t, memory_limit),
@@ -1060,12 +1084,16 @@ static const gmr_opt_desc_t bfc_opts_desc[] = {
      .max = 1,
      .min_exclusive = true,
      .default_text = "",
-     .help = "XLA/JAX: the limit is this fraction of total memory (0.75)."},
+     .help = "XLA/JAX: the limit is this fraction of total memory (0.75).",
+     .env = "XLA_CLIENT_MEM_FRACTION XLA_PYTHON_CLIENT_MEM_FRACTION",
+     .env_apply = bfc_env_fraction},
     {.key = "garbage_collection",
      .type = GMR_OPT_BOOL,
      .offset = offsetof(bfc_opts_t, garbage_collection),
      .default_text = "true",
-     .help = "At OOM, give wholly free regions back to the device and extend again."},
+     .help = "At OOM, give wholly free regions back to the device and extend again.",
+     .env = "TF_ENABLE_GPU_GARBAGE_COLLECTION",
+     .env_apply = bfc_env_gc},
     {.key = "allow_retry_on_failure",
      .type = GMR_OPT_BOOL,
      .offset = offsetof(bfc_opts_t, allow_retry_on_failure),
@@ -1109,7 +1137,8 @@ static const gmr_opt_desc_t bfc_opts_desc[] = {
      .default_text = "none",
      .help = "Honour a framework's environment variables at runtime creation: tensorflow "
              "(TF_FORCE_GPU_ALLOW_GROWTH, TF_ENABLE_GPU_GARBAGE_COLLECTION) or jax "
-             "(XLA_PYTHON_CLIENT_PREALLOCATE, XLA_PYTHON_CLIENT_MEM_FRACTION)."},
+             "(XLA_PYTHON_CLIENT_PREALLOCATE, XLA_CLIENT_MEM_FRACTION or "
+             "XLA_PYTHON_CLIENT_MEM_FRACTION); each is listed with the option it overrides."},
     {.key = NULL},
 };
 

@@ -505,7 +505,7 @@ static void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
 /* release_block: cudaFree a whole free non-expandable segment. */
 static int cache_release_block(cache_t *c, cache_block_t *b) {
   cache_seg_t *s = b->seg;
-  int err = gmr__backend_release(c->base.backend, (void *)s->base, s->size);
+  int err = gmr__backend_release(c->base.backend, (void *)s->base, s->size, b->pool->stream->id);
   if (err != 0) return err;
   ++c->st.num_device_free;
   c->total_allocated -= b->size;
@@ -522,10 +522,11 @@ static int cache_release_block(cache_t *c, cache_block_t *b) {
 
 /* ---- expandable segments ------------------------------------------------------------- */
 
-/* Unmap pages [first, last) of s. */
-static void seg_unmap_pages(cache_t *c, cache_seg_t *s, size_t first, size_t last) {
+/* Unmap pages [first, last) of s, for stream `st` (the history's entries). */
+static void seg_unmap_pages(cache_t *c, cache_seg_t *s, size_t first, size_t last,
+                            gmr_stream_t st) {
   for (size_t i = first; i < last; ++i)
-    gmr__backend_unmap(c->base.backend, (void *)(s->base + i * s->page), s->page);
+    gmr__backend_unmap(c->base.backend, (void *)(s->base + i * s->page), s->page, st);
 }
 
 /* map_block: back the first `size` bytes of the unmapped block b with pages.
@@ -539,9 +540,10 @@ static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapp
   size_t first = (b->ptr - s->base) / s->page;
   size_t last = (b->ptr - s->base + size + s->page - 1) / s->page;
   for (size_t i = first; i < last; ++i) {
-    err = gmr__backend_map(c->base.backend, (void *)(s->base + i * s->page), s->page);
+    err =
+        gmr__backend_map(c->base.backend, (void *)(s->base + i * s->page), s->page, p->stream->id);
     if (err != 0) {
-      seg_unmap_pages(c, s, first, i);
+      seg_unmap_pages(c, s, first, i, p->stream->id);
       return err == GMR_ENOMEM ? 0 : err;
     }
   }
@@ -579,7 +581,7 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   if (err != 0) return err;
   err = gmr__backend_stream_sync(c->base.backend, p->stream->id);
   if (err != 0) return err;
-  seg_unmap_pages(c, s, first, last);
+  seg_unmap_pages(c, s, first, last, p->stream->id);
   uintptr_t uptr = s->base + first * s->page;
   size_t bytes = (last - first) * s->page;
   pool_erase(p, b);
@@ -902,7 +904,7 @@ static int cache_alloc_block(cache_t *c, cache_pool_t *p, size_t size, size_t al
   cache_seg_t *s = gmr__calloc(1, sizeof *s);
   if (s == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a segment");
   void *ptr;
-  int err = gmr__backend_reserve(c->base.backend, alloc_size, &ptr);
+  int err = gmr__backend_reserve(c->base.backend, alloc_size, p->stream->id, &ptr);
   if (err != 0) {
     gmr__free(s);
     return err == GMR_ENOMEM ? 0 : err;
@@ -1139,7 +1141,7 @@ static void cache_destroy(gmr_policy_t *self) {
         size_t first = (b->ptr - s->base) / s->page;
         size_t last = (b->ptr - s->base + b->size + s->page - 1) / s->page;
         if (first < next_page) first = next_page;
-        seg_unmap_pages(c, s, first, last);
+        seg_unmap_pages(c, s, first, last, NULL);
         if (last > next_page) next_page = last;
       }
       gmr__free(b->uses);
@@ -1148,7 +1150,7 @@ static void cache_destroy(gmr_policy_t *self) {
     if (s->expandable)
       gmr__backend_va_release(be, (void *)s->base, s->size);
     else
-      gmr__backend_release(be, (void *)s->base, s->size);
+      gmr__backend_release(be, (void *)s->base, s->size, NULL);
     gmr__free(s);
   }
   for (cache_event_t *e = c->spare_ev, *nx; e; e = nx) {

@@ -24,14 +24,12 @@ const cache_opts_t gmr__cache_opts_default = {
 
 /* ---- options: YAML keys and PYTORCH_CUDA_ALLOC_CONF ------------------------------------------ */
 
+/* PyTorch's option strings take 1 and 0 as well as YAML's words. */
 static int cache_parse_bool_text(const char *t, int *out) {
-  static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "On", "1", NULL};
-  static const char *const no[] = {"false", "False", "FALSE", "no", "No", "off", "Off", "0", NULL};
-  for (int i = 0; yes[i]; ++i)
-    if (strcmp(t, yes[i]) == 0) return (*out = 1), 0;
-  for (int i = 0; no[i]; ++i)
-    if (strcmp(t, no[i]) == 0) return (*out = 0), 0;
-  return GMR_EINVAL;
+  bool b;
+  if (gmr__parse_bool(t, GMR_BOOL_DIGITS, &b) != 0) return GMR_EINVAL;
+  *out = b;
+  return 0;
 }
 
 static int cache_parse_tribool(const char *text, void *field, char *err, size_t errlen) {
@@ -55,27 +53,28 @@ static bool tok_is(const cache_tok_t *t, const char *w) {
   return t->len == strlen(w) && memcmp(t->s, w, t->len) == 0;
 }
 
-static int tok_u64(const cache_tok_t *t, uint64_t *out) {
-  if (t->len == 0 || t->len > 19) return GMR_EINVAL;
-  uint64_t v = 0;
-  for (size_t k = 0; k < t->len; ++k) {
-    if (!isdigit((unsigned char)t->s[k])) return GMR_EINVAL;
-    v = v * 10 + (uint64_t)(t->s[k] - '0');
-  }
-  *out = v;
+/* A token as a C string, for the parsers of util.c; GMR_EINVAL when empty
+ * or too long to be a number. */
+static int tok_text(const cache_tok_t *t, char *buf, size_t len) {
+  if (t->len == 0 || t->len >= len) return GMR_EINVAL;
+  memcpy(buf, t->s, t->len);
+  buf[t->len] = '\0';
   return 0;
+}
+
+/* Digits only (no sign, no blanks), at most 19 of them. */
+static int tok_u64(const cache_tok_t *t, uint64_t *out) {
+  char buf[20];
+  if (tok_text(t, buf, sizeof buf) != 0) return GMR_EINVAL;
+  for (size_t k = 0; k < t->len; ++k)
+    if (!isdigit((unsigned char)buf[k])) return GMR_EINVAL;
+  return gmr__parse_u64(buf, out);
 }
 
 static int tok_double(const cache_tok_t *t, double *out) {
   char buf[64];
-  if (t->len == 0 || t->len >= sizeof buf) return GMR_EINVAL;
-  memcpy(buf, t->s, t->len);
-  buf[t->len] = '\0';
-  char *end;
-  double v = strtod(buf, &end);
-  if (*end != '\0' || isnan(v)) return GMR_EINVAL;
-  *out = v;
-  return 0;
+  if (tok_text(t, buf, sizeof buf) != 0) return GMR_EINVAL;
+  return gmr__parse_double(buf, out);
 }
 
 /* Split on , : [ ] (each its own token); whitespace is dropped. */

@@ -62,7 +62,8 @@ def library_path():
 def _check(rc, what, rt=None):
     if rc != 0:
         lib = _library()
-        text = lib.gmr_last_error(rt).decode(errors="replace") if rt else ""
+        text = (lib.gmr_last_error(rt) if rt else lib.gmr_thread_last_error()).decode(
+            errors="replace")
         raise GmrError(rc, "%s: %s%s" % (what, lib.gmr_strerror(rc).decode(),
                                          (": " + text) if text else ""))
 

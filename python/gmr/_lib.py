@@ -83,6 +83,7 @@ def _declare(lib):
         "gmr_stat_get": (i, [vp, cp, ctypes.POINTER(ctypes.c_int64)]),
         "gmr_summary": (i, [vp, vp]),
         "gmr_last_error": (cp, [vp]),
+        "gmr_thread_last_error": (cp, []),
         "gmr_runtime_policy": (cp, [vp]),
         "gmr_runtime_backend": (cp, [vp]),
         "gmr_empty_cache": (i, [vp]),

@@ -9,7 +9,9 @@ cp -L "$b/lib/.libs/libgmr.so.0" "$dest/lib/libgmr.so.0"
 ln -s libgmr.so.0 "$dest/lib/libgmr.so"
 cp -L "$b/lib/.libs/libgmr-preload.so" "$dest/lib/"
 cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
-cp "$b/tools/gmr-info" "$dest/bin/"
+# gmr-info links libgmr.so: the real binary (not libtool's wrapper), run with
+# run.sh's LD_LIBRARY_PATH.
+if [ -f "$b/tools/.libs/gmr-info" ]; then cp "$b/tools/.libs/gmr-info" "$dest/bin/"; else cp "$b/tools/gmr-info" "$dest/bin/"; fi
 cp -r "$src/python/gmr" "$dest/python/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"

@@ -1,0 +1,20 @@
+/* stats.h: the statistics shared by every policy (stats.c): the device-level
+ * figures kept by the backend wrappers, the generic foreach and summary. */
+#ifndef GMR_STATS_H
+#define GMR_STATS_H
+
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "gmr.h"
+
+/* Fill the device-level fields of a gmr_stats_t from the backend counters:
+ * reserved and segments (current and peak), device allocations and frees,
+ * and free_cached_bytes = reserved - active. */
+void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st);
+/* Call cb for every field of a gmr_stats_t, named as in the struct. */
+int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud);
+/* The generic summary, for policies that have none of their own. */
+int gmr__stats_print(const gmr_stats_t *st, const char *policy, const char *backend, FILE *out);
+
+#endif /* GMR_STATS_H */
