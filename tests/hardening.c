@@ -374,7 +374,135 @@ static void size_parsing(void) {
   ok(gmr_parse_size("15.5EiB", &v) == 0 && v == 17870283321406128128ull, "15.5EiB still fits");
 }
 
+/* Class 2: limits on depth, size and breadth, checked as events arrive, so a
+ * hostile file costs time linear in what is read; GMR_CONFIG too. */
+static void config_limits(void) {
+  gmr_config_t *cfg = NULL;
+  gmr_error_t err;
+  size_t depth = 50000; /* 100 KB of '[': 47 s before */
+  char *deep = malloc(2 * depth + 64);
+  strcpy(deep, "policy: direct\nx: ");
+  size_t at = strlen(deep);
+  for (size_t i = 0; i < depth; ++i)
+    deep[at++] = '[';
+  for (size_t i = 0; i < depth; ++i)
+    deep[at++] = ']';
+  deep[at++] = '\n', deep[at] = '\0';
+  double t0 = now_s();
+  int rc = gmr_config_load_string(deep, &cfg, &err);
+  double took = now_s() - t0;
+  is_int(rc, GMR_ECONFIG, "YAML nested %zu deep is refused", depth);
+  like(err.message, "<string>:2:", "  at its line");
+  like(err.message, "nested more than 32 deep", "  saying why");
+  ok(took < 1.0, "  in %.3f s (< 1 s)", took);
+  free(deep);
+
+  size_t big = (size_t)2 << 20;
+  char *large = malloc(big + 1);
+  memset(large, ' ', big);
+  memcpy(large, "policy: direct\n#", 16);
+  large[big] = '\0';
+  t0 = now_s();
+  rc = gmr_config_load_string(large, &cfg, &err);
+  is_int(rc, GMR_ECONFIG, "a 2 MiB configuration is refused before it is parsed");
+  like(err.message, "larger than 1 MiB", "  saying why");
+  free(large);
+
+  size_t keys = 60000;
+  char *wide = malloc(keys * 12 + 64);
+  at = (size_t)sprintf(wide, "policy: direct\nx: {");
+  for (size_t i = 0; i < keys; ++i)
+    at += (size_t)sprintf(wide + at, "k%zu: 1, ", i);
+  strcpy(wide + at, "}\n");
+  t0 = now_s();
+  rc = gmr_config_load_string(wide, &cfg, &err);
+  took = now_s() - t0;
+  is_int(rc, GMR_ECONFIG, "a mapping of %zu keys is refused", keys);
+  like(err.message, "more than 1000 entries", "  saying why");
+  ok(took < 1.0, "  in %.3f s (< 1 s; its duplicate-key check is quadratic)", took);
+  free(wide);
+
+  rc = gmr_config_load_file("/dev/zero", &cfg, &err);
+  is_int(rc, GMR_ECONFIG, "/dev/zero as a configuration (GMR_CONFIG=/dev/zero) is refused");
+  like(err.message, "larger than 1 MiB", "  after reading at most 1 MiB");
+
+  static const char nul[] = "policy: direct\n\0limit: {bytes: 1}\n";
+  FILE *f = tmpfile();
+  fwrite(nul, 1, sizeof nul - 1, f);
+  fflush(f);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fileno(f));
+  rc = gmr_config_load_file(path, &cfg, &err);
+  is_int(rc, GMR_ECONFIG, "a NUL byte in a configuration file is refused, not a silent end");
+  like(err.message, "NUL byte", "  saying why");
+  fclose(f);
+
+  rc = gmr_config_load_string("policy: direct\nlimit: {bytes: 16EiB}\n", &cfg, &err);
+  is_int(rc, GMR_ECONFIG, "16EiB is refused");
+  like(err.message, "'16EiB' is too large for 'bytes'", "  as too large, not as 'not a size'");
+  rc = gmr_config_load_string("policy: direct\nlimit: {bytes: 2EiB}\n", &cfg, &err);
+  like(err.message, "a size is at most 1 EiB", "2EiB: every size option is at most 1 EiB");
+  rc = gmr_config_load_string("policy: {name: caching, pytorch_alloc_conf: "
+                              "\"expandable_segments:True,large_segment_size_mb:"
+                              "99999999999999999\"}\n",
+                              &cfg, &err);
+  is_int(rc, 0, "a huge large_segment_size_mb is clamped, as PyTorch clamps it");
+  gmr_config_free(cfg);
+}
+
+/* Class 1: a size option at its extreme never makes an address computation
+ * overflow: every policy allocates, or says OOM, and its invariants hold. */
+static void size_extremes(void) {
+  static const char *const yaml[] = {
+      "policy: {name: caching, expandable_segments: true, large_segment_size: 1EiB}\n",
+      "policy: {name: caching, pytorch_alloc_conf: \"expandable_segments:True,"
+      "large_segment_size_mb:99999999999999999\"}\n",
+      "policy: {name: caching, large_segment_size: 1EiB, max_split_size: 1EiB, "
+      "max_non_split_rounding: 1EiB}\n",
+      "policy: {name: bfc, memory_limit: 1EiB}\n",
+      "policy: {name: bfc, allow_growth: false, memory_limit: 1EiB}\n",
+      "policy: {name: bfc, vmm: true, memory_limit: 1EiB}\n",
+      "policy: direct\nlimit: {bytes: 1EiB}\n",
+      "policy: caching\nlimit: {bytes: 1EiB, counts: reserved}\n",
+      "device: {backend: sim, capacity: 4PiB, granularity: 1GiB}\n"
+      "policy: {name: caching, expandable_segments: true}\n",
+  };
+  for (size_t k = 0; k < sizeof yaml / sizeof yaml[0]; ++k) {
+    gmr_config_t *cfg = NULL;
+    gmr_error_t cerr;
+    gmr_runtime_t *rt = NULL;
+    int rc = gmr_config_load_string(yaml[k], &cfg, &cerr);
+    if (rc == 0) rc = gmr_runtime_new_sim(cfg, NULL, &rt);
+    gmr_config_free(cfg);
+    if (rt == NULL) { /* refused up front, with a reason: as good */
+      ok(rc == GMR_ECONFIG || rc == GMR_ENOMEM || rc == GMR_EINVAL,
+         "extreme configuration %zu: refused at creation (%s: %s)", k, gmr_err_name(rc),
+         rc == GMR_ECONFIG && cfg == NULL ? cerr.message : gmr_last_error(NULL));
+      continue;
+    }
+    int bad = 0;
+    static const size_t sizes[] = {
+        1, 4096, 3 << 20, 30 << 20, (size_t)1 << 40, ((size_t)1 << 60) - 1};
+    void *p[6] = {0};
+    for (int i = 0; i < 6; ++i) {
+      int rc = gmr_alloc(rt, sizes[i], NULL, &p[i]);
+      if (rc != 0 && rc != GMR_ENOMEM) ++bad, diag("%zu: %s", sizes[i], gmr_last_error(rt));
+      if (rc != 0) p[i] = NULL;
+      if (gmr_check(rt) != 0) ++bad, diag("check: %s", gmr_last_error(rt));
+    }
+    for (int i = 0; i < 6; ++i)
+      if (p[i] != NULL && gmr_free(rt, p[i]) != 0) ++bad;
+    gmr_empty_cache(rt);
+    if (gmr_check(rt) != 0) ++bad;
+    ok(bad == 0, "%s: allocations up to 1 EiB - 1 succeed or are OOMs; invariants hold",
+       gmr_runtime_policy(rt));
+    gmr_runtime_free(rt);
+  }
+}
+
 int main(void) {
+  config_limits();
+  size_extremes();
   size_parsing();
   callbacks_reenter();
   sim_capacity();

@@ -548,10 +548,10 @@ static const gmr_backend_ops_t sim_ops = {
 
 int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   uint64_t granularity = opts && opts->granularity ? opts->granularity : SIM_DEFAULT_GRANULARITY;
-  if (!gmr__is_pow2(granularity) || granularity < 4096)
+  if (!gmr__is_pow2(granularity) || granularity < 4096 || granularity > ((uint64_t)1 << 30))
     return gmr__error_set(GMR_EINVAL,
                           "simulated device: granularity %llu is not a power of two "
-                          ">= 4096",
+                          "in [4096, 1 GiB]",
                           (unsigned long long)granularity);
   uint64_t capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
   if (capacity > SIM_MAX_CAPACITY) {

@@ -80,6 +80,9 @@ void gmr__log(gmr_log_level_t level, const char *fmt, ...) GMR_PRINTF(2, 3);
 /* ---- Sizes. --------------------------------------------------------------- */
 /* Largest request any policy considers: larger ones fail up front. */
 #define GMR_MAX_REQUEST ((size_t)1 << 60) /* 1 EiB, PyTorch's limit */
+/* Largest value of any size option (the configuration loader refuses more),
+ * so that sums and roundings of a few sizes stay below 2^64. */
+#define GMR_MAX_SIZE_OPTION ((uint64_t)1 << 60) /* 1 EiB */
 static inline size_t gmr__align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
