@@ -2,6 +2,7 @@
  * device found (issue 15), one section per class: each check failed before
  * its fix.  Bounds and messages are the documented ones (docs/design.md,
  * docs/trace-format.md, gmr.h). */
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -500,7 +501,124 @@ static void size_extremes(void) {
   }
 }
 
+/* Class 9: the BFC policy honours gmr_record_stream: a block freed while
+ * another stream's work on it is pending is not handed out again until that
+ * work completes. */
+typedef struct seen_s {
+  uintptr_t addr;
+  int state;
+} seen_t;
+static int find_block(const gmr_walk_entry_t *e, void *ud) {
+  seen_t *s = ud;
+  if (!e->is_segment && e->address == s->addr) s->state = (int)e->state;
+  return 0;
+}
+
+static void bfc_record_stream(void) {
+  static const char *const stacks[] = {
+      "policy: {name: bfc, allow_growth: false, memory_limit: 64MiB}\n",
+      "policy: {name: bfc, allow_growth: true, memory_limit: 64MiB}\n",
+      "policy: {name: bfc, memory_limit: 64MiB}\nlimit: {bytes: 32MiB}\n"};
+  for (int k = 0; k < 3; ++k) {
+    gmr_runtime_t *rt = sim_runtime(stacks[k], 1ull << 30, 0);
+    if (rt == NULL) continue;
+    const char *name = gmr_runtime_policy(rt);
+    void *p = NULL, *q = NULL, *r = NULL;
+    gmr_alloc(rt, 1 << 20, GMR_SIM_STREAM(0), &p);
+    is_int(gmr_record_stream(rt, p, GMR_SIM_STREAM(1)), 0, "%s: record_stream on stream 1", name);
+    gmr_sim_stream_enqueue(rt, GMR_SIM_STREAM(1)); /* work on stream 1, not done */
+    gmr_free(rt, p);
+    seen_t seen = {(uintptr_t)p, -1};
+    gmr_walk(rt, find_block, &seen);
+    is_int(seen.state, GMR_BLOCK_PENDING_FREE, "  the freed block waits for stream 1");
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    ok(st.active_bytes == st.allocated_bytes + (1 << 20) && st.allocations == 0,
+       "  counted active, not allocated");
+    gmr_alloc(rt, 1 << 20, GMR_SIM_STREAM(0), &q);
+    ok(q != NULL &&
+           ((uintptr_t)q + (1 << 20) <= (uintptr_t)p || (uintptr_t)q >= (uintptr_t)p + (1 << 20)),
+       "  an allocation meanwhile gets other memory");
+    is_int(gmr_check(rt), 0, "  invariants hold %s", gmr_last_error(rt));
+    gmr_sim_stream_complete(rt, GMR_SIM_STREAM(1));
+    gmr_alloc(rt, 1 << 20, GMR_SIM_STREAM(0), &r);
+    ok(r == p, "  once the work is done the block is reused (best fit, lowest address)");
+    gmr_free(rt, q);
+    gmr_free(rt, r);
+    /* Frees with pending work, then empty_cache: it waits for the work. */
+    gmr_alloc(rt, 1 << 20, GMR_SIM_STREAM(0), &p);
+    gmr_record_stream(rt, p, GMR_SIM_STREAM(2));
+    gmr_record_stream(rt, p, GMR_SIM_STREAM(0)); /* its own stream: nothing to do */
+    gmr_sim_stream_enqueue(rt, GMR_SIM_STREAM(2));
+    gmr_free(rt, p);
+    is_int(gmr_empty_cache(rt), 0, "  empty_cache with a pending free");
+    gmr_stats(rt, &st);
+    ok(st.active_bytes == 0 && gmr_check(rt) == 0, "  waits for its work and releases it");
+    gmr_runtime_free(rt);
+  }
+}
+
+/* Class 10: BFC's retry waits only when waiting can help.  16 threads fill a
+ * capped BFC, try 5 more times each while keeping what they got, then free
+ * it: whenever all of them wait, nobody can free, and they fail at once
+ * instead of sleeping 10 s each (TensorFlow's retry: a minute or more). */
+typedef struct filler_s {
+  gmr_runtime_t *rt;
+  int got, ooms, errors;
+  void *p[256];
+} filler_t;
+static void *fill_until_refused(void *arg) {
+  filler_t *f = arg;
+  for (int tries = 0; f->got < 256 && tries < 6;) {
+    int rc = gmr_alloc(f->rt, 1 << 20, NULL, &f->p[f->got]);
+    if (rc == 0)
+      ++f->got;
+    else if (rc == GMR_ENOMEM)
+      ++f->ooms, ++tries;
+    else
+      ++f->errors, ++tries;
+  }
+  for (int j = 0; j < f->got; ++j)
+    if (gmr_free(f->rt, f->p[j]) != 0) ++f->errors;
+  return NULL;
+}
+
+static void bfc_retry_when_useful(void) {
+  static const char *const stacks[] = {
+      "policy: {name: bfc, allow_growth: true, memory_limit: 1GiB}\n"
+      "limit: {bytes: 64MiB, counts: reserved}\n",
+      "policy: {name: bfc, allow_growth: true, memory_limit: 64MiB}\n",
+      "policy: {name: bfc, allow_growth: false, memory_limit: 64MiB}\n"};
+  for (int k = 0; k < 3; ++k) {
+    gmr_runtime_t *rt = sim_runtime(stacks[k], 1ull << 30, 0);
+    if (rt == NULL) continue;
+    filler_t f[16];
+    pthread_t th[16];
+    double t0 = now_s();
+    for (int i = 0; i < 16; ++i) {
+      f[i] = (filler_t){.rt = rt};
+      pthread_create(&th[i], NULL, fill_until_refused, &f[i]);
+    }
+    int got = 0, ooms = 0, errors = 0;
+    for (int i = 0; i < 16; ++i) {
+      pthread_join(th[i], NULL);
+      got += f[i].got, ooms += f[i].ooms, errors += f[i].errors;
+    }
+    double took = now_s() - t0;
+    ok(ooms >= 16 && got >= 40 && errors == 0, "stack %d: 16 threads fill it (%d MiB), %d OOMs", k,
+       got, ooms);
+    ok(took < 5.0, "  in %.2f s, not 10 s per refusal", took);
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    is_u64(st.allocations, 0, "  all freed");
+    is_int(gmr_check(rt), 0, "  invariants hold");
+    gmr_runtime_free(rt);
+  }
+}
+
 int main(void) {
+  bfc_record_stream();
+  bfc_retry_when_useful();
   config_limits();
   size_extremes();
   size_parsing();

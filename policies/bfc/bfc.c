@@ -24,6 +24,22 @@
  *   bins[i] is sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
  *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
  *   VMM mode: at most one region, at va_base, of va_used bytes
+ *   pending chunks are in use:  pending_bytes = Σ their sizes,
+ *   allocations.current = in-use chunks - pending ones (likewise requested)
+ *
+ * Streams (gmr's addition; TensorFlow's BFC has one stream).  gmr_record_stream
+ * adds a stream to an in-use chunk; its free then records one event per such
+ * stream and keeps the chunk in use (`pending`) until every event completes,
+ * so no other allocation gets the memory while that work may still touch it,
+ * as gmr.h promises and PyTorch's caching allocator does.  Pending chunks are
+ * released when an allocation finds their events complete, and synchronized
+ * when memory runs out and by empty_cache.  A chunk never given a stream
+ * takes none of these paths: single-stream behaviour is TensorFlow's.
+ *
+ * The retry waits only when waiting can help: while some in-use chunk belongs
+ * to a thread that is not itself waiting (it may free it).  When every
+ * in-use chunk belongs to a waiting thread, nothing can be freed, and every
+ * waiter makes its last try at once instead of sleeping retry_timeout.
  *
  * Synchronization: concurrent.  One mutex (`lock`) guards everything in
  * bfc_t except the immutable configuration; `freed` is signalled after every
@@ -59,6 +75,14 @@ typedef struct bfc_opts_s {
 } bfc_opts_t;
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
+
+/* A number per thread, never reused (0: not assigned yet): who holds a chunk. */
+static _Atomic uint32_t bfc_threads;
+static _Thread_local uint32_t bfc_thread;
+static inline uint32_t bfc_thread_id(void) {
+  if (GMR_UNLIKELY(bfc_thread == 0)) bfc_thread = atomic_fetch_add(&bfc_threads, 1) + 1;
+  return bfc_thread;
+}
 
 /* ---- chunk records ------------------------------------------------------------- */
 
@@ -278,6 +302,7 @@ static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
     if (rest != NULL) bfc_split(b, c, rounded, rest);
   }
   c->requested = num_bytes;
+  c->owner = bfc_thread_id();
   c->allocation_id = b->next_allocation_id++;
   ++b->num_allocs;
   b->bytes_in_use += (int64_t)c->size;
@@ -488,6 +513,165 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
 
 static int bfc_check_locked(bfc_t *b);
 
+/* ---- stream uses ---------------------------------------------------------------------- */
+
+/* DeallocateRawInternal after the user's free: the chunk goes back to the
+ * bins (its statistics of allocations and requested bytes already fell). */
+static void bfc_release(bfc_t *b, bfc_chunk_t *c) {
+  c->allocation_id = -1;
+  b->bytes_in_use -= (int64_t)c->size;
+  bfc_bin_insert(b, bfc_coalesce(b, c));
+  if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+}
+
+/* Release the pending chunks whose events are complete (all of them, after
+ * waiting for their work, when `sync`).  Returns true when one was released. */
+static bool bfc_process_pending(bfc_t *b, bool sync) {
+  gmr_backend_t *be = b->base.backend;
+  bool released = false;
+  bfc_pending_t **link = &b->pending, *last = NULL;
+  while (*link != NULL) {
+    bfc_pending_t *e = *link;
+    bool done = true;
+    for (size_t i = 0; i < e->n && done; ++i) {
+      if (sync) gmr__backend_event_sync(be, e->events[i]);
+      done = gmr__backend_event_query(be, e->events[i]) != 1; /* an error: given up on */
+    }
+    if (!done) {
+      last = e;
+      link = &e->next;
+      continue;
+    }
+    *link = e->next;
+    for (size_t i = 0; i < e->n; ++i)
+      gmr__backend_event_destroy(be, e->events[i]);
+    bfc_chunk_t *c = e->chunk;
+    c->pending = 0;
+    b->pending_bytes -= (int64_t)c->size;
+    --b->n_pending;
+    bfc_release(b, c);
+    gmr__free(e);
+    released = true;
+  }
+  b->pending_tail = last;
+  return released;
+}
+
+/* The user's free of a chunk used on other streams: an event on each, and the
+ * chunk stays in use until they complete.  When the host refuses memory for
+ * that, or an event cannot be recorded, the stream (or the device) is
+ * synchronized instead: slower, never unsafe. */
+static void bfc_free_used_elsewhere(bfc_t *b, bfc_chunk_t *c) {
+  gmr_backend_t *be = b->base.backend;
+  bfc_uses_t *u = c->uses;
+  size_t n = u ? u->n : 0;
+  bfc_pending_t *e = n ? gmr__malloc(sizeof *e + n * sizeof e->events[0]) : NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (e == NULL || gmr__backend_event_record(be, u->streams[i], &e->events[k]) != 0)
+      gmr__backend_stream_sync(be, u->streams[i]);
+    else
+      ++k;
+  }
+  if (c->sync_on_free) gmr__backend_device_sync(be);
+  gmr__free(u);
+  c->uses = NULL;
+  c->sync_on_free = 0;
+  if (k == 0) {
+    gmr__free(e);
+    bfc_release(b, c);
+    return;
+  }
+  e->next = NULL;
+  e->chunk = c;
+  e->n = k;
+  if (b->pending_tail) {
+    b->pending_tail->next = e;
+  } else {
+    bfc_pending_t *t = b->pending;
+    while (t && t->next)
+      t = t->next;
+    if (t)
+      t->next = e;
+    else
+      b->pending = e;
+  }
+  b->pending_tail = e;
+  c->pending = 1;
+  b->pending_bytes += (int64_t)c->size;
+  ++b->n_pending;
+}
+
+/* The calling thread joins (or leaves) the threads waiting for frees. */
+static int bfc_waiting_add(bfc_t *b) {
+  if (b->n_waiting == b->cap_waiting) {
+    size_t cap = b->cap_waiting ? b->cap_waiting * 2 : 16;
+    uint32_t *v = gmr__realloc(b->waiting, cap * sizeof *v);
+    if (v == NULL) return GMR_ENOMEM; /* then it does not wait */
+    b->waiting = v;
+    b->cap_waiting = cap;
+  }
+  b->waiting[b->n_waiting++] = bfc_thread_id();
+  return 0;
+}
+static void bfc_waiting_remove(bfc_t *b) {
+  uint32_t me = bfc_thread_id();
+  for (size_t i = 0; i < b->n_waiting; ++i)
+    if (b->waiting[i] == me) {
+      b->waiting[i] = b->waiting[--b->n_waiting];
+      return;
+    }
+}
+
+/* Can waiting for frees help?  Only when some in-use chunk is held by a
+ * thread that is not waiting too (pending chunks are synchronized before any
+ * wait).  Costs one pass over the chunks, on the OOM path only. */
+static bool bfc_wait_can_help(const bfc_t *b) {
+  if (b->exclusive) return false;
+  for (size_t i = 0; i < b->n_regions; ++i)
+    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
+      if (c->allocation_id == -1 || c->pending) continue;
+      bool waiting = false;
+      for (size_t w = 0; w < b->n_waiting && !waiting; ++w)
+        waiting = b->waiting[w] == c->owner;
+      if (!waiting) return true;
+    }
+  return false;
+}
+
+static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_chunk_t *c = blk->handle;
+  if (s == blk->stream) return 0;
+  pthread_mutex_lock(&b->lock);
+  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
+                   c->ptr != (uintptr_t)blk->ptr)) {
+    pthread_mutex_unlock(&b->lock);
+    return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
+                          blk->ptr);
+  }
+  bfc_uses_t *u = c->uses;
+  bool known = false;
+  for (size_t i = 0; u && i < u->n && !known; ++i)
+    known = u->streams[i] == s;
+  if (!known) {
+    if (u == NULL || u->n == u->cap) {
+      size_t cap = u ? u->cap * 2 : 2;
+      bfc_uses_t *v = gmr__realloc(u, sizeof *v + cap * sizeof v->streams[0]);
+      if (v == NULL) {
+        c->sync_on_free = 1; /* the free synchronizes the device instead */
+      } else {
+        if (u == NULL) v->n = 0;
+        v->cap = cap;
+        c->uses = u = v;
+      }
+    }
+    if (u != NULL && u->n < u->cap) u->streams[u->n++] = s;
+  }
+  pthread_mutex_unlock(&b->lock);
+  return 0;
+}
+
 /* ---- policy ops ----------------------------------------------------------------------- */
 
 static uint64_t bfc_now_ns(void) {
@@ -501,16 +685,32 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   (void)s;
   size_t rounded = bfc_rounded(size);
   pthread_mutex_lock(&b->lock);
+  if (GMR_UNLIKELY(b->pending != NULL)) bfc_process_pending(b, false);
   int err = 0;
   bfc_chunk_t *c = bfc_try(b, size, rounded, &err);
+  /* Memory held only by other streams' work: wait for that work, try again. */
+  if (c == NULL && err == 0 && b->pending != NULL && bfc_process_pending(b, true))
+    c = bfc_try(b, size, rounded, &err);
+  double waited_s = 0;
   if (c == NULL && err == 0 && b->retry) {
     /* AllocatorRetry: wait for frees until the deadline, then a last try. */
     ++b->retries;
-    /* With one caller nothing is freed meanwhile: the last try comes at once. */
-    uint64_t deadline = b->exclusive ? 0 : bfc_now_ns() + b->retry_ns;
+    uint64_t start = bfc_now_ns(), deadline = start + b->retry_ns;
+    int werr = bfc_waiting_add(b);
+    /* This thread now waits: the others re-check whether anyone can free. */
+    if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+    uint64_t stalemate = b->stalemates;
     for (;;) {
       uint64_t now = bfc_now_ns();
-      if (now >= deadline) {
+      bool stuck = b->stalemates != stalemate || werr != 0 || !bfc_wait_can_help(b);
+      if (stuck && b->stalemates == stalemate && werr == 0) {
+        /* Every holder of memory waits: none will free.  All waiters now
+         * give up together (one leaving does not make the others' wait
+         * useful: it returns an error, not memory). */
+        ++b->stalemates;
+        if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+      }
+      if (now >= deadline || stuck) {
         c = bfc_try(b, size, rounded, &err);
         break;
       }
@@ -521,6 +721,8 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
       c = bfc_try(b, size, rounded, &err);
       if (c != NULL || err != 0) break;
     }
+    if (werr == 0) bfc_waiting_remove(b);
+    waited_s = (double)(bfc_now_ns() - start) / 1e9;
   }
   /* What to log, decided under the lock and written after it (a log
    * callback may call back into the runtime). */
@@ -551,7 +753,7 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
                "waiting %.3f s for memory to be freed",
-               b->name, h, rounded, b->exclusive ? 0.0 : (double)b->retry_ns / 1e9);
+               b->name, h, rounded, waited_s);
     else
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s with freed_by_count=0.",
@@ -571,18 +773,19 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;
   pthread_mutex_lock(&b->lock);
-  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->ptr != (uintptr_t)blk->ptr)) {
+  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
+                   c->ptr != (uintptr_t)blk->ptr)) {
     pthread_mutex_unlock(&b->lock);
     return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
                           blk->ptr);
   }
-  c->allocation_id = -1;
-  b->bytes_in_use -= (int64_t)c->size;
   gmr__stat_decrease(&b->requested, (int64_t)c->requested);
   gmr__stat_decrease(&b->allocations, 1);
   ++b->num_frees;
-  bfc_bin_insert(b, bfc_coalesce(b, c));
-  if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+  if (GMR_UNLIKELY(c->uses != NULL || c->sync_on_free))
+    bfc_free_used_elsewhere(b, c);
+  else
+    bfc_release(b, c);
   gmr_assert_expensive(bfc_check_locked(b) == 0);
   pthread_mutex_unlock(&b->lock);
   return 0;
@@ -591,6 +794,7 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
 static int bfc_trim(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
   pthread_mutex_lock(&b->lock);
+  if (b->pending != NULL) bfc_process_pending(b, true); /* as PyTorch's empty_cache */
   bfc_free_regions(b, 0, true);
   pthread_mutex_unlock(&b->lock);
   return 0;
@@ -599,7 +803,8 @@ static int bfc_trim(gmr_policy_t *self) {
 static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
   bfc_t *b = (bfc_t *)self;
   pthread_mutex_lock(&b->lock);
-  st->allocated_bytes = st->active_bytes = (uint64_t)b->bytes_in_use;
+  st->allocated_bytes = (uint64_t)(b->bytes_in_use - b->pending_bytes);
+  st->active_bytes = (uint64_t)b->bytes_in_use; /* pending frees included */
   st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
   st->requested_bytes = (uint64_t)b->requested.current;
   st->peak_requested_bytes = (uint64_t)b->requested.peak;
@@ -691,7 +896,9 @@ static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
       gmr_walk_entry_t k = {.address = c->ptr,
                             .size = c->size,
                             .requested = used ? c->requested : 0,
-                            .state = used ? GMR_BLOCK_ALLOCATED : GMR_BLOCK_FREE,
+                            .state = c->pending ? GMR_BLOCK_PENDING_FREE
+                                     : used     ? GMR_BLOCK_ALLOCATED
+                                                : GMR_BLOCK_FREE,
                             .pool = "region"};
       stop = cb(&k, ud);
     }
@@ -742,7 +949,8 @@ static int bfc_check_locked(bfc_t *b) {
   }
   BFC_CHECK(binned == b->free_chunks, "bfc: %zu chunks in bins, %zu counted", binned,
             b->free_chunks);
-  int64_t pool = 0, in_use = 0, n_used = 0, req = 0;
+  int64_t pool = 0, in_use = 0, n_used = 0, req = 0, pend = 0;
+  size_t n_pend = 0;
   size_t n_free = 0;
   for (size_t i = 0; i < b->n_regions; ++i) {
     const bfc_region_t *r = b->regions[i];
@@ -771,7 +979,13 @@ static int bfc_check_locked(bfc_t *b) {
       BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
                 "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
                 c->bin);
-      if (used) {
+      if (used && c->pending) {
+        ++n_pend;
+        pend += (int64_t)c->size;
+        in_use += (int64_t)c->size;
+      } else if (used) {
+        BFC_CHECK(c->uses == NULL || c->uses->n <= c->uses->cap,
+                  "bfc: chunk %#llx has a bad stream list", (unsigned long long)c->ptr);
         ++n_used;
         in_use += (int64_t)c->size;
         req += (int64_t)c->requested;
@@ -797,6 +1011,14 @@ static int bfc_check_locked(bfc_t *b) {
             (long long)n_used, (long long)in_use, (long long)req, (long long)b->allocations.current,
             (long long)b->bytes_in_use, (long long)b->requested.current);
   BFC_CHECK(b->peak_bytes_in_use >= b->bytes_in_use, "bfc: peak below current");
+  size_t listed = 0;
+  for (const bfc_pending_t *e = b->pending; e; e = e->next, ++listed)
+    BFC_CHECK(e->chunk->pending && e->chunk->allocation_id != -1 && e->n > 0,
+              "bfc: pending entry %zu names chunk %#llx, which is not pending", listed,
+              (unsigned long long)e->chunk->ptr);
+  BFC_CHECK(listed == n_pend && n_pend == b->n_pending && pend == b->pending_bytes,
+            "bfc: %zu pending chunks of %lld bytes, %zu listed, counts say %zu of %lld", n_pend,
+            (long long)pend, listed, b->n_pending, (long long)b->pending_bytes);
   if (b->vmm)
     BFC_CHECK(b->n_regions <= 1 && (b->n_regions == 0 || (b->regions[0]->ptr == b->va_base &&
                                                           b->regions[0]->size == b->va_used)),
@@ -931,8 +1153,17 @@ static void bfc_opts_release(void *opts) {
 
 static void bfc_destroy(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
+  for (bfc_pending_t *e = b->pending, *next; e; e = next) {
+    next = e->next;
+    for (size_t i = 0; i < e->n; ++i)
+      gmr__backend_event_destroy(self->backend, e->events[i]);
+    gmr__free(e);
+  }
+  gmr__free(b->waiting);
   for (size_t i = 0; i < b->n_regions; ++i) {
     bfc_region_t *r = b->regions[i];
+    for (bfc_chunk_t *c = r->first; c; c = c->next)
+      gmr__free(c->uses);
     for (size_t k = r->n_pieces; k-- > 0;)
       bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
     gmr__free(r->pieces);
@@ -1156,6 +1387,7 @@ const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .destroy = bfc_destroy,
     .alloc = bfc_alloc,
     .free = bfc_free,
+    .record_stream = bfc_record_stream,
     .set_exclusive = bfc_set_exclusive,
     .trim = bfc_trim,
     .stats = bfc_stats,

@@ -41,7 +41,27 @@ typedef struct bfc_chunk_s {
   uint32_t handle;                  /* stable number for the dump */
   int8_t height;                    /* AVL height while binned */
   int8_t bin;                       /* bin index while free, -1 while in use */
+  uint8_t pending;                  /* freed, its streams' work not yet done (still in use) */
+  uint8_t sync_on_free;             /* a stream use could not be recorded: sync at free */
+  uint32_t owner;                   /* while in use: the allocating thread (bfc_thread_id) */
+  struct bfc_uses_s *uses;          /* streams recorded besides the allocation's; NULL: none */
 } bfc_chunk_t;
+
+/* gmr_record_stream's streams of an in-use chunk (its allocation stream
+ * excluded), distinct. */
+typedef struct bfc_uses_s {
+  size_t n, cap;
+  gmr_stream_t streams[];
+} bfc_uses_t;
+
+/* A freed chunk waiting for the work queued on its recorded streams: one
+ * event per stream, FIFO. */
+typedef struct bfc_pending_s {
+  struct bfc_pending_s *next;
+  bfc_chunk_t *chunk;
+  size_t n;
+  void *events[]; /* gmr_event_t */
+} bfc_pending_t;
 
 /* A device range the region was built from (one reserve or one map call). */
 typedef struct bfc_piece_s {
@@ -107,7 +127,16 @@ typedef struct bfc_s {
   gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
   gmr_stat_t allocations; /* in-use chunks */
   uint64_t num_frees, ooms, retries;
-  bool gc_to_log; /* a garbage collection happened; log it outside the lock */
+  /* Stream uses (under lock): chunks freed while other streams' work on them
+   * is pending stay in use until their events complete. */
+  bfc_pending_t *pending, *pending_tail;
+  size_t n_pending;
+  int64_t pending_bytes; /* Σ sizes of pending chunks (part of bytes_in_use) */
+  /* The retry (under lock): the threads waiting for frees. */
+  uint32_t *waiting;
+  size_t n_waiting, cap_waiting;
+  uint64_t stalemates; /* times every holder was found waiting: those waiters give up */
+  bool gc_to_log;      /* a garbage collection happened; log it outside the lock */
 } bfc_t;
 
 static inline size_t bfc_rounded(size_t n) {
