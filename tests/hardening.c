@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "fuzz/fuzz.h"
 #include "gmr.h"
 #include "gmr_replay.h"
 #include "sim-runtime.h"
@@ -616,7 +617,33 @@ static void bfc_retry_when_useful(void) {
   }
 }
 
+/* What the fuzzers found, kept as seeds and replayed here under every stack:
+ * a trace whose 10th allocation split a block with no spare record left
+ * (caching with expandable segments, after an unmap and a map). */
+static void fuzz_findings(void) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/tests/fuzz/corpus/trace/finding-expandable-split.csv",
+           tap_srcdir());
+  gmr_trace_data_t *t = NULL;
+  char err[256];
+  if (!ok(gmr_trace_read(path, &t, err, sizeof err) == 0, "the fuzzer's trace reads")) {
+    diag("%s", err);
+    return;
+  }
+  int bad = 0;
+  for (size_t s = 0; s < FUZZ_N_STACKS; ++s) {
+    gmr_runtime_t *rt = fuzz_runtime(s, 1ull << 30, 0);
+    gmr_replay_options_t o = {.check = 1};
+    gmr_replay_result_t r;
+    if (gmr_replay(rt, t, &o, &r) != 0 || r.check_failed) ++bad, diag("%s", r.check_message);
+    gmr_runtime_free(rt);
+  }
+  is_int(bad, 0, "  replays under every stack with its invariants");
+  gmr_trace_data_free(t);
+}
+
 int main(void) {
+  fuzz_findings();
   bfc_record_stream();
   bfc_retry_when_useful();
   config_limits();

@@ -59,33 +59,37 @@ static inline gmr_runtime_t *fuzz_runtime(size_t stack, uint64_t capacity, int h
   return rt;
 }
 
-/* The tag pattern: the first and last 8 bytes and one word per 4 KiB. */
+/* The tag pattern: blocks under 64 bytes are filled whole; larger ones get
+ * a word at each end and at 14 offsets between, so that a large block costs
+ * a few page touches, not one per page.  Overlapping blocks, or memory
+ * handed out twice, break the first or last word of one of them. */
+#define FUZZ_SAMPLES 16
+static inline size_t fuzz_at(size_t n, int i) {
+  /* n >= 256: consecutive offsets are >= 16 bytes apart, so words never overlap */
+  return i == FUZZ_SAMPLES - 1 ? n - 8 : ((n - 8) * (size_t)i / (FUZZ_SAMPLES - 1)) & ~(size_t)7;
+}
 static inline void fuzz_fill(unsigned char *p, size_t n, uint64_t tag) {
-  if (n < 16) {
+  if (n < 256) {
     memset(p, (int)(tag & 0xff), n);
     return;
   }
-  for (size_t i = 0; i + 16 <= n; i += 4096) {
-    uint64_t v = tag ^ i;
-    memcpy(p + i, &v, 8);
+  for (int i = 0; i < FUZZ_SAMPLES; ++i) {
+    uint64_t v = tag ^ (uint64_t)i;
+    memcpy(p + fuzz_at(n, i), &v, 8);
   }
-  uint64_t v = ~tag;
-  memcpy(p + n - 8, &v, 8);
 }
 static inline int fuzz_verify(const unsigned char *p, size_t n, uint64_t tag) {
-  if (n < 16) {
+  if (n < 256) {
     for (size_t i = 0; i < n; ++i)
       if (p[i] != (unsigned char)(tag & 0xff)) return 0;
     return 1;
   }
-  for (size_t i = 0; i + 16 <= n; i += 4096) {
+  for (int i = 0; i < FUZZ_SAMPLES; ++i) {
     uint64_t v;
-    memcpy(&v, p + i, 8);
-    if (v != (tag ^ i)) return 0;
+    memcpy(&v, p + fuzz_at(n, i), 8);
+    if (v != (tag ^ (uint64_t)i)) return 0;
   }
-  uint64_t v;
-  memcpy(&v, p + n - 8, 8);
-  return v == ~tag;
+  return 1;
 }
 
 #endif /* GMR_FUZZ_H */

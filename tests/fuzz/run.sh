@@ -25,7 +25,7 @@ for n in $names; do
   fork=""
   [ -n "${FUZZ_JOBS:-}" ] && fork="-fork=$FUZZ_JOBS -ignore_crashes=0"
   rc=0
-  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:quarantine_size_mb=32 UBSAN_OPTIONS=print_stacktrace=1 \
     "$out/fuzz-$n" -max_total_time="$secs" -timeout=20 -rss_limit_mb=4096 -max_len=$max_len \
     -print_final_stats=1 -artifact_prefix="$out/crash-$n-" $fork \
     "$out/corpus-$n" "$top/tests/fuzz/corpus/$n" >"$out/fuzz-$n.log" 2>&1 || rc=$?
