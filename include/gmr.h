@@ -314,10 +314,20 @@ typedef struct gmr_sim_counters_s {
   uint64_t event_records, event_queries, syncs;
   uint64_t bytes_in_use; /* physical bytes currently reserved or mapped */
   uint64_t peak_bytes_in_use;
+  /* Physical pages (handles) and their mappings, for policies that alias. */
+  uint64_t page_create_calls, page_release_calls, page_map_calls, page_unmap_calls;
+  uint64_t set_access_calls, capture_queries;
+  uint64_t pages_live;     /* handles created and not released */
+  uint64_t page_maps_live; /* handle mappings not unmapped */
 } gmr_sim_counters_t;
 
-/** Fail the k-th reserve or map from now on (1: the next one); 0 disarms. */
+/** Fail the k-th device call from now on (1: the next one); 0 disarms.  The
+ * calls counted are those that can fail for lack of memory or address space:
+ * reserve, map, virtual reserve, page create, page map and set access. */
 GMR_EXTERN int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k);
+/** Like gmr_sim_fail_nth, then fail every such call after it too, until
+ * gmr_sim_fail_all(rt, 0): a retry after the failure fails as well. */
+GMR_EXTERN int gmr_sim_fail_from(gmr_runtime_t *rt, uint64_t k);
 /** Fail every reserve or map whose size is above `bytes`; 0 disarms. */
 GMR_EXTERN int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t bytes);
 /** Fail every reserve or map from now on (1) or stop doing so (0). */
@@ -333,6 +343,8 @@ GMR_EXTERN int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns);
  * (replays that reproduce a recorded device's placement); 0 clears it. */
 GMR_EXTERN int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr);
 GMR_EXTERN int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out);
+/** Mark stream `s` as being captured into a CUDA graph (1) or not (0). */
+GMR_EXTERN int gmr_sim_stream_capture(gmr_runtime_t *rt, gmr_stream_t s, int on);
 /** A simulated stream handle for id `n` (0 is the default stream). */
 #define GMR_SIM_STREAM(n) ((gmr_stream_t)(uintptr_t)(n))
 

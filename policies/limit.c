@@ -184,6 +184,35 @@ static int lbe_device_sync(gmr_backend_t *be) {
 static uint64_t lbe_now_ns(gmr_backend_t *be) {
   return gmr__backend_now_ns(lbe_of(be)->real);
 }
+/* Page handles (the stitch policy): a created page counts against the cap
+ * like a reservation; mappings of it hold no memory of their own. */
+static int lbe_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  limit_backend_t *l = lbe_of(be);
+  uint64_t seen;
+  if (!take(&l->held, l->cap, size, &seen))
+    return limit_refusal(l->cap, size, seen, "reserved on the device");
+  int err = gmr__backend_phys_create(l->real, size, out);
+  if (err != 0) atomic_fetch_sub(&l->held, size);
+  return err;
+}
+static int lbe_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  limit_backend_t *l = lbe_of(be);
+  int err = gmr__backend_phys_release(l->real, h, size);
+  if (err == 0) atomic_fetch_sub(&l->held, size);
+  return err;
+}
+static int lbe_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t off) {
+  return gmr__backend_phys_map(lbe_of(be)->real, addr, size, h, off);
+}
+static int lbe_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  return gmr__backend_set_access(lbe_of(be)->real, addr, size);
+}
+static int lbe_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  return gmr__backend_phys_unmap(lbe_of(be)->real, addr, size);
+}
+static int lbe_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  return gmr__backend_stream_capturing(lbe_of(be)->real, s);
+}
 static void lbe_destroy(gmr_backend_t *be) {
   gmr__free(be);
 }
@@ -197,6 +226,12 @@ static const gmr_backend_ops_t lbe_ops = {
     .map = lbe_map,
     .unmap = lbe_unmap,
     .mem_info = lbe_mem_info,
+    .phys_create = lbe_phys_create,
+    .phys_release = lbe_phys_release,
+    .phys_map = lbe_phys_map,
+    .set_access = lbe_set_access,
+    .phys_unmap = lbe_phys_unmap,
+    .stream_capturing = lbe_stream_capturing,
     .event_record = lbe_event_record,
     .event_query = lbe_event_query,
     .event_sync = lbe_event_sync,

@@ -230,5 +230,6 @@ extern const gmr_policy_ops_t gmr_direct_policy_ops;
 extern const gmr_policy_ops_t gmr_limit_policy_ops;
 extern const gmr_policy_ops_t gmr_caching_policy_ops;
 extern const gmr_policy_ops_t gmr_bfc_policy_ops;
+extern const gmr_policy_ops_t gmr_stitch_policy_ops;
 
 #endif /* GMR_POLICY_H */

@@ -291,6 +291,23 @@ else
   for t in status loads figures defaults less; do skip "suggest bfc: $t" "bfc policy not available"; done
 fi
 
+# ---- the stitch policy: config/stitch.yaml runs like the others ------------------
+"$B" --json --check "$TR/resnet50_train.csv" "$CF/stitch.yaml" "$CF/pytorch-expandable.yaml" \
+  >"$W/st.json" 2>/dev/null
+is "$?" 0 "stitch: config/stitch.yaml replays resnet50 with --check"
+st=$(jget "$W/st.json" stitch peak_reserved)
+ex=$(jget "$W/st.json" pytorch-expandable peak_reserved)
+[ -n "$st" ] && [ -n "$ex" ] && [ "$st" -lt "$ex" ] && [ "$st" -le $((3192592912 * 102 / 100)) ]
+ok $? "stitch: peak reserved $st <= 1.02 x requested and below expandable ($ex)"
+"$B" --suggest stitch "$TR/resnet50_train.csv" >"$W/st.yaml" 2>/dev/null
+is "$?" 0 "suggest stitch: exit status 0"
+promised=$(awk '/^#   peak reserved \(bytes\)/ { print $NF }' "$W/st.yaml")
+"$B" --json "$TR/resnet50_train.csv" "$W/st.yaml" >"$W/st2.json" 2>/dev/null
+is "$(jget "$W/st2.json" st peak_reserved)" "$promised" \
+  "suggest stitch: the YAML loads back and replays to the peak it promised ($promised)"
+[ -n "$promised" ] && [ "$promised" -le "$st" ]
+ok $? "suggest stitch: no worse than the defaults ($st)"
+
 # ---- --suggest of a policy without a search space --------------------------------
 "$B" --suggest direct "$FX/compare-small.csv" >/dev/null 2>"$W/sd.err"
 is "$?" 1 "suggest: a policy with nothing to search is an error"

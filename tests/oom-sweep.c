@@ -16,6 +16,7 @@ static const char *const stacks[] = {
     "policy: caching\n",
     "policy: {name: caching, expandable_segments: true}\n",
     "policy: {name: bfc, memory_limit: 1GiB}\n",
+    "policy: stitch\n",
     NULL,
 };
 

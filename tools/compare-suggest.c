@@ -119,6 +119,16 @@ static int suggest_space(suggest_t *s) {
     suggest_dim(s, "garbage_collection", gc);
     return 0;
   }
+  if (strcmp(s->policy, "stitch") == 0) {
+    static const char *const tau[] = {"tau: 16KiB", "tau: 32KiB", "tau: 128KiB", "tau: 256KiB",
+                                      NULL};
+    static const char *const small[] = {"small_size: 256KiB", "small_size: 512KiB", NULL};
+    static const char *const cands[] = {"cache_candidates: 4", "cache_candidates: 64", NULL};
+    suggest_dim(s, "tau", tau);
+    suggest_dim(s, "small_size", small);
+    suggest_dim(s, "cache_candidates", cands);
+    return 0;
+  }
   return -1;
 }
 
@@ -255,8 +265,8 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
   s.progress = o->progress;
   if (suggest_space(&s) != 0) {
     fprintf(stderr,
-            "gmr-compare: --suggest %s: no search space for this policy (caching and "
-            "bfc have one)\n",
+            "gmr-compare: --suggest %s: no search space for this policy (caching, bfc "
+            "and stitch have one)\n",
             policy);
     return -1;
   }

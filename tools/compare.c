@@ -34,7 +34,7 @@ static const char cmp_usage[] =
     "  --capacity SIZE   simulated device memory (default 143771MiB, an H200)\n"
     "  --html FILE       also write a self-contained page: timelines and\n"
     "                    segment maps at the peak\n"
-    "  --suggest POLICY  search POLICY's options (caching, bfc) for the lowest\n"
+    "  --suggest POLICY  search POLICY's options (caching, bfc, stitch) for the lowest\n"
     "                    peak reserved with no OOM; print it as YAML\n"
     "  -h, --help        this text\n"
     "\n"

@@ -82,6 +82,51 @@ int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total
   return be->ops->mem_info(be, out_free, out_total);
 }
 
+int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  if (be->ops->phys_create == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot create physical pages",
+                          be->ops->name);
+  gmr_assert(size > 0 && size % be->granularity == 0);
+  gmr_phys_t h = 0;
+  int err = be->ops->phys_create(be, size, &h);
+  if (err != 0) return err;
+  counter_add_peak(&be->counters.reserved_bytes, &be->counters.peak_reserved_bytes, size);
+  atomic_fetch_add(&be->counters.device_allocs, 1);
+  *out = h;
+  return 0;
+}
+
+int gmr__backend_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  if (be->ops->phys_release == NULL) return GMR_ENOTSUP;
+  int err = be->ops->phys_release(be, h, size);
+  if (err != 0) return err;
+  atomic_fetch_sub(&be->counters.reserved_bytes, size);
+  atomic_fetch_add(&be->counters.device_frees, 1);
+  return 0;
+}
+
+int gmr__backend_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset) {
+  if (be->ops->phys_map == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot map physical pages", be->ops->name);
+  gmr_assert(size % be->granularity == 0 && offset % be->granularity == 0);
+  return be->ops->phys_map(be, addr, size, h, offset);
+}
+
+int gmr__backend_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  if (be->ops->set_access == NULL) return 0;
+  return be->ops->set_access(be, addr, size);
+}
+
+int gmr__backend_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  if (be->ops->phys_unmap == NULL) return GMR_ENOTSUP;
+  return be->ops->phys_unmap(be, addr, size);
+}
+
+int gmr__backend_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  if (be->ops->stream_capturing == NULL) return 0;
+  return be->ops->stream_capturing(be, s);
+}
+
 int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   if (be->ops->event_record == NULL) return GMR_ENOTSUP;
   return be->ops->event_record(be, s, out_ev);

@@ -2,6 +2,9 @@
  *
  * A backend reserves and releases raw device ranges, maps physical pages
  * into a reserved virtual range (for expandable segments and VMM growth),
+ * creates physical pages as handles that may be mapped at several virtual
+ * addresses at once (the stitch policy's aliasing), tells whether a stream
+ * is being captured into a CUDA graph,
  * reports memory info, records and queries events on streams, and keeps a
  * clock.  Implementations: sim.c (simulated device), cuda.c (the only file
  * with CUDA calls).  A NULL slot means "unsupported".
@@ -30,6 +33,7 @@
 
 typedef struct gmr_backend_s gmr_backend_t;
 typedef void *gmr_event_t;
+typedef uint64_t gmr_phys_t; /* a physical page handle (CUmemGenericAllocationHandle) */
 
 typedef struct gmr_backend_ops_s {
   const char *name; /* "sim", "cuda" */
@@ -47,6 +51,20 @@ typedef struct gmr_backend_ops_s {
   int (*map)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*unmap)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
+  /* Physical pages as handles (cuMemCreate / cuMemRelease): `size` is a
+   * multiple of `granularity`.  A handle holds memory until released; it may
+   * be mapped at any number of virtual addresses meanwhile. */
+  int (*phys_create)(gmr_backend_t *self, size_t size, gmr_phys_t *out);
+  int (*phys_release)(gmr_backend_t *self, gmr_phys_t h, size_t size);
+  /* Map [offset, offset+size) of handle h at addr, inside a reserved
+   * virtual range, without access rights yet (cuMemMap); set_access makes
+   * [addr, addr+size) readable and writable (one cuMemSetAccess, which may
+   * span several maps); phys_unmap undoes exactly one phys_map. */
+  int (*phys_map)(gmr_backend_t *self, void *addr, size_t size, gmr_phys_t h, size_t offset);
+  int (*set_access)(gmr_backend_t *self, void *addr, size_t size);
+  int (*phys_unmap)(gmr_backend_t *self, void *addr, size_t size);
+  /* 1 while stream s is being captured into a CUDA graph, 0 otherwise. */
+  int (*stream_capturing)(gmr_backend_t *self, gmr_stream_t s);
   /* Events: record on a stream; query returns 0 (complete), 1 (not ready) or
    * an error; sync waits for completion. */
   int (*event_record)(gmr_backend_t *self, gmr_stream_t s, gmr_event_t *out_ev);
@@ -95,6 +113,17 @@ int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size);
 int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
+/* Physical pages: create/release count as reserved bytes and device
+ * allocations/frees; map/unmap of a handle count as device calls only. */
+int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out);
+int gmr__backend_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size);
+int gmr__backend_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset);
+int gmr__backend_set_access(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_phys_unmap(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_stream_capturing(gmr_backend_t *be, gmr_stream_t s);
+static inline bool gmr__backend_has_phys(const gmr_backend_t *be) {
+  return be->ops->phys_create != NULL && be->ops->phys_map != NULL && be->ops->va_reserve != NULL;
+}
 int gmr__backend_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev);
 int gmr__backend_event_query(gmr_backend_t *be, gmr_event_t ev);
 int gmr__backend_event_sync(gmr_backend_t *be, gmr_event_t ev);
@@ -113,12 +142,14 @@ void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
 typedef struct gmr_sim_s gmr_sim_t;
 gmr_sim_t *gmr__sim_of(gmr_backend_t *be); /* NULL unless a simulator */
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k);
+void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k); /* the k-th and every later call */
 void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes);
 void gmr__sim_fail_all(gmr_sim_t *sim, int on);
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s);
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s);
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
+void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on);
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out);
 
 #endif /* GMR_BACKEND_H */

@@ -15,6 +15,9 @@
  * map() creates one physical allocation per call (cuMemCreate of the whole
  * range), maps it and grants read/write access to this device; unmap() finds
  * the handle again with cuMemRetainAllocationHandle, so no table is kept.
+ * The stitch policy's pages are handles of their own (phys_create = one
+ * cuMemCreate), mapped at one or more addresses each (phys_map = cuMemMap
+ * with no access yet; set_access = one cuMemSetAccess over a whole range).
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -168,6 +171,56 @@ static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s
   return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemUnmap");
 }
 
+static int cuda_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  cuda_be_t *c = cuda_of(be);
+  CUmemAllocationProp prop;
+  alloc_prop(c, &prop);
+  CUmemGenericAllocationHandle h;
+  CUresult r = c->drv.create(&h, size, &prop, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(c, r, "cuMemCreate");
+  *out = (gmr_phys_t)h;
+  return 0;
+}
+
+static int cuda_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  (void)size;
+  cuda_be_t *c = cuda_of(be);
+  CUresult r = c->drv.release((CUmemGenericAllocationHandle)h);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemRelease");
+}
+
+static int cuda_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset) {
+  cuda_be_t *c = cuda_of(be);
+  CUresult r =
+      c->drv.map((CUdeviceptr)(uintptr_t)addr, size, offset, (CUmemGenericAllocationHandle)h, 0);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemMap");
+}
+
+static int cuda_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->ordinal},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUresult r = c->drv.set_access((CUdeviceptr)(uintptr_t)addr, size, &access, 1);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemSetAccess");
+}
+
+static int cuda_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  cuda_be_t *c = cuda_of(be);
+  CUresult r = c->drv.unmap((CUdeviceptr)(uintptr_t)addr, size);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemUnmap");
+}
+
+static int cuda_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  (void)be;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)s, &st);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 static int cuda_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   cuda_be_t *c = cuda_of(be);
   int err = use_device(c);
@@ -246,6 +299,12 @@ static const gmr_backend_ops_t cuda_ops = {
     .map = cuda_map,
     .unmap = cuda_unmap,
     .mem_info = cuda_mem_info,
+    .phys_create = cuda_phys_create,
+    .phys_release = cuda_phys_release,
+    .phys_map = cuda_phys_map,
+    .set_access = cuda_set_access,
+    .phys_unmap = cuda_phys_unmap,
+    .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_sync = cuda_event_sync,
@@ -262,6 +321,7 @@ static const gmr_backend_ops_t cuda_ops_novmm = {
     .reserve = cuda_reserve,
     .release = cuda_release,
     .mem_info = cuda_mem_info,
+    .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_sync = cuda_event_sync,

@@ -12,14 +12,24 @@
  *    PROT_NONE mappings whose pages map() makes readable and writable, so
  *    tests can write patterns into blocks and verify them.
  *
- * Test controls: a fault schedule (fail the k-th reserve or map, fail above
- * N bytes, fail all), streams whose work completes only when a test says so,
- * an injectable clock, spy counters, and a placement hint (the next reserve
- * at a given address, so a replay can reproduce a recorded device's
- * placement).
+ * Physical pages (phys_create) are handles that may be mapped at several
+ * virtual addresses at once; in host-backed mode each is a memfd, mapped
+ * MAP_SHARED at every address, so bytes written through one mapping read back
+ * through the others, as on a GPU.  A mapping is inaccessible until
+ * set_access covers it.
+ *
+ * Test controls: a fault schedule (fail the k-th device call that can run
+ * out of memory or address space, or every call from the k-th on, fail above
+ * N bytes, fail all), streams
+ * marked as being captured into a CUDA graph, streams whose work completes only when a test says
+ * so, an injectable clock, spy counters, and a placement hint (the next reserve at a given address,
+ * so a replay can reproduce a recorded device's placement).
  *
  * Invariants:
- *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes <= capacity <= 4 PiB
+ *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes
+ *                  + Σ live page sizes <= capacity <= 4 PiB
+ *   every page mapping lies inside one virtual range and overlaps no other
+ *   mapping; set_access covers only page mappings.
  *   free ranges of the fake address space are sorted, disjoint and never
  *   adjacent (merged on release).
  * Synchronization: one mutex guards everything in gmr_sim_t.
@@ -29,6 +39,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "core/avl.h"
@@ -47,10 +58,22 @@ typedef struct sim_range_s {
   size_t size;
 } sim_range_t;
 
-typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3 } sim_kind_t;
+typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim_kind_t;
+
+/* Live ranges: AVL trees (key: address, val: size), so each check costs
+ * O(log n) however many ranges are live: one of reserved ranges, one of
+ * virtual ranges, and one of mappings (SIM_MAPPED and SIM_ALIAS never
+ * overlap each other; aux = kind | SIM_ACCESS once set_access covered it). */
+#define SIM_ACCESS 0x100u
+
+typedef struct sim_page_s {
+  size_t size; /* 0: the slot is free */
+  int fd;      /* host-backed: the memfd behind the page; -1 otherwise */
+} sim_page_t;
 
 typedef struct sim_stream_s {
   uintptr_t id;
+  bool capturing;
   uint64_t enqueued;  /* units of work queued so far */
   uint64_t completed; /* units of work completed so far (<= enqueued) */
 } sim_stream_t;
@@ -69,14 +92,17 @@ struct gmr_sim_s {
   /* Fake address space (address-only mode): sorted free ranges. */
   sim_range_t *free_ranges;
   size_t n_free, cap_free;
-  /* Live ranges, to validate release/unmap and map: one AVL tree per kind
-   * (key: address, val: size), so each check costs O(log n). */
-  gmr_avl_t live[4]; /* indexed by sim_kind_t */
+  /* Live ranges, to validate release/unmap, map and set_access. */
+  gmr_avl_t reserved, virt, mappings;
+  /* Physical pages: handle = index + 1. */
+  sim_page_t *pages;
+  size_t n_pages, cap_pages;
   /* Streams. */
   sim_stream_t *streams;
   size_t n_streams, cap_streams;
   /* Fault schedule. */
   uint64_t fail_countdown; /* 0: off; 1: the next reserve/map fails */
+  bool fail_sticky;        /* when the countdown fires, fail every call from then on */
   uint64_t fail_above;     /* 0: off */
   uintptr_t place_next;    /* address-only: the next reserve's address if free; 0: none */
   bool fail_all;
@@ -104,8 +130,12 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
+static gmr_avl_t *live_tree(gmr_sim_t *sim, sim_kind_t kind) {
+  return kind == SIM_RESERVED ? &sim->reserved : kind == SIM_VA ? &sim->virt : &sim->mappings;
+}
+
 static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  int err = gmr__avl_insert(&sim->live[kind], a, size, 0);
+  int err = gmr__avl_insert(live_tree(sim, kind), a, size, (uint32_t)kind);
   if (err == GMR_ENOMEM)
     return gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its range table");
   if (err != 0) /* the device handed out one address twice: a simulator bug */
@@ -113,25 +143,26 @@ static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
   return 0;
 }
 
-static const char *kind_name(sim_kind_t kind) {
-  return kind == SIM_RESERVED ? "reserved" : kind == SIM_VA ? "virtual" : "mapped";
-}
-
 /* Remove exactly (a, size, kind); GMR_EINVAL when no such live range. */
 static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  gmr_avl_node_t *n = gmr__avl_find(&sim->live[kind], a);
-  if (n == NULL || n->val != size)
-    return gmr__error_set(GMR_EINVAL,
-                          "simulated device: no %s range of %zu bytes at %p to give back",
-                          kind_name(kind), size, (void *)a);
-  gmr__avl_erase(&sim->live[kind], a);
-  return 0;
+  gmr_avl_t *t = live_tree(sim, kind);
+  gmr_avl_node_t *n = gmr__avl_find(t, a);
+  if (n != NULL && (n->aux & ~SIM_ACCESS) == (uint32_t)kind && n->val == size) {
+    gmr__avl_erase(t, a);
+    return 0;
+  }
+  return gmr__error_set(GMR_EINVAL, "simulated device: no %s range of %zu bytes at %p to give back",
+                        kind == SIM_RESERVED ? "reserved"
+                        : kind == SIM_VA     ? "virtual"
+                        : kind == SIM_ALIAS  ? "page-mapped"
+                                             : "mapped",
+                        size, (void *)a);
 }
 
 /* Does the virtual range starting last at or before `a` wholly contain
  * [a, a+size)?  (Virtual ranges never overlap.) */
 static bool va_contains(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  gmr_avl_node_t *r = gmr__avl_floor(&sim->live[SIM_VA], a);
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->virt, a);
   return r != NULL && size <= r->val && a - r->key <= r->val - size;
 }
 
@@ -141,7 +172,7 @@ static bool va_contains(gmr_sim_t *sim, uintptr_t a, size_t size) {
 static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
   if (size == 0) return false;
   uintptr_t last = a + size - 1 < a ? UINTPTR_MAX : a + size - 1;
-  gmr_avl_node_t *r = gmr__avl_floor(&sim->live[SIM_MAPPED], last);
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->mappings, last);
   return r != NULL && r->key + r->val > a;
 }
 
@@ -236,7 +267,21 @@ static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
 
 /* ---- fault schedule -------------------------------------------------------- */
 
-/* Called with the lock held for every reserve and map. */
+/* The schedule alone (fail all, the k-th call), for calls that hold no
+ * memory (virtual reserve, page map, set access).  Called with the lock. */
+static int sim_check_schedule(gmr_sim_t *sim, size_t size, const char *what) {
+  if (sim->fail_all)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (fail all)", what,
+                          size);
+  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0) {
+    sim->fail_all = sim->fail_sticky;
+    return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
+                          size);
+  }
+  return 0;
+}
+
+/* Called with the lock held for every reserve, map and page create. */
 static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
   if (sim->fail_all)
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (fail all)", what,
@@ -244,9 +289,11 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
   if (sim->fail_above != 0 && size > sim->fail_above)
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (above %llu)",
                           what, size, (unsigned long long)sim->fail_above);
-  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0)
+  if (sim->fail_countdown != 0 && --sim->fail_countdown == 0) {
+    sim->fail_all = sim->fail_sticky;
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
                           size);
+  }
   if (size > sim->capacity || sim->bytes_in_use > sim->capacity - size) {
     char need[32], free_[32];
     gmr__format_size(size, need, sizeof need);
@@ -325,8 +372,9 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.va_reserve_calls;
   uintptr_t a = 0;
-  int err = 0;
-  if (sim->host_backed) {
+  int err = sim_check_schedule(sim, size, "virtual reserve");
+  if (err != 0) {
+  } else if (sim->host_backed) {
     void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
       err = gmr__error_set(GMR_ENOMEM, "simulated device: cannot reserve %zu bytes of addresses",
@@ -408,6 +456,143 @@ static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
   return err;
 }
 
+/* ---- physical pages ---------------------------------------------------------- */
+
+static sim_page_t *sim_page(gmr_sim_t *sim, gmr_phys_t h) {
+  if (h == 0 || h > sim->n_pages || sim->pages[h - 1].size == 0) return NULL;
+  return &sim->pages[h - 1];
+}
+
+static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.page_create_calls;
+  int err = sim_check_faults(sim, size, "page create");
+  size_t slot = sim->n_pages;
+  for (size_t i = 0; err == 0 && i < sim->n_pages; ++i)
+    if (sim->pages[i].size == 0) {
+      slot = i;
+      break;
+    }
+  if (err == 0 && slot == sim->n_pages &&
+      !grow((void **)&sim->pages, &sim->cap_pages, sim->n_pages + 1, sizeof *sim->pages))
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its page table");
+  int fd = -1;
+  if (err == 0 && sim->host_backed) {
+    fd = memfd_create("gmr-sim-page", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+      err = gmr__error_set(GMR_ENOMEM, "simulated device: host memory for a %zu-byte page refused",
+                           size);
+    }
+  }
+  if (err == 0) {
+    if (slot == sim->n_pages) ++sim->n_pages;
+    sim->pages[slot] = (sim_page_t){size, fd};
+    sim->bytes_in_use += size;
+    if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
+      sim->counters.peak_bytes_in_use = sim->bytes_in_use;
+    ++sim->counters.pages_live;
+    *out = (gmr_phys_t)slot + 1;
+  } else {
+    ++sim->counters.reserve_failures;
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+/* Like cuMemRelease, a page may be released while still mapped: its memory
+ * then lives on behind the mappings (host-backed: the mmaps keep the memfd). */
+static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.page_release_calls;
+  sim_page_t *pg = sim_page(sim, h);
+  int err = 0;
+  if (pg == NULL || pg->size != size)
+    err = gmr__error_set(GMR_EINVAL, "simulated device: no page %llu of %zu bytes to release",
+                         (unsigned long long)h, size);
+  if (err == 0) {
+    if (pg->fd >= 0) close(pg->fd);
+    *pg = (sim_page_t){0, -1};
+    sim->bytes_in_use -= size;
+    --sim->counters.pages_live;
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.page_map_calls;
+  sim_page_t *pg = sim_page(sim, h);
+  int err = 0;
+  if (pg == NULL || offset + size > pg->size || size == 0)
+    err = gmr__error_set(GMR_EINVAL,
+                         "simulated device: cannot map %zu bytes at offset %zu of page "
+                         "%llu",
+                         size, offset, (unsigned long long)h);
+  else if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
+    err = gmr__error_set(GMR_EINVAL,
+                         "simulated device: cannot map a page at %p (outside a virtual range, or "
+                         "already mapped)",
+                         addr);
+  if (err == 0) err = sim_check_schedule(sim, size, "page map");
+  if (err == 0 && sim->host_backed &&
+      mmap(addr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, pg->fd, (off_t)offset) == MAP_FAILED)
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: host mapping of %zu bytes refused", size);
+  if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_ALIAS);
+  if (err == 0) ++sim->counters.page_maps_live;
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.set_access_calls;
+  /* [addr, addr+size) must be tiled by page mappings. */
+  uintptr_t a = (uintptr_t)addr, end = a + size;
+  int err = 0;
+  for (uintptr_t at = a; err == 0 && at < end;) {
+    gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, at);
+    if (n == NULL || (n->aux & ~SIM_ACCESS) != SIM_ALIAS || n->val > end - at)
+      err = gmr__error_set(GMR_EINVAL,
+                           "simulated device: set access on %zu bytes at %p that page "
+                           "mappings do not cover",
+                           size, addr);
+    else
+      at += n->val;
+  }
+  if (err == 0) err = sim_check_schedule(sim, size, "set access");
+  if (err == 0 && sim->host_backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0)
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: host access to %zu bytes refused", size);
+  if (err == 0)
+    for (uintptr_t at = a; at < end;) { /* tiled by page mappings (checked above) */
+      gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, at);
+      n->aux |= SIM_ACCESS;
+      at += n->val;
+    }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.page_unmap_calls;
+  int err = live_remove(sim, (uintptr_t)addr, size, SIM_ALIAS);
+  if (err == 0) {
+    --sim->counters.page_maps_live;
+    if (sim->host_backed)
+      mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
 static int sim_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
@@ -425,7 +610,7 @@ static sim_stream_t *sim_stream(gmr_sim_t *sim, gmr_stream_t s) {
   if (!grow((void **)&sim->streams, &sim->cap_streams, sim->n_streams + 1, sizeof *sim->streams))
     return NULL;
   sim_stream_t *st = &sim->streams[sim->n_streams++];
-  *st = (sim_stream_t){id, 0, 0};
+  *st = (sim_stream_t){.id = id};
   return st;
 }
 
@@ -498,6 +683,16 @@ static int sim_device_sync(gmr_backend_t *be) {
   return 0;
 }
 
+static int sim_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  gmr_sim_t *sim = sim_of(be);
+  pthread_mutex_lock(&sim->lock);
+  ++sim->counters.capture_queries;
+  sim_stream_t *st = sim_stream(sim, s);
+  int on = st != NULL && st->capturing;
+  pthread_mutex_unlock(&sim->lock);
+  return on;
+}
+
 static uint64_t sim_now_ns(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
   if (sim->clock_fixed) return sim->clock_ns;
@@ -517,10 +712,13 @@ static void unmap_va(gmr_avl_node_t *n, void *ud) {
 
 static void sim_destroy(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
+  for (size_t i = 0; i < sim->n_pages; ++i)
+    if (sim->pages[i].size != 0 && sim->pages[i].fd >= 0) close(sim->pages[i].fd);
+  gmr__free(sim->pages);
   /* Give back whatever a policy left behind (it should leave nothing). */
-  gmr__avl_clear(&sim->live[SIM_RESERVED], sim->host_backed ? free_reserved : NULL, NULL);
-  gmr__avl_clear(&sim->live[SIM_MAPPED], NULL, NULL);
-  gmr__avl_clear(&sim->live[SIM_VA], sim->host_backed ? unmap_va : NULL, NULL);
+  gmr__avl_clear(&sim->reserved, sim->host_backed ? free_reserved : NULL, NULL);
+  gmr__avl_clear(&sim->mappings, NULL, NULL);
+  gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
   gmr__free(sim->free_ranges);
   gmr__free(sim->streams);
   pthread_mutex_destroy(&sim->lock);
@@ -536,6 +734,12 @@ static const gmr_backend_ops_t sim_ops = {
     .map = sim_map,
     .unmap = sim_unmap,
     .mem_info = sim_mem_info,
+    .phys_create = sim_phys_create,
+    .phys_release = sim_phys_release,
+    .phys_map = sim_phys_map,
+    .set_access = sim_set_access,
+    .phys_unmap = sim_phys_unmap,
+    .stream_capturing = sim_stream_capturing,
     .event_record = sim_event_record,
     .event_query = sim_event_query,
     .event_sync = sim_event_sync,
@@ -596,6 +800,14 @@ gmr_sim_t *gmr__sim_of(gmr_backend_t *be) {
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k) {
   pthread_mutex_lock(&sim->lock);
   sim->fail_countdown = k;
+  sim->fail_sticky = false;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k) {
+  pthread_mutex_lock(&sim->lock);
+  sim->fail_countdown = k;
+  sim->fail_sticky = true;
   pthread_mutex_unlock(&sim->lock);
 }
 
@@ -630,6 +842,13 @@ int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr) {
   pthread_mutex_lock(&sim->lock);
   sim->place_next = addr;
+  pthread_mutex_unlock(&sim->lock);
+}
+
+void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on) {
+  pthread_mutex_lock(&sim->lock);
+  sim_stream_t *st = sim_stream(sim, s);
+  if (st != NULL) st->capturing = on != 0;
   pthread_mutex_unlock(&sim->lock);
 }
 

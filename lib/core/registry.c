@@ -9,11 +9,8 @@
 #include "policy.h"
 
 const gmr_policy_ops_t *const gmr__policies[] = {
-    &gmr_direct_policy_ops,
-    &gmr_limit_policy_ops,
-    &gmr_caching_policy_ops,
-    &gmr_bfc_policy_ops,
-    NULL,
+    &gmr_direct_policy_ops, &gmr_limit_policy_ops,  &gmr_caching_policy_ops,
+    &gmr_bfc_policy_ops,    &gmr_stitch_policy_ops, NULL,
 };
 
 const gmr_policy_ops_t *gmr__policy_lookup(const char *name) {

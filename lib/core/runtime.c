@@ -896,6 +896,9 @@ static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
 int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k) {
   SIM_CALL(gmr__sim_fail_nth(sim, k));
 }
+int gmr_sim_fail_from(gmr_runtime_t *rt, uint64_t k) {
+  SIM_CALL(gmr__sim_fail_from(sim, k));
+}
 int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t b) {
   SIM_CALL(gmr__sim_fail_above(sim, b));
 }
@@ -913,6 +916,9 @@ int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) {
 }
 int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr) {
   SIM_CALL(gmr__sim_place_next(sim, addr));
+}
+int gmr_sim_stream_capture(gmr_runtime_t *rt, gmr_stream_t s, int on) {
+  SIM_CALL(gmr__sim_stream_capture(sim, s, on));
 }
 int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
   if (out == NULL) return GMR_EINVAL;

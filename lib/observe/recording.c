@@ -113,6 +113,34 @@ static uint64_t rec_now_ns(gmr_backend_t *be) {
   return dev->ops->now_ns(dev);
 }
 
+/* Page handles (the stitch policy): forwarded, not recorded.  A page may be
+ * mapped at several addresses, which PyTorch's segment entries cannot say;
+ * the policy's walk shows its ranges instead. */
+static int rec_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->phys_create(dev, size, out);
+}
+static int rec_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->phys_release(dev, h, size);
+}
+static int rec_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t off) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->phys_map(dev, addr, size, h, off);
+}
+static int rec_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->set_access(dev, addr, size);
+}
+static int rec_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->phys_unmap(dev, addr, size);
+}
+static int rec_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->stream_capturing(dev, s);
+}
+
 static void rec_destroy(gmr_backend_t *be) {
   gmr_recording_t *r = rec_of(be);
   gmr__backend_free(r->device);
@@ -144,6 +172,12 @@ int gmr__recording_new(gmr_backend_t *device, gmr_backend_t **out) {
   REC_SLOT(stream_sync, rec_stream_sync);
   REC_SLOT(device_sync, rec_device_sync);
   REC_SLOT(now_ns, rec_now_ns);
+  REC_SLOT(phys_create, rec_phys_create);
+  REC_SLOT(phys_release, rec_phys_release);
+  REC_SLOT(phys_map, rec_phys_map);
+  REC_SLOT(set_access, rec_set_access);
+  REC_SLOT(phys_unmap, rec_phys_unmap);
+  REC_SLOT(stream_capturing, rec_stream_capturing);
   r->ops.destroy = rec_destroy;
   r->base.ops = &r->ops;
   r->base.granularity = device->granularity;

@@ -50,6 +50,23 @@ def main():
             r["peak_reserved"], replay))
     print("native peak reserved (torch.cuda.max_memory_reserved): %s" %
           sorted({runs[k]["peak_reserved"] for k in native}))
+    # The stitch policy: device memory mapped at the peak against what was
+    # requested and against PyTorch's expandable segments in the same batch.
+    exp = [runs[k] for k in runs if k.startswith("native-expandable")]
+    for name, r in runs.items():
+        if "map_calls_per_step" not in r:
+            continue
+        line = "%s: peak mapped %d / peak requested %d = %.4f" % (
+            name, r["peak_reserved"], r["peak_requested"], r["peak_reserved_over_requested"])
+        if exp:
+            e = exp[0]
+            line += "; native expandable reserved %d (%.4f of its requested)" % (
+                e["peak_reserved"], e["peak_reserved"] / max(1, e.get("peak_requested", 0) or 1))
+            line += "; stitch below expandable: %s" % (r["peak_reserved"] < e["peak_reserved"])
+        print(line)
+        print("%s: map calls per step %s; after warm-up %s; time mapping %.1f ms in all" % (
+            name, r["map_calls_per_step"], r["map_calls_per_step_after_warmup"],
+            r.get("stitch_map_ms", 0.0)))
     print("%d mismatch(es)" % bad)
     return 1 if bad else 0
 

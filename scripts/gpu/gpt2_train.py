@@ -66,8 +66,17 @@ def main():
     batches = [torch.randint(0, cfg.vocab_size, (a.batch, a.seq), generator=gen)
                for _ in range(a.warmup + a.steps)]
 
-    losses, times = [], []
+    def gmr_maps():
+        # Page maps so far under the stitch policy (absent under others).
+        if a.allocator != "gmr":
+            return None
+        import gmr
+
+        return gmr.stats(0).get("stitch.map_calls")
+
+    losses, times, maps_per_step = [], [], []
     for i, ids in enumerate(batches):
+        maps_before = gmr_maps()
         ids = ids.cuda()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -79,6 +88,8 @@ def main():
         end.synchronize()
         loss = out.loss.item()
         losses.append(loss)
+        if maps_before is not None:
+            maps_per_step.append(gmr_maps() - maps_before)
         if i >= a.warmup:
             times.append(start.elapsed_time(end))
         print("step %2d loss %.6f %s %.2f ms" % (i, loss, float(loss).hex(), start.elapsed_time(end)),
@@ -89,7 +100,9 @@ def main():
     if a.allocator == "native":
         res["peak_reserved"] = torch.cuda.max_memory_reserved()
         res["peak_allocated"] = torch.cuda.max_memory_allocated()
+        res["peak_requested"] = torch.cuda.memory_stats().get("requested_bytes.all.peak", 0)
         res["num_alloc_retries"] = torch.cuda.memory_stats()["num_alloc_retries"]
+        res["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     else:
         import gmr
 
@@ -97,8 +110,17 @@ def main():
         res["gmr_policy"] = gmr.policy(0)
         res["peak_reserved"] = s["peak_reserved_bytes"]
         res["peak_allocated"] = s["peak_allocated_bytes"]
+        res["peak_requested"] = s["peak_requested_bytes"]
         res["gmr_stats"] = s
-    print(json.dumps({k: v for k, v in res.items() if k not in ("gmr_stats", "step_ms")}))
+        if maps_per_step:
+            # The stitch policy: device memory mapped at the peak is its pages
+            # (peak_reserved_bytes); map calls per step, and after warm-up.
+            res["map_calls_per_step"] = maps_per_step
+            res["map_calls_per_step_after_warmup"] = maps_per_step[a.warmup:]
+            res["peak_reserved_over_requested"] = s["peak_reserved_bytes"] / s["peak_requested_bytes"]
+            res["stitch_map_ms"] = s.get("stitch.map_ns", 0) / 1e6
+    print(json.dumps({k: v for k, v in res.items()
+                      if k not in ("gmr_stats", "step_ms", "map_calls_per_step")}))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

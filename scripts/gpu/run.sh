@@ -11,9 +11,15 @@
 #   jaxdiag              JAX under GMR_INTERPOSE_LOG=1: which driver names it
 #                        looks up and which calls reach gmr
 #   all                  PyTorch + CuPy + JAX in one process (interposer too)
-#   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, or gmr with CONFIG
-#                        (a file under DIR/config); a trace of gmr runs is
-#                        replayed on the simulator (replay_check.py)
+#   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, native-expandable
+#                        (PyTorch's allocator with expandable_segments:True),
+#                        or gmr with CONFIG (a file under DIR/config, e.g.
+#                        stitch.yaml); a trace of gmr runs is replayed on the
+#                        simulator (replay_check.py)
+#   stitch               the stitch policy's CUDA proofs, built here with nvcc:
+#                        alias safety of a page mapped at two addresses
+#                        (stitch_alias.cu), bandwidth and SGEMM on stitched
+#                        pages against cudaMalloc (stitch_bw.cu)
 #   bench                host cost of an allocation + free through torch, native vs gmr
 #   compare              bit-exact losses and step times of the gpt2 runs
 # Logs go to stdout; JSON results to $RESULTS (default /tmp/gmr-results).
@@ -81,6 +87,10 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     if [ "$name" = native ]; then
       timeout 240 python3 "$here/gpt2_train.py" --allocator native --steps "${STEPS:-10}" \
         --json "$results/gpt2-native${RUN:+-$RUN}.json" || status=1
+    elif [ "$name" = native-expandable ]; then
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 240 python3 "$here/gpt2_train.py" \
+        --allocator native --steps "${STEPS:-10}" \
+        --json "$results/gpt2-native-expandable${RUN:+-$RUN}.json" || status=1
     else
       trace="$results/gpt2-$name.trace.csv"
       timeout 240 python3 "$here/gpt2_train.py" --allocator gmr --config "$dir/config/$cfg" \
@@ -96,6 +106,15 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     phase "host cost of torch.empty(1 MiB) + del: PyTorch's allocator, then gmr caching"
     timeout 120 python3 "$here/alloc_bench.py" native || status=1
     timeout 120 python3 "$here/alloc_bench.py" gmr "$dir/config/pytorch.yaml" || status=1
+    ;;
+  stitch)
+    phase "stitch: alias safety and bandwidth/SGEMM on stitched pages (nvcc -arch=sm_90)"
+    bin="$results/stitch-bin"
+    mkdir -p "$bin"
+    nvcc -arch=sm_90 -O2 -o "$bin/stitch_alias" "$here/stitch_alias.cu" -lcuda &&
+      nvcc -arch=sm_90 -O2 -o "$bin/stitch_bw" "$here/stitch_bw.cu" -lcuda -lcublas || status=1
+    timeout 300 "$bin/stitch_alias" "${ROUNDS:-2000}" | tee "$results/stitch-alias.txt" || status=1
+    timeout 300 "$bin/stitch_bw" 1024 8192 20 | tee "$results/stitch-bw.txt" || status=1
     ;;
   compare)
     phase "compare the GPT-2 runs"

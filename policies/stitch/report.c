@@ -1,0 +1,569 @@
+/* report.c: the stitch policy's statistics (PyTorch's names plus mappings,
+ * shared pages, dead gaps and time spent mapping), summary, walk, the OOM
+ * message and the invariant checker.
+ *
+ * The checker walks the design's invariants (stitch.h):
+ *  1. page partition: tail_end <= head_start, both multiples of G; FREE ⇔ no
+ *     owner with tail_end = 0, head_start = P; every owner is a LIVE,
+ *     PENDING or SMALL range that claims exactly that span;
+ *  2. block coverage: a block's spans sum to its length, interior pages are
+ *     its whole pages, at most one span is partial;
+ *  3. VA ↔ PA: slot j of a mapped range has one mapping record, on the list
+ *     of pages[j]; the block starts at va + first_off;
+ *  4. mappings: Σ nmaps == list lengths == mappings; nmaps <= the cap;
+ *  5. cache: CACHED ⇔ in the LRU list and in the bucket of its length;
+ *  6. accounting: reserved == live pages × P (the backend agrees);
+ *     free + allocated + pending + dead gaps == reserved; every gap <= tau;
+ *  7. indexes: each page is in the index its fields imply, once; class bits
+ *     set ⇔ class list non-empty; small pool blocks tile their segment, no
+ *     two free neighbours, free blocks indexed in their stream's class;
+ *  8. VA arena: free intervals and ranges tile the reservations.
+ * The log-based items (cross-stream reuse and unmap decisions, capture)
+ * are enforced where the decisions are made (pages.c st_stamp_ready,
+ * ranges.c st_evict, stitch.c alloc_large) rather than logged.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stitch/stitch.h"
+
+/* ---- figures ----------------------------------------------------------------------------------
+ */
+
+static uint64_t open_bytes(const stitch_t *t, const st_page_t *p) {
+  if (p->where == ST_W_SUFFIX) return t->P - p->tail_end;
+  if (p->where == ST_W_PREFIX) return p->head_start;
+  return 0;
+}
+
+static uint32_t shared_pages(const stitch_t *t) {
+  return t->nclosed; /* a closed page holds the tail of one block and the head of another */
+}
+
+void st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest) {
+  uint64_t open = 0, best = 0;
+  for (uint32_t id = 0; id < t->npages; ++id) {
+    uint64_t o = open_bytes(t, &t->pages[id]);
+    open += o;
+    if (o > best) best = o;
+  }
+  *free_bytes = (uint64_t)t->nfree * t->P + open + t->small_free_bytes;
+  /* The largest block served without growing: every FREE page plus the best
+   * open slot (FREE pages can be stitched in any order). */
+  *largest = (uint64_t)t->nfree * t->P + best;
+}
+
+void st_report_stats(stitch_t *t, gmr_stats_t *out) {
+  const st_stats_t *s = &t->st;
+  out->allocated_bytes = (uint64_t)s->allocated[0].current;
+  out->peak_allocated_bytes = (uint64_t)s->allocated[0].peak;
+  out->requested_bytes = (uint64_t)s->requested[0].current;
+  out->peak_requested_bytes = (uint64_t)s->requested[0].peak;
+  out->active_bytes = (uint64_t)s->active[0].current;
+  out->peak_active_bytes = (uint64_t)s->active[0].peak;
+  out->allocations = (uint64_t)s->allocation[0].current;
+  out->peak_allocations = (uint64_t)s->allocation[0].peak;
+  out->num_allocs = (uint64_t)s->num_allocs;
+  out->num_frees = (uint64_t)s->num_frees;
+  out->ooms = (uint64_t)s->ooms;
+  out->alloc_retries = (uint64_t)s->retries;
+  uint64_t fr, largest;
+  st_report_free_bytes(t, &fr, &largest);
+  out->largest_free_block = largest;
+}
+
+typedef struct kv_s {
+  const char *k;
+  int64_t v;
+} kv_t;
+
+static int emit_stat(gmr_stat_cb cb, void *ud, char *buf, size_t len, const char *name,
+                     const char *pool, const gmr_stat_t *st) {
+  static const char *const f[] = {"current", "peak", "allocated", "freed"};
+  const int64_t v[] = {st->current, st->peak, st->allocated, st->freed};
+  for (int i = 0; i < 4; ++i) {
+    snprintf(buf, len, "%s.%s.%s", name, pool, f[i]);
+    if (cb(buf, v[i], ud) != 0) return 1;
+  }
+  return 0;
+}
+
+int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
+  static const char *const pools[] = {"all", "small_pool", "large_pool"};
+  char buf[96];
+  st_stats_t *s = &t->st;
+  gmr_backend_t *be = t->base.backend;
+  /* reserved: all = pages x P (peak from the device counters), small = the
+   * small pool's segments, large = the rest. */
+  gmr_stat_t reserved[3];
+  reserved[1] = s->reserved[1];
+  reserved[0] = (gmr_stat_t){(int64_t)t->live_pages * (int64_t)t->P,
+                             (int64_t)atomic_load(&be->counters.peak_reserved_bytes),
+                             s->pages_created * (int64_t)t->P, s->pages_released * (int64_t)t->P};
+  reserved[2] = (gmr_stat_t){reserved[0].current - reserved[1].current, 0, 0, 0};
+  reserved[2].peak = reserved[2].current;
+  for (int p = 0; p < 3; ++p) {
+    if (emit_stat(cb, ud, buf, sizeof buf, "allocated_bytes", pools[p], &s->allocated[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "reserved_bytes", pools[p], &reserved[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "active_bytes", pools[p], &s->active[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "requested_bytes", pools[p], &s->requested[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "allocation", pools[p], &s->allocation[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "segment", pools[p], &s->segment[p]))
+      return 0;
+  }
+  uint64_t fr, largest;
+  st_report_free_bytes(t, &fr, &largest);
+  const kv_t kv[] = {
+      {"num_alloc_retries", s->retries},
+      {"num_ooms", s->ooms},
+      {"num_device_alloc", (int64_t)atomic_load(&be->counters.device_allocs)},
+      {"num_device_free", (int64_t)atomic_load(&be->counters.device_frees)},
+      {"stitch.page_size", (int64_t)t->P},
+      {"stitch.pages.current", t->live_pages},
+      {"stitch.pages.free", t->nfree},
+      {"stitch.pages.created", s->pages_created},
+      {"stitch.pages.released", s->pages_released},
+      {"stitch.shared_pages.current", shared_pages(t)},
+      {"stitch.dead_gap_bytes.current", s->dead_gap.current},
+      {"stitch.dead_gap_bytes.peak", s->dead_gap.peak},
+      {"stitch.free_bytes.current", (int64_t)fr},
+      {"stitch.pending_bytes.current", s->pending_bytes},
+      {"stitch.mappings.current", s->mappings.current},
+      {"stitch.mappings.peak", s->mappings.peak},
+      {"stitch.va_bytes.current", s->va.current},
+      {"stitch.va_bytes.peak", s->va.peak},
+      {"stitch.va_reserved_bytes", 0},
+      {"stitch.cached_ranges", t->ncached},
+      {"stitch.cache_hits", s->hits},
+      {"stitch.cache_misses", s->misses},
+      {"stitch.partial_placements", s->stitches_partial},
+      {"stitch.map_calls", s->map_calls},
+      {"stitch.unmap_calls", s->unmap_calls},
+      {"stitch.set_access_calls", s->access_calls},
+      {"stitch.map_ns", (int64_t)s->map_ns},
+      {"stitch.evictions", s->evictions},
+      {"stitch.repairs", s->repairs},
+      {"stitch.repaired_slots", s->repaired_slots},
+      {"stitch.small_reclaims", s->small_reclaims},
+      {"stitch.event_records", s->event_records},
+      {"stitch.event_queries", s->event_queries},
+      {"stitch.syncs", s->syncs},
+  };
+  uint64_t va_res = 0;
+  for (uint32_t r = 0; r < t->nres; ++r)
+    va_res += t->res[r].size;
+  for (size_t i = 0; i < sizeof kv / sizeof kv[0]; ++i) {
+    int64_t v = strcmp(kv[i].k, "stitch.va_reserved_bytes") == 0 ? (int64_t)va_res : kv[i].v;
+    if (cb(kv[i].k, v, ud) != 0) return 0;
+  }
+  return 0;
+}
+
+int st_report_summary(stitch_t *t, FILE *out) {
+  char a[32], b[32], c[32], d[32];
+  st_stats_t *s = &t->st;
+  uint64_t fr, largest;
+  st_report_free_bytes(t, &fr, &largest);
+  gmr_backend_t *be = t->base.backend;
+  fprintf(out, "stitch memory summary (page %" PRIu64 " bytes)\n", t->P);
+  fprintf(out, "  %-26s %14s %14s\n", "", "current", "peak");
+#define ROW(label, cur, peak)                                                                      \
+  gmr__format_size((uint64_t)(cur), a, sizeof a);                                                  \
+  gmr__format_size((uint64_t)(peak), b, sizeof b);                                                 \
+  fprintf(out, "  %-26s %14s %14s\n", label, a, b);
+  ROW("reserved (pages)", (uint64_t)t->live_pages * t->P,
+      atomic_load(&be->counters.peak_reserved_bytes))
+  ROW("allocated", s->allocated[0].current, s->allocated[0].peak)
+  ROW("requested", s->requested[0].current, s->requested[0].peak)
+  ROW("active", s->active[0].current, s->active[0].peak)
+  ROW("small pool reserved", s->reserved[1].current, s->reserved[1].peak)
+  ROW("dead gaps", s->dead_gap.current, s->dead_gap.peak)
+  ROW("address space mapped", s->va.current, s->va.peak)
+#undef ROW
+  gmr__format_size(fr, a, sizeof a);
+  gmr__format_size(largest, b, sizeof b);
+  fprintf(out, "  free %s (largest without growing %s), %u FREE pages, %u shared\n", a, b, t->nfree,
+          shared_pages(t));
+  fprintf(out, "  mappings %" PRId64 " (peak %" PRId64 "), cached ranges %u\n", s->mappings.current,
+          s->mappings.peak, t->ncached);
+  fprintf(out,
+          "  allocs %" PRId64 ", frees %" PRId64 ", cache hits %" PRId64 ", misses %" PRId64
+          " (%" PRId64 " repaired, %" PRId64 " slots remapped), partial placements %" PRId64 "\n",
+          s->num_allocs, s->num_frees, s->hits, s->misses, s->repairs, s->repaired_slots,
+          s->stitches_partial);
+  gmr__format_size(s->map_ns / 1000, c, sizeof c);
+  snprintf(d, sizeof d, "%.3f ms", (double)s->map_ns / 1e6);
+  fprintf(out,
+          "  device: pages created %" PRId64 ", released %" PRId64 ", maps %" PRId64
+          ", unmaps %" PRId64 ", set access %" PRId64 ", time mapping %s\n",
+          s->pages_created, s->pages_released, s->map_calls, s->unmap_calls, s->access_calls, d);
+  fprintf(out,
+          "  evictions %" PRId64 ", small segments returned %" PRId64 ", events %" PRId64
+          " recorded / %" PRId64 " queried, syncs %" PRId64 ", OOMs %" PRId64 "\n",
+          s->evictions, s->small_reclaims, s->event_records, s->event_queries, s->syncs, s->ooms);
+  return ferror(out) ? GMR_EIO : 0;
+}
+
+/* ---- walk -------------------------------------------------------------------------------------
+ */
+
+static int walk_range(stitch_t *t, st_range_t *r, gmr_walk_cb cb, void *ud) {
+  gmr_walk_entry_t e = {.is_segment = 1,
+                        .address = r->va,
+                        .size = (uint64_t)r->nslots * t->P,
+                        .stream = t->streams[r->sidx].s,
+                        .pool = r->state == ST_R_SMALL ? "small" : "large"};
+  int rc = cb(&e, ud);
+  if (rc != 0) return rc;
+  if (r->state == ST_R_SMALL) {
+    for (st_small_t *b = r->seg->first; b != NULL; b = b->next) {
+      gmr_walk_entry_t x = {.address = r->va + b->off,
+                            .size = b->size,
+                            .requested = b->allocated ? b->requested : 0,
+                            .state = b->pending     ? GMR_BLOCK_PENDING_FREE
+                                     : b->allocated ? GMR_BLOCK_ALLOCATED
+                                                    : GMR_BLOCK_FREE,
+                            .stream = e.stream};
+      if ((rc = cb(&x, ud)) != 0) return rc;
+    }
+    return 0;
+  }
+  /* A large range: the slot bytes before and after the block belong to
+   * other blocks' spans, or are free; shown as unmapped from this range. */
+  if (r->first_off > 0) {
+    gmr_walk_entry_t x = {
+        .address = r->va, .size = r->first_off, .state = GMR_BLOCK_UNMAPPED, .stream = e.stream};
+    if ((rc = cb(&x, ud)) != 0) return rc;
+  }
+  gmr_walk_entry_t x = {.address = r->va + r->first_off,
+                        .size = r->len,
+                        .requested = r->state == ST_R_CACHED ? 0 : r->requested,
+                        .state = r->state == ST_R_LIVE      ? GMR_BLOCK_ALLOCATED
+                                 : r->state == ST_R_PENDING ? GMR_BLOCK_PENDING_FREE
+                                                            : GMR_BLOCK_FREE,
+                        .stream = e.stream};
+  if ((rc = cb(&x, ud)) != 0) return rc;
+  uint64_t end = r->first_off + r->len, total = (uint64_t)r->nslots * t->P;
+  if (end < total) {
+    gmr_walk_entry_t y = {.address = r->va + end,
+                          .size = total - end,
+                          .state = GMR_BLOCK_UNMAPPED,
+                          .stream = e.stream};
+    if ((rc = cb(&y, ud)) != 0) return rc;
+  }
+  return 0;
+}
+
+static int range_cmp(const void *a, const void *b) {
+  uintptr_t x = (*(st_range_t *const *)a)->va, y = (*(st_range_t *const *)b)->va;
+  return x < y ? -1 : x > y;
+}
+
+int st_report_walk(stitch_t *t, gmr_walk_cb cb, void *ud) {
+  size_t n = 0;
+  for (st_range_t *r = t->all; r != NULL; r = r->all_next)
+    n += r->state != ST_R_BROKEN;
+  st_range_t **v = gmr__malloc((n ? n : 1) * sizeof *v);
+  if (v == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the walk");
+  n = 0;
+  for (st_range_t *r = t->all; r != NULL; r = r->all_next)
+    if (r->state != ST_R_BROKEN) v[n++] = r;
+  qsort(v, n, sizeof *v, range_cmp);
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; ++i)
+    rc = walk_range(t, v[i], cb, ud);
+  gmr__free(v);
+  return 0;
+}
+
+/* ---- OOM --------------------------------------------------------------------------------------
+ */
+
+int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why) {
+  char want[32], live[32], fr[32], dead[32], res[32], va[32], pend[32], dtot[32], dfree[32];
+  uint64_t free_b, largest;
+  st_report_free_bytes(t, &free_b, &largest);
+  size_t df = 0, dt = 0;
+  gmr__backend_mem_info(t->base.backend, &df, &dt);
+  char whybuf[256];
+  snprintf(whybuf, sizeof whybuf, "%s", why ? why : "");
+  uint32_t nranges = 0;
+  for (const st_range_t *r = t->all; r != NULL; r = r->all_next)
+    ++nranges;
+  gmr__format_size(size, want, sizeof want);
+  gmr__format_size((uint64_t)t->st.allocated[0].current, live, sizeof live);
+  gmr__format_size(free_b, fr, sizeof fr);
+  gmr__format_size(t->dead_bytes, dead, sizeof dead);
+  gmr__format_size((uint64_t)t->live_pages * t->P, res, sizeof res);
+  gmr__format_size(t->va_used, va, sizeof va);
+  gmr__format_size((uint64_t)t->st.pending_bytes, pend, sizeof pend);
+  gmr__format_size(dt, dtot, sizeof dtot);
+  gmr__format_size(df, dfree, sizeof dfree);
+  return gmr__error_set(GMR_ENOMEM,
+                        "stitch: out of memory allocating %s on stream %p. Device %d: %s total, "
+                        "%s free. Held: %s in %u pages of %" PRIu64 " bytes: %s live in %" PRId64
+                        " blocks, %s free (%u whole pages; "
+                        "largest without growing %" PRIu64 " bytes), %s in dead gaps, %s "
+                        "waiting for other streams; %u mappings, %s of address space in use "
+                        "in %u ranges (%u of them cached). Device said: %s",
+                        want, s, t->base.backend->device, dtot, dfree, res, t->live_pages, t->P,
+                        live, t->st.allocation[0].current, fr, t->nfree, largest, dead, pend,
+                        t->nmappings, va, nranges, t->ncached, whybuf);
+}
+
+/* ---- the checker ------------------------------------------------------------------------------
+ */
+
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) return gmr__error_set(GMR_EINVAL, "stitch check: " __VA_ARGS__);                  \
+  } while (0)
+
+static int check_owner(stitch_t *t, uint32_t id, st_range_t *o, const char *slot) {
+  CHECK(o->state == ST_R_LIVE || o->state == ST_R_PENDING || o->state == ST_R_SMALL,
+        "page %u's %s owner is a range in state %d", id, slot, o->state);
+  for (uint32_t j = 0; j < o->nslots; ++j)
+    if (o->pages[j] == id) return 0;
+  return gmr__error_set(GMR_EINVAL, "stitch check: page %u's %s owner does not map it", id, slot);
+}
+
+static int check_pages(stitch_t *t, uint64_t *free_b) {
+  uint32_t P = (uint32_t)t->P, nfree = 0, nclosed = 0, nfull = 0, live = 0;
+  uint64_t dead = 0, open = 0, maps = 0;
+  for (uint32_t id = 0; id < t->npages; ++id) {
+    st_page_t *p = &t->pages[id];
+    if (p->where == ST_W_DEAD) continue;
+    ++live;
+    CHECK(p->tail_end % ST_G == 0 && p->head_start % ST_G == 0 && p->tail_end <= p->head_start &&
+              p->head_start <= P,
+          "page %u: tail_end %u, head_start %u", id, p->tail_end, p->head_start);
+    CHECK((p->tail_owner == NULL) == (p->tail_end == 0), "page %u: tail owner vs tail_end %u", id,
+          p->tail_end);
+    CHECK((p->head_owner == NULL) == (p->head_start == P), "page %u: head owner vs head_start %u",
+          id, p->head_start);
+    int err;
+    if (p->full_owner != NULL) {
+      CHECK(p->tail_owner == NULL && p->head_owner == NULL, "page %u: full and partly owned", id);
+      CHECK(p->where == ST_W_FULL, "page %u: full but filed as %d", id, p->where);
+      if ((err = check_owner(t, id, p->full_owner, "full")) != 0) return err;
+      ++nfull;
+    } else if (p->tail_owner == NULL && p->head_owner == NULL) {
+      CHECK(p->where == ST_W_FREE && p->cls == (p->nmaps != 0), "page %u: free but filed as %d/%u",
+            id, p->where, p->cls);
+      ++nfree;
+    } else if (p->tail_owner != NULL && p->head_owner != NULL) {
+      CHECK(p->where == ST_W_CLOSED && p->cls * ST_G == p->head_start - p->tail_end,
+            "page %u: closed but filed as %d", id, p->where);
+      CHECK(p->head_start - p->tail_end <= t->o.tau, "page %u: dead gap %u > tau", id,
+            p->head_start - p->tail_end);
+      dead += p->head_start - p->tail_end;
+      ++nclosed;
+    } else {
+      bool suffix = p->tail_owner != NULL;
+      CHECK(p->where == (suffix ? ST_W_SUFFIX : ST_W_PREFIX), "page %u: partial, filed as %d", id,
+            p->where);
+      uint32_t cls = (suffix ? P - p->tail_end : p->head_start) / ST_G;
+      CHECK(p->cls == cls, "page %u: in class %u, not %u", id, p->cls, cls);
+      open += suffix ? P - p->tail_end : p->head_start;
+    }
+    if (p->tail_owner && (err = check_owner(t, id, p->tail_owner, "tail")) != 0) return err;
+    if (p->head_owner && (err = check_owner(t, id, p->head_owner, "head")) != 0) return err;
+    uint32_t n = 0;
+    for (st_map_t *m = p->maps; m != NULL; m = m->next, ++n) {
+      CHECK(m->page == id && m->slot < m->r->nslots && &m->r->maps[m->slot] == m &&
+                m->r->pages[m->slot] == id,
+            "page %u: a mapping record that does not point back", id);
+      CHECK(m->next == NULL || m->next->prev == m, "page %u: broken mapping list", id);
+    }
+    CHECK(n == p->nmaps, "page %u: %u mapping records, nmaps %u", id, n, p->nmaps);
+    CHECK((int64_t)p->nmaps <= t->o.max_maps_per_page, "page %u: %u mappings > cap", id, p->nmaps);
+    maps += n;
+  }
+  CHECK(live == t->live_pages && nfree == t->nfree && nclosed == t->nclosed && nfull == t->nfull,
+        "page counts: live %u/%u free %u/%u closed %u/%u full %u/%u", live, t->live_pages, nfree,
+        t->nfree, nclosed, t->nclosed, nfull, t->nfull);
+  CHECK(dead == t->dead_bytes, "dead gaps %" PRIu64 " != %" PRIu64, dead, t->dead_bytes);
+  CHECK(maps == t->nmappings && (int64_t)maps == t->st.mappings.current,
+        "mappings %" PRIu64 " != %u", maps, t->nmappings);
+  /* Index lists: every listed page is filed there; bits mirror the lists. */
+  uint32_t listed = 0;
+  for (int m = 0; m < 2; ++m)
+    for (uint32_t id = t->free_head[m], prev = ST_NIL; id != ST_NIL;
+         prev = id, id = t->pages[id].next) {
+      CHECK(t->pages[id].where == ST_W_FREE && t->pages[id].cls == (uint32_t)m &&
+                t->pages[id].prev == prev,
+            "free list %d: page %u misfiled", m, id);
+      if (t->pages[id].next == ST_NIL) CHECK(t->free_tail[m] == id, "free list %d: tail", m);
+      CHECK(++listed <= t->nfree, "free lists longer than the free pages");
+    }
+  CHECK(listed == t->nfree, "free lists hold %u of %u free pages", listed, t->nfree);
+  for (int w = 0; w < 2; ++w) {
+    st_classes_t *c = w ? &t->prefix : &t->suffix;
+    for (uint32_t k = 0; k < c->n; ++k) {
+      bool bit = (c->l1[k / 64] >> (k % 64)) & 1;
+      CHECK(bit == (c->head[k] != ST_NIL), "%s class %u: bit %d", w ? "prefix" : "suffix", k, bit);
+      for (uint32_t id = c->head[k]; id != ST_NIL; id = t->pages[id].next)
+        CHECK(t->pages[id].where == (w ? ST_W_PREFIX : ST_W_SUFFIX) && t->pages[id].cls == k,
+              "page %u misfiled in %s class %u", id, w ? "prefix" : "suffix", k);
+    }
+    for (uint32_t z = 0; z < c->n1; ++z)
+      CHECK(((c->l0[z / 64] >> (z % 64)) & 1) == (c->l1[z] != 0), "class summary word %u", z);
+  }
+  *free_b = (uint64_t)nfree * P + open;
+  return 0;
+}
+
+static int check_range(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *pend_b) {
+  uint64_t P = t->P;
+  CHECK(r->va % P == 0 && r->first_off % ST_G == 0 && r->first_off < P && r->len > 0 &&
+            r->first_off + r->len <= (uint64_t)r->nslots * P &&
+            r->first_off + r->len > (uint64_t)(r->nslots - 1) * P,
+        "range at %#" PRIxPTR ": layout (off %u, len %" PRIu64 ", %u slots)", r->va, r->first_off,
+        r->len, r->nslots);
+  if (r->state != ST_R_BROKEN) {
+    CHECK(r->nmapped == r->nslots, "range at %#" PRIxPTR ": %u of %u slots mapped", r->va,
+          r->nmapped, r->nslots);
+    uint64_t end = r->first_off + r->len - (uint64_t)(r->nslots - 1) * P;
+    CHECK(r->nslots > 1 || r->first_off == 0 || end == P,
+          "range at %#" PRIxPTR ": a one-slot block inside a page", r->va);
+  }
+  uint32_t mapped = 0;
+  for (uint32_t j = 0; j < r->nslots; ++j) {
+    if (r->maps[j].r == NULL && r->state == ST_R_BROKEN) continue;
+    CHECK(r->maps[j].r == r && r->maps[j].slot == j && r->maps[j].page == r->pages[j] &&
+              t->pages[r->pages[j]].where != ST_W_DEAD,
+          "range at %#" PRIxPTR ": slot %u's mapping record", r->va, j);
+    ++mapped;
+  }
+  CHECK(mapped == r->nmapped, "range at %#" PRIxPTR ": %u slots mapped, counted %u", r->va, mapped,
+        r->nmapped);
+  bool owns = r->state == ST_R_LIVE || r->state == ST_R_PENDING || r->state == ST_R_SMALL;
+  if (!owns) return 0;
+  uint64_t sum = 0;
+  for (uint32_t j = 0; j < r->nslots; ++j) {
+    uint32_t a, b;
+    st_span(t, r, j, &a, &b);
+    st_page_t *p = &t->pages[r->pages[j]];
+    bool ok = (a == 0 && b == P)   ? p->full_owner == r
+              : (a == 0)           ? p->tail_owner == r && p->tail_end == b
+              : (b == (uint32_t)P) ? p->head_owner == r && p->head_start == a
+                                   : false;
+    CHECK(ok, "range at %#" PRIxPTR ": slot %u's span [%u, %u) not owned by it", r->va, j, a, b);
+    sum += b - a;
+  }
+  CHECK(sum == r->len, "range at %#" PRIxPTR ": spans cover %" PRIu64 " of %" PRIu64, r->va, sum,
+        r->len);
+  if (r->state == ST_R_LIVE) *live_b += r->len;
+  if (r->state == ST_R_PENDING) *pend_b += r->len;
+  return 0;
+}
+
+static int check_small(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *free_b,
+                       uint64_t *pend_b) {
+  st_small_seg_t *g = r->seg;
+  CHECK(g != NULL && g->r == r && r->nslots == 1 && r->len == t->P,
+        "small segment at %#" PRIxPTR ": shape", r->va);
+  st_small_index_t *x = t->streams[g->sidx].small;
+  uint32_t off = 0, live = 0;
+  for (st_small_t *b = g->first, *prev = NULL; b != NULL; prev = b, b = b->next) {
+    CHECK(b->seg == g && b->off == off && b->prev == prev && b->size % ST_G == 0 && b->size > 0,
+          "small segment at %#" PRIxPTR ": block at %u", r->va, b->off);
+    if (!b->allocated) {
+      CHECK(prev == NULL || prev->allocated, "small segment at %#" PRIxPTR ": two free neighbours",
+            r->va);
+      uint32_t c = b->size / ST_G < x->cls.n ? b->size / ST_G : x->cls.n - 1;
+      bool found = false;
+      for (st_small_t *f = x->heads[c]; f != NULL && !found; f = f->fnext)
+        found = f == b;
+      CHECK(found, "small segment at %#" PRIxPTR ": free block at %u not indexed", r->va, b->off);
+      *free_b += b->size;
+    } else {
+      ++live;
+      if (b->pending)
+        *pend_b += b->size;
+      else
+        *live_b += b->size;
+    }
+    off += b->size;
+  }
+  CHECK(off == t->P, "small segment at %#" PRIxPTR ": blocks cover %u bytes", r->va, off);
+  CHECK(live == g->live && g->on_empty == (live == 0), "small segment at %#" PRIxPTR ": live %u",
+        r->va, live);
+  return 0;
+}
+
+int st_report_check(stitch_t *t) {
+  uint64_t page_free = 0, live_b = 0, pend_b = 0, small_free = 0;
+  int err = check_pages(t, &page_free);
+  if (err != 0) return err;
+  uint32_t cached = 0, smalls = 0;
+  uint64_t va = 0;
+  for (st_range_t *r = t->all; r != NULL; r = r->all_next) {
+    CHECK(r->all_next == NULL || r->all_next->all_prev == r, "broken range list");
+    if ((err = check_range(t, r, &live_b, &pend_b)) != 0) return err;
+    if (r->state == ST_R_SMALL) {
+      ++smalls;
+      if ((err = check_small(t, r, &live_b, &small_free, &pend_b)) != 0) return err;
+    }
+    if (r->state == ST_R_CACHED) {
+      ++cached;
+    } else {
+      CHECK(r->lru_prev == NULL && r->lru_next == NULL && t->lru_head != r,
+            "range at %#" PRIxPTR " in state %d is on the LRU list", r->va, r->state);
+    }
+    va += (uint64_t)r->nslots * t->P;
+  }
+  uint32_t lru = 0;
+  for (st_range_t *r = t->lru_head; r != NULL; r = r->lru_next) {
+    CHECK(r->state == ST_R_CACHED, "a range in state %d on the LRU list", r->state);
+    CHECK(++lru <= cached, "LRU list longer than the cached ranges");
+  }
+  CHECK(lru == cached && cached == t->ncached, "cache: %u on the LRU list, %u cached, count %u",
+        lru, cached, t->ncached);
+  uint32_t bucketed = 0;
+  for (uint32_t k = 0; k < t->nbuckets; ++k)
+    for (st_range_t *r = t->buckets[k], *prev = NULL; r != NULL; prev = r, r = r->b_next) {
+      CHECK(r->state == ST_R_CACHED && st_cache_bucket(t, r->len) == k && r->b_prev == prev,
+            "cached range at %#" PRIxPTR " misfiled in bucket %u", r->va, k);
+      CHECK(++bucketed <= cached, "buckets hold more ranges than are cached");
+    }
+  CHECK(bucketed == cached, "buckets hold %u of %u cached ranges", bucketed, cached);
+  CHECK(smalls == t->nsmall_segs, "small segments %u != %u", smalls, t->nsmall_segs);
+  CHECK(small_free == t->small_free_bytes, "small pool free bytes %" PRIu64 " != %" PRIu64,
+        small_free, t->small_free_bytes);
+  /* Accounting. */
+  uint64_t reserved = (uint64_t)t->live_pages * t->P;
+  gmr_backend_t *be = t->base.backend;
+  CHECK(atomic_load(&be->counters.reserved_bytes) == reserved,
+        "device counts %" PRIu64 " bytes reserved, pages %" PRIu64,
+        (uint64_t)atomic_load(&be->counters.reserved_bytes), reserved);
+  CHECK(live_b == (uint64_t)t->st.allocated[0].current,
+        "allocated %" PRIu64 " != Σ live blocks %" PRIu64, (uint64_t)t->st.allocated[0].current,
+        live_b);
+  CHECK(pend_b == (uint64_t)t->st.pending_bytes, "pending %" PRIu64 " != %" PRId64, pend_b,
+        t->st.pending_bytes);
+  CHECK(page_free + small_free + live_b + pend_b + t->dead_bytes == reserved,
+        "free %" PRIu64 " + allocated %" PRIu64 " + pending %" PRIu64 " + dead %" PRIu64
+        " != reserved %" PRIu64,
+        page_free + small_free, live_b, pend_b, t->dead_bytes, reserved);
+  /* The arena. */
+  CHECK(va == t->va_used, "ranges hold %" PRIu64 " bytes of address space, counted %" PRIu64, va,
+        t->va_used);
+  uint64_t res = 0, fr = 0;
+  for (uint32_t k = 0; k < t->nres; ++k)
+    res += t->res[k].size;
+  for (uint32_t i = 0; i < t->nva; ++i) {
+    st_va_t *v = &t->va[i];
+    CHECK(v->res < t->nres && v->addr >= t->res[v->res].base &&
+              v->addr + v->size <= t->res[v->res].base + t->res[v->res].size && v->size > 0 &&
+              v->addr % t->P == 0 && v->size % t->P == 0,
+          "free interval %u outside its reservation", i);
+    CHECK(i == 0 || t->va[i - 1].addr + t->va[i - 1].size <= v->addr,
+          "free intervals %u and %u overlap", i - 1, i);
+    fr += v->size;
+  }
+  CHECK(fr + va == res, "address space: free %" PRIu64 " + ranges %" PRIu64 " != reserved %" PRIu64,
+        fr, va, res);
+  return 0;
+}

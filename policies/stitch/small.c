@@ -1,0 +1,290 @@
+/* small.c: the stitch policy's small pool (requests <= small_size).
+ *
+ * PyTorch's small-pool rules: sizes rounded up to 512 bytes; blocks carved
+ * from segments of one page (P bytes, 2 MiB on the H200, like kSmallBuffer);
+ * best fit per stream (the smallest free block that holds the request); a
+ * block is split when at least 512 bytes remain; a freed block merges with
+ * its free neighbours.  What differs: a segment's page comes from the same
+ * page pool as large blocks, and a wholly free segment gives its page back
+ * to that pool (st_small_reclaim) before the policy grows, instead of being
+ * held until empty_cache; so memory that small tensors used at one time
+ * serves large ones at another.
+ *
+ * Index: per stream, free blocks by class size / G (the last class holds
+ * every block of small_size bytes or more), a two-level bitmap over the
+ * classes, LIFO within a class.
+ *   Σ free block sizes == small_free_bytes
+ *   Σ block sizes of a segment == P; neighbours are never both free.
+ */
+#include <string.h>
+
+#include "stitch/stitch.h"
+
+static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
+  st_stream_t *st = &t->streams[sidx];
+  if (st->small != NULL) return st->small;
+  st_small_index_t *x = gmr__calloc(1, sizeof *x);
+  if (x == NULL) return NULL;
+  uint32_t n = (uint32_t)(t->small_max / ST_G) + 1;
+  x->heads = gmr__calloc(n, sizeof *x->heads);
+  if (x->heads == NULL || st_classes_init(&x->cls, n) != 0) {
+    gmr__free(x->heads);
+    gmr__free(x);
+    return NULL;
+  }
+  st->small = x;
+  return x;
+}
+
+static inline uint32_t class_of(const st_small_index_t *x, uint32_t size) {
+  uint32_t c = size / ST_G;
+  return c < x->cls.n ? c : x->cls.n - 1;
+}
+
+static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
+  uint32_t c = class_of(x, b->size);
+  b->fprev = NULL;
+  b->fnext = x->heads[c];
+  if (b->fnext != NULL)
+    b->fnext->fprev = b;
+  else
+    st_classes_mark(&x->cls, c, true);
+  x->heads[c] = b;
+  t->small_free_bytes += b->size;
+}
+
+static void idx_remove(stitch_t *t, st_small_index_t *x, st_small_t *b) {
+  uint32_t c = class_of(x, b->size);
+  if (b->fprev != NULL)
+    b->fprev->fnext = b->fnext;
+  else
+    x->heads[c] = b->fnext;
+  if (b->fnext != NULL) b->fnext->fprev = b->fprev;
+  if (x->heads[c] == NULL) st_classes_mark(&x->cls, c, false);
+  t->small_free_bytes -= b->size;
+}
+
+static st_small_t *block_new(stitch_t *t) {
+  st_small_t *b = t->small_recycle;
+  if (b != NULL) {
+    t->small_recycle = b->next;
+    memset(b, 0, sizeof *b);
+    return b;
+  }
+  return gmr__calloc(1, sizeof *b);
+}
+
+static void block_recycle(stitch_t *t, st_small_t *b) {
+  gmr__free(b->uses);
+  b->uses = NULL;
+  b->next = t->small_recycle;
+  t->small_recycle = b;
+}
+
+static void empty_remove(stitch_t *t, st_small_seg_t *g) {
+  if (!g->on_empty) return;
+  if (g->e_prev != NULL)
+    g->e_prev->e_next = g->e_next;
+  else
+    t->empty_head = g->e_next;
+  if (g->e_next != NULL) g->e_next->e_prev = g->e_prev;
+  g->e_prev = g->e_next = NULL;
+  g->on_empty = false;
+}
+
+/* A FREE page that stream sidx may use and that can take one more mapping:
+ * unmapped pages first, then mapped ones, evicting cached ranges from a page
+ * at the per-page cap (eviction only moves FREE pages between the two FREE
+ * lists, so the walk restarts after it). */
+static uint32_t free_page_for(stitch_t *t, uint32_t sidx) {
+  for (int m = 0; m < 2; ++m)
+    for (uint32_t id = t->free_head[m]; id != ST_NIL; id = t->pages[id].next)
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
+        return id;
+  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx) && st_evict_page(t, id)) return id;
+  return ST_NIL;
+}
+
+static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
+  st_small_seg_t *g = gmr__calloc(1, sizeof *g);
+  st_small_t *b = block_new(t);
+  st_range_t *r = st_range_alloc(1);
+  int err = (g && b && r) ? st_pages_reserve(t, 1) : GMR_ENOMEM;
+  if (err != 0) {
+    gmr__free(g);
+    gmr__free(b);
+    gmr__free(r);
+    return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small segment");
+  }
+  st_evict(t, 1, t->P, false);
+  uint32_t id = free_page_for(t, sidx);
+  bool created = false;
+  if (id == ST_NIL) {
+    gmr_phys_t h;
+    err = gmr__backend_phys_create(t->base.backend, t->P, &h);
+    if (err == 0) {
+      ++t->st.pages_created;
+      id = st_page_new(t, h);
+      st_page_reindex(t, id);
+      created = true;
+    }
+  }
+  if (err == 0) {
+    r->pages[0] = id;
+    r->len = t->P;
+    r->sidx = sidx;
+    r->state = ST_R_SMALL;
+    err = st_map_range(t, r);
+    if (err != 0 && created) st_page_release(t, id);
+  }
+  if (err != 0) {
+    gmr__free(g);
+    gmr__free(b);
+    gmr__free(r);
+    return err;
+  }
+  st_range_link(t, r);
+  r->seg = g;
+  st_span_take(t, id, 0, (uint32_t)t->P, r);
+  g->r = r;
+  g->sidx = sidx;
+  g->first = b;
+  b->seg = g;
+  b->off = 0;
+  b->size = (uint32_t)t->P;
+  idx_push(t, x, b);
+  ++t->nsmall_segs;
+  st_inc(t->st.segment, 1, 1);
+  st_inc(t->st.reserved, 1, (int64_t)t->P);
+  return 0;
+}
+
+int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx,
+                   st_small_t **out) {
+  st_small_index_t *x = index_of(t, sidx);
+  if (x == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a stream");
+  uint32_t c = st_classes_find(&x->cls, class_of(x, size));
+  if (c == ST_NIL) {
+    int err = segment_new(t, sidx, x);
+    if (err != 0) return err;
+    c = st_classes_find(&x->cls, class_of(x, size));
+  }
+  st_small_t *b = x->heads[c];
+  idx_remove(t, x, b);
+  if (b->size - size >= ST_G) {
+    /* Sizes are multiples of G, so no split means b->size == size: a small
+     * block is never handed out larger than small_max, which is how free
+     * tells small blocks from large ones. */
+    st_small_t *rest = block_new(t);
+    if (rest == NULL) {
+      idx_push(t, x, b);
+      return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small block");
+    }
+    rest->seg = b->seg;
+    rest->off = b->off + size;
+    rest->size = b->size - size;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != NULL) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    idx_push(t, x, rest);
+  }
+  b->allocated = true;
+  b->requested = requested;
+  st_small_seg_t *g = b->seg;
+  ++g->live;
+  g->live_bytes += b->size;
+  empty_remove(t, g);
+  *out = b;
+  return 0;
+}
+
+void st_small_free(stitch_t *t, st_small_t *b) {
+  st_small_seg_t *g = b->seg;
+  st_small_index_t *x = t->streams[g->sidx].small;
+  b->allocated = false;
+  --g->live;
+  g->live_bytes -= b->size;
+  st_small_t *p = b->prev, *n = b->next;
+  if (p != NULL && !p->allocated) { /* merge into the previous block */
+    idx_remove(t, x, p);
+    p->size += b->size;
+    p->next = n;
+    if (n != NULL) n->prev = p;
+    block_recycle(t, b);
+    b = p;
+  }
+  if (n != NULL && !n->allocated) {
+    idx_remove(t, x, n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != NULL) n->next->prev = b;
+    block_recycle(t, n);
+  }
+  idx_push(t, x, b);
+  if (g->live == 0) {
+    g->last_free = st_stamp_new(t, g->sidx);
+    g->e_prev = NULL;
+    g->e_next = t->empty_head;
+    if (t->empty_head != NULL) t->empty_head->e_prev = g;
+    t->empty_head = g;
+    g->on_empty = true;
+  }
+}
+
+int st_small_reclaim(stitch_t *t, bool wait) {
+  int err = 0;
+  st_small_seg_t *g = t->empty_head;
+  while (g != NULL) {
+    st_small_seg_t *next = g->e_next;
+    if (st_stamp_ready(t, g->last_free, UINT32_MAX, wait)) {
+      st_range_t *r = g->r;
+      st_small_index_t *x = t->streams[g->sidx].small;
+      empty_remove(t, g);
+      idx_remove(t, x, g->first);
+      block_recycle(t, g->first);
+      st_span_give(t, r->pages[0], 0, (uint32_t)t->P, g->last_free);
+      r->seg = NULL;
+      --t->nsmall_segs;
+      st_dec(t->st.segment, 1, 1);
+      st_dec(t->st.reserved, 1, (int64_t)t->P);
+      ++t->st.small_reclaims;
+      gmr__free(g);
+      int e = st_unmap_range(t, r);
+      if (e != 0 && err == 0) err = e;
+    }
+    g = next;
+  }
+  return err;
+}
+
+void st_small_fini(stitch_t *t) {
+  /* Segments: free every block record; the ranges go with st_ranges_fini. */
+  for (st_range_t *r = t->all; r != NULL; r = r->all_next) {
+    if (r->seg == NULL) continue;
+    st_small_t *b = r->seg->first;
+    while (b != NULL) {
+      st_small_t *n = b->next;
+      gmr__free(b->uses);
+      gmr__free(b);
+      b = n;
+    }
+    gmr__free(r->seg);
+    r->seg = NULL;
+  }
+  while (t->small_recycle != NULL) {
+    st_small_t *n = t->small_recycle->next;
+    gmr__free(t->small_recycle);
+    t->small_recycle = n;
+  }
+  for (uint32_t i = 0; i < t->nstreams; ++i) {
+    st_small_index_t *x = t->streams[i].small;
+    if (x == NULL) continue;
+    st_classes_free(&x->cls);
+    gmr__free(x->heads);
+    gmr__free(x);
+    t->streams[i].small = NULL;
+  }
+}

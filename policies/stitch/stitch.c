@@ -1,0 +1,804 @@
+/* stitch.c: the stitch policy: options, allocation, free, record_stream,
+ * empty_cache and the ops table (the design is in stitch.h).
+ *
+ * Allocation of `size` bytes on stream s:
+ *   size <= small_size: the small pool (small.c);
+ *   otherwise len = size rounded up to G, then
+ *   1. cache: a CACHED range of exactly len whose spans are free and usable
+ *      by s (stream stamps complete, dead gap <= tau): take it, no device
+ *      call;
+ *   2. stitch: k = len / P whole FREE pages and, for r = len mod P > 0, the
+ *      open slot of a PARTIAL page with the smallest fit whose gap would be
+ *      <= tau (a head slot: the block starts at P - r of that page; a tail
+ *      slot: it ends at r), else the tail slot of one more FREE page; pages
+ *      that are missing are created; the range is mapped as one transaction
+ *      (ranges.c) at a fresh virtual range;
+ *   3. on GMR_ENOMEM: wait for pending frees, give empty small segments back,
+ *      evict cached ranges (address space), retry once;
+ *   4. OOM, with live, free, dead-gap bytes, mappings and address space.
+ * Free: a block's spans go back to their pages stamped (s, n) and its range
+ * stays mapped as CACHED; no device call.  A block used on other streams
+ * (record_stream) waits for an event on each of them first.
+ *
+ * CUDA graph capture: refused on a miss.  A request that would map, grow or
+ * record an event on a stream being captured fails with GMR_ENOTSUP and says
+ * so; a cache hit makes no device call and is served.  Capture your graph
+ * after a warm-up step, or use the caching policy for captured graphs.
+ *
+ * Synchronization: not `concurrent`; the runtime calls every op under its
+ * policy lock.
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "observe/recording.h"
+#include "stitch/stitch.h"
+
+static const st_opts_t st_opts_default = {
+    .tau = 64 * 1024,
+    .small_size = 1 << 20,
+    .max_mappings = 65536,
+    .max_maps_per_page = 8,
+    .va_budget = 0,
+    .va_chunk = 0,
+    .cache_candidates = 16,
+    .stale_misses = 4,
+    .cross_stream = ST_CROSS_QUERY,
+};
+
+static inline stitch_t *st_of(gmr_policy_t *p) {
+  return (stitch_t *)p;
+}
+
+/* ---- pending frees (record_stream) ------------------------------------------------------------
+ */
+
+static void pending_finish(stitch_t *t, st_pending_t *q) {
+  gmr_backend_t *be = t->base.backend;
+  for (uint32_t k = 0; k < q->nev; ++k)
+    gmr__backend_event_destroy(be, q->ev[k]);
+  if (q->r != NULL) {
+    st_range_t *r = q->r;
+    int64_t bytes = (int64_t)r->len;
+    st_dec(t->st.active, 2, bytes);
+    t->st.pending_bytes -= bytes;
+    gmr__history_free_completed(be, (void *)(r->va + r->first_off), r->requested,
+                                t->streams[r->sidx].s);
+    st_range_release(t, r, q->stamp);
+  } else {
+    st_small_t *b = q->b;
+    st_dec(t->st.active, 1, b->size);
+    t->st.pending_bytes -= b->size;
+    b->pending = false;
+    b->nuses = 0;
+    gmr__history_free_completed(be, (void *)st_small_ptr(b), b->requested,
+                                t->streams[b->seg->sidx].s);
+    st_small_free(t, b);
+  }
+  gmr__free(q->ev);
+  gmr__free(q);
+}
+
+/* Record the events of a pending free (not on a stream being captured). */
+static void pending_record(stitch_t *t, st_pending_t *q, const uint32_t *uses, uint32_t n) {
+  gmr_backend_t *be = t->base.backend;
+  for (uint32_t k = 0; k < n; ++k)
+    if (gmr__backend_stream_capturing(be, t->streams[uses[k]].s) != 0) return;
+  for (uint32_t k = 0; k < n; ++k) {
+    if (gmr__backend_event_record(be, t->streams[uses[k]].s, &q->ev[q->nev]) != 0) {
+      /* No event: wait for the stream instead (rare: a device error). */
+      gmr__backend_stream_sync(be, t->streams[uses[k]].s);
+      ++t->st.syncs;
+      continue;
+    }
+    ++t->st.event_records;
+    ++q->nev;
+  }
+  q->recorded = true;
+}
+
+/* Finish every pending free whose events completed; wait: synchronise. */
+static void pending_process(stitch_t *t, bool wait) {
+  gmr_backend_t *be = t->base.backend;
+  st_pending_t **pp = &t->pend_head;
+  while (*pp != NULL) {
+    st_pending_t *q = *pp;
+    if (!q->recorded) {
+      const uint32_t *uses = q->r ? q->r->uses : q->b->uses;
+      uint32_t n = q->r ? q->r->nuses : q->b->nuses;
+      pending_record(t, q, uses, n);
+    }
+    bool done = q->recorded;
+    while (done && q->nev > 0) {
+      int rc;
+      if (wait) {
+        ++t->st.syncs;
+        rc = gmr__backend_event_sync(be, q->ev[q->nev - 1]);
+      } else {
+        ++t->st.event_queries;
+        rc = gmr__backend_event_query(be, q->ev[q->nev - 1]);
+      }
+      if (rc != 0) {
+        done = false;
+        break;
+      }
+      gmr__backend_event_destroy(be, q->ev[--q->nev]);
+    }
+    if (done) {
+      *pp = q->next;
+      pending_finish(t, q);
+    } else {
+      pp = &q->next;
+    }
+  }
+}
+
+/* Defer a free until the block's other streams complete. */
+static int pending_add(stitch_t *t, st_range_t *r, st_small_t *b, uint32_t sidx, uint32_t nuses) {
+  st_pending_t *q = gmr__calloc(1, sizeof *q);
+  gmr_event_t *ev = gmr__calloc(nuses, sizeof *ev);
+  if (q == NULL || ev == NULL) {
+    gmr__free(q);
+    gmr__free(ev);
+    return GMR_ENOMEM;
+  }
+  q->r = r;
+  q->b = b;
+  q->ev = ev;
+  q->stamp = st_stamp_new(t, sidx);
+  pending_record(t, q, r ? r->uses : b->uses, nuses);
+  q->next = t->pend_head;
+  t->pend_head = q;
+  return 0;
+}
+
+/* ---- large blocks -----------------------------------------------------------------------------
+ */
+
+/* The PARTIAL page whose open slot fits r best with a gap <= tau. */
+static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t sidx,
+                             uint32_t *gap) {
+  uint32_t want = r / ST_G;
+  for (uint32_t k = st_classes_find(c, want); k != ST_NIL; k = st_classes_find(c, k + 1)) {
+    if ((uint64_t)(k - want) * ST_G > t->o.tau) break;
+    int tries = 8;
+    for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx)) {
+        *gap = (k - want) * ST_G;
+        return id;
+      }
+  }
+  return ST_NIL;
+}
+
+/* The page with the largest open suffix of more than `above` bytes. */
+static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) {
+  st_classes_t *c = &t->suffix;
+  for (uint32_t k = st_classes_find_last(c, c->n - 1); k != ST_NIL && k * ST_G > above;
+       k = k ? st_classes_find_last(c, k - 1) : ST_NIL) {
+    int tries = 8;
+    for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
+        return id;
+  }
+  return ST_NIL;
+}
+
+/* How much a FREE page is worth keeping free: the newest use of the cached
+ * ranges that map it (0: none).  A loop re-hits the ranges it used in its
+ * last iteration, so a miss takes the pages of the stalest ranges first and
+ * leaves those of recently used ones alone. */
+static uint64_t page_worth(const stitch_t *t, uint32_t id) {
+  uint64_t w = 0;
+  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next)
+    if (m->r->state == ST_R_CACHED && m->r->tick > w) w = m->r->tick;
+  return w;
+}
+
+typedef struct cand_s {
+  uint64_t worth;
+  uint32_t id;
+} cand_t;
+
+static int cand_cmp(const void *a, const void *b) {
+  const cand_t *x = a, *y = b;
+  if (x->worth != y->worth) return x->worth < y->worth ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Up to n FREE pages usable by sidx into out[], the least worth first;
+ * returns how many.  Pages at the per-page mapping cap are taken after
+ * evicting cached ranges on them. */
+static uint32_t collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
+  uint32_t got = 0, ncand = 0;
+  /* Unmapped pages are worth nothing: take them first, as they come. */
+  for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) out[got++] = id;
+  if (got == n || t->free_head[1] == ST_NIL) return got;
+  cand_t *c = gmr__malloc((size_t)t->nfree * sizeof *c);
+  if (c == NULL) return got;
+  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) c[ncand++] = (cand_t){page_worth(t, id), id};
+  qsort(c, ncand, sizeof *c, cand_cmp);
+  /* Eviction only moves FREE pages between the two FREE lists, so the ids
+   * stay FREE while we go. */
+  for (uint32_t i = 0; i < ncand && got < n; ++i) {
+    uint32_t id = c[i].id;
+    if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
+      out[got++] = id;
+  }
+  gmr__free(c);
+  return got;
+}
+
+/* Where a block of k whole pages and a remainder rem goes:
+ *  A. rem in the open suffix of a PARTIAL page (head slot), gap <= tau;
+ *  B. rem in the open prefix of a PARTIAL page (tail slot), gap <= tau;
+ *  C. (k >= 1) the block starts at the largest open suffix of o > rem bytes,
+ *     which it fills, then k - 1 whole pages, then rem' = P + rem - o in an
+ *     open prefix (gap <= tau) or at the start of a FREE page: this uses
+ *     one page less than D and leaves o - rem open instead of P - rem;
+ *  D. rem at the start of a FREE page, whose suffix stays open. */
+typedef struct plan_s {
+  uint32_t head, tail; /* PARTIAL pages used for the first and last span, or ST_NIL */
+  uint32_t first_off;  /* the block's offset in its first slot */
+  uint32_t pool;       /* FREE pages needed */
+} plan_t;
+
+static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
+  uint32_t P = (uint32_t)t->P;
+  plan_t pl = {ST_NIL, ST_NIL, 0, k + (rem > 0)};
+  if (rem == 0) return pl;
+  uint32_t gh = UINT32_MAX, gt = UINT32_MAX;
+  uint32_t h = find_partial(t, &t->suffix, rem, sidx, &gh);
+  uint32_t tl = find_partial(t, &t->prefix, rem, sidx, &gt);
+  if (h != ST_NIL && gh <= gt) {
+    pl.head = h;
+    pl.first_off = P - rem;
+    pl.pool = k;
+    return pl;
+  }
+  if (tl != ST_NIL) {
+    pl.tail = tl;
+    pl.pool = k;
+    return pl;
+  }
+  if (k >= 1) {
+    h = find_largest_suffix(t, rem, sidx);
+    if (h != ST_NIL) {
+      uint32_t o = P - t->pages[h].tail_end, rem2 = P + rem - o;
+      pl.head = h;
+      pl.first_off = t->pages[h].tail_end;
+      pl.tail = find_partial(t, &t->prefix, rem2, sidx, &gt);
+      pl.pool = k - 1 + (pl.tail == ST_NIL);
+    }
+  }
+  return pl;
+}
+
+static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out) {
+  uint64_t P = t->P;
+  uint32_t k = (uint32_t)(len / P), rem = (uint32_t)(len % P);
+  /* Make room for the new mappings and address space first. */
+  st_evict(t, k + 2, (k + 2) * P, false);
+  plan_t pl = plan_of(t, k, rem, sidx);
+  uint32_t nslots = pl.pool + (pl.head != ST_NIL) + (pl.tail != ST_NIL);
+  st_range_t *r = st_range_alloc(nslots);
+  if (r == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
+  uint32_t need = pl.pool;
+  uint32_t *whole = r->pages + (pl.head != ST_NIL);
+  uint32_t got = collect_free(t, need, sidx, whole);
+  if (got < need && t->empty_head != NULL) {
+    /* Empty small segments give their pages back before the pool grows. */
+    st_small_reclaim(t, false);
+    got = collect_free(t, need, sidx, whole);
+  }
+  uint32_t nnew = need - got, made = 0;
+  int err = st_pages_reserve(t, nnew);
+  if (err != 0) err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
+  for (; err == 0 && made < nnew; ++made) {
+    gmr_phys_t h;
+    err = gmr__backend_phys_create(t->base.backend, P, &h);
+    if (err != 0) break;
+    ++t->st.pages_created;
+    uint32_t id = st_page_new(t, h);
+    st_page_reindex(t, id);
+    whole[got + made] = id;
+  }
+  if (err == 0) {
+    if (pl.head != ST_NIL) r->pages[0] = pl.head;
+    if (pl.tail != ST_NIL) r->pages[nslots - 1] = pl.tail;
+    r->first_off = pl.first_off;
+    r->len = len;
+    r->sidx = sidx;
+    err = st_map_range(t, r);
+  }
+  if (err != 0) { /* undo: the pages this attempt created, the range record */
+    for (uint32_t i = 0; i < made; ++i)
+      st_page_release(t, whole[got + i]);
+    gmr__free(r);
+    return err;
+  }
+  if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
+  st_range_link(t, r);
+  st_range_own(t, r);
+  *out = r;
+  return 0;
+}
+
+/* Repair: the cached range of length len with the fewest slots that cannot
+ * serve stream sidx now (at most a quarter of its slots) gets those slots
+ * remapped to FREE pages (created when missing); every other mapping and
+ * the range's address stay.  A loop whose blocks interleave a little
+ * differently from one iteration to the next then pays a few page maps per
+ * miss instead of one per page.  If a device call fails halfway, the range
+ * is unmapped whole and the pages this repair created are released: the
+ * cache loses one entry, nothing else changes.  1: no candidate. */
+static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out) {
+  st_range_t *best = NULL;
+  uint32_t best_broken = UINT32_MAX;
+  int64_t tries = 4 * t->o.cache_candidates;
+  for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL && tries > 0; q = q->b_next) {
+    if (q->len != len) continue;
+    --tries;
+    uint32_t broken = 0;
+    for (uint32_t j = 0; j < q->nslots && broken < best_broken; ++j) {
+      uint32_t a, b;
+      st_span(t, q, j, &a, &b);
+      broken += !st_span_usable(t, q->pages[j], a, b, sidx);
+    }
+    if (broken < best_broken) {
+      best = q;
+      best_broken = broken;
+    }
+  }
+  if (best == NULL || best_broken == 0 || best_broken * 4 > best->nslots) return 1;
+  st_range_t *r = best;
+  uint32_t nb = best_broken, n = r->nslots;
+  uint32_t *slots = gmr__malloc((size_t)nb * sizeof *slots);
+  uint32_t *repl = gmr__malloc((size_t)(nb + n) * sizeof *repl);
+  int err = slots && repl ? st_pages_reserve(t, nb) : GMR_ENOMEM;
+  if (err != 0) {
+    gmr__free(slots);
+    gmr__free(repl);
+    return 1;
+  }
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    uint32_t a, b;
+    st_span(t, r, j, &a, &b);
+    if (!st_span_usable(t, r->pages[j], a, b, sidx)) slots[k++] = j;
+    t->pages[r->pages[j]].mark = true;
+  }
+  /* Out of the cache while we work: collect_free may evict cached ranges. */
+  st_cache_remove(t, r);
+  r->state = 0;
+  /* Replacement pages: FREE ones that are not already in the range. */
+  uint32_t got = collect_free(t, nb + n, sidx, repl), usable = 0;
+  for (uint32_t i = 0; i < got && usable < nb; ++i)
+    if (!t->pages[repl[i]].mark) repl[usable++] = repl[i];
+  for (uint32_t j = 0; j < n; ++j)
+    t->pages[r->pages[j]].mark = false;
+  uint32_t made = 0;
+  for (; usable + made < nb; ++made) {
+    gmr_phys_t h;
+    if ((err = gmr__backend_phys_create(t->base.backend, t->P, &h)) != 0) break;
+    ++t->st.pages_created;
+    uint32_t id = st_page_new(t, h);
+    st_page_reindex(t, id);
+    repl[usable + made] = id;
+  }
+  if (err != 0) {
+    st_cache_put(t, r); /* untouched: back in the cache */
+  } else {
+    for (uint32_t i = 0; i < nb && err == 0; ++i) {
+      err = st_slot_unmap(t, r, slots[i]);
+      if (err == 0) err = st_slot_map(t, r, slots[i], repl[i]);
+    }
+    if (err != 0) { /* drop the range whole; its pages keep their owners */
+      if (st_unmap_range(t, r) != 0) r->state = ST_R_BROKEN;
+    }
+  }
+  if (err != 0)
+    for (uint32_t i = 0; i < made; ++i) {
+      uint32_t id = repl[usable + i];
+      if (t->pages[id].nmaps == 0) st_page_release(t, id);
+    }
+  gmr__free(slots);
+  gmr__free(repl);
+  if (err != 0) return err;
+  ++t->st.repairs;
+  t->st.repaired_slots += nb;
+  st_range_own(t, r);
+  *out = r;
+  return 0;
+}
+
+static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
+  uint64_t len = gmr__align_up(size, ST_G);
+  st_range_t *r = st_cache_lookup(t, len, sidx);
+  if (r != NULL) {
+    st_cache_remove(t, r);
+    st_range_own(t, r);
+    r->tick = ++t->tick;
+    r->stale = 0;
+    ++t->st.hits;
+  } else {
+    if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
+      char want[32];
+      gmr__format_size(len, want, sizeof want);
+      return gmr__error_set(GMR_ENOTSUP,
+                            "stitch: refusing to map %s on stream %p while it is captured into a "
+                            "CUDA graph (no cached range fits); capture after a warm-up step, "
+                            "or use the caching policy for captured graphs",
+                            want, s);
+    }
+    ++t->st.misses;
+    st_cache_miss(t, len, sidx);
+    int err = try_repair(t, len, sidx, &r);
+    if (err == 1) err = large_stitch(t, len, sidx, &r);
+    if (err == GMR_ENOMEM) {
+      ++t->st.retries;
+      pending_process(t, true);
+      st_small_reclaim(t, true);
+      st_evict(t, 0, 0, true);
+      err = large_stitch(t, len, sidx, &r);
+    }
+    if (err == 0) {
+      r->tick = ++t->tick;
+      r->stale = 0;
+    }
+    if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
+    if (err != 0) return err;
+  }
+  r->requested = size;
+  st_inc(t->st.allocated, 2, (int64_t)len);
+  st_inc(t->st.active, 2, (int64_t)len);
+  st_inc(t->st.requested, 2, (int64_t)size);
+  st_inc(t->st.allocation, 2, 1);
+  out->ptr = (void *)(r->va + r->first_off);
+  out->size = len;
+  out->handle = r;
+  return 0;
+}
+
+static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
+  uint32_t len = (uint32_t)gmr__align_up(size, ST_G);
+  st_small_t *b = NULL;
+  int err = st_small_alloc(t, len, size, sidx, &b);
+  if (err == GMR_ENOMEM) {
+    ++t->st.retries;
+    pending_process(t, true);
+    st_small_reclaim(t, true);
+    st_evict(t, 0, 0, true);
+    err = st_small_alloc(t, len, size, sidx, &b);
+    if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
+  }
+  if (err != 0) return err;
+  st_inc(t->st.allocated, 1, b->size);
+  st_inc(t->st.active, 1, b->size);
+  st_inc(t->st.requested, 1, (int64_t)size);
+  st_inc(t->st.allocation, 1, 1);
+  out->ptr = (void *)st_small_ptr(b);
+  out->size = b->size;
+  out->handle = b;
+  return 0;
+}
+
+static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+  stitch_t *t = st_of(self);
+  uint32_t sidx;
+  int err = st_stream_index(t, s, &sidx);
+  if (err != 0) return err;
+  if (t->pend_head != NULL) pending_process(t, false);
+  gmr_block_t b = {.stream = s, .requested = size};
+  err =
+      size <= t->small_max ? alloc_small(t, size, sidx, s, &b) : alloc_large(t, size, sidx, s, &b);
+  if (err != 0) {
+    if (err == GMR_ENOMEM) ++t->st.ooms;
+    return err;
+  }
+  ++t->st.num_allocs;
+  *out = b;
+  return 0;
+}
+
+static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  stitch_t *t = st_of(self);
+  ++t->st.num_frees;
+  if (blk->size <= t->small_max) {
+    st_small_t *b = blk->handle;
+    st_dec(t->st.allocated, 1, b->size);
+    st_dec(t->st.requested, 1, (int64_t)b->requested);
+    st_dec(t->st.allocation, 1, 1);
+    if (b->nuses > 0 && pending_add(t, NULL, b, b->seg->sidx, b->nuses) == 0) {
+      b->pending = true;
+      t->st.pending_bytes += b->size;
+      return 0;
+    }
+    st_dec(t->st.active, 1, b->size);
+    b->nuses = 0;
+    gmr__history_free_completed(t->base.backend, blk->ptr, b->requested, blk->stream);
+    st_small_free(t, b);
+    return 0;
+  }
+  st_range_t *r = blk->handle;
+  st_dec(t->st.allocated, 2, (int64_t)r->len);
+  st_dec(t->st.requested, 2, (int64_t)r->requested);
+  st_dec(t->st.allocation, 2, 1);
+  if (r->nuses > 0 && pending_add(t, r, NULL, r->sidx, r->nuses) == 0) {
+    r->state = ST_R_PENDING;
+    t->st.pending_bytes += (int64_t)r->len;
+    return 0;
+  }
+  st_dec(t->st.active, 2, (int64_t)r->len);
+  gmr__history_free_completed(t->base.backend, blk->ptr, r->requested, blk->stream);
+  st_range_release(t, r, st_stamp_new(t, r->sidx));
+  return 0;
+}
+
+static int uses_add(uint32_t **uses, uint32_t *n, uint32_t *cap, uint32_t sidx) {
+  for (uint32_t i = 0; i < *n; ++i)
+    if ((*uses)[i] == sidx) return 0;
+  if (*n == *cap) {
+    uint32_t c = *cap ? *cap * 2 : 2;
+    uint32_t *u = gmr__realloc(*uses, c * sizeof *u);
+    if (u == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory (record_stream)");
+    *uses = u;
+    *cap = c;
+  }
+  (*uses)[(*n)++] = sidx;
+  return 0;
+}
+
+static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  stitch_t *t = st_of(self);
+  uint32_t sidx;
+  int err = st_stream_index(t, s, &sidx);
+  if (err != 0) return err;
+  if (blk->size <= t->small_max) {
+    st_small_t *b = blk->handle;
+    if (sidx == b->seg->sidx) return 0;
+    return uses_add(&b->uses, &b->nuses, &b->capuses, sidx);
+  }
+  st_range_t *r = blk->handle;
+  if (sidx == r->sidx) return 0;
+  return uses_add(&r->uses, &r->nuses, &r->capuses, sidx);
+}
+
+/* empty_cache: wait for pending frees, give empty small segments back, unmap
+ * every cached range (waiting for its stream), release every FREE page. */
+static int st_trim(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  pending_process(t, true);
+  int err = st_small_reclaim(t, true);
+  int e = st_evict(t, 0, 0, true);
+  if (err == 0) err = e;
+  for (int m = 0; m < 2; ++m) {
+    uint32_t id = t->free_head[m];
+    while (id != ST_NIL) {
+      uint32_t next = t->pages[id].next;
+      if (t->pages[id].nmaps == 0) {
+        e = st_page_release(t, id);
+        if (err == 0) err = e;
+      }
+      id = next;
+    }
+  }
+  return err;
+}
+
+/* ---- creation ---------------------------------------------------------------------------------
+ */
+
+static void st_destroy(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  while (t->pend_head != NULL) {
+    st_pending_t *q = t->pend_head;
+    t->pend_head = q->next;
+    for (uint32_t k = 0; k < q->nev; ++k)
+      gmr__backend_event_destroy(t->base.backend, q->ev[k]);
+    gmr__free(q->ev);
+    gmr__free(q);
+  }
+  st_small_fini(t);
+  st_ranges_fini(t);
+  for (uint32_t id = 0; id < t->npages; ++id)
+    if (t->pages[id].where != ST_W_DEAD)
+      gmr__backend_phys_release(t->base.backend, t->pages[id].h, t->P);
+  st_va_fini(t);
+  st_pages_fini(t);
+  st_streams_fini(t);
+  gmr__free(t);
+}
+
+static int st_validate(void *opts, char *err, size_t errlen) {
+  st_opts_t *o = opts;
+  if (o->tau % ST_G != 0) {
+    snprintf(err, errlen, "tau must be a multiple of 512 bytes");
+    return GMR_ECONFIG;
+  }
+  if (o->small_size % ST_G != 0) {
+    snprintf(err, errlen, "small_size must be a multiple of 512 bytes");
+    return GMR_ECONFIG;
+  }
+  return 0;
+}
+
+static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
+                     gmr_policy_t **out) {
+  (void)upstream;
+  if (!gmr__backend_has_phys(be))
+    return gmr__error_set(GMR_ENOTSUP,
+                          "stitch: the %s backend cannot create and map physical pages (the "
+                          "policy needs CUDA virtual memory management: cuMemCreate, cuMemMap)",
+                          be->ops->name);
+  stitch_t *t = gmr__calloc(1, sizeof *t);
+  if (t == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
+  t->base.ops = &gmr_stitch_policy_ops;
+  t->base.backend = be;
+  t->o = *(const st_opts_t *)opts;
+  t->P = be->granularity;
+  t->small_max = t->o.small_size < t->P / 2 ? t->o.small_size : t->P / 2;
+  size_t dfree = 0, dtotal = 0;
+  if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
+  t->device_total = gmr__align_up(dtotal, t->P);
+  t->last_stream = UINT32_MAX;
+  t->nbuckets = 256;
+  t->buckets = gmr__calloc(t->nbuckets, sizeof *t->buckets);
+  if (t->buckets == NULL || st_pages_init(t) != 0) {
+    gmr__free(t->buckets);
+    gmr__free(t);
+    return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
+  }
+  *out = &t->base;
+  return 0;
+}
+
+/* ---- statistics and introspection (report.c) --------------------------------------------------
+ */
+
+static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
+  st_report_stats(st_of(self), out);
+}
+
+static void st_reset_peak(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  for (int i = 0; i < 3; ++i) {
+    gmr__stat_reset_peak(&t->st.allocated[i]);
+    gmr__stat_reset_peak(&t->st.requested[i]);
+    gmr__stat_reset_peak(&t->st.active[i]);
+    gmr__stat_reset_peak(&t->st.allocation[i]);
+    gmr__stat_reset_peak(&t->st.reserved[i]);
+    gmr__stat_reset_peak(&t->st.segment[i]);
+  }
+  gmr__stat_reset_peak(&t->st.mappings);
+  gmr__stat_reset_peak(&t->st.dead_gap);
+  gmr__stat_reset_peak(&t->st.va);
+}
+
+static void st_reset_accumulated(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  st_stats_t *s = &t->st;
+  for (int i = 0; i < 3; ++i) {
+    gmr__stat_reset_accumulated(&s->allocated[i]);
+    gmr__stat_reset_accumulated(&s->requested[i]);
+    gmr__stat_reset_accumulated(&s->active[i]);
+    gmr__stat_reset_accumulated(&s->allocation[i]);
+    gmr__stat_reset_accumulated(&s->reserved[i]);
+    gmr__stat_reset_accumulated(&s->segment[i]);
+  }
+  gmr__stat_reset_accumulated(&s->mappings);
+  gmr__stat_reset_accumulated(&s->va);
+  s->num_allocs = s->num_frees = s->ooms = s->retries = 0;
+  s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
+  s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
+  s->syncs = s->small_reclaims = 0;
+  s->map_ns = 0;
+}
+
+static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  return st_report_foreach(st_of(self), cb, ud);
+}
+static int st_summary(gmr_policy_t *self, FILE *out) {
+  return st_report_summary(st_of(self), out);
+}
+static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  return st_report_walk(st_of(self), cb, ud);
+}
+static int st_check(gmr_policy_t *self) {
+  return st_report_check(st_of(self));
+}
+
+/* ---- the table --------------------------------------------------------------------------------
+ */
+
+static const char *const st_cross_choices[] = {"query", "sync", NULL};
+
+static const gmr_opt_desc_t st_opts_desc[] = {
+    {.key = "tau",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(st_opts_t, tau),
+     .default_text = "64KiB",
+     .help = "The largest dead gap a placement may leave between two blocks sharing a page "
+             "(a multiple of 512 bytes)."},
+    {.key = "small_size",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(st_opts_t, small_size),
+     .min = 512,
+     .default_text = "1MiB",
+     .help = "Requests of at most this many bytes go to the small pool (at most half a page)."},
+    {.key = "max_mappings",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, max_mappings),
+     .min = 16,
+     .default_text = "65536",
+     .help = "Cap on page mappings; least recently used cached ranges are unmapped above it."},
+    {.key = "max_maps_per_page",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, max_maps_per_page),
+     .min = 2,
+     .default_text = "8",
+     .help = "Cap on the virtual addresses one page is mapped at."},
+    {.key = "va_budget",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(st_opts_t, va_budget),
+     .default_text = "4 x device memory",
+     .help = "Cap on the address space held by mapped ranges; LRU cached ranges are unmapped "
+             "above it (0: four times the device's memory)."},
+    {.key = "va_chunk",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(st_opts_t, va_chunk),
+     .default_text = "2 x device memory",
+     .help = "Address space reserved at a time (halved until the device accepts; 0: twice the "
+             "device's memory)."},
+    {.key = "cache_candidates",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, cache_candidates),
+     .min = 1,
+     .max = 1024,
+     .default_text = "16",
+     .help = "Cached ranges of the requested length tried before stitching a new one."},
+    {.key = "stale_misses",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, stale_misses),
+     .min = 0,
+     .default_text = "4",
+     .help = "Unmap a cached range once this many misses of its length in a row could not use "
+             "it (0: only the mapping caps unmap cached ranges)."},
+    {.key = "cross_stream",
+     .type = GMR_OPT_ENUM,
+     .offset = offsetof(st_opts_t, cross_stream),
+     .choices = st_cross_choices,
+     .default_text = "query",
+     .help = "Bytes freed on one stream are reused by another once an event shows that "
+             "stream's work done: query (never block; use other bytes meanwhile) or sync "
+             "(wait on the event)."},
+    {.key = NULL},
+};
+
+const gmr_policy_ops_t gmr_stitch_policy_ops = {
+    .name = "stitch",
+    .help = "Device pages stitched into contiguous virtual ranges, a page shared by the tail of "
+            "one block and the head of the next; cached ranges served with no device call; a "
+            "small pool with PyTorch's rules.",
+    .opts_size = sizeof(st_opts_t),
+    .opts_default = &st_opts_default,
+    .opts_desc = st_opts_desc,
+    .validate = st_validate,
+    .reports_free_completed = true,
+    .create = st_create,
+    .destroy = st_destroy,
+    .alloc = st_alloc,
+    .free = st_free,
+    .record_stream = st_record_stream,
+    .trim = st_trim,
+    .stats = st_stats,
+    .reset_peak = st_reset_peak,
+    .reset_accumulated = st_reset_accumulated,
+    .stats_foreach = st_stats_foreach,
+    .summary = st_summary,
+    .walk = st_walk,
+    .check = st_check,
+};

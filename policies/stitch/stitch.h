@@ -1,0 +1,390 @@
+/* stitch.h: the stitch policy's shared state (policies/stitch/).
+ *
+ * Physical memory is a pool of device pages of P bytes (the backend's
+ * granularity, queried).  A large block is [the free head slot of one page]
+ * [whole pages] or [whole pages][the free tail slot of one page], mapped
+ * into one contiguous virtual range; a page whose tail and head slots belong
+ * to two blocks is mapped twice, at the end of one range and the start of
+ * the other, so no page is lost to rounding.  Requests of at most
+ * `small_size` go to a small pool of one-page segments with PyTorch's rules.
+ * A freed range keeps its mappings (CACHED) and serves the next request of
+ * the same length with no device call; only a miss maps.
+ *
+ * Files, each calling only those listed before it (no cycles):
+ *   pages.c  page table, slot ownership, the FREE lists and the prefix and
+ *            suffix indexes of partial pages, streams and stamps
+ *   ranges.c the virtual address arena, ranges and their mapping records,
+ *            the map transaction, eviction, the cache index
+ *   small.c  the small pool
+ *   report.c statistics, summary, walk, the invariant checker, OOM text
+ *   stitch.c options, alloc/free/record_stream/trim and the ops table
+ *
+ * Terms.  A page's tail slot is [0, tail_end), owned by a block's last span;
+ * its head slot [head_start, P), owned by a block's first span; a whole page
+ * has a full owner (a large block's interior page or a small segment).
+ *   FREE    ⇔ no owner: tail_end = 0, head_start = P
+ *   PARTIAL ⇔ no full owner and exactly one slot owned: the other is "open"
+ *   CLOSED  ⇔ both slots owned: [tail_end, head_start) is a dead gap <= tau
+ *   FULL    ⇔ a full owner
+ * Offsets are multiples of G = 512 bytes, so no 32-byte sector is ever
+ * shared by two blocks.
+ *
+ * Streams.  Each stream counts its frees; a page keeps up to ST_STAMPS
+ * (stream, count) stamps of releases on it.  A page may be used by stream s
+ * once every stamp is of s or known complete (an event recorded after it,
+ * queried without blocking, or waited on with cross_stream: sync).
+ */
+#ifndef GMR_STITCH_H
+#define GMR_STITCH_H
+
+#include "policy.h"
+
+#define ST_G      ((uint32_t)512)
+#define ST_NIL    UINT32_MAX
+#define ST_STAMPS 2
+
+/* ---- options ----------------------------------------------------------------------------------
+ */
+
+enum { ST_CROSS_QUERY = 0, ST_CROSS_SYNC = 1 };
+
+typedef struct st_opts_s {
+  uint64_t tau;         /* largest dead gap a placement may leave, bytes */
+  uint64_t small_size;  /* requests up to this go to the small pool */
+  int64_t max_mappings; /* cap on page mappings; LRU cached ranges are evicted above it */
+  int64_t max_maps_per_page;
+  uint64_t va_budget; /* cap on virtual bytes held by ranges; 0: 4 x device memory */
+  uint64_t va_chunk;  /* virtual bytes per reservation; 0: 2 x device memory */
+  int64_t cache_candidates;
+  int64_t stale_misses; /* unmap a cached range after this many misses of its length (0: never) */
+  int cross_stream;     /* ST_CROSS_* */
+} st_opts_t;
+
+/* ---- streams ----------------------------------------------------------------------------------
+ */
+
+typedef struct st_stamp_s {
+  uint32_t stream; /* stream index + 1; 0: none */
+  uint64_t seq;    /* the stream's free count at the release */
+} st_stamp_t;
+
+typedef struct st_evrec_s {
+  gmr_event_t ev;
+  uint64_t seq; /* the event covers every stamp <= seq */
+} st_evrec_t;
+
+typedef struct st_small_index_s st_small_index_t; /* small.c */
+
+typedef struct st_stream_s {
+  gmr_stream_t s;
+  uint64_t frees; /* stamps issued */
+  uint64_t done;  /* stamps known complete: done <= frees */
+  st_evrec_t *evs;
+  uint32_t nev, capev;
+  st_small_index_t *small; /* this stream's free small blocks (NULL until used) */
+} st_stream_t;
+
+/* ---- pages ---------------------------------------------------------------------------------- */
+
+typedef struct st_range_s st_range_t;
+typedef struct st_map_s st_map_t;
+
+enum { ST_W_DEAD = 0, ST_W_FREE, ST_W_SUFFIX, ST_W_PREFIX, ST_W_CLOSED, ST_W_FULL };
+
+typedef struct st_page_s {
+  gmr_phys_t h;
+  uint32_t tail_end, head_start;
+  st_range_t *tail_owner, *head_owner, *full_owner;
+  st_map_t *maps; /* this page's mapping records */
+  uint32_t nmaps;
+  uint8_t where;       /* ST_W_*: the index the page is in */
+  uint32_t cls;        /* SUFFIX/PREFIX: the class (open bytes / G) */
+  uint32_t prev, next; /* links in that index (page ids) */
+  st_stamp_t stamp[ST_STAMPS];
+  bool mark; /* scratch for one operation (repair), false otherwise */
+} st_page_t;
+
+/* A two-level bitmap over classes 0..n-1, each a list of page ids. */
+typedef struct st_classes_s {
+  uint32_t n;
+  uint32_t *head; /* n list heads */
+  uint64_t *l1;   /* bit c: class c non-empty */
+  uint64_t *l0;   /* bit w: l1[w] non-zero */
+  uint32_t n1, n0;
+} st_classes_t;
+
+/* ---- ranges ---------------------------------------------------------------------------------- */
+
+enum { ST_R_LIVE = 1, ST_R_CACHED, ST_R_PENDING, ST_R_SMALL, ST_R_BROKEN };
+
+struct st_map_s { /* one phys_map: slot `slot` of range r -> page `page` */
+  st_range_t *r;
+  uint32_t slot, page;
+  st_map_t *prev, *next; /* on the page's list */
+};
+
+typedef struct st_small_seg_s st_small_seg_t;
+
+struct st_range_s {
+  uintptr_t va;             /* slot 0's address, P-aligned; the block is at va + first_off */
+  uint32_t nslots, nmapped; /* mapped slots; < nslots only when BROKEN or mid-repair */
+  uint32_t first_off;       /* multiple of G, < P */
+  uint64_t len;             /* bytes owned by the block (rounded) */
+  uint64_t requested;
+  uint8_t state;
+  uint32_t sidx;       /* stream index of the allocation */
+  st_stamp_t last_use; /* CACHED: the free's stamp */
+  uint64_t tick;       /* the policy's tick when last handed out */
+  uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
+  uint32_t *uses;      /* record_stream: other stream indexes */
+  uint32_t nuses, capuses;
+  st_range_t *lru_prev, *lru_next; /* CACHED: LRU (most recent first) */
+  st_range_t *b_next, *b_prev;     /* CACHED: hash bucket by len */
+  st_range_t *all_prev, *all_next; /* every range */
+  st_small_seg_t *seg;             /* SMALL: its segment */
+  uint32_t *pages;                 /* page id per slot */
+  st_map_t *maps;                  /* mapping record per slot */
+};
+
+/* ---- small pool
+ * ---------------------------------------------------------------------------------- */
+
+typedef struct st_small_s st_small_t; /* a small block */
+struct st_small_s {
+  st_small_seg_t *seg;
+  uint32_t off, size;
+  uint64_t requested;
+  bool allocated, pending;
+  uint32_t *uses; /* record_stream: other stream indexes */
+  uint32_t nuses, capuses;
+  st_small_t *prev, *next;   /* address order in the segment */
+  st_small_t *fprev, *fnext; /* free list of its class */
+};
+
+struct st_small_seg_s {
+  st_range_t *r; /* the one-slot range that maps the page */
+  st_small_t *first;
+  uint32_t live; /* allocated blocks */
+  uint64_t live_bytes;
+  uint32_t sidx;
+  st_stamp_t last_free;
+  st_small_seg_t *e_prev, *e_next; /* empty segments (reclaimable) */
+  bool on_empty;
+};
+
+struct st_small_index_s {
+  st_classes_t cls;   /* class = size / G, capped at n-1 */
+  st_small_t **heads; /* per class */
+};
+
+/* A freed block used on other streams (record_stream): it stays owned until
+ * an event recorded on each of those streams at the free has completed. */
+typedef struct st_pending_s st_pending_t;
+struct st_pending_s {
+  st_range_t *r; /* a large block, or */
+  st_small_t *b; /* a small one */
+  gmr_event_t *ev;
+  uint32_t nev;
+  bool recorded; /* the events exist (not while a use stream was capturing) */
+  st_stamp_t stamp;
+  st_pending_t *next;
+};
+
+/* ---- the policy
+ * ---------------------------------------------------------------------------------- */
+
+typedef struct st_va_s { /* a free interval of the arena */
+  uintptr_t addr;
+  uint64_t size;
+  uint32_t res; /* reservation index */
+} st_va_t;
+
+typedef struct st_res_s {
+  uintptr_t base;
+  uint64_t size;
+} st_res_t;
+
+typedef struct st_stats_s {
+  gmr_stat_t allocated[3], requested[3], active[3], allocation[3], reserved[3], segment[3];
+  gmr_stat_t mappings, dead_gap, va;
+  int64_t num_allocs, num_frees, ooms, retries;
+  int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
+      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, repairs,
+      repaired_slots;
+  uint64_t map_ns;
+  int64_t pending_bytes; /* spans still owned by PENDING ranges */
+} st_stats_t;
+
+typedef struct stitch_s {
+  gmr_policy_t base;
+  st_opts_t o;
+  uint64_t P; /* page size (backend granularity) */
+  uint64_t small_max;
+  uint64_t device_total;
+
+  st_page_t *pages;
+  uint32_t npages, cappages;
+  uint32_t dead_head;                  /* recycled page ids */
+  uint32_t live_pages;                 /* created and not released */
+  uint32_t free_head[2], free_tail[2]; /* FREE pages: [0] unmapped, [1] mapped */
+  uint32_t nfree;
+  st_classes_t suffix, prefix; /* PARTIAL pages by open bytes / G */
+  uint32_t nclosed, nfull;
+  uint64_t dead_bytes;
+
+  st_stream_t *streams;
+  uint32_t nstreams, capstreams, last_stream;
+
+  st_res_t *res;
+  uint32_t nres, capres;
+  st_va_t *va;
+  uint32_t nva, capva;
+  uint64_t va_used;
+
+  st_range_t *all;
+  st_range_t *lru_head, *lru_tail;
+  uint32_t ncached;
+  st_range_t **buckets;
+  uint32_t nbuckets;
+  st_pending_t *pend_head;
+  uint32_t nmappings;
+
+  st_small_seg_t *empty_head;
+  uint32_t nsmall_segs;
+  uint64_t small_free_bytes;
+  st_small_t *small_recycle;
+
+  bool exclusive;
+  uint64_t tick; /* large blocks handed out so far */
+  st_stats_t st;
+} stitch_t;
+
+/* stat index: 0 all, 1 small pool, 2 large pool */
+static inline void st_inc(gmr_stat_t *a, int pool, int64_t n) {
+  gmr__stat_increase(&a[0], n);
+  gmr__stat_increase(&a[pool], n);
+}
+static inline void st_dec(gmr_stat_t *a, int pool, int64_t n) {
+  gmr__stat_decrease(&a[0], n);
+  gmr__stat_decrease(&a[pool], n);
+}
+
+/* ---- pages.c ----------------------------------------------------------------------------------
+ */
+
+int st_classes_init(st_classes_t *c, uint32_t n);
+void st_classes_free(st_classes_t *c);
+void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty);
+/* The first non-empty class >= k, or ST_NIL. */
+uint32_t st_classes_find(const st_classes_t *c, uint32_t k);
+/* The last non-empty class <= k, or ST_NIL. */
+uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k);
+
+int st_pages_init(stitch_t *t);
+void st_pages_fini(stitch_t *t);
+/* Make room for n more page ids (no device call). */
+int st_pages_reserve(stitch_t *t, uint32_t n);
+/* A new page id for handle h (after st_pages_reserve); FREE, unindexed. */
+uint32_t st_page_new(stitch_t *t, gmr_phys_t h);
+/* Release a FREE, unmapped page's handle and recycle its id. */
+int st_page_release(stitch_t *t, uint32_t id);
+/* Re-file a page in the index its fields imply; keeps dead_bytes and counts. */
+void st_page_reindex(stitch_t *t, uint32_t id);
+void st_page_unindex(stitch_t *t, uint32_t id);
+
+/* Span of slot j of r: [*a, *b). */
+static inline void st_span(const stitch_t *t, const st_range_t *r, uint32_t j, uint32_t *a,
+                           uint32_t *b) {
+  uint64_t end = (uint64_t)r->first_off + r->len - (uint64_t)(r->nslots - 1) * t->P;
+  *a = j == 0 ? r->first_off : 0;
+  *b = j == r->nslots - 1 ? (uint32_t)end : (uint32_t)t->P;
+}
+/* Is [a, b) of page id free and can stream sidx use it now (no device call
+ * unless a cross-stream stamp needs an event)?  gap_ok: the dead gap the
+ * span would leave is <= tau. */
+bool st_span_usable(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, uint32_t sidx);
+void st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner);
+void st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t stamp);
+
+/* Streams. */
+int st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out);
+/* Has the stamp completed (from stream sidx's view: its own stamps always
+ * have)?  May record or query an event; never blocks unless wait. */
+bool st_stamp_ready(stitch_t *t, st_stamp_t st, uint32_t sidx, bool wait);
+bool st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx);
+/* May stream sidx use page id now?  Inline when every stamp is sidx's own
+ * or none (one stream: always). */
+static inline bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx) {
+  const st_page_t *p = &t->pages[id];
+  uint32_t own = sidx + 1;
+  if ((p->stamp[0].stream == 0 || p->stamp[0].stream == own) &&
+      (p->stamp[1].stream == 0 || p->stamp[1].stream == own))
+    return true;
+  return st_page_ready_slow(t, id, sidx);
+}
+st_stamp_t st_stamp_new(stitch_t *t, uint32_t sidx);
+void st_streams_fini(stitch_t *t);
+
+/* ---- ranges.c ----------------------------------------------------------------------------------
+ */
+
+int st_va_take(stitch_t *t, uint64_t size, uintptr_t *out);
+void st_va_give(stitch_t *t, uintptr_t addr, uint64_t size);
+void st_va_fini(stitch_t *t);
+
+st_range_t *st_range_alloc(uint32_t nslots);
+void st_range_link(stitch_t *t, st_range_t *r);
+void st_range_destroy(stitch_t *t, st_range_t *r);
+/* Map pages[0..n) at a fresh address range as one transaction: on failure
+ * everything done is undone (no mapping record, no VA, pages untouched). */
+int st_map_range(stitch_t *t, st_range_t *r);
+/* One slot: unmap it, or map page at it with access (undone on failure);
+ * an unmapped slot has maps[j].r == NULL. */
+int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
+int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page);
+/* Unmap every mapped slot of a range, give back its VA and free it. */
+int st_unmap_range(stitch_t *t, st_range_t *r);
+
+uint32_t st_cache_bucket(const stitch_t *t, uint64_t len);
+void st_cache_put(stitch_t *t, st_range_t *r);
+void st_cache_remove(stitch_t *t, st_range_t *r);
+st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
+/* A miss of len: cached ranges of that length that could not serve it
+ * twice in a row are unmapped (the loop that used them has moved on). */
+void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
+/* Take a validated cached range for stream sidx. */
+void st_range_own(stitch_t *t, st_range_t *r);
+void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp);
+bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx);
+/* Evict LRU cached ranges whose last use completed until the caps hold
+ * (need_maps more mappings and need_va more bytes fit); all: every one. */
+int st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all);
+/* Evict cached ranges that map page id (to respect max_maps_per_page). */
+bool st_evict_page(stitch_t *t, uint32_t id);
+void st_ranges_fini(stitch_t *t);
+
+/* ---- small.c ----------------------------------------------------------------------------------
+ */
+
+int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx, st_small_t **out);
+void st_small_free(stitch_t *t, st_small_t *b);
+/* Return empty small segments whose last free completed to the FREE pages
+ * (unmapping their slot); wait: synchronise when not complete. */
+int st_small_reclaim(stitch_t *t, bool wait);
+void st_small_fini(stitch_t *t);
+static inline uintptr_t st_small_ptr(const st_small_t *b) {
+  return b->seg->r->va + b->off;
+}
+
+/* ---- report.c ----------------------------------------------------------------------------------
+ */
+
+void st_report_stats(stitch_t *t, gmr_stats_t *out);
+int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud);
+int st_report_summary(stitch_t *t, FILE *out);
+int st_report_walk(stitch_t *t, gmr_walk_cb cb, void *ud);
+int st_report_check(stitch_t *t);
+int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why);
+void st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest);
+
+#endif /* GMR_STITCH_H */

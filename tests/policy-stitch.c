@@ -1,0 +1,574 @@
+/* policy-stitch.c: the stitch policy on the simulator.
+ *
+ * Layout (a page shared by the tail of one block and the head of the next,
+ * seen through two virtual addresses), cache hits with no device call (the
+ * simulator's spy counters), streams (no cross-stream reuse before an event
+ * completes; record_stream), CUDA graph capture (a miss is refused), the OOM
+ * message, empty_cache, page sizes other than 2 MiB, a random run with the
+ * invariant walk after every event and data patterns, a fault sweep (fail
+ * the k-th device call for every k over a script: invariants, no leak, the
+ * right error) and threads.  GMR_STITCH_OPS sets the random run's length.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmr.h"
+#include "sim-runtime.h"
+#include "tap.h"
+
+#define KiB  (1ull << 10)
+#define MiB  (1ull << 20)
+#define S(n) GMR_SIM_STREAM(n)
+
+static int64_t stat_of(gmr_runtime_t *rt, const char *key) {
+  int64_t v = -1;
+  if (gmr_stat_get(rt, key, &v) != 0) diag("no statistic %s", key);
+  return v;
+}
+
+/* Every device call the simulator counts, summed. */
+static uint64_t device_calls(const gmr_sim_counters_t *k) {
+  return k->reserve_calls + k->release_calls + k->map_calls + k->unmap_calls + k->va_reserve_calls +
+         k->va_release_calls + k->event_records + k->event_queries + k->syncs +
+         k->page_create_calls + k->page_release_calls + k->page_map_calls + k->page_unmap_calls +
+         k->set_access_calls + k->capture_queries;
+}
+
+/* The device agrees with the policy: bytes held = pages, mappings = records. */
+static int device_agrees(gmr_runtime_t *rt) {
+  gmr_sim_counters_t k;
+  gmr_stats_t st;
+  gmr_sim_counters(rt, &k);
+  gmr_stats(rt, &st);
+  int64_t maps = stat_of(rt, "stitch.mappings.current");
+  int64_t pages = stat_of(rt, "stitch.pages.current");
+  int64_t P = stat_of(rt, "stitch.page_size");
+  if (k.bytes_in_use != st.reserved_bytes || (int64_t)k.page_maps_live != maps ||
+      (int64_t)k.pages_live != pages || (int64_t)k.bytes_in_use != pages * P) {
+    diag("device %llu bytes, %llu pages, %llu maps; policy %llu bytes, %lld pages, %lld maps",
+         (unsigned long long)k.bytes_in_use, (unsigned long long)k.pages_live,
+         (unsigned long long)k.page_maps_live, (unsigned long long)st.reserved_bytes,
+         (long long)pages, (long long)maps);
+    return 0;
+  }
+  return 1;
+}
+
+static void test_layout(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 64 * MiB, 1);
+  ok(rt != NULL, "stitch on a host-backed 64 MiB simulator");
+  if (rt == NULL) return;
+  unsigned char *a, *b;
+  is_int(gmr_alloc(rt, 3 * MiB, NULL, (void **)&a), 0, "3 MiB: one whole page and a tail");
+  is_int(gmr_alloc(rt, 2 * MiB + 512 * KiB, NULL, (void **)&b), 0,
+         "2.5 MiB: starts in the open half of the first block's last page");
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.reserved_bytes, 6 * MiB, "5.5 MiB in three 2 MiB pages, not four");
+  is_int((int)stat_of(rt, "stitch.shared_pages.current"), 1, "one page holds two blocks");
+  ok((uintptr_t)a % 512 == 0 && (uintptr_t)b % 512 == 0, "pointers are 512-byte aligned");
+  memset(a, 0xA5, 3 * MiB);
+  memset(b, 0x5B, 2 * MiB + 512 * KiB);
+  int a_ok = 1, b_ok = 1;
+  for (size_t i = 0; i < 3 * MiB; ++i)
+    a_ok &= a[i] == 0xA5;
+  for (size_t i = 0; i < 2 * MiB + 512 * KiB; ++i)
+    b_ok &= b[i] == 0x5B;
+  ok(a_ok && b_ok, "both blocks keep their bytes");
+  /* b starts 1 MiB into its first slot, which maps the page that holds a's
+   * last MiB: those bytes read back through b's address range too. */
+  ok((uintptr_t)b % (2 * MiB) == MiB, "b starts 1 MiB into its first page");
+  ok(memcmp(b - MiB, a + 2 * MiB, MiB) == 0, "a's tail reads back through b's mapping");
+  a[3 * MiB - 1] = 0x11;
+  is_int(b[-1], 0x11, "a write through one address is seen through the other");
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_free(rt, a);
+  gmr_free(rt, b);
+  is_int(gmr_check(rt), 0, "invariants hold after the frees");
+  gmr_runtime_free(rt);
+}
+
+static void test_cache_hit(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  const size_t sizes[] = {5 * MiB + 4096, 4096, 12 * MiB, 700 * KiB};
+  for (int i = 0; i < 4; ++i) {
+    void *p, *q;
+    gmr_alloc(rt, sizes[i], NULL, &p);
+    gmr_free(rt, p);
+    gmr_sim_counters_t before, after;
+    gmr_sim_counters(rt, &before);
+    is_int(gmr_alloc(rt, sizes[i], NULL, &q), 0, "alloc %zu bytes again", sizes[i]);
+    ok(q == p, "  the cache hands back the same range");
+    gmr_free(rt, q);
+    gmr_sim_counters(rt, &after);
+    is_u64(device_calls(&after), device_calls(&before),
+           "  a cached pair of %zu bytes makes no device call", sizes[i]);
+  }
+  is_int((int)stat_of(rt, "stitch.cache_hits"), 2, "two large hits counted");
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_runtime_free(rt);
+}
+
+static void test_streams(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  void *a, *b, *c;
+  gmr_alloc(rt, 4 * MiB, S(1), &a);
+  gmr_sim_stream_enqueue(rt, S(1)); /* a kernel using a, still running */
+  gmr_free(rt, a);
+  is_int(gmr_alloc(rt, 4 * MiB, S(2), &b), 0, "4 MiB on stream 2 while stream 1 is busy");
+  ok(b != a, "  not the bytes stream 1 may still use");
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.reserved_bytes, 8 * MiB, "  so two more pages");
+  gmr_sim_counters_t k;
+  gmr_sim_counters(rt, &k);
+  is_u64(k.page_unmap_calls, 0, "  nothing unmapped while stream 1 runs");
+  gmr_sim_stream_complete(rt, S(1));
+  is_int(gmr_alloc(rt, 4 * MiB, S(2), &c), 0, "stream 1 done: 4 MiB more on stream 2");
+  ok(c == a, "  reuses stream 1's range with no device call");
+  gmr_stats(rt, &st);
+  is_u64(st.reserved_bytes, 8 * MiB, "  no new page");
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_free(rt, b);
+  gmr_free(rt, c);
+  gmr_runtime_free(rt);
+
+  /* cross_stream: sync waits on the event instead. */
+  rt = sim_runtime("policy: {name: stitch, cross_stream: sync}\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  gmr_alloc(rt, 4 * MiB, S(1), &a);
+  gmr_sim_stream_enqueue(rt, S(1));
+  gmr_free(rt, a);
+  gmr_alloc(rt, 4 * MiB, S(2), &b);
+  gmr_sim_counters(rt, &k);
+  ok(b == a && k.syncs >= 1, "cross_stream: sync waits for stream 1, then reuses its range");
+  gmr_free(rt, b);
+  gmr_runtime_free(rt);
+
+  /* record_stream, large and small. */
+  rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  const size_t sizes[] = {4 * MiB, 64 * KiB};
+  for (int i = 0; i < 2; ++i) {
+    gmr_alloc(rt, sizes[i], NULL, &a);
+    is_int(gmr_record_stream(rt, a, S(2)), 0, "record_stream on stream 2 (%zu bytes)", sizes[i]);
+    gmr_sim_stream_enqueue(rt, S(2));
+    gmr_free(rt, a);
+    gmr_alloc(rt, sizes[i], NULL, &b);
+    ok(b != a, "  the block is not reused while stream 2 runs");
+    gmr_stats(rt, &st);
+    ok(st.active_bytes >= 2 * sizes[i], "  and stays active");
+    is_int(gmr_check(rt), 0, "  invariants hold");
+    gmr_sim_stream_complete(rt, S(2));
+    gmr_alloc(rt, sizes[i], NULL, &c);
+    ok(c == a, "  stream 2 done: reused");
+    gmr_free(rt, b);
+    gmr_free(rt, c);
+  }
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_runtime_free(rt);
+}
+
+static void test_capture(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  void *a, *b;
+  gmr_alloc(rt, 7 * MiB, S(3), &a);
+  gmr_free(rt, a);
+  gmr_sim_stream_capture(rt, S(3), 1);
+  is_int(gmr_alloc(rt, 7 * MiB, S(3), &b), 0, "during capture, a cached range is served");
+  ok(b == a, "  the same range, no device call");
+  is_int(gmr_alloc(rt, 9 * MiB, S(3), &a), GMR_ENOTSUP, "a miss during capture is refused");
+  like(gmr_last_error(rt), "CUDA graph", "  and says why");
+  gmr_sim_stream_capture(rt, S(3), 0);
+  is_int(gmr_alloc(rt, 9 * MiB, S(3), &a), 0, "after the capture it is served");
+  gmr_free(rt, a);
+  gmr_free(rt, b);
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_runtime_free(rt);
+}
+
+static void test_oom_and_trim(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 32 * MiB, 0);
+  if (rt == NULL) return;
+  void *a, *b;
+  gmr_alloc(rt, 20 * MiB + 100 * KiB, NULL, &a);
+  is_int(gmr_alloc(rt, 12 * MiB, NULL, &b), GMR_ENOMEM, "12 MiB more does not fit in 32 MiB");
+  const char *m = gmr_last_error(rt);
+  like(m, "out of memory allocating 12.00 MiB", "the OOM message names the request");
+  like(m, "live", "  live bytes");
+  like(m, "free (", "  free bytes");
+  like(m, "dead gaps", "  dead-gap bytes");
+  like(m, "mappings", "  mappings");
+  like(m, "of address space in use", "  address space");
+  is_int((int)stat_of(rt, "num_ooms"), 1, "num_ooms counts it");
+  is_int(gmr_check(rt), 0, "invariants hold after the OOM");
+  ok(device_agrees(rt), "the device holds what the policy counts");
+  gmr_free(rt, a);
+  void *s;
+  gmr_alloc(rt, 4096, NULL, &s);
+  gmr_free(rt, s);
+  is_int(gmr_empty_cache(rt), 0, "empty_cache");
+  gmr_sim_counters_t k;
+  gmr_sim_counters(rt, &k);
+  ok(k.bytes_in_use == 0 && k.pages_live == 0 && k.page_maps_live == 0,
+     "empty_cache gives every page and mapping back");
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_runtime_free(rt);
+}
+
+/* Under a limit that counts reserved bytes, created pages count against it. */
+static void test_under_limit(void) {
+  gmr_runtime_t *rt =
+      sim_runtime("policy: stitch\nlimit: {bytes: 64MiB, counts: reserved}\n", 1024 * MiB, 0);
+  if (rt == NULL) return;
+  void *a, *b, *c;
+  is_int(gmr_alloc(rt, 40 * MiB, NULL, &a), 0, "limit(stitch): 40 MiB of a 64 MiB cap");
+  is_int(gmr_alloc(rt, 40 * MiB, NULL, &b), GMR_ENOMEM, "  40 MiB more passes the cap");
+  like(gmr_last_error(rt), "stitch: out of memory allocating 40.00 MiB", "  stitch's message");
+  like(gmr_last_error(rt), "limit of 64.00 MiB", "  naming the limit");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  is_int(gmr_alloc(rt, 20 * MiB, NULL, &c), 0, "  20 MiB still fits");
+  gmr_free(rt, a);
+  gmr_free(rt, c);
+  is_int(gmr_check(rt), 0, "  invariants hold after the frees");
+  gmr_runtime_free(rt);
+}
+
+static void test_page_sizes(void) {
+  const uint64_t grans[] = {64 * KiB, 4 * MiB};
+  for (int g = 0; g < 2; ++g) {
+    gmr_config_t *cfg;
+    gmr_error_t err;
+    gmr_config_load_string("policy: stitch\n", &cfg, &err);
+    gmr_sim_options_t o = {.capacity = 2048 * MiB, .granularity = grans[g]};
+    gmr_runtime_t *rt;
+    is_int(gmr_runtime_new_sim(cfg, &o, &rt), 0, "a device with %llu KiB pages",
+           (unsigned long long)(grans[g] / KiB));
+    gmr_config_free(cfg);
+    void *p[16];
+    int bad = 0;
+    for (int i = 0; i < 16; ++i) {
+      bad |= gmr_alloc(rt, (size_t)(i * 997 + 1) * 1000 + (size_t)i * grans[g], NULL, &p[i]);
+      bad |= gmr_check(rt);
+    }
+    is_int((int)stat_of(rt, "stitch.page_size"), (int)grans[g], "  pages of the queried size");
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    ok(!bad && st.reserved_bytes % grans[g] == 0, "  every allocation served, invariants hold");
+    for (int i = 0; i < 16; ++i)
+      gmr_free(rt, p[i]);
+    is_int(gmr_check(rt), 0, "  invariants hold after the frees");
+    gmr_runtime_free(rt);
+  }
+  gmr_config_t *cfg;
+  gmr_error_t err;
+  is_int(gmr_config_load_string("policy: {name: stitch, tau: 1000}\n", &cfg, &err), GMR_ECONFIG,
+         "tau must be a multiple of 512");
+}
+
+/* ---- random run with patterns -------------------------------------------------------------------
+ */
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t xs(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+static size_t pick_size(void) {
+  uint64_t r = xs() % 100;
+  if (r < 55) return 1 + xs() % (1 << 20);         /* small pool */
+  if (r < 90) return (1 << 20) + xs() % (9 << 20); /* 1-10 MiB */
+  return (10 << 20) + xs() % (30 << 20);           /* 10-40 MiB */
+}
+
+typedef struct live_s {
+  unsigned char *p;
+  size_t n;
+  unsigned char tag;
+} live_t;
+
+static void stamp(live_t *l) {
+  /* The first and last bytes and every 64 KiB in between. */
+  for (size_t i = 0; i < l->n; i += 64 * KiB)
+    l->p[i] = l->tag;
+  l->p[l->n - 1] = l->tag;
+}
+static int stamped(const live_t *l) {
+  for (size_t i = 0; i < l->n; i += 64 * KiB)
+    if (l->p[i] != l->tag) return 0;
+  return l->p[l->n - 1] == l->tag;
+}
+
+static void test_random(void) {
+  const char *env = getenv("GMR_STITCH_OPS");
+  int ops = env ? atoi(env) : 3000;
+  gmr_runtime_t *rt = sim_runtime("policy: {name: stitch, max_mappings: 512}\n", 512 * MiB, 1);
+  if (rt == NULL) return;
+  live_t live[64];
+  int n = 0, bad_check = 0, bad_data = 0, bad_err = 0;
+  for (int i = 0; i < ops; ++i) {
+    if (n < 64 && (n == 0 || xs() % 100 < 55)) {
+      live_t *l = &live[n];
+      l->n = pick_size();
+      l->tag = (unsigned char)(1 + xs() % 250);
+      int rc = gmr_alloc(rt, l->n, S(xs() % 3), (void **)&l->p);
+      if (rc == 0) {
+        stamp(l);
+        ++n;
+      } else if (rc != GMR_ENOMEM) {
+        ++bad_err;
+      }
+    } else {
+      int j = (int)(xs() % (uint64_t)n);
+      bad_data += !stamped(&live[j]);
+      gmr_free(rt, live[j].p);
+      live[j] = live[--n];
+    }
+    if (i % 97 == 0) gmr_empty_cache(rt);
+    if (gmr_check(rt) != 0 && bad_check++ == 0) diag("event %d: %s", i, gmr_last_error(rt));
+  }
+  for (int j = 0; j < n; ++j) {
+    bad_data += !stamped(&live[j]);
+    gmr_free(rt, live[j].p);
+  }
+  is_int(bad_check, 0, "random run of %d events: invariants hold after each", ops);
+  is_int(bad_data, 0, "  no block's bytes were overwritten by another");
+  is_int(bad_err, 0, "  every failure was GMR_ENOMEM");
+  ok(device_agrees(rt), "  the device holds what the policy counts");
+  ok(stat_of(rt, "stitch.shared_pages.current") >= 0 && stat_of(rt, "stitch.map_calls") > 0,
+     "  pages were mapped and shared");
+  gmr_runtime_free(rt);
+}
+
+/* ---- fault sweep
+ * ---------------------------------------------------------------------------------- */
+
+static uint64_t fallible_calls(const gmr_sim_counters_t *k) {
+  return k->page_create_calls + k->page_map_calls + k->set_access_calls + k->va_reserve_calls;
+}
+
+/* A fixed script over two streams; returns the number of events that broke
+ * a rule (wrong error, invariant walk failed, device disagrees).  sticky_k >
+ * 0: every device call from the sticky_k-th on fails during the event that
+ * makes it (so the policy's retry fails too), and that event must be an
+ * allocation that fails with GMR_ENOMEM; *fired says whether it happened. */
+static int script_k(gmr_runtime_t *rt, int *nooms, uint64_t sticky_k, int *fired) {
+  void *p[24] = {0};
+  uint64_t r = 12345;
+  int bad = 0;
+  for (int i = 0; i < 120; ++i) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    int j = (int)((r >> 33) % 24);
+    uint64_t before = 0;
+    if (sticky_k > 0 && !*fired) {
+      gmr_sim_counters_t k;
+      gmr_sim_counters(rt, &k);
+      before = fallible_calls(&k);
+      if (sticky_k > before) gmr_sim_fail_from(rt, sticky_k - before);
+    }
+    int ooms_before = *nooms;
+    if (p[j] == NULL) {
+      static const size_t sz[] = {3000,    200000,          1 << 20, (1 << 20) + 512,
+                                  3 << 20, (5 << 20) + 777, 9 << 20, (17 << 20) + 4096};
+      size_t n = sz[(r >> 20) % 8];
+      int rc = gmr_alloc(rt, n, S((r >> 40) % 2), &p[j]);
+      if (rc == GMR_ENOMEM) {
+        ++*nooms;
+        if (strstr(gmr_last_error(rt), "out of memory allocating") == NULL) ++bad;
+        p[j] = NULL;
+      } else if (rc != 0) {
+        diag("event %d: %s: %s", i, gmr_err_name(rc), gmr_last_error(rt));
+        ++bad;
+        p[j] = NULL;
+      }
+    } else {
+      gmr_free(rt, p[j]);
+      p[j] = NULL;
+    }
+    if (sticky_k > 0 && !*fired) {
+      gmr_sim_counters_t k;
+      gmr_sim_fail_all(rt, 0);
+      gmr_sim_fail_nth(rt, 0);
+      gmr_sim_counters(rt, &k);
+      if (fallible_calls(&k) >= sticky_k) { /* the k-th call was made in this event */
+        *fired = 1;
+        if (*nooms != ooms_before + 1) {
+          diag("event %d: device call %llu failed for good, but no GMR_ENOMEM", i,
+               (unsigned long long)sticky_k);
+          ++bad;
+        }
+      }
+    }
+    if (gmr_check(rt) != 0) {
+      diag("event %d: %s", i, gmr_last_error(rt));
+      ++bad;
+    }
+    if (!device_agrees(rt)) ++bad;
+  }
+  for (int j = 0; j < 24; ++j)
+    if (p[j] != NULL) gmr_free(rt, p[j]);
+  gmr_empty_cache(rt);
+  gmr_sim_counters_t k;
+  gmr_sim_counters(rt, &k);
+  if (k.bytes_in_use != 0 || k.pages_live != 0 || k.page_maps_live != 0) {
+    diag("leak: %llu bytes, %llu pages, %llu mappings", (unsigned long long)k.bytes_in_use,
+         (unsigned long long)k.pages_live, (unsigned long long)k.page_maps_live);
+    ++bad;
+  }
+  return bad;
+}
+
+static int script(gmr_runtime_t *rt, int *nooms) {
+  int fired = 0;
+  return script_k(rt, nooms, 0, &fired);
+}
+
+static void test_fault_sweep(void) {
+  const char *yaml = "policy: {name: stitch, max_mappings: 64, va_chunk: 64MiB}\n";
+  gmr_runtime_t *rt = sim_runtime(yaml, 128 * MiB, 0);
+  if (rt == NULL) return;
+  int nooms = 0;
+  is_int(script(rt, &nooms), 0, "the script runs clean without faults");
+  gmr_sim_counters_t k;
+  gmr_sim_counters(rt, &k);
+  uint64_t calls = fallible_calls(&k);
+  gmr_runtime_free(rt);
+  int bad = 0, failed_runs = 0, oom_runs = 0;
+  for (uint64_t f = 1; f <= calls; ++f) {
+    rt = sim_runtime(yaml, 128 * MiB, 0);
+    if (rt == NULL) break;
+    gmr_sim_fail_nth(rt, f);
+    int o = 0, b = script(rt, &o);
+    if (b != 0) {
+      diag("fault at device call %llu: %d broken events", (unsigned long long)f, b);
+      ++failed_runs;
+    }
+    bad += b;
+    oom_runs += o > 0;
+    gmr_runtime_free(rt);
+  }
+  is_int(failed_runs, 0,
+         "fault sweep: the k-th of %llu device calls failed once, for every k: the retry "
+         "recovers, invariants hold after every event, no leak (%d runs still ended an "
+         "allocation in OOM)",
+         (unsigned long long)calls, oom_runs);
+
+  /* Every call from the k-th on fails during that event: its allocation
+   * must fail with GMR_ENOMEM and the full message, undo exactly, and the
+   * runtime must work afterwards. */
+  failed_runs = 0;
+  int fired_runs = 0;
+  for (uint64_t f = 1; f <= calls; ++f) {
+    rt = sim_runtime(yaml, 128 * MiB, 0);
+    if (rt == NULL) break;
+    int o = 0, fired = 0, b = script_k(rt, &o, f, &fired);
+    if (b != 0) {
+      diag("failing from device call %llu on: %d broken events", (unsigned long long)f, b);
+      ++failed_runs;
+    }
+    fired_runs += fired;
+    gmr_runtime_free(rt);
+  }
+  is_int(failed_runs, 0,
+         "fault sweep: every device call from the k-th on failed during its event, for every k "
+         "of %llu: GMR_ENOMEM with the full message, invariants, no leak",
+         (unsigned long long)calls);
+  ok(fired_runs > 0 && (uint64_t)fired_runs <= calls, "  the failure happened in %d of %llu runs",
+     fired_runs, (unsigned long long)calls);
+
+  /* Every call refused: clean OOMs, nothing held. */
+  rt = sim_runtime(yaml, 128 * MiB, 0);
+  if (rt == NULL) return;
+  gmr_sim_fail_all(rt, 1);
+  void *p;
+  is_int(gmr_alloc(rt, 5 * MiB, NULL, &p), GMR_ENOMEM, "fail all: large allocation is GMR_ENOMEM");
+  is_int(gmr_alloc(rt, 5000, NULL, &p), GMR_ENOMEM, "fail all: small allocation is GMR_ENOMEM");
+  like(gmr_last_error(rt), "fail all", "  the device's words are in the message");
+  gmr_sim_counters(rt, &k);
+  ok(k.bytes_in_use == 0 && k.page_maps_live == 0 && gmr_check(rt) == 0,
+     "  nothing is held, invariants hold");
+  gmr_sim_fail_all(rt, 0);
+  is_int(gmr_alloc(rt, 5 * MiB, NULL, &p), 0, "  and the runtime works afterwards");
+  gmr_free(rt, p);
+  gmr_runtime_free(rt);
+}
+
+/* ---- threads
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct targ_s {
+  gmr_runtime_t *rt;
+  int id, ops, bad;
+} targ_t;
+
+static void *worker(void *arg) {
+  targ_t *a = arg;
+  uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(a->id + 1);
+  live_t live[8];
+  int n = 0;
+  for (int i = 0; i < a->ops; ++i) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    if (n < 8 && (n == 0 || r % 2)) {
+      live_t *l = &live[n];
+      l->n = r % 4 ? 1 + (r >> 8) % (512 * KiB) : (1 << 20) + (r >> 8) % (6 << 20);
+      l->tag = (unsigned char)(a->id * 31 + i);
+      if (gmr_alloc(a->rt, l->n, S(a->id + 1), (void **)&l->p) == 0) {
+        stamp(l);
+        ++n;
+      }
+    } else {
+      int j = (int)((r >> 20) % (uint64_t)n);
+      a->bad += !stamped(&live[j]);
+      gmr_free(a->rt, live[j].p);
+      live[j] = live[--n];
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    a->bad += !stamped(&live[j]);
+    gmr_free(a->rt, live[j].p);
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 1024 * MiB, 1);
+  if (rt == NULL) return;
+  pthread_t th[4];
+  targ_t args[4];
+  for (int i = 0; i < 4; ++i) {
+    args[i] = (targ_t){rt, i, 400, 0};
+    pthread_create(&th[i], NULL, worker, &args[i]);
+  }
+  int bad = 0;
+  for (int i = 0; i < 4; ++i) {
+    pthread_join(th[i], NULL);
+    bad += args[i].bad;
+  }
+  is_int(bad, 0, "4 threads on 4 streams: every block keeps its bytes");
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  ok(st.allocations == 0 && st.num_allocs == st.num_frees, "  every allocation freed");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
+int main(void) {
+  test_layout();
+  test_cache_hit();
+  test_streams();
+  test_capture();
+  test_oom_and_trim();
+  test_under_limit();
+  test_page_sizes();
+  test_random();
+  test_fault_sweep();
+  test_threads();
+  return done_testing();
+}
