@@ -39,6 +39,7 @@ static const char *const stacks[] = {
     "policy: {name: bfc, memory_limit: 512MiB}\n",
     "policy: {name: bfc, allow_growth: false, memory_limit: 512MiB}\n",
     "policy: {name: bfc, memory_limit: 512MiB}\nlimit: {bytes: 256MiB}\n",
+    "policy: stitch\n",
     NULL,
 };
 

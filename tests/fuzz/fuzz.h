@@ -27,6 +27,8 @@ static const char *const fuzz_stacks[] = {
     "policy: {name: caching, expandable_segments: true}\nlimit: {bytes: 128MiB}\n",
     "policy: {name: bfc, allow_growth: true}\nlimit: {bytes: 96MiB}\n",
     "policy: {name: bfc, memory_limit: 256MiB}\nlimit: {bytes: 128MiB, counts: reserved}\n",
+    "policy: stitch\n",
+    "policy: {name: stitch, cross_stream: sync}\nlimit: {bytes: 128MiB, counts: reserved}\n",
 };
 #define FUZZ_N_STACKS (sizeof fuzz_stacks / sizeof fuzz_stacks[0])
 
