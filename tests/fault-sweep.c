@@ -1,4 +1,5 @@
-/* fault-sweep.c: fail the k-th device call (reserve or map) of a replay, for
+/* fault-sweep.c: fail the k-th device call (reserve, virtual reserve, map, page create,
+ * page map, set access) of a replay, for
  * every k, on every policy stack (tests/fuzz/fuzz.h).
  *
  * For each stack, a replay without faults counts its device calls D and
@@ -12,7 +13,7 @@
  *     exactly R bytes again (no leaked segment or page), and the policy
  *     counts no live allocation;
  *   - under AddressSanitizer, no host memory leaks.
- * The trace (GMR_SWEEP_EVENTS events, default 1500, seeded) mixes small and
+ * The trace (GMR_SWEEP_EVENTS events, default 600, seeded) mixes small and
  * large sizes on three streams, record_stream and empty_cache, and frees
  * everything at its end. */
 #include <stdbool.h>
@@ -70,7 +71,7 @@ typedef struct outcome_s {
   int replay_rc, check_failed;
   char message[1024];
   size_t ooms;
-  uint64_t device_calls; /* reserves and maps attempted */
+  uint64_t device_calls; /* calls the fault schedule counts */
   uint64_t held_after;   /* bytes the device holds once all is freed and emptied */
   uint64_t allocations;  /* live allocations the policy counts at the end */
 } outcome_t;
@@ -95,7 +96,9 @@ static int run(size_t stack, const gmr_trace_data_t *t, uint64_t fail_k, outcome
   }
   gmr_sim_counters_t c;
   gmr_sim_counters(rt, &c);
-  o->device_calls = c.reserve_calls + c.map_calls;
+  /* every call the simulator's fault schedule counts */
+  o->device_calls = c.reserve_calls + c.va_reserve_calls + c.map_calls + c.page_create_calls +
+                    c.page_map_calls + c.set_access_calls;
   o->held_after = c.bytes_in_use;
   gmr_stats_t st;
   gmr_stats(rt, &st);
@@ -105,7 +108,7 @@ static int run(size_t stack, const gmr_trace_data_t *t, uint64_t fail_k, outcome
 }
 
 int main(void) {
-  size_t n = 1500;
+  size_t n = 600;
   const char *env = getenv("GMR_SWEEP_EVENTS");
   if (env && *env) n = strtoull(env, NULL, 10);
   size_t len = 0;
