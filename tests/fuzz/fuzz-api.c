@@ -27,11 +27,11 @@ typedef struct slot_s {
 static gmr_runtime_t *runtimes[FUZZ_N_STACKS];
 
 static size_t arg_size(const uint8_t *a) {
-  /* Mostly small, sometimes large, rarely past the device: a 3-byte value
-   * scaled by a shift from the 4th byte. */
+  /* Mostly small (a 3-byte value: up to 16 MiB, host memory touched only
+   * where the pattern goes), one time in 16 up to 256 MiB, and so past the
+   * 512 MiB device when several are live. */
   size_t v = (size_t)a[0] | (size_t)a[1] << 8 | (size_t)a[2] << 16;
-  unsigned shift = a[3] % 16 < 12 ? 0 : (a[3] % 16 - 11) * 2; /* 0, 2, 4, 6, 8 */
-  v <<= shift;
+  if (a[3] % 16 == 15) v <<= 4;
   return v ? v : 1;
 }
 
