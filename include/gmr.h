@@ -87,6 +87,44 @@ GMR_EXTERN const char *gmr_config_policy_name(const gmr_config_t *cfg);
 /** Write the configuration reference (every policy, every option) as Markdown. */
 GMR_EXTERN int gmr_config_write_reference(FILE *out);
 
+/** The type of an option (gmr_option_info_t.type). */
+typedef enum gmr_option_type_e {
+  GMR_OPTION_BOOL = 0,   /* true or false */
+  GMR_OPTION_SIZE = 1,   /* bytes, with an optional unit ("512MiB") */
+  GMR_OPTION_INT = 2,    /* an integer */
+  GMR_OPTION_NUMBER = 3, /* a real number */
+  GMR_OPTION_STRING = 4, /* free text */
+  GMR_OPTION_CHOICE = 5, /* one of `choices` */
+  GMR_OPTION_TEXT = 6    /* text with a syntax of its own (see `help`) */
+} gmr_option_type_t;
+
+/** One option of a policy, as the table that parses the YAML describes it.
+ * Strings point into the library's tables (static; never freed). */
+typedef struct gmr_option_info_s {
+  const char *key;            /* the YAML key */
+  gmr_option_type_t type;     /* GMR_OPTION_* */
+  double min, max;            /* SIZE, INT, NUMBER: the range (max 0: no upper bound) */
+  int min_exclusive;          /* 1: the range excludes min */
+  const char *const *choices; /* CHOICE: NULL-terminated names; else NULL */
+  const char *default_text;   /* the default as the reference writes it ("" when derived) */
+  const char *help;           /* one sentence */
+  /* Values worth trying when tuning the option for a workload, YAML scalars,
+   * NULL-terminated; NULL when the option is not tuned.  A value "Kx peak"
+   * stands for K times the workload's peak requested bytes: that many bytes
+   * for a SIZE, and that share of the device's memory for a NUMBER (a
+   * fraction of the device). */
+  const char *const *tune;
+} gmr_option_info_t;
+
+/** The name of policy number `index` of the registry (0, 1, ...); NULL past
+ * the last. */
+GMR_EXTERN const char *gmr_policy_name(size_t index);
+/** The options of policy `policy`, in the order of its table: fills
+ * out[0 .. min(cap, n) - 1] and sets *out_count to n (call with cap 0 to
+ * learn n).  @return 0, GMR_EINVAL (unknown policy, or out NULL with cap > 0) */
+GMR_EXTERN int gmr_policy_options(const char *policy, gmr_option_info_t *out, size_t cap,
+                                  size_t *out_count);
+
 /** Parse a size as configuration files write them: "4096", "512MiB", "8GiB",
  * "1.5GiB", "2MB" (decimal), "0x1000".  @return 0, GMR_EINVAL (malformed;
  * *out untouched) */
@@ -95,9 +133,12 @@ GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
 /* ------------------------------------------------------------------------ */
 /* Runtime                                                                  */
 
-/** Create a runtime for `device` (the CUDA ordinal; ignored by the simulator).
+/** Create a runtime for `device` (the CUDA ordinal, or the simulated device's).
  * The backend is the one the configuration names; `auto` (the default) picks
- * CUDA when a device is present and the simulator otherwise.  On failure
+ * CUDA when a device is present and the simulator otherwise.  Simulated
+ * devices 0 to 30 exist; each hands out addresses from its own window, so
+ * pointers of two devices never collide (as under CUDA's unified addressing),
+ * and device 0's addresses are gmr_runtime_new_sim's.  On failure
  * gmr_thread_last_error() (or gmr_last_error(NULL)) says why.
  * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EDEVICE, GMR_ECONFIG */
 GMR_EXTERN int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out);
@@ -109,7 +150,7 @@ typedef struct gmr_sim_options_s {
   int host_backed;      /* 1: real host memory behind every range */
 } gmr_sim_options_t;
 
-/** Create a runtime on a fresh simulated device, whatever the configuration
+/** Create a runtime on a fresh simulated device 0, whatever the configuration
  * says about the device (`opts` may be NULL for the configuration's or the
  * default simulated device). */
 GMR_EXTERN int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,

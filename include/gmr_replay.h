@@ -1,10 +1,14 @@
 /* gmr_replay.h: reading allocation traces and replaying them on a runtime.
  *
  * Traces use RMM's replay-log layout (docs/trace-format.md):
- *   Thread,Time,Action,Pointer,Size,Stream
+ *   Thread,Time,Action,Pointer,Size,Stream[,Site]
  * Action is allocate, free, record_stream or empty_cache.  Pointer is an
  * opaque id of a live allocation (addresses differ between policies, so the
  * replayer maps ids to its own pointers and never reuses recorded ones).
+ * The reader also takes the logs RMM's logging_resource_adaptor writes
+ * (clock times, deallocate, "allocate failure": counted, not replayed) and
+ * PyTorch memory snapshots (the pickle of torch.cuda.memory._dump_snapshot),
+ * whose device_traces it replays.
  */
 #ifndef GMR_REPLAY_H
 #define GMR_REPLAY_H
@@ -31,7 +35,14 @@ typedef struct gmr_trace_event_s {
   uint32_t line;    /* 1-based line in the file */
   uint8_t action;   /* gmr_trace_action_t */
   uint8_t thread;   /* recorded thread id, truncated */
+  uint32_t site;    /* allocate: its call site, sites[site - 1]; 0 when none */
 } gmr_trace_event_t;
+
+/* What a trace was read from (gmr_trace_data_t.format). */
+typedef enum gmr_trace_format_e {
+  GMR_TRACE_FORMAT_CSV = 0,     /* gmr's CSV, or an RMM log */
+  GMR_TRACE_FORMAT_SNAPSHOT = 1 /* a PyTorch memory snapshot (pickle) */
+} gmr_trace_format_t;
 
 typedef struct gmr_trace_data_s {
   gmr_trace_event_t *events; /* in file order */
@@ -41,12 +52,28 @@ typedef struct gmr_trace_data_s {
   size_t n_streams;        /* distinct stream ids */
   uint64_t peak_requested; /* max over time of Σ live requested bytes */
   char *source;            /* file name, "-" for standard input */
+  /* Since 0.2 (the fields above keep their places): */
+  char **sites;                      /* distinct call sites, in order of first use */
+  size_t n_sites;                    /* entries of sites */
+  size_t n_alloc_failures;           /* allocations the recording saw fail ("allocate
+                                        failure" in an RMM log, "oom" in a snapshot):
+                                        counted, not replayed */
+  uint64_t alloc_failure_bytes;      /* Σ their sizes */
+  uint32_t first_alloc_failure_line; /* the first one's line (snapshots: entry) */
+  int format;                        /* gmr_trace_format_t */
+  char *note;                        /* what the reader left out or assumed, or NULL */
 } gmr_trace_data_t;
 
 /** Parse a trace file ("-": standard input).  A malformed line, a free of an
  * id that is not live, or an allocation of size 0 fails with GMR_EINVAL and a
  * message "FILE:LINE: what is wrong" in `err` (may be NULL).  Allocations
- * never freed are allowed (counted in n_live_at_end). */
+ * never freed are allowed (counted in n_live_at_end).  A file that starts
+ * like a pickle is read as a PyTorch memory snapshot: its device_traces of
+ * the busiest device become the events (alloc: allocate; free_completed:
+ * free; the rest is skipped), "line" N being trace entry N (1-based); a
+ * snapshot with no usable history fails with GMR_EINVAL and says what is
+ * missing, and frees of allocations older than the history are left out and
+ * said in `note`. */
 GMR_EXTERN int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t errlen);
 /** Parse a trace held in memory; `name` is used in messages. */
 GMR_EXTERN int gmr_trace_parse(const char *text, size_t len, const char *name,

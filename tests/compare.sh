@@ -6,7 +6,12 @@
 # once it is registered; malformed traces (line numbers), a free of an unknown
 # id, a configuration that does not load, OOMs under a small --capacity while
 # another configuration still runs, standard input, usage errors, --check,
-# and --suggest (its YAML loads back and gives the figures it promised).
+# and --suggest (its YAML loads back and gives the figures it promised); the
+# usual manners (--help, --version, unknown options, exit 2 before any work);
+# configurations by name; --fit (the fit runs with no OOM, 2 MiB less does
+# not); --no-timing (identical runs); --suggest over several traces, on the
+# --capacity device, in PyTorch's and TensorFlow's syntax; call sites at the
+# peak and --diff.
 #
 # Finds the binary through GMR_BUILDDIR and the data through GMR_SRCDIR.
 
@@ -16,9 +21,6 @@ B="$BLD/tools/gmr-compare"
 TR="$SRC/traces"
 CF="$SRC/config"
 FX="$SRC/tests/fixtures"
-# The table wraps at the terminal's width ($COLUMNS when not a terminal).
-COLUMNS=160
-export COLUMNS
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-compare-test.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
 
@@ -121,7 +123,7 @@ is "$(jget "$W/j.json" limit-8g peak_reserved)" 8578542348 "json: peak reserved 
 has "$W/j.json" '"first_oom": {"event": 840, "line": 842, "message": "out of memory: limit of 8.00 GiB' \
   "json: first OOM with event, line and message"
 
-COLUMNS=50 "$B" "$TR/gpt2_train.csv" "$CF/direct.yaml" "$W/limit-8g.yaml" >"$W/narrow.out" 2>/dev/null
+"$B" --width 50 "$TR/gpt2_train.csv" "$CF/direct.yaml" "$W/limit-8g.yaml" >"$W/narrow.out" 2>/dev/null
 is "$(grep -c '^peak reserved' "$W/narrow.out")/$(awk '$1 == "limit-8g" && NF == 1' "$W/narrow.out" | wc -l | tr -d ' ')" \
   "2/1" "table: a narrow terminal gets one block of columns per configuration that fits"
 
@@ -291,27 +293,217 @@ else
   for t in status loads figures defaults less; do skip "suggest bfc: $t" "bfc policy not available"; done
 fi
 
+# ---- --fit: the smallest device with no OOM, the same measure for every policy --
+"$B" --json --fit --no-timing "$FX/compare-small.csv" "$CF/direct.yaml" >"$W/fit.json" 2>/dev/null
+is "$?" 0 "fit: exit status 0"
+is "$(jget "$W/fit.json" direct fit_capacity)" 56623104 "fit: direct needs exactly 6 x 9 MiB"
+"$B" --fit --no-timing "$FX/compare-small.csv" "$CF/direct.yaml" >"$W/fit.out" 2>/dev/null
+is "$(grep '^fit capacity' "$W/fit.out" | sed 's/  */ /g')" "fit capacity (no OOM) 54.00 MiB" \
+  "fit: a row of the table"
+"$B" --html "$W/fit.html" --fit "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
+has "$W/fit.html" "<tr><td>fit capacity (no OOM)</td><td>54.00 MiB</td></tr>" "fit: and of the page"
+for c in pytorch tf-growth tf-greedy; do
+  if "$B" "$FX/compare-small.csv" "$CF/$c.yaml" >/dev/null 2>&1; then
+    "$B" --json --fit "$TR/resnet50_train.csv" "$CF/$c.yaml" >"$W/fit-$c.json" 2>/dev/null
+    fit=$(jget "$W/fit-$c.json" "$c" fit_capacity)
+    below=$((fit - 2097152))
+    "$B" --json --capacity "$fit" "$TR/resnet50_train.csv" "$CF/$c.yaml" >"$W/at.json" 2>/dev/null
+    "$B" --json --capacity "$below" "$TR/resnet50_train.csv" "$CF/$c.yaml" >"$W/below.json" 2>/dev/null
+    is "$(jget "$W/at.json" "$c" ooms)" 0 "fit: $c runs resnet50_train with no OOM on its fit ($fit)"
+    [ "$(jget "$W/below.json" "$c" ooms)" -gt 0 ]
+    ok $? "fit: $c OOMs 2 MiB below it"
+  else
+    skip "fit: $c at its fit" "policy not available"
+    skip "fit: $c below its fit" "policy not available"
+  fi
+done
+"$B" --json --fit --capacity 40MiB "$FX/compare-small.csv" "$CF/direct.yaml" >"$W/fitup.json" 2>/dev/null
+is "$(jget "$W/fitup.json" direct fit_capacity)/$(jget "$W/fitup.json" direct ooms)" 56623104/2 \
+  "fit: found above --capacity when the stated device is too small"
+
+# ---- stable output: --no-timing, and --html by default --------------------------
+for k in 1 2; do
+  "$B" --json --no-timing "$TR/resnet50_train.csv" "$CF/direct.yaml" >"$W/st$k.json" 2>/dev/null
+  "$B" --no-timing "$TR/resnet50_train.csv" "$CF/direct.yaml" >"$W/st$k.out" 2>/dev/null
+  "$B" --html "$W/st$k.html" "$TR/resnet50_train.csv" "$CF/direct.yaml" >/dev/null 2>&1
+done
+cmp -s "$W/st1.json" "$W/st2.json"
+ok $? "no-timing: two runs give identical JSON"
+cmp -s "$W/st1.out" "$W/st2.out"
+ok $? "no-timing: two runs give identical tables"
+cmp -s "$W/st1.html" "$W/st2.html"
+ok $? "html: two runs give identical pages (no timing by default)"
+is "$(jget "$W/st1.json" direct seconds)/$(grep -c 'replay time' "$W/st1.out")/$(grep -c 'replay time' "$W/st1.html")" \
+  "null/0/0" "no-timing: no replay time in the JSON, the table or the page"
+"$B" --html "$W/t.html" --timing "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
+has "$W/t.html" "<td>replay time</td>" "html: --timing puts the times back"
+
+# ---- --suggest that can be deployed: several traces, --capacity, the framework's syntax --
+if "$B" "$FX/compare-small.csv" "$CF/pytorch.yaml" >/dev/null 2>&1; then
+  "$B" --suggest caching "$TR/gpt2_train.csv" "$TR/resnet50_train.csv" >"$W/multi.yaml" 2>/dev/null
+  is "$?" 0 "suggest over two traces: exit status 0"
+  is "$(grep -c '^#   peak reserved (bytes)' "$W/multi.yaml")" 2 "suggest over two traces: figures for each"
+  for tr in gpt2_train resnet50_train; do
+    promised=$(awk -v t="# $TR/$tr.csv " 'index($0, t) == 1 { on = 1 } on && /^#   peak reserved \(bytes\)/ { print $NF; exit }' "$W/multi.yaml")
+    "$B" --json "$TR/$tr.csv" "$W/multi.yaml" >"$W/multi-$tr.json" 2>/dev/null
+    is "$(jget "$W/multi-$tr.json" multi peak_reserved)/$(jget "$W/multi-$tr.json" multi ooms)" \
+      "$promised/0" "suggest over two traces: on $tr it replays to what it promised, no OOM"
+  done
+  conf=$(sed -n 's/^#   export PYTORCH_CUDA_ALLOC_CONF=//p' "$W/multi.yaml")
+  [ -n "$conf" ]
+  ok $? "suggest: PyTorch's syntax, PYTORCH_CUDA_ALLOC_CONF=$conf"
+  printf 'policy:\n  name: caching\n  pytorch_alloc_conf: "%s"\n' "$conf" >"$W/conf.yaml"
+  frac=$(sed -n 's/^  per_process_memory_fraction: //p' "$W/multi.yaml")
+  [ -n "$frac" ] && printf '  per_process_memory_fraction: %s\n' "$frac" >>"$W/conf.yaml"
+  "$B" --json "$TR/gpt2_train.csv" "$W/conf.yaml" "$W/multi.yaml" >"$W/conf.json" 2>/dev/null
+  is "$(jget "$W/conf.json" conf peak_reserved)" "$(jget "$W/conf.json" multi peak_reserved)" \
+    "suggest: the PYTORCH_CUDA_ALLOC_CONF string gives the YAML's figures"
+  if [ -n "$frac" ]; then
+    cap=$(sed -n 's/^#   torch.cuda.set_per_process_memory_fraction(\([0-9]*\) .*/\1/p' "$W/multi.yaml")
+    want=$(awk -v f="$frac" 'BEGIN { printf "%.0f", int(f * 143771 * 1048576) }')
+    is "$cap" "$want" "suggest: the memory cap as absolute bytes over the device's total"
+  else
+    skip "suggest: the memory cap as absolute bytes" "no fraction suggested"
+  fi
+  "$B" --json --fit --suggest caching "$FX/compare-small.csv" >"$W/sfit.json" 2>/dev/null
+  is "$(jget "$W/sfit.json" caching-defaults fit_capacity)" 62914560 \
+    "suggest --fit: the defaults' fit (three 20 MiB segments)"
+  "$B" --suggest caching "$TR/gpt2_train.csv" "$TR/resnet50_train.csv" "$CF/direct.yaml" \
+    >/dev/null 2>"$W/multi-cfg.err"
+  is "$?" 2 "suggest over two traces with a CONFIG: a usage error"
+
+  # --capacity honoured: on 14 GiB the defaults (14.24 GiB) OOM; the suggestion must not.
+  "$B" --capacity 14GiB --suggest caching "$TR/gpt2_train.csv" >"$W/cap14.yaml" 2>/dev/null
+  is "$?" 0 "suggest --capacity 14GiB: found one"
+  has "$W/cap14.yaml" "# on a device of 14.00 GiB" "suggest --capacity 14GiB: says for which device"
+  has "$W/cap14.yaml" "The defaults run out of memory on this device; this does not." \
+    "suggest --capacity 14GiB: the defaults OOM there"
+  "$B" --json --capacity 14GiB "$TR/gpt2_train.csv" "$W/cap14.yaml" >"$W/cap14.json" 2>/dev/null
+  is "$(jget "$W/cap14.json" cap14 ooms)" 0 "suggest --capacity 14GiB: the suggestion runs with no OOM on 14 GiB"
+  "$B" --capacity 12GiB --suggest caching "$TR/gpt2_train.csv" >"$W/cap12.yaml" 2>"$W/cap12.err"
+  is "$?" 1 "suggest --capacity 12GiB (below the 12.66 GiB requested): exit status 1"
+  is "$(wc -c <"$W/cap12.yaml" | tr -d ' ')" 0 "suggest --capacity 12GiB: nothing printed that would OOM"
+  has "$W/cap12.err" "so none is suggested" "suggest --capacity 12GiB: says so"
+else
+  for t in status figures gpt2 resnet50 conf conf-figures cap-bytes sfit usage c14 c14-device c14-defaults c14-ooms c12 c12-empty c12-says; do
+    skip "suggest deploy: $t" "caching policy not available"
+  done
+fi
+if "$B" "$FX/compare-small.csv" "$CF/tf-growth.yaml" >/dev/null 2>&1; then
+  "$B" --suggest bfc "$TR/gpt2_train.csv" >"$W/bfcd.yaml" 2>/dev/null
+  lim=$(sed -n 's/^  memory_limit: \([0-9]*\)MiB$/\1/p' "$W/bfcd.yaml")
+  if [ -n "$lim" ]; then
+    has "$W/bfcd.yaml" "LogicalDeviceConfiguration(memory_limit=$lim)" \
+      "suggest bfc: TensorFlow's memory_limit in MiB, as the YAML's"
+    has "$W/bfcd.yaml" "export XLA_PYTHON_CLIENT_MEM_FRACTION=" "suggest bfc: and JAX's variable"
+  else
+    has "$W/bfcd.yaml" "# TensorFlow:" "suggest bfc: TensorFlow's settings"
+    has "$W/bfcd.yaml" "# JAX:" "suggest bfc: and JAX's"
+  fi
+fi
+
+# ---- call sites and --diff -------------------------------------------------------
+cat >"$W/before.csv" <<'EOF2'
+Thread,Time,Action,Pointer,Size,Stream,Site
+0,1,allocate,0x10,9437184,0,model.py:10 (embed)
+0,2,allocate,0x20,9437184,0,model.py:20 (attn)
+0,3,allocate,0x30,9437184,0,model.py:20 (attn)
+0,4,free,0x20,9437184,0
+0,5,allocate,0x40,4194304,0,train.py:5 (loss, scaled)
+0,6,free,0x30,9437184,0
+EOF2
+cat >"$W/after.csv" <<'EOF2'
+Thread,Time,Action,Pointer,Size,Stream,Site
+0,1,allocate,0x10,9437184,0,model.py:10 (embed)
+0,2,allocate,0x20,9437184,0,model.py:20 (attn)
+0,3,allocate,0x30,9437184,0,model.py:20 (attn)
+0,3,allocate,0x50,9437184,0,model.py:20 (attn)
+0,4,free,0x20,9437184,0
+0,5,allocate,0x40,8388608,0,train.py:5 (loss, scaled)
+0,6,free,0x30,9437184,0
+EOF2
+"$B" --no-timing "$W/before.csv" "$CF/direct.yaml" >"$W/sites.out" 2>/dev/null
+is "$?" 0 "sites: a trace with a Site column replays"
+has "$W/sites.out" "Call sites holding the most memory at each configuration's peak" "sites: the table names them"
+is "$(grep -A2 '^  direct (peak at event 2, line 4):' "$W/sites.out" | tail -n 2 | sed 's/  */ /g')" \
+  " 18.00 MiB 2 allocations model.py:20 (attn)
+ 9.00 MiB 1 allocation model.py:10 (embed)" "sites: largest first, with their live allocations"
+"$B" --json "$W/before.csv" "$CF/direct.yaml" >"$W/sites.json" 2>/dev/null
+is "$(jget "$W/sites.json" direct top_sites)" \
+  '[{"site": "model.py:20 (attn)", "bytes": 18874368, "allocations": 2}, {"site": "model.py:10 (embed)", "bytes": 9437184, "allocations": 1}]' \
+  "sites: top_sites in the JSON"
+"$B" --html "$W/sites.html" "$W/before.csv" "$CF/direct.yaml" >/dev/null 2>&1
+has "$W/sites.html" "<tr><td>18.00 MiB</td><td>2</td><td>model.py:20 (attn)</td></tr>" "sites: and the page"
+is "$(jget "$W/j.json" direct top_sites)" "[]" "sites: none in a trace without the column"
+
+"$B" --diff --fit "$W/before.csv" "$W/after.csv" "$CF/direct.yaml" >"$W/diff.out" 2>/dev/null
+is "$?" 0 "diff: exit status 0"
+is "$(grep '^  peak reserved' "$W/diff.out" | sed 's/  */ /g')" \
+  " peak reserved 27.00 MiB 36.00 MiB +9.00 MiB (+33.3 %)" "diff: the peaks and the change"
+has "$W/diff.out" "+9.00 MiB     model.py:20 (attn) (18.00 MiB -> 27.00 MiB)" "diff: the call site that grew"
+has "$W/diff.out" "  fit capacity (no OOM)" "diff: with --fit, the fit of each"
+"$B" --json --diff "$W/before.csv" "$W/after.csv" "$CF/direct.yaml" >"$W/diff.json" 2>/dev/null
+is "$(jget "$W/diff.json" direct peak_reserved_change)" 9437184 "diff json: the change in bytes"
+is "$(jget "$W/diff.json" direct sites_grew)" '[{"site": "model.py:20 (attn)", "before": 18874368, "after": 28311552}]' \
+  "diff json: the sites that grew"
+"$B" --diff "$W/before.csv" "$W/after.csv" >/dev/null 2>&1
+is "$?" 2 "diff without a CONFIG: a usage error"
+
 # ---- the stitch policy: config/stitch.yaml runs like the others ------------------
 "$B" --json --check "$TR/resnet50_train.csv" "$CF/stitch.yaml" "$CF/pytorch-expandable.yaml" \
-  >"$W/st.json" 2>/dev/null
+  >"$W/stitch.json" 2>/dev/null
 is "$?" 0 "stitch: config/stitch.yaml replays resnet50 with --check"
-st=$(jget "$W/st.json" stitch peak_reserved)
-ex=$(jget "$W/st.json" pytorch-expandable peak_reserved)
+st=$(jget "$W/stitch.json" stitch peak_reserved)
+ex=$(jget "$W/stitch.json" pytorch-expandable peak_reserved)
 [ -n "$st" ] && [ -n "$ex" ] && [ "$st" -lt "$ex" ] && [ "$st" -le $((3192592912 * 102 / 100)) ]
 ok $? "stitch: peak reserved $st <= 1.02 x requested and below expandable ($ex)"
-"$B" --suggest stitch "$TR/resnet50_train.csv" >"$W/st.yaml" 2>/dev/null
+"$B" --suggest stitch "$TR/resnet50_train.csv" >"$W/sst.yaml" 2>/dev/null
 is "$?" 0 "suggest stitch: exit status 0"
-promised=$(awk '/^#   peak reserved \(bytes\)/ { print $NF }' "$W/st.yaml")
-"$B" --json "$TR/resnet50_train.csv" "$W/st.yaml" >"$W/st2.json" 2>/dev/null
-is "$(jget "$W/st2.json" st peak_reserved)" "$promised" \
+promised=$(awk '/^#   peak reserved \(bytes\)/ { print $NF }' "$W/sst.yaml")
+"$B" --json "$TR/resnet50_train.csv" "$W/sst.yaml" >"$W/stitch2.json" 2>/dev/null
+is "$(jget "$W/stitch2.json" sst peak_reserved)" "$promised" \
   "suggest stitch: the YAML loads back and replays to the peak it promised ($promised)"
 [ -n "$promised" ] && [ "$promised" -le "$st" ]
 ok $? "suggest stitch: no worse than the defaults ($st)"
 
 # ---- --suggest of a policy without a search space --------------------------------
-"$B" --suggest direct "$FX/compare-small.csv" >/dev/null 2>"$W/sd.err"
-is "$?" 1 "suggest: a policy with nothing to search is an error"
+"$B" --suggest direct "$W/no-such.csv" >/dev/null 2>"$W/sd.err"
+is "$?" 2 "suggest: a policy with nothing to search is a usage error, found before the trace is read"
 has "$W/sd.err" "--suggest direct: no search space" "suggest: and says so"
+"$B" --suggest nosuch "$W/no-such.csv" >/dev/null 2>"$W/sn.err"
+is "$?" 2 "suggest: an unknown policy is a usage error"
+has "$W/sn.err" "--suggest nosuch: unknown policy; the policies are: direct, limit, caching, bfc" \
+  "suggest: and names the policies"
+
+# ---- the usual manners: --help, --version, unknown options, usage errors ---------
+"$B" --help >"$W/help.out" 2>&1
+is "$?" 0 "--help: exit status 0"
+has "$W/help.out" "usage: gmr-compare [OPTIONS] TRACE CONFIG..." "--help: prints the usage"
+"$B" -h >/dev/null 2>&1
+is "$?" 0 "-h: exit status 0"
+"$B" --version >"$W/version.out" 2>&1
+is "$?" 0 "--version: exit status 0"
+is "$(cat "$W/version.out")" "gmr-compare (gmr) $(sed -n 's/^#define GMR_VERSION_MAJOR //p' "$SRC/include/gmr.h").$(sed -n 's/^#define GMR_VERSION_MINOR //p' "$SRC/include/gmr.h").$(sed -n 's/^#define GMR_VERSION_PATCH //p' "$SRC/include/gmr.h")" \
+  "--version: the library's version"
+"$B" --foo "$W/no-such.csv" direct >/dev/null 2>"$W/foo.err"
+is "$?" 2 "unknown option: exit status 2, before the trace is read"
+has "$W/foo.err" "unknown option '--foo'" "unknown option: says so"
+"$B" -x "$W/no-such.csv" direct >/dev/null 2>"$W/x.err"
+has "$W/x.err" "unknown option '-x'" "unknown short option: says so"
+"$B" "$W/no-such.csv" direct --capacity >/dev/null 2>"$W/nv.err"
+is "$?" 2 "an option without its value: exit status 2"
+has "$W/nv.err" "--capacity needs a value" "an option without its value: says so"
+"$B" --width 5 "$W/no-such.csv" direct >/dev/null 2>&1
+is "$?" 2 "--width out of range: exit status 2"
+
+# ---- configurations by name: ./config, then the share directory ----------------
+(cd "$SRC" && "$B" --json "$FX/compare-small.csv" direct) >"$W/byname.json" 2>/dev/null
+is "$(jget "$W/byname.json" direct peak_reserved)" 56623104 "config by name: ./config/direct.yaml"
+has "$W/byname.json" '"source": "config/direct.yaml"' "config by name: the path it found"
+(cd "$W" && "$B" --json "$FX/compare-small.csv" nosuchname) >"$W/noname.json" 2>"$W/noname.err"
+is "$?" 1 "config by name: an unknown name is a configuration that could not run"
+has "$W/noname.err" "no configuration named 'nosuchname': not a file, and neither ./config/nosuchname.yaml nor" \
+  "config by name: says where it looked"
 
 echo "1..$n"
 exit $failed

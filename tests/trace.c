@@ -69,11 +69,21 @@ int main(void) {
               "an allocation of a live id");
   parse_fails("0,1,allocate,0x10,100\n", "t.csv:1: expected 6 comma-separated fields",
               "a short line");
-  parse_fails("0,1,allocate,0x10,100,0,7\n", "found more", "a long line");
+  {
+    /* A 7th field is the allocation's call site: the rest of the line. */
+    const char *sited = "0,1,allocate,0x10,100,0,train.py:7 (step, inner)\n0,2,free,0x10,100,0\n";
+    gmr_trace_data_t *ts = NULL;
+    is_int(gmr_trace_parse(sited, strlen(sited), "t.csv", &ts, NULL, 0), 0,
+           "a 7th field is read as the call site");
+    ok(ts && ts->n_sites == 1 && ts->events[0].site == 1 &&
+           strcmp(ts->sites[0], "train.py:7 (step, inner)") == 0 && ts->events[1].site == 0,
+       "  the rest of the line, commas included, on the allocation only");
+    gmr_trace_data_free(ts);
+  }
   parse_fails("0,1,alloc,0x10,100,0\n", "t.csv:1: unknown Action 'alloc'", "an unknown action");
   parse_fails("0,1,allocate,0x10,-5,0\n", "Size '-5' is not a byte count", "a negative size");
   parse_fails("0,1,allocate,0x10,0,0\n", "allocation of 0 bytes", "a zero size");
-  parse_fails("0,x,allocate,0x10,1,0\n", "Time 'x' is not an integer", "a bad time");
+  parse_fails("0,x,allocate,0x10,1,0\n", "Time 'x' is not a time", "a bad time");
   parse_fails("0,1,allocate,zz,1,0\n", "Pointer 'zz'", "a bad pointer");
   gmr_trace_data_t *t2 = NULL;
   is_int(gmr_trace_read("/nonexistent.csv", &t2, msg, sizeof msg), GMR_EIO, "a missing file");

@@ -578,7 +578,7 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
   fputs("</svg>\n", out);
 }
 
-static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
+static void html_table(FILE *out, const compare_run_t *runs, size_t n, const compare_opts_t *o) {
   fputs("<div class=\"scroll\"><table><thead><tr><th></th>", out);
   for (size_t k = 0; k < n; ++k) {
     fputs("<th>", out);
@@ -588,6 +588,7 @@ static void html_table(FILE *out, const compare_run_t *runs, size_t n) {
   fputs("</tr></thead><tbody>\n", out);
   char cell[96];
   for (int row = 0; compare_table_label(row); ++row) {
+    if (!compare_table_shows(row, o)) continue;
     fprintf(out, "<tr><td>%s</td>", compare_table_label(row));
     for (size_t k = 0; k < n; ++k) {
       compare_table_cell(&runs[k], row, cell, sizeof cell);
@@ -661,6 +662,21 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
     html_segmap(out, r, row_bytes ? row_bytes : 1, map_own && row_shared != 0);
   }
   html_caption(out, r, least);
+  compare_site_t top[COMPARE_TOP_SITES];
+  size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
+  if (m > 0) {
+    fputs("<h3>Call sites at the peak</h3>\n<table class=\"sites\"><thead><tr><th>requested"
+          "</th><th>allocations</th><th>call site</th></tr></thead><tbody>\n",
+          out);
+    for (size_t j = 0; j < m; ++j) {
+      char b[48];
+      compare_format_bytes(top[j].bytes, b, sizeof b);
+      fprintf(out, "<tr><td>%s</td><td>%" PRIu64 "</td><td>", b, top[j].allocations);
+      html_text(out, compare_site_name(t, top[j].site));
+      fputs("</td></tr>\n", out);
+    }
+    fputs("</tbody></table>\n", out);
+  }
   fputs("</section>\n", out);
 }
 
@@ -717,7 +733,7 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
         "<span><i style=\"background:#2b8a4b\"></i>peak requested</span></div>\n",
         out);
   html_overview(out, runs, n, vmax);
-  html_table(out, runs, n);
+  html_table(out, runs, n, o);
   fputs("</section>\n", out);
   for (size_t k = 0; k < n; ++k)
     html_config(out, t, &runs[k], least, tl_shared, row_shared);

@@ -45,6 +45,7 @@ typedef enum table_row_e {
   ROW_DEV_FREES,
   ROW_OOMS,
   ROW_RETRIES,
+  ROW_FIT,
   ROW_SECONDS,
   ROW_SPEED,
   ROW_COUNT
@@ -65,12 +66,19 @@ static const char *const table_labels[ROW_COUNT] = {
     "device frees",
     "OOMs",
     "alloc retries",
+    "fit capacity (no OOM)",
     "replay time",
     "replay speed",
 };
 
 const char *compare_table_label(int row) {
   return row >= 0 && row < ROW_COUNT ? table_labels[row] : NULL;
+}
+
+int compare_table_shows(int row, const compare_opts_t *o) {
+  if (row == ROW_FIT) return o->fit;
+  if (row == ROW_SECONDS || row == ROW_SPEED) return o->timing;
+  return row >= 0 && row < ROW_COUNT;
 }
 
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) {
@@ -133,6 +141,16 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
   case ROW_RETRIES:
     snprintf(buf, len, "%" PRIu64, f->alloc_retries);
     break;
+  case ROW_FIT:
+    if (r->fit_capacity)
+      compare_format_bytes(r->fit_capacity, buf, len);
+    else if (r->fit_max) {
+      char m[40];
+      compare_format_bytes(r->fit_max, m, sizeof m);
+      snprintf(buf, len, "> %s", m);
+    } else
+      snprintf(buf, len, "-");
+    break;
   case ROW_SECONDS:
     snprintf(buf, len, "%.3f s", r->res.seconds);
     break;
@@ -150,7 +168,7 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
 
 /* Columns [lo, hi) of the table, under their headings. */
 static void table_block(FILE *out, const compare_run_t *runs, const size_t *width, size_t lo,
-                        size_t hi) {
+                        size_t hi, const compare_opts_t *o) {
   char cell[96];
   fprintf(out, "%-*s", TABLE_LABEL, "");
   for (size_t k = lo; k < hi; ++k)
@@ -163,6 +181,7 @@ static void table_block(FILE *out, const compare_run_t *runs, const size_t *widt
   }
   fputc('\n', out);
   for (int row = 0; row < ROW_COUNT; ++row) {
+    if (!compare_table_shows(row, o)) continue;
     fprintf(out, "%-*s", TABLE_LABEL, table_labels[row]);
     for (size_t k = lo; k < hi; ++k) {
       compare_table_cell(&runs[k], row, cell, sizeof cell);
@@ -185,6 +204,28 @@ static size_t table_first_line(const char *msg, char *buf, size_t len) {
   return more;
 }
 
+/* The call sites holding the most memory at each configuration's peak. */
+static void table_sites(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n) {
+  if (t->n_sites == 0) return;
+  fputs("\nCall sites holding the most memory at each configuration's peak (requested bytes of "
+        "the live allocations):\n",
+        out);
+  for (size_t k = 0; k < n; ++k) {
+    const compare_run_t *r = &runs[k];
+    if (r->status != COMPARE_OK) continue;
+    compare_site_t top[COMPARE_TOP_SITES];
+    size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
+    fprintf(out, "  %s (peak at event %zu, line %u):\n", r->name, r->res.peak_event,
+            r->res.peak_event < t->n_events ? t->events[r->res.peak_event].line : 0);
+    for (size_t j = 0; j < m; ++j) {
+      char b[48];
+      compare_format_bytes(top[j].bytes, b, sizeof b);
+      fprintf(out, "    %12s  %6" PRIu64 " allocation%s  %s\n", b, top[j].allocations,
+              top[j].allocations == 1 ? " " : "s", compare_site_name(t, top[j].site));
+    }
+  }
+}
+
 void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
                          const compare_opts_t *o) {
   char a[48], b[48];
@@ -193,6 +234,9 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
   fprintf(out, "gmr-compare: %s: %zu events, %zu allocations (%zu never freed), %zu stream%s\n",
           t->source, t->n_events, t->n_ids, t->n_live_at_end, t->n_streams,
           t->n_streams == 1 ? "" : "s");
+  if (t->n_alloc_failures)
+    fprintf(out, "the recording saw %zu allocation%s fail: counted, not replayed\n",
+            t->n_alloc_failures, t->n_alloc_failures == 1 ? "" : "s");
   fprintf(out,
           "trace peak requested %s; each configuration on a fresh simulated device of %s%s\n\n", a,
           b, o->check ? "; invariants checked after every event" : "");
@@ -203,6 +247,7 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
   for (size_t k = 0; k < n; ++k) {
     width[k] = strlen(runs[k].name);
     for (int row = 0; row < ROW_COUNT; ++row) {
+      if (!compare_table_shows(row, o)) continue;
       compare_table_cell(&runs[k], row, cell, sizeof cell);
       if (strlen(cell) > width[k]) width[k] = strlen(cell);
     }
@@ -214,7 +259,7 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
     for (hi = lo + 1; hi < n && used + 2 + width[hi] <= o->columns; ++hi)
       used += 2 + width[hi];
     if (lo > 0) fputc('\n', out);
-    table_block(out, runs, width, lo, hi);
+    table_block(out, runs, width, lo, hi, o);
   }
   free(width);
 
@@ -239,6 +284,7 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
       first = 0;
     }
   }
+  table_sites(out, t, runs, n);
 }
 
 /* ---- JSON ------------------------------------------------------------------------ */
@@ -261,7 +307,9 @@ static void json_u64(FILE *out, const char *key, uint64_t v) {
   fprintf(out, ",\n    \"%s\": %" PRIu64, key, v);
 }
 
-static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r) {
+static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
+                     const compare_opts_t *o) {
+  if (r->trace) t = r->trace;
   fputs("  {\n    \"config\": ", out);
   tool_json_string(out, r->name);
   fputs(",\n    \"source\": ", out);
@@ -274,6 +322,9 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
     tool_json_string(out, r->error);
   fputs(",\n    \"trace\": ", out);
   tool_json_string(out, t->source);
+  fprintf(out, ",\n    \"trace_format\": \"%s\"",
+          t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "pytorch_snapshot" : "csv");
+  fprintf(out, ",\n    \"trace_alloc_failures\": %zu", t->n_alloc_failures);
   if (r->yaml) {
     fputs(",\n    \"yaml\": ", out);
     tool_json_string(out, r->yaml);
@@ -314,16 +365,38 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
     fputs(",\n    \"first_oom\": null", out);
   }
   json_u64(out, "alloc_retries", f->alloc_retries);
-  fprintf(out, ",\n    \"seconds\": %.6f", r->res.seconds);
-  fprintf(out, ",\n    \"events_per_second\": %.0f",
-          r->res.seconds > 0 ? (double)r->res.events_done / r->res.seconds : 0.0);
+  compare_site_t top[COMPARE_TOP_SITES];
+  size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
+  fputs(",\n    \"top_sites\": [", out);
+  for (size_t j = 0; j < m; ++j) {
+    fputs(j ? ", {\"site\": " : "{\"site\": ", out);
+    tool_json_string(out, compare_site_name(t, top[j].site));
+    fprintf(out, ", \"bytes\": %" PRIu64 ", \"allocations\": %" PRIu64 "}", top[j].bytes,
+            top[j].allocations);
+  }
+  fputc(']', out);
+  if (o->fit) {
+    if (r->fit_capacity)
+      json_u64(out, "fit_capacity", r->fit_capacity);
+    else
+      fputs(",\n    \"fit_capacity\": null", out);
+    json_u64(out, "fit_max_tried", r->fit_max);
+  }
+  if (o->timing) {
+    fprintf(out, ",\n    \"seconds\": %.6f", r->res.seconds);
+    fprintf(out, ",\n    \"events_per_second\": %.0f",
+            r->res.seconds > 0 ? (double)r->res.events_done / r->res.seconds : 0.0);
+  } else {
+    fputs(",\n    \"seconds\": null,\n    \"events_per_second\": null", out);
+  }
   fputs("\n  }", out);
 }
 
-void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n) {
+void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
+                        const compare_opts_t *o) {
   fputs("[\n", out);
   for (size_t k = 0; k < n; ++k) {
-    json_run(out, t, &runs[k]);
+    json_run(out, t, &runs[k], o);
     fputs(k + 1 < n ? ",\n" : "\n", out);
   }
   fputs("]\n", out);

@@ -1,13 +1,16 @@
 /* compare-suggest.c: gmr-compare --suggest POLICY, a search over a policy's
  * options for the configuration with the lowest peak reserved and no OOM.
  *
- * Each option is a dimension with a short list of values, value 0 being the
- * policy's default (the key left out).  Candidates are YAML strings loaded
+ * The space comes from the policy's option table (gmr_policy_options): each
+ * option with values to tune is a dimension, value 0 being the policy's
+ * default (the key left out), and "Kx peak" values become absolute sizes
+ * from the trace's peak requested bytes.  Candidates are YAML strings loaded
  * with gmr_config_load_string and replayed like any configuration; those
  * the policy rejects are skipped.  Small spaces (at most SUGGEST_GRID
  * candidates) are searched exhaustively; larger ones by coordinate descent
- * from the defaults: each pass tries every value of every option with the
- * others fixed and keeps the best, until a pass improves nothing.
+ * from the defaults and from the three best single-option changes: each pass
+ * tries every value of every option with the others fixed and keeps the
+ * best, until a pass improves nothing; the best of the descents wins.
  *
  * Order of merit: no OOM first, then lower peak reserved, then fewer device
  * allocations, then fewer options changed from the defaults.
@@ -19,11 +22,12 @@
 
 #include "compare.h"
 
-#define SUGGEST_MAX_DIMS   6
+#define SUGGEST_MAX_DIMS   8
 #define SUGGEST_MAX_VALUES 10
 #define SUGGEST_GRID       64
 #define SUGGEST_MAX_EVALS  400
 #define SUGGEST_MAX_PASSES 4
+#define SUGGEST_STARTS     3
 
 /* One option: its values as YAML lines ("key: value", possibly several
  * lines joined by '\n'); values[0] is "" (the default). */
@@ -47,89 +51,62 @@ typedef struct suggest_s {
   int n_dims;
   suggest_eval_t *evals;
   size_t n_evals;
-  size_t rejected;         /* candidates the policy refused to load */
-  char first_reject[1400]; /* why the first one was refused */
-  const gmr_trace_data_t *t;
-  compare_opts_t o; /* progress off: the search draws its own */
+  size_t rejected;                       /* candidates the policy refused to load */
+  char first_reject[1400];               /* why the first one was refused */
+  const gmr_trace_data_t *const *traces; /* every candidate replays each of them */
+  size_t n_traces;
+  uint64_t peak_requested; /* the largest of the traces' */
+  compare_opts_t o;        /* progress off: the search draws its own */
   int progress;
 } suggest_t;
 
-static void suggest_add(suggest_dim_t *d, const char *fmt, double v) {
-  if (d->n >= SUGGEST_MAX_VALUES) return;
-  snprintf(d->values[d->n++], sizeof d->values[0], fmt, v);
+/* A value "Kx peak" of the option table: K times the trace's peak requested
+ * bytes, written as bytes (MiB, rounded up) for a size and as the share of
+ * the stated device (rounded up to 0.001) for a number.  0, or -1 when the
+ * value does not fit the option (a share above 1). */
+static int suggest_scaled(const suggest_t *s, const gmr_option_info_t *opt, double k, char *out,
+                          size_t len) {
+  double bytes = k * (double)s->peak_requested;
+  if (opt->type == GMR_OPTION_SIZE) {
+    uint64_t mib = (uint64_t)(bytes / 1048576.0) + 1;
+    snprintf(out, len, "%" PRIu64 "MiB", mib);
+    return 0;
+  }
+  if (opt->type != GMR_OPTION_NUMBER) return -1;
+  double f = bytes / (double)s->o.capacity;
+  f = (double)(long long)(f * 1000.0 + 0.999) / 1000.0; /* round up to 0.001 */
+  if (f <= 0.0 || f > 1.0) return -1;
+  snprintf(out, len, "%.3f", f);
+  return 0;
 }
 
-static void suggest_dim(suggest_t *s, const char *label, const char *const *values) {
-  suggest_dim_t *d = &s->dims[s->n_dims++];
-  d->label = label;
-  d->n = 1;
-  d->values[0][0] = '\0';
-  for (; *values && d->n < SUGGEST_MAX_VALUES; ++values)
-    snprintf(d->values[d->n++], sizeof d->values[0], "%s", *values);
-}
-
-/* The search space of each policy.  The garbage-collection threshold only
- * acts under a memory fraction (as in PyTorch), so it is searched together
- * with fractions that leave 10%, 25% and 50% of headroom over the trace's
- * peak requested bytes. */
+/* The search space: one dimension per option whose table entry has values to
+ * tune, value 0 being the option left out (its default). */
 static int suggest_space(suggest_t *s) {
-  if (strcmp(s->policy, "caching") == 0) {
-    static const char *const split[] = {"max_split_size: 64MiB",
-                                        "max_split_size: 128MiB",
-                                        "max_split_size: 256MiB",
-                                        "max_split_size: 512MiB",
-                                        "max_split_size: 1GiB",
-                                        "max_split_size: 4GiB",
-                                        NULL};
-    static const char *const div[] = {"roundup_power2_divisions: 1",  "roundup_power2_divisions: 2",
-                                      "roundup_power2_divisions: 4",  "roundup_power2_divisions: 8",
-                                      "roundup_power2_divisions: 16", NULL};
-    static const char *const exp[] = {"expandable_segments: true", NULL};
-    suggest_dim(s, "max_split_size", split);
-    suggest_dim(s, "roundup_power2_divisions", div);
-    suggest_dim(s, "expandable_segments", exp);
-    static const char *const none[] = {NULL};
-    suggest_dim(s, "garbage_collection_threshold", none);
-    suggest_dim_t *gc = &s->dims[s->n_dims - 1];
-    static const double headroom[] = {1.1, 1.25, 1.5};
-    static const double threshold[] = {0.6, 0.8};
-    for (int h = 0; h < 3; ++h) {
-      double f = (double)s->t->peak_requested * headroom[h] / (double)s->o.capacity;
-      f = (double)(long long)(f * 1000.0 + 0.999) / 1000.0; /* round up to 0.001 */
-      if (f <= 0.0 || f > 1.0) continue;
-      for (int k = 0; k < 2; ++k) {
-        char fmt[160];
-        snprintf(fmt, sizeof fmt,
-                 "garbage_collection_threshold: %.2f\nper_process_memory_fraction: %%.3f",
-                 threshold[k]);
-        suggest_add(gc, fmt, f);
+  gmr_option_info_t opts[64];
+  size_t n = 0;
+  if (gmr_policy_options(s->policy, opts, 64, &n) != 0) return -1;
+  if (n > 64) n = 64;
+  for (size_t i = 0; i < n && s->n_dims < SUGGEST_MAX_DIMS; ++i) {
+    if (opts[i].tune == NULL) continue;
+    suggest_dim_t *d = &s->dims[s->n_dims];
+    d->label = opts[i].key;
+    d->n = 1;
+    d->values[0][0] = '\0';
+    for (const char *const *v = opts[i].tune; *v && d->n < SUGGEST_MAX_VALUES; ++v) {
+      char text[64];
+      double k;
+      char tail[16];
+      if (sscanf(*v, "%lfx %15s", &k, tail) == 2 && strcmp(tail, "peak") == 0) {
+        if (suggest_scaled(s, &opts[i], k, text, sizeof text) != 0) continue;
+      } else {
+        snprintf(text, sizeof text, "%s", *v);
       }
+      snprintf(d->values[d->n++], sizeof d->values[0], "%s: %s", opts[i].key, text);
     }
-    return 0;
+    if (d->n > 1) ++s->n_dims;
   }
-  if (strcmp(s->policy, "bfc") == 0) {
-    static const char *const growth[] = {"allow_growth: true", "allow_growth: false",
-                                         "allow_growth: true\nvmm: true", NULL};
-    static const char *const frag[] = {
-        "fragmentation_fraction: 0.001", "fragmentation_fraction: 0.01",
-        "fragmentation_fraction: 0.05", "fragmentation_fraction: 0.1", NULL};
-    static const char *const gc[] = {"garbage_collection: true", "garbage_collection: false", NULL};
-    suggest_dim(s, "allow_growth", growth);
-    suggest_dim(s, "fragmentation_fraction", frag);
-    suggest_dim(s, "garbage_collection", gc);
-    return 0;
-  }
-  if (strcmp(s->policy, "stitch") == 0) {
-    static const char *const tau[] = {"tau: 16KiB", "tau: 32KiB", "tau: 128KiB", "tau: 256KiB",
-                                      NULL};
-    static const char *const small[] = {"small_size: 256KiB", "small_size: 512KiB", NULL};
-    static const char *const cands[] = {"cache_candidates: 4", "cache_candidates: 64", NULL};
-    suggest_dim(s, "tau", tau);
-    suggest_dim(s, "small_size", small);
-    suggest_dim(s, "cache_candidates", cands);
-    return 0;
-  }
-  return -1;
+  return s->n_dims > 0 ? 0 : -1;
 }
 
 /* The YAML of a candidate. */
@@ -159,8 +136,9 @@ static int suggest_changed(const suggest_t *s, const int *pick) {
   return c;
 }
 
-/* Load and replay one candidate into `run` (name and source set by the caller). */
-static int suggest_run(suggest_t *s, const int *pick, compare_run_t *run, int detail) {
+/* Load and replay one candidate on trace `tr` into `run` (name and source
+ * set by the caller). */
+static int suggest_run(suggest_t *s, const int *pick, size_t tr, compare_run_t *run, int detail) {
   run->yaml = suggest_yaml(s, pick);
   if (run->yaml == NULL) {
     run->status = COMPARE_ERUNTIME;
@@ -175,7 +153,8 @@ static int suggest_run(suggest_t *s, const int *pick, compare_run_t *run, int de
     snprintf(run->error, sizeof run->error, "%s", err.message);
     return -1;
   }
-  int rc = compare_replay(run, cfg, s->t, &s->o, detail);
+  int rc = compare_replay(run, cfg, s->traces[tr], &s->o, detail);
+  if (rc == 0 && detail != COMPARE_TIMED && s->o.fit) compare_fit(run, cfg, s->traces[tr], &s->o);
   gmr_config_free(cfg);
   return rc;
 }
@@ -197,19 +176,29 @@ static const suggest_eval_t *suggest_eval(suggest_t *s, const int *pick) {
   memset(e, 0, sizeof *e);
   memcpy(e->pick, pick, sizeof e->pick);
   e->changed = suggest_changed(s, pick);
-  compare_run_t *run = calloc(1, sizeof *run);
-  if (run == NULL) return e;
-  snprintf(run->name, sizeof run->name, "candidate");
-  if (suggest_run(s, pick, run, COMPARE_TIMED) == 0) {
-    e->ok = 1;
-    e->ooms = run->res.ooms;
-    e->peak_reserved = run->final.peak_reserved_bytes;
-    e->device_allocs = run->final.device_allocs;
-  } else if (run->status == COMPARE_ELOAD) {
-    if (s->rejected++ == 0) snprintf(s->first_reject, sizeof s->first_reject, "%s", run->error);
+  /* Over several traces: every one must run; OOMs and device allocations
+   * add up; the peak is the largest (the device must hold each run). */
+  e->ok = 1;
+  for (size_t tr = 0; tr < s->n_traces && e->ok && e->ooms == 0; ++tr) {
+    compare_run_t *run = calloc(1, sizeof *run);
+    if (run == NULL) {
+      e->ok = 0;
+      break;
+    }
+    snprintf(run->name, sizeof run->name, "candidate");
+    if (suggest_run(s, pick, tr, run, COMPARE_TIMED) == 0) {
+      e->ooms += run->res.ooms;
+      if (run->final.peak_reserved_bytes > e->peak_reserved)
+        e->peak_reserved = run->final.peak_reserved_bytes;
+      e->device_allocs += run->final.device_allocs;
+    } else {
+      e->ok = 0;
+      if (run->status == COMPARE_ELOAD && s->rejected++ == 0)
+        snprintf(s->first_reject, sizeof s->first_reject, "%s", run->error);
+    }
+    compare_run_release(run);
+    free(run);
   }
-  compare_run_release(run);
-  free(run);
   if (s->progress) {
     fprintf(stderr, "\r\033[Ksuggest %s: %zu candidates tried", s->policy, s->n_evals);
     fflush(stderr);
@@ -235,8 +224,8 @@ static void suggest_grid(suggest_t *s, int *best) {
   }
 }
 
-/* Coordinate descent from the defaults. */
-static void suggest_descend(suggest_t *s, int *best) {
+/* Coordinate descent from `best` (updated in place to the local optimum). */
+static void suggest_descend_from(suggest_t *s, int *best) {
   const suggest_eval_t *b = suggest_eval(s, best);
   suggest_eval_t bv = b ? *b : (suggest_eval_t){0};
   for (int pass = 0; pass < SUGGEST_MAX_PASSES; ++pass) {
@@ -258,9 +247,55 @@ static void suggest_descend(suggest_t *s, int *best) {
   }
 }
 
-int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare_opts_t *o,
-                    compare_run_t *defaults, compare_run_t *best) {
-  suggest_t s = {.policy = policy, .t = t, .o = *o};
+/* Coordinate descent from several starts: the defaults, and the
+ * SUGGEST_STARTS best configurations that change one option only (a descent
+ * from the defaults alone stops at the first option that helps, and may
+ * never try a better one that helps only alone). */
+static void suggest_descend(suggest_t *s, int *best) {
+  int starts[SUGGEST_STARTS + 1][SUGGEST_MAX_DIMS];
+  suggest_eval_t merit[SUGGEST_STARTS + 1];
+  int n = 1;
+  memset(starts, 0, sizeof starts);
+  const suggest_eval_t *def = suggest_eval(s, starts[0]);
+  merit[0] = def ? *def : (suggest_eval_t){0};
+  for (int d = 0; d < s->n_dims; ++d)
+    for (int v = 1; v < s->dims[d].n; ++v) {
+      int pick[SUGGEST_MAX_DIMS] = {0};
+      pick[d] = v;
+      const suggest_eval_t *e = suggest_eval(s, pick);
+      if (e == NULL || !e->ok || e->ooms) continue;
+      /* Keep the SUGGEST_STARTS best singles, in order, after the defaults. */
+      int at = n;
+      while (at > 1 && suggest_better(e, &merit[at - 1]))
+        --at;
+      if (at > SUGGEST_STARTS) continue;
+      int last = n < SUGGEST_STARTS + 1 ? n : SUGGEST_STARTS;
+      for (int k = last; k > at; --k) {
+        memcpy(starts[k], starts[k - 1], sizeof starts[k]);
+        merit[k] = merit[k - 1];
+      }
+      memcpy(starts[at], pick, sizeof pick);
+      merit[at] = *e;
+      if (n < SUGGEST_STARTS + 1) ++n;
+    }
+  suggest_eval_t bv = merit[0];
+  memcpy(best, starts[0], sizeof starts[0]);
+  for (int k = 0; k < n; ++k) {
+    suggest_descend_from(s, starts[k]);
+    const suggest_eval_t *e = suggest_eval(s, starts[k]);
+    if (e && (k == 0 || suggest_better(e, &bv))) {
+      bv = *e;
+      memcpy(best, starts[k], sizeof starts[k]);
+    }
+  }
+}
+
+int compare_suggest(const char *policy, const gmr_trace_data_t *const *traces, size_t n_traces,
+                    const compare_opts_t *o, compare_run_t *runs) {
+  suggest_t s = {.policy = policy, .traces = traces, .n_traces = n_traces, .o = *o};
+  for (size_t tr = 0; tr < n_traces; ++tr)
+    if (traces[tr]->peak_requested > s.peak_requested)
+      s.peak_requested = traces[tr]->peak_requested;
   s.o.progress = 0;
   s.progress = o->progress;
   if (suggest_space(&s) != 0) {
@@ -307,39 +342,41 @@ int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare
     char cap[48];
     compare_format_bytes(o->capacity, cap, sizeof cap);
     fprintf(stderr,
-            "gmr-compare: --suggest %s: none of the %zu configurations tried replays "
-            "the trace without OOM on a device of %s\n",
-            policy, tried, cap);
+            "gmr-compare: --suggest %s: none of the %zu configurations tried replays %s "
+            "without OOM on a device of %s, so none is suggested\n",
+            policy, tried, n_traces == 1 ? "the trace" : "every trace", cap);
     return -1;
   }
 
-  /* The two finalists, replayed in full (with the detail the page needs). */
+  /* The two finalists, replayed in full on each trace (with the detail the
+   * page needs): runs[2 tr] the defaults, runs[2 tr + 1] the winner. */
   int zero[SUGGEST_MAX_DIMS] = {0};
   s.o.progress = o->progress;
-  snprintf(defaults->name, sizeof defaults->name, "%s-defaults", policy);
-  snprintf(defaults->source, sizeof defaults->source, "--suggest %s: the policy's defaults",
-           policy);
-  snprintf(best->name, sizeof best->name, "%s-suggested", policy);
-  snprintf(best->source, sizeof best->source, "--suggest %s: the best of %zu configurations tried",
-           policy, tried);
   int detail = o->html ? COMPARE_DETAIL : COMPARE_PEAK;
-  suggest_run(&s, zero, defaults, detail);
-  if (suggest_run(&s, pick, best, detail) != 0) {
-    fprintf(stderr, "gmr-compare: --suggest %s: the winner failed on its second run: %s\n", policy,
-            best->error);
-    return -1;
+  for (size_t tr = 0; tr < n_traces; ++tr) {
+    compare_run_t *defaults = &runs[2 * tr], *best = &runs[2 * tr + 1];
+    snprintf(defaults->name, sizeof defaults->name, "%s-defaults", policy);
+    snprintf(defaults->source, sizeof defaults->source, "--suggest %s: the policy's defaults",
+             policy);
+    snprintf(best->name, sizeof best->name, "%s-suggested", policy);
+    snprintf(best->source, sizeof best->source,
+             "--suggest %s: the best of %zu configurations tried", policy, tried);
+    suggest_run(&s, zero, tr, defaults, detail);
+    if (suggest_run(&s, pick, tr, best, detail) != 0 || best->res.ooms != 0) {
+      fprintf(stderr, "gmr-compare: --suggest %s: the winner failed on its second run: %s\n",
+              policy, best->status != COMPARE_OK ? best->error : "an OOM");
+      return -1;
+    }
   }
   return 0;
 }
 
-void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *t,
-                              const compare_run_t *defaults, const compare_run_t *best) {
+/* The figures of one trace's defaults and winner, as comment lines. */
+static void suggest_print_figures(FILE *out, const compare_run_t *defaults,
+                                  const compare_run_t *best) {
   const gmr_stats_t *d = &defaults->final, *b = &best->final;
   int d_ok = defaults->status == COMPARE_OK;
   char x[48], y[48];
-  fprintf(out, "# gmr-compare --suggest %s: the lowest peak reserved with no OOM\n", policy);
-  const char *how = strstr(best->source, ": ");
-  fprintf(out, "# on %s (%zu events): %s.\n", t->source, t->n_events, how ? how + 2 : "");
   fprintf(out, "#\n#   %-22s %24s %24s\n", "", "defaults", "suggested");
 #define SUGGEST_BYTES_ROW(label, dv, bv)                                                           \
   do {                                                                                             \
@@ -366,13 +403,35 @@ void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_dat
   fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "alloc retries", d->alloc_retries,
           b->alloc_retries);
   fprintf(out, "#   %-22s %24zu %24zu\n", "OOMs", defaults->res.ooms, best->res.ooms);
-  if (d_ok && defaults->res.ooms == 0 && d->peak_reserved_bytes > b->peak_reserved_bytes)
-    fprintf(out, "#\n# It saves %.1f %% of the defaults' peak reserved.\n",
-            100.0 * (double)(d->peak_reserved_bytes - b->peak_reserved_bytes) /
-                (double)d->peak_reserved_bytes);
-  else if (d_ok && defaults->res.ooms == 0 && strcmp(defaults->yaml, best->yaml) == 0)
+}
+
+void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *const *traces,
+                              size_t n_traces, const compare_run_t *runs, const compare_opts_t *o) {
+  const compare_run_t *best = &runs[1];
+  char cap[48];
+  compare_format_bytes(o->capacity, cap, sizeof cap);
+  const char *how = strstr(best->source, ": ");
+  fprintf(out, "# gmr-compare --suggest %s: the lowest peak reserved with no OOM\n", policy);
+  fprintf(out, "# on a device of %s: %s.\n", cap, how ? how + 2 : "");
+  uint64_t d_peak = 0, b_peak = 0;
+  int d_ok = 1, same = 1;
+  for (size_t tr = 0; tr < n_traces; ++tr) {
+    const compare_run_t *d = &runs[2 * tr], *b = &runs[2 * tr + 1];
+    fprintf(out, "#\n# %s (%zu events):\n", traces[tr]->source, traces[tr]->n_events);
+    suggest_print_figures(out, d, b);
+    d_ok &= d->status == COMPARE_OK && d->res.ooms == 0;
+    if (d->final.peak_reserved_bytes > d_peak) d_peak = d->final.peak_reserved_bytes;
+    if (b->final.peak_reserved_bytes > b_peak) b_peak = b->final.peak_reserved_bytes;
+    same &= d->yaml && b->yaml && strcmp(d->yaml, b->yaml) == 0;
+  }
+  const char *over = n_traces > 1 ? " (the largest over the traces)" : "";
+  if (d_ok && d_peak > b_peak)
+    fprintf(out, "#\n# It saves %.1f %% of the defaults' peak reserved%s.\n",
+            100.0 * (double)(d_peak - b_peak) / (double)d_peak, over);
+  else if (d_ok && same)
     fprintf(out, "#\n# The defaults are already the best configuration tried.\n");
-  else if (d_ok && defaults->res.ooms)
+  else if (!d_ok)
     fprintf(out, "#\n# The defaults run out of memory on this device; this does not.\n");
+  compare_print_deploy(out, policy, best->yaml, o->capacity);
   fputs(best->yaml, out);
 }

@@ -1,312 +1,78 @@
-/* compare.c: gmr-compare, replay a trace under several configurations.
+/* compare.c: gmr-compare's command line.
  *
- *   gmr-compare [--json] [--check] [--capacity SIZE] [--html FILE]
- *               [--suggest POLICY] TRACE [CONFIG...]
+ *   gmr-compare [OPTIONS] TRACE CONFIG...
+ *   gmr-compare [OPTIONS] --suggest POLICY TRACE [CONFIG...]
  *
  * Each configuration replays the trace on a fresh simulated device of
  * --capacity bytes (141 GiB by default), whatever the file says about the
- * device, and the figures come out side by side (compare-report.c), as JSON,
- * or as an HTML page with a timeline and a segment map per configuration
- * (compare-html.c).  This file holds the command line and the replays.
+ * device (compare-replay.c), and the figures come out side by side
+ * (compare-report.c), as JSON, or as an HTML page with a timeline and a
+ * segment map per configuration (compare-html.c); --suggest searches a
+ * policy's options (compare-suggest.c).  This file parses the arguments,
+ * finds the configurations (a file, or a name looked up in ./config and then
+ * in the installed share directory) and calls the others; none calls back.
  *
- * Exit status: 0 when every configuration ran, 1 when some could not (they
- * are named on stderr; an OOM is a result, not a failure), 2 for usage errors.
+ * Usage errors are found before any trace is read.  Exit status: 0 when every
+ * configuration ran, 1 when some could not (they are named on stderr; an OOM
+ * is a result, not a failure), 2 for usage errors.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "compare.h"
 
+#ifndef GMR_PKGDATADIR
+#define GMR_PKGDATADIR "/usr/local/share/gmr"
+#endif
+
 static const char cmp_usage[] =
-    "usage: gmr-compare [--json] [--check] [--capacity SIZE] [--html FILE]\n"
-    "                   [--suggest POLICY] TRACE [CONFIG...]\n"
+    "usage: gmr-compare [OPTIONS] TRACE CONFIG...\n"
+    "       gmr-compare [OPTIONS] --suggest POLICY TRACE... [CONFIG...]\n"
+    "       gmr-compare [OPTIONS] --diff BEFORE AFTER CONFIG...\n"
     "\n"
-    "Replay TRACE (an RMM-layout CSV file, or - for standard input) under each\n"
-    "CONFIG (a YAML file) on a fresh simulated device, and print the figures\n"
-    "side by side.\n"
+    "Replay TRACE under each CONFIG on a fresh simulated device, and print the\n"
+    "figures side by side.  TRACE is a CSV in RMM's layout (gmr's traces, or\n"
+    "RMM's logging_resource_adaptor logs), a PyTorch memory snapshot pickle\n"
+    "(torch.cuda.memory._dump_snapshot), or - for standard input.  CONFIG is\n"
+    "a YAML file, or a name (pytorch, tf-growth...) looked up as NAME.yaml in\n"
+    "./config, then in " GMR_PKGDATADIR ".\n"
     "\n"
     "  --json            one JSON array of objects, byte counts as integers\n"
     "  --check           run the policy's invariant walker after every event\n"
     "  --capacity SIZE   simulated device memory (default 143771MiB, an H200)\n"
     "  --html FILE       also write a self-contained page: timelines and\n"
     "                    segment maps at the peak\n"
-    "  --suggest POLICY  search POLICY's options (caching, bfc, stitch) for the lowest\n"
-    "                    peak reserved with no OOM; print it as YAML\n"
+    "  --suggest POLICY  search POLICY's options (caching, bfc, stitch) for the\n"
+    "                    lowest peak reserved with no OOM on every TRACE on\n"
+    "                    the --capacity device; print it as YAML and in the\n"
+    "                    framework's own syntax\n"
+    "  --diff            compare two traces of one program (before and after a\n"
+    "                    change) under each CONFIG: peaks, fragmentation, and\n"
+    "                    the call sites that grew\n"
+    "  --fit             also find, per CONFIG, the smallest device on which\n"
+    "                    the trace runs with no OOM (fit capacity)\n"
+    "  --no-timing       leave out the replay times, so that two runs give\n"
+    "                    identical output (the default with --html;\n"
+    "                    --timing puts them back)\n"
+    "  --width N         characters per line of the table (default: the\n"
+    "                    terminal's, else 160)\n"
     "  -h, --help        this text\n"
+    "  -V, --version     the version\n"
     "\n"
     "Exit status: 0 when every configuration ran, 1 when some could not,\n"
     "2 for usage errors.\n";
 
-static double cmp_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- replays ----------------------------------------------------------------- */
-
-/* The passes over the trace: a timed one (figures and speed, no callback
- * but the progress bar), one that finds the peak event (and records the
- * timeline for --html), and one that stops at the peak to walk the segments
- * (--html). */
-enum { CMP_PASS_TIMED = 0, CMP_PASS_PEAK = 1, CMP_PASS_MAP = 2 };
-
-/* State of the per-event callback.  Timeline buckets cover `bucket` events:
- * point k holds the maxima of events [k * bucket, (k + 1) * bucket). */
-typedef struct cmp_ctx_s {
-  compare_run_t *run;
-  const char *label;       /* progress bar label */
-  int progress;            /* draw a bar once the replay has run a second */
-  double start, last_draw; /* seconds (cmp_now) */
-  int drawn;               /* a bar is on the screen */
-  int pass;                /* CMP_PASS_* */
-  uint64_t peak_reserved;  /* CMP_PASS_PEAK: the peak found by the timed pass, bytes */
-  int peak_found;          /* CMP_PASS_PEAK: an event at peak_reserved was seen */
-  gmr_stats_t at_peak;     /* CMP_PASS_PEAK: the stats at the chosen event */
-  size_t peak_event;       /* CMP_PASS_PEAK: the chosen event; CMP_PASS_MAP: where to walk */
-  int timeline;            /* CMP_PASS_PEAK: record the timeline too */
-  size_t bucket;           /* events per timeline point (>= 1) */
-  compare_point_t cur;     /* the open bucket */
-  size_t cur_events;       /* events in the open bucket */
-  size_t cap_points;       /* run->points capacity */
-  size_t cap_map;          /* run->map capacity */
-  int oom_host;            /* host memory ran out while recording */
-} cmp_ctx_t;
-
-static void cmp_progress_draw(cmp_ctx_t *c, size_t index, size_t total) {
-  double now = cmp_now();
-  if (now - c->start < 1.0 || now - c->last_draw < 0.1) return;
-  c->last_draw = now;
-  c->drawn = 1;
-  int width = 40, fill = total ? (int)((double)(index + 1) * width / (double)total) : width;
-  char bar[64];
-  for (int i = 0; i < width; ++i)
-    bar[i] = i < fill ? '#' : '.';
-  bar[width] = '\0';
-  fprintf(stderr, "\r\033[K%-24.24s [%s] %5.1f%%  %zu/%zu events", c->label, bar,
-          total ? 100.0 * (double)(index + 1) / (double)total : 100.0, index + 1, total);
-  fflush(stderr);
-}
-
-static void cmp_progress_clear(cmp_ctx_t *c) {
-  if (c->drawn) fprintf(stderr, "\r\033[K");
-  c->drawn = 0;
-}
-
-static int cmp_map_cb(const gmr_walk_entry_t *e, void *ud) {
-  cmp_ctx_t *c = ud;
-  compare_run_t *run = c->run;
-  if (run->n_map == c->cap_map) {
-    size_t cap = c->cap_map ? c->cap_map * 2 : 256;
-    compare_map_entry_t *m = realloc(run->map, cap * sizeof *m);
-    if (m == NULL) {
-      c->oom_host = 1;
-      return 1;
-    }
-    run->map = m;
-    c->cap_map = cap;
-  }
-  compare_map_entry_t *m = &run->map[run->n_map++];
-  memset(m, 0, sizeof *m);
-  m->address = e->address;
-  m->size = e->size;
-  m->requested = e->requested;
-  m->is_segment = (uint8_t)(e->is_segment != 0);
-  m->state = (uint8_t)e->state;
-  m->is_expandable = (uint8_t)(e->is_expandable != 0);
-  if (e->is_segment && e->pool) snprintf(m->pool, sizeof m->pool, "%s", e->pool);
-  return 0;
-}
-
-static void cmp_point_close(cmp_ctx_t *c) {
-  compare_run_t *run = c->run;
-  if (c->cur_events == 0) return;
-  if (run->n_points == c->cap_points) {
-    size_t cap = c->cap_points ? c->cap_points * 2 : 256;
-    compare_point_t *p = realloc(run->points, cap * sizeof *p);
-    if (p == NULL) {
-      c->oom_host = 1;
-      return;
-    }
-    run->points = p;
-    c->cap_points = cap;
-  }
-  run->points[run->n_points++] = c->cur;
-  memset(&c->cur, 0, sizeof c->cur);
-  c->cur_events = 0;
-}
-
-/* The peak event: reserved bytes at their maximum and, among the events
- * where they are (a greedy policy stays there from its first allocation),
- * the one with the most bytes allocated, so the picture shows the policy at
- * its fullest rather than at the instant it grew. */
-static void cmp_peak_track(cmp_ctx_t *c, size_t index, const gmr_stats_t *st) {
-  if (st->reserved_bytes != c->peak_reserved) return;
-  if (c->peak_found && st->allocated_bytes <= c->at_peak.allocated_bytes) return;
-  c->peak_found = 1;
-  c->at_peak = *st;
-  c->peak_event = index;
-}
-
-static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
-                         void *ud) {
-  (void)status;
-  cmp_ctx_t *c = ud;
-  if (c->pass == CMP_PASS_PEAK) {
-    gmr_stats_t st;
-    if (gmr_stats(rt, &st) == 0) {
-      cmp_peak_track(c, index, &st);
-      if (c->timeline) {
-        if (st.reserved_bytes > c->cur.reserved) c->cur.reserved = st.reserved_bytes;
-        if (st.allocated_bytes > c->cur.allocated) c->cur.allocated = st.allocated_bytes;
-        if (st.requested_bytes > c->cur.requested) c->cur.requested = st.requested_bytes;
-      }
-    }
-    if (c->timeline) {
-      c->cur.event = index;
-      if (++c->cur_events == c->bucket) cmp_point_close(c);
-    }
-  } else if (c->pass == CMP_PASS_MAP && index == c->peak_event) {
-    c->run->n_map = 0;
-    c->run->map_status = gmr_walk(rt, cmp_map_cb, c);
-    return 1; /* stop at the peak */
-  }
-  if (c->progress) cmp_progress_draw(c, index, t->n_events);
-  return c->oom_host;
-}
-
-static void cmp_base_name(const char *path, char *out, size_t len) {
-  const char *b = strrchr(path, '/');
-  b = b ? b + 1 : path;
-  size_t n = strlen(b);
-  if (n > 5 && strcmp(b + n - 5, ".yaml") == 0)
-    n -= 5;
-  else if (n > 4 && strcmp(b + n - 4, ".yml") == 0)
-    n -= 4;
-  if (n >= len) n = len - 1;
-  memcpy(out, b, n);
-  out[n] = '\0';
-}
-
-static int cmp_new_runtime(compare_run_t *run, const gmr_config_t *cfg, const compare_opts_t *o,
-                           gmr_runtime_t **out) {
-  gmr_sim_options_t sim = {.capacity = o->capacity};
-  int err = gmr_runtime_new_sim(cfg, &sim, out);
-  if (err != 0) {
-    run->status = COMPARE_ERUNTIME;
-    snprintf(run->error, sizeof run->error, "cannot create the runtime: %s", gmr_strerror(err));
-  }
-  return err;
-}
-
-/* At the peak: fragmentation = 1 - largest free block / free bytes. */
-static void cmp_peak_figures(compare_run_t *run) {
-  const gmr_stats_t *p = &run->res.at_peak;
-  run->free_at_peak = p->free_cached_bytes;
-  run->largest_at_peak = p->largest_free_block;
-  if (run->largest_at_peak > run->free_at_peak) run->largest_at_peak = run->free_at_peak;
-  run->rounding_at_peak =
-      p->allocated_bytes > p->requested_bytes ? p->allocated_bytes - p->requested_bytes : 0;
-  run->fragmentation =
-      run->free_at_peak ? 1.0 - (double)run->largest_at_peak / (double)run->free_at_peak : 0.0;
-}
-
-/* One pass on a fresh runtime; 0, or -1 with run->status and run->error set. */
-static int cmp_pass(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
-                    const compare_opts_t *o, cmp_ctx_t *ctx, gmr_replay_result_t *res) {
-  gmr_runtime_t *rt = NULL;
-  if (cmp_new_runtime(run, cfg, o, &rt) != 0) return -1;
-  snprintf(run->policy, sizeof run->policy, "%s", gmr_runtime_policy(rt));
-  gmr_replay_options_t ro = {.stop_at_oom = 0, .ud = ctx};
-  if (ctx->pass == CMP_PASS_TIMED) {
-    ro.check = o->check;
-    if (o->progress) ro.callback = cmp_replay_cb, ro.callback_every = 4096;
-  } else {
-    ro.callback = cmp_replay_cb; /* every event */
-  }
-  ctx->start = cmp_now();
-  int err = gmr_replay(rt, t, &ro, res);
-  cmp_progress_clear(ctx);
-  if (err == 0 && ctx->pass == CMP_PASS_TIMED) gmr_stats(rt, &run->final);
-  gmr_runtime_free(rt);
-  if (err != 0 || ctx->oom_host) {
-    run->status = COMPARE_ERUNTIME;
-    snprintf(run->error, sizeof run->error, "the replay failed: %s",
-             err ? gmr_strerror(err) : "out of host memory");
-    return -1;
-  }
-  return 0;
-}
-
-int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
-                   const compare_opts_t *o, int detail) {
-  cmp_ctx_t ctx = {.run = run, .label = run->name, .progress = o->progress};
-  if (cmp_pass(run, cfg, t, o, &ctx, &run->res) != 0) return -1;
-  if (run->res.check_failed) {
-    cmp_peak_figures(run);
-    run->status = COMPARE_ECHECK;
-    snprintf(run->error, sizeof run->error, "stopped after event %zu: %s", run->res.check_event,
-             run->res.check_message);
-    return -1;
-  }
-  if (detail == COMPARE_TIMED) {
-    cmp_peak_figures(run);
-    return 0;
-  }
-
-  /* The peak event (and the timeline). */
-  gmr_replay_result_t again;
-  size_t n = t->n_events ? t->n_events : 1;
-  ctx = (cmp_ctx_t){.run = run,
-                    .label = run->name,
-                    .progress = o->progress,
-                    .pass = CMP_PASS_PEAK,
-                    .peak_reserved = run->final.peak_reserved_bytes,
-                    .timeline = detail == COMPARE_DETAIL,
-                    .bucket = (n + COMPARE_TIMELINE_POINTS - 1) / COMPARE_TIMELINE_POINTS};
-  if (cmp_pass(run, cfg, t, o, &ctx, &again) != 0) return -1;
-  cmp_point_close(&ctx);
-  if (ctx.oom_host) return -1;
-  if (ctx.peak_found) {
-    run->res.at_peak = ctx.at_peak;
-    run->res.peak_event = ctx.peak_event;
-  }
-  cmp_peak_figures(run);
-  if (detail != COMPARE_DETAIL) return 0;
-
-  /* The segments at the peak: replay up to it and walk. */
-  size_t peak = run->res.peak_event;
-  ctx = (cmp_ctx_t){.run = run,
-                    .label = run->name,
-                    .progress = o->progress,
-                    .pass = CMP_PASS_MAP,
-                    .peak_event = peak};
-  run->map_status = GMR_EINVAL; /* until the walk runs */
-  return cmp_pass(run, cfg, t, o, &ctx, &again);
-}
-
-void compare_run_release(compare_run_t *run) {
-  free(run->points);
-  free(run->map);
-  free(run->yaml);
-  run->points = NULL;
-  run->map = NULL;
-  run->yaml = NULL;
-  run->n_points = run->n_map = 0;
-}
-
-/* The table's width: the terminal's, else $COLUMNS, else 160. */
+/* The table's width: the terminal's, else 160. */
 static size_t cmp_columns(void) {
   struct winsize ws;
   if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
     return ws.ws_col;
-  const char *c = getenv("COLUMNS");
-  long v = c ? strtol(c, NULL, 10) : 0;
-  return v >= 40 && v <= 10000 ? (size_t)v : 160;
+  return 160;
 }
 
 /* ---- the command line ------------------------------------------------------------ */
@@ -319,11 +85,67 @@ static int cmp_usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
-/* Load and replay one configuration file; failures are recorded in the run. */
-static void cmp_run_file(compare_run_t *run, const char *path, const gmr_trace_data_t *t,
-                         const compare_opts_t *o) {
+/* Whether `s` ends with `suffix` (and has something before it). */
+static int cmp_ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n > k && memcmp(s + (n - k), suffix, k) == 0;
+}
+
+static int cmp_is_yaml_name(const char *s) {
+  return cmp_ends_with(s, ".yaml") || cmp_ends_with(s, ".yml");
+}
+
+static void cmp_base_name(const char *path, char *out, size_t len) {
+  const char *b = strrchr(path, '/');
+  b = b ? b + 1 : path;
+  size_t n = strlen(b);
+  if (cmp_ends_with(b, ".yaml"))
+    n -= 5;
+  else if (cmp_ends_with(b, ".yml"))
+    n -= 4;
+  if (n >= len) n = len - 1;
+  memcpy(out, b, n);
+  out[n] = '\0';
+}
+
+static int cmp_is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && !S_ISDIR(st.st_mode);
+}
+
+/* Where configuration `arg` is: the file itself when it names one (or looks
+ * like a path), else NAME.yaml in ./config, then in the share directory.
+ * 0 with the path in `out`, or -1 with a sentence in `why`. */
+static int cmp_find_config(const char *arg, char *out, size_t len, char *why, size_t whylen) {
+  int pathlike = strchr(arg, '/') != NULL || cmp_is_yaml_name(arg);
+  if (pathlike || cmp_is_file(arg)) {
+    snprintf(out, len, "%s", arg);
+    return 0;
+  }
+  static const char *const dirs[] = {"config", GMR_PKGDATADIR, GMR_PKGDATADIR "/config"};
+  for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; ++i) {
+    snprintf(out, len, "%s/%s.yaml", dirs[i], arg);
+    if (cmp_is_file(out)) return 0;
+  }
+  snprintf(why, whylen,
+           "no configuration named '%s': not a file, and neither ./config/%s.yaml nor "
+           "%s/%s.yaml exists",
+           arg, arg, GMR_PKGDATADIR, arg);
+  return -1;
+}
+
+/* Load and replay one configuration; failures are recorded in the run. */
+static void cmp_run_config(compare_run_t *run, const char *arg, const gmr_trace_data_t *t,
+                           const compare_opts_t *o) {
+  char path[1000], why[1000];
+  cmp_base_name(arg, run->name, sizeof run->name);
+  if (cmp_find_config(arg, path, sizeof path, why, sizeof why) != 0) {
+    snprintf(run->source, sizeof run->source, "%s", arg);
+    run->status = COMPARE_ELOAD;
+    snprintf(run->error, sizeof run->error, "%s", why);
+    return;
+  }
   snprintf(run->source, sizeof run->source, "%s", path);
-  cmp_base_name(path, run->name, sizeof run->name);
   gmr_config_t *cfg = NULL;
   gmr_error_t cerr;
   memset(&cerr, 0, sizeof cerr);
@@ -334,91 +156,243 @@ static void cmp_run_file(compare_run_t *run, const char *path, const gmr_trace_d
              cerr.message[0] ? cerr.message : gmr_strerror(err));
     return;
   }
-  compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK);
+  if (compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK) == 0 && o->fit)
+    compare_fit(run, cfg, t, o);
   gmr_config_free(cfg);
 }
 
-int main(int argc, char **argv) {
-  compare_opts_t o = {.capacity = COMPARE_DEFAULT_CAPACITY};
-  int i = 1;
-  for (; i < argc && argv[i][0] == '-' && argv[i][1] != '\0'; ++i) {
-    const char *a = argv[i];
-    if (strcmp(a, "--") == 0) {
-      ++i;
-      break;
-    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-      fputs(cmp_usage, stdout);
-      return 0;
-    } else if (strcmp(a, "--json") == 0) {
-      o.json = 1;
-    } else if (strcmp(a, "--check") == 0) {
-      o.check = 1;
-    } else if (strcmp(a, "--capacity") == 0 || strcmp(a, "--html") == 0 ||
-               strcmp(a, "--suggest") == 0) {
-      if (i + 1 >= argc) return cmp_usage_error("%s needs a value", a);
-      const char *v = argv[++i];
-      if (a[2] == 'c') {
-        if (gmr_parse_size(v, &o.capacity) != 0 || o.capacity < ((uint64_t)2 << 20))
-          return cmp_usage_error("--capacity: '%s' is not a size of at least 2MiB (e.g. 80GiB, "
-                                 "143771MiB)",
-                                 v);
-      } else if (a[2] == 'h') {
-        o.html = v;
-      } else {
-        o.suggest = v;
-      }
-    } else {
-      return cmp_usage_error("unknown option '%s'", a);
-    }
+/* --suggest POLICY is a usage error unless the policy exists and its table
+ * names options to tune. */
+static int cmp_check_suggest(const char *policy) {
+  size_t n = 0;
+  if (gmr_policy_options(policy, NULL, 0, &n) != 0) {
+    char names[512] = "";
+    size_t off = 0;
+    for (size_t i = 0; gmr_policy_name(i) && off < sizeof names; ++i)
+      off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? ", " : "",
+                              gmr_policy_name(i));
+    fprintf(stderr, "gmr-compare: --suggest %s: unknown policy; the policies are: %s\n", policy,
+            names);
+    return 2;
   }
-  if (i >= argc) return cmp_usage_error("%s", "no TRACE given");
-  const char *trace_path = argv[i++];
-  int n_cfg = argc - i;
-  if (n_cfg == 0 && o.suggest == NULL)
-    return cmp_usage_error("%s", "no CONFIG given (one YAML file or more, or --suggest POLICY)");
-  o.progress = isatty(STDERR_FILENO);
-  o.columns = cmp_columns();
+  gmr_option_info_t opts[64];
+  if (n > 64) n = 64;
+  gmr_policy_options(policy, opts, n, &n);
+  for (size_t i = 0; i < n; ++i)
+    if (opts[i].tune) return 0;
+  fprintf(stderr,
+          "gmr-compare: --suggest %s: no search space: the policy's option table marks no "
+          "option to tune\n",
+          policy);
+  return 2;
+}
 
+/* With --suggest, the arguments after TRACE that are traces too: "-" or an
+ * existing file that is not YAML. */
+static int cmp_is_trace_arg(const char *arg) {
+  if (cmp_is_yaml_name(arg)) return 0;
+  return strcmp(arg, "-") == 0 || cmp_is_file(arg);
+}
+
+/* Read a trace and say on stderr what the reader noted; NULL on failure
+ * (said on stderr). */
+static gmr_trace_data_t *cmp_read_trace(const char *path) {
   char msg[1024] = "";
   gmr_trace_data_t *t = NULL;
-  int err = gmr_trace_read(trace_path, &t, msg, sizeof msg);
+  int err = gmr_trace_read(path, &t, msg, sizeof msg);
   if (err != 0) {
     fprintf(stderr, "gmr-compare: %s\n", msg[0] ? msg : gmr_strerror(err));
-    return 1;
+    return NULL;
+  }
+  if (t->note) fprintf(stderr, "gmr-compare: note: %s: %s\n", path, t->note);
+  if (t->n_alloc_failures > 0) {
+    char b[48];
+    compare_format_bytes(t->alloc_failure_bytes, b, sizeof b);
+    fprintf(stderr,
+            "gmr-compare: note: %s: the recording saw %zu allocation%s fail (%s requested; the "
+            "first at %s %u); counted, not replayed\n",
+            path, t->n_alloc_failures, t->n_alloc_failures == 1 ? "" : "s", b,
+            t->format == GMR_TRACE_FORMAT_SNAPSHOT ? "trace entry" : "line",
+            (unsigned)t->first_alloc_failure_line);
   }
   if (t->n_live_at_end > 0)
     fprintf(stderr,
             "gmr-compare: note: %s: %zu allocation%s never freed (still live at the end of "
             "the trace)\n",
-            trace_path, t->n_live_at_end, t->n_live_at_end == 1 ? " is" : "s are");
+            path, t->n_live_at_end, t->n_live_at_end == 1 ? " is" : "s are");
+  return t;
+}
 
-  size_t n_runs = (size_t)n_cfg + (o.suggest ? 2 : 0);
-  compare_run_t *runs = calloc(n_runs ? n_runs : 1, sizeof *runs);
-  if (runs == NULL) {
-    fprintf(stderr, "gmr-compare: out of memory\n");
-    gmr_trace_data_free(t);
-    return 1;
+int main(int argc, char **argv) {
+  compare_opts_t o = {.capacity = COMPARE_DEFAULT_CAPACITY};
+  enum {
+    OPT_JSON = 256,
+    OPT_CHECK,
+    OPT_CAPACITY,
+    OPT_HTML,
+    OPT_SUGGEST,
+    OPT_WIDTH,
+    OPT_FIT,
+    OPT_NO_TIMING,
+    OPT_TIMING,
+    OPT_DIFF
+  };
+  int timing = -1; /* -1: the default (on, off in --html) */
+  static const struct option longs[] = {
+      {"json", no_argument, NULL, OPT_JSON},
+      {"check", no_argument, NULL, OPT_CHECK},
+      {"capacity", required_argument, NULL, OPT_CAPACITY},
+      {"html", required_argument, NULL, OPT_HTML},
+      {"suggest", required_argument, NULL, OPT_SUGGEST},
+      {"width", required_argument, NULL, OPT_WIDTH},
+      {"fit", no_argument, NULL, OPT_FIT},
+      {"no-timing", no_argument, NULL, OPT_NO_TIMING},
+      {"timing", no_argument, NULL, OPT_TIMING},
+      {"diff", no_argument, NULL, OPT_DIFF},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {NULL, 0, NULL, 0},
+  };
+  opterr = 0; /* our own messages */
+  int c;
+  while ((c = getopt_long(argc, argv, ":hV", longs, NULL)) != -1) {
+    const char *a = argv[optind - 1];
+    switch (c) {
+    case 'h':
+      fputs(cmp_usage, stdout);
+      return fflush(stdout) == 0 ? 0 : 1;
+    case 'V':
+      printf("gmr-compare (gmr) %d.%d.%d\n", GMR_VERSION_MAJOR, GMR_VERSION_MINOR,
+             GMR_VERSION_PATCH);
+      return fflush(stdout) == 0 ? 0 : 1;
+    case OPT_JSON:
+      o.json = 1;
+      break;
+    case OPT_CHECK:
+      o.check = 1;
+      break;
+    case OPT_CAPACITY:
+      if (gmr_parse_size(optarg, &o.capacity) != 0 || o.capacity < ((uint64_t)2 << 20))
+        return cmp_usage_error("--capacity: '%s' is not a size of at least 2MiB (e.g. 80GiB, "
+                               "143771MiB)",
+                               optarg);
+      break;
+    case OPT_HTML:
+      o.html = optarg;
+      break;
+    case OPT_FIT:
+      o.fit = 1;
+      break;
+    case OPT_NO_TIMING:
+      timing = 0;
+      break;
+    case OPT_TIMING:
+      timing = 1;
+      break;
+    case OPT_DIFF:
+      o.diff = 1;
+      break;
+    case OPT_SUGGEST:
+      o.suggest = optarg;
+      break;
+    case OPT_WIDTH: {
+      char *end;
+      errno = 0;
+      long v = strtol(optarg, &end, 10);
+      if (errno != 0 || end == optarg || *end != '\0' || v < 40 || v > 10000)
+        return cmp_usage_error("--width: '%s' is not a number of columns in [40, 10000]", optarg);
+      o.columns = (size_t)v;
+      break;
+    }
+    case ':':
+      return cmp_usage_error("%s needs a value", a);
+    default:
+      if (optopt != 0 && optopt < 256) {
+        char opt[3] = {'-', (char)optopt, '\0'};
+        return cmp_usage_error("unknown option '%s'", opt);
+      }
+      return cmp_usage_error("unknown option '%s'", a);
+    }
   }
-  for (int k = 0; k < n_cfg; ++k)
-    cmp_run_file(&runs[k], argv[i + k], t, &o);
+  int i = optind;
+  if (i >= argc) return cmp_usage_error("%s", "no TRACE given");
+  /* TRACE, then (with --suggest) more traces, then the CONFIGs. */
+  const char **paths = (const char **)&argv[i];
+  size_t n_traces = o.diff ? 2 : 1;
+  if (o.diff && (o.suggest || o.html))
+    return cmp_usage_error("%s", "--diff takes no --suggest and no --html");
+  if (o.diff && argc - i < 3)
+    return cmp_usage_error("%s", "--diff needs two traces and a CONFIG: --diff A B CONFIG...");
+  while (o.suggest && i + (int)n_traces < argc && cmp_is_trace_arg(argv[i + (int)n_traces]))
+    ++n_traces;
+  int n_cfg = argc - i - (int)n_traces;
+  char **cfg_args = &argv[i + (int)n_traces];
+  if (n_cfg == 0 && o.suggest == NULL)
+    return cmp_usage_error("%s", "no CONFIG given (a YAML file or a name, or --suggest POLICY)");
+  if (o.suggest && n_traces > 1 && (n_cfg > 0 || o.html))
+    return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
+  if (o.suggest && cmp_check_suggest(o.suggest) != 0) return 2;
+  o.timing = timing >= 0 ? timing : o.html == NULL;
+  o.progress = isatty(STDERR_FILENO);
+  if (o.columns == 0) o.columns = cmp_columns();
+
+  gmr_trace_data_t **traces = calloc(n_traces, sizeof *traces);
+  size_t n_runs = (size_t)n_cfg * (o.diff ? 2 : 1) + (o.suggest ? 2 * n_traces : 0);
+  compare_run_t *runs = calloc(n_runs ? n_runs : 1, sizeof *runs);
+  int rc = 0;
+  if (traces == NULL || runs == NULL) {
+    fprintf(stderr, "gmr-compare: out of memory\n");
+    rc = 1;
+    goto done;
+  }
+  for (size_t k = 0; k < n_traces; ++k)
+    if ((traces[k] = cmp_read_trace(paths[k])) == NULL) {
+      rc = 1;
+      goto done;
+    }
+  const gmr_trace_data_t *t = traces[0];
+  if (o.diff) {
+    for (int k = 0; k < 2 * n_cfg; ++k) {
+      runs[k].trace = traces[k % 2];
+      cmp_run_config(&runs[k], cfg_args[k / 2], traces[k % 2], &o);
+    }
+    if (o.json)
+      compare_print_diff_json(stdout, runs, (size_t)n_cfg);
+    else
+      compare_print_diff(stdout, runs, (size_t)n_cfg, &o);
+    goto report;
+  }
+  for (int k = 0; k < n_cfg; ++k) {
+    runs[k].trace = t;
+    cmp_run_config(&runs[k], cfg_args[k], t, &o);
+  }
   int suggested = 0;
   if (o.suggest) {
-    suggested = compare_suggest(o.suggest, t, &o, &runs[n_cfg], &runs[n_cfg + 1]) == 0;
-    if (!suggested) n_runs = (size_t)n_cfg;
+    compare_run_t *sr = &runs[n_cfg];
+    for (size_t k = 0; k < 2 * n_traces; ++k)
+      sr[k].trace = traces[k / 2];
+    suggested =
+        compare_suggest(o.suggest, (const gmr_trace_data_t *const *)traces, n_traces, &o, sr) == 0;
+    if (!suggested) {
+      for (size_t k = 0; k < 2 * n_traces; ++k)
+        compare_run_release(&sr[k]);
+      n_runs = (size_t)n_cfg;
+    }
   }
 
   if (o.json)
-    compare_print_json(stdout, t, runs, n_runs);
+    compare_print_json(stdout, t, runs, n_runs, &o);
   else if (n_cfg > 0)
     compare_print_table(stdout, t, runs, (size_t)n_cfg, &o);
   if (suggested && !o.json) {
     if (n_cfg > 0) fputc('\n', stdout);
-    compare_print_suggestion(stdout, o.suggest, t, &runs[n_cfg], &runs[n_cfg + 1]);
+    compare_print_suggestion(stdout, o.suggest, (const gmr_trace_data_t *const *)traces, n_traces,
+                             &runs[n_cfg], &o);
   }
-  int rc = 0;
   if (o.html && compare_write_html(o.html, t, runs, n_runs, &o) != 0) rc = 1;
   if (o.suggest && !suggested) rc = 1;
 
+report:;
   size_t failed = 0;
   for (size_t k = 0; k < n_runs; ++k)
     if (runs[k].status != COMPARE_OK) {
@@ -437,9 +411,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gmr-compare: cannot write the output: %s\n", strerror(errno));
     rc = 1;
   }
-  for (size_t k = 0; k < (size_t)n_cfg + (o.suggest ? 2 : 0); ++k)
+done:
+  for (size_t k = 0; runs && k < n_runs; ++k)
     compare_run_release(&runs[k]);
   free(runs);
-  gmr_trace_data_free(t);
+  for (size_t k = 0; traces && k < n_traces; ++k)
+    gmr_trace_data_free(traces[k]);
+  free(traces);
   return rc;
 }

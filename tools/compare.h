@@ -51,9 +51,10 @@ typedef struct compare_map_entry_s {
 
 /* Everything gmr-compare learns about one configuration. */
 typedef struct compare_run_s {
-  char name[128];   /* the file's base name without .yaml */
-  char source[512]; /* the path as given, or a description */
-  char *yaml;       /* generated configurations: the YAML text (owned), else NULL */
+  char name[128];                /* the file's base name without .yaml */
+  char source[1024];             /* the path as given, or a description */
+  char *yaml;                    /* generated configurations: the YAML text (owned), else NULL */
+  const gmr_trace_data_t *trace; /* the trace it replays (the JSON names it) */
   compare_status_t status;
   char error[1400];        /* why it did not run (status != COMPARE_OK) */
   char policy[128];        /* the policy stack, e.g. "limit(caching)" */
@@ -72,6 +73,10 @@ typedef struct compare_run_s {
   compare_map_entry_t *map; /* segments in address order, each followed by its blocks */
   size_t n_map;
   int map_status; /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  /* Filled only for --fit: */
+  uint64_t fit_capacity; /* bytes: the smallest device with no OOM; 0 when none up to fit_max */
+  uint64_t fit_max;      /* bytes: the largest device tried */
+  unsigned fit_replays;  /* replays the search took */
 } compare_run_t;
 
 typedef struct compare_opts_s {
@@ -82,6 +87,9 @@ typedef struct compare_opts_s {
   uint64_t capacity;   /* --capacity, bytes */
   const char *html;    /* --html FILE, or NULL */
   const char *suggest; /* --suggest POLICY, or NULL */
+  int timing;          /* replay time and speed shown (not with --no-timing; off in --html) */
+  int fit;             /* --fit */
+  int diff;            /* --diff */
 } compare_opts_t;
 
 /* How much compare_replay learns (each level adds a replay). */
@@ -100,25 +108,58 @@ void compare_run_release(compare_run_t *run);
 /* compare-report.c */
 void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
                          const compare_opts_t *o);
-void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n);
-/* The table's rows: label of row `row` (NULL past the last row), and the
- * text of one cell. */
+void compare_print_json(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
+                        const compare_opts_t *o);
+/* The table's rows: label of row `row` (NULL past the last row), whether
+ * the options show it, and the text of one cell. */
 const char *compare_table_label(int row);
+int compare_table_shows(int row, const compare_opts_t *o);
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len);
 /* Human units: "14.24 GiB", "512 B". */
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len);
+
+/* compare-fit.c: the smallest device capacity on which `cfg` replays `t`
+ * with no OOM (a binary search on the simulator, to 2 MiB), into
+ * run->fit_capacity (0 when even fit_max OOMs).  0, or -1 when a replay
+ * could not run (run->status and run->error set). */
+int compare_fit(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                const compare_opts_t *o);
+
+/* compare-sites.c: the call sites holding the most requested bytes among
+ * the allocations live after event `at`, largest first: up to `max` into
+ * `out`, returning how many (0 when the trace names no sites). */
+typedef struct compare_site_s {
+  uint32_t site;        /* index into the trace's sites (1-based), 0: none */
+  uint64_t bytes;       /* requested bytes live there */
+  uint64_t allocations; /* live allocations there */
+} compare_site_t;
+#define COMPARE_TOP_SITES 5
+size_t compare_sites_at(const gmr_trace_data_t *t, size_t at, compare_site_t *out, size_t max);
+/* A site's text ("(no call site)" for 0). */
+const char *compare_site_name(const gmr_trace_data_t *t, uint32_t site);
+
+/* compare-diff.c: --diff, runs[2 k] on the trace before and runs[2 k + 1]
+ * on the trace after, for configuration k: a table, or JSON. */
+void compare_print_diff(FILE *out, const compare_run_t *runs, size_t n_cfg,
+                        const compare_opts_t *o);
+void compare_print_diff_json(FILE *out, const compare_run_t *runs, size_t n_cfg);
 
 /* compare-html.c: 0, or -1 with a message on stderr. */
 int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,
                        size_t n, const compare_opts_t *o);
 
-/* compare-suggest.c: search `policy`'s options for the lowest peak reserved
- * with no OOM.  Fills `defaults` and `best` (whose yaml is the winner's
- * configuration) and returns 0, or -1 with a message on stderr. */
-int compare_suggest(const char *policy, const gmr_trace_data_t *t, const compare_opts_t *o,
-                    compare_run_t *defaults, compare_run_t *best);
-/* Print the winner as YAML, the figures in comments next to the default's. */
-void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *t,
-                              const compare_run_t *defaults, const compare_run_t *best);
+/* compare-suggest.c: search `policy`'s options (from its option table) for
+ * the lowest peak reserved with no OOM on every trace.  Fills runs[2 k] (the
+ * defaults) and runs[2 k + 1] (the winner, whose yaml is its configuration)
+ * for trace k, and returns 0; or -1 with a message on stderr when no
+ * candidate replays every trace without an OOM on the --capacity device. */
+int compare_suggest(const char *policy, const gmr_trace_data_t *const *traces, size_t n_traces,
+                    const compare_opts_t *o, compare_run_t *runs);
+/* Print the winner as YAML: the figures in comments next to the defaults',
+ * per trace, then the framework's own settings (compare-deploy.c). */
+void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *const *traces,
+                              size_t n_traces, const compare_run_t *runs, const compare_opts_t *o);
+/* compare-deploy.c: the winner's YAML in the framework's syntax, as comments. */
+void compare_print_deploy(FILE *out, const char *policy, const char *yaml, uint64_t capacity);
 
 #endif /* GMR_COMPARE_H */

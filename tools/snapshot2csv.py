@@ -29,7 +29,12 @@ a global of any other module is refused, except torch's, which are read as
 inert placeholders (no torch code runs).  Never unpickle files you do not
 trust with anything but this restricted reader.
 
-usage: snapshot2csv.py [-o OUT.csv] [--device N] [--reconstruct] SNAPSHOT.pickle
+--sites adds the call-site column (docs/trace-format.md): for each allocation,
+the innermost frame of its recorded stack outside torch's own files, as
+"file.py:LINE (function)"; it needs a snapshot recorded with stacks
+(_record_memory_history(stacks="python"), gmr-record --stacks).
+
+usage: snapshot2csv.py [-o OUT.csv] [--device N] [--reconstruct] [--sites] SNAPSHOT.pickle
 """
 import argparse
 import pickle
@@ -106,7 +111,24 @@ def _pick_device(traces, device, warn):
     return best
 
 
-def convert(snapshot, out, device=None, reconstruct=False, warn=None):
+def site_of(frames):
+    """The call site of an allocation: the innermost frame outside torch's
+    own files (else the innermost) as "file.py:LINE (name)", control
+    characters replaced; "" when there is no frame."""
+    if not isinstance(frames, list) or not frames:
+        return ""
+    pick = next((f for f in frames if isinstance(f, dict)
+                 and "/torch/" not in str(f.get("filename", ""))), frames[0])
+    if not isinstance(pick, dict):
+        return ""
+    name = str(pick.get("filename", "")).rsplit("/", 1)[-1][:200]
+    text = "%s:%d" % (name, int(pick.get("line", 0) or 0))
+    if pick.get("name") is not None:
+        text += " (%s)" % str(pick["name"])[:120]
+    return "".join("?" if ord(c) < 0x20 or c == "\x7f" else c for c in text)
+
+
+def convert(snapshot, out, device=None, reconstruct=False, warn=None, sites=False):
     """Write the CSV of one device's history to the text stream `out`.
     Returns a dict of counts: allocations, frees, live_at_end, peak_requested,
     unknown_frees, reconstructed, skipped (by action), device."""
@@ -147,9 +169,9 @@ def convert(snapshot, out, device=None, reconstruct=False, warn=None):
     requested = peak = 0
     t0 = trace[0].get("time_us", 0) if trace else 0
 
-    def allocate(t, addr, size, stream):
+    def allocate(t, addr, size, stream, site=""):
         nonlocal requested, peak
-        rows.append((t, "allocate", addr, size, stream))
+        rows.append((t, "allocate", addr, size, stream, site))
         live[addr] = (size, stream)
         requested += size
         peak = max(peak, requested)
@@ -183,15 +205,16 @@ def convert(snapshot, out, device=None, reconstruct=False, warn=None):
                 warn("entry %d: alloc of %#x, which is still live: a free_completed is "
                      "missing; freeing it first" % (i, a))
                 size, s = live.pop(a)
-                rows.append((t, "free", a, size, s))
+                rows.append((t, "free", a, size, s, ""))
                 requested -= size
                 stats["frees"] += 1
-            allocate(t, a, e["size"], stream_id(e.get("stream")))
+            allocate(t, a, e["size"], stream_id(e.get("stream")),
+                     site_of(e.get("frames")) if sites else "")
         elif act in ("free_completed", "free"):  # "free": a free_requested and completed pair
             a = e["addr"]
             if a in live:
                 size, s = live.pop(a)
-                rows.append((t, "free", a, size, s))
+                rows.append((t, "free", a, size, s, ""))
                 requested -= size
                 stats["frees"] += 1
             else:
@@ -208,9 +231,9 @@ def convert(snapshot, out, device=None, reconstruct=False, warn=None):
         warn("the ring buffer dropped the beginning of the run: %d allocations made before "
              "the history starts were put at its start" % stats["reconstructed"])
 
-    out.write("Thread,Time,Action,Pointer,Size,Stream\n")
-    for t, act, a, size, s in rows:
-        out.write("0,%d,%s,%#x,%d,%d\n" % (t, act, a, size, s))
+    out.write("Thread,Time,Action,Pointer,Size,Stream%s\n" % (",Site" if sites else ""))
+    for t, act, a, size, s, site in rows:
+        out.write("0,%d,%s,%#x,%d,%d%s\n" % (t, act, a, size, s, "," + site if site else ""))
     stats["live_at_end"] = len(live)
     stats["peak_requested"] = peak
     return stats
@@ -228,15 +251,17 @@ def main(argv=None):
                          "most allocations)")
     ap.add_argument("--reconstruct", action="store_true",
                     help="allocate at the start what was allocated before the history starts")
+    ap.add_argument("--sites", action="store_true",
+                    help="add the call-site column from the recorded stacks")
     ap.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     args = ap.parse_args(argv)
     try:
         snap = load_snapshot(args.snapshot)
         if args.output == "-":
-            stats = convert(snap, sys.stdout, args.device, args.reconstruct)
+            stats = convert(snap, sys.stdout, args.device, args.reconstruct, sites=args.sites)
         else:
             with open(args.output, "w") as out:
-                stats = convert(snap, out, args.device, args.reconstruct)
+                stats = convert(snap, out, args.device, args.reconstruct, sites=args.sites)
     except SnapshotError as e:
         sys.stderr.write("snapshot2csv: %s\n" % e)
         return 1

@@ -90,7 +90,7 @@ typedef struct gmr_backend_counters_s {
 struct gmr_backend_s {
   const gmr_backend_ops_t *ops;
   size_t granularity; /* bytes; reserve/map sizes are multiples of it */
-  int device;         /* CUDA ordinal, 0 for the simulator */
+  int device;         /* the device ordinal (CUDA's, or the simulated device's) */
   gmr_backend_counters_t counters;
   /* A backend that forwards to another one (a decorator: the limit policy's
    * capped backend, the recording layer): that one; NULL otherwise. */
@@ -98,7 +98,10 @@ struct gmr_backend_s {
 };
 
 /* Constructors (one per backend). */
-int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out);
+int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out); /* device 0 */
+/* Simulated device `device` (0..30): address-only, its addresses come from
+ * its own window, so no two ordinals share an address; GMR_EINVAL otherwise. */
+int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backend_t **out);
 int gmr__cuda_backend_new(int device, gmr_backend_t **out);
 /* 1 when a CUDA device can be used, 0 otherwise (no toolkit, no driver...). */
 int gmr__cuda_available(void);

@@ -83,22 +83,34 @@ static int drv_fail(cuda_be_t *c, CUresult r, const char *what) {
                         (int)r);
 }
 
-/* Make the backend's device current for this thread (cheap when it is). */
-static int use_device(cuda_be_t *c) {
+/* Make the backend's device current for this thread (cheap when it is);
+ * *prev: the device to make current again afterwards (restore_device), -1
+ * when nothing changed.  A caller's current device is never left changed, as
+ * PyTorch's allocator guards it: in a process with two GPUs, an allocation
+ * or empty_cache on device 1 must not move the framework's thread off device 0. */
+static int use_device(cuda_be_t *c, int *prev) {
   int cur = -1;
+  *prev = -1;
   cudaError_t e = cudaGetDevice(&cur);
   if (e == cudaSuccess && cur == c->ordinal) return 0;
   e = cudaSetDevice(c->ordinal);
-  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaSetDevice");
+  if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+  *prev = cur;
+  return 0;
+}
+
+static void restore_device(int prev) {
+  if (prev >= 0) cudaSetDevice(prev);
 }
 
 static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
   (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   void *p = NULL;
   cudaError_t e = cudaMalloc(&p, size);
+  restore_device(prev);
   if (e != cudaSuccess) return cuda_fail(e, "cudaMalloc");
   *out_ptr = p;
   return 0;
@@ -107,9 +119,10 @@ static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **o
 static int cuda_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   cudaError_t e = cudaFree(ptr);
+  restore_device(prev);
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaFree");
 }
 
@@ -223,10 +236,11 @@ static int cuda_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
 
 static int cuda_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   size_t f = 0, t = 0;
   cudaError_t e = cudaMemGetInfo(&f, &t);
+  restore_device(prev);
   if (e != cudaSuccess) return cuda_fail(e, "cudaMemGetInfo");
   *out_free = f;
   *out_total = t;
@@ -235,16 +249,18 @@ static int cuda_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total)
 
 static int cuda_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   cuda_be_t *c = cuda_of(be);
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   cudaEvent_t ev;
+  const char *what = "cudaEventCreateWithFlags";
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e != cudaSuccess) return cuda_fail(e, "cudaEventCreateWithFlags");
-  e = cudaEventRecord(ev, (cudaStream_t)s);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(ev);
-    return cuda_fail(e, "cudaEventRecord");
+  if (e == cudaSuccess) {
+    what = "cudaEventRecord";
+    e = cudaEventRecord(ev, (cudaStream_t)s);
+    if (e != cudaSuccess) cudaEventDestroy(ev);
   }
+  restore_device(prev);
+  if (e != cudaSuccess) return cuda_fail(e, what);
   *out_ev = ev;
   return 0;
 }
@@ -274,9 +290,10 @@ static int cuda_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
 }
 
 static int cuda_device_sync(gmr_backend_t *be) {
-  int err = use_device(cuda_of(be));
+  int prev, err = use_device(cuda_of(be), &prev);
   if (err != 0) return err;
   cudaError_t e = cudaDeviceSynchronize();
+  restore_device(prev);
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaDeviceSynchronize");
 }
 
@@ -380,11 +397,12 @@ int gmr__cuda_backend_new(int device, gmr_backend_t **out) {
   c->ordinal = device;
   c->base.device = device;
   c->base.granularity = (size_t)2 << 20;
-  int err = use_device(c);
+  int prev, err = use_device(c, &prev); /* creates the device's primary context */
   if (err != 0) {
     gmr__free(c);
     return err;
   }
+  restore_device(prev);
   c->vmm = load_driver(c);
   if (c->vmm) {
     typedef CUresult (*pfn_attr)(int *, CUdevice_attribute, CUdevice);

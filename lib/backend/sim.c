@@ -7,6 +7,11 @@
  *    the whole capacity (expandable segments, one per stream) always fit.
  *    Only `capacity` limits what can be reserved; it is at most 4 PiB, so
  *    every address stays below 2^59.
+ *    Each device ordinal d has its own window of the fake space, so two
+ *    simulated devices in one process never hand out the same address (as
+ *    CUDA's unified addressing guarantees): window d starts at
+ *    SIM_SPACE_BASE + d x SIM_DEVICE_STRIDE; device 0's addresses are those
+ *    of a single simulated device.
  *  - host-backed: every reservation is real host memory (posix_memalign, so
  *    AddressSanitizer sees each range separately), and virtual ranges are
  *    PROT_NONE mappings whose pages map() makes readable and writable, so
@@ -32,6 +37,10 @@
  *   mapping; set_access covers only page mappings.
  *   free ranges of the fake address space are sorted, disjoint and never
  *   adjacent (merged on release).
+ *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
+ *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
+ *   ordinals never overlap; d < SIM_MAX_DEVICES = 31, so every address is
+ *   below SIM_SPACE_BASE + 31*2^58 < 2^63 (no wrap, positive as intptr_t).
  * Synchronization: one mutex guards everything in gmr_sim_t.
  */
 #include <pthread.h>
@@ -51,7 +60,9 @@
 #define SIM_MAX_CAPACITY        ((uint64_t)1 << 52)            /* 4 PiB */
 #define SIM_DEFAULT_CAPACITY    ((uint64_t)80 << 30)
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
-#define SIM_RESERVE_ALIGN       512 /* cudaMalloc's minimum */
+#define SIM_RESERVE_ALIGN       512                  /* cudaMalloc's minimum */
+#define SIM_DEVICE_STRIDE       ((uintptr_t)1 << 58) /* fake addresses per device ordinal */
+#define SIM_MAX_DEVICES         31                   /* ordinals 0..30 */
 
 typedef struct sim_range_s {
   uintptr_t addr;
@@ -788,6 +799,31 @@ fail_space:
 fail_lock:
   gmr__free(sim);
   return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
+}
+
+int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backend_t **out) {
+  if (device < 0 || device >= SIM_MAX_DEVICES)
+    return gmr__error_set(GMR_EINVAL,
+                          "simulated device: ordinal %d is out of range (the simulator has "
+                          "devices 0 to %d)",
+                          device, SIM_MAX_DEVICES - 1);
+  int err = gmr__sim_backend_new(opts, out);
+  if (err != 0) return err;
+  gmr_sim_t *sim = sim_of(*out);
+  sim->base.device = device;
+  if (!sim->host_backed) { /* move the fresh, whole space to the device's window */
+    size_t space = sim->free_ranges[0].size;
+    if (space > SIM_DEVICE_STRIDE) {
+      sim_destroy(*out);
+      *out = NULL;
+      return gmr__error_set(GMR_EINVAL,
+                            "simulated device: an address space of %zu bytes does not fit a "
+                            "device's window of %llu bytes",
+                            space, (unsigned long long)SIM_DEVICE_STRIDE);
+    }
+    sim->free_ranges[0].addr += (uintptr_t)device * SIM_DEVICE_STRIDE;
+  }
+  return 0;
 }
 
 bool gmr__backend_is_sim(const gmr_backend_t *be) {

@@ -162,6 +162,11 @@ typedef struct gmr_opt_desc_s {
    * or GMR_ECONFIG with a sentence in err. */
   const char *env;
   int (*env_apply)(const char *const *values, void *opts, int device, char *err, size_t errlen);
+  /* Values worth trying when tuning the option for a workload (gmr-compare
+   * --suggest reads them through gmr_policy_options): YAML scalars, NULL-
+   * terminated; "1.25x peak" scales the workload's peak requested bytes (see
+   * gmr_option_info_t).  NULL: the option is not tuned. */
+  const char *const *tune;
 } gmr_opt_desc_t;
 
 #endif /* GMR_INTERNAL_H */

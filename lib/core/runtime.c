@@ -333,7 +333,7 @@ int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out) {
   } else {
     gmr_sim_options_t o;
     sim_options_of(cfg, &o);
-    err = gmr__sim_backend_new(&o, &be);
+    err = gmr__sim_backend_new_on(&o, device, &be);
   }
   if (err != 0) return err;
   return runtime_build(cfg, be, device, out);

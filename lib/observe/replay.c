@@ -21,6 +21,7 @@
 #include "core/internal.h"
 #include "core/runtime.h"
 #include "gmr_replay.h"
+#include "observe/replay-formats.h"
 
 /* ---- live pointer -> id map ------------------------------------------------
  * An AVL tree (core/avl.h): recorded pointers are chosen by whoever wrote the
@@ -50,15 +51,15 @@ static int perr(parser_t *p, const char *fmt, ...) {
   return GMR_EINVAL;
 }
 
-/* Split one line into exactly 6 comma-separated fields (trimmed). */
+/* Split one line into its comma-separated fields (trimmed): 6, or 7 when a
+ * call site follows (the 7th is the rest of the line, commas included). */
 static int split_fields(char *s, char **f) {
   int n = 0;
   for (;;) {
     while (*s == ' ' || *s == '\t')
       ++s;
-    if (n == 6) return -1;
     f[n++] = s;
-    char *c = strchr(s, ',');
+    char *c = n == 7 ? NULL : strchr(s, ',');
     char *end = c ? c : s + strlen(s);
     while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
       --end;
@@ -82,14 +83,6 @@ static bool parse_u64(const char *s, int base, uint64_t *out) {
   return true;
 }
 
-static int action_of(const char *s) {
-  if (strcmp(s, "allocate") == 0) return GMR_TRACE_ALLOC;
-  if (strcmp(s, "free") == 0) return GMR_TRACE_FREE;
-  if (strcmp(s, "record_stream") == 0) return GMR_TRACE_RECORD_STREAM;
-  if (strcmp(s, "empty_cache") == 0) return GMR_TRACE_EMPTY_CACHE;
-  return -1;
-}
-
 typedef struct streams_s {
   uint64_t ids[64];
   size_t n;
@@ -106,10 +99,10 @@ static void note_stream(streams_t *s, uint64_t id) {
 }
 
 static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, gmr_avl_t *live, size_t *cap,
-                      streams_t *streams) {
-  char *f[6];
+                      streams_t *streams, gmr__sites_t *sites) {
+  char *f[7];
   int n = split_fields(line, f);
-  if (n != 6)
+  if (n < 6)
     return perr(p,
                 "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), "
                 "found %s",
@@ -121,18 +114,31 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, gmr_avl_t *l
                          : "5");
   uint64_t thread, time_us, size = 0, stream = 0, ptr = 0;
   if (!parse_u64(f[0], 10, &thread)) return perr(p, "Thread '%s' is not an integer", f[0]);
-  if (!parse_u64(f[1], 10, &time_us)) return perr(p, "Time '%s' is not an integer", f[1]);
-  int action = action_of(f[2]);
+  if (!gmr__trace_parse_time(f[1], &time_us))
+    return perr(p,
+                "Time '%s' is not a time (integer microseconds, HH:MM:SS.ffffff, or seconds "
+                "with a fraction)",
+                f[1]);
+  int action = gmr__trace_parse_action(f[2]);
   if (action < 0)
-    return perr(p, "unknown Action '%s'; expected allocate, free, record_stream or empty_cache",
+    return perr(p,
+                "unknown Action '%s'; expected allocate, free (or deallocate), record_stream, "
+                "empty_cache or allocate failure",
                 f[2]);
+  if (action != GMR_TRACE_EMPTY_CACHE && action != GMR__TRACE_ALLOC_FAILURE &&
+      (!gmr__trace_parse_handle(f[3], &ptr) || ptr == 0))
+    return perr(p, "Pointer '%s' is not a nonzero integer (hexadecimal with 0x, or decimal)", f[3]);
   /* empty_cache ignores Pointer, Size and Stream (docs/trace-format.md). */
   if (action != GMR_TRACE_EMPTY_CACHE) {
-    if (!parse_u64(f[3], 0, &ptr) || ptr == 0)
-      return perr(p, "Pointer '%s' is not a nonzero integer (hexadecimal with 0x, or decimal)",
-                  f[3]);
     if (!parse_u64(f[4], 10, &size)) return perr(p, "Size '%s' is not a byte count", f[4]);
-    if (!parse_u64(f[5], 0, &stream)) return perr(p, "Stream '%s' is not an integer", f[5]);
+    if (!gmr__trace_parse_handle(f[5], &stream))
+      return perr(p, "Stream '%s' is not an integer or a pointer", f[5]);
+  }
+  if (action == GMR__TRACE_ALLOC_FAILURE) {
+    /* The recording's allocator failed: counted and reported, not replayed. */
+    if (t->n_alloc_failures++ == 0) t->first_alloc_failure_line = p->line;
+    t->alloc_failure_bytes += size;
+    return 0;
   }
   if (t->n_events == *cap) {
     size_t c = *cap ? *cap * 2 : 4096;
@@ -159,6 +165,8 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, gmr_avl_t *l
     if (t->n_ids >= UINT32_MAX) return perr(p, "more than 4 billion allocations");
     ev->id = (uint32_t)t->n_ids++;
     if (gmr__avl_insert(live, ptr, ev->id, p->line) != 0) return perr(p, "out of host memory");
+    if (n == 7 && f[6][0] != '\0' && (ev->site = gmr__sites_intern(sites, f[6])) == 0)
+      return perr(p, "out of host memory");
     break;
   case GMR_TRACE_FREE:
     if (slot == NULL)
@@ -205,9 +213,37 @@ static uint32_t line_at(const char *text, size_t off) {
   return line;
 }
 
+/* A PyTorch memory snapshot: its history as CSV text, parsed as any trace. */
+static int parse_snapshot(const char *text, size_t len, const char *name, gmr_trace_data_t **out,
+                          char *err, size_t errlen) {
+  char *csv = NULL, *note = NULL;
+  size_t csv_len = 0, failures = 0;
+  uint64_t failure_bytes = 0;
+  uint32_t first_failure = 0;
+  int rc = gmr__snapshot_to_csv(text, len, name, &csv, &csv_len, &note, &failures, &failure_bytes,
+                                &first_failure, err, errlen);
+  if (rc != 0) return rc;
+  gmr_trace_data_t *t = NULL;
+  rc = gmr_trace_parse(csv, csv_len, name, &t, err, errlen);
+  gmr__free(csv);
+  if (rc != 0) {
+    gmr__free(note);
+    return rc;
+  }
+  t->format = GMR_TRACE_FORMAT_SNAPSHOT;
+  t->note = note;
+  t->n_alloc_failures = failures;
+  t->alloc_failure_bytes = failure_bytes;
+  t->first_alloc_failure_line = first_failure;
+  *out = t;
+  return 0;
+}
+
 int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_data_t **out,
                     char *err, size_t errlen) {
   if (text == NULL || out == NULL) return GMR_EINVAL;
+  if (gmr__is_pickle(text, len))
+    return parse_snapshot(text, len, name ? name : "<trace>", out, err, errlen);
   parser_t p = {name ? name : "<trace>", err, errlen, 0};
   if (err && errlen) err[0] = '\0';
   /* A trace is read whole or not at all: a NUL byte would end the text
@@ -224,8 +260,9 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
   char *buf = len < SIZE_MAX ? gmr__malloc(len + 1) : NULL;
   gmr_avl_t live = {0};
   streams_t streams = {.n = 0};
+  gmr__sites_t *sites = gmr__sites_new();
   int rc = 0;
-  if (t == NULL || buf == NULL || (t->source = gmr__strdup(p.name)) == NULL) {
+  if (t == NULL || buf == NULL || sites == NULL || (t->source = gmr__strdup(p.name)) == NULL) {
     rc = perr(&p, "out of host memory");
     goto done;
   }
@@ -246,7 +283,7 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
       ++q;
     bool blank = *q == '\0' || *q == '#';
     bool header = p.line == 1 && strncmp(q, "Thread", 6) == 0;
-    if (!blank && !header) rc = parse_line(&p, s, t, &live, &cap, &streams);
+    if (!blank && !header) rc = parse_line(&p, s, t, &live, &cap, &streams, sites);
     s = nl ? nl + 1 : s + strlen(s);
   }
   if (rc == 0 && finish(t) != 0) rc = perr(&p, "out of host memory");
@@ -257,6 +294,7 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
 done:
   gmr__avl_clear(&live, NULL, NULL);
   gmr__free(buf);
+  gmr__sites_finish(sites, rc == 0 ? t : NULL);
   if (rc != 0) {
     gmr_trace_data_free(t);
     return rc;
@@ -306,6 +344,10 @@ int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t e
 
 void gmr_trace_data_free(gmr_trace_data_t *t) {
   if (t == NULL) return;
+  for (size_t k = 0; k < t->n_sites; ++k)
+    gmr__free(t->sites[k]);
+  gmr__free(t->sites);
+  gmr__free(t->note);
   gmr__free(t->events);
   gmr__free(t->source);
   gmr__free(t);

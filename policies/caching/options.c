@@ -438,7 +438,8 @@ const gmr_opt_desc_t gmr__cache_opts_desc[] = {
      .min_exclusive = true,
      .default_text = "unlimited",
      .help = "max_split_size_mb: blocks of this size and more are never split, never serve "
-             "smaller requests, and are released first when memory runs out (> 20MiB)."},
+             "smaller requests, and are released first when memory runs out (> 20MiB).",
+     .tune = (const char *const[]){"64MiB", "128MiB", "256MiB", "512MiB", "1GiB", "4GiB", NULL}},
     {.key = "max_non_split_rounding",
      .type = GMR_OPT_SIZE,
      .offset = offsetof(cache_opts_t, max_non_split_rounding),
@@ -452,7 +453,8 @@ const gmr_opt_desc_t gmr__cache_opts_desc[] = {
      .parse = cache_parse_divs,
      .default_text = "0",
      .help = "Round requests up to one of N divisions of their power-of-two interval: a power "
-             "of two, or PyTorch's list \"[256:1,>:8]\" (MB interval:divisions)."},
+             "of two, or PyTorch's list \"[256:1,>:8]\" (MB interval:divisions).",
+     .tune = (const char *const[]){"1", "2", "4", "8", "16", NULL}},
     {.key = "garbage_collection_threshold",
      .type = GMR_OPT_DOUBLE,
      .offset = offsetof(cache_opts_t, garbage_collection_threshold),
@@ -462,14 +464,16 @@ const gmr_opt_desc_t gmr__cache_opts_desc[] = {
      .default_text = "off",
      .help = "In (0, 1): free the oldest unused whole large segments when the cache holds more "
              "than this share of the allowed memory; active only with "
-             "per_process_memory_fraction, as in PyTorch."},
+             "per_process_memory_fraction, as in PyTorch.",
+     .tune = (const char *const[]){"0.6", "0.8", NULL}},
     {.key = "expandable_segments",
      .type = GMR_OPT_CUSTOM,
      .offset = offsetof(cache_opts_t, expandable_segments),
      .parse = cache_parse_tribool,
      .default_text = "false",
      .help = "One growing virtual range per stream and pool, mapped in pages of 2 MiB (small) "
-             "and 20 MiB (large)."},
+             "and 20 MiB (large).",
+     .tune = (const char *const[]){"true", NULL}},
     {.key = "per_process_memory_fraction",
      .type = GMR_OPT_DOUBLE,
      .offset = offsetof(cache_opts_t, per_process_memory_fraction),
@@ -477,7 +481,8 @@ const gmr_opt_desc_t gmr__cache_opts_desc[] = {
      .max = 1.0,
      .default_text = "1.0",
      .help = "Cap the device memory the cache holds at this share of the device's total "
-             "(torch.cuda.set_per_process_memory_fraction); 1.0: no cap."},
+             "(torch.cuda.set_per_process_memory_fraction); 1.0: no cap.",
+     .tune = (const char *const[]){"1.1x peak", "1.25x peak", "1.5x peak", NULL}},
     {.key = "release_lock_on_cudamalloc",
      .type = GMR_OPT_CUSTOM,
      .offset = offsetof(cache_opts_t, release_lock_on_cudamalloc),

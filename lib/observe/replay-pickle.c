@@ -1,0 +1,766 @@
+/* replay-pickle.c: PyTorch memory snapshots as traces.
+ *
+ * torch.cuda.memory._dump_snapshot writes a pickle of builtin types:
+ *   {"segments": [...], "device_traces": [[entry, ...] per device], ...}
+ *   entry = {"action": "alloc" | "free_requested" | "free_completed" |
+ *            "segment_alloc" | "segment_free" | "segment_map" | "segment_unmap" |
+ *            "oom" | "snapshot", "addr": int, "size": int, "stream": int,
+ *            "time_us": int, "frames": [{"filename", "line", "name"}, ...]}
+ * This file reads such a pickle with a small stack machine that knows only
+ * the opcodes of plain data (protocols 2 to 5), and writes the busiest
+ * device's history as trace CSV for gmr_trace_parse: alloc -> allocate (the
+ * requested size; the call site from the innermost frame outside torch),
+ * free_completed -> free, oom -> a failure (counted, not replayed), anything
+ * else -> a comment, so that CSV line N is trace entry N.
+ *
+ * Hostile input: nothing is executed (globals and their calls become inert
+ * placeholders), every read is bounds-checked, and memory is bounded by the
+ * input: every value, stack slot and container entry comes from at least one
+ * opcode byte, memo indices are below the input length, and the walk of the
+ * result follows a fixed path (no recursion, so a self-containing list is
+ * harmless).
+ *   values made <= len;  Σ container entries <= len;  memo size <= len
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "observe/replay-formats.h"
+
+/* ---- values ----------------------------------------------------------------------- */
+
+typedef enum pk_type_e {
+  PK_NONE,
+  PK_BOOL,
+  PK_INT,
+  PK_BIGINT, /* an integer beyond int64 (kept as a placeholder) */
+  PK_FLOAT,
+  PK_STR, /* text or bytes: points into the input */
+  PK_LIST,
+  PK_DICT, /* items hold key, value, key, value... */
+  PK_TUPLE,
+  PK_OBJ /* a global, or what calling one would have made: inert */
+} pk_type_t;
+
+typedef struct pk_val_s pk_val_t;
+struct pk_val_s {
+  pk_type_t type;
+  int64_t i;
+  double f;
+  const char *s;
+  size_t len;       /* PK_STR: bytes */
+  pk_val_t **items; /* PK_LIST, PK_DICT, PK_TUPLE */
+  size_t n, cap;
+};
+
+enum { PK_CHUNK = 4096 };
+
+typedef struct pk_s {
+  const unsigned char *p, *end;
+  size_t len;
+  pk_val_t **chunks; /* every value, PK_CHUNK per chunk */
+  size_t n_chunks, used, made, cap_chunks;
+  pk_val_t **stack;
+  size_t n_stack, cap_stack;
+  size_t *marks;
+  size_t n_marks, cap_marks;
+  pk_val_t **memo;
+  size_t n_memo;
+  char *err;
+  size_t errlen;
+  const char *name;
+} pk_t;
+
+static int pk_fail(pk_t *k, const char *fmt, ...) GMR_PRINTF(2, 3);
+
+static int pk_fail(pk_t *k, const char *fmt, ...) {
+  if (k->err && k->errlen) {
+    int n = snprintf(k->err, k->errlen, "%s: ", k->name);
+    if (n >= 0 && (size_t)n < k->errlen) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(k->err + n, k->errlen - (size_t)n, fmt, ap);
+      va_end(ap);
+    }
+  }
+  return GMR_EINVAL;
+}
+
+static bool pk_grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return true;
+  size_t c = *cap ? *cap : 16;
+  while (c < need)
+    c *= 2;
+  void *a = gmr__realloc(*arr, c * elem);
+  if (a == NULL) return false;
+  *arr = a;
+  *cap = c;
+  return true;
+}
+
+static pk_val_t *pk_new(pk_t *k, pk_type_t type) {
+  if (++k->made > k->len) return NULL; /* cannot happen on a well-formed count */
+  if (k->n_chunks == 0 || k->used == PK_CHUNK) {
+    if (!pk_grow((void **)&k->chunks, &k->cap_chunks, k->n_chunks + 1, sizeof *k->chunks))
+      return NULL;
+    pk_val_t *c = gmr__malloc(PK_CHUNK * sizeof *c);
+    if (c == NULL) return NULL;
+    k->chunks[k->n_chunks++] = c;
+    k->used = 0;
+  }
+  pk_val_t *v = &k->chunks[k->n_chunks - 1][k->used++];
+  memset(v, 0, sizeof *v);
+  v->type = type;
+  return v;
+}
+
+static void pk_release(pk_t *k) {
+  for (size_t c = 0; c < k->n_chunks; ++c) {
+    size_t n = c + 1 == k->n_chunks ? k->used : PK_CHUNK;
+    for (size_t i = 0; i < n; ++i)
+      gmr__free(k->chunks[c][i].items);
+    gmr__free(k->chunks[c]);
+  }
+  gmr__free(k->chunks);
+  gmr__free(k->stack);
+  gmr__free(k->marks);
+  gmr__free(k->memo);
+}
+
+static int pk_push(pk_t *k, pk_val_t *v) {
+  if (v == NULL) return pk_fail(k, "out of host memory reading the snapshot");
+  if (!pk_grow((void **)&k->stack, &k->cap_stack, k->n_stack + 1, sizeof *k->stack))
+    return pk_fail(k, "out of host memory reading the snapshot");
+  k->stack[k->n_stack++] = v;
+  return 0;
+}
+
+/* The bottom of the current frame: the last mark, or 0. */
+static size_t pk_base(const pk_t *k) {
+  return k->n_marks ? k->marks[k->n_marks - 1] : 0;
+}
+
+static pk_val_t *pk_pop(pk_t *k) {
+  if (k->n_stack <= pk_base(k)) return NULL;
+  return k->stack[--k->n_stack];
+}
+
+static int pk_append(pk_t *k, pk_val_t *c, pk_val_t *v) {
+  if (!pk_grow((void **)&c->items, &c->cap, c->n + 1, sizeof *c->items))
+    return pk_fail(k, "out of host memory reading the snapshot");
+  c->items[c->n++] = v;
+  return 0;
+}
+
+/* ---- the opcodes ------------------------------------------------------------------- */
+
+static bool pk_need(const pk_t *k, size_t n) {
+  return (size_t)(k->end - k->p) >= n;
+}
+
+static uint64_t pk_le(const unsigned char *p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = n; i-- > 0;)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+/* Pop items down to the last mark into a new container (the mark is removed). */
+static int pk_collect(pk_t *k, pk_val_t *into) {
+  if (k->n_marks == 0) return pk_fail(k, "malformed pickle: no MARK before a collection");
+  size_t base = k->marks[--k->n_marks];
+  for (size_t i = base; i < k->n_stack; ++i)
+    if (pk_append(k, into, k->stack[i]) != 0) return GMR_EINVAL;
+  k->n_stack = base;
+  return 0;
+}
+
+static int pk_string(pk_t *k, size_t lenbytes) {
+  if (!pk_need(k, lenbytes)) return pk_fail(k, "truncated pickle");
+  uint64_t n = pk_le(k->p, lenbytes);
+  k->p += lenbytes;
+  if (!pk_need(k, n)) return pk_fail(k, "truncated pickle (a string runs past the end)");
+  pk_val_t *v = pk_new(k, PK_STR);
+  if (v) v->s = (const char *)k->p, v->len = (size_t)n;
+  k->p += n;
+  return pk_push(k, v);
+}
+
+static int pk_int(pk_t *k, int64_t value) {
+  pk_val_t *v = pk_new(k, PK_INT);
+  if (v) v->i = value;
+  return pk_push(k, v);
+}
+
+/* LONG1 / LONG4: little-endian two's complement of n bytes. */
+static int pk_long(pk_t *k, size_t lenbytes) {
+  if (!pk_need(k, lenbytes)) return pk_fail(k, "truncated pickle");
+  uint64_t n = pk_le(k->p, lenbytes);
+  k->p += lenbytes;
+  if (!pk_need(k, n)) return pk_fail(k, "truncated pickle (an integer runs past the end)");
+  const unsigned char *b = k->p;
+  k->p += n;
+  if (n > 8) {
+    /* Beyond 64 bits unless the extra bytes only extend the sign. */
+    bool neg = b[n - 1] & 0x80;
+    bool fits = true;
+    for (size_t i = 8; i < n; ++i)
+      fits &= b[i] == (neg ? 0xff : 0x00);
+    fits &= ((b[7] & 0x80) != 0) == neg;
+    if (!fits) return pk_push(k, pk_new(k, PK_BIGINT));
+    n = 8;
+  }
+  uint64_t u = pk_le(b, (size_t)n);
+  if (n > 0 && n < 8 && (b[n - 1] & 0x80)) u |= ~(uint64_t)0 << (8 * n);
+  return pk_int(k, (int64_t)u);
+}
+
+static int pk_memo_put(pk_t *k, uint64_t idx) {
+  if (k->n_stack == 0) return pk_fail(k, "malformed pickle: memoizing an empty stack");
+  if (idx >= k->len) return pk_fail(k, "malformed pickle: memo index %" PRIu64 " too large", idx);
+  if (idx >= k->n_memo) {
+    size_t cap = k->n_memo;
+    if (!pk_grow((void **)&k->memo, &cap, (size_t)idx + 1, sizeof *k->memo))
+      return pk_fail(k, "out of host memory reading the snapshot");
+    for (size_t i = k->n_memo; i < cap; ++i)
+      k->memo[i] = NULL;
+    k->n_memo = cap;
+  }
+  k->memo[idx] = k->stack[k->n_stack - 1];
+  return 0;
+}
+
+static int pk_memo_get(pk_t *k, uint64_t idx) {
+  if (idx >= k->n_memo || k->memo[idx] == NULL)
+    return pk_fail(k, "malformed pickle: memo entry %" PRIu64 " was never stored", idx);
+  return pk_push(k, k->memo[idx]);
+}
+
+/* One opcode; 1 at STOP, 0 to go on, GMR_EINVAL on error. */
+static int pk_step(pk_t *k, size_t *memo_next) {
+  unsigned char op = *k->p++;
+  pk_val_t *v, *w, *c;
+  switch (op) {
+  case 0x80: /* PROTO */
+    if (!pk_need(k, 1)) return pk_fail(k, "truncated pickle");
+    if (*k->p++ > 5) return pk_fail(k, "pickle protocol newer than 5");
+    return 0;
+  case 0x95: /* FRAME */
+    if (!pk_need(k, 8)) return pk_fail(k, "truncated pickle");
+    k->p += 8;
+    return 0;
+  case '.': /* STOP */
+    return 1;
+  case '(': /* MARK */
+    if (!pk_grow((void **)&k->marks, &k->cap_marks, k->n_marks + 1, sizeof *k->marks))
+      return pk_fail(k, "out of host memory reading the snapshot");
+    k->marks[k->n_marks++] = k->n_stack;
+    return 0;
+  case '}': /* EMPTY_DICT */
+    return pk_push(k, pk_new(k, PK_DICT));
+  case ']':  /* EMPTY_LIST */
+  case 0x8f: /* EMPTY_SET: read as a list */
+    return pk_push(k, pk_new(k, PK_LIST));
+  case ')': /* EMPTY_TUPLE */
+    return pk_push(k, pk_new(k, PK_TUPLE));
+  case 't':  /* TUPLE */
+  case 0x91: /* FROZENSET */
+    c = pk_new(k, op == 't' ? PK_TUPLE : PK_LIST);
+    if (c == NULL) return pk_push(k, NULL);
+    if (pk_collect(k, c) != 0) return GMR_EINVAL;
+    return pk_push(k, c);
+  case 0x85: /* TUPLE1 */
+  case 0x86: /* TUPLE2 */
+  case 0x87: /* TUPLE3 */ {
+    size_t n = (size_t)(op - 0x84);
+    if (k->n_stack < pk_base(k) + n) return pk_fail(k, "malformed pickle: short stack");
+    c = pk_new(k, PK_TUPLE);
+    if (c == NULL) return pk_push(k, NULL);
+    for (size_t i = k->n_stack - n; i < k->n_stack; ++i)
+      if (pk_append(k, c, k->stack[i]) != 0) return GMR_EINVAL;
+    k->n_stack -= n;
+    return pk_push(k, c);
+  }
+  case 'a': /* APPEND */
+    v = pk_pop(k);
+    if (v == NULL || k->n_stack <= pk_base(k)) return pk_fail(k, "malformed pickle: short stack");
+    c = k->stack[k->n_stack - 1];
+    if (c->type != PK_LIST) return pk_fail(k, "malformed pickle: APPEND to a non-list");
+    return pk_append(k, c, v);
+  case 'e': /* APPENDS */
+  case 0x90: /* ADDITEMS */ {
+    if (k->n_marks == 0) return pk_fail(k, "malformed pickle: no MARK");
+    size_t base = k->marks[--k->n_marks];
+    if (base == 0 || base > k->n_stack) return pk_fail(k, "malformed pickle: short stack");
+    c = k->stack[base - 1];
+    if (c->type != PK_LIST) return pk_fail(k, "malformed pickle: APPENDS to a non-list");
+    for (size_t i = base; i < k->n_stack; ++i)
+      if (pk_append(k, c, k->stack[i]) != 0) return GMR_EINVAL;
+    k->n_stack = base;
+    return 0;
+  }
+  case 's': /* SETITEM */
+    w = pk_pop(k);
+    v = pk_pop(k);
+    if (w == NULL || v == NULL || k->n_stack <= pk_base(k))
+      return pk_fail(k, "malformed pickle: short stack");
+    c = k->stack[k->n_stack - 1];
+    if (c->type != PK_DICT) return pk_fail(k, "malformed pickle: SETITEM on a non-dict");
+    return pk_append(k, c, v) != 0 ? GMR_EINVAL : pk_append(k, c, w);
+  case 'u': /* SETITEMS */ {
+    if (k->n_marks == 0) return pk_fail(k, "malformed pickle: no MARK");
+    size_t base = k->marks[--k->n_marks];
+    if (base == 0 || base > k->n_stack || (k->n_stack - base) % 2 != 0)
+      return pk_fail(k, "malformed pickle: SETITEMS with a short or odd stack");
+    c = k->stack[base - 1];
+    if (c->type != PK_DICT) return pk_fail(k, "malformed pickle: SETITEMS on a non-dict");
+    for (size_t i = base; i < k->n_stack; ++i)
+      if (pk_append(k, c, k->stack[i]) != 0) return GMR_EINVAL;
+    k->n_stack = base;
+    return 0;
+  }
+  case 'N':
+    return pk_push(k, pk_new(k, PK_NONE));
+  case 0x88: /* NEWTRUE */
+  case 0x89: /* NEWFALSE */
+    v = pk_new(k, PK_BOOL);
+    if (v) v->i = op == 0x88;
+    return pk_push(k, v);
+  case 'K': /* BININT1 */
+    if (!pk_need(k, 1)) return pk_fail(k, "truncated pickle");
+    return pk_int(k, *k->p++);
+  case 'M': /* BININT2 */
+    if (!pk_need(k, 2)) return pk_fail(k, "truncated pickle");
+    k->p += 2;
+    return pk_int(k, (int64_t)pk_le(k->p - 2, 2));
+  case 'J': /* BININT: signed 32 bits */
+    if (!pk_need(k, 4)) return pk_fail(k, "truncated pickle");
+    k->p += 4;
+    return pk_int(k, (int64_t)(int32_t)(uint32_t)pk_le(k->p - 4, 4));
+  case 0x8a: /* LONG1 */
+    return pk_long(k, 1);
+  case 0x8b: /* LONG4 */
+    return pk_long(k, 4);
+  case 'G': { /* BINFLOAT: big-endian double */
+    if (!pk_need(k, 8)) return pk_fail(k, "truncated pickle");
+    uint64_t u = 0;
+    for (int i = 0; i < 8; ++i)
+      u = (u << 8) | k->p[i];
+    k->p += 8;
+    v = pk_new(k, PK_FLOAT);
+    if (v) memcpy(&v->f, &u, sizeof v->f);
+    return pk_push(k, v);
+  }
+  case 0x8c: /* SHORT_BINUNICODE */
+  case 'C':  /* SHORT_BINBYTES */
+  case 'U':  /* SHORT_BINSTRING */
+    return pk_string(k, 1);
+  case 'X': /* BINUNICODE */
+  case 'B': /* BINBYTES */
+  case 'T': /* BINSTRING */
+    return pk_string(k, 4);
+  case 0x8d: /* BINUNICODE8 */
+  case 0x8e: /* BINBYTES8 */
+  case 0x96: /* BYTEARRAY8 */
+    return pk_string(k, 8);
+  case 0x94: /* MEMOIZE */
+    return pk_memo_put(k, (*memo_next)++);
+  case 'q': /* BINPUT */
+    if (!pk_need(k, 1)) return pk_fail(k, "truncated pickle");
+    return pk_memo_put(k, *k->p++);
+  case 'r': /* LONG_BINPUT */
+    if (!pk_need(k, 4)) return pk_fail(k, "truncated pickle");
+    k->p += 4;
+    return pk_memo_put(k, pk_le(k->p - 4, 4));
+  case 'h': /* BINGET */
+    if (!pk_need(k, 1)) return pk_fail(k, "truncated pickle");
+    return pk_memo_get(k, *k->p++);
+  case 'j': /* LONG_BINGET */
+    if (!pk_need(k, 4)) return pk_fail(k, "truncated pickle");
+    k->p += 4;
+    return pk_memo_get(k, pk_le(k->p - 4, 4));
+  case '0': /* POP */
+    if (pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
+    return 0;
+  case '1': /* POP_MARK */
+    if (k->n_marks == 0) return pk_fail(k, "malformed pickle: no MARK");
+    k->n_stack = k->marks[--k->n_marks];
+    return 0;
+  case '2': /* DUP */
+    if (k->n_stack <= pk_base(k)) return pk_fail(k, "malformed pickle: short stack");
+    return pk_push(k, k->stack[k->n_stack - 1]);
+  case 'c': { /* GLOBAL "module\nname\n": an inert placeholder */
+    for (int line = 0; line < 2; ++line) {
+      const unsigned char *nl = memchr(k->p, '\n', (size_t)(k->end - k->p));
+      if (nl == NULL) return pk_fail(k, "truncated pickle");
+      k->p = nl + 1;
+    }
+    return pk_push(k, pk_new(k, PK_OBJ));
+  }
+  case 0x93: /* STACK_GLOBAL */
+    if (pk_pop(k) == NULL || pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
+    return pk_push(k, pk_new(k, PK_OBJ));
+  case 'R':  /* REDUCE */
+  case 0x81: /* NEWOBJ */
+    if (pk_pop(k) == NULL || pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
+    return pk_push(k, pk_new(k, PK_OBJ)); /* nothing is called */
+  case 0x92:                              /* NEWOBJ_EX */
+    if (pk_pop(k) == NULL || pk_pop(k) == NULL || pk_pop(k) == NULL)
+      return pk_fail(k, "malformed pickle: short stack");
+    return pk_push(k, pk_new(k, PK_OBJ));
+  case 'b': /* BUILD: the state is dropped; the object stays */
+    if (pk_pop(k) == NULL || k->n_stack <= pk_base(k))
+      return pk_fail(k, "malformed pickle: short stack");
+    return 0;
+  default:
+    return pk_fail(k,
+                   "unsupported pickle opcode 0x%02x at byte %zu: not a memory snapshot of "
+                   "plain data",
+                   op, (size_t)(k->p - 1 - (k->end - k->len)));
+  }
+}
+
+/* Run the machine; the root value, or NULL with the error set. */
+static pk_val_t *pk_load(pk_t *k) {
+  size_t memo_next = 0;
+  while (k->p < k->end) {
+    int rc = pk_step(k, &memo_next);
+    if (rc < 0) return NULL;
+    if (rc == 1) {
+      if (k->n_stack != 1 || k->n_marks != 0) {
+        pk_fail(k, "malformed pickle: %zu values left at STOP", k->n_stack);
+        return NULL;
+      }
+      return k->stack[0];
+    }
+  }
+  pk_fail(k, "truncated pickle: no STOP before the end of the file");
+  return NULL;
+}
+
+/* ---- the snapshot ------------------------------------------------------------------ */
+
+static bool pk_is(const pk_val_t *v, const char *s) {
+  return v && v->type == PK_STR && v->len == strlen(s) && memcmp(v->s, s, v->len) == 0;
+}
+
+static const pk_val_t *pk_get(const pk_val_t *dict, const char *key) {
+  if (dict == NULL || dict->type != PK_DICT) return NULL;
+  for (size_t i = 0; i + 1 < dict->n; i += 2)
+    if (pk_is(dict->items[i], key)) return dict->items[i + 1];
+  return NULL;
+}
+
+static bool pk_int_of(const pk_val_t *v, int64_t *out) {
+  if (v == NULL || (v->type != PK_INT && v->type != PK_BOOL)) return false;
+  *out = v->i;
+  return true;
+}
+
+/* Growing output text. */
+typedef struct buf_s {
+  char *p;
+  size_t n, cap;
+  bool oom;
+} buf_t;
+
+static void bprintf(buf_t *b, const char *fmt, ...) GMR_PRINTF(2, 3);
+
+static void bprintf(buf_t *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      b->oom = true;
+      return;
+    }
+    if (b->p && b->n + (size_t)n < b->cap) {
+      b->n += (size_t)n;
+      return;
+    }
+    size_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap <= b->n + (size_t)n)
+      cap *= 2;
+    char *p = gmr__realloc(b->p, cap);
+    if (p == NULL) {
+      b->oom = true;
+      return;
+    }
+    b->p = p;
+    b->cap = cap;
+  }
+}
+
+/* The call site of an allocation: the innermost frame outside torch's own
+ * files, else the innermost, as "file.py:LINE (name)" with the file's base
+ * name; control characters become '?'. */
+static void snap_site(const pk_val_t *frames, char *out, size_t len) {
+  out[0] = '\0';
+  if (frames == NULL || frames->type != PK_LIST || frames->n == 0) return;
+  const pk_val_t *pick = NULL;
+  for (size_t i = 0; i < frames->n && pick == NULL; ++i) {
+    const pk_val_t *fn = pk_get(frames->items[i], "filename");
+    if (fn && fn->type == PK_STR && memmem(fn->s, fn->len, "/torch/", 7) == NULL)
+      pick = frames->items[i];
+  }
+  if (pick == NULL) pick = frames->items[0];
+  const pk_val_t *fn = pk_get(pick, "filename"), *name = pk_get(pick, "name");
+  int64_t line = 0;
+  pk_int_of(pk_get(pick, "line"), &line);
+  if (fn == NULL || fn->type != PK_STR) return;
+  const char *base = fn->s;
+  size_t blen = fn->len;
+  for (size_t i = 0; i < fn->len; ++i)
+    if (fn->s[i] == '/') base = fn->s + i + 1, blen = fn->len - i - 1;
+  int n = snprintf(out, len, "%.*s:%" PRId64, (int)(blen > 200 ? 200 : blen), base, line);
+  if (name && name->type == PK_STR && n > 0 && (size_t)n < len)
+    snprintf(out + n, len - (size_t)n, " (%.*s)", (int)(name->len > 120 ? 120 : name->len),
+             name->s);
+  for (char *c = out; *c; ++c)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+}
+
+/* Live addresses of the history, for frees of allocations it never saw: an
+ * open-addressing set with backward-shift deletion, load <= 1/2. */
+typedef struct live_s {
+  int64_t *slot; /* 0: empty (addresses are > 0) */
+  size_t mask, n;
+} live_t;
+
+static size_t live_home(const live_t *l, int64_t a) {
+  return (size_t)(((uint64_t)a >> 4) * 0x9E3779B97F4A7C15ull >> 17) & l->mask;
+}
+
+static bool live_has(const live_t *l, int64_t a) {
+  if (l->slot == NULL) return false;
+  for (size_t i = live_home(l, a);; i = (i + 1) & l->mask) {
+    if (l->slot[i] == a) return true;
+    if (l->slot[i] == 0) return false;
+  }
+}
+
+static bool live_add(live_t *l, int64_t a) {
+  if (l->slot == NULL || (l->n + 1) * 2 > l->mask + 1) {
+    size_t cap = l->slot ? (l->mask + 1) * 2 : 1024;
+    live_t g = {gmr__calloc(cap, sizeof(int64_t)), cap - 1, 0};
+    if (g.slot == NULL) return false;
+    for (size_t i = 0; l->slot && i <= l->mask; ++i)
+      if (l->slot[i] != 0) {
+        size_t j = live_home(&g, l->slot[i]);
+        while (g.slot[j] != 0)
+          j = (j + 1) & g.mask;
+        g.slot[j] = l->slot[i];
+        ++g.n;
+      }
+    gmr__free(l->slot);
+    *l = g;
+  }
+  size_t i = live_home(l, a);
+  while (l->slot[i] != 0)
+    i = (i + 1) & l->mask;
+  l->slot[i] = a;
+  ++l->n;
+  return true;
+}
+
+static void live_remove(live_t *l, int64_t a) {
+  if (l->slot == NULL) return;
+  size_t i = live_home(l, a);
+  while (l->slot[i] != a) {
+    if (l->slot[i] == 0) return;
+    i = (i + 1) & l->mask;
+  }
+  for (size_t j = i;;) {
+    j = (j + 1) & l->mask;
+    if (l->slot[j] == 0) break;
+    size_t h = live_home(l, l->slot[j]);
+    bool between = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+    if (!between) {
+      l->slot[i] = l->slot[j];
+      i = j;
+    }
+  }
+  l->slot[i] = 0;
+  --l->n;
+}
+
+bool gmr__is_pickle(const char *text, size_t len) {
+  return len >= 2 && (unsigned char)text[0] == 0x80 && (unsigned char)text[1] >= 2 &&
+         (unsigned char)text[1] <= 5;
+}
+
+/* The device whose trace has the most alloc entries; -1 when none has any. */
+static int snap_busiest(const pk_val_t *traces, size_t *out_allocs, int *out_busy) {
+  int best = -1;
+  size_t most = 0;
+  *out_busy = 0;
+  for (size_t d = 0; d < traces->n; ++d) {
+    const pk_val_t *tr = traces->items[d];
+    if (tr->type != PK_LIST) continue;
+    size_t n = 0;
+    for (size_t i = 0; i < tr->n; ++i)
+      n += pk_is(pk_get(tr->items[i], "action"), "alloc");
+    if (n > 0) ++*out_busy;
+    if (n > most) most = n, best = (int)d;
+  }
+  *out_allocs = most;
+  return best;
+}
+
+/* The stream's number: 0 for the default stream, then 1, 2... in order of
+ * first use (as snapshot2csv.py numbers them); streams beyond the
+ * SNAP_STREAMS-th share the last number (no program uses that many). */
+enum { SNAP_STREAMS = 256 };
+
+static int64_t snap_stream(int64_t *seen, size_t *n, int64_t s) {
+  if (s == 0) return 0;
+  for (size_t i = 0; i < *n; ++i)
+    if (seen[i] == s) return (int64_t)i + 1;
+  if (*n < SNAP_STREAMS) seen[(*n)++] = s;
+  return (int64_t)*n;
+}
+
+int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **out_csv,
+                         size_t *out_len, char **out_note, size_t *failures,
+                         uint64_t *failure_bytes, uint32_t *first_failure, char *err,
+                         size_t errlen) {
+  pk_t k = {.p = (const unsigned char *)text,
+            .end = (const unsigned char *)text + len,
+            .len = len,
+            .err = err,
+            .errlen = errlen,
+            .name = name};
+  buf_t b = {0};
+  live_t live = {0};
+  int64_t *streams = gmr__malloc(SNAP_STREAMS * sizeof *streams);
+  size_t n_streams = 0;
+  int rc = GMR_EINVAL;
+  if (streams == NULL) {
+    pk_fail(&k, "out of host memory reading the snapshot");
+    goto done;
+  }
+  const pk_val_t *root = pk_load(&k);
+  if (root == NULL) goto done;
+  if (root->type == PK_LIST) {
+    pk_fail(&k, "this pickle is a list (torch.cuda.memory_snapshot()'s segments), which has no "
+                "history; dump the snapshot with torch.cuda.memory._dump_snapshot() after "
+                "torch.cuda.memory._record_memory_history(max_entries=N)");
+    goto done;
+  }
+  if (root->type != PK_DICT) {
+    pk_fail(&k, "not a memory snapshot: the pickle does not hold a dict");
+    goto done;
+  }
+  const pk_val_t *traces = pk_get(root, "device_traces");
+  if (traces == NULL || traces->type != PK_LIST) {
+    pk_fail(&k, "the snapshot has no device_traces: the history was not recorded; call "
+                "torch.cuda.memory._record_memory_history(max_entries=N) before the program "
+                "allocates, then torch.cuda.memory._dump_snapshot()");
+    goto done;
+  }
+  size_t allocs = 0;
+  int busy = 0, dev = snap_busiest(traces, &allocs, &busy);
+  if (dev < 0) {
+    pk_fail(&k,
+            "the snapshot's device_traces hold no alloc entry (%zu device%s): the history was "
+            "not recording while the program allocated (record it with "
+            "torch.cuda.memory._record_memory_history before the first allocation)",
+            traces->n, traces->n == 1 ? "" : "s");
+    goto done;
+  }
+  const pk_val_t *tr = traces->items[dev];
+  size_t unknown = 0, supplied = 0;
+  *failures = 0, *failure_bytes = 0, *first_failure = 0;
+  for (size_t i = 0; i < tr->n && !b.oom; ++i) {
+    const pk_val_t *e = tr->items[i], *act = pk_get(e, "action");
+    int64_t addr = 0, size = 0, stream = 0, time_us = 0;
+    bool has_addr = pk_int_of(pk_get(e, "addr"), &addr);
+    pk_int_of(pk_get(e, "size"), &size);
+    pk_int_of(pk_get(e, "stream"), &stream);
+    pk_int_of(pk_get(e, "time_us"), &time_us);
+    if (time_us < 0) time_us = 0;
+    if (pk_is(act, "alloc")) {
+      if (!has_addr || addr <= 0 || size <= 0) {
+        pk_fail(&k, "trace entry %zu: an alloc without a positive addr and size", i + 1);
+        goto done;
+      }
+      if (live_has(&live, addr)) { /* its free_completed is missing: free it first */
+        bprintf(&b, "0,%" PRId64 ",free,%#" PRIx64 ",0,0\n", time_us, (uint64_t)addr);
+        live_remove(&live, addr);
+        ++supplied;
+      }
+      char site[400];
+      snap_site(pk_get(e, "frames"), site, sizeof site);
+      bprintf(&b, "0,%" PRId64 ",allocate,%#" PRIx64 ",%" PRId64 ",%" PRId64 "%s%s\n", time_us,
+              (uint64_t)addr, size, snap_stream(streams, &n_streams, stream), site[0] ? "," : "",
+              site);
+      if (!live_add(&live, addr)) b.oom = true;
+    } else if (pk_is(act, "free_completed") || pk_is(act, "free")) {
+      if (has_addr && addr > 0 && live_has(&live, addr)) {
+        bprintf(&b, "0,%" PRId64 ",free,%#" PRIx64 ",%" PRId64 ",%" PRId64 "\n", time_us,
+                (uint64_t)addr, size, snap_stream(streams, &n_streams, stream));
+        live_remove(&live, addr);
+      } else {
+        bprintf(&b, "# free of %#" PRIx64 ", allocated before the history starts: left out\n",
+                (uint64_t)addr);
+        ++unknown;
+      }
+    } else if (pk_is(act, "oom")) {
+      if ((*failures)++ == 0) *first_failure = (uint32_t)(i + 1);
+      *failure_bytes += size > 0 ? (uint64_t)size : 0;
+      bprintf(&b, "# oom: the allocation of %" PRId64 " bytes failed in the recording\n", size);
+    } else {
+      const pk_val_t *a = act;
+      bprintf(&b, "# %.*s\n", a && a->type == PK_STR && a->len < 64 ? (int)a->len : 1,
+              a && a->type == PK_STR && a->len < 64 ? a->s : "?");
+    }
+  }
+  if (b.oom) {
+    pk_fail(&k, "out of host memory converting the snapshot");
+    goto done;
+  }
+  char note[1024] = "";
+  size_t off = 0;
+  if (busy > 1)
+    off += (size_t)snprintf(note + off, sizeof note - off,
+                            "%d devices have allocations; device %d has the most (%zu) and is "
+                            "the one replayed. ",
+                            busy, dev, allocs);
+  if (unknown)
+    off += (size_t)snprintf(
+        note + off, sizeof note - off,
+        "The history starts in the middle of the run: %zu free%s of allocations made before "
+        "it began %s left out (PyTorch's ring buffer dropped the beginning; record with a "
+        "larger _record_memory_history(max_entries=N), or convert with snapshot2csv.py "
+        "--reconstruct). ",
+        unknown, unknown == 1 ? "" : "s", unknown == 1 ? "is" : "are");
+  if (supplied && off < sizeof note)
+    off += (size_t)snprintf(note + off, sizeof note - off,
+                            "%zu allocation%s of an address still live had no free_completed "
+                            "before %s: one was supplied. ",
+                            supplied, supplied == 1 ? "" : "s", supplied == 1 ? "it" : "them");
+  if (off > 0 && off < sizeof note) note[off - 1] = '\0'; /* the last space */
+  *out_note = note[0] ? gmr__strdup(note) : NULL;
+  bprintf(&b, "%s", "");
+  if (b.oom || (note[0] && *out_note == NULL)) {
+    gmr__free(*out_note);
+    *out_note = NULL;
+    pk_fail(&k, "out of host memory converting the snapshot");
+    goto done;
+  }
+  *out_csv = b.p;
+  *out_len = b.n;
+  b.p = NULL;
+  rc = 0;
+done:
+  gmr__free(b.p);
+  gmr__free(live.slot);
+  gmr__free(streams);
+  pk_release(&k);
+  return rc;
+}

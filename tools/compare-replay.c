@@ -1,0 +1,263 @@
+/* compare-replay.c: gmr-compare's replays of one configuration.
+ *
+ * compare_replay runs up to three passes over the trace, each on a fresh
+ * simulated device of the stated capacity: a timed one (the figures), one
+ * that finds the peak event (and records the timeline for the page), and one
+ * that stops at the peak to walk the segments (the page's map).  Every other
+ * part of the tool (the command line, --suggest, --fit, --diff) replays
+ * through here; this file calls nothing of theirs.
+ *
+ *   peak event = argmax over events i with reserved(i) = max reserved of
+ *                allocated(i) (the first such event on ties)
+ *   fragmentation = 1 - largest free block / free bytes, at the peak event
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "compare.h"
+
+static double cmp_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- replays ----------------------------------------------------------------- */
+
+/* The passes over the trace: a timed one (figures and speed, no callback
+ * but the progress bar), one that finds the peak event (and records the
+ * timeline for --html), and one that stops at the peak to walk the segments
+ * (--html). */
+enum { CMP_PASS_TIMED = 0, CMP_PASS_PEAK = 1, CMP_PASS_MAP = 2 };
+
+/* State of the per-event callback.  Timeline buckets cover `bucket` events:
+ * point k holds the maxima of events [k * bucket, (k + 1) * bucket). */
+typedef struct cmp_ctx_s {
+  compare_run_t *run;
+  const char *label;       /* progress bar label */
+  int progress;            /* draw a bar once the replay has run a second */
+  double start, last_draw; /* seconds (cmp_now) */
+  int drawn;               /* a bar is on the screen */
+  int pass;                /* CMP_PASS_* */
+  uint64_t peak_reserved;  /* CMP_PASS_PEAK: the peak found by the timed pass, bytes */
+  int peak_found;          /* CMP_PASS_PEAK: an event at peak_reserved was seen */
+  gmr_stats_t at_peak;     /* CMP_PASS_PEAK: the stats at the chosen event */
+  size_t peak_event;       /* CMP_PASS_PEAK: the chosen event; CMP_PASS_MAP: where to walk */
+  int timeline;            /* CMP_PASS_PEAK: record the timeline too */
+  size_t bucket;           /* events per timeline point (>= 1) */
+  compare_point_t cur;     /* the open bucket */
+  size_t cur_events;       /* events in the open bucket */
+  size_t cap_points;       /* run->points capacity */
+  size_t cap_map;          /* run->map capacity */
+  int oom_host;            /* host memory ran out while recording */
+} cmp_ctx_t;
+
+static void cmp_progress_draw(cmp_ctx_t *c, size_t index, size_t total) {
+  double now = cmp_now();
+  if (now - c->start < 1.0 || now - c->last_draw < 0.1) return;
+  c->last_draw = now;
+  c->drawn = 1;
+  int width = 40, fill = total ? (int)((double)(index + 1) * width / (double)total) : width;
+  char bar[64];
+  for (int i = 0; i < width; ++i)
+    bar[i] = i < fill ? '#' : '.';
+  bar[width] = '\0';
+  fprintf(stderr, "\r\033[K%-24.24s [%s] %5.1f%%  %zu/%zu events", c->label, bar,
+          total ? 100.0 * (double)(index + 1) / (double)total : 100.0, index + 1, total);
+  fflush(stderr);
+}
+
+static void cmp_progress_clear(cmp_ctx_t *c) {
+  if (c->drawn) fprintf(stderr, "\r\033[K");
+  c->drawn = 0;
+}
+
+static int cmp_map_cb(const gmr_walk_entry_t *e, void *ud) {
+  cmp_ctx_t *c = ud;
+  compare_run_t *run = c->run;
+  if (run->n_map == c->cap_map) {
+    size_t cap = c->cap_map ? c->cap_map * 2 : 256;
+    compare_map_entry_t *m = realloc(run->map, cap * sizeof *m);
+    if (m == NULL) {
+      c->oom_host = 1;
+      return 1;
+    }
+    run->map = m;
+    c->cap_map = cap;
+  }
+  compare_map_entry_t *m = &run->map[run->n_map++];
+  memset(m, 0, sizeof *m);
+  m->address = e->address;
+  m->size = e->size;
+  m->requested = e->requested;
+  m->is_segment = (uint8_t)(e->is_segment != 0);
+  m->state = (uint8_t)e->state;
+  m->is_expandable = (uint8_t)(e->is_expandable != 0);
+  if (e->is_segment && e->pool) snprintf(m->pool, sizeof m->pool, "%s", e->pool);
+  return 0;
+}
+
+static void cmp_point_close(cmp_ctx_t *c) {
+  compare_run_t *run = c->run;
+  if (c->cur_events == 0) return;
+  if (run->n_points == c->cap_points) {
+    size_t cap = c->cap_points ? c->cap_points * 2 : 256;
+    compare_point_t *p = realloc(run->points, cap * sizeof *p);
+    if (p == NULL) {
+      c->oom_host = 1;
+      return;
+    }
+    run->points = p;
+    c->cap_points = cap;
+  }
+  run->points[run->n_points++] = c->cur;
+  memset(&c->cur, 0, sizeof c->cur);
+  c->cur_events = 0;
+}
+
+/* The peak event: reserved bytes at their maximum and, among the events
+ * where they are (a greedy policy stays there from its first allocation),
+ * the one with the most bytes allocated, so the picture shows the policy at
+ * its fullest rather than at the instant it grew. */
+static void cmp_peak_track(cmp_ctx_t *c, size_t index, const gmr_stats_t *st) {
+  if (st->reserved_bytes != c->peak_reserved) return;
+  if (c->peak_found && st->allocated_bytes <= c->at_peak.allocated_bytes) return;
+  c->peak_found = 1;
+  c->at_peak = *st;
+  c->peak_event = index;
+}
+
+static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
+                         void *ud) {
+  (void)status;
+  cmp_ctx_t *c = ud;
+  if (c->pass == CMP_PASS_PEAK) {
+    gmr_stats_t st;
+    if (gmr_stats(rt, &st) == 0) {
+      cmp_peak_track(c, index, &st);
+      if (c->timeline) {
+        if (st.reserved_bytes > c->cur.reserved) c->cur.reserved = st.reserved_bytes;
+        if (st.allocated_bytes > c->cur.allocated) c->cur.allocated = st.allocated_bytes;
+        if (st.requested_bytes > c->cur.requested) c->cur.requested = st.requested_bytes;
+      }
+    }
+    if (c->timeline) {
+      c->cur.event = index;
+      if (++c->cur_events == c->bucket) cmp_point_close(c);
+    }
+  } else if (c->pass == CMP_PASS_MAP && index == c->peak_event) {
+    c->run->n_map = 0;
+    c->run->map_status = gmr_walk(rt, cmp_map_cb, c);
+    return 1; /* stop at the peak */
+  }
+  if (c->progress) cmp_progress_draw(c, index, t->n_events);
+  return c->oom_host;
+}
+
+static int cmp_new_runtime(compare_run_t *run, const gmr_config_t *cfg, const compare_opts_t *o,
+                           gmr_runtime_t **out) {
+  gmr_sim_options_t sim = {.capacity = o->capacity};
+  int err = gmr_runtime_new_sim(cfg, &sim, out);
+  if (err != 0) {
+    run->status = COMPARE_ERUNTIME;
+    snprintf(run->error, sizeof run->error, "cannot create the runtime: %s", gmr_strerror(err));
+  }
+  return err;
+}
+
+/* At the peak: fragmentation = 1 - largest free block / free bytes. */
+static void cmp_peak_figures(compare_run_t *run) {
+  const gmr_stats_t *p = &run->res.at_peak;
+  run->free_at_peak = p->free_cached_bytes;
+  run->largest_at_peak = p->largest_free_block;
+  if (run->largest_at_peak > run->free_at_peak) run->largest_at_peak = run->free_at_peak;
+  run->rounding_at_peak =
+      p->allocated_bytes > p->requested_bytes ? p->allocated_bytes - p->requested_bytes : 0;
+  run->fragmentation =
+      run->free_at_peak ? 1.0 - (double)run->largest_at_peak / (double)run->free_at_peak : 0.0;
+}
+
+/* One pass on a fresh runtime; 0, or -1 with run->status and run->error set. */
+static int cmp_pass(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                    const compare_opts_t *o, cmp_ctx_t *ctx, gmr_replay_result_t *res) {
+  gmr_runtime_t *rt = NULL;
+  if (cmp_new_runtime(run, cfg, o, &rt) != 0) return -1;
+  snprintf(run->policy, sizeof run->policy, "%s", gmr_runtime_policy(rt));
+  gmr_replay_options_t ro = {.stop_at_oom = 0, .ud = ctx};
+  if (ctx->pass == CMP_PASS_TIMED) {
+    ro.check = o->check;
+    if (o->progress) ro.callback = cmp_replay_cb, ro.callback_every = 4096;
+  } else {
+    ro.callback = cmp_replay_cb; /* every event */
+  }
+  ctx->start = cmp_now();
+  int err = gmr_replay(rt, t, &ro, res);
+  cmp_progress_clear(ctx);
+  if (err == 0 && ctx->pass == CMP_PASS_TIMED) gmr_stats(rt, &run->final);
+  gmr_runtime_free(rt);
+  if (err != 0 || ctx->oom_host) {
+    run->status = COMPARE_ERUNTIME;
+    snprintf(run->error, sizeof run->error, "the replay failed: %s",
+             err ? gmr_strerror(err) : "out of host memory");
+    return -1;
+  }
+  return 0;
+}
+
+int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                   const compare_opts_t *o, int detail) {
+  cmp_ctx_t ctx = {.run = run, .label = run->name, .progress = o->progress};
+  if (cmp_pass(run, cfg, t, o, &ctx, &run->res) != 0) return -1;
+  if (run->res.check_failed) {
+    cmp_peak_figures(run);
+    run->status = COMPARE_ECHECK;
+    snprintf(run->error, sizeof run->error, "stopped after event %zu: %s", run->res.check_event,
+             run->res.check_message);
+    return -1;
+  }
+  if (detail == COMPARE_TIMED) {
+    cmp_peak_figures(run);
+    return 0;
+  }
+
+  /* The peak event (and the timeline). */
+  gmr_replay_result_t again;
+  size_t n = t->n_events ? t->n_events : 1;
+  ctx = (cmp_ctx_t){.run = run,
+                    .label = run->name,
+                    .progress = o->progress,
+                    .pass = CMP_PASS_PEAK,
+                    .peak_reserved = run->final.peak_reserved_bytes,
+                    .timeline = detail == COMPARE_DETAIL,
+                    .bucket = (n + COMPARE_TIMELINE_POINTS - 1) / COMPARE_TIMELINE_POINTS};
+  if (cmp_pass(run, cfg, t, o, &ctx, &again) != 0) return -1;
+  cmp_point_close(&ctx);
+  if (ctx.oom_host) return -1;
+  if (ctx.peak_found) {
+    run->res.at_peak = ctx.at_peak;
+    run->res.peak_event = ctx.peak_event;
+  }
+  cmp_peak_figures(run);
+  if (detail != COMPARE_DETAIL) return 0;
+
+  /* The segments at the peak: replay up to it and walk. */
+  size_t peak = run->res.peak_event;
+  ctx = (cmp_ctx_t){.run = run,
+                    .label = run->name,
+                    .progress = o->progress,
+                    .pass = CMP_PASS_MAP,
+                    .peak_event = peak};
+  run->map_status = GMR_EINVAL; /* until the walk runs */
+  return cmp_pass(run, cfg, t, o, &ctx, &again);
+}
+
+void compare_run_release(compare_run_t *run) {
+  free(run->points);
+  free(run->map);
+  free(run->yaml);
+  run->points = NULL;
+  run->map = NULL;
+  run->yaml = NULL;
+  run->n_points = run->n_map = 0;
+}
