@@ -240,14 +240,14 @@ static void sim_capacity(void) {
       gmr_runtime_t *rt = sim_runtime(stacks[k], caps[c], 0);
       void *p = NULL, *q = NULL;
       if (rt == NULL || gmr_alloc(rt, 1 << 20, NULL, &p) != 0 ||
-          gmr_alloc(rt, caps[c] / 2, NULL, &q) != 0 || gmr_check(rt) != 0) {
+          gmr_alloc(rt, (size_t)1 << 40, NULL, &q) != 0 || gmr_check(rt) != 0) {
         diag("%s: %s", stacks[k], rt ? gmr_last_error(rt) : "no runtime");
         ++bad;
       }
       if (rt) gmr_free(rt, p), gmr_free(rt, q);
       gmr_runtime_free(rt);
     }
-    is_int(bad, 0, "capacity %llu TiB: every stack allocates 1 MiB and half the device",
+    is_int(bad, 0, "capacity %llu TiB: every stack allocates 1 MiB and 1 TiB",
            (unsigned long long)(caps[c] >> 40));
   }
   gmr_config_t *cfg;
