@@ -30,9 +30,16 @@ extern "C" {
 #define GMR_EXTERN
 #endif
 
+/* The version: configure.ac reads it from these three lines, the Python
+ * package and the Debian packages follow it.  gmr_version() gives the
+ * library's at run time, which may differ from the header's a program was
+ * built with. */
 #define GMR_VERSION_MAJOR 0
 #define GMR_VERSION_MINOR 1
 #define GMR_VERSION_PATCH 0
+
+/** The library's version, "MAJOR.MINOR.PATCH" (never NULL). */
+GMR_EXTERN const char *gmr_version(void);
 
 /* Error codes: X(name, value, message).  Functions return -value. */
 #define GMR_ERRNO_MAP(X)                                                                           \
@@ -84,6 +91,18 @@ GMR_EXTERN int gmr_config_load_string(const char *yaml, gmr_config_t **out, gmr_
 GMR_EXTERN void gmr_config_free(gmr_config_t *cfg);
 /** The name of the outermost policy of a configuration ("caching", "limit"...). */
 GMR_EXTERN const char *gmr_config_policy_name(const gmr_config_t *cfg);
+/** Find a configuration by file or by name, as the tools take them.
+ * A `name` that contains a '/' or names an existing file is that file.
+ * Otherwise NAME, then NAME.yaml, is looked for in ./config (a source tree)
+ * and then in the installed configurations (the package data directory,
+ * e.g. /usr/share/gmr): "pytorch" finds config/pytorch.yaml, else
+ * /usr/share/gmr/pytorch.yaml.  The path is written to `out` (`len` bytes,
+ * NUL-terminated); gmr_config_dir() names the installed directory.
+ * @return 0, GMR_EINVAL (NULL or empty name, NULL out, or the path does not
+ *         fit in `len`; *out untouched), GMR_EIO (found nowhere) */
+GMR_EXTERN int gmr_config_find(const char *name, char *out, size_t len);
+/** The directory of the installed configurations (never NULL). */
+GMR_EXTERN const char *gmr_config_dir(void);
 /** Write the configuration reference (every policy, every option) as Markdown. */
 GMR_EXTERN int gmr_config_write_reference(FILE *out);
 
@@ -95,7 +114,8 @@ typedef enum gmr_option_type_e {
   GMR_OPTION_NUMBER = 3, /* a real number */
   GMR_OPTION_STRING = 4, /* free text */
   GMR_OPTION_CHOICE = 5, /* one of `choices` */
-  GMR_OPTION_TEXT = 6    /* text with a syntax of its own (see `help`) */
+  GMR_OPTION_TEXT = 6,   /* text with a syntax of its own (see `help`) */
+  GMR_OPTION_MAPPING = 7 /* a nested mapping of options (limit's `shared`; see docs/config.md) */
 } gmr_option_type_t;
 
 /** One option of a policy, as the table that parses the YAML describes it.
@@ -143,9 +163,14 @@ GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
  * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EDEVICE, GMR_ECONFIG */
 GMR_EXTERN int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out);
 
+/** The memory of a simulated device unless a configuration (device:
+ * capacity) or a tool (--capacity) says otherwise: 143771 MiB, what CUDA
+ * reports for an NVIDIA H200.  Every tool uses this default. */
+#define GMR_SIM_DEFAULT_CAPACITY ((uint64_t)143771 << 20)
+
 /** Options of a simulated device, for tools and tests that force one. */
 typedef struct gmr_sim_options_s {
-  uint64_t capacity;    /* bytes of device memory; 0: 80 GiB */
+  uint64_t capacity;    /* bytes of device memory; 0: GMR_SIM_DEFAULT_CAPACITY */
   uint64_t granularity; /* reservation granularity in bytes; 0: 2 MiB */
   int host_backed;      /* 1: real host memory behind every range */
 } gmr_sim_options_t;
@@ -388,6 +413,52 @@ GMR_EXTERN int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out);
 GMR_EXTERN int gmr_sim_stream_capture(gmr_runtime_t *rt, gmr_stream_t s, int on);
 /** A simulated stream handle for id `n` (0 is the default stream). */
 #define GMR_SIM_STREAM(n) ((gmr_stream_t)(uintptr_t)(n))
+
+/* ------------------------------------------------------------------------ */
+/* Shared caps: one cap on a device across processes (docs/shared-cap.md)    */
+
+/** One process attached to a shared-cap file. */
+typedef struct gmr_shared_cap_slot_s {
+  int index;           /* the slot's index in the file */
+  unsigned generation; /* + 1 at every claim of the slot */
+  int pid;             /* the owner's pid in its own PID namespace (display only) */
+  int alive;           /* 1: the owner holds its liveness lock; 0: it died and its
+                          share is given back at the next reservation */
+  uint64_t quota;      /* the owner's quota in bytes (0: none) */
+  uint64_t guaranteed; /* bytes no other process can take from it */
+  uint64_t held;       /* bytes it has reserved on the device */
+  uint64_t operations; /* reservations and releases it made through the cap */
+  uint64_t since;      /* when it attached, seconds since the epoch */
+  char label[64];      /* `limit.shared.label` */
+} gmr_shared_cap_slot_t;
+
+/** The header of a shared-cap file. */
+typedef struct gmr_shared_cap_info_s {
+  char device_id[96];  /* GPU UUID ("GPU-...") or the simulator's id */
+  unsigned version;    /* layout version */
+  uint64_t cap;        /* bytes all processes may commit together */
+  uint64_t committed;  /* Σ max(held, guaranteed) over the attached processes */
+  uint64_t held;       /* Σ held */
+  uint64_t guaranteed; /* Σ guaranteed */
+  unsigned slots;      /* slots in the file */
+  unsigned live;       /* slots in use (alive or not yet swept) */
+  uint64_t sweeps;     /* recomputations of the totals from the slots */
+  uint64_t repairs;    /* recoveries from a process that died holding the lock */
+  uint64_t timeouts;   /* waits for the lock that gave up */
+} gmr_shared_cap_info_t;
+
+/** Read a shared-cap file without changing it or taking its lock: the header
+ * into *info, and up to `max_slots` attached processes into `slots` (their
+ * count in *out_n; info->live counts them all).  A snapshot: figures may be
+ * mid-update.  Errors are in gmr_last_error(NULL).
+ * @return 0, GMR_EIO (cannot open or map it), GMR_EINVAL (not a shared-cap
+ * file of this version) */
+GMR_EXTERN int gmr_shared_cap_read(const char *path, gmr_shared_cap_info_t *info,
+                                   gmr_shared_cap_slot_t *slots, size_t max_slots, size_t *out_n);
+/** The default file of a device, "/dev/shm/gmr-cap-<uid>-<device_id>" (with
+ * device_id "": the prefix of every such file of this user).
+ * @return 0, GMR_EINVAL (buffer too small) */
+GMR_EXTERN int gmr_shared_cap_default_path(const char *device_id, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------ */
 /* Logging                                                                  */

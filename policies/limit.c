@@ -18,6 +18,17 @@
  *
  * The cap is on this runtime, not a representation of the device.
  *
+ * Shared with other processes (counts: reserved only).  With `shared: {cap:
+ * ...}` the capped backend also reserves every device byte through the
+ * device's shared-cap file (lib/core/shared-cap.c, docs/shared-cap.md), after
+ * this process's own cap and before the device:
+ *     Σ over processes max(reserved_p, guaranteed_p) <= shared cap
+ * A refusal there is an out-of-memory of the backend like the local one, so
+ * the upstream frees its cache and retries, then reports its framework's
+ * OOM.  Only reservations and page maps pass there: an allocation the
+ * upstream serves from its cache never does.  A lock held past the timeout
+ * by a stopped process is reported the same way, with its own text.
+ *
  * Counting allocated bytes without one shared counter.  A counter that every
  * allocation and free of every thread updates is one cache line bouncing
  * between cores: with 16 threads it caps the aggregate rate at the line's
@@ -44,12 +55,22 @@
 #include <string.h>
 
 #include "core/lock.h"
+#include "core/shared-cap.h"
 #include "policy.h"
+
+typedef struct limit_shared_opts_s {
+  uint64_t cap;        /* bytes for all processes on the device; 0: not shared */
+  uint64_t guaranteed; /* bytes no other process can take from this one */
+  char *label;         /* for gmr-top; NULL: none */
+  char *path;          /* the file; NULL: one per user and device in /dev/shm */
+  double timeout;      /* seconds to wait for the file's lock; 0: 1 s */
+} limit_shared_opts_t;
 
 typedef struct limit_opts_s {
   uint64_t bytes;  /* the cap in bytes; 0: use fraction */
   double fraction; /* of the device's total memory; 0: use bytes */
   int counts;      /* LIMIT_COUNTS_* */
+  limit_shared_opts_t shared;
 } limit_opts_t;
 
 enum { LIMIT_COUNTS_ALLOCATED = 0, LIMIT_COUNTS_RESERVED = 1 };
@@ -61,6 +82,7 @@ typedef struct limit_backend_s {
   gmr_backend_t *real;
   uint64_t cap;          /* bytes */
   _Atomic uint64_t held; /* bytes reserved or mapped through this backend */
+  gmr_scap_t *shared;    /* the device's shared cap; NULL: none */
 } limit_backend_t;
 
 #define LIMIT_SHARDS 64 /* a power of two */
@@ -111,37 +133,56 @@ static limit_backend_t *lbe_of(gmr_backend_t *be) {
   return (limit_backend_t *)be;
 }
 
+/* Count n bytes against this process's cap, then the shared one (if any);
+ * on failure nothing is counted. */
+static int lbe_take(limit_backend_t *l, uint64_t n) {
+  uint64_t seen;
+  if (!take(&l->held, l->cap, n, &seen))
+    return limit_refusal(l->cap, n, seen, "reserved on the device");
+  if (l->shared == NULL) return 0;
+  int err = gmr__scap_reserve(l->shared, n);
+  if (GMR_LIKELY(err == 0)) return 0;
+  atomic_fetch_sub(&l->held, n);
+  /* A lock that stayed held is an out-of-memory for the policy too: it
+   * frees its cache, retries, then fails with its framework's error. */
+  if (err == GMR_EBUSY) err = gmr__error_set(GMR_ENOMEM, "out of memory: %s", gmr__error_last());
+  return err;
+}
+
+static void lbe_give(limit_backend_t *l, uint64_t n) {
+  atomic_fetch_sub(&l->held, n);
+  if (l->shared != NULL) gmr__scap_release(l->shared, n);
+}
+
 static int lbe_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out) {
   limit_backend_t *l = lbe_of(be);
-  uint64_t seen;
-  if (!take(&l->held, l->cap, size, &seen))
-    return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_reserve(l->real, size, s, out);
-  if (err != 0) atomic_fetch_sub(&l->held, size);
+  int err = lbe_take(l, size);
+  if (err != 0) return err;
+  err = gmr__backend_reserve(l->real, size, s, out);
+  if (err != 0) lbe_give(l, size);
   return err;
 }
 
 static int lbe_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
   int err = gmr__backend_release(l->real, ptr, size, s);
-  if (err == 0) atomic_fetch_sub(&l->held, size);
+  if (err == 0) lbe_give(l, size);
   return err;
 }
 
 static int lbe_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
-  uint64_t seen;
-  if (!take(&l->held, l->cap, size, &seen))
-    return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_map(l->real, addr, size, s);
-  if (err != 0) atomic_fetch_sub(&l->held, size);
+  int err = lbe_take(l, size);
+  if (err != 0) return err;
+  err = gmr__backend_map(l->real, addr, size, s);
+  if (err != 0) lbe_give(l, size);
   return err;
 }
 
 static int lbe_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   limit_backend_t *l = lbe_of(be);
   int err = gmr__backend_unmap(l->real, addr, size, s);
-  if (err == 0) atomic_fetch_sub(&l->held, size);
+  if (err == 0) lbe_give(l, size);
   return err;
 }
 
@@ -151,7 +192,8 @@ static int lbe_va_reserve(gmr_backend_t *be, size_t size, void **out) {
 static int lbe_va_release(gmr_backend_t *be, void *base, size_t size) {
   return gmr__backend_va_release(lbe_of(be)->real, base, size);
 }
-/* The device as the upstream sees it: `cap` bytes, of which `held` are used. */
+/* The device as the upstream sees it: `cap` bytes, of which `held` are used;
+ * free is also no more than what the shared cap leaves this process. */
 static int lbe_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   limit_backend_t *l = lbe_of(be);
   size_t f, t;
@@ -159,6 +201,11 @@ static int lbe_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) 
   if (err != 0) return err;
   uint64_t held = atomic_load(&l->held);
   uint64_t room = l->cap > held ? l->cap - held : 0;
+  if (l->shared != NULL) {
+    gmr_scap_view_t v;
+    gmr__scap_view(l->shared, &v);
+    if (v.room < room) room = v.room;
+  }
   *out_free = f < room ? f : room;
   *out_total = t < l->cap ? t : l->cap;
   return 0;
@@ -188,17 +235,16 @@ static uint64_t lbe_now_ns(gmr_backend_t *be) {
  * like a reservation; mappings of it hold no memory of their own. */
 static int lbe_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   limit_backend_t *l = lbe_of(be);
-  uint64_t seen;
-  if (!take(&l->held, l->cap, size, &seen))
-    return limit_refusal(l->cap, size, seen, "reserved on the device");
-  int err = gmr__backend_phys_create(l->real, size, out);
-  if (err != 0) atomic_fetch_sub(&l->held, size);
+  int err = lbe_take(l, size);
+  if (err != 0) return err;
+  err = gmr__backend_phys_create(l->real, size, out);
+  if (err != 0) lbe_give(l, size);
   return err;
 }
 static int lbe_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
   limit_backend_t *l = lbe_of(be);
   int err = gmr__backend_phys_release(l->real, h, size);
-  if (err == 0) atomic_fetch_sub(&l->held, size);
+  if (err == 0) lbe_give(l, size);
   return err;
 }
 static int lbe_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t off) {
@@ -250,7 +296,61 @@ static int limit_validate(void *o, char *err, size_t len) {
     snprintf(err, len, "give exactly one of 'bytes' (e.g. 8GiB) or 'fraction' (in (0, 1])");
     return GMR_ECONFIG;
   }
+  const limit_shared_opts_t *sh = &opts->shared;
+  bool shared = sh->guaranteed || sh->label || sh->path || sh->timeout != 0;
+  if (sh->cap == 0 && shared) {
+    snprintf(err, len, "'shared' needs 'cap': the bytes all processes on the device may hold");
+    return GMR_ECONFIG;
+  }
+  if (sh->cap == 0) return 0;
+  if (opts->counts != LIMIT_COUNTS_RESERVED) {
+    snprintf(err, len, "'shared' caps device memory across processes: it needs 'counts: reserved'");
+    return GMR_ECONFIG;
+  }
+  if (sh->guaranteed > sh->cap) {
+    snprintf(err, len, "'shared.guaranteed' is more than 'shared.cap'");
+    return GMR_ECONFIG;
+  }
+  if (opts->bytes != 0 && sh->guaranteed > opts->bytes) {
+    snprintf(err, len, "'shared.guaranteed' is more than this process's quota 'bytes'");
+    return GMR_ECONFIG;
+  }
+  if (sh->label && strlen(sh->label) > 63) {
+    snprintf(err, len, "'shared.label' is longer than 63 bytes");
+    return GMR_ECONFIG;
+  }
+  if (sh->path && (sh->path[0] == '\0' || strlen(sh->path) > 511)) {
+    snprintf(err, len, "'shared.path' must be a file name of 1 to 511 bytes");
+    return GMR_ECONFIG;
+  }
   return 0;
+}
+
+static void limit_opts_release(void *o) {
+  limit_opts_t *opts = o;
+  gmr__free(opts->shared.label);
+  gmr__free(opts->shared.path);
+  opts->shared.label = opts->shared.path = NULL;
+}
+
+/* Attach the capped backend to the device's shared cap. */
+static int limit_share(limit_backend_t *lbe, const limit_shared_opts_t *sh) {
+  char id[128];
+  int err = gmr__backend_device_id(lbe->real, id, sizeof id);
+  if (err != 0) return err;
+  if (sh->guaranteed > lbe->cap)
+    return gmr__error_set(GMR_ECONFIG,
+                          "limit: 'shared.guaranteed' (%llu bytes) is more than this process's "
+                          "cap (%llu bytes)",
+                          (unsigned long long)sh->guaranteed, (unsigned long long)lbe->cap);
+  gmr_scap_opts_t so = {.path = sh->path,
+                        .device_id = id,
+                        .cap = sh->cap,
+                        .quota = lbe->cap,
+                        .guaranteed = sh->guaranteed,
+                        .label = sh->label,
+                        .timeout_s = sh->timeout};
+  return gmr__scap_attach(&so, &lbe->shared);
 }
 
 static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
@@ -290,12 +390,15 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
     l->lbe->base.forwards_to = be;
     l->lbe->cap = cap;
     up_be = &l->lbe->base;
+    if (opts->shared.cap != 0 && (err = limit_share(l->lbe, &opts->shared)) != 0) goto fail_share;
   }
   err = gmr__policy_create(upstream, up_be, &l->base.upstream);
   if (err != 0) goto fail_upstream;
   *out = &l->base;
   return 0;
 fail_upstream:
+  if (l->lbe) gmr__scap_detach(l->lbe->shared);
+fail_share:
   gmr__free(l->lbe);
 fail_lbe:
   gmr__lock_destroy(&l->pool_lock);
@@ -309,6 +412,7 @@ fail_pool_lock:
 static void limit_destroy(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   gmr__policy_destroy(self->upstream);
+  if (l->lbe) gmr__scap_detach(l->lbe->shared); /* after the upstream gave its memory back */
   gmr__free(l->lbe);
   gmr__lock_destroy(&l->pool_lock);
   gmr__free(l->raw);
@@ -464,7 +568,7 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
     if (l->counts == LIMIT_COUNTS_ALLOCATED)
       limit_give(l, shard_of(l, LIMIT_EXTERNAL_STREAM), n);
     else
-      atomic_fetch_sub(&l->lbe->held, n);
+      lbe_give(l->lbe, n);
     return 0;
   }
   uint64_t seen;
@@ -473,7 +577,12 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
     limit_shard_t *sh = shard_of(l, LIMIT_EXTERNAL_STREAM);
     ok = shard_take(sh, n) || limit_refill(l, sh, n, &seen);
   } else {
-    ok = take(&l->lbe->held, l->cap, n, &seen);
+    int err = lbe_take(l->lbe, n);
+    if (err != 0) {
+      atomic_fetch_add(&l->refused, 1);
+      return err;
+    }
+    ok = true;
   }
   if (!ok) {
     atomic_fetch_add(&l->refused, 1);
@@ -525,6 +634,13 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
     return 0;
   if (cb("limit_refused", (int64_t)atomic_load(&l->refused), ud) != 0) return 0;
   if (cb("limit_external_bytes", (int64_t)atomic_load(&l->external), ud) != 0) return 0;
+  if (l->lbe != NULL && l->lbe->shared != NULL) {
+    gmr_scap_view_t v;
+    gmr__scap_view(l->lbe->shared, &v);
+    if (cb("limit_shared_cap_bytes", (int64_t)v.cap, ud) != 0) return 0;
+    if (cb("limit_shared_committed_bytes", (int64_t)v.committed, ud) != 0) return 0;
+    if (cb("limit_shared_free_bytes", (int64_t)v.room, ud) != 0) return 0;
+  }
   int err = gmr__policy_stats_foreach(self->upstream, cb, ud);
   return err == GMR_POLICY_NONE ? 0 : err;
 }
@@ -539,6 +655,16 @@ static int limit_summary(gmr_policy_t *self, FILE *out) {
   fprintf(out, "limit: %s of %s %s (%llu allocations refused)\n", u, c,
           l->counts == LIMIT_COUNTS_ALLOCATED ? "allocated" : "reserved",
           (unsigned long long)atomic_load(&l->refused));
+  if (l->lbe != NULL && l->lbe->shared != NULL) {
+    gmr_scap_view_t v;
+    gmr__scap_view(l->lbe->shared, &v);
+    char sc[32], sm[32], sr[32];
+    gmr__format_size(v.cap, sc, sizeof sc);
+    gmr__format_size(v.committed, sm, sizeof sm);
+    gmr__format_size(v.room, sr, sizeof sr);
+    fprintf(out, "shared cap: %s committed of %s by all processes, %s left to this one (%s)\n", sm,
+            sc, sr, gmr__scap_path(l->lbe->shared));
+  }
   int err = gmr__policy_summary(self->upstream, out);
   return err == GMR_POLICY_NONE ? 0 : err;
 }
@@ -565,6 +691,41 @@ static int limit_check(gmr_policy_t *self) {
 
 static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};
 
+static const gmr_opt_desc_t limit_shared_desc[] = {
+    {.key = "cap",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(limit_shared_opts_t, cap),
+     .min = 1,
+     .default_text = "",
+     .help = "Bytes that all processes sharing the device may hold together (required); every "
+             "process must give the same cap."},
+    {.key = "guaranteed",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(limit_shared_opts_t, guaranteed),
+     .default_text = "0",
+     .help = "Bytes no other process can take from this one, at most `bytes`; the guarantees of "
+             "all processes must fit in the cap."},
+    {.key = "label",
+     .type = GMR_OPT_STRING,
+     .offset = offsetof(limit_shared_opts_t, label),
+     .default_text = "",
+     .help = "A name for this process in gmr-top (up to 63 bytes)."},
+    {.key = "path",
+     .type = GMR_OPT_STRING,
+     .offset = offsetof(limit_shared_opts_t, path),
+     .default_text = "/dev/shm/gmr-cap-UID-DEVICE",
+     .help = "The file the processes share; by default one per user and device (GPU UUID)."},
+    {.key = "timeout",
+     .type = GMR_OPT_DOUBLE,
+     .offset = offsetof(limit_shared_opts_t, timeout),
+     .min = 0,
+     .max = 3600,
+     .min_exclusive = true,
+     .default_text = "1",
+     .help = "Seconds to wait for the file's lock before a reservation fails (a stopped holder)."},
+    {.key = NULL},
+};
+
 static const gmr_opt_desc_t limit_opts_desc[] = {
     {.key = "bytes",
      .type = GMR_OPT_SIZE,
@@ -587,6 +748,13 @@ static const gmr_opt_desc_t limit_opts_desc[] = {
      .default_text = "allocated",
      .help = "allocated: live requested bytes (checked before the policy runs); reserved: "
              "device memory the policy holds, cache included."},
+    {.key = "shared",
+     .type = GMR_OPT_TABLE,
+     .offset = offsetof(limit_opts_t, shared),
+     .sub = limit_shared_desc,
+     .default_text = "",
+     .help = "One cap for all processes on the device, on top of this one's (counts: reserved "
+             "only; docs/shared-cap.md)."},
     {.key = NULL},
 };
 
@@ -600,6 +768,7 @@ const gmr_policy_ops_t gmr_limit_policy_ops = {
     .is_decorator = true,
     .concurrent = true,
     .validate = limit_validate,
+    .opts_release = limit_opts_release,
     .create = limit_create,
     .destroy = limit_destroy,
     .alloc = limit_alloc,

@@ -21,8 +21,8 @@ check $? "VMM map/unmap works"
 echo "$out" | grep -q "events (record/sync/query) *work"
 check $? "events work"
 if echo "$out" | grep -q "^no CUDA device"; then
-  echo "$out" | grep -q "total memory (backend) *85899345920 bytes"
-  check $? "without a device: the simulator's 80 GiB"
+  echo "$out" | grep -q "total memory (backend) *150754820096 bytes"
+  check $? "without a device: the simulator's default 143771 MiB"
 else
   echo "$out" | grep -q "CUDA context"
   check $? "with a device: the context's cost"

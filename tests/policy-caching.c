@@ -326,7 +326,7 @@ static void test_empty_cache(void) {
 
 /* 10: the OOM message. */
 static void test_oom(void) {
-  gmr_runtime_t *rt = fresh();
+  gmr_runtime_t *rt = make_rt("policy: caching\n", 80 * GiB); /* the device of the message */
   gmr_sim_fail_all(rt, 1);
   void *p = NULL;
   is_int(gmr_alloc(rt, 5 * MiB, S(0), &p), GMR_ENOMEM, "10: malloc(5 MiB) fails");

@@ -3,6 +3,9 @@
  *   gmr-bench [--device sim|cuda] [--sizes LIST] [--threads LIST] [--reps N]
  *             [--min-time MS] [--torch SHIM.so] [--no-baselines] [--json] CONFIG...
  *
+ * Options are read with getopt_long (tools/cli.h) before anything runs;
+ * usage errors exit 2.  A CONFIG is a file or a name (gmr_config_find).
+ *
  * For each configuration it measures, on one runtime:
  *  - the host time of one cached alloc+free pair on one stream: a warm-up
  *    pair primes the cache, then a loop of gmr_alloc + gmr_free of the same
@@ -38,6 +41,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "gmr.h"
 #include "json.h"
 
@@ -54,7 +58,8 @@
 typedef struct bench_opts_s {
   bool cuda;                     /* --device cuda */
   bool json;                     /* JSON on stdout instead of the table */
-  FILE *json_file;               /* --json-file: JSON there as well as the table */
+  const char *json_path;         /* --json-file PATH */
+  FILE *json_file;               /* PATH opened, once the command line is good */
   bool baselines;                /* the CUDA contenders (with --device cuda) */
   bool pin;                      /* --pin: thread t runs on CPU t mod the CPUs allowed */
   int reps;                      /* repetitions; the median is reported */
@@ -415,14 +420,22 @@ static void streams_free(contender_t *c, const bench_opts_t *o) {
 static void base_name(const char *path, char *out, size_t len) {
   const char *b = strrchr(path, '/');
   b = b ? b + 1 : path;
-  snprintf(out, len, "%s", b);
+  size_t n = strlen(b) < len ? strlen(b) : len - 1; /* truncated to fit */
+  memcpy(out, b, n);
+  out[n] = '\0';
   char *dot = strrchr(out, '.');
   if (dot && (strcmp(dot, ".yaml") == 0 || strcmp(dot, ".yml") == 0)) *dot = '\0';
 }
 
-static int gmr_contender_new(const char *path, const bench_opts_t *o, contender_t *c) {
+static int gmr_contender_new(const char *arg, const bench_opts_t *o, contender_t *c) {
   gmr_config_t *cfg;
   gmr_error_t err;
+  char path[4096];
+  if (gmr_config_find(arg, path, sizeof path) != 0) {
+    fprintf(stderr, "gmr-bench: no configuration '%s' (not a file, nor a name in ./config or %s)\n",
+            arg, gmr_config_dir());
+    return 1;
+  }
   int rc = gmr_config_load_file(path, &cfg, &err);
   if (rc != 0) {
     fprintf(stderr, "gmr-bench: %s\n", err.message);
@@ -533,25 +546,37 @@ static int cuda_baselines(const bench_opts_t *o, bool *first) {
 
 /* ---- command line ------------------------------------------------------------ */
 
-static void usage(FILE *f) {
-  fprintf(f, "usage: gmr-bench [OPTIONS] CONFIG.yaml...\n"
-             "Host time per cached alloc+free pair on one stream, and aggregate time per pair\n"
-             "with N threads each on its own stream (median of the repetitions).\n"
-             "  --device sim|cuda  where the runtimes run (default sim); cuda also measures\n"
-             "                     cudaMalloc, cudaMallocAsync and, with --torch, PyTorch\n"
-             "  --sizes LIST       request sizes, e.g. 4KiB,1MiB (the default)\n"
-             "  --threads LIST     thread counts (default 1,2,4,8,16)\n"
-             "  --reps N           repetitions, median reported (default 7)\n"
-             "  --min-time MS      one repetition on one thread lasts at least MS ms (default 20)\n"
-             "  --pairs N          pairs per thread per repetition instead of --min-time (for\n"
-             "                     instruction counts: valgrind --tool=callgrind)\n"
-             "  --capacity SIZE    memory of the simulated device (default 141GiB)\n"
-             "  --torch SHIM.so    PyTorch's allocator through tools/bench-torch.cpp\n"
-             "  --no-baselines     with --device cuda, measure the configurations only\n"
-             "  --pin              run thread t on CPU t (mod the CPUs allowed): steadier figures\n"
-             "  --json             one JSON array instead of the table\n"
-             "  --json-file PATH   the table, and the JSON array written to PATH\n");
-}
+static const char bench_usage[] =
+    "usage: gmr-bench [OPTIONS] CONFIG...\n"
+    "\n"
+    "Host time per cached alloc+free pair on one stream, and aggregate time per\n"
+    "pair with N threads each on its own stream (median of the repetitions), for\n"
+    "each CONFIG (a YAML file, or the name of a configuration in ./config or the\n"
+    "installed ones, e.g. pytorch).\n"
+    "\n"
+    "  --device sim|cuda  where the runtimes run (default sim); cuda also measures\n"
+    "                     cudaMalloc, cudaMallocAsync and, with --torch, PyTorch\n"
+    "  --sizes LIST       request sizes, e.g. 4KiB,1MiB (the default)\n"
+    "  --threads LIST     thread counts (default 1,2,4,8,16)\n"
+    "  --reps N           repetitions, median reported (default 7)\n"
+    "  --min-time MS      one repetition on one thread lasts at least MS ms\n"
+    "                     (default 20)\n"
+    "  --pairs N          pairs per thread per repetition instead of --min-time\n"
+    "                     (for instruction counts: valgrind --tool=callgrind)\n"
+    "  --capacity SIZE    memory of the simulated device (default 143771MiB, an\n"
+    "                     H200, as every gmr tool)\n"
+    "  --torch SHIM.so    PyTorch's allocator through tools/bench-torch.cpp\n"
+    "  --no-baselines     with --device cuda, measure the configurations only\n"
+    "  --pin              run thread t on CPU t (mod the CPUs allowed): steadier\n"
+    "                     figures\n"
+    "  --json             one JSON array instead of the table\n"
+    "  --json-file PATH   the table, and the JSON array written to PATH\n"
+    "  -h, --help         print this help and exit\n"
+    "  -V, --version      print the version and exit\n"
+    "\n"
+    "Exit status: 0 when every measurement ran, 1 when one could not (a\n"
+    "configuration that does not load, a runtime that miscounts), 2 for usage\n"
+    "errors.\n";
 
 static int parse_list(const char *opt, const char *text, bool sizes, void *out, int max, int *n) {
   char buf[512];
@@ -599,6 +624,9 @@ static int parse_int(const char *opt, const char *text, long lo, long hi, long *
   return 0;
 }
 
+/* The command line, with getopt_long: 0, or CLI_USAGE_ERROR with the message
+ * printed.  Nothing is opened or measured here (--json-file is opened by
+ * main once the whole line is known to be good). */
 static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config) {
   *o = (bench_opts_t){.reps = 7,
                       .min_time_ns = 20e6,
@@ -607,97 +635,120 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
                       .n_sizes = 2,
                       .threads = {1, 2, 4, 8, 16},
                       .n_threads = 5,
-                      .capacity = 141ull << 30};
-  int i = 1;
-  for (; i < argc && argv[i][0] == '-' && argv[i][1] != '\0'; ++i) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    long n;
-    if (strcmp(a, "--") == 0) {
-      ++i;
-      break;
-    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-      usage(stdout);
+                      .capacity = GMR_SIM_DEFAULT_CAPACITY};
+  enum {
+    OPT_DEVICE = 256,
+    OPT_SIZES,
+    OPT_THREADS,
+    OPT_REPS,
+    OPT_MIN_TIME,
+    OPT_PAIRS,
+    OPT_CAPACITY,
+    OPT_TORCH,
+    OPT_NO_BASELINES,
+    OPT_PIN,
+    OPT_JSON,
+    OPT_JSON_FILE
+  };
+  static const struct option longopts[] = {{"device", required_argument, NULL, OPT_DEVICE},
+                                           {"sizes", required_argument, NULL, OPT_SIZES},
+                                           {"threads", required_argument, NULL, OPT_THREADS},
+                                           {"reps", required_argument, NULL, OPT_REPS},
+                                           {"min-time", required_argument, NULL, OPT_MIN_TIME},
+                                           {"pairs", required_argument, NULL, OPT_PAIRS},
+                                           {"capacity", required_argument, NULL, OPT_CAPACITY},
+                                           {"torch", required_argument, NULL, OPT_TORCH},
+                                           {"no-baselines", no_argument, NULL, OPT_NO_BASELINES},
+                                           {"pin", no_argument, NULL, OPT_PIN},
+                                           {"json", no_argument, NULL, OPT_JSON},
+                                           {"json-file", required_argument, NULL, OPT_JSON_FILE},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {"version", no_argument, NULL, 'V'},
+                                           {NULL, 0, NULL, 0}};
+  int c;
+  long n;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
+    const char *v = optarg;
+    switch (c) {
+    case 'h':
+      fputs(bench_usage, stdout);
       exit(0);
-    } else if (strcmp(a, "--json") == 0) {
+    case 'V':
+      exit(cli_version("gmr-bench"));
+    case OPT_JSON:
       o->json = true;
-      continue;
-    } else if (strcmp(a, "--pin") == 0) {
+      break;
+    case OPT_PIN:
       o->pin = true;
-      continue;
-    } else if (strcmp(a, "--no-baselines") == 0) {
+      break;
+    case OPT_NO_BASELINES:
       o->baselines = false;
-      continue;
-    }
-    if (v == NULL) {
-      fprintf(stderr, "gmr-bench: %s needs a value (see --help)\n", a);
-      return 1;
-    }
-    ++i;
-    if (strcmp(a, "--device") == 0) {
-      if (strcmp(v, "sim") != 0 && strcmp(v, "cuda") != 0) {
-        fprintf(stderr, "gmr-bench: --device: '%s' is neither sim nor cuda\n", v);
-        return 1;
-      }
+      break;
+    case OPT_DEVICE:
+      if (strcmp(v, "sim") != 0 && strcmp(v, "cuda") != 0)
+        return cli_usage_error("gmr-bench", "--device: '%s' is neither sim nor cuda", v);
       o->cuda = strcmp(v, "cuda") == 0;
-    } else if (strcmp(a, "--sizes") == 0) {
-      if (parse_list(a, v, true, o->sizes, BENCH_MAX_SIZES, &o->n_sizes) != 0) return 1;
-    } else if (strcmp(a, "--threads") == 0) {
-      if (parse_list(a, v, false, o->threads, BENCH_MAX_THREADS, &o->n_threads) != 0) return 1;
-    } else if (strcmp(a, "--reps") == 0) {
-      if (parse_int(a, v, 1, BENCH_MAX_REPS, &n) != 0) return 1;
+      break;
+    case OPT_SIZES:
+      if (parse_list("--sizes", v, true, o->sizes, BENCH_MAX_SIZES, &o->n_sizes) != 0)
+        return CLI_USAGE_ERROR;
+      break;
+    case OPT_THREADS:
+      if (parse_list("--threads", v, false, o->threads, BENCH_MAX_THREADS, &o->n_threads) != 0)
+        return CLI_USAGE_ERROR;
+      break;
+    case OPT_REPS:
+      if (parse_int("--reps", v, 1, BENCH_MAX_REPS, &n) != 0) return CLI_USAGE_ERROR;
       o->reps = (int)n;
-    } else if (strcmp(a, "--min-time") == 0) {
-      if (parse_int(a, v, 1, 60000, &n) != 0) return 1;
+      break;
+    case OPT_MIN_TIME:
+      if (parse_int("--min-time", v, 1, 60000, &n) != 0) return CLI_USAGE_ERROR;
       o->min_time_ns = (double)n * 1e6;
-    } else if (strcmp(a, "--pairs") == 0) {
-      if (parse_int(a, v, 1, 1L << 40, &n) != 0) return 1;
+      break;
+    case OPT_PAIRS:
+      if (parse_int("--pairs", v, 1, 1L << 40, &n) != 0) return CLI_USAGE_ERROR;
       o->fixed_pairs = (uint64_t)n;
-    } else if (strcmp(a, "--capacity") == 0) {
-      if (gmr_parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20)) {
-        fprintf(stderr, "gmr-bench: --capacity: '%s' is not a size of 1MiB or more\n", v);
-        return 1;
-      }
-    } else if (strcmp(a, "--torch") == 0) {
+      break;
+    case OPT_CAPACITY:
+      if (gmr_parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20))
+        return cli_usage_error("gmr-bench", "--capacity: '%s' is not a size of 1MiB or more", v);
+      break;
+    case OPT_TORCH:
       o->torch_shim = v;
-    } else if (strcmp(a, "--json-file") == 0) {
-      if (o->json_file != NULL) fclose(o->json_file);
-      o->json_file = fopen(v, "w");
-      if (o->json_file == NULL) {
-        fprintf(stderr, "gmr-bench: --json-file %s: %s\n", v, strerror(errno));
-        return 1;
-      }
-    } else {
-      fprintf(stderr, "gmr-bench: unknown option '%s' (see --help)\n", a);
-      return 1;
+      break;
+    case OPT_JSON_FILE:
+      o->json_path = v;
+      break;
+    default:
+      return cli_bad_option("gmr-bench", argv, c, longopts);
     }
   }
   o->max_threads = 1;
   for (int k = 0; k < o->n_threads; ++k)
     if (o->threads[k] > o->max_threads) o->max_threads = o->threads[k];
-  if (o->torch_shim != NULL && !o->cuda) {
-    fprintf(stderr, "gmr-bench: --torch needs --device cuda\n");
-    return 1;
-  }
+  if (o->torch_shim != NULL && !o->cuda)
+    return cli_usage_error("gmr-bench", "%s", "--torch needs --device cuda");
 #ifndef GMR_HAVE_CUDA
-  if (o->cuda) {
-    fprintf(stderr, "gmr-bench: --device cuda: this gmr-bench was built without CUDA\n");
-    return 1;
-  }
+  if (o->cuda)
+    return cli_usage_error("gmr-bench", "%s",
+                           "--device cuda: this gmr-bench was built without CUDA");
 #endif
-  if (i == argc && !(o->cuda && o->baselines)) {
-    fprintf(stderr, "gmr-bench: no configuration given (e.g. config/pytorch.yaml)\n");
-    usage(stderr);
-    return 1;
-  }
-  *first_config = i;
+  if (optind == argc && !(o->cuda && o->baselines))
+    return cli_usage_error("gmr-bench", "%s",
+                           "no configuration given (a YAML file or a name, e.g. pytorch)");
+  *first_config = optind;
   return 0;
 }
 
 int main(int argc, char **argv) {
   bench_opts_t o;
-  int first_config;
-  if (parse_args(argc, argv, &o, &first_config) != 0) return 2;
+  int first_config = 0;
+  if (parse_args(argc, argv, &o, &first_config) != 0) return CLI_USAGE_ERROR;
+  if (o.json_path != NULL && (o.json_file = fopen(o.json_path, "w")) == NULL) {
+    fprintf(stderr, "gmr-bench: --json-file %s: %s\n", o.json_path, strerror(errno));
+    return 1;
+  }
   bool first = true;
 #ifdef GMR_HAVE_CUDA
   int devices = 0;

@@ -28,7 +28,12 @@
  * required for device memory allocation in XLA"), so its buffers bypass gmr.
  * cudaMemGetInfo and cuMemGetInfo_v2 report the configured limit: with a cap
  * of L bytes (gmr_stats().limit_bytes) and R bytes reserved by gmr,
- *     total = L,  free = min(driver's free, L - R)   (0 when R >= L).
+ *     total = L,  free = min(driver's free, L - R)   (0 when R >= L);
+ * under a cap shared with other processes (limit.shared), free is also no
+ * more than what that cap leaves this process (limit_shared_free_bytes:
+ * cap - committed by all, plus what is left of its own guarantee), so a
+ * framework that sizes itself as a fraction of total or takes what is free
+ * gets what it can really have.
  * Pointers gmr does not own (made before, or by the driver directly) are
  * freed by the real driver or runtime.  A synchronous free (cudaFree,
  * cuMemFree) of gmr's memory waits for the device (cuCtxSynchronize) as the
@@ -334,6 +339,10 @@ static bool ip_limit_info(int device, size_t *f, size_t *t) {
     return false;
   /* What the limit counts: reserved or allocated bytes, and charged ones. */
   uint64_t left = (uint64_t)cap > (uint64_t)used ? (uint64_t)cap - (uint64_t)used : 0;
+  int64_t shared_left = 0;
+  if (gmr_stat_get(rt, "limit_shared_free_bytes", &shared_left) == 0 && shared_left >= 0 &&
+      (uint64_t)shared_left < left)
+    left = (uint64_t)shared_left;
   *t = (size_t)cap;
   if ((uint64_t)*f > left) *f = (size_t)left;
   return true;

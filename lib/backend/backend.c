@@ -82,6 +82,14 @@ int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total
   return be->ops->mem_info(be, out_free, out_total);
 }
 
+int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  while (be->ops->device_id == NULL && be->forwards_to != NULL)
+    be = be->forwards_to;
+  if (be->ops->device_id == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "backend %s has no device id", be->ops->name);
+  return be->ops->device_id(be, buf, len);
+}
+
 int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   if (be->ops->phys_create == NULL)
     return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot create physical pages",

@@ -51,6 +51,9 @@ typedef struct gmr_backend_ops_s {
   int (*map)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*unmap)(gmr_backend_t *self, void *addr, size_t size, gmr_stream_t s);
   int (*mem_info)(gmr_backend_t *self, size_t *out_free, size_t *out_total);
+  /* A name of the device that is the same in every process: the GPU UUID
+   * ("GPU-xxxxxxxx-...") for CUDA, "sim<ordinal>-<capacity>" for the simulator. */
+  int (*device_id)(gmr_backend_t *self, char *buf, size_t len);
   /* Physical pages as handles (cuMemCreate / cuMemRelease): `size` is a
    * multiple of `granularity`.  A handle holds memory until released; it may
    * be mapped at any number of virtual addresses meanwhile. */
@@ -116,6 +119,7 @@ int gmr__backend_va_release(gmr_backend_t *be, void *base, size_t size);
 int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
+int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len);
 /* Physical pages: create/release count as reserved bytes and device
  * allocations/frees; map/unmap of a handle count as device calls only. */
 int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out);

@@ -247,6 +247,19 @@ static int cuda_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total)
   return 0;
 }
 
+/* The UUID as nvidia-smi writes it: GPU-8-4-4-4-12 hex digits. */
+static int cuda_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  cuda_be_t *c = cuda_of(be);
+  struct cudaDeviceProp p;
+  cudaError_t e = cudaGetDeviceProperties(&p, c->ordinal);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaGetDeviceProperties");
+  const unsigned char *u = (const unsigned char *)p.uuid.bytes;
+  snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+           u[14], u[15]);
+  return 0;
+}
+
 static int cuda_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   cuda_be_t *c = cuda_of(be);
   int prev, err = use_device(c, &prev);
@@ -316,6 +329,7 @@ static const gmr_backend_ops_t cuda_ops = {
     .map = cuda_map,
     .unmap = cuda_unmap,
     .mem_info = cuda_mem_info,
+    .device_id = cuda_device_id,
     .phys_create = cuda_phys_create,
     .phys_release = cuda_phys_release,
     .phys_map = cuda_phys_map,
@@ -338,6 +352,7 @@ static const gmr_backend_ops_t cuda_ops_novmm = {
     .reserve = cuda_reserve,
     .release = cuda_release,
     .mem_info = cuda_mem_info,
+    .device_id = cuda_device_id,
     .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,

@@ -58,7 +58,7 @@
 #define SIM_SPACE_MIN           ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
 #define SIM_SPACE_PER_BYTE      64                             /* addresses per byte of capacity */
 #define SIM_MAX_CAPACITY        ((uint64_t)1 << 52)            /* 4 PiB */
-#define SIM_DEFAULT_CAPACITY    ((uint64_t)80 << 30)
+#define SIM_DEFAULT_CAPACITY    GMR_SIM_DEFAULT_CAPACITY
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
 #define SIM_RESERVE_ALIGN       512                  /* cudaMalloc's minimum */
 #define SIM_DEVICE_STRIDE       ((uintptr_t)1 << 58) /* fake addresses per device ordinal */
@@ -613,6 +613,14 @@ static int sim_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) 
   return 0;
 }
 
+/* The same simulated device in every process: named by its ordinal and
+ * capacity, "sim0-85899345920". */
+static int sim_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  gmr_sim_t *sim = sim_of(be);
+  snprintf(buf, len, "sim%d-%llu", be->device, (unsigned long long)sim->capacity);
+  return 0;
+}
+
 /* Streams: looked up by id; created on first use.  Called with the lock. */
 static sim_stream_t *sim_stream(gmr_sim_t *sim, gmr_stream_t s) {
   uintptr_t id = (uintptr_t)s;
@@ -745,6 +753,7 @@ static const gmr_backend_ops_t sim_ops = {
     .map = sim_map,
     .unmap = sim_unmap,
     .mem_info = sim_mem_info,
+    .device_id = sim_device_id,
     .phys_create = sim_phys_create,
     .phys_release = sim_phys_release,
     .phys_map = sim_phys_map,

@@ -2,7 +2,7 @@
  *
  * A configuration picks the device, the policy stack and its options:
  *
- *   device:   {backend: auto|sim|cuda, capacity: 141GiB, granularity: 2MiB,
+ *   device:   {backend: auto|sim|cuda, capacity: 143771MiB, granularity: 2MiB,
  *              host_backed: false}                       (optional)
  *   policy:   {name: caching, <options of caching>}      (required)
  *   limit:    {bytes: 8GiB} or {fraction: 0.5}           (optional: wraps policy)
@@ -38,7 +38,7 @@ static const gmr_opt_desc_t device_opts_desc[] = {
      .type = GMR_OPT_SIZE,
      .offset = offsetof(gmr_device_opts_t, capacity),
      .min = 1 << 20,
-     .default_text = "80GiB",
+     .default_text = "143771MiB",
      .help = "Memory of the simulated device."},
     {.key = "granularity",
      .type = GMR_OPT_SIZE,
@@ -133,8 +133,18 @@ static int check_range(parse_t *ps, const yaml_node_t *n, const gmr_opt_desc_t *
                  d->min_exclusive ? ">" : ">=", lo);
 }
 
+static int parse_options(parse_t *ps, const yaml_node_t *map, const gmr_opt_desc_t *desc,
+                         void *opts, const char *what, const char *const *skip);
+
 static int parse_option(parse_t *ps, const gmr_opt_desc_t *d, const yaml_node_t *n, void *opts) {
   char *field = (char *)opts + d->offset;
+  if (d->type == GMR_OPT_TABLE) {
+    if (n->type != YAML_MAPPING_NODE)
+      return fail_at(ps, n, "'%s' is a mapping of options, not %s", d->key, node_kind(n));
+    char what[64];
+    snprintf(what, sizeof what, "'%s'", d->key);
+    return parse_options(ps, n, d->sub, field, what, NULL);
+  }
   if (n->type != YAML_SCALAR_NODE)
     return fail_at(ps, n, "'%s' takes a single value, not %s", d->key, node_kind(n));
   const char *t = scalar(n);
@@ -195,6 +205,8 @@ static int parse_option(parse_t *ps, const gmr_opt_desc_t *d, const yaml_node_t 
             (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "", d->choices[i]);
       return fail_at(ps, n, "'%s' is not a choice for '%s'; expected one of: %s", t, d->key, list);
     }
+  case GMR_OPT_TABLE:
+    break; /* handled above */
   case GMR_OPT_CUSTOM: {
     char why[512] = "";
     if (d->parse(t, field, why, sizeof why) != 0)
@@ -588,11 +600,13 @@ static const char *type_name(gmr_opt_type_t t) {
     return "choice";
   case GMR_OPT_CUSTOM:
     return "text";
+  case GMR_OPT_TABLE:
+    return "mapping";
   }
   return "?";
 }
 
-static void write_table(FILE *out, const gmr_opt_desc_t *desc) {
+static void write_table(FILE *out, const gmr_opt_desc_t *desc, const char *prefix) {
   fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");
   for (const gmr_opt_desc_t *d = desc; d && d->key; ++d) {
     fprintf(out, "| `%s` | %s", d->key, type_name(d->type));
@@ -613,6 +627,13 @@ static void write_table(FILE *out, const gmr_opt_desc_t *desc) {
     }
     fprintf(out, " |\n");
   }
+  for (const gmr_opt_desc_t *d = desc; d && d->key; ++d) {
+    if (d->type != GMR_OPT_TABLE) continue;
+    char name[128];
+    snprintf(name, sizeof name, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", d->key);
+    fprintf(out, "\nThe keys of `%s`:\n\n", name);
+    write_table(out, d->sub, name);
+  }
 }
 
 int gmr_config_write_reference(FILE *out) {
@@ -628,14 +649,14 @@ int gmr_config_write_reference(FILE *out) {
                "| `trace` | a file to record every allocation and free into (CSV) |\n\n"
                "Sizes take units: `4096`, `512KiB`, `512MiB`, `8GiB` (binary), `1GB` (decimal).\n\n"
                "## device\n\n");
-  write_table(out, device_opts_desc);
+  write_table(out, device_opts_desc, "device");
   for (int i = 0; gmr__policies[i]; ++i) {
     const gmr_policy_ops_t *ops = gmr__policies[i];
     fprintf(out, "\n## policy `%s`\n\n%s\n\n", ops->name, ops->help ? ops->help : "");
     if (ops->is_decorator)
       fprintf(out, "Wraps another policy, given as `upstream: {name: ..., ...}`.\n\n");
     if (ops->opts_desc && ops->opts_desc[0].key)
-      write_table(out, ops->opts_desc);
+      write_table(out, ops->opts_desc, ops->name);
     else
       fprintf(out, "No options.\n");
   }

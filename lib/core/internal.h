@@ -140,7 +140,8 @@ typedef enum gmr_opt_type_e {
   GMR_OPT_DOUBLE, /* double */
   GMR_OPT_STRING, /* char * (owned by the options; freed by gmr__opts_free) */
   GMR_OPT_ENUM,   /* int: index into `choices` */
-  GMR_OPT_CUSTOM  /* parsed by `parse` from the scalar's text */
+  GMR_OPT_CUSTOM, /* parsed by `parse` from the scalar's text */
+  GMR_OPT_TABLE   /* a nested mapping: a struct at `offset` described by `sub` */
 } gmr_opt_type_t;
 
 typedef struct gmr_opt_desc_s {
@@ -151,9 +152,10 @@ typedef struct gmr_opt_desc_s {
   const char *const *choices; /* ENUM: NULL-terminated names */
   /* CUSTOM: parse `text` into the field; on error write a sentence to err. */
   int (*parse)(const char *text, void *field, char *err, size_t errlen);
-  const char *default_text; /* for the reference */
-  const char *help;         /* one sentence */
-  bool min_exclusive;       /* the range's lower bound is exclusive */
+  const struct gmr_opt_desc_s *sub; /* TABLE: the nested keys (offsets in the struct) */
+  const char *default_text;         /* for the reference */
+  const char *help;                 /* one sentence */
+  bool min_exclusive;               /* the range's lower bound is exclusive */
   /* The environment variable(s) that override this option when a runtime is
    * created, separated by spaces (NULL: none); shown in docs/config.md.  The
    * config layer reads them (gmr__config_apply_env, config-env.c) and, when

@@ -30,6 +30,8 @@ static gmr_option_type_t options_type(gmr_opt_type_t t) {
     return GMR_OPTION_CHOICE;
   case GMR_OPT_CUSTOM:
     return GMR_OPTION_TEXT;
+  case GMR_OPT_TABLE:
+    return GMR_OPTION_MAPPING;
   }
   return GMR_OPTION_TEXT;
 }

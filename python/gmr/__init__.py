@@ -1,6 +1,8 @@
-"""gmr from Python: PyTorch and CuPy allocate through gmr, and gmr reports.
+"""gmr from Python: PyTorch and CuPy allocate through gmr, gmr reports, and
+traces replay under several policies side by side.
 
     import gmr
+    gmr.compare("traces/gpt2_train.csv", ["pytorch", "tf-growth"])  # as gmr-compare --json
     gmr.use_in_torch("config/pytorch.yaml")   # before the first CUDA tensor
     gmr.use_in_cupy()                         # same runtime, same pool
     ...
@@ -11,25 +13,38 @@
 Every framework in the process allocates from gmr's process-wide runtime of
 the device (gmr_default_runtime), built from the YAML file named by
 GMR_CONFIG.  `config` arguments set GMR_CONFIG; they must come before the
-first allocation, since a runtime is built once.  Programs that allocate with
-cudaMalloc/cuMemAlloc need no call: LD_PRELOAD=libgmr-preload.so routes them
-(docs/frameworks.md says which frameworks that covers).
+first allocation, since a runtime is built once (a runtime that could not be
+built is not: configure() may then name another file and the next call
+retries).  Programs that allocate with cudaMalloc/cuMemAlloc need no call:
+LD_PRELOAD=libgmr-preload.so routes them (docs/frameworks.md says which
+frameworks that covers).
 
-Only ctypes: nothing is compiled beyond libgmr itself (see _lib.py for where
-the library is looked up).
+Only ctypes: nothing is compiled beyond libgmr itself, which the wheel
+(distribution gmr-runtime) carries; library() says which libgmr was loaded
+and why (_lib.py has the search order).  Paths may be str, bytes or
+os.PathLike; bad arguments raise TypeError or ValueError with a sentence.
 """
 
-import ctypes
-import os
-import tempfile
-import threading
+import ctypes as _ctypes
+import os as _os
+import tempfile as _tempfile
+import threading as _threading
 
-from ._lib import STAT_CB, GmrError, Stats, _Error, libc, load
+from . import _lib, _replay
+from ._lib import GmrError
+
+__version__ = "0.1.0"  # = gmr_version() of the libgmr it loads (checked at load)
+
+DEFAULT_CAPACITY = _replay.DEFAULT_CAPACITY
 
 __all__ = [
+    "DEFAULT_CAPACITY",
     "GmrError",
+    "__version__",
+    "compare",
     "configure",
     "empty_cache",
+    "library",
     "library_path",
     "policy",
     "snapshot",
@@ -39,24 +54,32 @@ __all__ = [
     "use_in_torch",
 ]
 
-_lock = threading.Lock()
-_lib = None
-_path = None
-_frozen = False  # a runtime may exist: GMR_CONFIG can no longer change
+_lock = _threading.Lock()
+_loaded = None
+_frozen = False  # a runtime exists: GMR_CONFIG can no longer change
+_INT_MAX = (1 << 31) - 1
 
 
 def _library():
-    global _lib, _path
+    """The ctypes.CDLL of libgmr, loaded on first use."""
+    global _loaded
     with _lock:
-        if _lib is None:
-            _lib, _path = load()
-        return _lib
+        if _loaded is None:
+            _loaded = _lib.load(__version__)
+        return _loaded.cdll
+
+
+def library():
+    """The libgmr in use: .path (the file), .origin ("GMR_LIBRARY",
+    "already loaded", "bundled" or "system": why this one) and .version.
+    Loads it on first use; raises OSError naming every place tried."""
+    _library()
+    return _loaded
 
 
 def library_path():
-    """The path (or soname) libgmr was loaded from."""
-    _library()
-    return _path
+    """The file libgmr was loaded from."""
+    return library().path
 
 
 def _check(rc, what, rt=None):
@@ -68,53 +91,82 @@ def _check(rc, what, rt=None):
                                          (": " + text) if text else ""))
 
 
+def compare(trace, configs, capacity=DEFAULT_CAPACITY, check=False):
+    """Replay the trace file `trace` (gmr's CSV, an RMM log or a PyTorch memory
+    snapshot pickle, as gmr-compare reads them) under each configuration of `configs` (a
+    path or a name such as "pytorch", or a list of them), each on a fresh
+    simulated device of `capacity` bytes (an int, or a size such as
+    "80GiB"; default 143771 MiB, an H200), as gmr-compare does.
+
+    Returns a list with one dict per configuration, with the keys and values
+    of `gmr-compare --json` ("config", "status", "peak_reserved",
+    "fragmentation_at_peak", "first_oom", "top_sites"...).  A configuration that does not
+    load or run has status "load_error" or "runtime_error" and an "error";
+    an OOM is a result.  check=True walks the policy's invariants after
+    every event.  Names are looked up in ./config, the configurations
+    bundled with the package, then the installed ones; an unknown name, a
+    bad capacity or trace raises ValueError (a missing trace OSError)
+    before anything is replayed."""
+    return _replay.compare(_library(), trace, configs, capacity=capacity, check=check)
+
+
 def configure(config=None):
-    """Make `config` (a YAML file) the configuration of gmr's process-wide
-    runtimes, after checking that it loads.  None keeps GMR_CONFIG as it is
-    (unset: PyTorch-style caching).  Returns the path in force, or None.
+    """Make `config` (a YAML file: str, bytes or os.PathLike; or the name of
+    a ready configuration, e.g. "pytorch", looked up as compare() does) the
+    configuration of gmr's process-wide runtimes, after checking that it
+    loads.  None keeps GMR_CONFIG as it is (unset: PyTorch-style caching).
+    Returns the path in force, or None.
 
     Raises ValueError (with file:line:column) for a bad file, RuntimeError
     when a runtime already exists under another configuration."""
-    global _frozen
     lib = _library()
     if config is None:
-        return os.environ.get("GMR_CONFIG") or None
-    # str, bytes or path-like; the environment holds it as text
-    path = os.fsdecode(os.path.abspath(os.fspath(config)))
-    cfg = ctypes.c_void_p()
-    err = _Error()
-    rc = lib.gmr_config_load_file(os.fsencode(path), ctypes.byref(cfg), ctypes.byref(err))
+        return _os.environ.get("GMR_CONFIG") or None
+    raw = _replay.find_config(lib, config)  # a file, or a name such as "pytorch"
+    path = _os.fsdecode(_os.path.abspath(raw))
+    cfg = _ctypes.c_void_p()
+    err = _lib.Error()
+    rc = lib.gmr_config_load_file(_os.fsencode(path), _ctypes.byref(cfg), _ctypes.byref(err))
     if rc != 0:
-        raise ValueError("gmr: %s" % err.message.decode(errors="replace"))
+        raise ValueError("gmr: %s" % (err.message.decode(errors="replace")
+                                      or "%s: %s" % (path, lib.gmr_strerror(rc).decode())))
     lib.gmr_config_free(cfg)
     with _lock:
-        current = os.environ.get("GMR_CONFIG") or None
+        current = _os.environ.get("GMR_CONFIG") or None
         if _frozen and current != path:
             raise RuntimeError(
                 "gmr: the runtime already exists with GMR_CONFIG=%s; configure gmr "
                 "before the first allocation" % current)
-        os.environ["GMR_CONFIG"] = path
+        _os.environ["GMR_CONFIG"] = path
     return path
+
+
+def _device(device):
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError("gmr: device must be a CUDA ordinal (an int), not %s"
+                        % type(device).__name__)
+    if device < 0 or device > _INT_MAX:
+        raise ValueError("gmr: device must be a CUDA ordinal in [0, %d], not %d"
+                         % (_INT_MAX, device))
+    return device
 
 
 def _runtime(device):
     global _frozen
     lib = _library()
-    # a C int: 2**32 would silently be device 0
-    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < 2**31:
-        raise ValueError("gmr: device must be a CUDA ordinal (an int in [0, 2**31)), not %r"
-                         % (device,))
-    rt = ctypes.c_void_p()
-    rc = lib.gmr_default_runtime(device, ctypes.byref(rt))
-    if rc != 0:  # no runtime was built: configure() may still choose another file
+    device = _device(device)
+    rt = _ctypes.c_void_p()
+    rc = lib.gmr_default_runtime(device, _ctypes.byref(rt))
+    if rc != 0:
         raise GmrError(rc, "gmr: no runtime for device %d: %s" % (
-            device, lib.gmr_hooks_last_error().decode(errors="replace")))
-    _frozen = True
+            device, (lib.gmr_hooks_last_error() or lib.gmr_thread_last_error()).decode(
+                errors="replace") or lib.gmr_strerror(rc).decode()))
+    _frozen = True  # only once one exists: a failed creation may be retried
     return rt
 
 
 def _fnptr(name):
-    return ctypes.cast(getattr(_library(), name), ctypes.c_void_p).value
+    return _ctypes.cast(getattr(_library(), name), _ctypes.c_void_p).value
 
 
 def use_in_torch(config=None):
@@ -130,7 +182,8 @@ def use_in_torch(config=None):
     except ImportError as e:
         raise ImportError("gmr.use_in_torch needs PyTorch: %s" % e) from e
     configure(config)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(_path, "gmr_torch_alloc", "gmr_torch_free")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gmr_torch_alloc",
+                                                      "gmr_torch_free")
     native = alloc.allocator()
     for setter, fn in (("set_reset_fn", "gmr_torch_empty_cache"),
                        ("set_record_stream_fn", "gmr_torch_record_stream")):
@@ -162,9 +215,9 @@ def use_in_cupy(config=None):
         if size and not mem.ptr:
             why = lib.gmr_hooks_last_error().decode(errors="replace")
             rt = _runtime(cupy.cuda.runtime.getDevice())
-            reserved, limit = ctypes.c_int64(-1), ctypes.c_int64(0)
-            lib.gmr_stat_get(rt, b"reserved_bytes", ctypes.byref(reserved))
-            lib.gmr_stat_get(rt, b"limit_bytes", ctypes.byref(limit))
+            reserved, limit = _ctypes.c_int64(-1), _ctypes.c_int64(0)
+            lib.gmr_stat_get(rt, b"reserved_bytes", _ctypes.byref(reserved))
+            lib.gmr_stat_get(rt, b"limit_bytes", _ctypes.byref(limit))
             raise cmem.OutOfMemoryError(size, reserved.value, limit.value) from GmrError(
                 -1, "gmr: " + why)
         return mem
@@ -182,15 +235,15 @@ def stats(device=0):
     under BFC; "limit_in_use_bytes"... under a limit)."""
     lib = _library()
     rt = _runtime(device)
-    st = Stats()
-    _check(lib.gmr_stats(rt, ctypes.byref(st)), "gmr_stats", rt)
-    out = {name: getattr(st, name) for name, _ in Stats._fields_}
+    st = _lib.Stats()
+    _check(lib.gmr_stats(rt, _ctypes.byref(st)), "gmr_stats", rt)
+    out = {name: getattr(st, name) for name in _lib.STATS_FIELDS}
 
     def cb(key, value, ud):
         out[key.decode()] = value
         return 0
 
-    c_cb = STAT_CB(cb)
+    c_cb = _lib.STAT_CB(cb)
     _check(lib.gmr_stats_foreach(rt, c_cb, None), "gmr_stats_foreach", rt)
     return out
 
@@ -207,12 +260,13 @@ def empty_cache(device=0):
 
 
 def _write_with(fn, rt, path, what):
-    c = libc()
-    f = c.fopen(os.fsencode(path), b"wb")
+    c = _lib.libc()
+    raw = _replay.fspath_bytes(path, "path")
+    f = c.fopen(raw, b"wb")
     if not f:
-        e = ctypes.get_errno()
-        raise OSError(e, "gmr: cannot open %s for writing: %s" % (os.fsdecode(path),
-                                                                  os.strerror(e)), path)
+        err = _ctypes.get_errno()
+        raise OSError(err, "gmr: cannot open %s for writing: %s"
+                      % (_os.fsdecode(raw), _os.strerror(err)))
     try:
         rc = fn(rt, f)
     finally:
@@ -225,8 +279,8 @@ def summary(device=0):
     the caching policy)."""
     lib = _library()
     rt = _runtime(device)
-    with tempfile.TemporaryDirectory(prefix="gmr-") as d:
-        p = os.path.join(d, "summary.txt")
+    with _tempfile.TemporaryDirectory(prefix="gmr-") as d:
+        p = _os.path.join(d, "summary.txt")
         _write_with(lib.gmr_summary, rt, p, "gmr_summary")
         with open(p, encoding="utf-8", errors="replace") as fh:
             return fh.read()
@@ -236,8 +290,4 @@ def snapshot(path, device=0):
     """Write the device's memory snapshot to `path` as PyTorch's snapshot
     pickle (what torch.cuda.memory._dump_snapshot writes; open it at
     https://pytorch.org/memory_viz).  Needs a libgmr with gmr_snapshot_write."""
-    lib = _library()
-    if not hasattr(lib, "gmr_snapshot_write"):
-        raise NotImplementedError(
-            "gmr.snapshot: this libgmr (%s) has no gmr_snapshot_write" % _path)
-    _write_with(lib.gmr_snapshot_write, _runtime(device), path, "gmr_snapshot_write")
+    _write_with(_library().gmr_snapshot_write, _runtime(device), path, "gmr_snapshot_write")

@@ -1,12 +1,16 @@
-"""Finding and describing libgmr for ctypes.
+"""Finding, checking and describing libgmr for ctypes.
 
-The library is looked up, in order:
-  1. the file named by the environment variable GMR_LIBRARY;
-  2. a libgmr.so already loaded in the process (LD_PRELOAD=libgmr-preload.so
-     loads it), so that the hooks, the interposer and this package share one
+The library is looked up, in order, and the first one that loads, has the
+entry points this package calls and has this package's version is used:
+  1. the file named by the environment variable GMR_LIBRARY (an explicit
+     choice, e.g. a build tree's lib/.libs/libgmr.so);
+  2. a libgmr.so.0 already loaded in the process (LD_PRELOAD=libgmr-preload.so
+     loads one), so that the hooks, the interposer and this package share one
      runtime per device, hence one pool;
-  3. libgmr.so next to this package (a wheel or a copy may put it there);
-  4. the system's search path (ldconfig, LD_LIBRARY_PATH).
+  3. the libgmr.so.0 bundled in this package (the wheel carries it);
+  4. the system's (ldconfig, LD_LIBRARY_PATH: the Debian package libgmr0).
+library() returns a Library naming the file and why it was chosen; a
+failure names every place tried and why each was refused.
 """
 
 import ctypes
@@ -14,6 +18,7 @@ import ctypes.util
 import os
 
 _SONAME = "libgmr.so.0"
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class GmrError(RuntimeError):
@@ -24,7 +29,7 @@ class GmrError(RuntimeError):
         self.code = code
 
 
-class _Error(ctypes.Structure):  # gmr_error_t
+class Error(ctypes.Structure):  # gmr_error_t
     _fields_ = [
         ("code", ctypes.c_int),
         ("line", ctypes.c_int),
@@ -34,7 +39,7 @@ class _Error(ctypes.Structure):  # gmr_error_t
     ]
 
 
-_STATS_FIELDS = (
+STATS_FIELDS = (
     "reserved_bytes", "peak_reserved_bytes", "allocated_bytes", "peak_allocated_bytes",
     "requested_bytes", "peak_requested_bytes", "active_bytes", "peak_active_bytes",
     "segments", "peak_segments", "allocations", "peak_allocations", "num_allocs",
@@ -44,10 +49,34 @@ _STATS_FIELDS = (
 
 
 class Stats(ctypes.Structure):  # gmr_stats_t: every field uint64_t, in this order
-    _fields_ = [(name, ctypes.c_uint64) for name in _STATS_FIELDS]
+    _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 
 
 STAT_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p)
+
+
+class Library:
+    """The loaded libgmr: `cdll` (ctypes.CDLL), `path`, `origin` (one of
+    "GMR_LIBRARY", "already loaded", "bundled", "system") and `version`."""
+
+    def __init__(self, cdll, path, origin, version):
+        self.cdll, self.path, self.origin, self.version = cdll, path, origin, version
+
+    def __repr__(self):
+        return "<libgmr %s from %s (%s)>" % (self.version, self.path, self.origin)
+
+
+def _loaded_path(name):
+    """The file a loaded shared object came from (/proc/self/maps), or name."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(name):
+                    return parts[5].strip()
+    except OSError:
+        pass
+    return name
 
 
 def _candidates():
@@ -57,14 +86,12 @@ def _candidates():
     out = []
     try:  # already in the process?
         ctypes.CDLL(_SONAME, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
-        out.append(("loaded", _SONAME))
+        out.append(("already loaded", _loaded_path(_SONAME)))
     except OSError:
         pass
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libgmr.so", _SONAME):
-        path = os.path.join(here, name)
-        if os.path.exists(path):
-            out.append(("package", path))
+    bundled = os.path.join(HERE, _SONAME)
+    if os.path.exists(bundled):
+        out.append(("bundled", bundled))
     found = ctypes.util.find_library("gmr")
     out.append(("system", found or _SONAME))
     return out
@@ -73,11 +100,16 @@ def _candidates():
 def _declare(lib):
     vp, i, sz, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p
     sig = {
+        "gmr_version": (cp, []),
         "gmr_strerror": (cp, [i]),
-        "gmr_config_load_file": (i, [cp, ctypes.POINTER(vp), ctypes.POINTER(_Error)]),
+        "gmr_config_load_file": (i, [cp, ctypes.POINTER(vp), ctypes.POINTER(Error)]),
         "gmr_config_free": (None, [vp]),
         "gmr_config_policy_name": (cp, [vp]),
+        "gmr_config_find": (i, [cp, cp, sz]),
+        "gmr_config_dir": (cp, []),
+        "gmr_parse_size": (i, [cp, ctypes.POINTER(ctypes.c_uint64)]),
         "gmr_default_runtime": (i, [i, ctypes.POINTER(vp)]),
+        "gmr_runtime_free": (None, [vp]),
         "gmr_stats": (i, [vp, ctypes.POINTER(Stats)]),
         "gmr_stats_foreach": (i, [vp, STAT_CB, vp]),
         "gmr_stat_get": (i, [vp, cp, ctypes.POINTER(ctypes.c_int64)]),
@@ -90,6 +122,7 @@ def _declare(lib):
         "gmr_stats_reset_peak": (None, [vp]),
         "gmr_stats_reset_accumulated": (None, [vp]),
         "gmr_mem_info": (i, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+        "gmr_snapshot_write": (i, [vp, vp]),
         "gmr_torch_alloc": (vp, [ctypes.c_ssize_t, i, vp]),
         "gmr_torch_free": (None, [vp, ctypes.c_ssize_t, i, vp]),
         "gmr_torch_empty_cache": (None, []),
@@ -102,31 +135,57 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    if hasattr(lib, "gmr_snapshot_write"):
-        lib.gmr_snapshot_write.restype = i
-        lib.gmr_snapshot_write.argtypes = [vp, vp]
+    from . import _replay  # the replay API's structures and signatures
+
+    _replay.declare(lib)
 
 
-def load():
-    """Return (ctypes.CDLL, path) for libgmr, or raise OSError naming every
-    place that was tried."""
+def _bundled_yaml():
+    """The wheel carries libyaml-0.so.2 for hosts without it: load that copy
+    (so that the bundled libgmr's dependency is met) only when the system
+    has none."""
+    path = os.path.join(HERE, "libyaml-0.so.2")
+    if not os.path.exists(path):
+        return
+    try:
+        ctypes.CDLL("libyaml-0.so.2", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+def load(want_version):
+    """Return a Library for libgmr `want_version`, or raise OSError naming
+    every place that was tried."""
     tried = []
-    for where, path in _candidates():
+    for origin, path in _candidates():
+        if origin == "bundled":
+            try:
+                _bundled_yaml()
+            except OSError as e:
+                tried.append("%s (%s): its libyaml: %s" % (path, origin, e))
+                continue
         try:
-            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
-            tried.append("%s (%s): %s" % (path, where, e))
+            tried.append("%s (%s): %s" % (path, origin, e))
             continue
         try:
-            _declare(lib)
+            _declare(cdll)
         except AttributeError as e:
-            tried.append("%s (%s): not a libgmr with framework hooks (%s)" % (path, where, e))
+            tried.append("%s (%s): not a libgmr %s (%s)" % (path, origin, want_version, e))
             continue
-        return lib, path
+        version = cdll.gmr_version().decode()
+        if version != want_version:
+            tried.append("%s (%s): libgmr %s, this package needs %s" % (
+                path, origin, version, want_version))
+            continue
+        if origin == "system" and not os.path.isabs(path):
+            path = _loaded_path(_SONAME)
+        return Library(cdll, path, origin, version)
     raise OSError(
-        "gmr: libgmr.so could not be loaded; set GMR_LIBRARY to its path. Tried: "
-        + "; ".join(tried)
-    )
+        "gmr: no usable libgmr %s (install the wheel with its bundled library, the "
+        "Debian package libgmr0, or set GMR_LIBRARY to the file). Tried: %s"
+        % (want_version, "; ".join(tried)))
 
 
 _libc = None

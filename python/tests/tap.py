@@ -1,50 +1,52 @@
-"""Run the unittest modules of a folder and print TAP (one line per test), so
-Automake's tap-driver.sh reads them: python3 tap.py DIR"""
+"""A pytest plugin that reports in TAP, one line per test, so Automake's
+tap-driver.sh reads the Python tests: python3 -m pytest -p tap -p no:terminal
 
-import sys
-import unittest
+Failures print their report as "# " diagnostics; collection errors are
+failures of their own; the plan "1..N" comes last.
+"""
 
-
-class TapResult(unittest.TestResult):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def _line(self, test, ok, extra=""):
-        self.n += 1
-        name = test.id().split(".", 1)[-1]
-        print("%s %d - %s%s" % ("ok" if ok else "not ok", self.n, name, extra), flush=True)
-
-    def addSuccess(self, test):
-        self._line(test, True)
-
-    def addFailure(self, test, err):
-        super().addFailure(test, err)
-        self._line(test, False)
-        self._diag(self.failures[-1][1])
-
-    def addError(self, test, err):
-        super().addError(test, err)
-        self._line(test, False)
-        self._diag(self.errors[-1][1])
-
-    def addSkip(self, test, reason):
-        self._line(test, True, " # SKIP %s" % reason)
-
-    @staticmethod
-    def _diag(text):
-        for line in text.rstrip().splitlines():
-            print("# " + line, flush=True)
+_count = 0
 
 
-def main():
-    folder = sys.argv[1] if len(sys.argv) > 1 else "."
-    suite = unittest.defaultTestLoader.discover(folder, pattern="test_*.py", top_level_dir=folder)
-    result = TapResult()
-    suite.run(result)
-    print("1..%d" % result.n, flush=True)
-    return 0 if result.wasSuccessful() else 1
+def _line(ok, name, extra=""):
+    global _count
+    _count += 1
+    print("%s %d - %s%s" % ("ok" if ok else "not ok", _count, name, extra), flush=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _diag(report):
+    text = getattr(report, "longreprtext", "") or str(report.longrepr or "")
+    for line in text.rstrip().splitlines():
+        print("# " + line, flush=True)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _line(False, "collect %s" % report.nodeid)
+        _diag(report)
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid
+    if report.when == "setup":
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            _line(True, name, " # SKIP %s" % reason.replace("Skipped: ", ""))
+        elif report.failed:
+            _line(False, name + " (setup)")
+            _diag(report)
+    elif report.when == "call":
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            _line(True, name, " # SKIP %s" % reason.replace("Skipped: ", ""))
+        else:
+            _line(report.passed, name)
+            if report.failed:
+                _diag(report)
+    elif report.when == "teardown" and report.failed:
+        _line(False, name + " (teardown)")
+        _diag(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    print("1..%d" % _count, flush=True)

@@ -9,13 +9,18 @@ cp -L "$b/lib/.libs/libgmr.so.0" "$dest/lib/libgmr.so.0"
 ln -s libgmr.so.0 "$dest/lib/libgmr.so"
 cp -L "$b/lib/.libs/libgmr-preload.so" "$dest/lib/"
 cp -L "$yaml"/libyaml-0.so.2 "$dest/lib/"
-# gmr-info links libgmr.so: the real binary (not libtool's wrapper), run with
-# run.sh's LD_LIBRARY_PATH.
-if [ -f "$b/tools/.libs/gmr-info" ]; then cp "$b/tools/.libs/gmr-info" "$dest/bin/"; else cp "$b/tools/gmr-info" "$dest/bin/"; fi
+# gmr-info and gmr-top link libgmr.so: the real binaries (not libtool's
+# wrappers), run with run.sh's LD_LIBRARY_PATH.
+for t in gmr-info gmr-top; do
+  if [ -f "$b/tools/.libs/$t" ]; then cp "$b/tools/.libs/$t" "$dest/bin/"; else cp "$b/tools/$t" "$dest/bin/"; fi
+done
 # gmr-compare (snapshot_compare.sh): the real program, not libtool's wrapper.
 if [ -f "$b/tools/.libs/gmr-compare" ]; then cp "$b/tools/.libs/gmr-compare" "$dest/bin/"; else
   cp "$b/tools/gmr-compare" "$dest/bin/"
 fi
+# The shared cap's process tests and its benchmark (linked statically with gmr).
+cp "$b/tests/shared-cap" "$dest/bin/gmr-shared-cap-test"
+cp "$b/tests/shared-cap-bench" "$dest/bin/gmr-shared-cap-bench"
 cp -r "$src/python/gmr" "$dest/python/"
 # The public headers, for programs built on the GPU host (multi-gpu.sh).
 mkdir -p "$dest/include"
@@ -23,3 +28,7 @@ cp "$src"/include/*.h "$dest/include/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
+# The gmr-runtime wheel, when `make wheel` made one: scripts/gpu/wheel.sh tests it.
+for w in "$b"/dist/gmr_runtime-*.whl; do
+  if [ -f "$w" ]; then cp "$w" "$dest/"; fi
+done
