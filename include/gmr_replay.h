@@ -75,6 +75,24 @@ typedef struct gmr_trace_data_s {
  * missing, and frees of allocations older than the history are left out and
  * said in `note`. */
 GMR_EXTERN int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t errlen);
+
+/* Called while a trace is read: bytes of the file parsed so far, the file's
+ * size (0 when unknown: standard input, a pipe), events so far.  Return
+ * nonzero to stop reading (gmr_trace_read_with then fails with GMR_EINVAL). */
+typedef int (*gmr_trace_progress_cb)(uint64_t bytes_read, uint64_t bytes_total, size_t events,
+                                     void *ud);
+
+typedef struct gmr_trace_read_options_s {
+  gmr_trace_progress_cb progress; /* may be NULL */
+  void *ud;
+  uint64_t progress_every; /* call after every N bytes (0: 16 MiB), and at the end */
+} gmr_trace_read_options_t;
+
+/** gmr_trace_read with options.  The file is read and parsed in chunks (the
+ * text is never held whole), so memory is the events' (40 bytes each) and
+ * the live allocations'. */
+GMR_EXTERN int gmr_trace_read_with(const char *path, const gmr_trace_read_options_t *opts,
+                                   gmr_trace_data_t **out, char *err, size_t errlen);
 /** Parse a trace held in memory; `name` is used in messages. */
 GMR_EXTERN int gmr_trace_parse(const char *text, size_t len, const char *name,
                                gmr_trace_data_t **out, char *err, size_t errlen);

@@ -72,6 +72,40 @@ else
   echo "ok $n # SKIP one CPU: --pin cannot spread threads"
 fi
 
+# The churn workloads: random sizes (one record per configuration, per
+# thread count) and the live-blocks sweep (one record with one point per
+# count); the runtime's own counts must match, or gmr-bench fails.
+"$bench" --workloads random,sweep --live 32 --sweep-live 10,100 --pairs 300 --reps 1 \
+  --threads 1,2 --json-file "$tmp/churn.json" "$src/config/pytorch.yaml" \
+  "$src/config/tf-greedy.yaml" >"$tmp/churn.txt" 2>"$tmp/err"
+ok $? "random and sweep workloads of two configurations exit 0"
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$tmp/churn.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+got = [(r["workload"], r["contender"]) for r in rows]
+assert got == [("random", "pytorch"), ("random", "tf-greedy"),
+               ("sweep", "pytorch"), ("sweep", "tf-greedy")], got
+for r in rows[:2]:
+    assert r["live_blocks"] == 32 and r["size_min"] == 512 and r["size_max"] == 64 << 20, r
+    assert r["steps_per_rep"] == 300 and [t["threads"] for t in r["threads"]] == [1, 2], r
+    assert all(t["ns_per_op"] > 0 for t in r["threads"]), r
+for r in rows[2:]:
+    pts = r["points"]
+    assert [p["live_blocks"] for p in pts] == [10, 100] and r["size_max"] == 4 << 20, r
+    assert abs(r["growth"] - max(p["ns_per_op"] for p in pts) / pts[0]["ns_per_op"]) < 0.01, r
+EOF
+  ok $? "2 random records (32 live, 1 and 2 threads) and 2 sweep records (10 and 100 live)"
+  python3 "$src/scripts/sweep-svg.py" "$tmp/churn.json" "$tmp/sweep.svg" "test" &&
+    grep -q "<polyline" "$tmp/sweep.svg" && grep -q "tf-greedy (bfc)" "$tmp/sweep.svg"
+  ok $? "scripts/sweep-svg.py draws the sweep with one line per configuration"
+else
+  grep -c '"workload": "sweep"' "$tmp/churn.json" | grep -qx 2
+  ok $? "2 sweep records (python3 absent: counted only)"
+fi
+grep -q 'live-blocks sweep' "$tmp/churn.txt" && grep -q 'random sizes' "$tmp/churn.txt"
+ok $? "the tables name both workloads"
+
 check_refusal() { # expected-status needle description args...
   want=$1 needle=$2 what=$3
   shift 3
@@ -85,6 +119,10 @@ check_refusal() { # expected-status needle description args...
 check_refusal 2 "'0' is not a size in bytes above 0" "--sizes 0 is refused" --sizes 0 x.yaml
 check_refusal 2 "'0' is not a thread count in \[1, 64\]" "--threads 0 is refused" --threads 1,0 x.yaml
 check_refusal 2 "unknown option '--frobnicate'" "an unknown option is refused" --frobnicate x.yaml
+check_refusal 2 "'churn' is not one of pair, random, sweep" "an unknown workload is refused" \
+  --workloads pair,churn x.yaml
+check_refusal 2 "is not LO,HI with LO <= HI" "a reversed size range is refused" \
+  --random-range 64MiB,512 x.yaml
 check_refusal 2 "no configuration given" "no configuration is refused" --reps 1
 check_refusal 2 "--torch needs --device cuda" "--torch without --device cuda is refused" \
   --torch x.so "$src/config/direct.yaml"

@@ -617,6 +617,50 @@ static void bfc_retry_when_useful(void) {
   }
 }
 
+/* ... and still waits, as TensorFlow does, when memory changes hands: once
+ * some thread has freed a chunk another thread allocated, a thread that
+ * holds everything and waits may be given memory by another thread's free
+ * (TF's executors free tensors on whichever thread drops the last
+ * reference). */
+typedef struct handoff_s {
+  gmr_runtime_t *rt;
+  void *p;
+  int delay_ms, rc;
+} handoff_t;
+static void *free_later(void *arg) {
+  handoff_t *h = arg;
+  struct timespec ts = {0, (long)h->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  h->rc = gmr_free(h->rt, h->p);
+  return NULL;
+}
+
+static void bfc_retry_after_handoff(void) {
+  gmr_runtime_t *rt = sim_runtime(
+      "policy: {name: bfc, allow_growth: false, memory_limit: 64MiB, retry_timeout: 5s}\n",
+      1ull << 30, 0);
+  if (rt == NULL) return;
+  void *warm = NULL, *all = NULL, *more = NULL;
+  gmr_alloc(rt, 1 << 20, NULL, &warm);
+  handoff_t h = {rt, warm, 0, -1};
+  pthread_t th;
+  pthread_create(&th, NULL, free_later, &h); /* frees this thread's chunk */
+  pthread_join(th, NULL);
+  is_int(gmr_alloc(rt, 64 << 20, NULL, &all), 0, "handoff: this thread holds the whole limit");
+  h = (handoff_t){rt, all, 200, -1};
+  pthread_create(&th, NULL, free_later, &h); /* frees it in 0.2 s */
+  double t0 = now_s();
+  int rc = gmr_alloc(rt, 1 << 20, NULL, &more);
+  double took = now_s() - t0;
+  pthread_join(th, NULL);
+  is_int(rc, 0, "  an allocation waits for another thread's free of this thread's chunk");
+  ok(took >= 0.1 && took < 4.0, "  for about 0.2 s (%.3f s)", took);
+  if (rc == 0) gmr_free(rt, more);
+  is_int(h.rc, 0, "  the other thread's free succeeded");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 /* What the fuzzers found, kept as seeds and replayed here under every stack:
  * a trace whose 10th allocation split a block with no spare record left
  * (caching with expandable segments, after an unmap and a map). */
@@ -646,6 +690,7 @@ int main(void) {
   fuzz_findings();
   bfc_record_stream();
   bfc_retry_when_useful();
+  bfc_retry_after_handoff();
   config_limits();
   size_extremes();
   size_parsing();

@@ -20,6 +20,18 @@ static void parse_fails(const char *text, const char *needle, const char *what) 
   ok(t == NULL, "  and returns no trace");
 }
 
+typedef struct progress_s {
+  uint64_t last, total;
+  int calls;
+} progress_t;
+
+static int progress_cb(uint64_t done, uint64_t total, size_t events, void *ud) {
+  progress_t *p = ud;
+  (void)events;
+  p->last = done, p->total = total, ++p->calls;
+  return 0;
+}
+
 int main(void) {
   /* Record. */
   char path[256];
@@ -130,6 +142,49 @@ int main(void) {
     is_u64(t->peak_requested, peak_req[i], "  peak requested = PyTorch's (figures.md)");
     gmr_trace_data_free(t);
   }
+  /* The streaming reader: a file of several 1 MiB chunks, with lines cut by
+   * chunk ends, a BOM, CRLF endings and comments, gives the same events as
+   * parsing the text in memory, and reports its progress up to the whole
+   * file. */
+  size_t cap = 5u << 20, len = 0;
+  char *big = malloc(cap);
+  len += (size_t)snprintf(big + len, cap - len,
+                          "\xEF\xBB\xBFThread,Time,Action,Pointer,Size,Stream\r\n");
+  for (unsigned i = 0; len + 200 < cap - 200; ++i) {
+    len += (size_t)snprintf(big + len, cap - len, "%u,%u,allocate,0x%x,%u,%u\r\n", i % 7, i,
+                            0x1000 + 0x200 * i, 512 + (i * 7919u) % 100000u, i % 3);
+    if (i % 97 == 0) len += (size_t)snprintf(big + len, cap - len, "# a comment\n");
+    len += (size_t)snprintf(big + len, cap - len, "%u,%u,free,%u,0,%u\n", i % 7, i,
+                            0x1000 + 0x200 * i, i % 3);
+  }
+  snprintf(path, sizeof path, "/tmp/gmr-trace-stream-%d.csv", (int)getpid());
+  FILE *f = fopen(path, "wb");
+  fwrite(big, 1, len, f);
+  fclose(f);
+  gmr_trace_data_t *ta = NULL, *tb = NULL;
+  is_int(gmr_trace_parse(big + 3, len - 3, "mem", &ta, msg, sizeof msg), 0,
+         "a %zu-byte trace parses in memory", len);
+  progress_t prog = {0, 0, 0};
+  gmr_trace_read_options_t ro = {.progress = progress_cb, .ud = &prog, .progress_every = 1};
+  is_int(gmr_trace_read_with(path, &ro, &tb, msg, sizeof msg), 0, "and streams from a file");
+  if (ta != NULL && tb != NULL) {
+    is_int(tb->n_events, ta->n_events, "  the same %zu events", ta->n_events);
+    size_t same = 0;
+    for (size_t i = 0; i < ta->n_events && i < tb->n_events; ++i) {
+      const gmr_trace_event_t *x = &ta->events[i], *y = &tb->events[i];
+      same += x->time_us == y->time_us && x->size == y->size && x->stream == y->stream &&
+              x->id == y->id && x->line == y->line && x->action == y->action &&
+              x->thread == y->thread;
+    }
+    is_int(same, ta->n_events, "  field for field (lines cut by the 1 MiB chunks included)");
+    is_u64(tb->peak_requested, ta->peak_requested, "  the same peak requested");
+  }
+  ok(prog.calls >= 5 && prog.last == len && prog.total == len,
+     "  progress reported %d times, up to the whole file", prog.calls);
+  gmr_trace_data_free(ta);
+  gmr_trace_data_free(tb);
+  unlink(path);
+  free(big);
   gmr_config_free(cfg);
   return done_testing();
 }

@@ -17,6 +17,18 @@
  *    A rate that holds up under threads keeps this figure at or below the
  *    one-thread figure.
  *
+ * Two more workloads (--workloads pair,random,sweep), each alloc and free
+ * timed the same way for every contender (docs/benchmarks.md):
+ *  - random: each thread keeps --live blocks (512) live on its stream, sizes
+ *    log-uniform in --random-range (512 B to 64 MiB); one step frees a block
+ *    chosen at random and allocates a new random size in its place; the
+ *    figure is ns per operation (an alloc or a free), one thread and N;
+ *  - sweep: the random workload on one thread with 10 to 100,000 live blocks
+ *    (--sweep-live), sizes in --sweep-range (512 B to 4 MiB): how the cost
+ *    per operation grows with the number of live blocks (gmr runtimes only).
+ * The steps (which block, which size) are drawn before the timed loop from
+ * a fixed seed, so every contender makes the same requests.
+ *
  * With --device cuda (a build with the CUDA backend, on a machine with a
  * GPU) it also measures the contenders gmr is judged against: cudaMalloc +
  * cudaFree, cudaMallocAsync + cudaFreeAsync on the device's default pool
@@ -33,6 +45,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
@@ -52,6 +65,16 @@
 #define BENCH_MAX_THREADS 64
 #define BENCH_MAX_SIZES   16
 #define BENCH_MAX_REPS    101
+#define BENCH_MAX_SWEEP   16
+
+/* The workloads (see the top of the file). */
+typedef enum bench_kind_e { WL_PAIR, WL_RANDOM, WL_SWEEP } bench_kind_t;
+
+/* A churn workload: `live` blocks per thread, sizes log-uniform in [lo, hi]. */
+typedef struct churn_spec_s {
+  size_t live;
+  size_t lo, hi; /* bytes */
+} churn_spec_t;
 
 /* ---- options -------------------------------------------------------------- */
 
@@ -69,9 +92,14 @@ typedef struct bench_opts_s {
   int n_sizes;
   int threads[BENCH_MAX_THREADS]; /* thread counts, ascending as given */
   int n_threads;
-  int max_threads;        /* max of threads[] */
-  const char *torch_shim; /* path of the shim, or NULL */
-  uint64_t capacity;      /* simulated device, bytes */
+  int max_threads;                      /* max of threads[] */
+  const char *torch_shim;               /* path of the shim, or NULL */
+  uint64_t capacity;                    /* simulated device, bytes */
+  bool run_pair, run_random, run_sweep; /* --workloads */
+  churn_spec_t random;                  /* --live, --random-range */
+  size_t sweep_live[BENCH_MAX_SWEEP];   /* --sweep-live */
+  int n_sweep;
+  size_t sweep_lo, sweep_hi; /* --sweep-range */
 } bench_opts_t;
 
 /* ---- contenders ----------------------------------------------------------- */
@@ -80,15 +108,34 @@ typedef struct contender_s contender_t;
 
 /* Run `n` alloc+free pairs of `size` bytes on `stream`; 0 or an error text. */
 typedef const char *(*pairs_fn)(contender_t *c, void *stream, size_t size, uint64_t n);
+/* One allocation, one free, and the end of a timed loop (asynchronous
+ * contenders wait for their stream there; NULL: nothing to wait for). */
+typedef const char *(*alloc_fn)(contender_t *c, void *stream, size_t size, void **out);
+typedef const char *(*free_fn)(contender_t *c, void *stream, void *ptr);
+typedef const char *(*sync_fn)(contender_t *c, void *stream);
+
+/* One thread's live set in a churn workload, kept across repetitions: the
+ * blocks, and the steps (block index, new size) drawn up front and cycled. */
+typedef struct churn_s {
+  void **ptrs;    /* live blocks */
+  size_t live;    /* entries of ptrs */
+  uint32_t *slot; /* step i frees ptrs[slot[i]] ... */
+  size_t *size;   /* ... and allocates size[i] bytes there */
+  size_t m, pos;  /* steps drawn; the next one */
+} churn_t;
 
 struct contender_s {
   char name[128];      /* the config's base name, or "cudaMalloc"... */
   char policy[128];    /* the policy stack, or what the contender is */
   const char *backend; /* "sim", "cuda" */
   pairs_fn pairs;
+  alloc_fn alloc1;
+  free_fn free1;
+  sync_fn sync;
+  churn_t churn[BENCH_MAX_THREADS]; /* per thread, while a churn workload runs */
   gmr_runtime_t *rt;                /* gmr contenders */
   void *streams[BENCH_MAX_THREADS]; /* one per thread */
-  uint64_t pairs_done;              /* pairs run so far, warm-ups included (gmr self-check) */
+  uint64_t pairs_done;              /* allocations (each freed) so far, warm-ups included */
   pthread_mutex_t count_lock;       /* guards pairs_done */
   /* PyTorch shim. */
   void *(*torch_alloc)(size_t size, void *stream);
@@ -111,7 +158,57 @@ static const char *gmr_pairs(contender_t *c, void *stream, size_t size, uint64_t
   return NULL;
 }
 
+static const char *gmr_alloc1(contender_t *c, void *stream, size_t size, void **out) {
+  return gmr_alloc(c->rt, size, stream, out) == 0 ? NULL : gmr_last_error(c->rt);
+}
+
+static const char *gmr_free1(contender_t *c, void *stream, void *ptr) {
+  (void)stream;
+  return gmr_free(c->rt, ptr) == 0 ? NULL : gmr_last_error(c->rt);
+}
+
 #ifdef GMR_HAVE_CUDA
+static const char *cuda_malloc1(contender_t *c, void *stream, size_t size, void **out) {
+  (void)c, (void)stream;
+  cudaError_t e = cudaMalloc(out, size);
+  return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static const char *cuda_free1(contender_t *c, void *stream, void *ptr) {
+  (void)c, (void)stream;
+  cudaError_t e = cudaFree(ptr);
+  return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static const char *cuda_async1(contender_t *c, void *stream, size_t size, void **out) {
+  (void)c;
+  cudaError_t e = cudaMallocAsync(out, size, (cudaStream_t)stream);
+  return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static const char *cuda_async_free1(contender_t *c, void *stream, void *ptr) {
+  (void)c;
+  cudaError_t e = cudaFreeAsync(ptr, (cudaStream_t)stream);
+  return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static const char *cuda_async_sync(contender_t *c, void *stream) {
+  (void)c;
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static const char *torch_alloc1(contender_t *c, void *stream, size_t size, void **out) {
+  *out = c->torch_alloc(size, stream);
+  return *out ? NULL : "PyTorch's allocator failed (see the shim's message above)";
+}
+
+static const char *torch_free1(contender_t *c, void *stream, void *ptr) {
+  (void)stream;
+  c->torch_free(ptr);
+  return NULL;
+}
+
 static const char *cuda_malloc_pairs(contender_t *c, void *stream, size_t size, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) {
     void *p;
@@ -152,16 +249,92 @@ typedef struct worker_s {
   int ran_on; /* the CPU it was on at the end of its loop (sched_getcpu) */
   pthread_barrier_t *barrier;
   void *stream;
-  size_t size;
-  uint64_t pairs;
-  uint64_t t0, t1;   /* ns, the timed loop's start and end */
-  const char *error; /* NULL: fine */
+  size_t size;              /* WL_PAIR: bytes */
+  const churn_spec_t *spec; /* churn workloads: the live set; NULL: pairs */
+  churn_t *churn;           /* churn workloads: this thread's live set */
+  uint64_t pairs;           /* pairs, or churn steps (one free + one alloc) */
+  uint64_t t0, t1;          /* ns, the timed loop's start and end */
+  const char *error;        /* NULL: fine */
 } worker_t;
 
 static void count_pairs(contender_t *c, uint64_t n) {
   pthread_mutex_lock(&c->count_lock);
   c->pairs_done += n;
   pthread_mutex_unlock(&c->count_lock);
+}
+
+/* ---- churn workloads ---------------------------------------------------------- */
+
+/* xorshift64*: the steps are the same for every contender and every run. */
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+/* A size log-uniform in [lo, hi]: exp of a uniform draw in [ln lo, ln hi]. */
+static size_t rng_size(uint64_t *s, size_t lo, size_t hi) {
+  double u = (double)(rng_next(s) >> 11) / 9007199254740992.0; /* [0, 1) */
+  double v = exp(log((double)lo) + u * (log((double)hi) - log((double)lo)));
+  size_t n = (size_t)v;
+  return n < lo ? lo : n > hi ? hi : n;
+}
+
+static const char *churn_steps(contender_t *c, void *stream, churn_t *ch, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    size_t k = ch->slot[ch->pos];
+    const char *e = c->free1(c, stream, ch->ptrs[k]);
+    if (e == NULL) e = c->alloc1(c, stream, ch->size[ch->pos], &ch->ptrs[k]);
+    if (e != NULL) {
+      ch->ptrs[k] = NULL; /* freed, not replaced */
+      return e;
+    }
+    if (++ch->pos == ch->m) ch->pos = 0;
+  }
+  return NULL;
+}
+
+/* Build a thread's live set (untimed): `live` blocks, the steps drawn from
+ * a seed of the thread's index, and one pass over the steps so the
+ * contender's caches reach their steady state before anything is timed. */
+static const char *churn_setup(contender_t *c, void *stream, churn_t *ch, const churn_spec_t *sp,
+                               int thread) {
+  uint64_t seed = 0x9E3779B97F4A7C15ull ^ ((uint64_t)(thread + 1) * 0xD1B54A32D192ED03ull);
+  ch->live = sp->live;
+  ch->m = sp->live * 2 > 8192 ? sp->live * 2 : 8192;
+  ch->pos = 0;
+  ch->ptrs = calloc(ch->live, sizeof *ch->ptrs);
+  ch->slot = malloc(ch->m * sizeof *ch->slot);
+  ch->size = malloc(ch->m * sizeof *ch->size);
+  if (ch->ptrs == NULL || ch->slot == NULL || ch->size == NULL) return "out of host memory";
+  for (size_t i = 0; i < ch->m; ++i) {
+    ch->slot[i] = (uint32_t)(rng_next(&seed) % ch->live);
+    ch->size[i] = rng_size(&seed, sp->lo, sp->hi);
+  }
+  for (size_t i = 0; i < ch->live; ++i) {
+    const char *e = c->alloc1(c, stream, rng_size(&seed, sp->lo, sp->hi), &ch->ptrs[i]);
+    if (e != NULL) return e;
+    count_pairs(c, 1);
+  }
+  const char *e = churn_steps(c, stream, ch, ch->m);
+  count_pairs(c, ch->m);
+  return e;
+}
+
+/* Free a thread's live set. */
+static const char *churn_teardown(contender_t *c, void *stream, churn_t *ch) {
+  const char *err = NULL;
+  for (size_t i = 0; ch->ptrs && i < ch->live; ++i) {
+    const char *e = ch->ptrs[i] ? c->free1(c, stream, ch->ptrs[i]) : NULL;
+    if (err == NULL) err = e;
+  }
+  if (err == NULL && c->sync != NULL) err = c->sync(c, stream);
+  free(ch->ptrs);
+  free(ch->slot);
+  free(ch->size);
+  memset(ch, 0, sizeof *ch);
+  return err;
 }
 
 /* The CPUs this process may use (sched_getaffinity at start), for --pin. */
@@ -183,23 +356,38 @@ static void unpin(void) {
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
+  contender_t *c = w->c;
   if (w->cpu >= 0) pin_to(w->cpu);
+  if (w->spec != NULL) {
+    /* A churn workload: the live set is built once (untimed) and kept. */
+    if (w->churn->ptrs == NULL)
+      w->error = churn_setup(c, w->stream, w->churn, w->spec, (int)(w->churn - c->churn));
+    pthread_barrier_wait(w->barrier);
+    if (w->error != NULL) return NULL;
+    w->t0 = now_ns();
+    w->error = churn_steps(c, w->stream, w->churn, w->pairs);
+    if (w->error == NULL && c->sync != NULL) w->error = c->sync(c, w->stream);
+    w->t1 = now_ns();
+    w->ran_on = sched_getcpu();
+    count_pairs(c, w->pairs);
+    return NULL;
+  }
   /* One untimed pair first: it primes this stream's cache (a cached pair is
    * what is measured) and makes the thread's first-touch costs untimed. */
-  w->error = w->c->pairs(w->c, w->stream, w->size, 1);
+  w->error = c->pairs(c, w->stream, w->size, 1);
   pthread_barrier_wait(w->barrier);
   if (w->error != NULL) return NULL;
   w->t0 = now_ns();
-  w->error = w->c->pairs(w->c, w->stream, w->size, w->pairs);
+  w->error = c->pairs(c, w->stream, w->size, w->pairs);
   w->t1 = now_ns();
   w->ran_on = sched_getcpu();
-  count_pairs(w->c, 1 + w->pairs);
+  count_pairs(c, 1 + w->pairs);
   return NULL;
 }
 
 /* Aggregate ns per pair of `threads` threads running `pairs` pairs each. */
-static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs, double *out_ns,
-                       bool pin) {
+static int run_threads(contender_t *c, size_t size, const churn_spec_t *spec, int threads,
+                       uint64_t pairs, double *out_ns, bool pin) {
   worker_t w[BENCH_MAX_THREADS];
   pthread_t tid[BENCH_MAX_THREADS];
   pthread_barrier_t barrier;
@@ -214,6 +402,8 @@ static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs,
                       .barrier = &barrier,
                       .stream = c->streams[t],
                       .size = size,
+                      .spec = spec,
+                      .churn = &c->churn[t],
                       .pairs = pairs};
     if (threads == 1) {
       /* One thread runs on the main thread, pinned for the run only: threads
@@ -249,14 +439,19 @@ static int run_threads(contender_t *c, size_t size, int threads, uint64_t pairs,
   uint64_t t0 = UINT64_MAX, t1 = 0;
   for (int t = 0; t < threads; ++t) {
     if (w[t].error != NULL) {
-      fprintf(stderr, "gmr-bench: %s, %zu bytes, %d threads: %s\n", c->name, size, threads,
-              w[t].error);
+      if (spec != NULL)
+        fprintf(stderr, "gmr-bench: %s, %zu live blocks of %zu to %zu bytes, %d threads: %s\n",
+                c->name, spec->live, spec->lo, spec->hi, threads, w[t].error);
+      else
+        fprintf(stderr, "gmr-bench: %s, %zu bytes, %d threads: %s\n", c->name, size, threads,
+                w[t].error);
       return 1;
     }
     if (w[t].t0 < t0) t0 = w[t].t0;
     if (w[t].t1 > t1) t1 = w[t].t1;
   }
-  *out_ns = (double)(t1 - t0) / ((double)threads * (double)pairs);
+  /* Pairs: ns per pair; churn: ns per operation (a step is a free and an alloc). */
+  *out_ns = (double)(t1 - t0) / ((double)threads * (double)pairs * (spec ? 2.0 : 1.0));
   return 0;
 }
 
@@ -279,8 +474,10 @@ typedef struct result_s {
   double agg[BENCH_MAX_THREADS]; /* median aggregate ns per pair, per threads[i] */
 } result_t;
 
-/* Pairs per repetition such that one thread runs for at least min_time. */
-static int calibrate(contender_t *c, const bench_opts_t *o, size_t size, uint64_t *out) {
+/* Pairs (or churn steps) per repetition such that one thread runs for at
+ * least min_time. */
+static int calibrate(contender_t *c, const bench_opts_t *o, size_t size, const churn_spec_t *spec,
+                     uint64_t *out) {
   if (o->fixed_pairs != 0) {
     *out = o->fixed_pairs;
     return 0;
@@ -288,27 +485,44 @@ static int calibrate(contender_t *c, const bench_opts_t *o, size_t size, uint64_
   uint64_t n = 64;
   for (;;) {
     double ns;
-    if (run_threads(c, size, 1, n, &ns, o->pin) != 0) return 1;
-    double total = ns * (double)n;
+    if (run_threads(c, size, spec, 1, n, &ns, o->pin) != 0) return 1;
+    double per = ns * (spec ? 2.0 : 1.0); /* ns per pair or per step */
+    double total = per * (double)n;
     if (total >= o->min_time_ns || n >= (1ull << 32)) break;
-    double want = o->min_time_ns / (ns > 1 ? ns : 1) * 1.1;
+    double want = o->min_time_ns / (per > 1 ? per : 1) * 1.1;
     n = want > (double)(n * 16) ? n * 16 : (uint64_t)want + 1;
   }
   *out = n;
   return 0;
 }
 
-static int measure(contender_t *c, const bench_opts_t *o, size_t size, result_t *r) {
+/* Free every thread's live set of a churn workload. */
+static int churn_end(contender_t *c, const bench_opts_t *o) {
+  int rc = 0;
+  for (int t = 0; t < o->max_threads; ++t) {
+    const char *e = c->churn[t].ptrs ? churn_teardown(c, c->streams[t], &c->churn[t]) : NULL;
+    if (e != NULL) {
+      fprintf(stderr, "gmr-bench: %s: freeing the live blocks: %s\n", c->name, e);
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+/* One thread (median of the repetitions), then every thread count unless
+ * one_thread; churn workloads keep their live sets until churn_end. */
+static int measure(contender_t *c, const bench_opts_t *o, size_t size, const churn_spec_t *spec,
+                   bool one_thread, result_t *r) {
   double v[BENCH_MAX_REPS];
-  if (calibrate(c, o, size, &r->pairs) != 0) return 1;
+  if (calibrate(c, o, size, spec, &r->pairs) != 0) return 1;
   for (int i = 0; i < o->reps; ++i)
-    if (run_threads(c, size, 1, r->pairs, &v[i], o->pin) != 0) return 1;
+    if (run_threads(c, size, spec, 1, r->pairs, &v[i], o->pin) != 0) return 1;
   r->single = median(v, o->reps);
   r->single_min = v[0];
   r->single_max = v[o->reps - 1];
-  for (int k = 0; k < o->n_threads; ++k) {
+  for (int k = 0; k < o->n_threads && !one_thread; ++k) {
     for (int i = 0; i < o->reps; ++i)
-      if (run_threads(c, size, o->threads[k], r->pairs, &v[i], o->pin) != 0) return 1;
+      if (run_threads(c, size, spec, o->threads[k], r->pairs, &v[i], o->pin) != 0) return 1;
     r->agg[k] = median(v, o->reps);
   }
   return 0;
@@ -321,7 +535,8 @@ static int gmr_self_check(contender_t *c) {
   if (st.num_allocs != c->pairs_done || st.num_frees != c->pairs_done || st.allocations != 0) {
     fprintf(stderr,
             "gmr-bench: %s: the runtime counted %" PRIu64 " allocations, %" PRIu64
-            " frees and %" PRIu64 " live, but the benchmark made %" PRIu64 " pairs\n",
+            " frees and %" PRIu64 " live, but the benchmark made %" PRIu64
+            " allocations and freed them all\n",
             c->name, st.num_allocs, st.num_frees, st.allocations, c->pairs_done);
     return 1;
   }
@@ -329,18 +544,6 @@ static int gmr_self_check(contender_t *c) {
 }
 
 /* ---- output --------------------------------------------------------------- */
-
-static void print_header(const bench_opts_t *o) {
-  printf("gmr-bench: host time per alloc+free pair, median of %d repetitions, %s device%s\n"
-         "  1T: one thread on one stream; NT: aggregate time per pair with N threads, each on\n"
-         "  its own stream (wall time / all pairs); rate: the rate at %d threads over one.\n\n",
-         o->reps, o->cuda ? "CUDA" : "simulated", o->pin ? ", threads pinned" : "",
-         o->threads[o->n_threads - 1]);
-  printf("%-18s %-28s %9s %9s |", "contender", "policy", "size", "1T ns");
-  for (int k = 0; k < o->n_threads; ++k)
-    printf(" %7dT", o->threads[k]);
-  printf(" | %5s\n", "rate");
-}
 
 /* "1.50 GiB" style, as gmr's own messages write sizes. */
 static void format_size(uint64_t bytes, char *buf, size_t len) {
@@ -358,9 +561,49 @@ static void format_size(uint64_t bytes, char *buf, size_t len) {
   snprintf(buf, len, "%.2f %s", v, names[u]);
 }
 
-static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, const result_t *r) {
+/* Tables: one per workload, each with its header before its first row. */
+static void print_header(const bench_opts_t *o, bench_kind_t kind) {
+  static bool printed[3];
+  if (printed[kind]) return;
+  printed[kind] = true;
+  if (kind == WL_SWEEP) {
+    printf("\ngmr-bench: live-blocks sweep, one thread, ns per operation (an alloc or a free),\n"
+           "  random workload with sizes log-uniform in [%zu, %zu] bytes, median of %d\n"
+           "  repetitions; growth: the largest figure over the one at the fewest live blocks.\n\n",
+           o->sweep_lo, o->sweep_hi, o->reps);
+    printf("%-18s %-28s |", "contender", "policy");
+    for (int k = 0; k < o->n_sweep; ++k)
+      printf(" %8zu", o->sweep_live[k]);
+    printf(" | %6s\n", "growth");
+    return;
+  }
+  if (kind == WL_PAIR)
+    printf("gmr-bench: host time per alloc+free pair, median of %d repetitions, %s device%s\n"
+           "  1T: one thread on one stream; NT: aggregate time per pair with N threads, each on\n"
+           "  its own stream (wall time / all pairs); rate: the rate at %d threads over one.\n\n",
+           o->reps, o->cuda ? "CUDA" : "simulated", o->pin ? ", threads pinned" : "",
+           o->threads[o->n_threads - 1]);
+  else
+    printf("\ngmr-bench: random sizes, ns per operation (an alloc or a free), median of %d\n"
+           "  repetitions, %s device%s: each thread keeps %zu blocks live on its own stream,\n"
+           "  sizes log-uniform in [%zu, %zu] bytes, one free and one allocation per step;\n"
+           "  NT: aggregate ns per operation with N threads; rate: %d threads over one.\n\n",
+           o->reps, o->cuda ? "CUDA" : "simulated", o->pin ? ", threads pinned" : "",
+           o->random.live, o->random.lo, o->random.hi, o->threads[o->n_threads - 1]);
+  printf("%-18s %-28s %9s %9s |", "contender", "policy", kind == WL_PAIR ? "size" : "live",
+         kind == WL_PAIR ? "1T ns" : "1T ns/op");
+  for (int k = 0; k < o->n_threads; ++k)
+    printf(" %7dT", o->threads[k]);
+  printf(" | %5s\n", "rate");
+}
+
+static void print_row(const bench_opts_t *o, const contender_t *c, size_t size,
+                      const churn_spec_t *spec, const result_t *r) {
   char sz[32];
-  format_size(size, sz, sizeof sz);
+  if (spec != NULL)
+    snprintf(sz, sizeof sz, "%zu", spec->live);
+  else
+    format_size(size, sz, sizeof sz);
   printf("%-18s %-28s %9s %9.1f |", c->name, c->policy, sz, r->single);
   for (int k = 0; k < o->n_threads; ++k)
     printf(" %8.1f", r->agg[k]);
@@ -368,23 +611,63 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size, 
   fflush(stdout);
 }
 
+/* The sweep's growth: the largest figure over the first (fewest live blocks). */
+static double sweep_growth(const double *ns, int n) {
+  double hi = ns[0];
+  for (int k = 1; k < n; ++k)
+    if (ns[k] > hi) hi = ns[k];
+  return hi / ns[0];
+}
+
+static void print_sweep_row(const bench_opts_t *o, const contender_t *c, const double *ns) {
+  printf("%-18s %-28s |", c->name, c->policy);
+  for (int k = 0; k < o->n_sweep; ++k)
+    printf(" %8.1f", ns[k]);
+  printf(" | %5.2fx\n", sweep_growth(ns, o->n_sweep));
+  fflush(stdout);
+}
+
 static void print_json(FILE *f, const bench_opts_t *o, const contender_t *c, size_t size,
-                       const result_t *r, bool first) {
-  fprintf(f, "%s\n  {\"contender\": ", first ? "" : ",");
+                       const churn_spec_t *spec, const result_t *r, bool first) {
+  const char *unit = spec ? "ns_per_op" : "ns_per_pair";
+  fprintf(f, "%s\n  {\"workload\": \"%s\", \"contender\": ", first ? "" : ",",
+          spec ? "random" : "pair");
+  tool_json_string(f, c->name);
+  fprintf(f, ", \"policy\": ");
+  tool_json_string(f, c->policy);
+  fprintf(f, ", \"backend\": \"%s\", \"pinned\": %s, ", c->backend, o->pin ? "true" : "false");
+  if (spec != NULL)
+    fprintf(f, "\"live_blocks\": %zu, \"size_min\": %zu, \"size_max\": %zu, \"steps_per_rep\"",
+            spec->live, spec->lo, spec->hi);
+  else
+    fprintf(f, "\"size\": %zu, \"pairs_per_rep\"", size);
+  fprintf(f,
+          ": %" PRIu64 ", \"reps\": %d, \"%s\": %.2f, \"%s_min\": %.2f, \"%s_max\": %.2f, "
+          "\"threads\": [",
+          r->pairs, o->reps, unit, r->single, unit, r->single_min, unit, r->single_max);
+  for (int k = 0; k < o->n_threads; ++k)
+    fprintf(f, "%s{\"threads\": %d, \"%s\": %.2f, \"%s\": %.0f}", k ? ", " : "", o->threads[k],
+            unit, r->agg[k], spec ? "ops_per_second" : "pairs_per_second", 1e9 / r->agg[k]);
+  fprintf(f, "], \"rate_max_threads_vs_one\": %.3f}", r->single / r->agg[o->n_threads - 1]);
+  fflush(f);
+}
+
+static void print_sweep_json(FILE *f, const bench_opts_t *o, const contender_t *c, const double *ns,
+                             const double *lo, const double *hi, bool first) {
+  fprintf(f, "%s\n  {\"workload\": \"sweep\", \"contender\": ", first ? "" : ",");
   tool_json_string(f, c->name);
   fprintf(f, ", \"policy\": ");
   tool_json_string(f, c->policy);
   fprintf(f,
-          ", \"backend\": \"%s\", \"pinned\": %s, \"size\": %zu, \"reps\": %d, \"pairs_per_rep\": "
-          "%" PRIu64
-          ", \"ns_per_pair\": %.2f, \"ns_per_pair_min\": %.2f, \"ns_per_pair_max\": %.2f, "
-          "\"threads\": [",
-          c->backend, o->pin ? "true" : "false", size, o->reps, r->pairs, r->single, r->single_min,
-          r->single_max);
-  for (int k = 0; k < o->n_threads; ++k)
-    fprintf(f, "%s{\"threads\": %d, \"ns_per_pair\": %.2f, \"pairs_per_second\": %.0f}",
-            k ? ", " : "", o->threads[k], r->agg[k], 1e9 / r->agg[k]);
-  fprintf(f, "], \"rate_max_threads_vs_one\": %.3f}", r->single / r->agg[o->n_threads - 1]);
+          ", \"backend\": \"%s\", \"pinned\": %s, \"size_min\": %zu, \"size_max\": %zu, "
+          "\"reps\": %d, \"points\": [",
+          c->backend, o->pin ? "true" : "false", o->sweep_lo, o->sweep_hi, o->reps);
+  for (int k = 0; k < o->n_sweep; ++k)
+    fprintf(f,
+            "%s{\"live_blocks\": %zu, \"ns_per_op\": %.2f, \"ns_per_op_min\": %.2f, "
+            "\"ns_per_op_max\": %.2f}",
+            k ? ", " : "", o->sweep_live[k], ns[k], lo[k], hi[k]);
+  fprintf(f, "], \"growth\": %.3f}", sweep_growth(ns, o->n_sweep));
   fflush(f);
 }
 
@@ -462,27 +745,71 @@ static int gmr_contender_new(const char *arg, const bench_opts_t *o, contender_t
   base_name(path, c->name, sizeof c->name);
   snprintf(c->policy, sizeof c->policy, "%s", gmr_runtime_policy(c->rt));
   c->pairs = gmr_pairs;
+  c->alloc1 = gmr_alloc1;
+  c->free1 = gmr_free1;
   return 0;
 }
 
-/* Measure one contender at every size and print its rows. */
-static int bench_contender(contender_t *c, const bench_opts_t *o, bool *first) {
-  pthread_mutex_init(&c->count_lock, NULL);
-  int rc = streams_new(c, o);
-  for (int i = 0; i < o->n_sizes && rc == 0; ++i) {
+static void emit(const bench_opts_t *o, const contender_t *c, size_t size, const churn_spec_t *spec,
+                 const result_t *r, bool *first) {
+  if (o->json) {
+    print_json(stdout, o, c, size, spec, r, *first);
+  } else {
+    print_header(o, spec ? WL_RANDOM : WL_PAIR);
+    print_row(o, c, size, spec, r);
+  }
+  if (o->json_file != NULL) print_json(o->json_file, o, c, size, spec, r, *first);
+  *first = false;
+}
+
+/* The live-blocks sweep of one contender: the random workload on one
+ * thread at each live-block count. */
+static int sweep(contender_t *c, const bench_opts_t *o, bool *first) {
+  double ns[BENCH_MAX_SWEEP], lo[BENCH_MAX_SWEEP], hi[BENCH_MAX_SWEEP];
+  for (int k = 0; k < o->n_sweep; ++k) {
+    churn_spec_t spec = {.live = o->sweep_live[k], .lo = o->sweep_lo, .hi = o->sweep_hi};
     result_t r;
     memset(&r, 0, sizeof r);
-    rc = measure(c, o, o->sizes[i], &r);
+    int rc = measure(c, o, 0, &spec, true, &r);
+    if (churn_end(c, o) != 0 || rc != 0) return 1;
+    ns[k] = r.single, lo[k] = r.single_min, hi[k] = r.single_max;
+  }
+  if (o->json) {
+    print_sweep_json(stdout, o, c, ns, lo, hi, *first);
+  } else {
+    print_header(o, WL_SWEEP);
+    print_sweep_row(o, c, ns);
+  }
+  if (o->json_file != NULL) print_sweep_json(o->json_file, o, c, ns, lo, hi, *first);
+  *first = false;
+  return 0;
+}
+
+/* Measure one contender in one workload and print its rows. */
+static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t kind, bool *first) {
+  /* The sweep is about gmr's policies: 100,000 live blocks through
+   * cudaMalloc would take minutes of set-up and say nothing new. */
+  if (kind == WL_SWEEP && c->rt == NULL) return 0;
+  pthread_mutex_init(&c->count_lock, NULL);
+  int rc = streams_new(c, o);
+  for (int i = 0; i < o->n_sizes && rc == 0 && kind == WL_PAIR; ++i) {
+    result_t r;
+    memset(&r, 0, sizeof r);
+    rc = measure(c, o, o->sizes[i], NULL, false, &r);
     if (rc == 0 && c->rt != NULL) rc = gmr_self_check(c);
-    if (rc != 0) break;
-    if (o->json) {
-      print_json(stdout, o, c, o->sizes[i], &r, *first);
-    } else {
-      if (*first) print_header(o);
-      print_row(o, c, o->sizes[i], &r);
-    }
-    if (o->json_file != NULL) print_json(o->json_file, o, c, o->sizes[i], &r, *first);
-    *first = false;
+    if (rc == 0) emit(o, c, o->sizes[i], NULL, &r, first);
+  }
+  if (rc == 0 && kind == WL_RANDOM) {
+    result_t r;
+    memset(&r, 0, sizeof r);
+    rc = measure(c, o, 0, &o->random, false, &r);
+    if (churn_end(c, o) != 0) rc = 1;
+    if (rc == 0 && c->rt != NULL) rc = gmr_self_check(c);
+    if (rc == 0) emit(o, c, 0, &o->random, &r, first);
+  }
+  if (rc == 0 && kind == WL_SWEEP) {
+    rc = sweep(c, o, first);
+    if (rc == 0) rc = gmr_self_check(c);
   }
   streams_free(c, o);
   pthread_mutex_destroy(&c->count_lock);
@@ -490,14 +817,17 @@ static int bench_contender(contender_t *c, const bench_opts_t *o, bool *first) {
 }
 
 #ifdef GMR_HAVE_CUDA
-static int cuda_baselines(const bench_opts_t *o, bool *first) {
+static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first) {
+  static bool torch_ready; /* the shim is initialized once */
   contender_t c;
   memset(&c, 0, sizeof c);
   c.backend = "cuda";
   snprintf(c.name, sizeof c.name, "cudaMalloc");
   snprintf(c.policy, sizeof c.policy, "cudaMalloc+cudaFree");
   c.pairs = cuda_malloc_pairs;
-  if (bench_contender(&c, o, first) != 0) return 1;
+  c.alloc1 = cuda_malloc1;
+  c.free1 = cuda_free1;
+  if (bench_contender(&c, o, kind, first) != 0) return 1;
 
   cudaMemPool_t pool;
   uint64_t threshold = UINT64_MAX;
@@ -513,7 +843,10 @@ static int cuda_baselines(const bench_opts_t *o, bool *first) {
   snprintf(c.name, sizeof c.name, "cudaMallocAsync");
   snprintf(c.policy, sizeof c.policy, "default pool, keeps all");
   c.pairs = cuda_async_pairs;
-  if (bench_contender(&c, o, first) != 0) return 1;
+  c.alloc1 = cuda_async1;
+  c.free1 = cuda_async_free1;
+  c.sync = cuda_async_sync;
+  if (bench_contender(&c, o, kind, first) != 0) return 1;
 
   if (o->torch_shim == NULL) return 0;
   void *h = dlopen(o->torch_shim, RTLD_NOW | RTLD_LOCAL);
@@ -532,15 +865,18 @@ static int cuda_baselines(const bench_opts_t *o, bool *first) {
             o->torch_shim);
     return 1;
   }
-  if (init(0, why, sizeof why) != 0) {
+  if (!torch_ready && init(0, why, sizeof why) != 0) {
     fprintf(stderr, "gmr-bench: PyTorch's allocator: %s\n", why);
     return 1;
   }
+  torch_ready = true;
   c.backend = "cuda";
   snprintf(c.name, sizeof c.name, "pytorch-native");
   snprintf(c.policy, sizeof c.policy, "c10 CUDACachingAllocator %s", version());
   c.pairs = torch_pairs;
-  return bench_contender(&c, o, first); /* the shim stays loaded: c10 has no unload */
+  c.alloc1 = torch_alloc1;
+  c.free1 = torch_free1;
+  return bench_contender(&c, o, kind, first); /* the shim stays loaded: c10 has no unload */
 }
 #endif
 
@@ -571,6 +907,12 @@ static const char bench_usage[] =
     "                     figures\n"
     "  --json             one JSON array instead of the table\n"
     "  --json-file PATH   the table, and the JSON array written to PATH\n"
+    "  --workloads LIST   pair, random, sweep (default pair; docs/benchmarks.md)\n"
+    "  --live N           random: blocks each thread keeps live (default 512)\n"
+    "  --random-range LO,HI  random: sizes, log-uniform (default 512,64MiB)\n"
+    "  --sweep-live LIST  sweep: live-block counts (default\n"
+    "                     10,100,1000,10000,100000)\n"
+    "  --sweep-range LO,HI   sweep: sizes, log-uniform (default 512,4MiB)\n"
     "  -h, --help         print this help and exit\n"
     "  -V, --version      print the version and exit\n"
     "\n"
@@ -613,6 +955,42 @@ static int parse_list(const char *opt, const char *text, bool sizes, void *out, 
   return 0;
 }
 
+/* LO,HI: two sizes with 0 < LO <= HI. */
+static int parse_range(const char *opt, const char *text, size_t *lo, size_t *hi) {
+  size_t v[2];
+  int n;
+  if (parse_list(opt, text, true, v, 2, &n) != 0) return 1;
+  if (n != 2 || v[0] > v[1]) {
+    fprintf(stderr, "gmr-bench: %s: '%s' is not LO,HI with LO <= HI (e.g. 512,64MiB)\n", opt, text);
+    return 1;
+  }
+  *lo = v[0], *hi = v[1];
+  return 0;
+}
+
+static int parse_workloads(const char *opt, const char *text, bench_opts_t *o) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", text);
+  o->run_pair = o->run_random = o->run_sweep = false;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (strcmp(tok, "pair") == 0)
+      o->run_pair = true;
+    else if (strcmp(tok, "random") == 0)
+      o->run_random = true;
+    else if (strcmp(tok, "sweep") == 0)
+      o->run_sweep = true;
+    else {
+      fprintf(stderr, "gmr-bench: %s: '%s' is not one of pair, random, sweep\n", opt, tok);
+      return 1;
+    }
+  }
+  if (!o->run_pair && !o->run_random && !o->run_sweep) {
+    fprintf(stderr, "gmr-bench: %s: the list is empty\n", opt);
+    return 1;
+  }
+  return 0;
+}
+
 static int parse_int(const char *opt, const char *text, long lo, long hi, long *out) {
   char *end;
   long v = strtol(text, &end, 10);
@@ -635,7 +1013,13 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
                       .n_sizes = 2,
                       .threads = {1, 2, 4, 8, 16},
                       .n_threads = 5,
-                      .capacity = GMR_SIM_DEFAULT_CAPACITY};
+                      .capacity = GMR_SIM_DEFAULT_CAPACITY,
+                      .run_pair = true,
+                      .random = {.live = 512, .lo = 512, .hi = (size_t)64 << 20},
+                      .sweep_live = {10, 100, 1000, 10000, 100000},
+                      .n_sweep = 5,
+                      .sweep_lo = 512,
+                      .sweep_hi = (size_t)4 << 20};
   enum {
     OPT_DEVICE = 256,
     OPT_SIZES,
@@ -648,23 +1032,34 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
     OPT_NO_BASELINES,
     OPT_PIN,
     OPT_JSON,
-    OPT_JSON_FILE
+    OPT_JSON_FILE,
+    OPT_WORKLOADS,
+    OPT_LIVE,
+    OPT_RANDOM_RANGE,
+    OPT_SWEEP_LIVE,
+    OPT_SWEEP_RANGE
   };
-  static const struct option longopts[] = {{"device", required_argument, NULL, OPT_DEVICE},
-                                           {"sizes", required_argument, NULL, OPT_SIZES},
-                                           {"threads", required_argument, NULL, OPT_THREADS},
-                                           {"reps", required_argument, NULL, OPT_REPS},
-                                           {"min-time", required_argument, NULL, OPT_MIN_TIME},
-                                           {"pairs", required_argument, NULL, OPT_PAIRS},
-                                           {"capacity", required_argument, NULL, OPT_CAPACITY},
-                                           {"torch", required_argument, NULL, OPT_TORCH},
-                                           {"no-baselines", no_argument, NULL, OPT_NO_BASELINES},
-                                           {"pin", no_argument, NULL, OPT_PIN},
-                                           {"json", no_argument, NULL, OPT_JSON},
-                                           {"json-file", required_argument, NULL, OPT_JSON_FILE},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {"version", no_argument, NULL, 'V'},
-                                           {NULL, 0, NULL, 0}};
+  static const struct option longopts[] = {
+      {"device", required_argument, NULL, OPT_DEVICE},
+      {"sizes", required_argument, NULL, OPT_SIZES},
+      {"threads", required_argument, NULL, OPT_THREADS},
+      {"reps", required_argument, NULL, OPT_REPS},
+      {"min-time", required_argument, NULL, OPT_MIN_TIME},
+      {"pairs", required_argument, NULL, OPT_PAIRS},
+      {"capacity", required_argument, NULL, OPT_CAPACITY},
+      {"torch", required_argument, NULL, OPT_TORCH},
+      {"no-baselines", no_argument, NULL, OPT_NO_BASELINES},
+      {"pin", no_argument, NULL, OPT_PIN},
+      {"json", no_argument, NULL, OPT_JSON},
+      {"json-file", required_argument, NULL, OPT_JSON_FILE},
+      {"workloads", required_argument, NULL, OPT_WORKLOADS},
+      {"live", required_argument, NULL, OPT_LIVE},
+      {"random-range", required_argument, NULL, OPT_RANDOM_RANGE},
+      {"sweep-live", required_argument, NULL, OPT_SWEEP_LIVE},
+      {"sweep-range", required_argument, NULL, OPT_SWEEP_RANGE},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {NULL, 0, NULL, 0}};
   int c;
   long n;
   opterr = 0;
@@ -713,6 +1108,24 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
     case OPT_CAPACITY:
       if (gmr_parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20))
         return cli_usage_error("gmr-bench", "--capacity: '%s' is not a size of 1MiB or more", v);
+      break;
+    case OPT_WORKLOADS:
+      if (parse_workloads("--workloads", v, o) != 0) return CLI_USAGE_ERROR;
+      break;
+    case OPT_LIVE:
+      if (parse_int("--live", v, 1, 1L << 24, &n) != 0) return CLI_USAGE_ERROR;
+      o->random.live = (size_t)n;
+      break;
+    case OPT_RANDOM_RANGE:
+      if (parse_range("--random-range", v, &o->random.lo, &o->random.hi) != 0)
+        return CLI_USAGE_ERROR;
+      break;
+    case OPT_SWEEP_LIVE:
+      if (parse_list("--sweep-live", v, true, o->sweep_live, BENCH_MAX_SWEEP, &o->n_sweep) != 0)
+        return CLI_USAGE_ERROR;
+      break;
+    case OPT_SWEEP_RANGE:
+      if (parse_range("--sweep-range", v, &o->sweep_lo, &o->sweep_hi) != 0) return CLI_USAGE_ERROR;
       break;
     case OPT_TORCH:
       o->torch_shim = v;
@@ -765,19 +1178,25 @@ int main(int argc, char **argv) {
   if (o.json) printf("[");
   if (o.json_file != NULL) fprintf(o.json_file, "[");
   int rc = 0;
-  for (int i = first_config; i < argc && rc == 0; ++i) {
-    contender_t c;
-    memset(&c, 0, sizeof c);
-    if (gmr_contender_new(argv[i], &o, &c) != 0) {
-      rc = 1;
-      break;
+  /* Workload by workload, so each table is whole; a fresh runtime each. */
+  const bool run[3] = {o.run_pair, o.run_random, o.run_sweep};
+  for (int kind = WL_PAIR; kind <= WL_SWEEP && rc == 0; ++kind) {
+    if (!run[kind]) continue;
+    for (int i = first_config; i < argc && rc == 0; ++i) {
+      contender_t *c = calloc(1, sizeof *c);
+      if (c == NULL || gmr_contender_new(argv[i], &o, c) != 0) {
+        free(c);
+        rc = 1;
+        break;
+      }
+      rc = bench_contender(c, &o, (bench_kind_t)kind, &first);
+      gmr_runtime_free(c->rt);
+      free(c);
     }
-    rc = bench_contender(&c, &o, &first);
-    gmr_runtime_free(c.rt);
-  }
 #ifdef GMR_HAVE_CUDA
-  if (rc == 0 && o.cuda && o.baselines) rc = cuda_baselines(&o, &first);
+    if (rc == 0 && o.cuda && o.baselines) rc = cuda_baselines(&o, (bench_kind_t)kind, &first);
 #endif
+  }
   if (o.json) printf("\n]\n");
   if (o.json_file != NULL) {
     fprintf(o.json_file, "\n]\n");

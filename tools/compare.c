@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "compare.h"
@@ -73,6 +74,43 @@ static size_t cmp_columns(void) {
   if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
     return ws.ws_col;
   return 160;
+}
+
+/* ---- reading the trace -------------------------------------------------------------
+ * The reader streams the file; once it has run for a second a bar shows the
+ * bytes parsed (or, from a pipe, the events so far). */
+
+static double cmp_read_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct cmp_read_ctx_s {
+  double start, last_draw;
+  int progress, drawn;
+} cmp_read_ctx_t;
+
+static int cmp_read_progress(uint64_t done, uint64_t total, size_t events, void *ud) {
+  cmp_read_ctx_t *c = ud;
+  double now = cmp_read_now();
+  if (!c->progress || now - c->start < 1.0 || now - c->last_draw < 0.1) return 0;
+  c->last_draw = now;
+  c->drawn = 1;
+  if (total > 0) {
+    int width = 40, fill = (int)((double)done * width / (double)total);
+    char bar[64];
+    for (int i = 0; i < width; ++i)
+      bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\r\033[K%-24.24s [%s] %5.1f%%  %zu events", "reading the trace", bar,
+            100.0 * (double)done / (double)total, events);
+  } else {
+    fprintf(stderr, "\r\033[K%-24.24s %.1f MiB, %zu events", "reading the trace",
+            (double)done / 1048576.0, events);
+  }
+  fflush(stderr);
+  return 0;
 }
 
 /* ---- the command line ------------------------------------------------------------ */
@@ -199,7 +237,11 @@ static int cmp_is_trace_arg(const char *arg) {
 static gmr_trace_data_t *cmp_read_trace(const char *path) {
   char msg[1024] = "";
   gmr_trace_data_t *t = NULL;
-  int err = gmr_trace_read(path, &t, msg, sizeof msg);
+  cmp_read_ctx_t rctx = {.start = cmp_read_now(), .progress = isatty(STDERR_FILENO)};
+  gmr_trace_read_options_t ropts = {
+      .progress = cmp_read_progress, .ud = &rctx, .progress_every = (uint64_t)4 << 20};
+  int err = gmr_trace_read_with(path, &ropts, &t, msg, sizeof msg);
+  if (rctx.drawn) fprintf(stderr, "\r\033[K");
   if (err != 0) {
     fprintf(stderr, "gmr-compare: %s\n", msg[0] ? msg : gmr_strerror(err));
     return NULL;

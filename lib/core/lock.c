@@ -1,8 +1,17 @@
 /* lock.c: the slow paths of gmr_lock_t (lock.h): spinning with backoff,
- * sleeping on the futex, and waking one sleeper.  The fast paths are inline
- * in lock.h.
+ * sleeping on the futex, and waking one sleeper; and the event waits
+ * (gmr__lock_wait_until, gmr__wake_all).  The fast paths are inline in
+ * lock.h.
  */
+#include <time.h>
+
 #include "core/lock.h"
+
+static uint64_t lock_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 #ifdef GMR_LOCK_FUTEX
 #include <linux/futex.h>
@@ -77,5 +86,43 @@ void gmr__lock_wake(gmr_lock_t *l) {
         atomic_load_explicit(&l->locked, memory_order_seq_cst) != 0)
       return; /* no sleeper, or a holder whose unlock comes after the store above */
   }
+}
+
+void gmr__lock_wait_until(gmr_lock_t *l, _Atomic uint32_t *counter, uint32_t seen,
+                          uint64_t deadline_ns) {
+  uint64_t now = lock_now_ns();
+  gmr__unlock(l);
+  if (now < deadline_ns && atomic_load_explicit(counter, memory_order_seq_cst) == seen) {
+    uint64_t left = deadline_ns - now;
+    struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
+    /* Sleeps only while *counter == seen: a wake-up after the load above is
+     * not lost. */
+    syscall(SYS_futex, (uint32_t *)counter, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+  }
+  gmr__lock(l);
+}
+
+void gmr__wake_all(_Atomic uint32_t *counter) {
+  atomic_fetch_add_explicit(counter, 1, memory_order_seq_cst);
+  syscall(SYS_futex, (uint32_t *)counter, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+#else /* !GMR_LOCK_FUTEX: poll the counter every millisecond */
+
+void gmr__lock_wait_until(gmr_lock_t *l, _Atomic uint32_t *counter, uint32_t seen,
+                          uint64_t deadline_ns) {
+  gmr__unlock(l);
+  for (uint64_t now = lock_now_ns();
+       now < deadline_ns && atomic_load_explicit(counter, memory_order_seq_cst) == seen;
+       now = lock_now_ns()) {
+    uint64_t left = deadline_ns - now < 1000000 ? deadline_ns - now : 1000000;
+    struct timespec ts = {0, (long)left};
+    nanosleep(&ts, NULL);
+  }
+  gmr__lock(l);
+}
+
+void gmr__wake_all(_Atomic uint32_t *counter) {
+  atomic_fetch_add_explicit(counter, 1, memory_order_seq_cst);
 }
 #endif

@@ -30,6 +30,14 @@
  * Not recursive and not fair, like glibc's default mutex.  Acquire/release
  * ordering makes it a full mutex for ThreadSanitizer.  Off Linux it is a
  * pthread mutex.
+ *
+ * Waiting for an event under the lock (a condition variable that uses the
+ * lock itself): the waiter reads an event counter under the lock, then calls
+ * gmr__lock_wait_until(l, &counter, seen, deadline), which unlocks, sleeps
+ * while the counter still equals `seen` (at most until `deadline`, in
+ * CLOCK_MONOTONIC nanoseconds) and locks again; whoever makes the event
+ * happen calls gmr__wake_all(&counter), which bumps the counter and wakes
+ * every sleeper.  A return does not promise the event: callers look again.
  */
 #ifndef GMR_LOCK_H
 #define GMR_LOCK_H
@@ -77,6 +85,7 @@ static inline void gmr__unlock(gmr_lock_t *l) {
 
 #else /* !__linux__ */
 #include <pthread.h>
+#include <stdatomic.h>
 
 typedef struct gmr_lock_s {
   pthread_mutex_t m;
@@ -95,5 +104,10 @@ static inline void gmr__unlock(gmr_lock_t *l) {
   pthread_mutex_unlock(&l->m);
 }
 #endif
+
+/* Event waits (see the top of the file); lock.c. */
+void gmr__lock_wait_until(gmr_lock_t *l, _Atomic uint32_t *counter, uint32_t seen,
+                          uint64_t deadline_ns);
+void gmr__wake_all(_Atomic uint32_t *counter);
 
 #endif /* GMR_LOCK_H */

@@ -5,6 +5,10 @@
  * replayer maps ids to its own pointers in a flat array and never needs the
  * recorded addresses again.  Every problem names its line.
  *
+ * gmr_trace_read streams: it parses the file chunk by chunk (see "the
+ * streaming reader"), so a trace costs its events, not its text, and a
+ * progress callback sees the bytes read as they go.
+ *
  * The replayer drives gmr_alloc / gmr_free / gmr_record_stream /
  * gmr_empty_cache, counts OOMs without stopping (unless asked), and keeps
  * the statistics at the event where reserved bytes peaked.  Its per-event
@@ -15,6 +19,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "core/avl.h"
@@ -52,34 +57,66 @@ static int perr(parser_t *p, const char *fmt, ...) {
 }
 
 /* Split one line into its comma-separated fields (trimmed): 6, or 7 when a
- * call site follows (the 7th is the rest of the line, commas included). */
+ * call site follows (the 7th is the rest of the line, commas included); one
+ * pass over the line. */
 static int split_fields(char *s, char **f) {
   int n = 0;
   for (;;) {
     while (*s == ' ' || *s == '\t')
       ++s;
     f[n++] = s;
-    char *c = n == 7 ? NULL : strchr(s, ',');
-    char *end = c ? c : s + strlen(s);
+    char *c = s;
+    while (*c != '\0' && (*c != ',' || n == 7))
+      ++c;
+    char *end = c;
     while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
       --end;
-    if (c == NULL) {
-      *end = '\0';
-      break;
-    }
+    bool more = *c == ',';
     *end = '\0';
+    if (!more) break;
     s = c + 1;
   }
   return n;
 }
 
-static bool parse_u64(const char *s, int base, uint64_t *out) {
+/* strtoull(s, &end, base) over the whole of s, refusing signs and
+ * overflow.  Decimal digits, and 0x-hexadecimal with base 0, are parsed
+ * inline (the reader's hot path); anything else goes to strtoull. */
+static inline bool parse_u64(const char *s, int base, uint64_t *out) {
   if (*s == '\0' || *s == '-' || *s == '+') return false;
+  uint64_t v = 0;
+  const char *q = s;
+  if (base == 0 && q[0] == '0' && (q[1] == 'x' || q[1] == 'X') && q[2] != '\0') {
+    for (q += 2; *q != '\0'; ++q) {
+      unsigned d = (unsigned)(*q - '0');
+      if (d > 9) {
+        d = (unsigned)((*q | 0x20) - 'a');
+        if (d > 5) goto general;
+        d += 10;
+      }
+      if (v >> 60) return false; /* would overflow */
+      v = v << 4 | d;
+    }
+    *out = v;
+    return true;
+  }
+  if (base == 0 && q[0] == '0' && q[1] != '\0') goto general; /* octal */
+  for (int n = 0; *q != '\0'; ++q, ++n) {
+    unsigned d = (unsigned)(*q - '0');
+    if (d > 9) goto general;
+    if (n < 19) /* 19 digits always fit in 64 bits */
+      v = v * 10 + d;
+    else if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, d, &v))
+      return false;
+  }
+  *out = v;
+  return true;
+general:;
   char *end;
   errno = 0;
-  unsigned long long v = strtoull(s, &end, base);
+  unsigned long long w = strtoull(s, &end, base);
   if (errno != 0 || *end != '\0') return false;
-  *out = v;
+  *out = w;
   return true;
 }
 
@@ -303,43 +340,177 @@ done:
   return 0;
 }
 
-int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t errlen) {
+/* ---- the streaming reader ------------------------------------------------------
+ * gmr_trace_read_with reads the file in chunks of READ_CHUNK bytes and parses
+ * the complete lines of each chunk in place, so the text is never held
+ * whole: what stays is the events (40 bytes each) and the live map.  A line
+ * cut by the end of a chunk is moved to the front of the buffer and
+ * completed by the next read; a line longer than the buffer grows it. */
+
+#define READ_CHUNK ((size_t)1 << 20)
+
+typedef struct reader_s {
+  parser_t p;
+  gmr_trace_data_t *t;
+  gmr_avl_t live;
+  streams_t streams;
+  size_t cap;
+  uint64_t offset;     /* bytes of the file consumed so far */
+  gmr__sites_t *sites; /* call sites, interned */
+  bool snapshot;       /* a pickled snapshot, parsed whole into t */
+} reader_t;
+
+/* Parse the complete lines of buf[0, len); returns the bytes consumed (up
+ * to and including the last newline; all of it when `last`), or sets *rc. */
+static size_t reader_lines(reader_t *r, char *buf, size_t len, bool last, int *rc) {
+  size_t pos = 0;
+  while (pos < len && *rc == 0) {
+    char *s = buf + pos;
+    char *nl = memchr(s, '\n', len - pos);
+    if (nl == NULL && !last) break;
+    size_t n = nl ? (size_t)(nl - s) : len - pos;
+    if (r->p.line == UINT32_MAX) {
+      *rc = perr(&r->p, "more than 4 billion lines");
+      break;
+    }
+    ++r->p.line;
+    if (memchr(s, '\0', n) != NULL) {
+      *rc = perr(&r->p, "a NUL byte (at byte %llu of the file): not a text trace",
+                 (unsigned long long)(r->offset + pos + (size_t)((char *)memchr(s, '\0', n) - s)) +
+                     1);
+      break;
+    }
+    s[n] = '\0'; /* the newline, or the byte after the text (the buffer has room) */
+    if (r->p.line == 1 && n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3; /* a BOM */
+    char *q = s;
+    while (*q == ' ' || *q == '\t' || *q == '\r')
+      ++q;
+    bool blank = *q == '\0' || *q == '#';
+    bool header = r->p.line == 1 && strncmp(q, "Thread", 6) == 0;
+    if (!blank && !header)
+      *rc = parse_line(&r->p, s, r->t, &r->live, &r->cap, &r->streams, r->sites);
+    pos += n + (nl != NULL);
+  }
+  return pos;
+}
+
+/* A pickled snapshot is binary and parsed whole (parse_snapshot): read the
+ * rest of the file after buf[0, *have), parse it, and put the result in
+ * r->t (the streaming state is dropped).  *buf may be reallocated. */
+static int read_whole_snapshot(FILE *f, char **buf, size_t *have, size_t *cap, const char *name,
+                               reader_t *r, char *err, size_t errlen) {
+  for (;;) {
+    if (*have == *cap) {
+      char *bigger = *cap < SIZE_MAX / 4 ? gmr__realloc(*buf, *cap * 2 + 1) : NULL;
+      if (bigger == NULL) return perr(&r->p, "out of host memory reading the snapshot");
+      *buf = bigger;
+      *cap *= 2;
+    }
+    size_t got = fread(*buf + *have, 1, *cap - *have, f);
+    if (got == 0) break;
+    *have += got;
+  }
+  if (ferror(f)) return perr(&r->p, "cannot read the trace: %s", strerror(errno));
+  gmr_trace_data_t *t = NULL;
+  int rc = gmr_trace_parse(*buf, *have, name, &t, err, errlen);
+  if (rc != 0) return rc;
+  gmr_trace_data_free(r->t);
+  r->t = t;
+  r->snapshot = true;
+  return 0;
+}
+
+int gmr_trace_read_with(const char *path, const gmr_trace_read_options_t *opts,
+                        gmr_trace_data_t **out, char *err, size_t errlen) {
   if (path == NULL || out == NULL) return GMR_EINVAL;
+  gmr_trace_read_options_t o = {0};
+  if (opts != NULL) o = *opts;
   bool is_stdin = strcmp(path, "-") == 0;
+  const char *name = is_stdin ? "-" : path;
+  if (err && errlen) err[0] = '\0';
   FILE *f = is_stdin ? stdin : fopen(path, "rb");
   if (f == NULL) {
     if (err && errlen)
       snprintf(err, errlen, "%s: cannot open the trace: %s", path, strerror(errno));
     return GMR_EIO;
   }
-  size_t cap = 1 << 20, len = 0;
-  char *text = gmr__malloc(cap);
+  uint64_t total = 0;
+  struct stat sb;
+  if (!is_stdin && fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode)) total = (uint64_t)sb.st_size;
+  reader_t r = {.p = {name, err, errlen, 0}};
+  size_t cap = READ_CHUNK, have = 0;
+  char *buf = gmr__malloc(cap + 1);
   int rc = 0;
-  while (text != NULL) {
-    size_t got = fread(text + len, 1, cap - len, f);
-    len += got;
-    if (len < cap) break;
-    char *bigger = gmr__realloc(text, cap * 2);
-    if (bigger == NULL) {
-      gmr__free(text);
-      text = NULL;
+  r.t = gmr__calloc(1, sizeof *r.t);
+  r.sites = gmr__sites_new();
+  if (buf == NULL || r.t == NULL || r.sites == NULL || (r.t->source = gmr__strdup(name)) == NULL)
+    rc = perr(&r.p, "out of host memory");
+  uint64_t next_report = 0;
+  while (rc == 0) {
+    if (have == cap) { /* one line fills the buffer: make room */
+      char *bigger = cap < SIZE_MAX / 4 ? gmr__realloc(buf, cap * 2 + 1) : NULL;
+      if (bigger == NULL) {
+        rc = perr(&r.p, "out of host memory (a line of more than %zu bytes)", cap);
+        break;
+      }
+      buf = bigger;
+      cap *= 2;
+    }
+    size_t got = fread(buf + have, 1, cap - have, f);
+    if (got == 0 && ferror(f)) {
+      if (err && errlen)
+        snprintf(err, errlen, "%s: cannot read the trace: %s", path, strerror(errno));
+      rc = GMR_EIO;
       break;
     }
-    text = bigger;
-    cap *= 2;
-  }
-  if (text == NULL) {
-    if (err && errlen) snprintf(err, errlen, "%s: out of host memory reading the trace", path);
-    rc = GMR_ENOMEM;
-  } else if (ferror(f)) {
-    if (err && errlen)
-      snprintf(err, errlen, "%s: cannot read the trace: %s", path, strerror(errno));
-    rc = GMR_EIO;
+    have += got;
+    bool last = got == 0;
+    if (r.offset == 0 && gmr__is_pickle(buf, have)) { /* a PyTorch snapshot: read whole */
+      rc = read_whole_snapshot(f, &buf, &have, &cap, name, &r, err, errlen);
+      break;
+    }
+    size_t used = reader_lines(&r, buf, have, last, &rc);
+    memmove(buf, buf + used, have - used);
+    have -= used;
+    r.offset += used;
+    if (o.progress != NULL && rc == 0 && (last || r.offset >= next_report)) {
+      next_report = r.offset + (o.progress_every ? o.progress_every : ((uint64_t)16 << 20));
+      if (o.progress(r.offset, total, r.t->n_events, o.ud) != 0) {
+        if (err && errlen) snprintf(err, errlen, "%s: reading stopped", path);
+        rc = GMR_EINVAL;
+      }
+    }
+    if (last) break;
   }
   if (!is_stdin) fclose(f);
-  if (rc == 0) rc = gmr_trace_parse(text, len, is_stdin ? "-" : path, out, err, errlen);
-  gmr__free(text);
-  return rc;
+  gmr__free(buf);
+  if (rc == 0 && r.snapshot) {
+    gmr__avl_clear(&r.live, NULL, NULL);
+    gmr__sites_finish(r.sites, NULL);
+    *out = r.t;
+    return 0;
+  }
+  if (rc == 0 && finish(r.t) != 0) rc = perr(&r.p, "out of host memory");
+  if (rc == 0) {
+    r.t->n_live_at_end = r.live.count;
+    r.t->n_streams = r.streams.n;
+    /* The events array was grown by doubling: give back what is unused. */
+    gmr_trace_event_t *fit =
+        r.t->n_events ? gmr__realloc(r.t->events, r.t->n_events * sizeof *fit) : NULL;
+    if (fit != NULL) r.t->events = fit;
+  }
+  gmr__avl_clear(&r.live, NULL, NULL);
+  gmr__sites_finish(r.sites, rc == 0 ? r.t : NULL);
+  if (rc != 0) {
+    gmr_trace_data_free(r.t);
+    return rc;
+  }
+  *out = r.t;
+  return 0;
+}
+
+int gmr_trace_read(const char *path, gmr_trace_data_t **out, char *err, size_t errlen) {
+  return gmr_trace_read_with(path, NULL, out, err, errlen);
 }
 
 void gmr_trace_data_free(gmr_trace_data_t *t) {

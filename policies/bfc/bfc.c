@@ -36,14 +36,41 @@
  * when memory runs out and by empty_cache.  A chunk never given a stream
  * takes none of these paths: single-stream behaviour is TensorFlow's.
  *
- * The retry waits only when waiting can help: while some in-use chunk belongs
- * to a thread that is not itself waiting (it may free it).  When every
- * in-use chunk belongs to a waiting thread, nothing can be freed, and every
- * waiter makes its last try at once instead of sleeping retry_timeout.
+ * The retry waits only when waiting can help (streams.c says when: a free on
+ * its way, chunks that change hands between threads, or an in-use chunk of a
+ * thread that is not itself waiting).  When every in-use chunk belongs to a
+ * waiting thread and each thread frees its own, nothing can be freed, and
+ * every waiter makes its last try at once instead of sleeping retry_timeout.
+ * Front caches: a chunk with stream uses never enters one (its free always
+ * takes the lock), and they are frozen during the wait, so the waiters see
+ * every free and every chunk's owner.
  *
- * Synchronization: concurrent.  One mutex (`lock`) guards everything in
- * bfc_t except the immutable configuration; `freed` is signalled after every
- * free while an allocation waits for memory, and the wait releases `lock`.
+ * Synchronization: concurrent.  One lock (`lock`, a gmr_lock_t) guards
+ * everything in bfc_t except the immutable configuration and the front
+ * caches; an allocation that waits for frees sleeps on `freed_seq`, which
+ * every free bumps while `waiters` > 0, and the wait releases `lock`.
+ *
+ * Concurrency: front caches.  As long as one thread at a time calls the
+ * allocator, nothing else exists: every call takes `lock` and runs TF's
+ * code, so single-threaded behaviour is TensorFlow's exactly.  The first
+ * time a thread finds `lock` held, `contended` is set (for good) and each
+ * stream gets a front cache (bfc_front_t, its own lock and cache line): a
+ * free on that stream keeps the chunk there (at most BFC_FRONT_SLOTS, and
+ * never while an allocation waits for memory) instead of taking `lock`, and
+ * an allocation on the stream takes a kept chunk that TF would hand out
+ * whole (rounded <= size < 2 rounded and size - rounded < max_frag) before
+ * it takes `lock`.  So threads on different streams that reuse their sizes
+ * share no lock and no written cache line.  Invariants:
+ *   a chunk in a front cache is in use for the core (allocation_id != -1,
+ *     counted in bytes_in_use) and freed for its user;
+ *   num_allocs, num_frees, requested and allocations of the core plus the
+ *     caches' unfolded counts are TF's figures;
+ * and every operation that reads or changes the whole state (statistics,
+ * walks, checks, summary, trim, and an allocation that finds no chunk:
+ * Extend, the wait, the report) first freezes the caches: their chunks go
+ * back to the bins through TF's free, their counts are folded in, and they
+ * are bypassed until it ends (bfc_front_freeze / thaw, nested by a count),
+ * so nothing outside `lock` writes a chunk while the whole state is read.
  */
 #include <math.h>
 #include <pthread.h>
@@ -54,34 +81,15 @@
 
 #include "bfc.h"
 
-/* ---- options ----------------------------------------------------------------- */
-
-enum { BFC_ENV_NONE = 0, BFC_ENV_TENSORFLOW = 1, BFC_ENV_JAX = 2 };
-static const char *const bfc_env_names[] = {"none", "tensorflow", "jax", NULL};
-
-typedef struct bfc_opts_s {
-  bool allow_growth;             /* growth mode (true) or greedy (false) */
-  uint64_t memory_limit;         /* bytes; 0: from a fraction or TF's default rule */
-  double per_process_fraction;   /* TF: fraction of total device memory; 0: unset */
-  double memory_fraction;        /* XLA: fraction of total device memory; 0: unset */
-  bool garbage_collection;       /* free wholly free regions at OOM */
-  bool allow_retry_on_failure;   /* wait for frees before failing */
-  double retry_timeout;          /* seconds to wait for frees */
-  double fragmentation_fraction; /* > 0: split cap = fraction * limit; 0: 128 MiB */
-  bool vmm;                      /* one virtual range, pages mapped as it grows */
-  bool coalesce_regions;         /* merge regions the backend returns contiguously */
-  char *name;                    /* allocator name in messages; NULL: GPU_<dev>_bfc */
-  int environment;               /* BFC_ENV_*: whose environment variables to honour */
-} bfc_opts_t;
-
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
 
-/* A number per thread, never reused (0: not assigned yet): who holds a chunk. */
-static _Atomic uint32_t bfc_threads;
-static _Thread_local uint32_t bfc_thread;
-static inline uint32_t bfc_thread_id(void) {
-  if (GMR_UNLIKELY(bfc_thread == 0)) bfc_thread = atomic_fetch_add(&bfc_threads, 1) + 1;
-  return bfc_thread;
+/* Who holds a chunk: the calling thread, as pthread_self (one load from the
+ * thread pointer; a thread-local counter would cost a __tls_get_addr call
+ * on every allocation, and the initial-exec model fails when Python loads
+ * the library).  A finished thread's identity may be reused by a new thread;
+ * the retry's rule (streams.c) only errs towards TF's wait then. */
+static inline uintptr_t bfc_thread_id(void) {
+  return (uintptr_t)pthread_self();
 }
 
 /* ---- chunk records ------------------------------------------------------------- */
@@ -102,15 +110,11 @@ static int bfc_slab_grow(bfc_t *b) {
 }
 
 /* A fresh free, unbinned record; NULL when the host is out of memory. */
-static bfc_chunk_t *bfc_chunk_get(bfc_t *b) {
+static inline bfc_chunk_t *bfc_chunk_get(bfc_t *b) {
   if (b->chunk_pool == NULL && bfc_slab_grow(b) != 0) return NULL;
   bfc_chunk_t *c = b->chunk_pool;
   b->chunk_pool = c->left;
-  uint32_t h = c->handle;
-  memset(c, 0, sizeof *c);
-  c->handle = h;
-  c->allocation_id = -1;
-  c->bin = -1;
+  *c = (bfc_chunk_t){.allocation_id = -1, .handle = c->handle, .bin = -1};
   return c;
 }
 
@@ -199,19 +203,6 @@ static bfc_chunk_t *avl_remove(bfc_chunk_t *n, const bfc_chunk_t *c) {
     n->right = avl_remove(n->right, c);
   return avl_balance(n);
 }
-/* The first chunk in (size, ptr) order with size >= `size`. */
-static bfc_chunk_t *avl_lower_bound(bfc_chunk_t *n, size_t size) {
-  bfc_chunk_t *best = NULL;
-  while (n != NULL) {
-    if (n->size >= size) {
-      best = n;
-      n = n->left;
-    } else {
-      n = n->right;
-    }
-  }
-  return best;
-}
 static bfc_chunk_t *avl_min(bfc_chunk_t *n) {
   while (n && n->left)
     n = n->left;
@@ -238,13 +229,62 @@ static void bfc_bin_remove(bfc_t *b, bfc_chunk_t *c) {
 }
 
 /* Best fit: the smallest free chunk of at least `rounded` bytes, lowest
- * address among equals, as TF's scan of bins from BinNumForSize upward. */
-static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
+ * address among equals, as TF's scan of bins from BinNumForSize upward.
+ * *slot is the link that points to it (its parent's child link or the
+ * bin's root), for the in-place replacements below. */
+static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded, bfc_chunk_t ***slot) {
   int i = bfc_bin_for(rounded);
-  bfc_chunk_t *c = avl_lower_bound(b->bins[i].root, rounded);
-  if (c != NULL) return c;
+  bfc_chunk_t *best = NULL, **link = &b->bins[i].root;
+  for (bfc_chunk_t **at = link; *at != NULL;) {
+    if ((*at)->size >= rounded) {
+      best = *at, link = at;
+      at = &(*at)->left;
+    } else {
+      at = &(*at)->right;
+    }
+  }
+  if (best != NULL) return (*slot = link), best;
   uint32_t higher = b->nonempty & ~((2u << i) - 1);
-  return higher ? avl_min(b->bins[__builtin_ctz(higher)].root) : NULL;
+  if (higher == 0) return NULL;
+  link = &b->bins[__builtin_ctz(higher)].root;
+  while ((*link)->left != NULL)
+    link = &(*link)->left;
+  *slot = link;
+  return *link;
+}
+
+/* In-place bin changes.  A bin is a set ordered by (size, ptr); a chunk
+ * whose key changes, or a record that takes another's place, may stay at
+ * the same node when the new key still lies between the node's in-order
+ * neighbours and maps to the same bin: then the tree keeps its shape (and
+ * its balance) and no rotation is needed.  This is the common case of a
+ * cached allocation (the remainder of a split takes the split chunk's
+ * place) and of its free (the merged chunk takes its free neighbour's). */
+
+/* Put `to` (unbinned) at the node of `from` (binned), reached by *slot. */
+static inline void bfc_bin_take_place(bfc_chunk_t **slot, bfc_chunk_t *from, bfc_chunk_t *to) {
+  to->left = from->left;
+  to->right = from->right;
+  to->height = from->height;
+  to->bin = from->bin;
+  from->bin = -1;
+  *slot = to;
+}
+
+/* The link to the binned chunk `c`, and its in-order successor (NULL: none). */
+static bfc_chunk_t **bfc_bin_find(bfc_t *b, const bfc_chunk_t *c, bfc_chunk_t **succ) {
+  bfc_chunk_t **at = &b->bins[c->bin].root, *after = NULL;
+  while (*at != c) {
+    if (bfc_less(c, *at)) {
+      after = *at;
+      at = &(*at)->left;
+    } else {
+      at = &(*at)->right;
+    }
+  }
+  if (c->right != NULL) after = avl_min(c->right);
+  *succ = after;
+  return at;
 }
 
 /* ---- chunks: split and merge ------------------------------------------------------ */
@@ -291,15 +331,63 @@ static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   return c;
 }
 
+/* A freed chunk (unbinned) back into the bins, merged with its free
+ * neighbours: TryToCoalesce + InsertFreeChunkIntoBin.  When exactly one
+ * neighbour is free and the merged chunk may take that neighbour's node
+ * (see "In-place bin changes"), no tree is rebalanced. */
+static void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
+  bfc_chunk_t *n = c->next, *p = c->prev;
+  bool n_free = n != NULL && n->allocation_id == -1, p_free = p != NULL && p->allocation_id == -1;
+  if (n_free != p_free) {
+    bfc_chunk_t *nb = n_free ? n : p; /* the binned neighbour */
+    size_t size = c->size + nb->size;
+    uintptr_t ptr = n_free ? c->ptr : p->ptr;
+    bfc_chunk_t *succ;
+    if (bfc_bin_for(size) == nb->bin) {
+      bfc_chunk_t **slot = bfc_bin_find(b, nb, &succ);
+      if (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr)) {
+        if (n_free) { /* c absorbs n and takes its node */
+          bfc_bin_take_place(slot, n, c);
+          bfc_merge(b, c, n);
+        } else { /* p absorbs c and stays where it is */
+          bfc_merge(b, p, c);
+        }
+        return;
+      }
+    }
+  }
+  bfc_bin_insert(b, bfc_coalesce(b, c));
+}
+
 /* FindChunkPtr.  Should the host refuse a record for the remainder of a
  * split, the whole chunk is handed out (never observed in practice). */
-static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
-  bfc_chunk_t *c = bfc_best_fit(b, rounded);
+static inline bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
+  bfc_chunk_t **slot;
+  bfc_chunk_t *c = bfc_best_fit(b, rounded, &slot);
   if (c == NULL) return NULL;
-  bfc_bin_remove(b, c);
   if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
     bfc_chunk_t *rest = bfc_chunk_get(b);
-    if (rest != NULL) bfc_split(b, c, rounded, rest);
+    size_t rest_size = c->size - rounded;
+    /* The remainder takes the chunk's node when it stays in its bin and
+     * above its predecessor: every chunk before it in the bin is smaller
+     * than `rounded` (c was the first fit), or c was the bin's first. */
+    if (rest != NULL && rest_size >= rounded && bfc_bin_for(rest_size) == c->bin) {
+      bfc_bin_take_place(slot, c, rest);
+      rest->ptr = c->ptr + rounded;
+      rest->size = rest_size;
+      rest->region = c->region;
+      rest->prev = c;
+      rest->next = c->next;
+      if (c->next) c->next->prev = rest;
+      c->next = rest;
+      c->size = rounded;
+      if (c->region->last == c) c->region->last = rest;
+    } else {
+      bfc_bin_remove(b, c);
+      if (rest != NULL) bfc_split(b, c, rounded, rest);
+    }
+  } else {
+    bfc_bin_remove(b, c);
   }
   c->requested = num_bytes;
   c->owner = bfc_thread_id();
@@ -500,6 +588,7 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   *err = 0;
   bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
   if (c != NULL) return c;
+
   int e = bfc_extend(b, rounded);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) return (*err = e), NULL;
@@ -513,163 +602,170 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
 
 static int bfc_check_locked(bfc_t *b);
 
-/* ---- stream uses ---------------------------------------------------------------------- */
-
-/* DeallocateRawInternal after the user's free: the chunk goes back to the
- * bins (its statistics of allocations and requested bytes already fell). */
-static void bfc_release(bfc_t *b, bfc_chunk_t *c) {
-  c->allocation_id = -1;
-  b->bytes_in_use -= (int64_t)c->size;
-  bfc_bin_insert(b, bfc_coalesce(b, c));
-  if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
+/* The invariant walk of gmr_assert_expensive (--enable-debug=3) after an op:
+ * only while no front cache can hold chunks or uncounted figures (none
+ * exists, or all are frozen, hence flushed); gmr_check flushes them first. */
+static int bfc_check_settled(bfc_t *b) {
+  return b->n_fronts == 0 || b->freezes > 0 ? bfc_check_locked(b) : 0;
 }
 
-/* Release the pending chunks whose events are complete (all of them, after
- * waiting for their work, when `sync`).  Returns true when one was released. */
-static bool bfc_process_pending(bfc_t *b, bool sync) {
-  gmr_backend_t *be = b->base.backend;
-  bool released = false;
-  bfc_pending_t **link = &b->pending, *last = NULL;
-  while (*link != NULL) {
-    bfc_pending_t *e = *link;
-    bool done = true;
-    for (size_t i = 0; i < e->n && done; ++i) {
-      if (sync) gmr__backend_event_sync(be, e->events[i]);
-      done = gmr__backend_event_query(be, e->events[i]) != 1; /* an error: given up on */
-    }
-    if (!done) {
-      last = e;
-      link = &e->next;
-      continue;
-    }
-    *link = e->next;
-    for (size_t i = 0; i < e->n; ++i)
-      gmr__backend_event_destroy(be, e->events[i]);
-    bfc_chunk_t *c = e->chunk;
-    c->pending = 0;
-    b->pending_bytes -= (int64_t)c->size;
-    --b->n_pending;
-    bfc_release(b, c);
-    gmr__free(e);
-    released = true;
-  }
-  b->pending_tail = last;
-  return released;
-}
+/* ---- the lock, waits, and the front caches ------------------------------------------
+ * See "Concurrency" at the top of the file. */
 
-/* The user's free of a chunk used on other streams: an event on each, and the
- * chunk stays in use until they complete.  When the host refuses memory for
- * that, or an event cannot be recorded, the stream (or the device) is
- * synchronized instead: slower, never unsafe. */
-static void bfc_free_used_elsewhere(bfc_t *b, bfc_chunk_t *c) {
-  gmr_backend_t *be = b->base.backend;
-  bfc_uses_t *u = c->uses;
-  size_t n = u ? u->n : 0;
-  bfc_pending_t *e = n ? gmr__malloc(sizeof *e + n * sizeof e->events[0]) : NULL;
-  size_t k = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (e == NULL || gmr__backend_event_record(be, u->streams[i], &e->events[k]) != 0)
-      gmr__backend_stream_sync(be, u->streams[i]);
-    else
-      ++k;
-  }
-  if (c->sync_on_free) gmr__backend_device_sync(be);
-  gmr__free(u);
-  c->uses = NULL;
-  c->sync_on_free = 0;
-  if (k == 0) {
-    gmr__free(e);
-    bfc_release(b, c);
+/* Take the allocator's lock; a thread that finds it held turns the front
+ * caches on for good. */
+static inline void bfc_lock(bfc_t *b) {
+  uint32_t free_state = 0;
+  if (GMR_LIKELY(atomic_compare_exchange_weak_explicit(&b->lock.locked, &free_state, 1,
+                                                       memory_order_acquire, memory_order_relaxed)))
     return;
-  }
-  e->next = NULL;
-  e->chunk = c;
-  e->n = k;
-  if (b->pending_tail) {
-    b->pending_tail->next = e;
-  } else {
-    bfc_pending_t *t = b->pending;
-    while (t && t->next)
-      t = t->next;
-    if (t)
-      t->next = e;
-    else
-      b->pending = e;
-  }
-  b->pending_tail = e;
-  c->pending = 1;
-  b->pending_bytes += (int64_t)c->size;
-  ++b->n_pending;
+  if (!atomic_load_explicit(&b->contended, memory_order_relaxed))
+    atomic_store_explicit(&b->contended, true, memory_order_relaxed);
+  gmr__lock_slow(&b->lock);
 }
 
-/* The calling thread joins (or leaves) the threads waiting for frees. */
-static int bfc_waiting_add(bfc_t *b) {
-  if (b->n_waiting == b->cap_waiting) {
-    size_t cap = b->cap_waiting ? b->cap_waiting * 2 : 16;
-    uint32_t *v = gmr__realloc(b->waiting, cap * sizeof *v);
-    if (v == NULL) return GMR_ENOMEM; /* then it does not wait */
-    b->waiting = v;
-    b->cap_waiting = cap;
-  }
-  b->waiting[b->n_waiting++] = bfc_thread_id();
-  return 0;
-}
-static void bfc_waiting_remove(bfc_t *b) {
-  uint32_t me = bfc_thread_id();
-  for (size_t i = 0; i < b->n_waiting; ++i)
-    if (b->waiting[i] == me) {
-      b->waiting[i] = b->waiting[--b->n_waiting];
-      return;
-    }
+static inline void bfc_unlock(bfc_t *b) {
+  gmr__unlock(&b->lock);
 }
 
-/* Can waiting for frees help?  Only when some in-use chunk is held by a
- * thread that is not waiting too (pending chunks are synchronized before any
- * wait).  Costs one pass over the chunks, on the OOM path only. */
-static bool bfc_wait_can_help(const bfc_t *b) {
-  if (b->exclusive) return false;
-  for (size_t i = 0; i < b->n_regions; ++i)
-    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      if (c->allocation_id == -1 || c->pending) continue;
-      bool waiting = false;
-      for (size_t w = 0; w < b->n_waiting && !waiting; ++w)
-        waiting = b->waiting[w] == c->owner;
-      if (!waiting) return true;
-    }
-  return false;
+static inline size_t bfc_front_home(gmr_stream_t s) {
+  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 56) & (BFC_FRONT_STREAMS - 1);
 }
 
-static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_chunk_t *c = blk->handle;
-  if (s == blk->stream) return 0;
-  pthread_mutex_lock(&b->lock);
-  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
-                   c->ptr != (uintptr_t)blk->ptr)) {
-    pthread_mutex_unlock(&b->lock);
-    return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
-                          blk->ptr);
+/* The stream's front cache, or NULL; lock-free (the table is append-only). */
+static inline bfc_front_t *bfc_front_find(bfc_t *b, gmr_stream_t s) {
+  for (size_t i = bfc_front_home(s), n = 0; n < BFC_FRONT_STREAMS;
+       i = (i + 1) & (BFC_FRONT_STREAMS - 1), ++n) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_acquire);
+    if (f == NULL || f->id == s) return f;
   }
-  bfc_uses_t *u = c->uses;
-  bool known = false;
-  for (size_t i = 0; u && i < u->n && !known; ++i)
-    known = u->streams[i] == s;
-  if (!known) {
-    if (u == NULL || u->n == u->cap) {
-      size_t cap = u ? u->cap * 2 : 2;
-      bfc_uses_t *v = gmr__realloc(u, sizeof *v + cap * sizeof v->streams[0]);
-      if (v == NULL) {
-        c->sync_on_free = 1; /* the free synchronizes the device instead */
-      } else {
-        if (u == NULL) v->n = 0;
-        v->cap = cap;
-        c->uses = u = v;
+  return NULL;
+}
+
+/* Give the stream a front cache (under lock); failing quietly leaves the
+ * stream on the shared path. */
+static void bfc_front_new(bfc_t *b, gmr_stream_t s) {
+  if (b->n_fronts >= BFC_FRONT_STREAMS / 2 || bfc_front_find(b, s) != NULL) return;
+  bfc_front_t *f = gmr__calloc(1, sizeof *f);
+  if (f == NULL) return;
+  gmr__lock_init(&f->lock);
+  f->id = s;
+  f->frozen = b->freezes > 0;
+  size_t i = bfc_front_home(s);
+  while (atomic_load_explicit(&b->fronts[i], memory_order_relaxed) != NULL)
+    i = (i + 1) & (BFC_FRONT_STREAMS - 1);
+  atomic_store_explicit(&b->fronts[i], f, memory_order_release);
+  ++b->n_fronts;
+}
+
+/* A chunk of the stream's front cache that TF would hand out whole for
+ * `rounded` bytes (it would not split it), or NULL. */
+static bfc_chunk_t *bfc_front_alloc(bfc_t *b, gmr_stream_t s, size_t num_bytes, size_t rounded) {
+  bfc_front_t *f = bfc_front_find(b, s);
+  if (f == NULL) return NULL;
+  bfc_chunk_t *c = NULL;
+  gmr__lock(&f->lock);
+  if (!f->frozen) {
+    for (uint32_t i = f->n; i-- > 0;) {
+      bfc_chunk_t *k = f->slot[i];
+      if (k->size >= rounded && k->size < rounded * 2 && k->size - rounded < b->max_frag) {
+        c = k;
+        f->slot[i] = f->slot[--f->n];
+        break;
       }
     }
-    if (u != NULL && u->n < u->cap) u->streams[u->n++] = s;
   }
-  pthread_mutex_unlock(&b->lock);
-  return 0;
+  if (c != NULL) {
+    c->requested = num_bytes;
+    c->owner = bfc_thread_id();
+    ++f->allocs;
+    f->req_in += (int64_t)num_bytes;
+  }
+  gmr__unlock(&f->lock);
+  return c;
+}
+
+/* Keep a freed chunk in the stream's front cache; false: take the shared
+ * path (no cache, full, frozen, or someone waits for memory). */
+static bool bfc_front_free(bfc_t *b, bfc_chunk_t *c, gmr_stream_t s) {
+  bfc_front_t *f = bfc_front_find(b, s);
+  if (f == NULL) return false;
+  bool kept = false;
+  gmr__lock(&f->lock);
+  if (!f->frozen && f->n < BFC_FRONT_SLOTS &&
+      atomic_load_explicit(&b->waiters, memory_order_seq_cst) == 0) {
+    f->slot[f->n++] = c;
+    ++f->frees;
+    f->req_out += (int64_t)c->requested;
+    kept = true;
+  }
+  gmr__unlock(&f->lock);
+  return kept;
+}
+
+/* Under lock, for bfc_front_freeze: mark every front cache frozen, fold its
+ * counts into the figures and give its chunks back to the bins (TF's free,
+ * counted when the user freed them).  Returns the number of chunks given
+ * back. */
+static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c);
+static size_t bfc_front_flush(bfc_t *b) {
+  size_t back = 0;
+  for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
+    if (f == NULL) continue;
+    bfc_chunk_t *held[BFC_FRONT_SLOTS];
+    gmr__lock(&f->lock);
+    f->frozen = true;
+    uint32_t n = f->n;
+    memcpy(held, f->slot, n * sizeof *held);
+    f->n = 0;
+    b->num_allocs += f->allocs;
+    b->num_frees += (uint64_t)f->frees;
+    b->requested.current += f->req_in - f->req_out;
+    b->requested.allocated += f->req_in;
+    b->requested.freed += f->req_out;
+    if (b->requested.current > b->requested.peak) b->requested.peak = b->requested.current;
+    b->allocations.current += f->allocs - f->frees;
+    b->allocations.allocated += f->allocs;
+    b->allocations.freed += f->frees;
+    if (b->allocations.current > b->allocations.peak) b->allocations.peak = b->allocations.current;
+    f->allocs = f->frees = f->req_in = f->req_out = 0;
+    gmr__unlock(&f->lock);
+    for (uint32_t k = 0; k < n; ++k)
+      bfc_free_chunk(b, held[k]);
+    back += n;
+  }
+  return back;
+}
+
+/* Under lock: flush the front caches and keep them bypassed until the
+ * matching bfc_front_thaw (nested freezes count), so that nothing outside
+ * `lock` writes a chunk while the whole state is read or changed. */
+static void bfc_front_freeze(bfc_t *b) {
+  if (b->freezes++ == 0) bfc_front_flush(b);
+}
+
+static void bfc_front_thaw(bfc_t *b) {
+  if (--b->freezes > 0) return;
+  for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
+    if (f == NULL) continue;
+    gmr__lock(&f->lock);
+    f->frozen = false;
+    gmr__unlock(&f->lock);
+  }
+}
+
+/* The lock for an operation that reads or changes everything (statistics,
+ * walks, checks, trim): front caches flushed and bypassed meanwhile. */
+static void bfc_lock_all(bfc_t *b) {
+  bfc_lock(b);
+  bfc_front_freeze(b);
+}
+
+static void bfc_unlock_all(bfc_t *b) {
+  bfc_front_thaw(b);
+  bfc_unlock(b);
 }
 
 /* ---- policy ops ----------------------------------------------------------------------- */
@@ -680,50 +776,97 @@ static uint64_t bfc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
-  bfc_t *b = (bfc_t *)self;
-  (void)s;
-  size_t rounded = bfc_rounded(size);
-  pthread_mutex_lock(&b->lock);
-  if (GMR_UNLIKELY(b->pending != NULL)) bfc_process_pending(b, false);
+/* Release the pending chunks whose streams' work is done (after waiting for
+ * it when `sync`).  Under lock; true when one was released. */
+static bool bfc_release_pending(bfc_t *b, bool sync) {
+  bfc_pending_t *e = gmr__bfc_pending_take(b, sync);
+  bool released = e != NULL;
+  while (e != NULL) {
+    bfc_pending_t *next = e->next;
+    bfc_free_chunk(b, e->chunk);
+    gmr__free(e);
+    e = next;
+  }
+  return released;
+}
+
+/* AllocatorRetry: wait for frees until the deadline, then a last try.  Every
+ * wake-up tries again (after waiting for other streams' work on pending
+ * chunks).  The caller has frozen the front caches (under concurrency), so
+ * every free meanwhile goes to the lock and wakes the waiters.
+ * gmr's addition: the wait lasts only while waiting can help
+ * (gmr__bfc_wait_can_help: some holder of memory is not itself waiting, or a
+ * free is on its way).  When every holder waits, nobody will free: all the
+ * waiters give up together (one leaving returns an error, not memory, so it
+ * does not make the others' wait useful).  With one caller
+ * (set_exclusive) the last try comes at once, as before. */
+static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, int *err,
+                                       double *waited_s) {
+  ++b->retries;
+  uintptr_t me = bfc_thread_id();
+  uint64_t start = bfc_now_ns(), deadline = start + b->retry_ns;
+  bfc_chunk_t *c = NULL;
+  int werr = gmr__bfc_waiting_add(b, me);
+  /* This thread now waits: the others look again whether anyone can free. */
+  if (atomic_fetch_add_explicit(&b->waiters, 1, memory_order_seq_cst) > 0)
+    gmr__wake_all(&b->freed_seq);
+  uint64_t stalemate = b->stalemates;
+  for (;;) {
+    uint32_t seen = atomic_load_explicit(&b->freed_seq, memory_order_seq_cst);
+    bool stuck = b->stalemates != stalemate || werr != 0 || !gmr__bfc_wait_can_help(b);
+    if (stuck && b->stalemates == stalemate && werr == 0 && !b->exclusive) {
+      ++b->stalemates; /* every waiter that saw the old count gives up */
+      gmr__wake_all(&b->freed_seq);
+    }
+    if (stuck || bfc_now_ns() >= deadline) {
+      c = bfc_try(b, size, rounded, err);
+      break;
+    }
+    gmr__lock_wait_until(&b->lock, &b->freed_seq, seen, deadline);
+    if (b->pending != NULL) bfc_release_pending(b, true);
+    c = bfc_try(b, size, rounded, err);
+    if (c != NULL || *err != 0) break;
+  }
+  if (werr == 0) gmr__bfc_waiting_remove(b, me);
+  atomic_fetch_sub_explicit(&b->waiters, 1, memory_order_seq_cst);
+  *waited_s = b->exclusive ? 0.0 : (double)(bfc_now_ns() - start) / 1e9;
+  return c;
+}
+
+#if defined(__GNUC__)
+#define BFC_COLD __attribute__((cold, noinline))
+#else
+#define BFC_COLD
+#endif
+
+/* Everything but a cached allocation by one thread: front caches, Extend,
+ * garbage collection, the wait, the report.  Called with lock held when
+ * `locked` (the fast path found no chunk), else without. */
+static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
+                                   bool locked, gmr_block_t *out) {
+  bfc_chunk_t *c;
+  if (!locked) {
+    if ((c = bfc_front_alloc(b, s, size, rounded)) != NULL) {
+      *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+      return 0;
+    }
+    bfc_lock(b);
+    if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
+  }
   int err = 0;
-  bfc_chunk_t *c = bfc_try(b, size, rounded, &err);
+  c = locked ? NULL : bfc_find_chunk(b, rounded, size);
+  /* Nothing fits: under concurrency the front caches give their chunks back
+   * and stay bypassed until this allocation ends (Extend, the wait and the
+   * report then see every chunk as TF would, and the report reads chunks
+   * nobody else writes). */
+  bool frozen = c == NULL && atomic_load_explicit(&b->contended, memory_order_relaxed);
+  if (frozen) bfc_front_freeze(b);
+  if (c == NULL) c = bfc_try(b, size, rounded, &err);
   /* Memory held only by other streams' work: wait for that work, try again. */
-  if (c == NULL && err == 0 && b->pending != NULL && bfc_process_pending(b, true))
+  if (c == NULL && err == 0 && b->pending != NULL && bfc_release_pending(b, true))
     c = bfc_try(b, size, rounded, &err);
   double waited_s = 0;
-  if (c == NULL && err == 0 && b->retry) {
-    /* AllocatorRetry: wait for frees until the deadline, then a last try. */
-    ++b->retries;
-    uint64_t start = bfc_now_ns(), deadline = start + b->retry_ns;
-    int werr = bfc_waiting_add(b);
-    /* This thread now waits: the others re-check whether anyone can free. */
-    if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
-    uint64_t stalemate = b->stalemates;
-    for (;;) {
-      uint64_t now = bfc_now_ns();
-      bool stuck = b->stalemates != stalemate || werr != 0 || !bfc_wait_can_help(b);
-      if (stuck && b->stalemates == stalemate && werr == 0) {
-        /* Every holder of memory waits: none will free.  All waiters now
-         * give up together (one leaving does not make the others' wait
-         * useful: it returns an error, not memory). */
-        ++b->stalemates;
-        if (b->waiters > 0) pthread_cond_broadcast(&b->freed);
-      }
-      if (now >= deadline || stuck) {
-        c = bfc_try(b, size, rounded, &err);
-        break;
-      }
-      struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
-      ++b->waiters;
-      pthread_cond_timedwait(&b->freed, &b->lock, &ts);
-      --b->waiters;
-      c = bfc_try(b, size, rounded, &err);
-      if (c != NULL || err != 0) break;
-    }
-    if (werr == 0) bfc_waiting_remove(b);
-    waited_s = (double)(bfc_now_ns() - start) / 1e9;
-  }
+  if (c == NULL && err == 0 && b->retry) c = bfc_wait_for_frees(b, size, rounded, &err, &waited_s);
   /* What to log, decided under the lock and written after it (a log
    * callback may call back into the runtime). */
   bool log_gc = b->gc_to_log, log_fail = false;
@@ -735,9 +878,11 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   }
   if (c != NULL) {
     *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
-    gmr_assert_expensive(bfc_check_locked(b) == 0);
+    gmr_assert_expensive(bfc_check_settled(b) == 0);
   }
-  pthread_mutex_unlock(&b->lock);
+  if (frozen) bfc_front_thaw(b);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, s);
+  bfc_unlock(b);
   if (log_gc)
     gmr__log(GMR_LOG_WARN,
              "Garbage collection: deallocate free memory regions (i.e., allocations) so that we "
@@ -762,47 +907,106 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   return c != NULL ? 0 : err;
 }
 
+static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+  bfc_t *b = (bfc_t *)self;
+  size_t rounded = bfc_rounded(size);
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->contended, memory_order_relaxed)))
+    return bfc_alloc_slow(b, size, rounded, s, false, out);
+  bfc_lock(b);
+  if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
+  bfc_chunk_t *c = bfc_find_chunk(b, rounded, size);
+  if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, true, out);
+  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  bfc_unlock(b);
+  return 0;
+}
+
+static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_chunk_t *c = blk->handle;
+  if (s == blk->stream) return 0;
+  bfc_lock(b);
+  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
+                   c->ptr != (uintptr_t)blk->ptr)) {
+    bfc_unlock(b);
+    return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
+                          blk->ptr);
+  }
+  gmr__bfc_use_add(c, s);
+  bfc_unlock(b);
+  return 0;
+}
+
 static void bfc_set_exclusive(gmr_policy_t *self, int exclusive) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock(b);
   b->exclusive = exclusive != 0;
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock(b);
+}
+
+/* TF's DeallocateRawInternal without the counts: back to a bin, merged with
+ * free neighbours; waiters are woken.  Under lock. */
+static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
+  c->allocation_id = -1;
+  b->bytes_in_use -= (int64_t)c->size;
+  bfc_release_chunk(b, c);
+  if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
 }
 
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;
-  pthread_mutex_lock(&b->lock);
+  /* A chunk used on other streams never stays in a front cache: its memory
+   * must wait for that work (gmr__bfc_hold), whichever stream asks next. */
+  bool elsewhere = c != NULL && (c->uses != NULL || c->sync_on_free);
+  /* Chunks change hands between threads: the retry then waits as TF's. */
+  if (GMR_UNLIKELY(c != NULL && c->owner != bfc_thread_id()) &&
+      !atomic_load_explicit(&b->handoff, memory_order_relaxed))
+    atomic_store_explicit(&b->handoff, true, memory_order_seq_cst);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed) && !elsewhere &&
+      bfc_front_free(b, c, blk->stream))
+    return 0;
+  /* A free that finds allocations waiting says so before it queues for the
+   * lock: they keep waiting for it (gmr__bfc_wait_can_help). */
+  bool announce = atomic_load_explicit(&b->waiters, memory_order_seq_cst) > 0;
+  if (GMR_UNLIKELY(announce)) atomic_fetch_add_explicit(&b->arriving, 1, memory_order_seq_cst);
+  bfc_lock(b);
+  if (GMR_UNLIKELY(announce)) atomic_fetch_sub_explicit(&b->arriving, 1, memory_order_seq_cst);
   if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
                    c->ptr != (uintptr_t)blk->ptr)) {
-    pthread_mutex_unlock(&b->lock);
+    if (announce) gmr__wake_all(&b->freed_seq); /* the waiters look again */
+    bfc_unlock(b);
     return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
                           blk->ptr);
   }
   gmr__stat_decrease(&b->requested, (int64_t)c->requested);
   gmr__stat_decrease(&b->allocations, 1);
   ++b->num_frees;
-  if (GMR_UNLIKELY(c->uses != NULL || c->sync_on_free))
-    bfc_free_used_elsewhere(b, c);
-  else
-    bfc_release(b, c);
-  gmr_assert_expensive(bfc_check_locked(b) == 0);
-  pthread_mutex_unlock(&b->lock);
+  if (GMR_UNLIKELY(elsewhere) && gmr__bfc_hold(b, c)) {
+    /* Pending: waiters look again (they may wait for that work). */
+    if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
+  } else {
+    bfc_free_chunk(b, c);
+  }
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, blk->stream);
+  bfc_unlock(b);
   return 0;
 }
 
 static int bfc_trim(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
-  if (b->pending != NULL) bfc_process_pending(b, true); /* as PyTorch's empty_cache */
+  bfc_lock_all(b);
+  if (b->pending != NULL) bfc_release_pending(b, true); /* as PyTorch's empty_cache */
   bfc_free_regions(b, 0, true);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   return 0;
 }
 
 static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   st->allocated_bytes = (uint64_t)(b->bytes_in_use - b->pending_bytes);
   st->active_bytes = (uint64_t)b->bytes_in_use; /* pending frees included */
   st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
@@ -816,29 +1020,29 @@ static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
   st->alloc_retries = b->retries;
   st->largest_free_block = bfc_largest_free(b);
   st->limit_bytes = b->limit;
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
 }
 
 /* ClearStats() is reset_peak + reset_accumulated. */
 static void bfc_reset_peak(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   b->peak_bytes_in_use = b->bytes_in_use;
   b->largest_alloc_size = 0;
   b->peak_pool_bytes = b->pool_bytes;
   gmr__stat_reset_peak(&b->requested);
   gmr__stat_reset_peak(&b->allocations);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
 }
 
 static void bfc_reset_accumulated(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   b->num_allocs = 0;
   b->num_frees = b->ooms = b->retries = 0;
   gmr__stat_reset_accumulated(&b->requested);
   gmr__stat_reset_accumulated(&b->allocations);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
 }
 
 enum { BFC_N_KEYS = 16 };
@@ -851,7 +1055,7 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   bfc_t *b = (bfc_t *)self;
   bfc_kv_t kv[BFC_N_KEYS];
   int n = 0;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   int64_t largest = (int64_t)bfc_largest_free(b), free_b = b->pool_bytes - b->bytes_in_use;
 #define KV(k, v) kv[n++] = (bfc_kv_t){k, (int64_t)(v)}
   KV("num_allocs", b->num_allocs);
@@ -873,7 +1077,7 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   KV("num_frees", b->num_frees);
   KV("ooms", b->ooms);
 #undef KV
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   for (int i = 0; i < n; ++i)
     if (cb(kv[i].key, kv[i].value, ud) != 0) break;
   return 0;
@@ -881,7 +1085,7 @@ static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
 
 static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   int stop = 0;
   for (size_t i = 0; i < b->n_regions && !stop; ++i) {
     const bfc_region_t *r = b->regions[i];
@@ -903,7 +1107,7 @@ static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
       stop = cb(&k, ud);
     }
   }
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   return 0;
 }
 
@@ -1028,10 +1232,21 @@ static int bfc_check_locked(bfc_t *b) {
 
 static int bfc_check(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  pthread_mutex_lock(&b->lock);
+  bfc_lock_all(b);
   int err = bfc_check_locked(b);
-  pthread_mutex_unlock(&b->lock);
+  bfc_unlock_all(b);
   return err;
+}
+
+static int bfc_summary(gmr_policy_t *self, FILE *out) {
+  bfc_t *b = (bfc_t *)self;
+  gmr_strbuf_t sb = {0};
+  bfc_lock_all(b);
+  gmr__bfc_summary_locked(b, &sb);
+  bfc_unlock_all(b);
+  fprintf(out, "%s\n", gmr__sb_str(&sb));
+  gmr__sb_free(&sb);
+  return ferror(out) ? GMR_EIO : 0;
 }
 
 /* ---- construction ---------------------------------------------------------------- */
@@ -1042,128 +1257,11 @@ static uint64_t bfc_min_system_memory(uint64_t available) {
   return available < ((uint64_t)2 << 30) ? (uint64_t)225 << 20 : (uint64_t)1800 << 20;
 }
 
-/* ---- the environment (applied by the config layer: `env` in the table) ------------ */
-
-/* The allocator's name in messages: allocator_name, else GPU_<device>_bfc. */
-static void bfc_name(const bfc_opts_t *o, int device, char *buf, size_t len) {
-  if (o->name != NULL && o->name[0] != '\0')
-    snprintf(buf, len, "%s", o->name);
-  else
-    snprintf(buf, len, "GPU_%d_bfc", device);
-}
-
-/* TF's "true"/"false" environment booleans (case-sensitive); -1 unset, -2 bad. */
-static int bfc_env_bool(const char *v) {
-  if (v == NULL) return -1;
-  if (strcmp(v, "true") == 0) return 1;
-  if (strcmp(v, "false") == 0) return 0;
-  return -2;
-}
-
-/* allow_growth: TF_FORCE_GPU_ALLOW_GROWTH (environment: tensorflow), or
- * XLA_PYTHON_CLIENT_PREALLOCATE (environment: jax; false or 0: grow). */
-static int bfc_env_growth(const char *const *v, void *opts, int device, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  (void)device, (void)err, (void)len;
-  if (o->environment == BFC_ENV_TENSORFLOW) {
-    int g = bfc_env_bool(v[0]);
-    if (g == -2)
-      gmr__log(GMR_LOG_ERROR,
-               "The TF_FORCE_GPU_ALLOW_GROWTH environment variable is set but could not be "
-               "parsed: \"%s\". Valid values are \"true\" or \"false\". Using original config "
-               "value of %s.",
-               v[0], o->allow_growth ? "true" : "false");
-    if (g >= 0 && (g == 1) != o->allow_growth)
-      gmr__log(GMR_LOG_WARN,
-               "Overriding orig_value setting because the TF_FORCE_GPU_ALLOW_GROWTH environment "
-               "variable is set. Original config value was %s.",
-               o->allow_growth ? "true" : "false");
-    if (g >= 0) o->allow_growth = g == 1;
-  } else if (o->environment == BFC_ENV_JAX && v[1] != NULL) {
-    char low[16] = "";
-    size_t i = 0;
-    for (; v[1][i] && i < sizeof low - 1; ++i)
-      low[i] = (char)(v[1][i] >= 'A' && v[1][i] <= 'Z' ? v[1][i] + 32 : v[1][i]);
-    low[i] = '\0';
-    o->allow_growth = strcmp(low, "false") == 0 || strcmp(low, "0") == 0;
-  }
-  return 0;
-}
-
-/* garbage_collection: TF_ENABLE_GPU_GARBAGE_COLLECTION (environment: tensorflow). */
-static int bfc_env_gc(const char *const *v, void *opts, int device, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  (void)device, (void)err, (void)len;
-  if (o->environment != BFC_ENV_TENSORFLOW) return 0;
-  int gc = bfc_env_bool(v[0]);
-  if (gc == -2)
-    gmr__log(GMR_LOG_ERROR,
-             "The TF_ENABLE_GPU_GARBAGE_COLLECTION environment variable is set but could not "
-             "be parsed: \"%s\". Valid values are \"true\" or \"false\". Using true.",
-             v[0]);
-  if (gc != -1) o->garbage_collection = gc != 0;
-  return 0;
-}
-
-/* memory_fraction: XLA_CLIENT_MEM_FRACTION, or its old name
- * XLA_PYTHON_CLIENT_MEM_FRACTION (environment: jax); it replaces the other
- * limit options. */
-static int bfc_env_fraction(const char *const *v, void *opts, int device, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  if (o->environment != BFC_ENV_JAX) return 0;
-  char name[128];
-  bfc_name(o, device, name, sizeof name);
-  if (v[0] && v[1]) {
-    snprintf(err, len,
-             "%s: both XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are set; set "
-             "only XLA_CLIENT_MEM_FRACTION",
-             name);
-    return GMR_ECONFIG;
-  }
-  const char *f = v[0] ? v[0] : v[1];
-  double x = 0;
-  if (gmr__parse_double(f, &x) != 0 || !(x > 0) || x > 1) {
-    snprintf(err, len, "%s: %s=\"%s\" is not a fraction in (0, 1]", name,
-             v[0] ? "XLA_CLIENT_MEM_FRACTION" : "XLA_PYTHON_CLIENT_MEM_FRACTION", f);
-    return GMR_ECONFIG;
-  }
-  o->memory_fraction = x;
-  o->memory_limit = 0;
-  o->per_process_fraction = 0;
-  return 0;
-}
-
-static int bfc_validate(void *opts, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  int n = (o->memory_limit != 0) + (o->per_process_fraction != 0) + (o->memory_fraction != 0);
-  if (n > 1) {
-    snprintf(err, len,
-             "give at most one of 'memory_limit', 'per_process_gpu_memory_fraction' "
-             "and 'memory_fraction'");
-    return GMR_ECONFIG;
-  }
-  return 0;
-}
-
-static void bfc_opts_release(void *opts) {
-  bfc_opts_t *o = opts;
-  gmr__free(o->name);
-  o->name = NULL;
-}
-
 static void bfc_destroy(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
-  for (bfc_pending_t *e = b->pending, *next; e; e = next) {
-    next = e->next;
-    for (size_t i = 0; i < e->n; ++i)
-      gmr__backend_event_destroy(self->backend, e->events[i]);
-    gmr__free(e);
-  }
-  gmr__free(b->waiting);
+  gmr__bfc_streams_destroy(b);
   for (size_t i = 0; i < b->n_regions; ++i) {
     bfc_region_t *r = b->regions[i];
-    for (bfc_chunk_t *c = r->first; c; c = c->next)
-      gmr__free(c->uses);
     for (size_t k = r->n_pieces; k-- > 0;)
       bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
     gmr__free(r->pieces);
@@ -1175,8 +1273,9 @@ static void bfc_destroy(gmr_policy_t *self) {
     next = s->next;
     gmr__free(s);
   }
-  pthread_cond_destroy(&b->freed);
-  pthread_mutex_destroy(&b->lock);
+  for (size_t i = 0; i < BFC_FRONT_STREAMS; ++i)
+    gmr__free(atomic_load_explicit(&b->fronts[i], memory_order_relaxed));
+  gmr__lock_destroy(&b->lock);
   gmr__free(b);
 }
 
@@ -1185,7 +1284,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   (void)upstream;
   bfc_opts_t o = *(const bfc_opts_t *)opts; /* the environment already applied */
   char name[128];
-  bfc_name(&o, be->device, name, sizeof name);
+  gmr__bfc_name(&o, be->device, name, sizeof name);
   size_t free_b = 0, total = 0;
   int err = gmr__backend_mem_info(be, &free_b, &total);
   if (err != 0) return err;
@@ -1225,13 +1324,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   if (b->curr_region_bytes == 0) b->curr_region_bytes = BFC_MIN_ALLOC;
   b->next_allocation_id = 1;
   err = GMR_ENOMEM;
-  if (pthread_mutex_init(&b->lock, NULL) != 0) goto fail_lock;
-  pthread_condattr_t ca;
-  if (pthread_condattr_init(&ca) != 0) goto fail_cond;
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  int cerr = pthread_cond_init(&b->freed, &ca);
-  pthread_condattr_destroy(&ca);
-  if (cerr != 0) goto fail_cond;
+  if (gmr__lock_init(&b->lock) != 0) goto fail_lock;
   if (b->vmm) {
     size_t g = be->granularity;
     b->va_size = gmr__align_up((size_t)limit, g) + g;
@@ -1246,9 +1339,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   *out = &b->base;
   return 0;
 fail_va:
-  pthread_cond_destroy(&b->freed);
-fail_cond:
-  pthread_mutex_destroy(&b->lock);
+  gmr__lock_destroy(&b->lock);
 fail_lock:
   gmr__free(b);
   if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
@@ -1256,138 +1347,16 @@ fail_lock:
   return err;
 }
 
-/* retry_timeout: seconds, with an optional unit (s, ms, us). */
-static int bfc_parse_seconds(const char *text, void *field, char *err, size_t len) {
-  char *end;
-  double v = strtod(text, &end);
-  if (end == text || !(v >= 0) || v > 1e6) {
-    snprintf(err, len, "expected a duration from 0 to 1e6 s, such as 10, 10s, 250ms or 0");
-    return GMR_EINVAL;
-  }
-  if (strcmp(end, "ms") == 0)
-    v /= 1e3;
-  else if (strcmp(end, "us") == 0)
-    v /= 1e6;
-  else if (*end != '\0' && strcmp(end, "s") != 0) {
-    snprintf(err, len, "unknown unit '%s'; expected s, ms or us", end);
-    return GMR_EINVAL;
-  }
-  *(double *)field = v;
-  return 0;
-}
-
-static const bfc_opts_t bfc_defaults = {
-    .allow_growth = false,
-    .garbage_collection = true,
-    .allow_retry_on_failure = true,
-    .retry_timeout = 10.0,
-    .environment = BFC_ENV_NONE,
-};
-
-static const gmr_opt_desc_t bfc_opts_desc[] = {
-    {.key = "allow_growth",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, allow_growth),
-     .default_text = "false",
-     .help = "Start with a 2 MiB region and double (TF allow_growth); false takes the whole "
-             "limit in one region at the first allocation.",
-     .env = "TF_FORCE_GPU_ALLOW_GROWTH XLA_PYTHON_CLIENT_PREALLOCATE",
-     .env_apply = bfc_env_growth,
-     .tune = (const char *const[]){"true", NULL}},
-    {.key = "memory_limit",
-     .type = GMR_OPT_SIZE,
-     .offset = offsetof(bfc_opts_t, memory_limit),
-     .min = 1,
-     .default_text = "",
-     .help = "The allocator's limit in bytes (a virtual device's memory_limit).",
-     .tune = (const char *const[]){"1.1x peak", "1.25x peak", "1.5x peak", NULL}},
-    {.key = "per_process_gpu_memory_fraction",
-     .type = GMR_OPT_DOUBLE,
-     .offset = offsetof(bfc_opts_t, per_process_fraction),
-     .min = 0,
-     .max = 1,
-     .min_exclusive = true,
-     .default_text = "",
-     .help = "TensorFlow: the limit is this fraction of the device's total memory. With no "
-             "limit option, the limit is free memory minus TF's MinSystemMemory."},
-    {.key = "memory_fraction",
-     .type = GMR_OPT_DOUBLE,
-     .offset = offsetof(bfc_opts_t, memory_fraction),
-     .min = 0,
-     .max = 1,
-     .min_exclusive = true,
-     .default_text = "",
-     .help = "XLA/JAX: the limit is this fraction of total memory (0.75).",
-     .env = "XLA_CLIENT_MEM_FRACTION XLA_PYTHON_CLIENT_MEM_FRACTION",
-     .env_apply = bfc_env_fraction},
-    {.key = "garbage_collection",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, garbage_collection),
-     .default_text = "true",
-     .help = "At OOM, give wholly free regions back to the device and extend again.",
-     .env = "TF_ENABLE_GPU_GARBAGE_COLLECTION",
-     .env_apply = bfc_env_gc,
-     .tune = (const char *const[]){"false", NULL}},
-    {.key = "allow_retry_on_failure",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, allow_retry_on_failure),
-     .default_text = "true",
-     .help = "Before failing, wait up to retry_timeout for other threads to free memory."},
-    {.key = "retry_timeout",
-     .type = GMR_OPT_CUSTOM,
-     .offset = offsetof(bfc_opts_t, retry_timeout),
-     .parse = bfc_parse_seconds,
-     .default_text = "10s",
-     .help = "How long a failing allocation waits for frees (10, 10s, 250ms)."},
-    {.key = "fragmentation_fraction",
-     .type = GMR_OPT_DOUBLE,
-     .offset = offsetof(bfc_opts_t, fragmentation_fraction),
-     .min = 0,
-     .max = 1,
-     .default_text = "0",
-     .help = "When > 0, a chunk is split if the waste would reach this fraction of the limit "
-             "(instead of 128 MiB).",
-     .tune = (const char *const[]){"0.001", "0.01", "0.05", "0.1", NULL}},
-    {.key = "vmm",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, vmm),
-     .default_text = "false",
-     .help = "Grow by mapping pages into one reserved virtual range, so regions coalesce into "
-             "one (TF's GpuVirtualMemAllocator).",
-     .tune = (const char *const[]){"true", NULL}},
-    {.key = "coalesce_regions",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, coalesce_regions),
-     .default_text = "false",
-     .help = "Merge a new region into the one just before it when the device returns "
-             "contiguous addresses (SupportsCoalescing)."},
-    {.key = "allocator_name",
-     .type = GMR_OPT_STRING,
-     .offset = offsetof(bfc_opts_t, name),
-     .default_text = "GPU_<device>_bfc",
-     .help = "The allocator's name in messages."},
-    {.key = "environment",
-     .type = GMR_OPT_ENUM,
-     .offset = offsetof(bfc_opts_t, environment),
-     .choices = bfc_env_names,
-     .default_text = "none",
-     .help = "Honour a framework's environment variables at runtime creation: tensorflow "
-             "(TF_FORCE_GPU_ALLOW_GROWTH, TF_ENABLE_GPU_GARBAGE_COLLECTION) or jax "
-             "(XLA_PYTHON_CLIENT_PREALLOCATE, XLA_CLIENT_MEM_FRACTION or "
-             "XLA_PYTHON_CLIENT_MEM_FRACTION); each is listed with the option it overrides."},
-    {.key = NULL},
-};
-
 const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .name = "bfc",
     .help = "TensorFlow's best-fit-with-coalescing allocator (GPU_0_bfc): 256-byte chunks in "
             "21 bins, greedy or growing regions, garbage collection and retry at OOM.",
     .opts_size = sizeof(bfc_opts_t),
-    .opts_default = &bfc_defaults,
-    .opts_desc = bfc_opts_desc,
+    .opts_default = &gmr__bfc_opts_default,
+    .opts_desc = gmr__bfc_opts_desc,
     .concurrent = true,
-    .validate = bfc_validate,
-    .opts_release = bfc_opts_release,
+    .validate = gmr__bfc_validate,
+    .opts_release = gmr__bfc_opts_release,
     .create = bfc_create,
     .destroy = bfc_destroy,
     .alloc = bfc_alloc,
@@ -1399,7 +1368,7 @@ const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .reset_peak = bfc_reset_peak,
     .reset_accumulated = bfc_reset_accumulated,
     .stats_foreach = bfc_stats_foreach,
-    .summary = gmr__bfc_summary,
+    .summary = bfc_summary,
     .walk = bfc_walk,
     .check = bfc_check,
 };

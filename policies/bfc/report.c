@@ -215,14 +215,7 @@ int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded) {
   return err;
 }
 
-int gmr__bfc_summary(gmr_policy_t *self, FILE *out) {
-  bfc_t *b = (bfc_t *)self;
-  gmr_strbuf_t sb = {0};
-  pthread_mutex_lock(&b->lock);
-  bfc_dump(b, 0, &sb);
-  bfc_render(b, &sb);
-  pthread_mutex_unlock(&b->lock);
-  fprintf(out, "%s\n", gmr__sb_str(&sb));
-  gmr__sb_free(&sb);
-  return ferror(out) ? GMR_EIO : 0;
+void gmr__bfc_summary_locked(bfc_t *b, gmr_strbuf_t *sb) {
+  bfc_dump(b, 0, sb);
+  bfc_render(b, sb);
 }

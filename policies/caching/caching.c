@@ -58,6 +58,14 @@
 
 #include "caching.h"
 
+/* The hot path (a cached alloc and its free) is inlined whole into the ops,
+ * once with direct statistics (j == NULL) and once with a journal. */
+#if defined(__GNUC__)
+#define CACHE_HOT inline __attribute__((always_inline))
+#else
+#define CACHE_HOT inline
+#endif
+
 /* ---- treaps ---------------------------------------------------------------------
  * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
  * never changes while it is in a tree. */
@@ -127,6 +135,43 @@ static cache_block_t *treap_lower_bound(cache_block_t *t, size_t size, uintptr_t
   return best;
 }
 
+/* The first block whose key is >= (size, 0) in a free tree, and in *pred the
+ * last block before it (NULL: none). */
+static inline cache_block_t *treap_fit(cache_block_t *t, size_t size, cache_block_t **pred) {
+  cache_block_t *best = NULL, *before = NULL;
+  while (t != NULL) {
+    if (t->size < size) {
+      before = t;
+      t = t->right;
+    } else {
+      best = t;
+      t = t->left;
+    }
+  }
+  *pred = before;
+  return best;
+}
+
+/* The block after `n` (in the free tree t) in (size, ptr) order, or NULL. */
+static inline cache_block_t *treap_successor(cache_block_t *t, const cache_block_t *n) {
+  if (n->right != NULL) {
+    cache_block_t *m = n->right;
+    while (m->left != NULL)
+      m = m->left;
+    return m;
+  }
+  cache_block_t *after = NULL;
+  while (t != n) {
+    if (cache_less(n, t->size, t->ptr, false)) {
+      after = t;
+      t = t->left;
+    } else {
+      t = t->right;
+    }
+  }
+  return after;
+}
+
 static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
   if (t == NULL) return n;
   n = treap_collect(t->left, v, n);
@@ -182,21 +227,26 @@ static int cache_records_reserve(cache_stream_t *cs, size_t n) {
 }
 
 /* A blank record from the pool's stream; the caller has reserved it. */
-static cache_block_t *cache_record(cache_pool_t *p, cache_seg_t *seg, uintptr_t ptr, size_t size) {
+static inline cache_block_t *cache_record(cache_pool_t *p, cache_seg_t *seg, uintptr_t ptr,
+                                          size_t size) {
   cache_stream_t *cs = p->stream;
   cache_block_t *b = cs->spare;
   cs->spare = b->next;
   --cs->n_spare;
-  gmr_stream_t *uses = b->uses;
-  uint32_t cap = b->cap_uses;
-  memset(b, 0, sizeof *b);
-  b->uses = uses;
-  b->cap_uses = cap;
-  b->pool = p;
-  b->seg = seg;
+  /* Every field but the ones its user sets next (prev, next, requested,
+   * allocated; tree links, priority and GC stamp at insertion) and the
+   * recorded-streams array it keeps for reuse. */
   b->ptr = ptr;
   b->size = size;
+  b->requested = 0;
+  b->pool = p;
+  b->seg = seg;
+  b->prev = b->next = NULL;
+  b->allocated = false;
   b->mapped = true;
+  b->in_tree = false;
+  b->event_count = 0;
+  b->n_uses = 0;
   return b;
 }
 
@@ -338,6 +388,21 @@ static inline void cache_add(cache_journal_t *j, gmr_stat_t *a, int t, int64_t d
   }
 }
 
+/* cache_add with the sign known: n > 0 is added (up) or taken away (down). */
+static inline void cache_up(cache_journal_t *j, gmr_stat_t *a, int t, int64_t n) {
+  if (GMR_LIKELY(j == NULL))
+    cache_inc(a, t, n);
+  else
+    cache_add(j, a, t, n);
+}
+
+static inline void cache_down(cache_journal_t *j, gmr_stat_t *a, int t, int64_t n) {
+  if (GMR_LIKELY(j == NULL))
+    cache_dec(a, t, n);
+  else
+    cache_add(j, a, t, -n);
+}
+
 static inline void cache_delta_one(gmr_stat_t *x, int64_t d) {
   x->current += d;
   if (d > 0)
@@ -366,19 +431,20 @@ static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *
   }
   for (int i = 0; i < j->n; ++i) {
     gmr_stat_t *a = (gmr_stat_t *)((char *)&cs->delta + ((char *)j->e[i].stat - (char *)&c->st));
-    cache_delta_one(&a[0], j->e[i].d);
-    if (j->e[i].t >= 0) cache_delta_one(&a[j->e[i].t], j->e[i].d);
+    cache_delta_one(&a[j->e[i].t >= 0 ? j->e[i].t : 0], j->e[i].d); /* aggregates: synced */
   }
   cs->dirty = true;
 }
 
-/* Fold every stream's delta into the figures; global path only. */
+/* Fold every stream's delta into the figures, then write the aggregates
+ * (cache_sync_all); global path only. */
 static void cache_fold(cache_t *c) {
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
     if (!cs->dirty) continue;
     gmr_stat_t *dst = (gmr_stat_t *)&c->st, *src = (gmr_stat_t *)&cs->delta;
     for (int k = 0; k < CACHE_N_STATS; ++k) {
+      if (k < CACHE_N_TRIPLES * 3 && k % 3 == CS_ALL) continue; /* synced below */
       dst[k].current += src[k].current;
       dst[k].allocated += src[k].allocated;
       dst[k].freed += src[k].freed;
@@ -387,6 +453,7 @@ static void cache_fold(cache_t *c) {
     }
     cs->dirty = false;
   }
+  cache_sync_all(&c->st);
 }
 
 /* ---- sizes -------------------------------------------------------------------------- */
@@ -401,7 +468,7 @@ static size_t cache_next_division(size_t size, uint32_t divisions) {
 }
 
 /* round_size */
-static size_t cache_round_size(const cache_t *c, size_t size) {
+static inline size_t cache_round_size(const cache_t *c, size_t size) {
   if (size < CACHE_MIN_BLOCK) return CACHE_MIN_BLOCK;
   int lg = 63 - __builtin_clzll((unsigned long long)size);
   int idx = lg > 20 ? lg - 20 : 0;
@@ -474,32 +541,82 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
   return subsumed;
 }
 
+/* try_merge_blocks' test: may `src` merge into the freed block `dst`? */
+static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
+  return src != NULL && !src->allocated && src->event_count == 0 && src->n_uses == 0 &&
+         dst->mapped == src->mapped;
+}
+
+/* free_block when exactly one neighbour merges and the merged block may
+ * keep that neighbour's node in the free tree: its key (size, ptr) grows but
+ * stays below the neighbour's successor.  Then the neighbour's record
+ * becomes the merged block in place (PyTorch keeps the freed block's record;
+ * which record survives is not observable) and no tree changes shape.
+ * Returns the merged block and in *subsumed the neighbour's old size; NULL
+ * when the general path must run. */
+static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b,
+                                                     size_t *subsumed) {
+  cache_block_t *pv = b->prev, *nx = b->next;
+  bool mp = cache_mergeable(b, pv), mn = cache_mergeable(b, nx);
+  if (mp == mn || !b->mapped) return NULL;
+  cache_block_t *host = mp ? pv : nx;
+  size_t size = host->size + b->size;
+  uintptr_t ptr = mp ? pv->ptr : b->ptr;
+  cache_pool_t *p = host->pool;
+  cache_block_t *succ = treap_successor(p->blocks, host);
+  if (succ != NULL && !(size < succ->size || (size == succ->size && ptr < succ->ptr))) return NULL;
+  *subsumed = host->size;
+  if (mn) { /* [b host] */
+    host->ptr = b->ptr;
+    host->prev = b->prev;
+    if (host->prev) host->prev->next = host;
+    if (b->seg->head == b) b->seg->head = host;
+  } else { /* [host b] */
+    host->next = b->next;
+    if (host->next) host->next->prev = host;
+  }
+  host->size = size;
+  host->requested = b->requested;
+  host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+  cache_recycle(b);
+  return host;
+}
+
 /* free_block: return a block with no pending uses to its pool, merging it. */
-static void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
+  cache_seg_t *seg = b->seg;
   int64_t net_n = 0, net_bytes = 0;
-  cache_block_t *cand[2] = {b->prev, b->next};
-  for (int i = 0; i < 2; ++i) {
-    size_t sub = cache_try_merge(c, b, cand[i]);
-    if (sub > 0) {
-      net_n -= 1;
-      net_bytes -= (int64_t)sub;
+  size_t sub = 0;
+  cache_block_t *m = cache_merge_in_place(c, b, &sub); /* b is recycled when it succeeds */
+  if (m != NULL) {
+    net_n = -1;
+    net_bytes = -(int64_t)sub;
+  } else {
+    m = b;
+    cache_block_t *cand[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; ++i) {
+      size_t got = cache_try_merge(c, b, cand[i]);
+      if (got > 0) {
+        net_n -= 1;
+        net_bytes -= (int64_t)got;
+      }
     }
+    pool_insert(c, p, b);
   }
-  pool_insert(c, p, b);
-  if (cache_is_split(b)) {
+  if (cache_is_split(m)) {
     net_n += 1;
-    net_bytes += (int64_t)b->size;
+    net_bytes += (int64_t)m->size;
   }
   int t = cache_stat_type(p);
-  if (!b->seg->expandable) {
+  if (!seg->expandable) {
     if (net_n != 0) cache_add(j, c->st.inactive_split, t, net_n);
     if (net_bytes != 0) cache_add(j, c->st.inactive_split_bytes, t, net_bytes);
   }
-  cache_add(j, c->st.active, t, -1);
-  cache_add(j, c->st.active_bytes, t, -(int64_t)orig);
-  cache_add(j, c->st.requested_bytes, t, -(int64_t)requested);
+  cache_down(j, c->st.active, t, 1);
+  cache_down(j, c->st.active_bytes, t, (int64_t)orig);
+  cache_down(j, c->st.requested_bytes, t, (int64_t)requested);
 }
 
 /* release_block: cudaFree a whole free non-expandable segment. */
@@ -870,10 +987,14 @@ static int cache_garbage_collect(cache_t *c) {
 
 /* ---- allocation ------------------------------------------------------------------------- */
 
-/* get_free_block: the smallest fitting cached block, or NULL. */
-static cache_block_t *cache_get_free_block(cache_t *c, cache_pool_t *p, size_t size) {
+/* get_free_block without taking the block out of its tree: the smallest
+ * fitting cached block, or NULL; *pred is the block before it in the tree
+ * when the plain best fit was taken, else the block itself (no in-place
+ * split then: see cache_alloc_found). */
+static CACHE_HOT cache_block_t *cache_find_free_block(cache_t *c, cache_pool_t *p, size_t size,
+                                                      cache_block_t **pred) {
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
-  cache_block_t *b = treap_lower_bound(p->blocks, size, 0, false);
+  cache_block_t *b = treap_fit(p->blocks, size, pred);
   if (b == NULL) return NULL;
   if (b->seg->expandable) {
     /* Best fit by the size a block can grow to (its unmapped successor). */
@@ -884,12 +1005,20 @@ static cache_block_t *cache_get_free_block(cache_t *c, cache_pool_t *p, size_t s
       size_t es_n = nx->size + (nx->next && !nx->next->mapped ? nx->next->size : 0);
       if (!(es_n < es_b)) break;
       b = nx;
+      *pred = b;
     }
   }
   size_t mss = c->conf.max_split_size;
   if (size < mss && b->size >= mss) return NULL;
   if (size >= mss && b->size >= size + c->conf.max_non_split_rounding) return NULL;
-  pool_erase(p, b);
+  return b;
+}
+
+/* get_free_block: the smallest fitting cached block, out of its tree, or NULL. */
+static cache_block_t *cache_get_free_block(cache_t *c, cache_pool_t *p, size_t size) {
+  cache_block_t *pred;
+  cache_block_t *b = cache_find_free_block(c, p, size, &pred);
+  if (b != NULL) pool_erase(p, b);
   return b;
 }
 
@@ -929,12 +1058,26 @@ static bool cache_should_split(const cache_t *c, const cache_block_t *b, size_t 
   return size < c->conf.max_split_size && remaining > CACHE_SMALL_SIZE;
 }
 
-/* alloc_found_block */
-static cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size, size_t orig,
-                                        bool split, cache_journal_t *j) {
+/* alloc_found_block.  `in_tree`: b is still in its free tree, and `pred` is
+ * the block before it there (see cache_find_free_block); a split remainder
+ * then keeps b's node when its key stays above pred's (the key only shrinks,
+ * so nothing else can pass it), instead of leaving the tree and entering it
+ * again; otherwise b leaves the tree first. */
+static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size,
+                                                  size_t orig, bool split, cache_journal_t *j,
+                                                  bool in_tree, const cache_block_t *pred) {
   cache_pool_t *p = b->pool;
   int t = cache_stat_type(p);
   bool already_split = cache_is_split(b), expandable = b->seg->expandable;
+  if (in_tree) {
+    size_t rest_size = b->size - size;
+    uintptr_t rest_ptr = b->ptr + size;
+    bool keep = split && pred != b &&
+                (pred == NULL || pred->size < rest_size ||
+                 (pred->size == rest_size && pred->ptr < rest_ptr));
+    if (!keep) pool_erase(p, b);
+    in_tree = keep;
+  }
   if (split) {
     cache_block_t *rest = b;
     b = cache_record(p, rest->seg, rest->ptr, size);
@@ -945,24 +1088,27 @@ static cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t siz
     if (rest->seg->head == rest) rest->seg->head = b;
     rest->ptr += size;
     rest->size -= size;
-    pool_insert(c, p, rest);
+    if (in_tree)
+      rest->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+    else
+      pool_insert(c, p, rest);
     if (already_split && !expandable) {
-      cache_add(j, c->st.inactive_split_bytes, t, -(int64_t)size);
+      cache_down(j, c->st.inactive_split_bytes, t, (int64_t)size);
     } else if (!expandable) {
-      cache_add(j, c->st.inactive_split_bytes, t, (int64_t)rest->size);
-      cache_add(j, c->st.inactive_split, t, 1);
+      cache_up(j, c->st.inactive_split_bytes, t, (int64_t)rest->size);
+      cache_up(j, c->st.inactive_split, t, 1);
     }
   } else if (already_split && !expandable) {
-    cache_add(j, c->st.inactive_split_bytes, t, -(int64_t)b->size);
-    cache_add(j, c->st.inactive_split, t, -1);
+    cache_down(j, c->st.inactive_split_bytes, t, (int64_t)b->size);
+    cache_down(j, c->st.inactive_split, t, 1);
   }
   b->allocated = true;
   b->requested = orig;
-  cache_add(j, c->st.allocation, t, 1);
-  cache_add(j, c->st.allocated_bytes, t, (int64_t)b->size);
-  cache_add(j, c->st.active, t, 1);
-  cache_add(j, c->st.active_bytes, t, (int64_t)b->size);
-  cache_add(j, c->st.requested_bytes, t, (int64_t)orig);
+  cache_up(j, c->st.allocation, t, 1);
+  cache_up(j, c->st.allocated_bytes, t, (int64_t)b->size);
+  cache_up(j, c->st.active, t, 1);
+  cache_up(j, c->st.active_bytes, t, (int64_t)b->size);
+  cache_up(j, c->st.requested_bytes, t, (int64_t)orig);
   if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, 1);
   return b;
 }
@@ -980,6 +1126,7 @@ static int cache_oom(cache_t *c, size_t alloc_size) {
     cache_format_size(c->allowed_max, cap, sizeof cap);
     snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
   }
+  cache_sync_all(&c->st); /* the aggregates, as of now */
   int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
   int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
   cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
@@ -1029,7 +1176,7 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
    * one more.  Should the host refuse it, the whole block is handed out. */
   bool split = cache_should_split(c, b, size);
   if (split && cache_records_reserve(b->pool->stream, 1) != 0) split = false;
-  b = cache_alloc_found(c, b, size, orig, split, NULL);
+  b = cache_alloc_found(c, b, size, orig, split, NULL, false, NULL);
   *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
   return 0;
 }
@@ -1048,10 +1195,15 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
     if (GMR_LIKELY(cs->n_spare >= 1 || cache_records_reserve(cs, 4) == 0)) {
       size_t size = cache_round_size(c, orig);
       cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
-      cache_block_t *b = cache_get_free_block(c, p, size);
+      cache_block_t *pred;
+      cache_block_t *b = cache_find_free_block(c, p, size, &pred);
       if (GMR_LIKELY(b != NULL)) {
         cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-        b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size), j);
+        bool split = cache_should_split(c, b, size);
+        if (GMR_LIKELY(j == NULL))
+          b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
+        else
+          b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
         cache_commit(c, cs, j);
         cache_spin_unlock(&cs->lock);
         *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
@@ -1069,11 +1221,11 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
 }
 
 /* free(); j NULL on the global path. */
-static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j) {
+static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   int t = cache_stat_type(b->pool);
   b->allocated = false;
-  cache_add(j, c->st.allocation, t, -1);
-  cache_add(j, c->st.allocated_bytes, t, -(int64_t)b->size);
+  cache_down(j, c->st.allocation, t, 1);
+  cache_down(j, c->st.allocated_bytes, t, (int64_t)b->size);
   if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, -1);
   if (b->n_uses > 0)
     cache_insert_events(c, b);
@@ -1088,7 +1240,10 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_spin_lock(&cs->lock);
   if (GMR_LIKELY(b->n_uses == 0)) {
     cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-    cache_free_locked(c, b, j);
+    if (GMR_LIKELY(j == NULL))
+      cache_free_locked(c, b, NULL);
+    else
+      cache_free_locked(c, b, j);
     cache_commit(c, cs, j);
     cache_spin_unlock(&cs->lock);
   } else {

@@ -183,13 +183,33 @@ typedef struct cache_s {
 static inline int cache_stat_type(const cache_pool_t *p) {
   return p->is_small ? CS_SMALL : CS_LARGE;
 }
+/* An [all, small, large] statistic.  Only the pools' records are counted as
+ * things happen; the aggregate's current, allocated and freed are their
+ * sums, written by cache_sync_all on the global path before anyone reads
+ * them, and its peak is kept as things happen:
+ *   a[ALL].peak = max over time of a[SMALL].current + a[LARGE].current
+ * (an increase is the only change that can raise it). */
 static inline void cache_inc(gmr_stat_t *a, int t, int64_t n) {
-  gmr__stat_increase(&a[CS_ALL], n);
   gmr__stat_increase(&a[t], n);
+  int64_t all = a[CS_SMALL].current + a[CS_LARGE].current;
+  if (all > a[CS_ALL].peak) a[CS_ALL].peak = all;
 }
 static inline void cache_dec(gmr_stat_t *a, int t, int64_t n) {
-  gmr__stat_decrease(&a[CS_ALL], n);
   gmr__stat_decrease(&a[t], n);
+}
+
+/* The [all, small, large] arrays at the start of cache_stats_t. */
+#define CACHE_N_TRIPLES 9
+
+/* Write every aggregate from its pools (and raise its peak to it). */
+static inline void cache_sync_all(cache_stats_t *st) {
+  gmr_stat_t *a = (gmr_stat_t *)st;
+  for (int k = 0; k < CACHE_N_TRIPLES * 3; k += 3) {
+    a[k].current = a[k + 1].current + a[k + 2].current;
+    a[k].allocated = a[k + 1].allocated + a[k + 2].allocated;
+    a[k].freed = a[k + 1].freed + a[k + 2].freed;
+    if (a[k].current > a[k].peak) a[k].peak = a[k].current;
+  }
 }
 
 /* The order of the treaps: free trees by (size, ptr), unmapped trees by ptr. */

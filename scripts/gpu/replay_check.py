@@ -13,7 +13,7 @@ import json
 import sys
 
 import gmr
-from gmr._lib import Stats, _Error
+from gmr._lib import Error, Stats
 
 
 class SimOptions(ctypes.Structure):  # gmr_sim_options_t
@@ -40,7 +40,7 @@ def main():
     if lib.gmr_trace_read(trace.encode(), ctypes.byref(t), msg, 1024) != 0:
         print("replay_check: %s" % msg.value.decode())
         return 1
-    cfg, err = vp(), _Error()
+    cfg, err = vp(), Error()
     if lib.gmr_config_load_file(config.encode(), ctypes.byref(cfg), ctypes.byref(err)) != 0:
         print("replay_check: %s" % err.message.decode())
         return 1
