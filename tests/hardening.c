@@ -663,27 +663,47 @@ static void bfc_retry_after_handoff(void) {
 
 /* What the fuzzers found, kept as seeds and replayed here under every stack:
  * a trace whose 10th allocation split a block with no spare record left
- * (caching with expandable segments, after an unmap and a map). */
+ * (caching with expandable segments, after an unmap and a map), and a trace
+ * asking for 1 PB on a 1 GiB device (the stitch policy sized its range and
+ * page table by the request: 18 GB of host memory). */
 static void fuzz_findings(void) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/tests/fuzz/corpus/trace/finding-expandable-split.csv",
-           tap_srcdir());
-  gmr_trace_data_t *t = NULL;
-  char err[256];
-  if (!ok(gmr_trace_read(path, &t, err, sizeof err) == 0, "the fuzzer's trace reads")) {
-    diag("%s", err);
-    return;
+  static const char *const files[] = {"finding-expandable-split.csv", "finding-stitch-huge.csv"};
+  for (size_t f = 0; f < sizeof files / sizeof files[0]; ++f) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fuzz/corpus/trace/%s", tap_srcdir(), files[f]);
+    gmr_trace_data_t *t = NULL;
+    char err[256];
+    if (!ok(gmr_trace_read(path, &t, err, sizeof err) == 0, "the fuzzer's trace %s reads",
+            files[f])) {
+      diag("%s", err);
+      continue;
+    }
+    int bad = 0;
+    for (size_t s = 0; s < FUZZ_N_STACKS; ++s) {
+      gmr_runtime_t *rt = fuzz_runtime(s, 1ull << 30, 0);
+      gmr_replay_options_t o = {.check = 1};
+      gmr_replay_result_t r;
+      if (gmr_replay(rt, t, &o, &r) != 0 || r.check_failed) ++bad, diag("%s", r.check_message);
+      gmr_runtime_free(rt);
+    }
+    is_int(bad, 0, "  replays under every stack with its invariants");
+    gmr_trace_data_free(t);
   }
-  int bad = 0;
-  for (size_t s = 0; s < FUZZ_N_STACKS; ++s) {
-    gmr_runtime_t *rt = fuzz_runtime(s, 1ull << 30, 0);
-    gmr_replay_options_t o = {.check = 1};
-    gmr_replay_result_t r;
-    if (gmr_replay(rt, t, &o, &r) != 0 || r.check_failed) ++bad, diag("%s", r.check_message);
-    gmr_runtime_free(rt);
-  }
-  is_int(bad, 0, "  replays under every stack with its invariants");
-  gmr_trace_data_free(t);
+  /* The stitch policy refuses more than the device at once, as an OOM. */
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 1ull << 30, 0);
+  if (rt == NULL) return;
+  void *p = NULL;
+  double t0 = now_s();
+  int rc = gmr_alloc(rt, (size_t)1 << 50, NULL, &p);
+  double took = now_s() - t0;
+  is_int(rc, GMR_ENOMEM, "stitch: 1 PiB on a 1 GiB device is an OOM");
+  ok(strstr(gmr_last_error(rt), "larger than the device") != NULL, "  saying why: %s",
+     gmr_last_error(rt));
+  ok(took < 0.5, "  at once (%.3f s)", took);
+  rc = gmr_alloc(rt, SIZE_MAX, NULL, &p);
+  is_int(rc, GMR_ENOMEM, "  so is SIZE_MAX bytes (its rounding would wrap)");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
 }
 
 int main(void) {
