@@ -661,6 +661,43 @@ static void bfc_retry_after_handoff(void) {
   gmr_runtime_free(rt);
 }
 
+/* fuzz-api's "requested > allocated" (caching with max_split_size and GC):
+ * PyTorch's own accounting, kept by the faithful policy.  free() takes the
+ * block out of allocated_bytes at once; free_block, which takes it out of
+ * active_bytes and requested_bytes, runs only once the events of its
+ * recorded streams complete.  So a block freed while another stream's work
+ * on it is queued counts in requested and active, not in allocated. */
+static void caching_requested_above_allocated(void) {
+  static const char *const stacks[] = {
+      "policy: caching\n",
+      "policy: {name: caching, max_split_size: 128MiB, garbage_collection_threshold: 0.5}\n",
+      "policy: {name: caching, expandable_segments: true}\n"};
+  for (int k = 0; k < 3; ++k) {
+    gmr_runtime_t *rt = sim_runtime(stacks[k], 1ull << 30, 0);
+    if (rt == NULL) continue;
+    void *p = NULL, *q = NULL;
+    gmr_alloc(rt, 1000, GMR_SIM_STREAM(0), &p); /* a 1024-byte block */
+    gmr_record_stream(rt, p, GMR_SIM_STREAM(1));
+    gmr_sim_stream_enqueue(rt, GMR_SIM_STREAM(1));
+    gmr_free(rt, p);
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    ok(st.allocated_bytes == 0 && st.requested_bytes == 1000 && st.active_bytes == 1024,
+       "caching %d: a free with queued work on another stream: allocated %llu, requested %llu, "
+       "active %llu (PyTorch: 0, 1000, 1024)",
+       k, (unsigned long long)st.allocated_bytes, (unsigned long long)st.requested_bytes,
+       (unsigned long long)st.active_bytes);
+    is_int(gmr_check(rt), 0, "  the invariants say the same");
+    gmr_sim_stream_complete(rt, GMR_SIM_STREAM(1));
+    gmr_alloc(rt, 1000, GMR_SIM_STREAM(0), &q); /* malloc processes the events first */
+    gmr_free(rt, q);
+    gmr_stats(rt, &st);
+    ok(st.allocated_bytes == 0 && st.requested_bytes == 0 && st.active_bytes == 0,
+       "  once the work completes, the next allocation's free_block drops them");
+    gmr_runtime_free(rt);
+  }
+}
+
 /* What the fuzzers found, kept as seeds and replayed here under every stack:
  * a trace whose 10th allocation split a block with no spare record left
  * (caching with expandable segments, after an unmap and a map), and a trace
@@ -708,6 +745,7 @@ static void fuzz_findings(void) {
 
 int main(void) {
   fuzz_findings();
+  caching_requested_above_allocated();
   bfc_record_stream();
   bfc_retry_when_useful();
   bfc_retry_after_handoff();

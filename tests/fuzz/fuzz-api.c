@@ -109,7 +109,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 9: {
       gmr_stats_t st;
       fuzz_assert(gmr_stats(rt, &st) == 0, "stats");
-      fuzz_assert(st.requested_bytes <= st.allocated_bytes, "requested > allocated");
+      /* A block's request is at most its size, so requested <= active.  Not
+       * requested <= allocated: PyTorch's caching allocator takes a freed
+       * block out of allocated_bytes at once (free()) but out of
+       * requested_bytes and active_bytes only in free_block, once the events
+       * of its recorded streams complete; a block freed while another
+       * stream's work on it is queued counts in requested and not in
+       * allocated (tests/fuzz/corpus/api/finding-requested-above-allocated.bin,
+       * pinned by tests/hardening), and the faithful policy keeps that. */
+      fuzz_assert(st.requested_bytes <= st.active_bytes, "requested > active");
+      fuzz_assert(st.allocated_bytes <= st.active_bytes, "allocated > active");
       break;
     }
     case 10: /* hold back, or complete, a stream's work */
