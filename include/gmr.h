@@ -184,6 +184,19 @@ GMR_EXTERN int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_option
 /** Destroy a runtime and return all its device memory.  Live allocations are
  * reported through the log (gmr_set_log) and their memory released. */
 GMR_EXTERN void gmr_runtime_free(gmr_runtime_t *rt);
+/** gmr_runtime_free, reporting whether what the runtime wrote on its own
+ * reached its files: GMR_TRACE's trace (flushed and closed here) and
+ * GMR_SNAPSHOT's snapshot (written here).  A tool exits non-zero on failure.
+ * @return 0, GMR_EIO or GMR_ENOMEM (the file, the reason and what was lost in
+ * gmr_last_error(NULL); also logged once at GMR_LOG_ERROR) */
+GMR_EXTERN int gmr_runtime_close(gmr_runtime_t *rt);
+/** Write out GMR_TRACE's buffered lines now (they are flushed every 256 lines
+ * or 0.1 s anyway, so a crash loses at most that tail).  A trace line that
+ * cannot be written never fails the call it records: that call returns 0 and
+ * sets the thread's last error; from then on the trace drops its lines and
+ * this call returns GMR_EIO.  @return 0 (no trace, or every line written),
+ * GMR_EIO (a write failed; gmr_last_error says which file and why) */
+GMR_EXTERN int gmr_flush(gmr_runtime_t *rt);
 
 /** The process-wide runtime of `device`, created on first use from the file
  * named by GMR_CONFIG (PyTorch-style caching when unset).  Never freed. */
@@ -204,8 +217,10 @@ GMR_EXTERN int gmr_empty_cache(gmr_runtime_t *rt);
 /** Count `bytes` of device memory that a framework obtained outside gmr
  * (the interposer charges JAX's cuMemCreate this way) against the runtime's
  * limit; a negative count gives them back.  A stack without a limit accepts
- * every charge.  @return 0, GMR_ENOMEM (the limit would be passed; nothing is
- * counted, and gmr_last_error says so), GMR_EINVAL */
+ * every charge.  A refund gives back at most what is charged and not yet
+ * refunded.  @return 0, GMR_ENOMEM (the limit would be passed; nothing is
+ * counted, and gmr_last_error says so), GMR_EINVAL (a refund beyond the
+ * charges; nothing changes) */
 GMR_EXTERN int gmr_charge(gmr_runtime_t *rt, int64_t bytes);
 /** Declare that one thread makes every call on this runtime (exclusive != 0),
  * as a trace replay does, or that this no longer holds (0).  Policies then

@@ -544,16 +544,31 @@ static int limit_free(gmr_policy_t *self, const gmr_block_t *blk) {
 
 /* Device memory obtained outside gmr, counted against the cap like an
  * allocation (counts: allocated) or a reservation (counts: reserved):
- *     external = Σ charges - Σ refunds,  and it is part of in_use or held. */
+ *     external = Σ charges - Σ refunds,  0 <= external <= cap,
+ * and it is part of in_use or held. */
 static int limit_charge(gmr_policy_t *self, int64_t bytes) {
   limit_t *l = (limit_t *)self;
   uint64_t n = bytes > 0 ? (uint64_t)bytes : (uint64_t)(-(bytes + 1)) + 1;
   if (bytes < 0) {
+    /* A refund gives back only what was charged:  n <= external,  so no
+     * count below ever wraps (a wrapped count would refuse everything, or
+     * nothing). */
+    uint64_t ext = atomic_load(&l->external);
+    do {
+      if (n > ext) {
+        char r[32], c[32];
+        gmr__format_size(n, r, sizeof r);
+        gmr__format_size(ext, c, sizeof c);
+        return gmr__error_set(GMR_EINVAL,
+                              "gmr_charge: a refund of %s (%llu bytes) is more than the %s "
+                              "(%llu bytes) charged and not yet refunded",
+                              r, (unsigned long long)n, c, (unsigned long long)ext);
+      }
+    } while (!atomic_compare_exchange_weak(&l->external, &ext, ext - n));
     if (l->counts == LIMIT_COUNTS_ALLOCATED)
       limit_give(l, shard_of(l, LIMIT_EXTERNAL_STREAM), n);
     else
       lbe_give(l->lbe, n);
-    atomic_fetch_sub(&l->external, n);
     return 0;
   }
   uint64_t seen;

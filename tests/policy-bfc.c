@@ -221,7 +221,9 @@ static void test_allocations_and_deallocations(void) {
   double waited = now_s() - t0;
   is_int(err, GMR_ENOMEM, "AllocationsAndDeallocations: (1<<30)+1 bytes fail");
   ok(big == (void *)1, "  the out-parameter is untouched");
-  ok(waited >= 0.1, "  after waiting the retry timeout for frees (%.3f s)", waited);
+  /* TensorFlow would sleep the retry timeout here; gmr waits only when waiting
+   * can help, and every in-use chunk is this thread's own (issue 15). */
+  ok(waited < 0.1, "  without waiting: only this thread holds memory (%.3f s)", waited);
   like(gmr_last_error(rt),
        "Allocator (GPU_0_bfc) ran out of memory trying to allocate 1.00GiB "
        "(rounded to 1073742080)requested by op ",

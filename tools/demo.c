@@ -8,6 +8,8 @@
  * The simulated device is the library's default one (GMR_SIM_DEFAULT_CAPACITY
  * bytes).  Options are parsed with getopt_long before anything else runs;
  * usage errors exit 2.
+ * Exit status 1 also when a file the runtime writes on its own (GMR_TRACE,
+ * GMR_SNAPSHOT) could not be written.
  */
 #include <stdio.h>
 #include <string.h>
@@ -84,7 +86,8 @@ int main(int argc, char **argv) {
   rc = gmr_runtime_new_sim(cfg, NULL, &rt);
   gmr_config_free(cfg);
   if (rc != 0) {
-    fprintf(stderr, "gmr-demo: cannot create the runtime: %s\n", gmr_strerror(rc));
+    fprintf(stderr, "gmr-demo: cannot create the runtime: %s: %s\n", gmr_strerror(rc),
+            gmr_last_error(NULL));
     return 1;
   }
   /* A small training-like pattern: weights stay, activations come and go. */
@@ -102,6 +105,11 @@ int main(int argc, char **argv) {
   gmr_summary(rt, stdout);
   for (int i = 0; i < 5; ++i)
     gmr_free(rt, w[i]);
-  gmr_runtime_free(rt);
+  /* GMR_TRACE / GMR_SNAPSHOT files that could not be written fail the tool. */
+  rc = gmr_runtime_close(rt);
+  if (rc != 0) {
+    fprintf(stderr, "gmr-demo: %s\n", gmr_last_error(NULL));
+    return 1;
+  }
   return 0;
 }

@@ -1,9 +1,12 @@
 /* sim.c: the simulated device, a first-class backend.
  *
  * Two modes:
- *  - address-only (default): addresses come from a fake 64 TiB address space
- *    with no memory behind them, so an 80 GB training trace replays on a
- *    small machine.  Only `capacity` limits what can be reserved.
+ *  - address-only (default): addresses come from a fake address space of
+ *    max(64 TiB, 64 x capacity) with no memory behind them, so an 80 GB
+ *    training trace replays on a small machine, and virtual reservations of
+ *    the whole capacity (expandable segments, one per stream) always fit.
+ *    Only `capacity` limits what can be reserved; it is at most 4 PiB, so
+ *    every address stays below 2^59.
  *    Each device ordinal d has its own window of the fake space, so two
  *    simulated devices in one process never hand out the same address (as
  *    CUDA's unified addressing guarantees): window d starts at
@@ -37,7 +40,7 @@
  *
  * Invariants:
  *   bytes_in_use = Σ live reserve sizes + Σ live mapped sizes
- *                  + Σ live page sizes <= capacity
+ *                  + Σ live page sizes <= capacity <= 4 PiB
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
  *   free ranges of the fake address space are sorted, disjoint and never
@@ -56,10 +59,13 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "core/avl.h"
 #include "core/internal.h"
 
 #define SIM_SPACE_BASE          ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
-#define SIM_SPACE_SIZE          ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
+#define SIM_SPACE_MIN           ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
+#define SIM_SPACE_PER_BYTE      64                             /* addresses per byte of capacity */
+#define SIM_MAX_CAPACITY        ((uint64_t)1 << 52)            /* 4 PiB */
 #define SIM_DEFAULT_CAPACITY    GMR_SIM_DEFAULT_CAPACITY
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
 #define SIM_RESERVE_ALIGN       512                  /* cudaMalloc's minimum */
@@ -73,12 +79,11 @@ typedef struct sim_range_s {
 
 typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim_kind_t;
 
-typedef struct sim_live_s {
-  uintptr_t addr;
-  size_t size;
-  sim_kind_t kind;
-  bool access; /* SIM_ALIAS: set_access has covered it */
-} sim_live_t;
+/* Live ranges: AVL trees (key: address, val: size), so each check costs
+ * O(log n) however many ranges are live: one of reserved ranges, one of
+ * virtual ranges, and one of mappings (SIM_MAPPED and SIM_ALIAS never
+ * overlap each other; aux = kind | SIM_ACCESS once set_access covered it). */
+#define SIM_ACCESS 0x100u
 
 typedef struct sim_page_s {
   size_t size; /* 0: the slot is free */
@@ -115,9 +120,8 @@ struct gmr_sim_s {
   /* Fake address space (address-only mode): sorted free ranges. */
   sim_range_t *free_ranges;
   size_t n_free, cap_free;
-  /* Live ranges, sorted by address, to validate release/unmap. */
-  sim_live_t *live;
-  size_t n_live, cap_live;
+  /* Live ranges, to validate release/unmap, map and set_access. */
+  gmr_avl_t reserved, virt, mappings;
   /* Physical pages: handle = index + 1. */
   sim_page_t *pages;
   size_t n_pages, cap_pages;
@@ -159,40 +163,26 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
-/* Index of the first live range with addr >= a. */
-static size_t live_lower(gmr_sim_t *sim, uintptr_t a) {
-  size_t lo = 0, hi = sim->n_live;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (sim->live[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+static gmr_avl_t *live_tree(gmr_sim_t *sim, sim_kind_t kind) {
+  return kind == SIM_RESERVED ? &sim->reserved : kind == SIM_VA ? &sim->virt : &sim->mappings;
 }
 
 static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  if (!grow((void **)&sim->live, &sim->cap_live, sim->n_live + 1, sizeof *sim->live))
+  int err = gmr__avl_insert(live_tree(sim, kind), a, size, (uint32_t)kind);
+  if (err == GMR_ENOMEM)
     return gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its range table");
-  size_t i = live_lower(sim, a);
-  memmove(&sim->live[i + 1], &sim->live[i], (sim->n_live - i) * sizeof *sim->live);
-  sim->live[i] = (sim_live_t){a, size, kind, false};
-  ++sim->n_live;
+  if (err != 0) /* the device handed out one address twice: a simulator bug */
+    return gmr__error_set(GMR_EDEVICE, "simulated device: %p is already live", (void *)a);
   return 0;
 }
 
 /* Remove exactly (a, size, kind); GMR_EINVAL when no such live range. */
 static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  size_t i = live_lower(sim, a);
-  /* A mapping and its virtual range may start at the same address. */
-  for (; i < sim->n_live && sim->live[i].addr == a; ++i) {
-    if (sim->live[i].kind == kind) {
-      if (sim->live[i].size != size) break;
-      memmove(&sim->live[i], &sim->live[i + 1], (sim->n_live - i - 1) * sizeof *sim->live);
-      --sim->n_live;
-      return 0;
-    }
+  gmr_avl_t *t = live_tree(sim, kind);
+  gmr_avl_node_t *n = gmr__avl_find(t, a);
+  if (n != NULL && (n->aux & ~SIM_ACCESS) == (uint32_t)kind && n->val == size) {
+    gmr__avl_erase(t, a);
+    return 0;
   }
   return gmr__error_set(GMR_EINVAL, "simulated device: no %s range of %zu bytes at %p to give back",
                         kind == SIM_RESERVED ? "reserved"
@@ -202,29 +192,21 @@ static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind
                         size, (void *)a);
 }
 
-/* The virtual range that wholly contains [a, a+size), or NULL. */
-static sim_live_t *va_containing(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = live_lower(sim, a + 1);
-  while (i > 0) {
-    --i;
-    sim_live_t *r = &sim->live[i];
-    if (r->kind == SIM_VA) return (a >= r->addr && a + size <= r->addr + r->size) ? r : NULL;
-  }
-  return NULL;
+/* Does the virtual range starting last at or before `a` wholly contain
+ * [a, a+size)?  (Virtual ranges never overlap.) */
+static bool va_contains(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->virt, a);
+  return r != NULL && size <= r->val && a - r->key <= r->val - size;
 }
 
 /* Is any page of [a, a+size) already mapped?  Mappings never overlap each
- * other, so only mappings starting inside the range and the last mapping
- * starting before it can touch it. */
+ * other, so only the last mapping starting inside or before the range can
+ * reach into it. */
 static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = live_lower(sim, a + size);
-  while (i > 0) {
-    sim_live_t *r = &sim->live[--i];
-    if (r->kind != SIM_MAPPED && r->kind != SIM_ALIAS) continue;
-    if (r->addr >= a) return true;
-    return r->addr + r->size > a;
-  }
-  return false;
+  if (size == 0) return false;
+  uintptr_t last = a + size - 1 < a ? UINTPTR_MAX : a + size - 1;
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->mappings, last);
+  return r != NULL && r->key + r->val > a;
 }
 
 /* ---- the fake address space (first fit, merged free list) ---------------- */
@@ -345,7 +327,7 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
     return gmr__error_set(GMR_ENOMEM, "simulated device: %s of %zu bytes refused (scheduled)", what,
                           size);
   }
-  if (sim->bytes_in_use + size > sim->capacity || size > sim->capacity) {
+  if (size > sim->capacity || sim->bytes_in_use > sim->capacity - size) {
     char need[32], free_[32];
     gmr__format_size(size, need, sizeof need);
     gmr__format_size(sim->capacity - sim->bytes_in_use, free_, sizeof free_);
@@ -471,8 +453,7 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.map_calls;
   int err = 0;
-  if (va_containing(sim, (uintptr_t)addr, size) == NULL ||
-      mapped_overlaps(sim, (uintptr_t)addr, size))
+  if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
     err = gmr__error_set(GMR_EINVAL,
                          "simulated device: cannot map %zu bytes at %p (outside a virtual range, "
                          "or already mapped)",
@@ -588,8 +569,7 @@ static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h
                          "simulated device: cannot map %zu bytes at offset %zu of page "
                          "%llu",
                          size, offset, (unsigned long long)h);
-  else if (va_containing(sim, (uintptr_t)addr, size) == NULL ||
-           mapped_overlaps(sim, (uintptr_t)addr, size))
+  else if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
     err = gmr__error_set(GMR_EINVAL,
                          "simulated device: cannot map a page at %p (outside a virtual range, or "
                          "already mapped)",
@@ -612,23 +592,24 @@ static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
   uintptr_t a = (uintptr_t)addr, end = a + size;
   int err = 0;
   for (uintptr_t at = a; err == 0 && at < end;) {
-    size_t i = live_lower(sim, at);
-    while (i < sim->n_live && sim->live[i].addr == at && sim->live[i].kind != SIM_ALIAS)
-      ++i;
-    if (i >= sim->n_live || sim->live[i].addr != at || sim->live[i].addr + sim->live[i].size > end)
+    gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, at);
+    if (n == NULL || (n->aux & ~SIM_ACCESS) != SIM_ALIAS || n->val > end - at)
       err = gmr__error_set(GMR_EINVAL,
                            "simulated device: set access on %zu bytes at %p that page "
                            "mappings do not cover",
                            size, addr);
     else
-      at += sim->live[i].size;
+      at += n->val;
   }
   if (err == 0) err = sim_check_schedule(sim, size, "set access");
   if (err == 0 && sim->host_backed && mprotect(addr, size, PROT_READ | PROT_WRITE) != 0)
     err = gmr__error_set(GMR_ENOMEM, "simulated device: host access to %zu bytes refused", size);
   if (err == 0)
-    for (size_t j = live_lower(sim, a); j < sim->n_live && sim->live[j].addr < end; ++j)
-      if (sim->live[j].kind == SIM_ALIAS) sim->live[j].access = true;
+    for (uintptr_t at = a; at < end;) { /* tiled by page mappings (checked above) */
+      gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, at);
+      n->aux |= SIM_ACCESS;
+      at += n->val;
+    }
   pthread_mutex_unlock(&sim->lock);
   return err;
 }
@@ -780,21 +761,25 @@ static uint64_t sim_now_ns(gmr_backend_t *be) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static void free_reserved(gmr_avl_node_t *n, void *ud) {
+  (void)ud;
+  free((void *)(uintptr_t)n->key);
+}
+static void unmap_va(gmr_avl_node_t *n, void *ud) {
+  (void)ud;
+  munmap((void *)(uintptr_t)n->key, n->val);
+}
+
 static void sim_destroy(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
   for (size_t i = 0; i < sim->n_pages; ++i)
     if (sim->pages[i].size != 0 && sim->pages[i].fd >= 0) close(sim->pages[i].fd);
   gmr__free(sim->pages);
-  if (sim->host_backed) {
-    /* Give back whatever a policy left behind (it should leave nothing). */
-    for (size_t i = 0; i < sim->n_live; ++i) {
-      sim_live_t *r = &sim->live[i];
-      if (r->kind == SIM_RESERVED) free((void *)r->addr);
-      if (r->kind == SIM_VA) munmap((void *)r->addr, r->size);
-    }
-  }
+  /* Give back whatever a policy left behind (it should leave nothing). */
+  gmr__avl_clear(&sim->reserved, sim->host_backed ? free_reserved : NULL, NULL);
+  gmr__avl_clear(&sim->mappings, NULL, NULL);
+  gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
   gmr__free(sim->free_ranges);
-  gmr__free(sim->live);
   gmr__free(sim->streams);
   gmr__free(sim->uses);
   pthread_mutex_destroy(&sim->lock);
@@ -829,22 +814,33 @@ static const gmr_backend_ops_t sim_ops = {
 
 int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   uint64_t granularity = opts && opts->granularity ? opts->granularity : SIM_DEFAULT_GRANULARITY;
-  if (!gmr__is_pow2(granularity) || granularity < 4096)
+  if (!gmr__is_pow2(granularity) || granularity < 4096 || granularity > ((uint64_t)1 << 30))
     return gmr__error_set(GMR_EINVAL,
                           "simulated device: granularity %llu is not a power of two "
-                          ">= 4096",
+                          "in [4096, 1 GiB]",
                           (unsigned long long)granularity);
+  uint64_t capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
+  if (capacity > SIM_MAX_CAPACITY) {
+    char c[32];
+    gmr__format_size(capacity, c, sizeof c);
+    return gmr__error_set(GMR_EINVAL,
+                          "simulated device: a capacity of %s (%llu bytes) is more than the "
+                          "simulator's limit of 4 PiB",
+                          c, (unsigned long long)capacity);
+  }
   gmr_sim_t *sim = gmr__calloc(1, sizeof *sim);
   if (sim == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
   sim->base.ops = &sim_ops;
   sim->base.granularity = granularity;
-  sim->capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
+  sim->capacity = capacity;
   sim->host_backed = opts && opts->host_backed;
   if (pthread_mutex_init(&sim->lock, NULL) != 0) goto fail_lock;
   if (!sim->host_backed) {
     if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges))
       goto fail_space;
-    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, SIM_SPACE_SIZE};
+    uintptr_t space = (uintptr_t)sim->capacity * SIM_SPACE_PER_BYTE;
+    if (space < SIM_SPACE_MIN) space = SIM_SPACE_MIN;
+    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, space};
     sim->n_free = 1;
   }
   *out = &sim->base;

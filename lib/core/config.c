@@ -155,12 +155,19 @@ static int parse_option(parse_t *ps, const gmr_opt_desc_t *d, const yaml_node_t 
     return 0;
   case GMR_OPT_SIZE: {
     uint64_t v;
-    if (gmr__parse_size(t, &v) != 0)
+    bool too_large = false;
+    if (gmr__parse_size_why(t, &v, &too_large) != 0 && too_large)
+      return fail_at(ps, n, "'%s' is too large for '%s'; a size is at most 1 EiB", t, d->key);
+    if (too_large || gmr__parse_size(t, &v) != 0)
       return fail_at(ps, n,
                      "'%s' is not a size for '%s'; expected bytes with an optional unit, "
                      "e.g. 4096, 512MiB, 8GiB",
                      t, d->key);
     if (check_range(ps, n, d, (double)v, true) != 0) return GMR_ECONFIG;
+    /* Every size option, whatever its table says: address computations on
+     * sizes up to 2^60 cannot overflow 64 bits. */
+    if (v > GMR_MAX_SIZE_OPTION)
+      return fail_at(ps, n, "'%s' is too large for '%s'; a size is at most 1 EiB", t, d->key);
     *(uint64_t *)field = v;
     return 0;
   }
@@ -418,11 +425,89 @@ static int yaml_failure(parse_t *ps, yaml_parser_t *parser) {
   return GMR_ECONFIG;
 }
 
-static int load(yaml_parser_t *parser, const char *file, gmr_config_t **out, gmr_error_t *err) {
+/* ---- limits, checked as the events arrive -------------------------------------
+ * A configuration is a few lines; before any document is built, one pass over
+ * the parser's events bounds what the loader will ever hold, and stops at the
+ * first event past a bound (so its cost is linear in the bytes read, whatever
+ * the input):
+ *   bytes <= CONFIG_MAX_BYTES,  nesting depth <= CONFIG_MAX_DEPTH,
+ *   nodes <= CONFIG_MAX_NODES,  entries of one collection <= CONFIG_MAX_ENTRIES. */
+#define CONFIG_MAX_BYTES   ((size_t)1 << 20) /* 1 MiB */
+#define CONFIG_MAX_DEPTH   32
+#define CONFIG_MAX_NODES   10000
+#define CONFIG_MAX_ENTRIES 1000
+
+static int fail_mark(parse_t *ps, yaml_mark_t m, const char *fmt, ...) GMR_PRINTF(3, 4);
+
+static int fail_mark(parse_t *ps, yaml_mark_t m, const char *fmt, ...) {
+  if (ps->err == NULL) return GMR_ECONFIG;
+  char sentence[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sentence, sizeof sentence, fmt, ap);
+  va_end(ap);
+  gmr_error_t *e = ps->err;
+  e->code = GMR_ECONFIG;
+  e->line = (int)m.line + 1;
+  e->column = (int)m.column + 1;
+  snprintf(e->file, sizeof e->file, "%s", ps->file);
+  snprintf(e->message, sizeof e->message, "%s:%d:%d: %s", ps->file, e->line, e->column, sentence);
+  return GMR_ECONFIG;
+}
+
+static int check_limits(parse_t *ps, const char *text, size_t len) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) return fail_at(ps, NULL, "out of host memory");
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+  size_t entries[CONFIG_MAX_DEPTH + 1]; /* children of each open collection */
+  int depth = 0, rc = 0;
+  size_t nodes = 0;
+  for (bool done = false; !done && rc == 0;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&parser, &ev)) {
+      rc = yaml_failure(ps, &parser);
+      break;
+    }
+    bool opens = ev.type == YAML_MAPPING_START_EVENT || ev.type == YAML_SEQUENCE_START_EVENT;
+    bool node = opens || ev.type == YAML_SCALAR_EVENT || ev.type == YAML_ALIAS_EVENT;
+    if (node && ++nodes > CONFIG_MAX_NODES)
+      rc = fail_mark(ps, ev.start_mark, "more than %d values: not a configuration",
+                     CONFIG_MAX_NODES);
+    else if (node && depth > 0 && ++entries[depth] > 2 * CONFIG_MAX_ENTRIES)
+      rc = fail_mark(ps, ev.start_mark, "a collection of more than %d entries: not a configuration",
+                     CONFIG_MAX_ENTRIES);
+    else if (opens && depth == CONFIG_MAX_DEPTH)
+      rc = fail_mark(ps, ev.start_mark, "nested more than %d deep: not a configuration",
+                     CONFIG_MAX_DEPTH);
+    else if (opens)
+      entries[++depth] = 0;
+    else if (ev.type == YAML_MAPPING_END_EVENT || ev.type == YAML_SEQUENCE_END_EVENT)
+      --depth;
+    done = ev.type == YAML_STREAM_END_EVENT;
+    yaml_event_delete(&ev);
+  }
+  yaml_parser_delete(&parser);
+  return rc;
+}
+
+/* text[0 .. len) is the whole input (NUL bytes included). */
+static int load(const char *text, size_t len, const char *file, gmr_config_t **out,
+                gmr_error_t *err) {
   parse_t ps = {.file = file, .err = err};
-  if (!yaml_parser_load(parser, &ps.doc)) return yaml_failure(&ps, parser);
+  if (len > CONFIG_MAX_BYTES) return fail_at(&ps, NULL, "larger than 1 MiB: not a configuration");
+  if (memchr(text, '\0', len) != NULL)
+    return fail_at(&ps, NULL, "holds a NUL byte: not a YAML text");
+  int rc = check_limits(&ps, text, len);
+  if (rc != 0) return rc;
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) return GMR_ENOMEM;
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+  if (!yaml_parser_load(&parser, &ps.doc)) {
+    rc = yaml_failure(&ps, &parser);
+    yaml_parser_delete(&parser);
+    return rc;
+  }
   gmr_config_t *cfg = gmr__calloc(1, sizeof *cfg);
-  int rc;
   if (cfg == NULL) {
     rc = fail_at(&ps, NULL, "out of host memory");
   } else {
@@ -432,8 +517,8 @@ static int load(yaml_parser_t *parser, const char *file, gmr_config_t **out, gmr
   /* A second document in the stream is an error too. */
   if (rc == 0) {
     yaml_document_t extra;
-    if (!yaml_parser_load(parser, &extra)) {
-      rc = yaml_failure(&ps, parser);
+    if (!yaml_parser_load(&parser, &extra)) {
+      rc = yaml_failure(&ps, &parser);
     } else {
       if (yaml_document_get_root_node(&extra) != NULL)
         rc = fail_at(&ps, yaml_document_get_root_node(&extra),
@@ -442,6 +527,7 @@ static int load(yaml_parser_t *parser, const char *file, gmr_config_t **out, gmr
     }
   }
   yaml_document_delete(&ps.doc);
+  yaml_parser_delete(&parser);
   if (rc != 0) {
     gmr_config_free(cfg);
     return rc;
@@ -452,41 +538,34 @@ static int load(yaml_parser_t *parser, const char *file, gmr_config_t **out, gmr
 
 int gmr_config_load_string(const char *yaml, gmr_config_t **out, gmr_error_t *err) {
   if (yaml == NULL || out == NULL) return GMR_EINVAL;
-  yaml_parser_t parser;
-  if (!yaml_parser_initialize(&parser)) return GMR_ENOMEM;
-  yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, strlen(yaml));
-  int rc = load(&parser, "<string>", out, err);
-  yaml_parser_delete(&parser);
-  return rc;
+  return load(yaml, strnlen(yaml, CONFIG_MAX_BYTES + 1), "<string>", out, err);
 }
 
+static int file_error(const char *path, const char *what, int e, gmr_error_t *err) {
+  if (err) {
+    err->code = GMR_EIO;
+    err->line = err->column = 0;
+    snprintf(err->file, sizeof err->file, "%s", path);
+    snprintf(err->message, sizeof err->message, "%s: cannot %s the configuration: %s", path, what,
+             strerror(e));
+  }
+  return GMR_EIO;
+}
+
+/* Reads at most CONFIG_MAX_BYTES + 1 bytes, so a huge file (or /dev/zero, as
+ * GMR_CONFIG may name at process start) costs no more than a small one. */
 int gmr_config_load_file(const char *path, gmr_config_t **out, gmr_error_t *err) {
   if (path == NULL || out == NULL) return GMR_EINVAL;
   FILE *f = fopen(path, "rb");
-  if (f == NULL) {
-    if (err) {
-      err->code = GMR_EIO;
-      err->line = err->column = 0;
-      snprintf(err->file, sizeof err->file, "%s", path);
-      snprintf(err->message, sizeof err->message, "%s: cannot open the configuration: %s", path,
-               strerror(errno));
-    }
-    return GMR_EIO;
-  }
-  yaml_parser_t parser;
-  if (!yaml_parser_initialize(&parser)) {
+  if (f == NULL) return file_error(path, "open", errno, err);
+  char *text = gmr__malloc(CONFIG_MAX_BYTES + 1);
+  if (text == NULL) {
     fclose(f);
     return GMR_ENOMEM;
   }
-  yaml_parser_set_input_file(&parser, f);
-  int rc = load(&parser, path, out, err);
-  if (rc == GMR_ECONFIG && ferror(f) && err) {
-    err->code = GMR_EIO;
-    snprintf(err->message, sizeof err->message, "%s: cannot read the configuration: %s", path,
-             strerror(errno));
-    rc = GMR_EIO;
-  }
-  yaml_parser_delete(&parser);
+  size_t len = fread(text, 1, CONFIG_MAX_BYTES + 1, f);
+  int rc = ferror(f) ? file_error(path, "read", errno, err) : load(text, len, path, out, err);
+  gmr__free(text);
   fclose(f);
   return rc;
 }

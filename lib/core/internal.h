@@ -80,6 +80,9 @@ void gmr__log(gmr_log_level_t level, const char *fmt, ...) GMR_PRINTF(2, 3);
 /* ---- Sizes. --------------------------------------------------------------- */
 /* Largest request any policy considers: larger ones fail up front. */
 #define GMR_MAX_REQUEST ((size_t)1 << 60) /* 1 EiB, PyTorch's limit */
+/* Largest value of any size option (the configuration loader refuses more),
+ * so that sums and roundings of a few sizes stay below 2^64. */
+#define GMR_MAX_SIZE_OPTION ((uint64_t)1 << 60) /* 1 EiB */
 static inline size_t gmr__align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
@@ -91,6 +94,9 @@ static inline bool gmr__is_pow2(uint64_t x) {
  * and returns 0, or GMR_EINVAL and leaves *out untouched. */
 /* Parse "512MiB", "8GiB", "1.5GB", "4096", "0x1000". */
 int gmr__parse_size(const char *text, uint64_t *out);
+/* The same; on GMR_EINVAL, *too_large tells a well-formed size past 2^64 - 1
+ * ("16EiB", "0x10000000000000000") from malformed text. */
+int gmr__parse_size_why(const char *text, uint64_t *out, bool *too_large);
 /* true/True/TRUE/yes/Yes/on/On and false/False/FALSE/no/No/off/Off; with
  * GMR_BOOL_DIGITS also 1 and 0 (as PyTorch's option strings take them). */
 #define GMR_BOOL_DIGITS 1u

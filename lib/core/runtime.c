@@ -34,6 +34,7 @@
  * snapshot when the runtime is freed (at exit for the default runtimes), to
  * path, path.1, path.2... in the order the runtimes were created.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,19 @@ static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
   if (rt->policy_lock == NULL) gmr__unlock(&sh->lock);
 }
 
+static int fail(gmr_runtime_t *rt, int err) {
+  gmr__error_tag(rt);
+  return err;
+}
+
+/* A trace line that could not be written: the call itself succeeded, so it
+ * returns 0, but the thread's last error on this runtime says what was lost
+ * (trace.c logs the first failure and gmr_flush reports it). */
+static RUNTIME_COLD void trace_write(gmr_runtime_t *rt, const char *action, const void *ptr,
+                                     size_t size, gmr_stream_t s) {
+  if (gmr__trace_event(rt->trace, action, ptr, size, s) != 0) gmr__error_tag(rt);
+}
+
 /* ---- construction ---------------------------------------------------------- */
 
 static void describe_stack(gmr_runtime_t *rt) {
@@ -205,14 +219,28 @@ static int snapshot_path_new(const char *path, char **out) {
   return 0;
 }
 
-/* Write GMR_SNAPSHOT's file; failures go to the log (nobody is there to ask). */
-static void snapshot_at_end(gmr_runtime_t *rt) {
+/* Write GMR_SNAPSHOT's file.  Nobody may be there to ask, so a failure is
+ * logged (one line at GMR_LOG_ERROR) and left as the thread's last error;
+ * gmr_runtime_close returns it.  @return 0, GMR_EIO, GMR_ENOMEM */
+static int snapshot_at_end(gmr_runtime_t *rt) {
+  errno = 0;
   FILE *f = fopen(rt->snapshot_path, "wb");
+  int open_errno = errno;
   int err = f ? gmr_snapshot_write(rt, f) : GMR_EIO;
-  if (f != NULL && fclose(f) != 0 && err == 0) err = GMR_EIO;
-  if (err != 0)
-    gmr__log(GMR_LOG_WARN, "GMR_SNAPSHOT: cannot write %s: %s", rt->snapshot_path,
-             f ? gmr_last_error(rt) : "cannot open it for writing");
+  errno = 0;
+  if (f != NULL && fclose(f) != 0 && err == 0) {
+    err = gmr__error_set(GMR_EIO, "%s", strerror(errno));
+  }
+  if (err != 0) {
+    if (f == NULL)
+      gmr__error_set(GMR_EIO, "GMR_SNAPSHOT: cannot open %s for writing: %s", rt->snapshot_path,
+                     strerror(open_errno));
+    else
+      gmr__error_set(err, "GMR_SNAPSHOT: cannot write %s: %s", rt->snapshot_path,
+                     gmr__error_last());
+    gmr__log(GMR_LOG_ERROR, "%s", gmr__error_last());
+  }
+  return err;
 }
 
 static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device,
@@ -329,9 +357,11 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
   return runtime_build(cfg, be, 0, out);
 }
 
-void gmr_runtime_free(gmr_runtime_t *rt) {
-  if (rt == NULL) return;
-  if (rt->snapshot_path != NULL) snapshot_at_end(rt); /* live blocks included */
+int gmr_runtime_close(gmr_runtime_t *rt) {
+  if (rt == NULL) return 0;
+  gmr__error_clear();
+  int err = 0;
+  if (rt->snapshot_path != NULL) err = snapshot_at_end(rt); /* live blocks included */
   size_t live = 0, bytes = 0;
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
@@ -346,20 +376,30 @@ void gmr_runtime_free(gmr_runtime_t *rt) {
              "their device memory is released",
              rt->policy_name, rt->backend->ops->name, live, live == 1 ? "" : "s", bytes);
   gmr__policy_destroy(rt->policy);
-  gmr__trace_close(rt->trace);
+  if (err == 0)
+    err = gmr__trace_close(rt->trace);
+  else
+    (void)gmr__trace_close(rt->trace); /* the snapshot's message stays */
   gmr__backend_free(rt->backend);
   gmr__history_free(rt->history_store);
   gmr__free(rt->snapshot_path);
   gmr__lock_destroy(&rt->lock);
   gmr__free(rt->raw);
+  return err;
+}
+
+void gmr_runtime_free(gmr_runtime_t *rt) {
+  (void)gmr_runtime_close(rt);
+}
+
+int gmr_flush(gmr_runtime_t *rt) {
+  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_flush: the runtime is NULL");
+  if (rt->trace == NULL) return 0;
+  int err = gmr__trace_flush(rt->trace);
+  return err ? fail(rt, err) : 0;
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
-
-static int fail(gmr_runtime_t *rt, int err) {
-  gmr__error_tag(rt);
-  return err;
-}
 
 /* The refusals of gmr_alloc, out of line so the hot path stays small. */
 static RUNTIME_COLD int alloc_refused(gmr_runtime_t *rt, size_t size, void **out_ptr) {
@@ -380,8 +420,11 @@ static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
   return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map"));
 }
 
+/* Acquire: pairs with the release of gmr_history_enable's store, so a thread
+ * that sees the history also sees it initialized (its mutex, ring and clock),
+ * on every memory model (aarch64 included), not only on x86. */
 static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
-  return atomic_load_explicit(&rt->history, memory_order_relaxed);
+  return atomic_load_explicit(&rt->history, memory_order_acquire);
 }
 
 /* The policy's allocation and the map insertion, under the locks. */
@@ -420,7 +463,7 @@ static RUNTIME_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, s
   }
   if (err != 0) return fail(rt, err);
   gmr__history_record(hist, GMR_HIST_ALLOC, (uintptr_t)blk.ptr, size, s);
-  if (rt->trace) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  if (rt->trace) trace_write(rt, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
   return 0;
 }
@@ -433,7 +476,7 @@ int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
   if (GMR_UNLIKELY(err != 0)) return err; /* tagged by the wrapper */
-  if (GMR_UNLIKELY(rt->trace != NULL)) gmr__trace_event(rt->trace, "allocate", blk.ptr, size, s);
+  if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "allocate", blk.ptr, size, s);
   *out_ptr = blk.ptr;
   return 0;
 }
@@ -478,8 +521,7 @@ int gmr_free(gmr_runtime_t *rt, void *ptr) {
   int err = gmr__policy_free_locked(rt->policy, &blk);
   if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
   if (GMR_UNLIKELY(err != 0)) return gmr__policy_failed(rt->policy, err);
-  if (GMR_UNLIKELY(rt->trace != NULL))
-    gmr__trace_event(rt->trace, "free", ptr, blk.requested, blk.stream);
+  if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "free", ptr, blk.requested, blk.stream);
   return 0;
 }
 
@@ -499,7 +541,7 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
                          : gmr__policy_record_stream_locked(rt->policy, &blk, s);
   gmr__policy_unlock(rt->policy);
   if (err != 0) return err;
-  if (rt->trace) gmr__trace_event(rt->trace, "record_stream", ptr, blk.requested, s);
+  if (rt->trace) trace_write(rt, "record_stream", ptr, blk.requested, s);
   return 0;
 }
 
@@ -507,7 +549,7 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = gmr__policy_trim(rt->policy);
   if (err != 0) return err;
-  if (rt->trace) gmr__trace_event(rt->trace, "empty_cache", NULL, 0, NULL);
+  if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
 
@@ -565,15 +607,90 @@ void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
   gmr__policy_unlock(rt->policy);
 }
 
+/* Re-entrance.  gmr_walk, gmr_stats_foreach and gmr_summary call back into
+ * the caller (a walk or statistics callback, the FILE's own write function)
+ * while the policy would be locked, and a callback that calls the runtime
+ * again (allocates, frees, walks) would wait for that lock forever.  So the
+ * policy hands its entries to a collector under the lock, and the caller's
+ * callback sees the copies after the lock is released: any callback may call
+ * any gmr function.  Costs one host allocation per call, never the hot path. */
+
+typedef struct walk_vec_s {
+  gmr_walk_entry_t *v;
+  size_t n, cap;
+  bool failed; /* out of host memory */
+} walk_vec_t;
+
+static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
+  walk_vec_t *w = ud;
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 64;
+    gmr_walk_entry_t *v = gmr__realloc(w->v, cap * sizeof *v);
+    if (v == NULL) {
+      w->failed = true;
+      return 1;
+    }
+    w->v = v;
+    w->cap = cap;
+  }
+  w->v[w->n++] = *e; /* `pool` names are string literals */
+  return 0;
+}
+
+typedef struct stat_vec_s {
+  gmr_strbuf_t keys; /* the keys, each NUL-terminated, one after another */
+  int64_t *values;
+  size_t *key_at; /* offsets into keys */
+  size_t n, cap;
+  bool failed;
+} stat_vec_t;
+
+static int stat_collect(const char *key, int64_t value, void *ud) {
+  stat_vec_t *v = ud;
+  if (v->n == v->cap) {
+    size_t cap = v->cap ? v->cap * 2 : 128;
+    int64_t *values = gmr__realloc(v->values, cap * sizeof *values);
+    if (values != NULL) v->values = values;
+    size_t *key_at = values ? gmr__realloc(v->key_at, cap * sizeof *key_at) : NULL;
+    if (key_at != NULL) v->key_at = key_at;
+    if (values == NULL || key_at == NULL) {
+      v->failed = true;
+      return 1;
+    }
+    v->cap = cap;
+  }
+  v->key_at[v->n] = v->keys.len;
+  gmr__sb_puts(&v->keys, key);
+  gmr__sb_puts(&v->keys, "\x01"); /* a separator, made NUL below */
+  if (v->keys.failed) {
+    v->failed = true;
+    return 1;
+  }
+  v->values[v->n++] = value;
+  return 0;
+}
+
 int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats_foreach: NULL");
-  int err = gmr__policy_stats_foreach(rt->policy, cb, ud);
+  stat_vec_t v;
+  memset(&v, 0, sizeof v);
+  int err = gmr__policy_stats_foreach(rt->policy, stat_collect, &v);
   if (err == GMR_POLICY_NONE) {
+    gmr__sb_free(&v.keys);
     gmr_stats_t st;
     gmr_stats(rt, &st);
-    err = gmr__stats_foreach_common(&st, cb, ud);
+    return gmr__stats_foreach_common(&st, cb, ud); /* no lock is held */
   }
-  return err;
+  if (err == 0 && v.failed)
+    err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
+  for (size_t i = 0; i < v.keys.len; ++i)
+    if (v.keys.data[i] == '\x01') v.keys.data[i] = '\0';
+  for (size_t i = 0; err == 0 && i < v.n; ++i)
+    if (cb(v.keys.data + v.key_at[i], v.values[i], ud) != 0) break;
+  gmr__sb_free(&v.keys);
+  gmr__free(v.values);
+  gmr__free(v.key_at);
+  return err ? fail(rt, err) : 0;
 }
 
 typedef struct stat_find_s {
@@ -609,11 +726,25 @@ int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out) {
 
 int gmr_summary(gmr_runtime_t *rt, FILE *out) {
   if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_summary: NULL argument");
-  int err = gmr__policy_summary(rt->policy, out);
-  if (err != GMR_POLICY_NONE) return err;
-  gmr_stats_t st;
-  gmr_stats(rt, &st);
-  return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
+  /* The text is written to memory under the policy's lock and to `out` after
+   * it (a FILE may have write functions of its own that call gmr). */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  if (mem == NULL)
+    return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text"));
+  int err = gmr__policy_summary(rt->policy, mem);
+  if (fclose(mem) != 0 && (err == 0 || err == GMR_POLICY_NONE))
+    err = gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text");
+  if (err == 0 && len > 0 && (fwrite(text, 1, len, out) != len || ferror(out)))
+    err = gmr__error_set(GMR_EIO, "gmr_summary: writing the summary failed: %s", strerror(errno));
+  free(text);
+  if (err == GMR_POLICY_NONE) {
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
+  }
+  return err ? fail(rt, err) : 0;
 }
 
 const char *gmr_last_error(gmr_runtime_t *rt) {
@@ -622,7 +753,14 @@ const char *gmr_last_error(gmr_runtime_t *rt) {
 
 int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_walk: NULL argument");
-  return gmr__policy_walk(rt->policy, cb, ud);
+  walk_vec_t w = {NULL, 0, 0, false};
+  int err = gmr__policy_walk(rt->policy, walk_collect, &w);
+  if (err == 0 && w.failed)
+    err = fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_walk: out of host memory for the segments"));
+  for (size_t i = 0; err == 0 && i < w.n; ++i)
+    if (cb(&w.v[i], ud) != 0) break;
+  gmr__free(w.v);
+  return err;
 }
 
 /* The snapshot source's capture (snapshot.h). */
@@ -699,8 +837,9 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
     else
       err = gmr__history_resize(rt->history_store, max_entries);
     if (err == 0) {
-      gmr__recording_attach(rt->backend, rt->history_store);
-      atomic_store(&rt->history, rt->history_store);
+      gmr__recording_attach(rt->backend, rt->history_store); /* release, too */
+      /* Release: publishes the history's initialization (history_of). */
+      atomic_store_explicit(&rt->history, rt->history_store, memory_order_release);
     }
   }
   gmr__unlock(&rt->lock);
@@ -795,13 +934,16 @@ int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
 static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
 static gmr_runtime_t *default_runtimes[DEFAULT_MAX_DEVICES];
 
-/* The default runtimes are never freed: GMR_SNAPSHOT's files are written at
- * exit instead. */
-static void default_snapshots_at_exit(void) {
+/* The default runtimes are never freed: GMR_SNAPSHOT's files are written,
+ * and GMR_TRACE's buffered lines flushed, at exit (failures are logged). */
+static void default_outputs_at_exit(void) {
   pthread_mutex_lock(&default_lock);
-  for (int d = 0; d < DEFAULT_MAX_DEVICES; ++d)
-    if (default_runtimes[d] != NULL && default_runtimes[d]->snapshot_path != NULL)
-      snapshot_at_end(default_runtimes[d]);
+  for (int d = 0; d < DEFAULT_MAX_DEVICES; ++d) {
+    gmr_runtime_t *rt = default_runtimes[d];
+    if (rt == NULL) continue;
+    if (rt->snapshot_path != NULL) (void)snapshot_at_end(rt);
+    if (rt->trace != NULL) (void)gmr__trace_flush(rt->trace);
+  }
   pthread_mutex_unlock(&default_lock);
 }
 
@@ -827,8 +969,9 @@ int gmr_default_runtime(int device, gmr_runtime_t **out) {
       err = gmr_runtime_new(cfg, device, &default_runtimes[device]);
       gmr_config_free(cfg);
       static bool at_exit_registered; /* under default_lock */
-      if (err == 0 && default_runtimes[device]->snapshot_path != NULL && !at_exit_registered)
-        at_exit_registered = atexit(default_snapshots_at_exit) == 0;
+      if (err == 0 && !at_exit_registered &&
+          (default_runtimes[device]->snapshot_path != NULL || default_runtimes[device]->trace))
+        at_exit_registered = atexit(default_outputs_at_exit) == 0;
     }
   }
   if (err == 0) *out = default_runtimes[device];

@@ -584,7 +584,8 @@ int gmr__scap_attach(const gmr_scap_opts_t *o, gmr_scap_t **out) {
   if (h == NULL) return gmr__error_set(GMR_ENOMEM, "shared cap: out of host memory");
   gmr__lock_init(&h->local);
   h->o = *o;
-  h->mapfd = h->lockfd = -1;
+  h->lockfd = -1;
+  h->mapfd = -1;
   h->slot = -1;
   h->pid = (int32_t)getpid();
   if (h->o.timeout_s <= 0) h->o.timeout_s = 1.0;
@@ -656,7 +657,8 @@ static int migrate(gmr_scap_t *h) {
   if (r == NULL) return gmr__error_set(GMR_ENOMEM, "shared cap: out of host memory");
   gmr_scap_t fresh = *h;
   fresh.f = NULL;
-  fresh.mapfd = fresh.lockfd = -1;
+  fresh.lockfd = -1;
+  fresh.mapfd = -1;
   fresh.slot = -1;
   scap_file_t *old = h->f;
   int old_mapfd = h->mapfd, old_lockfd = h->lockfd;

@@ -105,6 +105,12 @@ void gmr__sb_free(gmr_strbuf_t *sb) {
  * decimal units: KB MB GB TB. */
 
 int gmr__parse_size(const char *text, uint64_t *out) {
+  bool too_large;
+  return gmr__parse_size_why(text, out, &too_large);
+}
+
+int gmr__parse_size_why(const char *text, uint64_t *out, bool *too_large) {
+  *too_large = false;
   if (text == NULL) return GMR_EINVAL;
   while (isspace((unsigned char)*text))
     ++text;
@@ -113,17 +119,22 @@ int gmr__parse_size(const char *text, uint64_t *out) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 16);
-    if (errno != 0 || end == text + 2) return GMR_EINVAL;
+    if (end == text + 2) return GMR_EINVAL;
+    *too_large = errno == ERANGE;
+    if (errno != 0) return GMR_EINVAL;
     while (isspace((unsigned char)*end))
       ++end;
     if (*end != '\0') return GMR_EINVAL;
     *out = v;
     return 0;
   }
+  if (!isdigit((unsigned char)*text) && *text != '.') return GMR_EINVAL; /* no "inf", "nan" */
   char *end;
   errno = 0;
   double v = strtod(text, &end);
-  if (errno != 0 || end == text || !(v >= 0) || isinf(v)) return GMR_EINVAL;
+  if (end == text || !(v >= 0)) return GMR_EINVAL;
+  bool huge = isinf(v) || (errno == ERANGE && v > 1.0); /* ERANGE also means underflow */
+  if (errno != 0 && !huge) return GMR_EINVAL;
   while (isspace((unsigned char)*end))
     ++end;
   char unit[8];
@@ -158,7 +169,10 @@ int gmr__parse_size(const char *text, uint64_t *out) {
   for (size_t i = 0; i < sizeof units / sizeof units[0]; ++i) {
     if (strcmp(unit, units[i].unit) == 0) {
       double bytes = v * units[i].mult;
-      if (bytes >= 18446744073709551616.0) return GMR_EINVAL;
+      if (huge || bytes >= 18446744073709551616.0) {
+        *too_large = true; /* well formed, but not in 64 bits */
+        return GMR_EINVAL;
+      }
       if (bytes != floor(bytes)) return GMR_EINVAL; /* fractional bytes */
       *out = (uint64_t)bytes;
       return 0;

@@ -20,8 +20,10 @@ static inline gmr_recording_t *rec_of(gmr_backend_t *be) {
 static inline gmr_backend_t *dev_of(gmr_backend_t *be) {
   return rec_of(be)->device;
 }
+/* Acquire, paired with the release in gmr__recording_attach: a thread that
+ * sees the history sees it initialized (correct on aarch64, not only x86). */
 static inline gmr_history_t *history_of(gmr_backend_t *be) {
-  return atomic_load_explicit(&rec_of(be)->history, memory_order_relaxed);
+  return atomic_load_explicit(&rec_of(be)->history, memory_order_acquire);
 }
 
 static int rec_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
@@ -198,7 +200,7 @@ gmr_backend_t *gmr__recording_device(gmr_backend_t *rec) {
 
 void gmr__recording_attach(gmr_backend_t *rec, gmr_history_t *h) {
   gmr_assert(is_recording(rec));
-  atomic_store(&rec_of(rec)->history, h);
+  atomic_store_explicit(&rec_of(rec)->history, h, memory_order_release);
 }
 
 gmr_history_t *gmr__recording_history(gmr_backend_t *be) {

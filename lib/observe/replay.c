@@ -22,83 +22,17 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/avl.h"
 #include "core/internal.h"
 #include "core/runtime.h"
 #include "gmr_replay.h"
 #include "observe/replay-formats.h"
 
-/* ---- live pointer -> id map (open addressing, backward-shift deletion) ---- */
-
-typedef struct idmap_s {
-  uint64_t *keys; /* recorded pointer values; 0 = empty slot */
-  uint32_t *ids;
-  uint32_t *lines; /* line of the allocation, for messages */
-  size_t mask, count;
-} idmap_t;
-
-static inline size_t idmap_home(const idmap_t *m, uint64_t k) {
-  return (size_t)((k >> 4) * 0x9E3779B97F4A7C15ull >> 20) & m->mask;
-}
-
-static int idmap_grow(idmap_t *m) {
-  size_t cap = m->keys ? (m->mask + 1) * 2 : 1024;
-  idmap_t n = {gmr__calloc(cap, sizeof(uint64_t)), gmr__malloc(cap * sizeof(uint32_t)),
-               gmr__malloc(cap * sizeof(uint32_t)), cap - 1, 0};
-  if (!n.keys || !n.ids || !n.lines) {
-    gmr__free(n.keys), gmr__free(n.ids), gmr__free(n.lines);
-    return GMR_ENOMEM;
-  }
-  for (size_t i = 0; m->keys && i <= m->mask; ++i) {
-    if (m->keys[i] == 0) continue;
-    size_t j = idmap_home(&n, m->keys[i]);
-    while (n.keys[j] != 0)
-      j = (j + 1) & n.mask;
-    n.keys[j] = m->keys[i], n.ids[j] = m->ids[i], n.lines[j] = m->lines[i];
-    ++n.count;
-  }
-  gmr__free(m->keys), gmr__free(m->ids), gmr__free(m->lines);
-  *m = n;
-  return 0;
-}
-
-static ptrdiff_t idmap_find(const idmap_t *m, uint64_t k) {
-  if (m->keys == NULL) return -1;
-  for (size_t i = idmap_home(m, k);; i = (i + 1) & m->mask) {
-    if (m->keys[i] == k) return (ptrdiff_t)i;
-    if (m->keys[i] == 0) return -1;
-  }
-}
-
-static int idmap_put(idmap_t *m, uint64_t k, uint32_t id, uint32_t line) {
-  if (m->keys == NULL || (m->count + 1) * 2 > m->mask + 1)
-    if (idmap_grow(m) != 0) return GMR_ENOMEM;
-  size_t i = idmap_home(m, k);
-  while (m->keys[i] != 0)
-    i = (i + 1) & m->mask;
-  m->keys[i] = k, m->ids[i] = id, m->lines[i] = line;
-  ++m->count;
-  return 0;
-}
-
-static void idmap_erase(idmap_t *m, size_t i) {
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & m->mask;
-    if (m->keys[j] == 0) break;
-    size_t home = idmap_home(m, m->keys[j]);
-    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!between) {
-      m->keys[i] = m->keys[j], m->ids[i] = m->ids[j], m->lines[i] = m->lines[j];
-      i = j;
-    }
-  }
-  m->keys[i] = 0;
-  --m->count;
-}
-
-static void idmap_free(idmap_t *m) {
-  gmr__free(m->keys), gmr__free(m->ids), gmr__free(m->lines);
-}
+/* ---- live pointer -> id map ------------------------------------------------
+ * An AVL tree (core/avl.h): recorded pointers are chosen by whoever wrote the
+ * trace, so the map must cost O(log n) per event whatever they are (a hash
+ * table keyed by them degrades to a list when they are chosen to collide).
+ * Node payload: val = the allocation's id, aux = its line. */
 
 /* ---- the parser -------------------------------------------------------------- */
 
@@ -201,7 +135,7 @@ static void note_stream(streams_t *s, uint64_t id) {
     s->overflow = true;
 }
 
-static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *live, size_t *cap,
+static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, gmr_avl_t *live, size_t *cap,
                       streams_t *streams, gmr__sites_t *sites) {
   char *f[7];
   int n = split_fields(line, f);
@@ -215,7 +149,7 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *liv
                 : n == 3 ? "3"
                 : n == 4 ? "4"
                          : "5");
-  uint64_t thread, time_us, size, stream, ptr = 0;
+  uint64_t thread, time_us, size = 0, stream = 0, ptr = 0;
   if (!parse_u64(f[0], 10, &thread)) return perr(p, "Thread '%s' is not an integer", f[0]);
   if (!gmr__trace_parse_time(f[1], &time_us))
     return perr(p,
@@ -231,9 +165,12 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *liv
   if (action != GMR_TRACE_EMPTY_CACHE && action != GMR__TRACE_ALLOC_FAILURE &&
       (!gmr__trace_parse_handle(f[3], &ptr) || ptr == 0))
     return perr(p, "Pointer '%s' is not a nonzero integer (hexadecimal with 0x, or decimal)", f[3]);
-  if (!parse_u64(f[4], 10, &size)) return perr(p, "Size '%s' is not a byte count", f[4]);
-  if (!gmr__trace_parse_handle(f[5], &stream))
-    return perr(p, "Stream '%s' is not an integer or a pointer", f[5]);
+  /* empty_cache ignores Pointer, Size and Stream (docs/trace-format.md). */
+  if (action != GMR_TRACE_EMPTY_CACHE) {
+    if (!parse_u64(f[4], 10, &size)) return perr(p, "Size '%s' is not a byte count", f[4]);
+    if (!gmr__trace_parse_handle(f[5], &stream))
+      return perr(p, "Stream '%s' is not an integer or a pointer", f[5]);
+  }
   if (action == GMR__TRACE_ALLOC_FAILURE) {
     /* The recording's allocator failed: counted and reported, not replayed. */
     if (t->n_alloc_failures++ == 0) t->first_alloc_failure_line = p->line;
@@ -242,7 +179,8 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *liv
   }
   if (t->n_events == *cap) {
     size_t c = *cap ? *cap * 2 : 4096;
-    gmr_trace_event_t *e = gmr__realloc(t->events, c * sizeof *e);
+    gmr_trace_event_t *e =
+        c <= SIZE_MAX / sizeof *e ? gmr__realloc(t->events, c * sizeof *e) : NULL;
     if (e == NULL) return perr(p, "out of host memory");
     t->events = e;
     *cap = c;
@@ -254,51 +192,62 @@ static int parse_line(parser_t *p, char *line, gmr_trace_data_t *t, idmap_t *liv
                             .line = p->line,
                             .action = (uint8_t)action,
                             .thread = (uint8_t)thread};
-  ptrdiff_t slot = action == GMR_TRACE_EMPTY_CACHE ? -1 : idmap_find(live, ptr);
+  gmr_avl_node_t *slot = action == GMR_TRACE_EMPTY_CACHE ? NULL : gmr__avl_find(live, ptr);
   switch (action) {
   case GMR_TRACE_ALLOC:
     if (size == 0) return perr(p, "allocation of 0 bytes");
-    if (slot >= 0)
+    if (slot != NULL)
       return perr(p, "allocate of %s, which is still live (allocated at line %u and not freed)",
-                  f[3], (unsigned)live->lines[slot]);
+                  f[3], (unsigned)slot->aux);
     if (t->n_ids >= UINT32_MAX) return perr(p, "more than 4 billion allocations");
     ev->id = (uint32_t)t->n_ids++;
-    if (idmap_put(live, ptr, ev->id, p->line) != 0) return perr(p, "out of host memory");
+    if (gmr__avl_insert(live, ptr, ev->id, p->line) != 0) return perr(p, "out of host memory");
     if (n == 7 && f[6][0] != '\0' && (ev->site = gmr__sites_intern(sites, f[6])) == 0)
       return perr(p, "out of host memory");
     break;
   case GMR_TRACE_FREE:
-    if (slot < 0)
+    if (slot == NULL)
       return perr(p, "free of %s, which is not live (never allocated, or already freed)", f[3]);
-    ev->id = live->ids[slot]; /* its size is the allocation's: set in finish() */
-    idmap_erase(live, (size_t)slot);
+    ev->id = (uint32_t)slot->val; /* its size is the allocation's: set in finish() */
+    gmr__avl_erase(live, ptr);
     break;
   case GMR_TRACE_RECORD_STREAM:
-    if (slot < 0) return perr(p, "record_stream of %s, which is not live", f[3]);
-    ev->id = live->ids[slot];
+    if (slot == NULL) return perr(p, "record_stream of %s, which is not live", f[3]);
+    ev->id = (uint32_t)slot->val;
     break;
   default:
     break;
   }
-  note_stream(streams, stream);
+  if (action != GMR_TRACE_EMPTY_CACHE) note_stream(streams, stream);
   ++t->n_events;
   return 0;
 }
 
 /* Give every free its allocation's size, and compute the peak of requested
- * bytes: peak_requested = max over events of Σ sizes of live allocations. */
+ * bytes: peak_requested = max over events of Σ sizes of live allocations,
+ * summed in 128 bits (up to 2^32 sizes of up to 2^64 - 1 bytes) and reported
+ * as UINT64_MAX when it does not fit in 64. */
 static int finish(gmr_trace_data_t *t) {
   uint64_t *size_of = gmr__malloc((t->n_ids ? t->n_ids : 1) * sizeof *size_of);
   if (size_of == NULL) return GMR_ENOMEM;
-  uint64_t cur = 0;
+  unsigned __int128 cur = 0, peak = 0;
   for (size_t i = 0; i < t->n_events; ++i) {
     gmr_trace_event_t *e = &t->events[i];
     if (e->action == GMR_TRACE_ALLOC) size_of[e->id] = e->size, cur += e->size;
     if (e->action == GMR_TRACE_FREE) e->size = size_of[e->id], cur -= e->size;
-    if (cur > t->peak_requested) t->peak_requested = cur;
+    if (cur > peak) peak = cur;
   }
+  t->peak_requested = peak > UINT64_MAX ? UINT64_MAX : (uint64_t)peak;
   gmr__free(size_of);
   return 0;
+}
+
+/* The 1-based line of text[off]. */
+static uint32_t line_at(const char *text, size_t off) {
+  uint32_t line = 1;
+  for (size_t i = 0; i < off; ++i)
+    if (text[i] == '\n' && line < UINT32_MAX) ++line;
+  return line;
 }
 
 /* A PyTorch memory snapshot: its history as CSV text, parsed as any trace. */
@@ -334,9 +283,19 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
     return parse_snapshot(text, len, name ? name : "<trace>", out, err, errlen);
   parser_t p = {name ? name : "<trace>", err, errlen, 0};
   if (err && errlen) err[0] = '\0';
+  /* A trace is read whole or not at all: a NUL byte would end the text
+   * early and silently drop the rest of the file. */
+  const char *nul = memchr(text, '\0', len);
+  if (nul != NULL) {
+    p.line = line_at(text, (size_t)(nul - text));
+    return perr(&p, "a NUL byte (at byte %zu of the file): not a text trace",
+                (size_t)(nul - text) + 1);
+  }
+  /* A UTF-8 byte order mark, as some editors write, is not part of the text. */
+  if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) text += 3, len -= 3;
   gmr_trace_data_t *t = gmr__calloc(1, sizeof *t);
-  char *buf = gmr__malloc(len + 1);
-  idmap_t live = {0};
+  char *buf = len < SIZE_MAX ? gmr__malloc(len + 1) : NULL;
+  gmr_avl_t live = {0};
   streams_t streams = {.n = 0};
   gmr__sites_t *sites = gmr__sites_new();
   int rc = 0;
@@ -351,6 +310,10 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
   while (*s != '\0' && rc == 0) {
     char *nl = strchr(s, '\n');
     if (nl) *nl = '\0';
+    if (p.line == UINT32_MAX) {
+      rc = perr(&p, "more than 4 billion lines");
+      break;
+    }
     ++p.line;
     char *q = s;
     while (*q == ' ' || *q == '\t' || *q == '\r')
@@ -366,7 +329,7 @@ int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_da
     t->n_streams = streams.n;
   }
 done:
-  idmap_free(&live);
+  gmr__avl_clear(&live, NULL, NULL);
   gmr__free(buf);
   gmr__sites_finish(sites, rc == 0 ? t : NULL);
   if (rc != 0) {
@@ -389,7 +352,7 @@ done:
 typedef struct reader_s {
   parser_t p;
   gmr_trace_data_t *t;
-  idmap_t live;
+  gmr_avl_t live;
   streams_t streams;
   size_t cap;
   uint64_t offset;     /* bytes of the file consumed so far */
@@ -406,6 +369,10 @@ static size_t reader_lines(reader_t *r, char *buf, size_t len, bool last, int *r
     char *nl = memchr(s, '\n', len - pos);
     if (nl == NULL && !last) break;
     size_t n = nl ? (size_t)(nl - s) : len - pos;
+    if (r->p.line == UINT32_MAX) {
+      *rc = perr(&r->p, "more than 4 billion lines");
+      break;
+    }
     ++r->p.line;
     if (memchr(s, '\0', n) != NULL) {
       *rc = perr(&r->p, "a NUL byte (at byte %llu of the file): not a text trace",
@@ -518,7 +485,7 @@ int gmr_trace_read_with(const char *path, const gmr_trace_read_options_t *opts,
   if (!is_stdin) fclose(f);
   gmr__free(buf);
   if (rc == 0 && r.snapshot) {
-    idmap_free(&r.live);
+    gmr__avl_clear(&r.live, NULL, NULL);
     gmr__sites_finish(r.sites, NULL);
     *out = r.t;
     return 0;
@@ -532,7 +499,7 @@ int gmr_trace_read_with(const char *path, const gmr_trace_read_options_t *opts,
         r.t->n_events ? gmr__realloc(r.t->events, r.t->n_events * sizeof *fit) : NULL;
     if (fit != NULL) r.t->events = fit;
   }
-  idmap_free(&r.live);
+  gmr__avl_clear(&r.live, NULL, NULL);
   gmr__sites_finish(r.sites, rc == 0 ? r.t : NULL);
   if (rc != 0) {
     gmr_trace_data_free(r.t);

@@ -25,6 +25,7 @@
  * the unpickler inside PyTorch's MemoryViz.js also reads (no memo; lists
  * appended in batches of 1000, as Python's pickler does).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -347,9 +348,11 @@ int gmr__snapshot_write(const gmr_snapshot_source_t *src, FILE *out) {
     goto out;
   }
   if (sn.n_segs > 1) qsort(sn.segs, sn.n_segs, sizeof *sn.segs, seg_by_address);
+  errno = 0;
   write_snapshot(out, src, &sn, &cap);
   if (fflush(out) != 0 || ferror(out))
-    err = gmr__error_set(GMR_EIO, "gmr_snapshot_write: writing the snapshot failed");
+    err = gmr__error_set(GMR_EIO, "gmr_snapshot_write: writing the snapshot failed: %s",
+                         strerror(errno ? errno : EIO));
 out:
   gmr__free(cap.entries);
   gmr__free(sn.blocks);

@@ -24,6 +24,26 @@
  *   bins[i] is sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
  *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
  *   VMM mode: at most one region, at va_base, of va_used bytes
+ *   pending chunks are in use:  pending_bytes = Σ their sizes,
+ *   allocations.current = in-use chunks - pending ones (likewise requested)
+ *
+ * Streams (gmr's addition; TensorFlow's BFC has one stream).  gmr_record_stream
+ * adds a stream to an in-use chunk; its free then records one event per such
+ * stream and keeps the chunk in use (`pending`) until every event completes,
+ * so no other allocation gets the memory while that work may still touch it,
+ * as gmr.h promises and PyTorch's caching allocator does.  Pending chunks are
+ * released when an allocation finds their events complete, and synchronized
+ * when memory runs out and by empty_cache.  A chunk never given a stream
+ * takes none of these paths: single-stream behaviour is TensorFlow's.
+ *
+ * The retry waits only when waiting can help (streams.c says when: a free on
+ * its way, chunks that change hands between threads, or an in-use chunk of a
+ * thread that is not itself waiting).  When every in-use chunk belongs to a
+ * waiting thread and each thread frees its own, nothing can be freed, and
+ * every waiter makes its last try at once instead of sleeping retry_timeout.
+ * Front caches: a chunk with stream uses never enters one (its free always
+ * takes the lock), and they are frozen during the wait, so the waiters see
+ * every free and every chunk's owner.
  *
  * Synchronization: concurrent.  One lock (`lock`, a gmr_lock_t) guards
  * everything in bfc_t except the immutable configuration and the front
@@ -53,6 +73,7 @@
  * so nothing outside `lock` writes a chunk while the whole state is read.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,27 +81,16 @@
 
 #include "bfc.h"
 
-/* ---- options ----------------------------------------------------------------- */
-
-enum { BFC_ENV_NONE = 0, BFC_ENV_TENSORFLOW = 1, BFC_ENV_JAX = 2 };
-static const char *const bfc_env_names[] = {"none", "tensorflow", "jax", NULL};
-
-typedef struct bfc_opts_s {
-  bool allow_growth;             /* growth mode (true) or greedy (false) */
-  uint64_t memory_limit;         /* bytes; 0: from a fraction or TF's default rule */
-  double per_process_fraction;   /* TF: fraction of total device memory; 0: unset */
-  double memory_fraction;        /* XLA: fraction of total device memory; 0: unset */
-  bool garbage_collection;       /* free wholly free regions at OOM */
-  bool allow_retry_on_failure;   /* wait for frees before failing */
-  double retry_timeout;          /* seconds to wait for frees */
-  double fragmentation_fraction; /* > 0: split cap = fraction * limit; 0: 128 MiB */
-  bool vmm;                      /* one virtual range, pages mapped as it grows */
-  bool coalesce_regions;         /* merge regions the backend returns contiguously */
-  char *name;                    /* allocator name in messages; NULL: GPU_<dev>_bfc */
-  int environment;               /* BFC_ENV_*: whose environment variables to honour */
-} bfc_opts_t;
-
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
+
+/* Who holds a chunk: the calling thread, as pthread_self (one load from the
+ * thread pointer; a thread-local counter would cost a __tls_get_addr call
+ * on every allocation, and the initial-exec model fails when Python loads
+ * the library).  A finished thread's identity may be reused by a new thread;
+ * the retry's rule (streams.c) only errs towards TF's wait then. */
+static inline uintptr_t bfc_thread_id(void) {
+  return (uintptr_t)pthread_self();
+}
 
 /* ---- chunk records ------------------------------------------------------------- */
 
@@ -380,6 +390,7 @@ static inline bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_b
     bfc_bin_remove(b, c);
   }
   c->requested = num_bytes;
+  c->owner = bfc_thread_id();
   c->allocation_id = b->next_allocation_id++;
   ++b->num_allocs;
   b->bytes_in_use += (int64_t)c->size;
@@ -666,6 +677,7 @@ static bfc_chunk_t *bfc_front_alloc(bfc_t *b, gmr_stream_t s, size_t num_bytes, 
   }
   if (c != NULL) {
     c->requested = num_bytes;
+    c->owner = bfc_thread_id();
     ++f->allocs;
     f->req_in += (int64_t)num_bytes;
   }
@@ -764,27 +776,60 @@ static uint64_t bfc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* AllocatorRetry: wait for frees until the deadline, then a last try.  With
- * one caller nothing is freed meanwhile: the last try comes at once.  Every
- * wake-up tries again.  The caller has frozen the front caches (under
- * concurrency), so every free meanwhile goes to the bins and wakes the
- * waiters. */
-static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, int *err) {
+/* Release the pending chunks whose streams' work is done (after waiting for
+ * it when `sync`).  Under lock; true when one was released. */
+static bool bfc_release_pending(bfc_t *b, bool sync) {
+  bfc_pending_t *e = gmr__bfc_pending_take(b, sync);
+  bool released = e != NULL;
+  while (e != NULL) {
+    bfc_pending_t *next = e->next;
+    bfc_free_chunk(b, e->chunk);
+    gmr__free(e);
+    e = next;
+  }
+  return released;
+}
+
+/* AllocatorRetry: wait for frees until the deadline, then a last try.  Every
+ * wake-up tries again (after waiting for other streams' work on pending
+ * chunks).  The caller has frozen the front caches (under concurrency), so
+ * every free meanwhile goes to the lock and wakes the waiters.
+ * gmr's addition: the wait lasts only while waiting can help
+ * (gmr__bfc_wait_can_help: some holder of memory is not itself waiting, or a
+ * free is on its way).  When every holder waits, nobody will free: all the
+ * waiters give up together (one leaving returns an error, not memory, so it
+ * does not make the others' wait useful).  With one caller
+ * (set_exclusive) the last try comes at once, as before. */
+static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, int *err,
+                                       double *waited_s) {
   ++b->retries;
-  uint64_t deadline = b->exclusive ? 0 : bfc_now_ns() + b->retry_ns;
+  uintptr_t me = bfc_thread_id();
+  uint64_t start = bfc_now_ns(), deadline = start + b->retry_ns;
   bfc_chunk_t *c = NULL;
-  atomic_fetch_add_explicit(&b->waiters, 1, memory_order_seq_cst);
+  int werr = gmr__bfc_waiting_add(b, me);
+  /* This thread now waits: the others look again whether anyone can free. */
+  if (atomic_fetch_add_explicit(&b->waiters, 1, memory_order_seq_cst) > 0)
+    gmr__wake_all(&b->freed_seq);
+  uint64_t stalemate = b->stalemates;
   for (;;) {
     uint32_t seen = atomic_load_explicit(&b->freed_seq, memory_order_seq_cst);
-    if (bfc_now_ns() >= deadline) {
+    bool stuck = b->stalemates != stalemate || werr != 0 || !gmr__bfc_wait_can_help(b);
+    if (stuck && b->stalemates == stalemate && werr == 0 && !b->exclusive) {
+      ++b->stalemates; /* every waiter that saw the old count gives up */
+      gmr__wake_all(&b->freed_seq);
+    }
+    if (stuck || bfc_now_ns() >= deadline) {
       c = bfc_try(b, size, rounded, err);
       break;
     }
     gmr__lock_wait_until(&b->lock, &b->freed_seq, seen, deadline);
+    if (b->pending != NULL) bfc_release_pending(b, true);
     c = bfc_try(b, size, rounded, err);
     if (c != NULL || *err != 0) break;
   }
+  if (werr == 0) gmr__bfc_waiting_remove(b, me);
   atomic_fetch_sub_explicit(&b->waiters, 1, memory_order_seq_cst);
+  *waited_s = b->exclusive ? 0.0 : (double)(bfc_now_ns() - start) / 1e9;
   return c;
 }
 
@@ -806,6 +851,7 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
       return 0;
     }
     bfc_lock(b);
+    if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
   }
   int err = 0;
   c = locked ? NULL : bfc_find_chunk(b, rounded, size);
@@ -816,7 +862,11 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
   bool frozen = c == NULL && atomic_load_explicit(&b->contended, memory_order_relaxed);
   if (frozen) bfc_front_freeze(b);
   if (c == NULL) c = bfc_try(b, size, rounded, &err);
-  if (c == NULL && err == 0 && b->retry) c = bfc_wait_for_frees(b, size, rounded, &err);
+  /* Memory held only by other streams' work: wait for that work, try again. */
+  if (c == NULL && err == 0 && b->pending != NULL && bfc_release_pending(b, true))
+    c = bfc_try(b, size, rounded, &err);
+  double waited_s = 0;
+  if (c == NULL && err == 0 && b->retry) c = bfc_wait_for_frees(b, size, rounded, &err, &waited_s);
   /* What to log, decided under the lock and written after it (a log
    * callback may call back into the runtime). */
   bool log_gc = b->gc_to_log, log_fail = false;
@@ -848,7 +898,7 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s (rounded to %zu) after "
                "waiting %.3f s for memory to be freed",
-               b->name, h, rounded, b->exclusive ? 0.0 : (double)b->retry_ns / 1e9);
+               b->name, h, rounded, waited_s);
     else
       gmr__log(GMR_LOG_WARN,
                "Allocator (%s) ran out of memory trying to allocate %s with freed_by_count=0.",
@@ -863,10 +913,27 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   if (GMR_UNLIKELY(atomic_load_explicit(&b->contended, memory_order_relaxed)))
     return bfc_alloc_slow(b, size, rounded, s, false, out);
   bfc_lock(b);
+  if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
   bfc_chunk_t *c = bfc_find_chunk(b, rounded, size);
   if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, true, out);
   *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
   gmr_assert_expensive(bfc_check_settled(b) == 0);
+  bfc_unlock(b);
+  return 0;
+}
+
+static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_chunk_t *c = blk->handle;
+  if (s == blk->stream) return 0;
+  bfc_lock(b);
+  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
+                   c->ptr != (uintptr_t)blk->ptr)) {
+    bfc_unlock(b);
+    return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
+                          blk->ptr);
+  }
+  gmr__bfc_use_add(c, s);
   bfc_unlock(b);
   return 0;
 }
@@ -890,11 +957,25 @@ static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;
-  if (atomic_load_explicit(&b->contended, memory_order_relaxed) &&
+  /* A chunk used on other streams never stays in a front cache: its memory
+   * must wait for that work (gmr__bfc_hold), whichever stream asks next. */
+  bool elsewhere = c != NULL && (c->uses != NULL || c->sync_on_free);
+  /* Chunks change hands between threads: the retry then waits as TF's. */
+  if (GMR_UNLIKELY(c != NULL && c->owner != bfc_thread_id()) &&
+      !atomic_load_explicit(&b->handoff, memory_order_relaxed))
+    atomic_store_explicit(&b->handoff, true, memory_order_seq_cst);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed) && !elsewhere &&
       bfc_front_free(b, c, blk->stream))
     return 0;
+  /* A free that finds allocations waiting says so before it queues for the
+   * lock: they keep waiting for it (gmr__bfc_wait_can_help). */
+  bool announce = atomic_load_explicit(&b->waiters, memory_order_seq_cst) > 0;
+  if (GMR_UNLIKELY(announce)) atomic_fetch_add_explicit(&b->arriving, 1, memory_order_seq_cst);
   bfc_lock(b);
-  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->ptr != (uintptr_t)blk->ptr)) {
+  if (GMR_UNLIKELY(announce)) atomic_fetch_sub_explicit(&b->arriving, 1, memory_order_seq_cst);
+  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
+                   c->ptr != (uintptr_t)blk->ptr)) {
+    if (announce) gmr__wake_all(&b->freed_seq); /* the waiters look again */
     bfc_unlock(b);
     return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
                           blk->ptr);
@@ -902,7 +983,12 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   gmr__stat_decrease(&b->requested, (int64_t)c->requested);
   gmr__stat_decrease(&b->allocations, 1);
   ++b->num_frees;
-  bfc_free_chunk(b, c);
+  if (GMR_UNLIKELY(elsewhere) && gmr__bfc_hold(b, c)) {
+    /* Pending: waiters look again (they may wait for that work). */
+    if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
+  } else {
+    bfc_free_chunk(b, c);
+  }
   gmr_assert_expensive(bfc_check_settled(b) == 0);
   if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, blk->stream);
   bfc_unlock(b);
@@ -912,6 +998,7 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
 static int bfc_trim(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
   bfc_lock_all(b);
+  if (b->pending != NULL) bfc_release_pending(b, true); /* as PyTorch's empty_cache */
   bfc_free_regions(b, 0, true);
   bfc_unlock_all(b);
   return 0;
@@ -920,7 +1007,8 @@ static int bfc_trim(gmr_policy_t *self) {
 static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
   bfc_t *b = (bfc_t *)self;
   bfc_lock_all(b);
-  st->allocated_bytes = st->active_bytes = (uint64_t)b->bytes_in_use;
+  st->allocated_bytes = (uint64_t)(b->bytes_in_use - b->pending_bytes);
+  st->active_bytes = (uint64_t)b->bytes_in_use; /* pending frees included */
   st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
   st->requested_bytes = (uint64_t)b->requested.current;
   st->peak_requested_bytes = (uint64_t)b->requested.peak;
@@ -1012,7 +1100,9 @@ static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
       gmr_walk_entry_t k = {.address = c->ptr,
                             .size = c->size,
                             .requested = used ? c->requested : 0,
-                            .state = used ? GMR_BLOCK_ALLOCATED : GMR_BLOCK_FREE,
+                            .state = c->pending ? GMR_BLOCK_PENDING_FREE
+                                     : used     ? GMR_BLOCK_ALLOCATED
+                                                : GMR_BLOCK_FREE,
                             .pool = "region"};
       stop = cb(&k, ud);
     }
@@ -1063,7 +1153,8 @@ static int bfc_check_locked(bfc_t *b) {
   }
   BFC_CHECK(binned == b->free_chunks, "bfc: %zu chunks in bins, %zu counted", binned,
             b->free_chunks);
-  int64_t pool = 0, in_use = 0, n_used = 0, req = 0;
+  int64_t pool = 0, in_use = 0, n_used = 0, req = 0, pend = 0;
+  size_t n_pend = 0;
   size_t n_free = 0;
   for (size_t i = 0; i < b->n_regions; ++i) {
     const bfc_region_t *r = b->regions[i];
@@ -1092,7 +1183,13 @@ static int bfc_check_locked(bfc_t *b) {
       BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
                 "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
                 c->bin);
-      if (used) {
+      if (used && c->pending) {
+        ++n_pend;
+        pend += (int64_t)c->size;
+        in_use += (int64_t)c->size;
+      } else if (used) {
+        BFC_CHECK(c->uses == NULL || c->uses->n <= c->uses->cap,
+                  "bfc: chunk %#llx has a bad stream list", (unsigned long long)c->ptr);
         ++n_used;
         in_use += (int64_t)c->size;
         req += (int64_t)c->requested;
@@ -1118,6 +1215,14 @@ static int bfc_check_locked(bfc_t *b) {
             (long long)n_used, (long long)in_use, (long long)req, (long long)b->allocations.current,
             (long long)b->bytes_in_use, (long long)b->requested.current);
   BFC_CHECK(b->peak_bytes_in_use >= b->bytes_in_use, "bfc: peak below current");
+  size_t listed = 0;
+  for (const bfc_pending_t *e = b->pending; e; e = e->next, ++listed)
+    BFC_CHECK(e->chunk->pending && e->chunk->allocation_id != -1 && e->n > 0,
+              "bfc: pending entry %zu names chunk %#llx, which is not pending", listed,
+              (unsigned long long)e->chunk->ptr);
+  BFC_CHECK(listed == n_pend && n_pend == b->n_pending && pend == b->pending_bytes,
+            "bfc: %zu pending chunks of %lld bytes, %zu listed, counts say %zu of %lld", n_pend,
+            (long long)pend, listed, b->n_pending, (long long)b->pending_bytes);
   if (b->vmm)
     BFC_CHECK(b->n_regions <= 1 && (b->n_regions == 0 || (b->regions[0]->ptr == b->va_base &&
                                                           b->regions[0]->size == b->va_used)),
@@ -1152,117 +1257,9 @@ static uint64_t bfc_min_system_memory(uint64_t available) {
   return available < ((uint64_t)2 << 30) ? (uint64_t)225 << 20 : (uint64_t)1800 << 20;
 }
 
-/* ---- the environment (applied by the config layer: `env` in the table) ------------ */
-
-/* The allocator's name in messages: allocator_name, else GPU_<device>_bfc. */
-static void bfc_name(const bfc_opts_t *o, int device, char *buf, size_t len) {
-  if (o->name != NULL && o->name[0] != '\0')
-    snprintf(buf, len, "%s", o->name);
-  else
-    snprintf(buf, len, "GPU_%d_bfc", device);
-}
-
-/* TF's "true"/"false" environment booleans (case-sensitive); -1 unset, -2 bad. */
-static int bfc_env_bool(const char *v) {
-  if (v == NULL) return -1;
-  if (strcmp(v, "true") == 0) return 1;
-  if (strcmp(v, "false") == 0) return 0;
-  return -2;
-}
-
-/* allow_growth: TF_FORCE_GPU_ALLOW_GROWTH (environment: tensorflow), or
- * XLA_PYTHON_CLIENT_PREALLOCATE (environment: jax; false or 0: grow). */
-static int bfc_env_growth(const char *const *v, void *opts, int device, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  (void)device, (void)err, (void)len;
-  if (o->environment == BFC_ENV_TENSORFLOW) {
-    int g = bfc_env_bool(v[0]);
-    if (g == -2)
-      gmr__log(GMR_LOG_ERROR,
-               "The TF_FORCE_GPU_ALLOW_GROWTH environment variable is set but could not be "
-               "parsed: \"%s\". Valid values are \"true\" or \"false\". Using original config "
-               "value of %s.",
-               v[0], o->allow_growth ? "true" : "false");
-    if (g >= 0 && (g == 1) != o->allow_growth)
-      gmr__log(GMR_LOG_WARN,
-               "Overriding orig_value setting because the TF_FORCE_GPU_ALLOW_GROWTH environment "
-               "variable is set. Original config value was %s.",
-               o->allow_growth ? "true" : "false");
-    if (g >= 0) o->allow_growth = g == 1;
-  } else if (o->environment == BFC_ENV_JAX && v[1] != NULL) {
-    char low[16] = "";
-    size_t i = 0;
-    for (; v[1][i] && i < sizeof low - 1; ++i)
-      low[i] = (char)(v[1][i] >= 'A' && v[1][i] <= 'Z' ? v[1][i] + 32 : v[1][i]);
-    low[i] = '\0';
-    o->allow_growth = strcmp(low, "false") == 0 || strcmp(low, "0") == 0;
-  }
-  return 0;
-}
-
-/* garbage_collection: TF_ENABLE_GPU_GARBAGE_COLLECTION (environment: tensorflow). */
-static int bfc_env_gc(const char *const *v, void *opts, int device, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  (void)device, (void)err, (void)len;
-  if (o->environment != BFC_ENV_TENSORFLOW) return 0;
-  int gc = bfc_env_bool(v[0]);
-  if (gc == -2)
-    gmr__log(GMR_LOG_ERROR,
-             "The TF_ENABLE_GPU_GARBAGE_COLLECTION environment variable is set but could not "
-             "be parsed: \"%s\". Valid values are \"true\" or \"false\". Using true.",
-             v[0]);
-  if (gc != -1) o->garbage_collection = gc != 0;
-  return 0;
-}
-
-/* memory_fraction: XLA_CLIENT_MEM_FRACTION, or its old name
- * XLA_PYTHON_CLIENT_MEM_FRACTION (environment: jax); it replaces the other
- * limit options. */
-static int bfc_env_fraction(const char *const *v, void *opts, int device, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  if (o->environment != BFC_ENV_JAX) return 0;
-  char name[128];
-  bfc_name(o, device, name, sizeof name);
-  if (v[0] && v[1]) {
-    snprintf(err, len,
-             "%s: both XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are set; set "
-             "only XLA_CLIENT_MEM_FRACTION",
-             name);
-    return GMR_ECONFIG;
-  }
-  const char *f = v[0] ? v[0] : v[1];
-  double x = 0;
-  if (gmr__parse_double(f, &x) != 0 || !(x > 0) || x > 1) {
-    snprintf(err, len, "%s: %s=\"%s\" is not a fraction in (0, 1]", name,
-             v[0] ? "XLA_CLIENT_MEM_FRACTION" : "XLA_PYTHON_CLIENT_MEM_FRACTION", f);
-    return GMR_ECONFIG;
-  }
-  o->memory_fraction = x;
-  o->memory_limit = 0;
-  o->per_process_fraction = 0;
-  return 0;
-}
-
-static int bfc_validate(void *opts, char *err, size_t len) {
-  bfc_opts_t *o = opts;
-  int n = (o->memory_limit != 0) + (o->per_process_fraction != 0) + (o->memory_fraction != 0);
-  if (n > 1) {
-    snprintf(err, len,
-             "give at most one of 'memory_limit', 'per_process_gpu_memory_fraction' "
-             "and 'memory_fraction'");
-    return GMR_ECONFIG;
-  }
-  return 0;
-}
-
-static void bfc_opts_release(void *opts) {
-  bfc_opts_t *o = opts;
-  gmr__free(o->name);
-  o->name = NULL;
-}
-
 static void bfc_destroy(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
+  gmr__bfc_streams_destroy(b);
   for (size_t i = 0; i < b->n_regions; ++i) {
     bfc_region_t *r = b->regions[i];
     for (size_t k = r->n_pieces; k-- > 0;)
@@ -1287,7 +1284,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   (void)upstream;
   bfc_opts_t o = *(const bfc_opts_t *)opts; /* the environment already applied */
   char name[128];
-  bfc_name(&o, be->device, name, sizeof name);
+  gmr__bfc_name(&o, be->device, name, sizeof name);
   size_t free_b = 0, total = 0;
   int err = gmr__backend_mem_info(be, &free_b, &total);
   if (err != 0) return err;
@@ -1350,142 +1347,21 @@ fail_lock:
   return err;
 }
 
-/* retry_timeout: seconds, with an optional unit (s, ms, us). */
-static int bfc_parse_seconds(const char *text, void *field, char *err, size_t len) {
-  char *end;
-  double v = strtod(text, &end);
-  if (end == text || !(v >= 0) || v > 1e6) {
-    snprintf(err, len, "expected a duration from 0 to 1e6 s, such as 10, 10s, 250ms or 0");
-    return GMR_EINVAL;
-  }
-  if (strcmp(end, "ms") == 0)
-    v /= 1e3;
-  else if (strcmp(end, "us") == 0)
-    v /= 1e6;
-  else if (*end != '\0' && strcmp(end, "s") != 0) {
-    snprintf(err, len, "unknown unit '%s'; expected s, ms or us", end);
-    return GMR_EINVAL;
-  }
-  *(double *)field = v;
-  return 0;
-}
-
-static const bfc_opts_t bfc_defaults = {
-    .allow_growth = false,
-    .garbage_collection = true,
-    .allow_retry_on_failure = true,
-    .retry_timeout = 10.0,
-    .environment = BFC_ENV_NONE,
-};
-
-static const gmr_opt_desc_t bfc_opts_desc[] = {
-    {.key = "allow_growth",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, allow_growth),
-     .default_text = "false",
-     .help = "Start with a 2 MiB region and double (TF allow_growth); false takes the whole "
-             "limit in one region at the first allocation.",
-     .env = "TF_FORCE_GPU_ALLOW_GROWTH XLA_PYTHON_CLIENT_PREALLOCATE",
-     .env_apply = bfc_env_growth,
-     .tune = (const char *const[]){"true", NULL}},
-    {.key = "memory_limit",
-     .type = GMR_OPT_SIZE,
-     .offset = offsetof(bfc_opts_t, memory_limit),
-     .min = 1,
-     .default_text = "",
-     .help = "The allocator's limit in bytes (a virtual device's memory_limit).",
-     .tune = (const char *const[]){"1.1x peak", "1.25x peak", "1.5x peak", NULL}},
-    {.key = "per_process_gpu_memory_fraction",
-     .type = GMR_OPT_DOUBLE,
-     .offset = offsetof(bfc_opts_t, per_process_fraction),
-     .min = 0,
-     .max = 1,
-     .min_exclusive = true,
-     .default_text = "",
-     .help = "TensorFlow: the limit is this fraction of the device's total memory. With no "
-             "limit option, the limit is free memory minus TF's MinSystemMemory."},
-    {.key = "memory_fraction",
-     .type = GMR_OPT_DOUBLE,
-     .offset = offsetof(bfc_opts_t, memory_fraction),
-     .min = 0,
-     .max = 1,
-     .min_exclusive = true,
-     .default_text = "",
-     .help = "XLA/JAX: the limit is this fraction of total memory (0.75).",
-     .env = "XLA_CLIENT_MEM_FRACTION XLA_PYTHON_CLIENT_MEM_FRACTION",
-     .env_apply = bfc_env_fraction},
-    {.key = "garbage_collection",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, garbage_collection),
-     .default_text = "true",
-     .help = "At OOM, give wholly free regions back to the device and extend again.",
-     .env = "TF_ENABLE_GPU_GARBAGE_COLLECTION",
-     .env_apply = bfc_env_gc,
-     .tune = (const char *const[]){"false", NULL}},
-    {.key = "allow_retry_on_failure",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, allow_retry_on_failure),
-     .default_text = "true",
-     .help = "Before failing, wait up to retry_timeout for other threads to free memory."},
-    {.key = "retry_timeout",
-     .type = GMR_OPT_CUSTOM,
-     .offset = offsetof(bfc_opts_t, retry_timeout),
-     .parse = bfc_parse_seconds,
-     .default_text = "10s",
-     .help = "How long a failing allocation waits for frees (10, 10s, 250ms)."},
-    {.key = "fragmentation_fraction",
-     .type = GMR_OPT_DOUBLE,
-     .offset = offsetof(bfc_opts_t, fragmentation_fraction),
-     .min = 0,
-     .max = 1,
-     .default_text = "0",
-     .help = "When > 0, a chunk is split if the waste would reach this fraction of the limit "
-             "(instead of 128 MiB).",
-     .tune = (const char *const[]){"0.001", "0.01", "0.05", "0.1", NULL}},
-    {.key = "vmm",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, vmm),
-     .default_text = "false",
-     .help = "Grow by mapping pages into one reserved virtual range, so regions coalesce into "
-             "one (TF's GpuVirtualMemAllocator).",
-     .tune = (const char *const[]){"true", NULL}},
-    {.key = "coalesce_regions",
-     .type = GMR_OPT_BOOL,
-     .offset = offsetof(bfc_opts_t, coalesce_regions),
-     .default_text = "false",
-     .help = "Merge a new region into the one just before it when the device returns "
-             "contiguous addresses (SupportsCoalescing)."},
-    {.key = "allocator_name",
-     .type = GMR_OPT_STRING,
-     .offset = offsetof(bfc_opts_t, name),
-     .default_text = "GPU_<device>_bfc",
-     .help = "The allocator's name in messages."},
-    {.key = "environment",
-     .type = GMR_OPT_ENUM,
-     .offset = offsetof(bfc_opts_t, environment),
-     .choices = bfc_env_names,
-     .default_text = "none",
-     .help = "Honour a framework's environment variables at runtime creation: tensorflow "
-             "(TF_FORCE_GPU_ALLOW_GROWTH, TF_ENABLE_GPU_GARBAGE_COLLECTION) or jax "
-             "(XLA_PYTHON_CLIENT_PREALLOCATE, XLA_CLIENT_MEM_FRACTION or "
-             "XLA_PYTHON_CLIENT_MEM_FRACTION); each is listed with the option it overrides."},
-    {.key = NULL},
-};
-
 const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .name = "bfc",
     .help = "TensorFlow's best-fit-with-coalescing allocator (GPU_0_bfc): 256-byte chunks in "
             "21 bins, greedy or growing regions, garbage collection and retry at OOM.",
     .opts_size = sizeof(bfc_opts_t),
-    .opts_default = &bfc_defaults,
-    .opts_desc = bfc_opts_desc,
+    .opts_default = &gmr__bfc_opts_default,
+    .opts_desc = gmr__bfc_opts_desc,
     .concurrent = true,
-    .validate = bfc_validate,
-    .opts_release = bfc_opts_release,
+    .validate = gmr__bfc_validate,
+    .opts_release = gmr__bfc_opts_release,
     .create = bfc_create,
     .destroy = bfc_destroy,
     .alloc = bfc_alloc,
     .free = bfc_free,
+    .record_stream = bfc_record_stream,
     .set_exclusive = bfc_set_exclusive,
     .trim = bfc_trim,
     .stats = bfc_stats,

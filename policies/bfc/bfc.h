@@ -28,6 +28,24 @@
 #define BFC_FRONT_SLOTS      32                   /* chunks one stream's front cache holds */
 #define BFC_FRONT_STREAMS    256                  /* streams with a front cache (a power of two) */
 
+/* ---- options (options.c) ------------------------------------------------------ */
+
+enum { BFC_ENV_NONE = 0, BFC_ENV_TENSORFLOW = 1, BFC_ENV_JAX = 2 };
+typedef struct bfc_opts_s {
+  bool allow_growth;             /* growth mode (true) or greedy (false) */
+  uint64_t memory_limit;         /* bytes; 0: from a fraction or TF's default rule */
+  double per_process_fraction;   /* TF: fraction of total device memory; 0: unset */
+  double memory_fraction;        /* XLA: fraction of total device memory; 0: unset */
+  bool garbage_collection;       /* free wholly free regions at OOM */
+  bool allow_retry_on_failure;   /* wait for frees before failing */
+  double retry_timeout;          /* seconds to wait for frees */
+  double fragmentation_fraction; /* > 0: split cap = fraction * limit; 0: 128 MiB */
+  bool vmm;                      /* one virtual range, pages mapped as it grows */
+  bool coalesce_regions;         /* merge regions the backend returns contiguously */
+  char *name;                    /* allocator name in messages; NULL: GPU_<dev>_bfc */
+  int environment;               /* BFC_ENV_*: whose environment variables to honour */
+} bfc_opts_t;
+
 /* ---- data model ---------------------------------------------------------------- */
 
 typedef struct bfc_region_s bfc_region_t;
@@ -44,7 +62,27 @@ typedef struct bfc_chunk_s {
   uint32_t handle;                  /* stable number for the dump */
   int8_t height;                    /* AVL height while binned */
   int8_t bin;                       /* bin index while free, -1 while in use */
+  uint8_t pending;                  /* freed, its streams' work not yet done (still in use) */
+  uint8_t sync_on_free;             /* a stream use could not be recorded: sync at free */
+  uintptr_t owner;                  /* while in use: the allocating thread (pthread_self) */
+  struct bfc_uses_s *uses;          /* streams recorded besides the allocation's; NULL: none */
 } bfc_chunk_t;
+
+/* gmr_record_stream's streams of an in-use chunk (its allocation stream
+ * excluded), distinct. */
+typedef struct bfc_uses_s {
+  size_t n, cap;
+  gmr_stream_t streams[];
+} bfc_uses_t;
+
+/* A freed chunk waiting for the work queued on its recorded streams: one
+ * event per stream, FIFO. */
+typedef struct bfc_pending_s {
+  struct bfc_pending_s *next;
+  bfc_chunk_t *chunk;
+  size_t n;
+  void *events[]; /* gmr_event_t */
+} bfc_pending_t;
 
 /* A device range the region was built from (one reserve or one map call). */
 typedef struct bfc_piece_s {
@@ -90,8 +128,10 @@ typedef struct bfc_s {
   _Atomic uint32_t freed_seq;   /* bumped by frees while waiters > 0 (gmr__wake_all) */
 
   /* Read by every fast path, written rarely: a cache line of their own. */
-  _Alignas(64) _Atomic bool contended;              /* two threads met at `lock`: front caches on */
-  _Atomic int waiters;                              /* allocations waiting for frees */
+  _Alignas(64) _Atomic bool contended; /* two threads met at `lock`: front caches on */
+  _Atomic int waiters;                 /* allocations waiting for frees */
+  _Atomic uint32_t arriving;           /* frees on their way to `lock` that saw waiters > 0 */
+  _Atomic bool handoff; /* a chunk was freed by a thread other than its allocator's */
   _Atomic(bfc_front_t *) fronts[BFC_FRONT_STREAMS]; /* by stream hash, append-only */
   _Alignas(64) size_t n_fronts;                     /* under lock */
   size_t freezes; /* under lock: bfc_front_freeze calls not yet thawed */
@@ -129,7 +169,16 @@ typedef struct bfc_s {
   gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
   gmr_stat_t allocations; /* in-use chunks */
   uint64_t num_frees, ooms, retries;
-  bool gc_to_log; /* a garbage collection happened; log it outside the lock */
+  /* Stream uses (under lock): chunks freed while other streams' work on them
+   * is pending stay in use until their events complete. */
+  bfc_pending_t *pending, *pending_tail;
+  size_t n_pending;
+  int64_t pending_bytes; /* Σ sizes of pending chunks (part of bytes_in_use) */
+  /* The retry (under lock): the threads waiting for frees. */
+  uintptr_t *waiting;
+  size_t n_waiting, cap_waiting;
+  uint64_t stalemates; /* times every holder was found waiting: those waiters give up */
+  bool gc_to_log;      /* a garbage collection happened; log it outside the lock */
 } bfc_t;
 
 static inline size_t bfc_rounded(size_t n) {
@@ -164,5 +213,31 @@ static inline size_t bfc_largest_free(const bfc_t *b) {
 void gmr__bfc_hr(int64_t n, char *buf, size_t len);
 int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded);
 void gmr__bfc_summary_locked(bfc_t *b, gmr_strbuf_t *sb);
+
+/* options.c: the defaults, the option table (with the environment
+ * variables each option honours), the check that at most one limit option
+ * is given, the options' release, and the allocator's name in messages. */
+extern const bfc_opts_t gmr__bfc_opts_default;
+extern const gmr_opt_desc_t gmr__bfc_opts_desc[];
+int gmr__bfc_validate(void *opts, char *err, size_t len);
+void gmr__bfc_opts_release(void *opts);
+void gmr__bfc_name(const bfc_opts_t *o, int device, char *buf, size_t len);
+
+/* streams.c, all called with the policy's lock held.  Stream uses:
+ * gmr__bfc_use_add records stream `s` on the in-use chunk `c`;
+ * gmr__bfc_hold, at the user's free of a chunk with uses, records their
+ * events and returns true when the chunk is now pending (false: every stream
+ * was synchronized, release it now); gmr__bfc_pending_take unlinks the
+ * pending entries whose events are complete (after waiting for them when
+ * `sync`) and returns them as a list: the caller releases each chunk and
+ * frees the entry.  Waiting: the waiting set of the retry by thread,
+ * and whether waiting can help (see streams.c). */
+void gmr__bfc_use_add(bfc_chunk_t *c, gmr_stream_t s);
+bool gmr__bfc_hold(bfc_t *b, bfc_chunk_t *c);
+bfc_pending_t *gmr__bfc_pending_take(bfc_t *b, bool sync);
+void gmr__bfc_streams_destroy(bfc_t *b);
+int gmr__bfc_waiting_add(bfc_t *b, uintptr_t me);
+void gmr__bfc_waiting_remove(bfc_t *b, uintptr_t me);
+bool gmr__bfc_wait_can_help(const bfc_t *b);
 
 #endif /* GMR_POLICIES_BFC_H */

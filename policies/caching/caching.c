@@ -1171,7 +1171,12 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
     }
     if (b == NULL) return cache_oom(c, alloc_size);
   }
-  b = cache_alloc_found(c, b, size, orig, cache_should_split(c, b, size), NULL, false, NULL);
+  /* The releases and maps above may have used the records reserved at the
+   * top (an expandable segment unmapped, then mapped again); a split needs
+   * one more.  Should the host refuse it, the whole block is handed out. */
+  bool split = cache_should_split(c, b, size);
+  if (split && cache_records_reserve(b->pool->stream, 1) != 0) split = false;
+  b = cache_alloc_found(c, b, size, orig, split, NULL, false, NULL);
   *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
   return 0;
 }

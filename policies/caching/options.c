@@ -220,7 +220,10 @@ static int cache_conf_mb(const cache_tok_t *t, size_t i, const char *key, uint64
              i, key, TOKA(*t));
     return GMR_EINVAL;
   }
-  if (v > (SIZE_MAX >> 20)) v = SIZE_MAX >> 20;
+  /* PyTorch clamps to SIZE_MAX; gmr to its largest size option (1 EiB), as
+   * unlimited for every purpose, and small enough that no rounding of it
+   * overflows (issue 15's expandable segments with a huge segment size). */
+  if (v > (GMR_MAX_SIZE_OPTION >> 20)) v = GMR_MAX_SIZE_OPTION >> 20;
   *out = v;
   return 0;
 }

@@ -445,6 +445,11 @@ static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out
 }
 
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
+  /* More than the device holds can never be mapped: refused before any page
+   * table or range is sized by it (a 1 PB request wanted 18 GB of host
+   * memory), and so len / P fits the 32-bit page counts below. */
+  if (size > t->device_total)
+    return st_report_oom(t, size, s, "the request is larger than the device's memory");
   uint64_t len = gmr__align_up(size, ST_G);
   st_range_t *r = st_cache_lookup(t, len, sidx);
   if (r == NULL && t->nparked > 0) { /* parked pages may be what it lacks */

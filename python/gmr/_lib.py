@@ -196,7 +196,7 @@ def libc():
     write to a FILE *)."""
     global _libc
     if _libc is None:
-        c = ctypes.CDLL(None, use_errno=True)
+        c = ctypes.CDLL(None, use_errno=True)  # so that ctypes.get_errno() sees fopen's
         c.fopen.restype = ctypes.c_void_p
         c.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         c.fclose.restype = ctypes.c_int

@@ -314,5 +314,50 @@ class CachingPolicy(unittest.TestCase):
         self.assertEqual(lines[1].split()[0], "0")
 
 
+class Hardening(unittest.TestCase):
+    """Issue 15: device ordinals past a C int, a configuration that fails to
+    build, errno of a failed write, bytes paths."""
+
+    def test_a_device_past_a_c_int_is_refused(self):
+        for bad in (2**32, 2**31):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                gmr.stats(bad)
+        for bad in (True, 1.0):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                gmr.stats(bad)
+
+    def test_configure_after_a_failed_runtime(self):
+        good = os.path.join(_tmp.name, "good.yaml")
+        with open(good, "w") as f:
+            f.write("device: {backend: sim}\npolicy: direct\n")
+        code = """
+            import gmr
+            try:
+                gmr.stats(0)
+            except gmr.GmrError as e:
+                print("refused:", e)
+            gmr.configure(%r)
+            print(gmr.policy(0))
+        """ % good
+        # loads, but no simulator has 5 PiB: the runtime cannot be built
+        rc, out = child(code, "device: {backend: sim, capacity: 5PiB}\npolicy: caching\n")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("refused:", out)
+        self.assertEqual(out.strip().split("\n")[-1], "direct")
+
+    def test_a_failed_write_keeps_errno(self):
+        with self.assertRaises(OSError) as cm:
+            gmr.snapshot("/nonexistent-dir/snap.pickle")
+        self.assertEqual(cm.exception.errno, 2)  # ENOENT
+        self.assertIn("No such file or directory", str(cm.exception))
+
+    def test_bytes_paths(self):
+        self.assertEqual(gmr.configure(CONFIG.encode()), CONFIG)
+        if hasattr(lib, "gmr_snapshot_write"):
+            out = os.path.join(_tmp.name, "bytes.pickle")
+            gmr.snapshot(out.encode())
+            self.assertTrue(os.path.getsize(out) > 0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,42 @@
+#!/bin/sh
+# run.sh: build the fuzzers (build.sh) and run each for a bounded time on its
+# seed corpus (tests/fuzz/corpus/NAME), stopping at the first finding.
+#   tests/fuzz/run.sh [SECONDS] [OUTDIR] [NAMES...]
+# SECONDS per fuzzer (default 60); OUTDIR (default build-fuzz) receives the
+# binaries, the grown corpora (OUTDIR/corpus-NAME: the repo's seeds stay as
+# they are), logs and any crash input (OUTDIR/crash-NAME-*).  NAMES: config,
+# trace, api (default all).  Exit status: 0 when no fuzzer found anything.
+# FUZZ_JOBS=N runs N processes per fuzzer (-fork=N).
+set -eu
+top=$(cd "$(dirname "$0")/../.." && pwd)
+secs=${1:-60}
+out=${2:-build-fuzz}
+[ $# -ge 2 ] && shift 2 || shift $#
+names=${*:-config trace api}
+"$top/tests/fuzz/build.sh" "$out" >/dev/null
+status=0
+for n in $names; do
+  mkdir -p "$out/corpus-$n"
+  case $n in
+  config) max_len=4096 ;;
+  trace) max_len=4096 ;;
+  *) max_len=2048 ;;
+  esac
+  fork=""
+  [ -n "${FUZZ_JOBS:-}" ] && fork="-fork=$FUZZ_JOBS -ignore_crashes=0"
+  rc=0
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:quarantine_size_mb=32 UBSAN_OPTIONS=print_stacktrace=1 \
+    "$out/fuzz-$n" -max_total_time="$secs" -timeout=20 -rss_limit_mb=4096 -max_len=$max_len \
+    -print_final_stats=1 -artifact_prefix="$out/crash-$n-" $fork \
+    "$out/corpus-$n" "$top/tests/fuzz/corpus/$n" >"$out/fuzz-$n.log" 2>&1 || rc=$?
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/fuzz-$n.log" | tail -1)
+  [ -z "$runs" ] && runs=$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$out/fuzz-$n.log" | tail -1)
+  if [ "$rc" -eq 0 ]; then
+    echo "fuzz-$n: ${runs:-?} executions in ${secs} s, no finding"
+  else
+    echo "fuzz-$n: FINDING (exit $rc) after ${runs:-?} executions; log $out/fuzz-$n.log:"
+    grep -A25 "ERROR\|fuzz:\|runtime error\|deadly signal\|timeout" "$out/fuzz-$n.log" | head -60
+    status=1
+  fi
+done
+exit $status

@@ -1,0 +1,253 @@
+/* soak.c: 16 threads x N operations on every policy stack, on the
+ * host-backed simulator, with pattern checks; one more thread churns the
+ * runtime meanwhile (empty_cache, stats, walks, the memory history turned on
+ * and off, stream work held back and completed).
+ *
+ * Each worker owns SLOTS slots; an operation picks one at random: a free
+ * slot is allocated (random size and stream) and its block filled with a tag
+ * pattern, a full slot has its pattern verified and is freed.  Between them:
+ * record_stream on another stream, gmr_alloc_size, gmr_stats, and a charge
+ * and its refund.  Two blocks that overlap, or a block reused too early,
+ * break a pattern.  At the end every stack must pass gmr_check and hold no
+ * allocation.
+ *
+ * N = GMR_SOAK_OPS per thread (default 2000, so `make check` stays fast);
+ * GMR_SEED fixes the seed.  The history toggling makes this the regression
+ * test of the history's publication under ThreadSanitizer (GMR_TSAN_TESTS). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gmr.h"
+#include "sim-runtime.h"
+#include "tap.h"
+
+#define THREADS 16
+#define SLOTS   24
+#define STREAMS 4
+
+static const char *const stacks[] = {
+    "policy: direct\n",
+    "policy: direct\nlimit: {bytes: 256MiB}\n",
+    "policy: direct\nlimit: {bytes: 512MiB, counts: reserved}\n",
+    "policy: caching\n",
+    "policy: {name: caching, expandable_segments: true}\n",
+    "policy: caching\nlimit: {bytes: 512MiB, counts: reserved}\n",
+    "policy: {name: bfc, memory_limit: 512MiB}\n",
+    "policy: {name: bfc, allow_growth: false, memory_limit: 512MiB}\n",
+    "policy: {name: bfc, memory_limit: 512MiB}\nlimit: {bytes: 256MiB}\n",
+    "policy: stitch\n",
+    NULL,
+};
+
+typedef struct worker_s {
+  gmr_runtime_t *rt;
+  uint64_t seed;
+  uint64_t ops;
+  int index;
+  long corrupt; /* pattern mismatches */
+  long errors;  /* unexpected return codes */
+  long ooms;
+  uint64_t done; /* operations made */
+} worker_t;
+
+static _Atomic int workers_running;
+
+static uint64_t next(uint64_t *s) { /* xorshift64* */
+  *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+/* Small blocks are filled whole; larger ones get a word at each end and one
+ * every 4 KiB (a page each), so that large blocks stay cheap. */
+static void put(unsigned char *p, size_t off, uint64_t v) {
+  memcpy(p + off, &v, 8);
+}
+static uint64_t get(const unsigned char *p, size_t off) {
+  uint64_t v;
+  memcpy(&v, p + off, 8);
+  return v;
+}
+static void fill(void *p, size_t n, uint64_t tag) {
+  unsigned char *b = p;
+  if (n < 4096) {
+    for (size_t i = 0; i + 8 <= n; i += 8)
+      put(b, i, tag ^ i);
+    for (size_t i = n / 8 * 8; i < n; ++i)
+      b[i] = (unsigned char)tag;
+    return;
+  }
+  for (size_t i = 0; i + 16 <= n; i += 4096) /* clear of the last word */
+    put(b, i, tag ^ i);
+  put(b, n - 8, ~tag);
+}
+static int verify(const void *p, size_t n, uint64_t tag) {
+  const unsigned char *b = p;
+  if (n < 4096) {
+    for (size_t i = 0; i + 8 <= n; i += 8)
+      if (get(b, i) != (tag ^ i)) return 0;
+    for (size_t i = n / 8 * 8; i < n; ++i)
+      if (b[i] != (unsigned char)tag) return 0;
+    return 1;
+  }
+  for (size_t i = 0; i + 16 <= n; i += 4096)
+    if (get(b, i) != (tag ^ i)) return 0;
+  return get(b, n - 8) == ~tag;
+}
+
+static size_t pick_size(uint64_t *s) {
+  uint64_t r = next(s);
+  if (r % 10 != 0) return 1 + (size_t)(next(s) % 65536); /* 90%: up to 64 KiB */
+  return 65536 + (size_t)(next(s) % (2u << 20));         /* 10%: up to 2 MiB */
+}
+
+static void *work(void *arg) {
+  worker_t *w = arg;
+  void *ptr[SLOTS] = {0};
+  size_t size[SLOTS] = {0};
+  uint64_t tag[SLOTS] = {0};
+  uint64_t s = w->seed;
+  for (uint64_t op = 0; op < w->ops; ++op) {
+    uint64_t r = next(&s) % 100;
+    int k = (int)(next(&s) % SLOTS);
+    if (r < 5 && ptr[k] != NULL) {
+      if (gmr_record_stream(w->rt, ptr[k], GMR_SIM_STREAM(next(&s) % STREAMS)) != 0) ++w->errors;
+    } else if (r < 7 && ptr[k] != NULL) {
+      size_t req = 0, got = 0;
+      if (gmr_alloc_size(w->rt, ptr[k], &req, &got) != 0 || req != size[k] || got < req)
+        ++w->errors;
+    } else if (r < 8) {
+      gmr_stats_t st;
+      if (gmr_stats(w->rt, &st) != 0) ++w->errors;
+    } else if (r < 9) {
+      int64_t n = (int64_t)(next(&s) % (1u << 20)) + 1;
+      int rc = gmr_charge(w->rt, n);
+      if (rc == 0 && gmr_charge(w->rt, -n) != 0) ++w->errors;
+      if (rc == GMR_ENOMEM) ++w->ooms;
+      if (rc != 0 && rc != GMR_ENOMEM) ++w->errors;
+    } else if (ptr[k] != NULL) {
+      if (!verify(ptr[k], size[k], tag[k])) ++w->corrupt;
+      if (gmr_free(w->rt, ptr[k]) != 0) ++w->errors;
+      ptr[k] = NULL;
+    } else {
+      size_t n = pick_size(&s);
+      gmr_stream_t st = GMR_SIM_STREAM((w->index + next(&s) % 2) % STREAMS);
+      int rc = gmr_alloc(w->rt, n, st, &ptr[k]);
+      if (rc == 0) {
+        size[k] = n;
+        tag[k] = ((uint64_t)w->index << 56) ^ (op * 0x9E3779B97F4A7C15ull);
+        fill(ptr[k], n, tag[k]);
+      } else {
+        ptr[k] = NULL;
+        if (rc == GMR_ENOMEM)
+          ++w->ooms;
+        else
+          ++w->errors;
+      }
+    }
+    ++w->done;
+  }
+  for (int k = 0; k < SLOTS; ++k) {
+    if (ptr[k] == NULL) continue;
+    if (!verify(ptr[k], size[k], tag[k])) ++w->corrupt;
+    if (gmr_free(w->rt, ptr[k]) != 0) ++w->errors;
+  }
+  atomic_fetch_sub(&workers_running, 1);
+  return NULL;
+}
+
+static int count_entries(const gmr_walk_entry_t *e, void *ud) {
+  (void)e;
+  ++*(long *)ud;
+  return 0;
+}
+
+typedef struct churn_s {
+  gmr_runtime_t *rt;
+  long errors;
+  long rounds;
+} churn_t;
+
+static void *churn(void *arg) {
+  churn_t *c = arg;
+  while (atomic_load(&workers_running) > 0) {
+    long entries = 0;
+    gmr_stats_t st;
+    if (gmr_empty_cache(c->rt) != 0) ++c->errors;
+    if (gmr_stats(c->rt, &st) != 0) ++c->errors;
+    int rc = gmr_walk(c->rt, count_entries, &entries);
+    if (rc != 0 && rc != GMR_ENOTSUP) ++c->errors;
+    if (gmr_history_enable(c->rt, (c->rounds & 1) ? 0 : 4096) != 0) ++c->errors;
+    /* Hold stream 3's work back for a round: frees recorded on it wait. */
+    if (c->rounds % 3 == 0)
+      gmr_sim_stream_enqueue(c->rt, GMR_SIM_STREAM(3));
+    else
+      gmr_sim_stream_complete(c->rt, GMR_SIM_STREAM(3));
+    ++c->rounds;
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+  gmr_sim_stream_complete(c->rt, GMR_SIM_STREAM(3));
+  gmr_history_enable(c->rt, 0);
+  return NULL;
+}
+
+int main(void) {
+  uint64_t ops = 2000;
+  const char *env = getenv("GMR_SOAK_OPS");
+  if (env && *env) ops = strtoull(env, NULL, 10);
+  uint64_t seed = (uint64_t)time(NULL);
+  env = getenv("GMR_SEED");
+  if (env && *env) seed = strtoull(env, NULL, 10);
+  diag("seed %llu (GMR_SEED), %llu operations per thread (GMR_SOAK_OPS)", (unsigned long long)seed,
+       (unsigned long long)ops);
+  for (int i = 0; stacks[i]; ++i) {
+    gmr_runtime_t *rt = sim_runtime(stacks[i], 1ull << 30, 1);
+    if (rt == NULL) {
+      ok(0, "%s: a runtime", stacks[i]);
+      continue;
+    }
+    const char *name = gmr_runtime_policy(rt);
+    worker_t w[THREADS];
+    pthread_t th[THREADS], ct;
+    churn_t c = {rt, 0, 0};
+    atomic_store(&workers_running, THREADS);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int t = 0; t < THREADS; ++t) {
+      w[t] = (worker_t){.rt = rt,
+                        .seed = seed * 1000003u + (uint64_t)(i * THREADS + t) + 1,
+                        .ops = ops,
+                        .index = t};
+      pthread_create(&th[t], NULL, work, &w[t]);
+    }
+    pthread_create(&ct, NULL, churn, &c);
+    long corrupt = 0, errors = 0, ooms = 0;
+    uint64_t done = 0;
+    for (int t = 0; t < THREADS; ++t) {
+      pthread_join(th[t], NULL);
+      corrupt += w[t].corrupt, errors += w[t].errors, ooms += w[t].ooms, done += w[t].done;
+    }
+    pthread_join(ct, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    gmr_empty_cache(rt);
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    char conf[128];
+    snprintf(conf, sizeof conf, "%s", stacks[i]);
+    for (char *p = conf; *p; ++p)
+      if (*p == '\n') *p = ' ';
+    diag("%s[ %s]: %llu operations in %.2f s, %ld OOMs, %ld churn rounds", name, conf,
+         (unsigned long long)done, secs, ooms, c.rounds);
+    is_int(corrupt, 0, "%s: no pattern broken in %llu operations", name, (unsigned long long)done);
+    is_int(errors + c.errors, 0, "  no unexpected error");
+    is_int(gmr_check(rt), 0, "  invariants hold %s", gmr_last_error(rt));
+    is_u64(st.allocations, 0, "  nothing left allocated");
+    gmr_runtime_free(rt);
+  }
+  return done_testing();
+}
