@@ -24,7 +24,7 @@ def main():
     # Each run is compared with the native run of the same length (the
     # earlier steps of a longer run must match too).
     by_len = {}
-    for k in native:
+    for k in sorted(native, key=lambda k: k != "native"):  # PyTorch's defaults first
         by_len.setdefault(len(runs[k]["losses_hex"]), runs[k])
     bad = 0
     print("%-22s %-6s %-8s %14s %16s %16s %12s" % ("run", "steps", "losses", "median ms", "vs native",
@@ -42,9 +42,19 @@ def main():
         if r["allocator"] == "gmr" and os.path.exists(rp):
             with open(rp) as f:
                 rr = json.load(f)
-            replay = "equal" if rr["peak_reserved"] == r["peak_reserved"] else \
-                "DIFFERS (%d)" % rr["peak_reserved"]
-            bad += replay != "equal"
+            if rr["peak_reserved"] == r["peak_reserved"]:
+                replay = "equal"
+            elif r.get("gmr_policy") == "stitch":
+                # The stitch policy declines to remap a range while the
+                # device may still use it (an event query): on the GPU its
+                # choices follow the device's progress, which the
+                # simulator's replay (every free complete at once) does
+                # not model, so only the replay's own ratio is checked.
+                replay = "%+.3f%% (timed)" % (100.0 * (r["peak_reserved"] / rr["peak_reserved"] - 1))
+                bad += rr["peak_reserved"] > 1.02 * r["peak_requested"]
+            else:
+                replay = "DIFFERS (%d)" % rr["peak_reserved"]
+                bad += 1
         print("%-22s %-6d %-8s %14.3f %+15.2f%% %16d %12s" % (
             name, n, "same" if same else "DIFFER", r["median_step_ms"], 100 * ratio,
             r["peak_reserved"], replay))
