@@ -12,22 +12,36 @@
  * slots mapped so far and gives the VA back; the pages and the indexes are
  * untouched, since ownership is committed only after the device calls.
  *
- * Cache: CACHED ranges are in an LRU list and a hash of their length; a hit
- * validates the range's spans lazily (free, stream-ready, dead gap <= tau).
+ * Cache: every range is filed under its length in serial (creation) order;
+ * CACHED ranges are also in an LRU list.  A request takes the OLDEST cached
+ * range of its length that it can use now (its slots free, or parked under
+ * other cached ranges, stream stamps complete, dead gaps <= tau); only if
+ * there is none does it stitch a new range, which is younger than all.  In
+ * a loop that repeats itself this converges: if an iteration hands out the
+ * same ranges as the one before up to some request, the pages owned at that
+ * request are the same, so the same older ranges are unusable and the same
+ * one is the oldest usable (ranges made later in the last iteration are
+ * younger and never preferred); where the last iteration missed and
+ * stitched a range, that range is now the oldest usable one.  By induction
+ * the iteration after one with a miss repeats it with none: no page map
+ * once a loop has run twice.  (Preferring the most recently freed range, or
+ * predicting each range's successor, permutes the pages that stay free
+ * between allocations and keeps breaking the ranges of later blocks.)
  *
  * Parking: a freed range keeps its whole pages (full_owner = the CACHED
  * range, nparked counts them) and gives back only its partial end slots, so
  * a free and the next hit touch at most two pages whatever the length.
- * Parked pages are free memory that no other range can take: the first
- * request that cannot be served as things stand (a cache miss, a FREE page
- * wanted) unparks every cached range (st_unpark_all), which files their
- * whole pages FREE, stamped with the range's last free, as an unparked
- * free always did.
+ * Parked pages are free memory: a cached range that maps a page parked
+ * under another counts it free, and taking it unparks the other range
+ * first; a FREE page wanted for a stitch or a small segment unparks every
+ * cached range (st_unpark_all).  Unparking files a range's whole pages
+ * FREE, stamped with the range's last free.
  *   parked(r) ⇒ r CACHED ∧ ∀ whole slot j: pages[j].full_owner = r
  *   nparked = Σ_{parked r} r.nwhole
  * Eviction unmaps a range only once the free that cached it has completed on
  * its stream (st_stamp_ready), least recently used first.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "stitch/stitch.h"
@@ -169,24 +183,83 @@ st_range_t *st_range_alloc(uint32_t nslots) {
   return r;
 }
 
-void st_range_link(stitch_t *t, st_range_t *r) {
+/* ---- ranges by length --------------------------------------------------------------------------
+ */
+
+static st_len_t *len_slot(const stitch_t *t, uint64_t len) {
+  uint64_t h = (len / ST_G) * 0x9E3779B97F4A7C15ull;
+  for (uint32_t i = (uint32_t)(h >> 32) & (t->caplens - 1);; i = (i + 1) & (t->caplens - 1))
+    if (t->lens[i].len == len || t->lens[i].len == 0) return &t->lens[i];
+}
+
+/* The entry of len, or NULL. */
+static st_len_t *len_find(const stitch_t *t, uint64_t len) {
+  if (t->caplens == 0) return NULL;
+  st_len_t *e = len_slot(t, len);
+  return e->len == len ? e : NULL;
+}
+
+/* The entry of len, made if missing (NULL: out of host memory).  Growing
+ * drops the entries of lengths that have no range any more. */
+static st_len_t *len_get(stitch_t *t, uint64_t len) {
+  st_len_t *e = len_find(t, len);
+  if (e != NULL) return e;
+  if (2 * (t->nlens + 1) > t->caplens) {
+    uint32_t live = 1;
+    for (uint32_t i = 0; i < t->caplens; ++i)
+      live += t->lens[i].first != NULL;
+    uint32_t cap = 256;
+    while (2 * live > cap / 2)
+      cap *= 2; /* at most a quarter full after growing */
+    st_len_t *n = gmr__calloc(cap, sizeof *n), *old = t->lens;
+    if (n == NULL) return NULL;
+    uint32_t oldcap = t->caplens;
+    t->lens = n;
+    t->caplens = cap;
+    t->nlens = 0;
+    for (uint32_t i = 0; i < oldcap; ++i)
+      if (old[i].first != NULL) {
+        *len_slot(t, old[i].len) = old[i];
+        ++t->nlens;
+      }
+    gmr__free(old);
+  }
+  e = len_slot(t, len);
+  e->len = len;
+  ++t->nlens;
+  return e;
+}
+
+int st_range_link(stitch_t *t, st_range_t *r) {
+  st_len_t *e = len_get(t, r->len);
+  if (e == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
+  r->serial = ++t->serials;
+  r->len_prev = e->last;
+  r->len_next = NULL;
+  if (e->last != NULL)
+    e->last->len_next = r;
+  else
+    e->first = r;
+  e->last = r;
   r->all_prev = NULL;
   r->all_next = t->all;
   if (t->all != NULL) t->all->all_prev = r;
   t->all = r;
-}
-
-static st_last_t *last_slot(const stitch_t *t, uint64_t len) {
-  if (t->caplast == 0) return NULL;
-  uint64_t h = (len / ST_G) * 0x9E3779B97F4A7C15ull;
-  for (uint32_t i = (uint32_t)(h >> 32) & (t->caplast - 1);; i = (i + 1) & (t->caplast - 1))
-    if (t->last[i].len == len || t->last[i].len == 0) return &t->last[i];
+  return 0;
 }
 
 void st_range_destroy(stitch_t *t, st_range_t *r) {
-  if (r->serial != 0) {
-    st_last_t *e = last_slot(t, r->len);
-    if (e != NULL && e->len == r->len && e->r == r) e->r = NULL;
+  if (r->serial != 0) { /* linked */
+    st_len_t *e = len_find(t, r->len);
+    gmr_assert(e != NULL);
+    if (r->len_prev != NULL)
+      r->len_prev->len_next = r->len_next;
+    else
+      e->first = r->len_next;
+    if (r->len_next != NULL)
+      r->len_next->len_prev = r->len_prev;
+    else
+      e->last = r->len_prev;
   }
   if (r->all_prev != NULL)
     r->all_prev->all_next = r->all_next;
@@ -315,56 +388,8 @@ int st_unmap_range(stitch_t *t, st_range_t *r) {
 /* ---- the cache --------------------------------------------------------------------------------
  */
 
-uint32_t st_cache_bucket(const stitch_t *t, uint64_t len) {
-  uint64_t h = (len / ST_G) * 0x9E3779B97F4A7C15ull;
-  return (uint32_t)((h ^ (h >> 29)) & (t->nbuckets - 1));
-}
-
-/* Chains are kept in the order the ranges were last handed out, so that of
- * several usable cached ranges of one length, the one handed out first in
- * the last iteration of a loop is handed out first again: every block gets
- * the range it had, whatever order the loop freed them in, and the pages
- * that stay free between allocations are the same in every iteration (the
- * most recently freed range would permute them, and a permutation breaks
- * the ranges of blocks that come later). */
-static void bucket_insert(st_range_t **head, st_range_t *r) {
-  st_range_t *prev = NULL, *at = *head;
-  while (at != NULL && at->tick < r->tick) {
-    prev = at;
-    at = at->b_next;
-  }
-  r->b_prev = prev;
-  r->b_next = at;
-  if (at != NULL) at->b_prev = r;
-  if (prev != NULL)
-    prev->b_next = r;
-  else
-    *head = r;
-}
-
-static void buckets_grow(stitch_t *t) {
-  uint32_t n = t->nbuckets ? t->nbuckets * 2 : 256;
-  st_range_t **b = gmr__calloc(n, sizeof *b);
-  if (b == NULL) return; /* keep the old table: longer chains, still correct */
-  st_range_t **old = t->buckets;
-  uint32_t nold = t->nbuckets;
-  t->buckets = b;
-  t->nbuckets = n;
-  for (uint32_t i = 0; i < nold; ++i) {
-    st_range_t *r = old[i];
-    while (r != NULL) {
-      st_range_t *next = r->b_next;
-      bucket_insert(&b[st_cache_bucket(t, r->len)], r);
-      r = next;
-    }
-  }
-  gmr__free(old);
-}
-
 void st_cache_put(stitch_t *t, st_range_t *r) {
-  if (t->ncached + 1 > 2 * t->nbuckets) buckets_grow(t);
   r->state = ST_R_CACHED;
-  bucket_insert(&t->buckets[st_cache_bucket(t, r->len)], r);
   r->lru_prev = NULL;
   r->lru_next = t->lru_head;
   if (t->lru_head != NULL)
@@ -376,11 +401,6 @@ void st_cache_put(stitch_t *t, st_range_t *r) {
 }
 
 void st_cache_remove(stitch_t *t, st_range_t *r) {
-  if (r->b_prev != NULL)
-    r->b_prev->b_next = r->b_next;
-  else
-    t->buckets[st_cache_bucket(t, r->len)] = r->b_next;
-  if (r->b_next != NULL) r->b_next->b_prev = r->b_prev;
   if (r->lru_prev != NULL)
     r->lru_prev->lru_next = r->lru_next;
   else
@@ -389,7 +409,7 @@ void st_cache_remove(stitch_t *t, st_range_t *r) {
     r->lru_next->lru_prev = r->lru_prev;
   else
     t->lru_tail = r->lru_prev;
-  r->b_prev = r->b_next = r->lru_prev = r->lru_next = NULL;
+  r->lru_prev = r->lru_next = NULL;
   --t->ncached;
 }
 
@@ -399,33 +419,26 @@ static inline bool slot_whole(const stitch_t *t, const st_range_t *r, uint32_t j
   return a == 0 && b == (uint32_t)t->P;
 }
 
-bool st_slot_usable(stitch_t *t, const st_range_t *r, uint32_t j, uint32_t sidx) {
-  uint32_t a, b;
+/* May a block of r's take slot j for stream sidx?  A page parked under
+ * another cached range counts free (unparked, it would be FREE) once that
+ * range's last free is complete from sidx's view. */
+static bool slot_free(stitch_t *t, const st_range_t *r, uint32_t j, uint32_t sidx) {
+  uint32_t a, b, id = r->pages[j];
   st_span(t, r, j, &a, &b);
-  if (r->parked && a == 0 && b == (uint32_t)t->P)
-    return st_stamp_ready(t, r->last_use, sidx, false);
-  return st_span_usable(t, r->pages[j], a, b, sidx);
+  const st_range_t *q = t->pages[id].full_owner;
+  if (q == NULL) return st_span_usable(t, id, a, b, sidx);
+  if (q == r) return st_stamp_ready_now(t, r->last_use, sidx); /* parked under r */
+  return q->state == ST_R_CACHED && st_stamp_ready_now(t, q->last_use, sidx) &&
+         st_page_ready(t, id, sidx);
 }
 
 bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
-  if (r->parked) { /* the stream and the partial end slots; the whole pages are its own */
-    if (!st_stamp_ready_now(t, r->last_use, sidx)) return false;
-    uint32_t a, b;
-    if (r->ends & 1) {
-      st_span(t, r, 0, &a, &b);
-      if (!st_span_usable(t, r->pages[0], a, b, sidx)) return false;
-    }
-    if (r->ends & 2) {
-      st_span(t, r, r->nslots - 1, &a, &b);
-      if (!st_span_usable(t, r->pages[r->nslots - 1], a, b, sidx)) return false;
-    }
-    return true;
-  }
-  for (uint32_t j = 0; j < r->nslots; ++j) {
-    uint32_t a, b;
-    st_span(t, r, j, &a, &b);
-    if (!st_span_usable(t, r->pages[j], a, b, sidx)) return false;
-  }
+  if (r->parked) /* its whole pages are its own: the stream and the partial end slots */
+    return st_stamp_ready_now(t, r->last_use, sidx) &&
+           (!(r->ends & 1) || slot_free(t, r, 0, sidx)) &&
+           (!(r->ends & 2) || slot_free(t, r, r->nslots - 1, sidx));
+  for (uint32_t j = 0; j < r->nslots; ++j)
+    if (!slot_free(t, r, j, sidx)) return false;
   return true;
 }
 
@@ -442,108 +455,13 @@ void st_unpark_all(stitch_t *t) {
     st_unpark(t, r);
 }
 
-#define ST_PAIRS_MAX (1u << 20)
-
-static uint32_t pair_index(const stitch_t *t, uint64_t a, uint64_t b) {
-  uint64_t h = (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full);
-  uint32_t i = (uint32_t)(h >> 32) & (t->cappairs - 1);
-  while (t->pairs[i].b != 0 && (t->pairs[i].a != a || t->pairs[i].b != b))
-    i = (i + 1) & (t->cappairs - 1);
-  return i;
-}
-
-/* Learn that c followed (a, b).  Out of host memory or full: forget the
- * old pairs (predictions only; nothing else depends on them). */
-static void pair_put(stitch_t *t, uint64_t a, uint64_t b, uint64_t c) {
-  if (2 * (t->npairs + 1) > t->cappairs) {
-    uint32_t cap = t->cappairs ? 2 * t->cappairs : 1024;
-    st_pair_t *old = t->pairs, *n = cap <= ST_PAIRS_MAX ? gmr__calloc(cap, sizeof *n) : NULL;
-    uint32_t oldcap = t->cappairs;
-    if (n == NULL) { /* start over at the current size */
-      if (old == NULL) return;
-      memset(old, 0, (size_t)oldcap * sizeof *old);
-      t->npairs = 0;
-    } else {
-      t->pairs = n;
-      t->cappairs = cap;
-      t->npairs = 0;
-      for (uint32_t i = 0; i < oldcap; ++i)
-        if (old[i].b != 0) {
-          t->pairs[pair_index(t, old[i].a, old[i].b)] = old[i];
-          ++t->npairs;
-        }
-      gmr__free(old);
-    }
-  }
-  st_pair_t *e = &t->pairs[pair_index(t, a, b)];
-  if (e->b == 0) ++t->npairs;
-  *e = (st_pair_t){a, b, c};
-}
-
-static uint64_t pair_get(const stitch_t *t, uint64_t a, uint64_t b) {
-  if (t->cappairs == 0) return 0;
-  const st_pair_t *e = &t->pairs[pair_index(t, a, b)];
-  return e->b != 0 ? e->c : 0;
-}
-
-void st_cache_handout(stitch_t *t, st_range_t *r) {
-  st_last_t *e = t->hint_e;
-  t->hint_e = NULL;
-  if (e == NULL || e->len != r->len) {
-    if (2 * (t->nlast + 1) > t->caplast) { /* grow (on failure: no prediction, still correct) */
-      uint32_t cap = t->caplast ? 2 * t->caplast : 256;
-      st_last_t *n = gmr__calloc(cap, sizeof *n), *old = t->last;
-      if (n == NULL) return;
-      uint32_t oldcap = t->caplast;
-      t->last = n;
-      t->caplast = cap;
-      for (uint32_t i = 0; i < oldcap; ++i)
-        if (old[i].len != 0) *last_slot(t, old[i].len) = old[i];
-      gmr__free(old);
-    }
-    e = last_slot(t, r->len);
-    if (e->len == 0) {
-      e->len = r->len;
-      ++t->nlast;
-    }
-  }
-  st_range_t *prev = e->r;
-  if (prev != NULL && (prev->succ_after != e->before || prev->succ != r->serial)) {
-    /* A new association: the range keeps the latest, the pairs all. */
-    pair_put(t, e->before, prev->serial, r->serial);
-    prev->succ_after = e->before;
-    prev->succ = r->serial;
-  }
-  e->before = prev != NULL ? prev->serial : 0;
-  e->r = r;
-}
-
-st_range_t *st_cache_predicted(stitch_t *t, uint64_t len) {
-  st_last_t *e = last_slot(t, len);
-  t->hint_e = e != NULL && e->len == len ? e : NULL;
-  if (t->hint_e == NULL || e->r == NULL) return NULL;
-  /* Second order: a range handed out twice per iteration of a loop has two
-   * successors, told apart by the range before it. */
-  uint64_t want = e->r->succ;
-  if (e->r->succ_after != e->before) {
-    uint64_t w = pair_get(t, e->before, e->r->serial);
-    if (w != 0) want = w;
-  }
-  if (want == 0) return NULL;
-  for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL; q = q->b_next)
-    if (q->serial == want) return q;
-  return NULL;
-}
-
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   if (t->ncached == 0) return NULL;
-  /* A loop hands out the ranges of one length in the order of its last
-   * iteration: the successor of the range handed out last comes first. */
-  st_range_t *q = st_cache_predicted(t, len);
-  if (q != NULL && st_range_usable(t, q, sidx)) return q;
+  st_len_t *e = len_find(t, len);
+  if (e == NULL) return NULL;
   int64_t tries = t->o.cache_candidates;
-  for (st_range_t *r = t->buckets[st_cache_bucket(t, len)]; r != NULL && tries > 0; r = r->b_next) {
-    if (r->len != len) continue;
+  for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
+    if (r->state != ST_R_CACHED) continue;
     --tries;
     if (st_range_usable(t, r, sidx)) return r;
   }
@@ -551,13 +469,14 @@ st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
 }
 
 void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
-  st_range_t *r = t->buckets[st_cache_bucket(t, len)];
+  st_len_t *e = t->o.stale_misses > 0 ? len_find(t, len) : NULL;
+  st_range_t *r = e != NULL ? e->first : NULL;
   while (r != NULL) {
-    st_range_t *next = r->b_next;
+    st_range_t *next = r->len_next;
     /* A range that recurs (handed out every `gap` ticks) is not stale
      * before it is two periods overdue. */
     bool due = r->gap == 0 || t->tick >= r->tick + 2 * r->gap;
-    if (r->len == len && t->o.stale_misses > 0 && due && !st_range_usable(t, r, sidx) &&
+    if (r->state == ST_R_CACHED && due && !st_range_usable(t, r, sidx) &&
         ++r->stale >= (uint32_t)t->o.stale_misses &&
         st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
       st_cache_remove(t, r);
@@ -568,25 +487,25 @@ void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
   }
 }
 
+/* r takes slot j's span, unparking the cached range the page is parked
+ * under if it is another's. */
+static void slot_take(stitch_t *t, st_range_t *r, uint32_t j) {
+  uint32_t a, b;
+  st_span(t, r, j, &a, &b);
+  st_range_t *q = t->pages[r->pages[j]].full_owner;
+  if (q != NULL && q != r) st_unpark(t, q);
+  st_span_take(t, r->pages[j], a, b, r);
+}
+
 void st_range_own(stitch_t *t, st_range_t *r) {
   if (r->parked) { /* only the partial end slots change hands */
-    uint32_t a, b;
-    if (r->ends & 1) {
-      st_span(t, r, 0, &a, &b);
-      st_span_take(t, r->pages[0], a, b, r);
-    }
-    if ((r->ends & 2) && r->nslots > 1) {
-      st_span(t, r, r->nslots - 1, &a, &b);
-      st_span_take(t, r->pages[r->nslots - 1], a, b, r);
-    }
     r->parked = false;
     t->nparked -= r->nwhole;
+    if (r->ends & 1) slot_take(t, r, 0);
+    if ((r->ends & 2) && r->nslots > 1) slot_take(t, r, r->nslots - 1);
   } else {
-    for (uint32_t j = 0; j < r->nslots; ++j) {
-      uint32_t a, b;
-      st_span(t, r, j, &a, &b);
-      st_span_take(t, r->pages[j], a, b, r);
-    }
+    for (uint32_t j = 0; j < r->nslots; ++j)
+      slot_take(t, r, j);
   }
   r->state = ST_R_LIVE;
 }
@@ -608,6 +527,60 @@ void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp) {
   r->last_use = stamp;
   r->nuses = 0;
   st_cache_put(t, r);
+}
+
+/* ---- FREE pages for a miss --------------------------------------------------------------------
+ */
+
+/* When a FREE page will next be wanted: the soonest expected hand-out of
+ * the cached ranges that map it, a range's next hand-out expected one
+ * period (the ticks between its last two hand-outs) after its last one
+ * (UINT64_MAX: no cached range maps it).  A miss takes the pages wanted
+ * last first (Belady's rule): in a loop, the pages of the range handed out
+ * longest ago are the ones the loop wants again soonest. */
+static uint64_t page_worth(const stitch_t *t, uint32_t id) {
+  uint64_t w = UINT64_MAX;
+  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next) {
+    const st_range_t *r = m->r;
+    if (r->state != ST_R_CACHED) continue;
+    uint64_t next = r->tick + (r->gap ? r->gap : 2 * (t->tick - r->tick) + 1);
+    if (next < w) w = next;
+  }
+  return w;
+}
+
+typedef struct cand_s {
+  uint64_t worth;
+  uint32_t id;
+} cand_t;
+
+static int cand_cmp(const void *a, const void *b) {
+  const cand_t *x = a, *y = b;
+  if (x->worth != y->worth) return x->worth > y->worth ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
+  uint32_t got = 0, ncand = 0;
+  /* Unmapped pages are worth nothing: take them first, as they come. */
+  for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) out[got++] = id;
+  if (got < n) st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
+  if (got == n || t->free_head[1] == ST_NIL) return got;
+  cand_t *c = gmr__malloc((size_t)t->nfree * sizeof *c);
+  if (c == NULL) return got;
+  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
+    if (st_page_ready(t, id, sidx)) c[ncand++] = (cand_t){page_worth(t, id), id};
+  qsort(c, ncand, sizeof *c, cand_cmp);
+  /* Eviction only moves FREE pages between the two FREE lists, so the ids
+   * stay FREE while we go. */
+  for (uint32_t i = 0; i < ncand && got < n; ++i) {
+    uint32_t id = c[i].id;
+    if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
+      out[got++] = id;
+  }
+  gmr__free(c);
+  return got;
 }
 
 /* ---- eviction ---------------------------------------------------------------------------------
@@ -661,13 +634,7 @@ void st_ranges_fini(stitch_t *t) {
     if (r->state == ST_R_CACHED) st_cache_remove(t, r);
     if (st_unmap_range(t, r) != 0) st_range_destroy(t, r); /* device refused: forget it */
   }
-  gmr__free(t->buckets);
-  t->buckets = NULL;
-  t->nbuckets = 0;
-  gmr__free(t->last);
-  t->last = NULL;
-  t->caplast = t->nlast = 0;
-  gmr__free(t->pairs);
-  t->pairs = NULL;
-  t->cappairs = t->npairs = 0;
+  gmr__free(t->lens);
+  t->lens = NULL;
+  t->caplens = t->nlens = 0;
 }

@@ -11,7 +11,8 @@
  *  3. VA ↔ PA: slot j of a mapped range has one mapping record, on the list
  *     of pages[j]; the block starts at va + first_off;
  *  4. mappings: Σ nmaps == list lengths == mappings; nmaps <= the cap;
- *  5. cache: CACHED ⇔ in the LRU list and in the bucket of its length;
+ *  5. cache: CACHED ⇔ in the LRU list; every range is filed once under
+ *     its length, in serial order;
  *  6. accounting: reserved == live pages × P (the backend agrees);
  *     free + allocated + pending + dead gaps == reserved; every gap <= tau;
  *  7. indexes: each page is in the index its fields imply, once; class bits
@@ -144,8 +145,7 @@ int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
       {"stitch.set_access_calls", s->access_calls},
       {"stitch.map_ns", (int64_t)s->map_ns},
       {"stitch.evictions", s->evictions},
-      {"stitch.repairs", s->repairs},
-      {"stitch.repaired_slots", s->repaired_slots},
+      {"stitch.small_reuses", s->small_reuses},
       {"stitch.small_reclaims", s->small_reclaims},
       {"stitch.event_records", s->event_records},
       {"stitch.event_queries", s->event_queries},
@@ -190,9 +190,8 @@ int st_report_summary(stitch_t *t, FILE *out) {
           s->mappings.peak, t->ncached);
   fprintf(out,
           "  allocs %" PRId64 ", frees %" PRId64 ", cache hits %" PRId64 ", misses %" PRId64
-          " (%" PRId64 " repaired, %" PRId64 " slots remapped), partial placements %" PRId64 "\n",
-          s->num_allocs, s->num_frees, s->hits, s->misses, s->repairs, s->repaired_slots,
-          s->stitches_partial);
+          ", partial placements %" PRId64 ", small segments reused %" PRId64 "\n",
+          s->num_allocs, s->num_frees, s->hits, s->misses, s->stitches_partial, s->small_reuses);
   gmr__format_size(s->map_ns / 1000, c, sizeof c);
   snprintf(d, sizeof d, "%.3f ms", (double)s->map_ns / 1e6);
   fprintf(out,
@@ -557,14 +556,21 @@ int st_report_check(stitch_t *t) {
   }
   CHECK(lru == cached && cached == t->ncached, "cache: %u on the LRU list, %u cached, count %u",
         lru, cached, t->ncached);
-  uint32_t bucketed = 0;
-  for (uint32_t k = 0; k < t->nbuckets; ++k)
-    for (st_range_t *r = t->buckets[k], *prev = NULL; r != NULL; prev = r, r = r->b_next) {
-      CHECK(r->state == ST_R_CACHED && st_cache_bucket(t, r->len) == k && r->b_prev == prev,
-            "cached range at %#" PRIxPTR " misfiled in bucket %u", r->va, k);
-      CHECK(++bucketed <= cached, "buckets hold more ranges than are cached");
+  /* Every linked range is filed once under its length, oldest first. */
+  uint32_t filed = 0, linked = 0;
+  for (st_range_t *r = t->all; r != NULL; r = r->all_next)
+    linked += r->serial != 0;
+  for (uint32_t k = 0; k < t->caplens; ++k) {
+    const st_len_t *e = &t->lens[k];
+    for (st_range_t *r = e->first, *prev = NULL; r != NULL; prev = r, r = r->len_next) {
+      CHECK(e->len != 0 && r->len == e->len && r->len_prev == prev &&
+                (prev == NULL || prev->serial < r->serial),
+            "range at %#" PRIxPTR " misfiled under length %" PRIu64, r->va, e->len);
+      CHECK(++filed <= linked, "the length lists hold more ranges than there are");
+      CHECK(r->len_next != NULL || e->last == r, "length %" PRIu64 ": wrong last range", e->len);
     }
-  CHECK(bucketed == cached, "buckets hold %u of %u cached ranges", bucketed, cached);
+  }
+  CHECK(filed == linked, "the length lists hold %u of %u ranges", filed, linked);
   CHECK(smalls == t->nsmall_segs, "small segments %u != %u", smalls, t->nsmall_segs);
   CHECK(small_free == t->small_free_bytes, "small pool free bytes %" PRIu64 " != %" PRIu64,
         small_free, t->small_free_bytes);

@@ -92,64 +92,65 @@ static void empty_remove(stitch_t *t, st_small_seg_t *g) {
   g->on_empty = false;
 }
 
-/* A FREE page that stream sidx may use and that can take one more mapping:
- * unmapped pages first, then mapped ones, evicting cached ranges from a page
- * at the per-page cap (eviction only moves FREE pages between the two FREE
- * lists, so the walk restarts after it). */
-static uint32_t free_page_for(stitch_t *t, uint32_t sidx) {
-  for (uint32_t id = t->free_head[0]; id != ST_NIL; id = t->pages[id].next)
-    if (st_page_ready(t, id, sidx)) return id;
-  st_unpark_all(t);
-  for (int m = 0; m < 2; ++m)
-    for (uint32_t id = t->free_head[m]; id != ST_NIL; id = t->pages[id].next)
-      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
-        return id;
-  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
-    if (st_page_ready(t, id, sidx) && st_evict_page(t, id)) return id;
-  return ST_NIL;
-}
-
+/* A new one-page segment for stream sidx: the oldest cached one-page range
+ * whose page it can take (an empty segment's, or a 2 MiB block's) with no
+ * device call, else a FREE page (created when there is none) mapped at a
+ * fresh address. */
 static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
   st_small_seg_t *g = gmr__calloc(1, sizeof *g);
   st_small_t *b = block_new(t);
-  st_range_t *r = st_range_alloc(1);
-  int err = (g && b && r) ? st_pages_reserve(t, 1) : GMR_ENOMEM;
+  st_range_t *r = NULL;
+  int err = (g && b) ? st_pages_reserve(t, 1) : GMR_ENOMEM;
+  if (err == 0 && (r = st_cache_lookup(t, t->P, sidx)) != NULL) {
+    st_cache_remove(t, r);
+    st_range_own(t, r);
+    r->gap = t->tick + 1 - r->tick;
+    r->tick = ++t->tick;
+    ++t->st.small_reuses;
+  } else if (err == 0) {
+    r = st_range_alloc(1);
+    if (r == NULL) err = GMR_ENOMEM;
+  }
   if (err != 0) {
     gmr__free(g);
     gmr__free(b);
     gmr__free(r);
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small segment");
   }
-  st_evict(t, 1, t->P, false);
-  uint32_t id = free_page_for(t, sidx);
-  bool created = false;
-  if (id == ST_NIL) {
-    gmr_phys_t h;
-    err = gmr__backend_phys_create(t->base.backend, t->P, &h);
-    if (err == 0) {
-      ++t->st.pages_created;
-      id = st_page_new(t, h);
-      st_page_reindex(t, id);
-      created = true;
+  if (r->serial == 0) { /* a new range */
+    st_evict(t, 1, t->P, false);
+    uint32_t id;
+    bool created = false;
+    if (st_collect_free(t, 1, sidx, &id) == 0) {
+      gmr_phys_t h;
+      err = gmr__backend_phys_create(t->base.backend, t->P, &h);
+      if (err == 0) {
+        ++t->st.pages_created;
+        id = st_page_new(t, h);
+        st_page_reindex(t, id);
+        created = true;
+      }
     }
+    if (err == 0) {
+      r->pages[0] = id;
+      r->len = t->P;
+      r->nwhole = 1;
+      err = st_range_link(t, r);
+      if (err == 0) err = st_map_range(t, r);
+      if (err != 0 && created) st_page_release(t, id);
+    }
+    if (err != 0) {
+      gmr__free(g);
+      gmr__free(b);
+      st_range_destroy(t, r);
+      return err;
+    }
+    st_span_take(t, id, 0, (uint32_t)t->P, r);
+    r->tick = ++t->tick;
   }
-  if (err == 0) {
-    r->pages[0] = id;
-    r->len = t->P;
-    r->sidx = sidx;
-    r->state = ST_R_SMALL;
-    err = st_map_range(t, r);
-    if (err != 0 && created) st_page_release(t, id);
-  }
-  if (err != 0) {
-    gmr__free(g);
-    gmr__free(b);
-    gmr__free(r);
-    return err;
-  }
-  st_range_link(t, r);
+  r->sidx = sidx;
+  r->state = ST_R_SMALL;
   r->seg = g;
-  st_span_take(t, id, 0, (uint32_t)t->P, r);
   g->r = r;
   g->sidx = sidx;
   g->first = b;
@@ -238,29 +239,27 @@ void st_small_free(stitch_t *t, st_small_t *b) {
 }
 
 int st_small_reclaim(stitch_t *t, bool wait) {
-  int err = 0;
   st_small_seg_t *g = t->empty_head;
   while (g != NULL) {
     st_small_seg_t *next = g->e_next;
     if (st_stamp_ready(t, g->last_free, UINT32_MAX, wait)) {
       st_range_t *r = g->r;
+      st_stamp_t last = g->last_free;
       st_small_index_t *x = t->streams[g->sidx].small;
       empty_remove(t, g);
       idx_remove(t, x, g->first);
       block_recycle(t, g->first);
-      st_span_give(t, r->pages[0], 0, (uint32_t)t->P, g->last_free);
       r->seg = NULL;
       --t->nsmall_segs;
       st_dec(t->st.segment, 1, 1);
       st_dec(t->st.reserved, 1, (int64_t)t->P);
       ++t->st.small_reclaims;
       gmr__free(g);
-      int e = st_unmap_range(t, r);
-      if (e != 0 && err == 0) err = e;
+      st_range_release(t, r, last); /* cached, its page parked under it */
     }
     g = next;
   }
-  return err;
+  return 0;
 }
 
 void st_small_fini(stitch_t *t) {

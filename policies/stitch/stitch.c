@@ -39,11 +39,11 @@ static const st_opts_t st_opts_default = {
     .tau = 64 * 1024,
     .small_size = 1 << 20,
     .max_mappings = 65536,
-    .max_maps_per_page = 8,
+    .max_maps_per_page = 64,
     .va_budget = 0,
     .va_chunk = 0,
-    .cache_candidates = 16,
-    .stale_misses = 4,
+    .cache_candidates = 256,
+    .stale_misses = 0,
     .cross_stream = ST_CROSS_QUERY,
 };
 
@@ -185,60 +185,6 @@ static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) 
   return ST_NIL;
 }
 
-/* When a FREE page will next be wanted: the soonest expected hand-out of
- * the cached ranges that map it, a range's next hand-out expected one
- * period (the ticks between its last two hand-outs) after its last one
- * (UINT64_MAX: no cached range maps it).  A miss takes the pages wanted
- * last first (Belady's rule): in a loop, the pages of the range handed out
- * longest ago are the ones the loop wants again soonest. */
-static uint64_t page_worth(const stitch_t *t, uint32_t id) {
-  uint64_t w = UINT64_MAX;
-  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next) {
-    const st_range_t *r = m->r;
-    if (r->state != ST_R_CACHED) continue;
-    uint64_t next = r->tick + (r->gap ? r->gap : 2 * (t->tick - r->tick) + 1);
-    if (next < w) w = next;
-  }
-  return w;
-}
-
-typedef struct cand_s {
-  uint64_t worth;
-  uint32_t id;
-} cand_t;
-
-static int cand_cmp(const void *a, const void *b) {
-  const cand_t *x = a, *y = b;
-  if (x->worth != y->worth) return x->worth > y->worth ? -1 : 1;
-  return x->id < y->id ? -1 : x->id > y->id;
-}
-
-/* Up to n FREE pages usable by sidx into out[], the least worth first;
- * returns how many.  Pages at the per-page mapping cap are taken after
- * evicting cached ranges on them. */
-static uint32_t collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
-  uint32_t got = 0, ncand = 0;
-  /* Unmapped pages are worth nothing: take them first, as they come. */
-  for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
-    if (st_page_ready(t, id, sidx)) out[got++] = id;
-  if (got < n) st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
-  if (got == n || t->free_head[1] == ST_NIL) return got;
-  cand_t *c = gmr__malloc((size_t)t->nfree * sizeof *c);
-  if (c == NULL) return got;
-  for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
-    if (st_page_ready(t, id, sidx)) c[ncand++] = (cand_t){page_worth(t, id), id};
-  qsort(c, ncand, sizeof *c, cand_cmp);
-  /* Eviction only moves FREE pages between the two FREE lists, so the ids
-   * stay FREE while we go. */
-  for (uint32_t i = 0; i < ncand && got < n; ++i) {
-    uint32_t id = c[i].id;
-    if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
-      out[got++] = id;
-  }
-  gmr__free(c);
-  return got;
-}
-
 /* Where a block of k whole pages and a remainder rem goes:
  *  A. rem in the open suffix of a PARTIAL page (head slot), gap <= tau;
  *  B. rem in the open prefix of a PARTIAL page (tail slot), gap <= tau;
@@ -295,11 +241,11 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
   if (r == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
   uint32_t need = pl.pool;
   uint32_t *whole = r->pages + (pl.head != ST_NIL);
-  uint32_t got = collect_free(t, need, sidx, whole);
+  uint32_t got = st_collect_free(t, need, sidx, whole);
   if (got < need && t->empty_head != NULL) {
     /* Empty small segments give their pages back before the pool grows. */
     st_small_reclaim(t, false);
-    got = collect_free(t, need, sidx, whole);
+    got = st_collect_free(t, need, sidx, whole);
   }
   uint32_t nnew = need - got, made = 0;
   int err = st_pages_reserve(t, nnew);
@@ -326,119 +272,16 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
       r->nwhole += whole;
       if (!whole) r->ends |= j == 0 ? 1 : 2;
     }
-    err = st_map_range(t, r);
+    err = st_range_link(t, r);
+    if (err == 0) err = st_map_range(t, r);
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
     for (uint32_t i = 0; i < made; ++i)
       st_page_release(t, whole[got + i]);
-    gmr__free(r);
+    st_range_destroy(t, r);
     return err;
   }
   if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
-  st_range_link(t, r);
-  st_range_own(t, r);
-  *out = r;
-  return 0;
-}
-
-/* Repair: the cached range of length len with the fewest slots that cannot
- * serve stream sidx now (at most a quarter of its slots) gets those slots
- * remapped to FREE pages (created when missing); every other mapping and
- * the range's address stay.  A loop whose blocks interleave a little
- * differently from one iteration to the next then pays a few page maps per
- * miss instead of one per page.  If a device call fails halfway, the range
- * is unmapped whole and the pages this repair created are released: the
- * cache loses one entry, nothing else changes.  1: no candidate. */
-static int try_repair(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out) {
-  st_range_t *best = NULL;
-  uint32_t best_broken = UINT32_MAX;
-  int64_t tries = 4 * t->o.cache_candidates;
-  /* The range the loop's order predicts comes first: repairing it keeps the
-   * order (up to half of its slots). */
-  st_range_t *pred = st_cache_predicted(t, len);
-  if (pred != NULL && st_stamp_ready(t, pred->last_use, UINT32_MAX, false)) {
-    uint32_t broken = 0;
-    for (uint32_t j = 0; j < pred->nslots; ++j)
-      broken += !st_slot_usable(t, pred, j, sidx);
-    if (broken > 0 && broken * 2 <= pred->nslots) {
-      best = pred;
-      best_broken = broken;
-      tries = 0;
-    }
-  }
-  for (st_range_t *q = t->buckets[st_cache_bucket(t, len)]; q != NULL && tries > 0; q = q->b_next) {
-    if (q->len != len) continue;
-    --tries;
-    /* Remapping a slot is not ordered with the streams' work: only a range
-     * whose last use is known complete may be remapped (no wait here). */
-    if (!st_stamp_ready(t, q->last_use, UINT32_MAX, false)) continue;
-    uint32_t broken = 0;
-    for (uint32_t j = 0; j < q->nslots && broken < best_broken; ++j)
-      broken += !st_slot_usable(t, q, j, sidx);
-    if (broken < best_broken) {
-      best = q;
-      best_broken = broken;
-    }
-  }
-  if (best == NULL || best_broken == 0 || (best != pred && best_broken * 4 > best->nslots))
-    return 1;
-  st_range_t *r = best;
-  st_unpark(t, r); /* its whole pages are FREE now, and as usable as they were */
-  uint32_t nb = best_broken, n = r->nslots;
-  uint32_t *slots = gmr__malloc((size_t)nb * sizeof *slots);
-  uint32_t *repl = gmr__malloc((size_t)(nb + n) * sizeof *repl);
-  int err = slots && repl ? st_pages_reserve(t, nb) : GMR_ENOMEM;
-  if (err != 0) {
-    gmr__free(slots);
-    gmr__free(repl);
-    return 1;
-  }
-  uint32_t k = 0;
-  for (uint32_t j = 0; j < n; ++j) {
-    uint32_t a, b;
-    st_span(t, r, j, &a, &b);
-    if (!st_span_usable(t, r->pages[j], a, b, sidx)) slots[k++] = j;
-    t->pages[r->pages[j]].mark = true;
-  }
-  /* Out of the cache while we work: collect_free may evict cached ranges. */
-  st_cache_remove(t, r);
-  r->state = 0;
-  /* Replacement pages: FREE ones that are not already in the range. */
-  uint32_t got = collect_free(t, nb + n, sidx, repl), usable = 0;
-  for (uint32_t i = 0; i < got && usable < nb; ++i)
-    if (!t->pages[repl[i]].mark) repl[usable++] = repl[i];
-  for (uint32_t j = 0; j < n; ++j)
-    t->pages[r->pages[j]].mark = false;
-  uint32_t made = 0;
-  for (; usable + made < nb; ++made) {
-    gmr_phys_t h;
-    if ((err = gmr__backend_phys_create(t->base.backend, t->P, &h)) != 0) break;
-    ++t->st.pages_created;
-    uint32_t id = st_page_new(t, h);
-    st_page_reindex(t, id);
-    repl[usable + made] = id;
-  }
-  if (err != 0) {
-    st_cache_put(t, r); /* untouched: back in the cache */
-  } else {
-    for (uint32_t i = 0; i < nb && err == 0; ++i) {
-      err = st_slot_unmap(t, r, slots[i]);
-      if (err == 0) err = st_slot_map(t, r, slots[i], repl[i]);
-    }
-    if (err != 0) { /* drop the range whole; its pages keep their owners */
-      if (st_unmap_range(t, r) != 0) r->state = ST_R_BROKEN;
-    }
-  }
-  if (err != 0)
-    for (uint32_t i = 0; i < made; ++i) {
-      uint32_t id = repl[usable + i];
-      if (t->pages[id].nmaps == 0) st_page_release(t, id);
-    }
-  gmr__free(slots);
-  gmr__free(repl);
-  if (err != 0) return err;
-  ++t->st.repairs;
-  t->st.repaired_slots += nb;
   st_range_own(t, r);
   *out = r;
   return 0;
@@ -452,17 +295,12 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     return st_report_oom(t, size, s, "the request is larger than the device's memory");
   uint64_t len = gmr__align_up(size, ST_G);
   st_range_t *r = st_cache_lookup(t, len, sidx);
-  if (r == NULL && t->nparked > 0) { /* parked pages may be what it lacks */
-    st_unpark_all(t);
-    r = st_cache_lookup(t, len, sidx);
-  }
   if (r != NULL) {
     st_cache_remove(t, r);
     st_range_own(t, r);
     r->gap = t->tick + 1 - r->tick;
     r->tick = ++t->tick;
     r->stale = 0;
-    st_cache_handout(t, r);
     ++t->st.hits;
   } else {
     if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
@@ -476,8 +314,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     }
     ++t->st.misses;
     st_cache_miss(t, len, sidx);
-    int err = try_repair(t, len, sidx, &r);
-    if (err == 1) err = large_stitch(t, len, sidx, &r);
+    int err = large_stitch(t, len, sidx, &r);
     if (err == GMR_ENOMEM) {
       ++t->st.retries;
       pending_process(t, true);
@@ -485,13 +322,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
       st_evict(t, 0, 0, true);
       err = large_stitch(t, len, sidx, &r);
     }
-    if (err == 0) {
-      if (r->serial == 0) r->serial = ++t->serials;
-      r->gap = r->tick ? t->tick + 1 - r->tick : 0;
-      r->tick = ++t->tick;
-      r->stale = 0;
-      st_cache_handout(t, r);
-    }
+    if (err == 0) r->tick = ++t->tick;
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
   }
@@ -692,10 +523,7 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
   t->device_total = gmr__align_up(dtotal, t->P);
   t->last_stream = UINT32_MAX;
-  t->nbuckets = 256;
-  t->buckets = gmr__calloc(t->nbuckets, sizeof *t->buckets);
-  if (t->buckets == NULL || st_pages_init(t) != 0) {
-    gmr__free(t->buckets);
+  if (st_pages_init(t) != 0) {
     gmr__free(t);
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
   }
@@ -788,7 +616,7 @@ static const gmr_opt_desc_t st_opts_desc[] = {
      .type = GMR_OPT_INT,
      .offset = offsetof(st_opts_t, max_maps_per_page),
      .min = 2,
-     .default_text = "8",
+     .default_text = "64",
      .help = "Cap on the virtual addresses one page is mapped at."},
     {.key = "va_budget",
      .type = GMR_OPT_SIZE,
@@ -807,16 +635,18 @@ static const gmr_opt_desc_t st_opts_desc[] = {
      .offset = offsetof(st_opts_t, cache_candidates),
      .min = 1,
      .max = 1024,
-     .default_text = "16",
-     .help = "Cached ranges of the requested length tried before stitching a new one.",
-     .tune = (const char *const[]){"4", "64", NULL}},
+     .default_text = "256",
+     .help = "Cached ranges of the requested length tried, oldest first, before stitching a "
+             "new one.",
+     .tune = (const char *const[]){"16", "1024", NULL}},
     {.key = "stale_misses",
      .type = GMR_OPT_INT,
      .offset = offsetof(st_opts_t, stale_misses),
      .min = 0,
-     .default_text = "4",
+     .default_text = "0",
      .help = "Unmap a cached range once this many misses of its length in a row could not use "
-             "it (0: only the mapping caps unmap cached ranges)."},
+             "it (0: only the mapping caps unmap cached ranges).",
+     .tune = (const char *const[]){"4", NULL}},
     {.key = "cross_stream",
      .type = GMR_OPT_ENUM,
      .offset = offsetof(st_opts_t, cross_stream),

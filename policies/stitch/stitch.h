@@ -7,8 +7,10 @@
  * to two blocks is mapped twice, at the end of one range and the start of
  * the other, so no page is lost to rounding.  Requests of at most
  * `small_size` go to a small pool of one-page segments with PyTorch's rules.
- * A freed range keeps its mappings (CACHED) and serves the next request of
- * the same length with no device call; only a miss maps.
+ * A freed range keeps its mappings (CACHED) and serves a later request of
+ * the same length with no device call; only a miss maps.  Of the cached
+ * ranges of a length whose pages are free, the oldest serves (ranges.c
+ * says why: a loop then makes no page map after it has run twice).
  *
  * Files, each calling only those listed before it (no cycles):
  *   pages.c  page table, slot ownership, the FREE lists and the prefix and
@@ -105,7 +107,6 @@ typedef struct st_page_s {
   uint32_t cls;        /* SUFFIX/PREFIX: the class (open bytes / G) */
   uint32_t prev, next; /* links in that index (page ids) */
   st_stamp_t stamp[ST_STAMPS];
-  bool mark; /* scratch for one operation (repair), false otherwise */
 } st_page_t;
 
 /* A two-level bitmap over classes 0..n-1, each a list of page ids. */
@@ -131,7 +132,7 @@ typedef struct st_small_seg_s st_small_seg_t;
 
 struct st_range_s {
   uintptr_t va;             /* slot 0's address, P-aligned; the block is at va + first_off */
-  uint32_t nslots, nmapped; /* mapped slots; < nslots only when BROKEN or mid-repair */
+  uint32_t nslots, nmapped; /* mapped slots; < nslots only when BROKEN */
   uint32_t first_off;       /* multiple of G, < P */
   uint64_t len;             /* bytes owned by the block (rounded) */
   uint64_t requested;
@@ -140,9 +141,7 @@ struct st_range_s {
   st_stamp_t last_use; /* CACHED: the free's stamp */
   uint64_t tick;       /* the policy's tick when last handed out */
   uint64_t gap;        /* ticks between its last two hand-outs (0: handed out once) */
-  uint64_t serial;     /* large ranges: a number never reused (0: a small segment's) */
-  uint64_t succ;       /* the serial of the range of this length handed out after it, */
-  uint64_t succ_after; /* when the one before it was this serial (the pairs hold the rest) */
+  uint64_t serial;     /* a number never reused: ranges of a length are made in serial order */
   uint8_t ends;        /* bit 0: slot 0 is a partial span; bit 1: the last slot is */
   uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
   uint32_t nwhole;     /* slots whose span is a whole page */
@@ -150,7 +149,7 @@ struct st_range_s {
   uint32_t *uses;      /* record_stream: other stream indexes */
   uint32_t nuses, capuses;
   st_range_t *lru_prev, *lru_next; /* CACHED: LRU (most recent first) */
-  st_range_t *b_next, *b_prev;     /* CACHED: hash bucket by len */
+  st_range_t *len_prev, *len_next; /* every range of its length, by serial (st_len_t) */
   st_range_t *all_prev, *all_next; /* every range */
   st_small_seg_t *seg;             /* SMALL: its segment */
   uint32_t *pages;                 /* page id per slot */
@@ -215,25 +214,19 @@ typedef struct st_res_s {
   uint64_t size;
 } st_res_t;
 
-/* Per length: the large range handed out last (NULL once it is gone). */
-typedef struct st_last_s {
+/* Per length: every range of that length (large ranges, and small
+ * segments' one-page ranges under len = P), oldest first. */
+typedef struct st_len_s {
   uint64_t len; /* 0: an empty slot */
-  st_range_t *r;
-  uint64_t before; /* the serial of the range of this length handed out before r */
-} st_last_t;
-
-/* (serial a, serial b) -> serial c: after a then b, c was handed out. */
-typedef struct st_pair_s {
-  uint64_t a, b, c; /* b == 0: an empty slot */
-} st_pair_t;
+  st_range_t *first, *last;
+} st_len_t;
 
 typedef struct st_stats_s {
   gmr_stat_t allocated[3], requested[3], active[3], allocation[3], reserved[3], segment[3];
   gmr_stat_t mappings, dead_gap, va;
   int64_t num_allocs, num_frees, ooms, retries;
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
-      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, repairs,
-      repaired_slots;
+      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses;
   uint64_t map_ns;
   int64_t pending_bytes; /* spans still owned by PENDING ranges */
 } st_stats_t;
@@ -268,8 +261,8 @@ typedef struct stitch_s {
   st_range_t *all;
   st_range_t *lru_head, *lru_tail;
   uint32_t ncached;
-  st_range_t **buckets;
-  uint32_t nbuckets;
+  st_len_t *lens; /* open addressing by len, at most half full */
+  uint32_t nlens, caplens;
   st_pending_t *pend_head;
   uint32_t nmappings;
 
@@ -278,14 +271,7 @@ typedef struct stitch_s {
   uint64_t small_free_bytes;
   st_small_t *small_recycle;
 
-  st_last_t *last; /* open addressing by len, never more than half full */
-  uint32_t nlast, caplast;
-  uint64_t serials; /* large ranges made so far */
-  st_pair_t *pairs; /* open addressing by (a, b), at most half full; cleared when too big */
-  uint32_t npairs, cappairs;
-  /* The entry of the length last predicted (st_cache_predicted), so that
-   * the hand-out that follows needs no lookup: NULL when unset. */
-  st_last_t *hint_e;
+  uint64_t serials; /* ranges made so far */
 
   bool exclusive;
   uint64_t tick; /* large blocks handed out so far */
@@ -371,7 +357,9 @@ void st_va_give(stitch_t *t, uintptr_t addr, uint64_t size);
 void st_va_fini(stitch_t *t);
 
 st_range_t *st_range_alloc(uint32_t nslots);
-void st_range_link(stitch_t *t, st_range_t *r);
+/* Give r its serial and file it under its length (before it is mapped, so
+ * that nothing can fail after the device calls). */
+int st_range_link(stitch_t *t, st_range_t *r);
 void st_range_destroy(stitch_t *t, st_range_t *r);
 /* Map pages[0..n) at a fresh address range as one transaction: on failure
  * everything done is undone (no mapping record, no VA, pages untouched). */
@@ -383,29 +371,31 @@ int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page);
 /* Unmap every mapped slot of a range, give back its VA and free it. */
 int st_unmap_range(stitch_t *t, st_range_t *r);
 
-uint32_t st_cache_bucket(const stitch_t *t, uint64_t len);
+/* Every range is filed under its length from st_range_link to
+ * st_range_destroy, in serial order. */
 void st_cache_put(stitch_t *t, st_range_t *r);
 void st_cache_remove(stitch_t *t, st_range_t *r);
+/* The oldest cached range of len that stream sidx can take now (its pages
+ * free, or parked under cached ranges; stamps complete), or NULL. */
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
-/* Record that r is handed out: the previous range of its length learns r as
- * its successor. */
-void st_cache_handout(stitch_t *t, st_range_t *r);
-/* The cached range predicted for the next request of len, or NULL. */
-st_range_t *st_cache_predicted(stitch_t *t, uint64_t len);
 /* A miss of len: cached ranges of that length that could not serve it
- * twice in a row are unmapped (the loop that used them has moved on). */
+ * stale_misses times in a row are unmapped (the loop that used them has
+ * moved on). */
 void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
-/* Take a validated cached range for stream sidx. */
+/* Take a range st_cache_lookup found (or a new one) for its block: cached
+ * ranges whose parked pages it maps are unparked first. */
 void st_range_own(stitch_t *t, st_range_t *r);
 void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp);
 bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx);
-/* Is slot j of r usable by stream sidx (a parked slot: its range's last
- * free completed from sidx's view)? */
-bool st_slot_usable(stitch_t *t, const st_range_t *r, uint32_t j, uint32_t sidx);
 /* Give a parked range's whole pages back to the FREE lists (stamped with
  * its last free); every parked range. */
 void st_unpark(stitch_t *t, st_range_t *r);
 void st_unpark_all(stitch_t *t);
+/* Up to n FREE pages usable by sidx into out[] (every cached range
+ * unparked first if the unmapped ones do not suffice), those the cached
+ * ranges will want last first; returns how many.  Pages at the per-page
+ * mapping cap are taken after evicting cached ranges on them. */
+uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out);
 /* Evict LRU cached ranges whose last use completed until the caps hold
  * (need_maps more mappings and need_va more bytes fit); all: every one. */
 int st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all);
@@ -418,8 +408,10 @@ void st_ranges_fini(stitch_t *t);
 
 int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx, st_small_t **out);
 void st_small_free(stitch_t *t, st_small_t *b);
-/* Return empty small segments whose last free completed to the FREE pages
- * (unmapping their slot); wait: synchronise when not complete. */
+/* Return empty small segments whose last free completed to the cache (their
+ * one-page range stays mapped, its page parked under it, so the next
+ * segment or a 2 MiB block reuses it with no device call); wait:
+ * synchronise when not complete. */
 int st_small_reclaim(stitch_t *t, bool wait);
 void st_small_fini(stitch_t *t);
 static inline uintptr_t st_small_ptr(const st_small_t *b) {
