@@ -50,7 +50,6 @@ static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
   else
     st_classes_mark(&x->cls, c, true);
   x->heads[c] = b;
-  t->small_free_bytes += b->size;
 }
 
 static void idx_remove(stitch_t *t, st_small_index_t *x, st_small_t *b) {
@@ -61,7 +60,20 @@ static void idx_remove(stitch_t *t, st_small_index_t *x, st_small_t *b) {
     x->heads[c] = b->fnext;
   if (b->fnext != NULL) b->fnext->fprev = b->fprev;
   if (x->heads[c] == NULL) st_classes_mark(&x->cls, c, false);
-  t->small_free_bytes -= b->size;
+}
+
+/* Free block nb takes free block b's place in b's class list (nb is of the
+ * same class: no bitmap change). */
+static void idx_replace(stitch_t *t, st_small_index_t *x, st_small_t *b, st_small_t *nb) {
+  uint32_t c = class_of(x, b->size);
+  nb->fprev = b->fprev;
+  nb->fnext = b->fnext;
+  if (nb->fprev != NULL)
+    nb->fprev->fnext = nb;
+  else
+    x->heads[c] = nb;
+  if (nb->fnext != NULL) nb->fnext->fprev = nb;
+  b->fprev = b->fnext = NULL;
 }
 
 static st_small_t *block_new(stitch_t *t) {
@@ -158,6 +170,7 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
   b->off = 0;
   b->size = (uint32_t)t->P;
   idx_push(t, x, b);
+  t->small_free_bytes += t->P;
   ++t->nsmall_segs;
   st_inc(t->st.segment, 1, 1);
   st_inc(t->st.reserved, 1, (int64_t)t->P);
@@ -175,16 +188,13 @@ int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx
     c = st_classes_find(&x->cls, class_of(x, size));
   }
   st_small_t *b = x->heads[c];
-  idx_remove(t, x, b);
   if (b->size - size >= ST_G) {
     /* Sizes are multiples of G, so no split means b->size == size: a small
      * block is never handed out larger than small_max, which is how free
      * tells small blocks from large ones. */
     st_small_t *rest = block_new(t);
-    if (rest == NULL) {
-      idx_push(t, x, b);
+    if (rest == NULL)
       return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small block");
-    }
     rest->seg = b->seg;
     rest->off = b->off + size;
     rest->size = b->size - size;
@@ -192,9 +202,17 @@ int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx
     rest->next = b->next;
     if (b->next != NULL) b->next->prev = rest;
     b->next = rest;
+    if (class_of(x, rest->size) == c) { /* the rest keeps b's place */
+      idx_replace(t, x, b, rest);
+    } else {
+      idx_remove(t, x, b);
+      idx_push(t, x, rest);
+    }
     b->size = size;
-    idx_push(t, x, rest);
+  } else {
+    idx_remove(t, x, b);
   }
+  t->small_free_bytes -= size;
   b->allocated = true;
   b->requested = requested;
   st_small_seg_t *g = b->seg;
@@ -212,8 +230,17 @@ void st_small_free(stitch_t *t, st_small_t *b) {
   --g->live;
   g->live_bytes -= b->size;
   st_small_t *p = b->prev, *n = b->next;
+  t->small_free_bytes += b->size;
+  /* The merged block keeps the list place of a free neighbour when it stays
+   * in that neighbour's class (no bitmap change: the common case of a
+   * segment whose one free block grows back to the whole page). */
+  bool filed = false;               /* b is on its class list */
   if (p != NULL && !p->allocated) { /* merge into the previous block */
-    idx_remove(t, x, p);
+    uint32_t c = class_of(x, p->size);
+    if (class_of(x, p->size + b->size) == c)
+      filed = true;
+    else
+      idx_remove(t, x, p);
     p->size += b->size;
     p->next = n;
     if (n != NULL) n->prev = p;
@@ -221,13 +248,23 @@ void st_small_free(stitch_t *t, st_small_t *b) {
     b = p;
   }
   if (n != NULL && !n->allocated) {
-    idx_remove(t, x, n);
-    b->size += n->size;
+    uint32_t merged = b->size + n->size, c = class_of(x, merged);
+    if (!filed && c == class_of(x, n->size)) {
+      idx_replace(t, x, n, b); /* b takes n's place */
+      filed = true;
+    } else {
+      idx_remove(t, x, n);
+      if (filed && c != class_of(x, b->size)) {
+        idx_remove(t, x, b);
+        filed = false;
+      }
+    }
+    b->size = merged;
     b->next = n->next;
     if (n->next != NULL) n->next->prev = b;
     block_recycle(t, n);
   }
-  idx_push(t, x, b);
+  if (!filed) idx_push(t, x, b);
   if (g->live == 0) {
     g->last_free = st_stamp_new(t, g->sidx);
     g->e_prev = NULL;
@@ -248,6 +285,7 @@ int st_small_reclaim(stitch_t *t, bool wait) {
       st_small_index_t *x = t->streams[g->sidx].small;
       empty_remove(t, g);
       idx_remove(t, x, g->first);
+      t->small_free_bytes -= t->P;
       block_recycle(t, g->first);
       r->seg = NULL;
       --t->nsmall_segs;
