@@ -1,13 +1,14 @@
 // stitch_bw.cu: do kernels run as fast on memory stitched from scattered
 // pages as on cudaMalloc'ed memory?
 //
-// Three buffers of BYTES (default 1 GiB) are built twice: with cudaMalloc,
-// and stitched: 2 x BYTES / P pages are created (cuMemCreate, one handle per
-// page of the device's granularity P), shuffled, and BYTES / P of them are
-// mapped in that scattered order into one contiguous virtual range per
-// buffer, with one cuMemSetAccess per range (the stitch policy's shape).
-// On each pair it measures, median of REPS:
+// Three buffers of BYTES (default 1 GiB) are built three ways: with
+// cudaMalloc; "in order": pages of the device's granularity P (cuMemCreate,
+// one handle each) mapped in the order they were made, one cuMemSetAccess
+// per range (PyTorch's expandable segments' shape); and stitched: 2 x BYTES /
+// P pages created, shuffled, and BYTES / P of them mapped in that scattered
+// order (the stitch policy's shape).  On each it measures, median of REPS:
 //   copy    device-to-device cudaMemcpyAsync, GB/s (read + write)
+//   kcopy   the same copy by a kernel (16-byte loads and stores), GB/s
 //   read    a reduction kernel, GB/s
 //   write   a fill kernel, GB/s
 //   sgemm   cuBLAS SGEMM, N x N (default 8192; FP32, TF32 off), TFLOP/s
@@ -61,6 +62,11 @@ __global__ void reduce(const float4 *p, size_t n, float *out) {
   if (acc == 123.456f) *out = acc; // keeps the loads
 }
 
+__global__ void kcopy(const float4 *src, float4 *dst, size_t n) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
 __global__ void fill(float4 *p, size_t n, float v) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     p[i] = make_float4(v, v, v, v);
@@ -76,7 +82,7 @@ static double median(std::vector<double> v) {
 }
 
 static void measure(const char *name, set_t s, size_t bytes, int n, int reps, cublasHandle_t h,
-                    double out[4]) {
+                    double out[5]) {
   cudaEvent_t a, b;
   CR(cudaEventCreate(&a));
   CR(cudaEventCreate(&b));
@@ -85,7 +91,7 @@ static void measure(const char *name, set_t s, size_t bytes, int n, int reps, cu
   int sms = 0;
   CR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   size_t n4 = bytes / sizeof(float4);
-  std::vector<double> t[4];
+  std::vector<double> t[5];
   // Warm up every path once.
   fill<<<sms * 8, 512>>>((float4 *)s.buf[0], n4, 1.0f);
   fill<<<sms * 8, 512>>>((float4 *)s.buf[1], n4, 0.5f);
@@ -121,11 +127,19 @@ static void measure(const char *name, set_t s, size_t bytes, int n, int reps, cu
     CR(cudaEventSynchronize(b));
     CR(cudaEventElapsedTime(&ms, a, b));
     t[3].push_back(2.0 * n * (double)n * n / (ms * 1e9));
+    CR(cudaEventRecord(a));
+    kcopy<<<sms * 8, 512>>>((const float4 *)s.buf[0], (float4 *)s.buf[1], n4);
+    CR(cudaEventRecord(b));
+    CR(cudaEventSynchronize(b));
+    CR(cudaEventElapsedTime(&ms, a, b));
+    t[4].push_back(2.0 * bytes / (ms * 1e6));
   }
-  for (int i = 0; i < 4; ++i)
+  CR(cudaGetLastError());
+  for (int i = 0; i < 5; ++i)
     out[i] = median(t[i]);
-  printf("%-10s copy %8.1f GB/s  read %8.1f GB/s  write %8.1f GB/s  sgemm(%d) %6.2f TFLOP/s\n",
-         name, out[0], out[1], out[2], n, out[3]);
+  printf("%-10s copy %8.1f GB/s  kcopy %8.1f GB/s  read %8.1f GB/s  write %8.1f GB/s  sgemm(%d) "
+         "%6.2f TFLOP/s\n",
+         name, out[0], out[4], out[1], out[2], n, out[3]);
   cudaFree(sink);
 }
 
@@ -157,6 +171,22 @@ int main(int argc, char **argv) {
   set_t plain;
   for (int i = 0; i < 3; ++i)
     CR(cudaMalloc(&plain.buf[i], bytes));
+  CUmemAccessDesc acc = {};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // In order: 3 x BYTES / P pages, each buffer's mapped as they were made.
+  std::vector<CUmemGenericAllocationHandle> inorder(3 * per);
+  set_t io;
+  CUdeviceptr iova[3];
+  for (int b = 0; b < 3; ++b) {
+    CK(cuMemAddressReserve(&iova[b], bytes, P, 0, 0));
+    for (size_t j = 0; j < per; ++j) {
+      CK(cuMemCreate(&inorder[b * per + j], P, &prop, 0));
+      CK(cuMemMap(iova[b] + j * P, P, 0, inorder[b * per + j], 0));
+    }
+    CK(cuMemSetAccess(iova[b], bytes, &acc, 1));
+    io.buf[b] = (float *)iova[b];
+  }
   // Stitched: 2x the pages needed, shuffled; every buffer gets a scattered subset.
   std::vector<CUmemGenericAllocationHandle> pages(2 * 3 * per);
   for (auto &pg : pages)
@@ -168,9 +198,6 @@ int main(int argc, char **argv) {
   std::shuffle(order.begin(), order.end(), rng);
   set_t st;
   CUdeviceptr va[3];
-  CUmemAccessDesc acc = {};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   for (int b = 0; b < 3; ++b) {
     CK(cuMemAddressReserve(&va[b], bytes, P, 0, 0));
     for (size_t j = 0; j < per; ++j)
@@ -181,12 +208,15 @@ int main(int argc, char **argv) {
   printf("buffers of %zu MiB; stitched from %zu scattered pages of %zu bytes each (of %zu "
          "created)\n",
          bytes >> 20, per, P, pages.size());
-  double a[4], s[4];
+  double a[5], o[5], s[5];
   measure("cudaMalloc", plain, bytes, n, reps, h, a);
+  measure("in order", io, bytes, n, reps, h, o);
   measure("stitched", st, bytes, n, reps, h, s);
   measure("cudaMalloc", plain, bytes, n, reps, h, a); // again: order effects
-  printf("stitched / cudaMalloc: copy %.3f  read %.3f  write %.3f  sgemm %.3f\n", s[0] / a[0],
-         s[1] / a[1], s[2] / a[2], s[3] / a[3]);
+  printf("in order / cudaMalloc: copy %.3f  kcopy %.3f  read %.3f  write %.3f  sgemm %.3f\n",
+         o[0] / a[0], o[4] / a[4], o[1] / a[1], o[2] / a[2], o[3] / a[3]);
+  printf("stitched / cudaMalloc: copy %.3f  kcopy %.3f  read %.3f  write %.3f  sgemm %.3f\n",
+         s[0] / a[0], s[4] / a[4], s[1] / a[1], s[2] / a[2], s[3] / a[3]);
 
   for (int b = 0; b < 3; ++b) {
     for (size_t j = 0; j < per; ++j)
@@ -194,7 +224,14 @@ int main(int argc, char **argv) {
     CK(cuMemAddressFree(va[b], bytes));
     cudaFree(plain.buf[b]);
   }
+  for (int b = 0; b < 3; ++b) {
+    for (size_t j = 0; j < per; ++j)
+      CK(cuMemUnmap(iova[b] + j * P, P));
+    CK(cuMemAddressFree(iova[b], bytes));
+  }
   for (auto &pg : pages)
+    CK(cuMemRelease(pg));
+  for (auto &pg : inorder)
     CK(cuMemRelease(pg));
   cublasDestroy(h);
   return 0;
