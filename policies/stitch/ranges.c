@@ -338,39 +338,10 @@ int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
   return 0;
 }
 
-int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page) {
-  gmr_backend_t *be = t->base.backend;
-  void *at = (void *)(r->va + j * t->P);
-  uint64_t t0 = gmr__backend_now_ns(be);
-  int err = gmr__backend_phys_map(be, at, t->P, t->pages[page].h, 0);
-  ++t->st.map_calls;
-  if (err == 0) {
-    err = gmr__backend_set_access(be, at, t->P);
-    ++t->st.access_calls;
-    if (err != 0) {
-      gmr__backend_phys_unmap(be, at, t->P);
-      ++t->st.unmap_calls;
-    }
-  }
-  t->st.map_ns += gmr__backend_now_ns(be) - t0;
-  if (err != 0) return err;
-  st_page_t *p = &t->pages[page];
-  st_map_t *m = &r->maps[j];
-  r->pages[j] = page;
-  *m = (st_map_t){.r = r, .slot = j, .page = page, .prev = NULL, .next = p->maps};
-  if (p->maps != NULL) p->maps->prev = m;
-  p->maps = m;
-  ++p->nmaps;
-  ++r->nmapped;
-  ++t->nmappings;
-  gmr__stat_increase(&t->st.mappings, 1);
-  return 0;
-}
-
 int st_unmap_range(stitch_t *t, st_range_t *r) {
   st_unpark(t, r);
   for (uint32_t j = r->nslots; j > 0 && r->nmapped > 0; --j) {
-    if (r->maps[j - 1].r == NULL) continue; /* a slot left empty by a failed repair */
+    if (r->maps[j - 1].r == NULL) continue; /* unmapped by an earlier failed attempt */
     int err = st_slot_unmap(t, r, j - 1);
     if (err != 0) {
       /* Keep the slots still mapped on record; the range is never used again. */

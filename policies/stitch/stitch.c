@@ -4,9 +4,10 @@
  * Allocation of `size` bytes on stream s:
  *   size <= small_size: the small pool (small.c);
  *   otherwise len = size rounded up to G, then
- *   1. cache: a CACHED range of exactly len whose spans are free and usable
- *      by s (stream stamps complete, dead gap <= tau): take it, no device
- *      call;
+ *   1. cache: the oldest CACHED range of exactly len whose spans are free
+ *      (or parked under other cached ranges) and usable by s (stream stamps
+ *      complete, dead gap <= tau): take it, no device call (ranges.c says
+ *      why the oldest);
  *   2. stitch: k = len / P whole FREE pages and, for r = len mod P > 0, the
  *      open slot of a PARTIAL page with the smallest fit whose gap would be
  *      <= tau (a head slot: the block starts at P - r of that page; a tail

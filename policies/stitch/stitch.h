@@ -364,10 +364,8 @@ void st_range_destroy(stitch_t *t, st_range_t *r);
 /* Map pages[0..n) at a fresh address range as one transaction: on failure
  * everything done is undone (no mapping record, no VA, pages untouched). */
 int st_map_range(stitch_t *t, st_range_t *r);
-/* One slot: unmap it, or map page at it with access (undone on failure);
- * an unmapped slot has maps[j].r == NULL. */
+/* Unmap one slot; an unmapped slot has maps[j].r == NULL. */
 int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
-int st_slot_map(stitch_t *t, st_range_t *r, uint32_t j, uint32_t page);
 /* Unmap every mapped slot of a range, give back its VA and free it. */
 int st_unmap_range(stitch_t *t, st_range_t *r);
 
