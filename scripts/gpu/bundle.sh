@@ -18,6 +18,11 @@ done
 if [ -f "$b/tools/.libs/gmr-compare" ]; then cp "$b/tools/.libs/gmr-compare" "$dest/bin/"; else
   cp "$b/tools/gmr-compare" "$dest/bin/"
 fi
+# The CUDA backend's test (tests/cuda: caching, expandable segments, bfc and
+# stitch on the device), linked with libgmr.so.
+if [ -f "$b/tests/.libs/cuda" ]; then cp "$b/tests/.libs/cuda" "$dest/bin/gmr-cuda-test"; else
+  cp "$b/tests/cuda" "$dest/bin/gmr-cuda-test"
+fi
 # The shared cap's process tests and its benchmark (linked statically with gmr).
 cp "$b/tests/shared-cap" "$dest/bin/gmr-shared-cap-test"
 cp "$b/tests/shared-cap-bench" "$dest/bin/gmr-shared-cap-bench"
