@@ -32,6 +32,9 @@ mkdir -p "$dest/include"
 cp "$src"/include/*.h "$dest/include/"
 cp "$src"/config/*.yaml "$dest/config/"
 cp -r "$src/scripts/gpu" "$dest/scripts/"
+# PyTorch's allocator for gmr-bench --torch, built on the GPU host (bench-all).
+mkdir -p "$dest/tools"
+cp "$src/tools/bench-torch.sh" "$src/tools/bench-torch.cpp" "$dest/tools/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 # The gmr-runtime wheel, when `make wheel` made one: scripts/gpu/wheel.sh tests it.
 for w in "$b"/dist/gmr_runtime-*.whl; do

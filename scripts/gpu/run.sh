@@ -21,6 +21,11 @@
 #                        (stitch_alias.cu), bandwidth and SGEMM on stitched
 #                        pages against cudaMalloc (stitch_bw.cu)
 #   bench                host cost of an allocation + free through torch, native vs gmr
+#   bench-all            gmr-bench with every contender, threads pinned (the
+#                        H200 run of docs/benchmarks.md): PyTorch's own allocator
+#                        (its shim built here), cudaMallocAsync, cudaMalloc and
+#                        gmr's caching and bfc (pair, random, sweep), stitch (pair)
+#   cuda-test            tests/cuda (the backend and the policies on the device)
 #   bench-miss           the stitch policy's cache misses on the device: microseconds
 #                        per miss by pages mapped (gmr-bench --workloads miss)
 #   compare              bit-exact losses and step times of the gpt2 runs
@@ -108,6 +113,22 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     phase "host cost of torch.empty(1 MiB) + del: PyTorch's allocator, then gmr caching"
     timeout 120 python3 "$here/alloc_bench.py" native || status=1
     timeout 120 python3 "$here/alloc_bench.py" gmr "$dir/config/pytorch.yaml" || status=1
+    ;;
+  bench-all)
+    phase "gmr-bench: every contender, pinned, median of ${REPS:-7}"
+    shim="$results/libgmr-bench-torch.so"
+    sh "$dir/tools/bench-torch.sh" "$shim" python3 || status=1
+    timeout 480 "$dir/bin/gmr-bench" --device cuda --pin --reps "${REPS:-7}" --min-time 20 \
+      --threads 1,2,4,8,16 --workloads pair,random,sweep --torch "$shim" \
+      --json-file "$results/bench-all.json" "$dir/config/pytorch.yaml" \
+      "$dir/config/tf-greedy.yaml" || status=1
+    timeout 120 "$dir/bin/gmr-bench" --device cuda --pin --reps "${REPS:-7}" --min-time 20 \
+      --threads 1,2,4,8,16 --workloads pair --no-baselines \
+      --json-file "$results/bench-stitch.json" "$dir/config/stitch.yaml" || status=1
+    ;;
+  cuda-test)
+    phase "tests/cuda on the device"
+    timeout 300 "$dir/bin/gmr-cuda-test" || status=1
     ;;
   bench-miss)
     phase "stitch: microseconds per cache miss by pages mapped (gmr-bench --device cuda)"
