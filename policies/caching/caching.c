@@ -68,56 +68,61 @@
 
 /* ---- treaps ---------------------------------------------------------------------
  * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
- * never changes while it is in a tree. */
+ * never changes while it is in a tree, except in place where its order among
+ * its neighbours stays (cache_alloc_found, cache_merge_in_place).  Nodes
+ * link to their parent, so an erase needs no search: the node is rotated
+ * down below its children (heap order: prio(parent) >= prio(child)) until
+ * it has at most one and is spliced out, an expected < 2 rotations; an
+ * insert descends by key to a leaf and rotates up while its priority
+ * passes its parent's (also < 2 expected).  Neighbours in key order are
+ * found from the node itself (treap_successor). */
 
-static cache_block_t *treap_join(cache_block_t *l, cache_block_t *r) {
-  if (l == NULL) return r;
-  if (r == NULL) return l;
-  if (l->prio > r->prio) {
-    l->right = treap_join(l->right, r);
-    return l;
-  }
-  r->left = treap_join(l, r->left);
-  return r;
-}
-
-/* Split t into keys < (size, ptr) and keys >= (size, ptr). */
-static void treap_split(cache_block_t *t, size_t size, uintptr_t ptr, bool by_addr,
-                        cache_block_t **l, cache_block_t **r) {
-  if (t == NULL) {
-    *l = *r = NULL;
-  } else if (cache_less(t, size, ptr, by_addr)) {
-    treap_split(t->right, size, ptr, by_addr, &t->right, r);
-    *l = t;
+/* Rotate x above its parent p (x keeps its key order: p becomes x's child). */
+static inline void treap_rotate_up(cache_block_t **root, cache_block_t *x) {
+  cache_block_t *p = x->parent, *g = p->parent;
+  if (p->left == x) {
+    p->left = x->right;
+    if (x->right) x->right->parent = p;
+    x->right = p;
   } else {
-    treap_split(t->left, size, ptr, by_addr, l, &t->left);
-    *r = t;
+    p->right = x->left;
+    if (x->left) x->left->parent = p;
+    x->left = p;
   }
+  p->parent = x;
+  x->parent = g;
+  if (g == NULL)
+    *root = x;
+  else if (g->left == p)
+    g->left = x;
+  else
+    g->right = x;
 }
 
-static cache_block_t *treap_insert(cache_block_t *t, cache_block_t *n, bool by_addr) {
-  if (t == NULL) {
-    n->left = n->right = NULL;
-    return n;
+static void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
+  cache_block_t *parent = NULL, **link = root;
+  while (*link != NULL) {
+    parent = *link;
+    link = cache_less(n, parent->size, parent->ptr, by_addr) ? &parent->left : &parent->right;
   }
-  if (n->prio > t->prio) {
-    treap_split(t, n->size, n->ptr, by_addr, &n->left, &n->right);
-    return n;
-  }
-  if (cache_less(n, t->size, t->ptr, by_addr))
-    t->left = treap_insert(t->left, n, by_addr);
-  else
-    t->right = treap_insert(t->right, n, by_addr);
-  return t;
+  n->left = n->right = NULL;
+  n->parent = parent;
+  *link = n;
+  while (n->parent != NULL && n->prio > n->parent->prio)
+    treap_rotate_up(root, n);
 }
 
-static cache_block_t *treap_erase(cache_block_t *t, cache_block_t *n, bool by_addr) {
-  if (t == n) return treap_join(n->left, n->right);
-  if (cache_less(n, t->size, t->ptr, by_addr))
-    t->left = treap_erase(t->left, n, by_addr);
+static void treap_erase(cache_block_t **root, cache_block_t *n) {
+  while (n->left != NULL && n->right != NULL)
+    treap_rotate_up(root, n->left->prio > n->right->prio ? n->left : n->right);
+  cache_block_t *child = n->left != NULL ? n->left : n->right, *parent = n->parent;
+  if (child != NULL) child->parent = parent;
+  if (parent == NULL)
+    *root = child;
+  else if (parent->left == n)
+    parent->left = child;
   else
-    t->right = treap_erase(t->right, n, by_addr);
-  return t;
+    parent->right = child;
 }
 
 /* The first block whose key is >= (size, ptr), or NULL. */
@@ -152,24 +157,17 @@ static inline cache_block_t *treap_fit(cache_block_t *t, size_t size, cache_bloc
   return best;
 }
 
-/* The block after `n` (in the free tree t) in (size, ptr) order, or NULL. */
-static inline cache_block_t *treap_successor(cache_block_t *t, const cache_block_t *n) {
+/* The block after `n` in its tree's order, or NULL. */
+static inline cache_block_t *treap_successor(const cache_block_t *n) {
   if (n->right != NULL) {
     cache_block_t *m = n->right;
     while (m->left != NULL)
       m = m->left;
     return m;
   }
-  cache_block_t *after = NULL;
-  while (t != n) {
-    if (cache_less(n, t->size, t->ptr, false)) {
-      after = t;
-      t = t->left;
-    } else {
-      t = t->right;
-    }
-  }
-  return after;
+  while (n->parent != NULL && n->parent->right == n)
+    n = n->parent;
+  return n->parent;
 }
 
 static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
@@ -188,25 +186,25 @@ static inline uint32_t cache_prio(cache_stream_t *cs) {
 static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
   b->gc_count_base = c->gc_clock[p->is_small];
   b->prio = cache_prio(p->stream);
-  p->blocks = treap_insert(p->blocks, b, false);
+  treap_insert(&p->blocks, b, false);
   b->in_tree = true;
   ++p->n_blocks;
 }
 
 static void pool_erase(cache_pool_t *p, cache_block_t *b) {
-  p->blocks = treap_erase(p->blocks, b, false);
+  treap_erase(&p->blocks, b);
   b->in_tree = false;
   --p->n_blocks;
 }
 
 static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
   b->prio = cache_prio(p->stream);
-  p->unmapped = treap_insert(p->unmapped, b, true);
+  treap_insert(&p->unmapped, b, true);
   b->in_tree = true;
 }
 
 static void unmapped_erase(cache_pool_t *p, cache_block_t *b) {
-  p->unmapped = treap_erase(p->unmapped, b, true);
+  treap_erase(&p->unmapped, b);
   b->in_tree = false;
 }
 
@@ -563,7 +561,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
   cache_pool_t *p = host->pool;
-  cache_block_t *succ = treap_successor(p->blocks, host);
+  cache_block_t *succ = treap_successor(host);
   if (succ != NULL && !(size < succ->size || (size == succ->size && ptr < succ->ptr))) return NULL;
   *subsumed = host->size;
   if (mn) { /* [b host] */

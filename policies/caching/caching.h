@@ -80,6 +80,7 @@ struct cache_block_s {
   cache_seg_t *seg;            /* the segment it is part of */
   cache_block_t *prev, *next;  /* neighbours in the segment, by address */
   cache_block_t *left, *right; /* treap children while in a free or unmapped tree */
+  cache_block_t *parent;       /* treap parent (NULL: the root) while in a tree */
   uint32_t prio;               /* treap priority */
   bool allocated;              /* handed to the user */
   bool mapped;                 /* false only for unmapped expandable ranges */

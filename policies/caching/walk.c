@@ -96,7 +96,8 @@ static size_t treap_check(cache_block_t *t, bool by_addr, const cache_block_t *l
   if (t == NULL) return 0;
   if ((lo && !cache_less(lo, t->size, t->ptr, by_addr)) ||
       (hi && !cache_less(t, hi->size, hi->ptr, by_addr)) || !t->in_tree ||
-      (t->left && t->left->prio > t->prio) || (t->right && t->right->prio > t->prio))
+      (t->left && (t->left->prio > t->prio || t->left->parent != t)) ||
+      (t->right && (t->right->prio > t->prio || t->right->parent != t)))
     *ok = false;
   return 1 + treap_check(t->left, by_addr, lo, t, ok) + treap_check(t->right, by_addr, t, hi, ok);
 }
@@ -153,6 +154,8 @@ int gmr__cache_check_locked(gmr_policy_t *self) {
     for (int k = 0; k < 2; ++k) {
       cache_pool_t *p = &c->streams[i]->pools[k];
       bool ok = true;
+      ok = (p->blocks == NULL || p->blocks->parent == NULL) &&
+           (p->unmapped == NULL || p->unmapped->parent == NULL);
       size_t n = treap_check(p->blocks, false, NULL, NULL, &ok);
       CHECK(ok && n == p->n_blocks, "the free tree of a pool is out of order or miscounted");
       in_trees += n;
