@@ -261,7 +261,7 @@ static void cache_recycle(cache_block_t *b) {
  * nanoseconds; a waiter yields the processor after a short spin, so a global
  * path that holds every stream lock through a device call costs waiters
  * little. */
-static inline void cache_spin_lock(_Atomic int *l) {
+static void cache_spin_wait(_Atomic int *l) {
   for (unsigned n = 0;;) {
     if (!atomic_exchange_explicit(l, 1, memory_order_acquire)) return;
     while (atomic_load_explicit(l, memory_order_relaxed)) {
@@ -275,6 +275,11 @@ static inline void cache_spin_lock(_Atomic int *l) {
       }
     }
   }
+}
+
+static inline void cache_spin_lock(_Atomic int *l) {
+  if (GMR_LIKELY(!atomic_exchange_explicit(l, 1, memory_order_acquire))) return;
+  cache_spin_wait(l);
 }
 
 static inline void cache_spin_unlock(_Atomic int *l) {
@@ -332,13 +337,31 @@ nomem:
 }
 
 /* The global path: glock, then every stream's lock in creation order; the
- * fast paths' stat deltas are folded in first. */
+ * fast paths' stat deltas are folded in first.  cache_lock_all then applies
+ * every stream's deferred free (see "The deferred free"), so the global
+ * path sees the state PyTorch would have; the check alone looks at the
+ * state as it stands (a deferred block is still allocated there, and every
+ * invariant holds). */
+typedef struct cache_journal_s cache_journal_t;
 static void cache_fold(cache_t *c);
-static void cache_lock_all(cache_t *c) {
+static void cache_lock_all_as_is(cache_t *c) {
   pthread_mutex_lock(&c->glock);
   for (size_t i = 0; i < c->n_streams; ++i)
     cache_spin_lock(&c->streams[i]->lock);
   cache_fold(c);
+}
+
+static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j);
+static void cache_lock_all(cache_t *c) {
+  cache_lock_all_as_is(c);
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    cache_block_t *b = cs->deferred;
+    if (b == NULL) continue;
+    cs->deferred = NULL;
+    cache_free_locked(c, b, NULL);
+    cache_sync_all(&c->st);
+  }
 }
 
 static void cache_unlock_all(cache_t *c) {
@@ -355,14 +378,14 @@ static void cache_unlock_all(cache_t *c) {
  * array.  A stat changes at most once per op, so a journal gives the same
  * peaks as direct updates. */
 
-typedef struct cache_journal_s {
+struct cache_journal_s {
   int n;
   struct {
     gmr_stat_t *stat; /* into cache_t.st */
     int t;
     int64_t d; /* > 0: increase; < 0: decrease */
-  } e[16];
-} cache_journal_t;
+  } e[24];     /* an op journals at most 16 changes (a take-back) */
+};
 
 static inline void cache_apply(gmr_stat_t *a, int t, int64_t d) {
   if (t < 0 && d > 0)
@@ -410,9 +433,13 @@ static inline void cache_delta_one(gmr_stat_t *x, int64_t d) {
 }
 
 /* A fast path that is about to change statistics: NULL when it may change
- * the policy's figures directly (it then holds slock until cache_commit),
- * else the journal to fill.  Caller holds cs->lock. */
-static cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
+ * the policy's figures directly, else the journal to fill.  Caller holds
+ * cs->lock.  With one stream that lock excludes every other path that
+ * touches the figures (fast paths hold a stream's lock, the global path
+ * all of them, and n_streams changes only there), so the figures are the
+ * caller's; with more, it takes slock, held until cache_commit. */
+static inline cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
+  if (GMR_LIKELY(c->n_streams == 1)) return NULL;
   j->n = 0;
   if (!atomic_load_explicit(&c->sharded, memory_order_relaxed)) {
     if (!atomic_flag_test_and_set_explicit(&c->slock, memory_order_acquire)) return NULL;
@@ -422,11 +449,16 @@ static cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
 }
 
 /* Release slock, or keep the journal in the stream's delta. */
-static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
-  if (j == NULL) {
-    atomic_flag_clear_explicit(&c->slock, memory_order_release);
+static void cache_keep(cache_t *c, cache_stream_t *cs, const cache_journal_t *j);
+static inline void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
+  if (GMR_LIKELY(j == NULL)) {
+    if (c->n_streams != 1) atomic_flag_clear_explicit(&c->slock, memory_order_release);
     return;
   }
+  cache_keep(c, cs, j);
+}
+
+static void cache_keep(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
   for (int i = 0; i < j->n; ++i) {
     gmr_stat_t *a = (gmr_stat_t *)((char *)&cs->delta + ((char *)j->e[i].stat - (char *)&c->st));
     cache_delta_one(&a[j->e[i].t >= 0 ? j->e[i].t : 0], j->e[i].d); /* aggregates: synced */
@@ -436,9 +468,30 @@ static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *
 
 /* Fold every stream's delta into the figures, then write the aggregates
  * (cache_sync_all); global path only. */
+static void cache_fold_backs(cache_t *c, cache_stream_t *cs) {
+  cache_stats_t *st = &c->st;
+  for (int i = 0; i < 2; ++i) {
+    cache_back_t *k = &cs->pools[i].back;
+    int t = cache_stat_type(&cs->pools[i]);
+    gmr_stat_t *both[] = {&st->allocation[t],           &st->active[t],
+                          &st->allocated_bytes[t],      &st->active_bytes[t],
+                          &st->requested_bytes[t],      &st->inactive_split[t],
+                          &st->inactive_split_bytes[t], &st->oversize_allocations};
+    int64_t by[] = {k->n,         k->n,      k->bytes,        k->bytes,
+                    k->requested, k->isplit, k->isplit_bytes, k->oversize};
+    for (size_t m = 0; m < sizeof by / sizeof by[0]; ++m) {
+      both[m]->allocated += by[m];
+      both[m]->freed += by[m];
+    }
+    *k = (cache_back_t){0, 0, 0, 0, 0, 0};
+  }
+  cs->backed = false;
+}
+
 static void cache_fold(cache_t *c) {
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
+    if (cs->backed) cache_fold_backs(c, cs);
     if (!cs->dirty) continue;
     gmr_stat_t *dst = (gmr_stat_t *)&c->st, *src = (gmr_stat_t *)&cs->delta;
     for (int k = 0; k < CACHE_N_STATS; ++k) {
@@ -467,6 +520,7 @@ static size_t cache_next_division(size_t size, uint32_t divisions) {
 
 /* round_size */
 static inline size_t cache_round_size(const cache_t *c, size_t size) {
+  if (GMR_LIKELY(!c->divisions)) return gmr__align_up(size, CACHE_MIN_BLOCK); /* size >= 1 */
   if (size < CACHE_MIN_BLOCK) return CACHE_MIN_BLOCK;
   int lg = 63 - __builtin_clzll((unsigned long long)size);
   int idx = lg > 20 ? lg - 20 : 0;
@@ -1179,43 +1233,223 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
   return 0;
 }
 
-/* The fast path serves a cached block of the stream under its lock alone;
- * anything else (no fitting block, events pending, a new stream, GC on)
- * takes the global path, which runs the search again: a failed search
- * changes nothing, so the answers are PyTorch's either way. */
-static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
-  cache_t *c = (cache_t *)self;
-  cache_stream_t *cs;
-  if (GMR_LIKELY(!c->global_only &&
-                 atomic_load_explicit(&c->n_pending, memory_order_acquire) == 0 &&
-                 (cs = cache_stream_find(c, s)) != NULL)) {
-    cache_spin_lock(&cs->lock);
-    if (GMR_LIKELY(cs->n_spare >= 1 || cache_records_reserve(cs, 4) == 0)) {
-      size_t size = cache_round_size(c, orig);
-      cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
-      cache_block_t *pred;
-      cache_block_t *b = cache_find_free_block(c, p, size, &pred);
-      if (GMR_LIKELY(b != NULL)) {
-        cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-        bool split = cache_should_split(c, b, size);
-        if (GMR_LIKELY(j == NULL))
-          b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
-        else
-          b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
-        cache_commit(c, cs, j);
-        cache_spin_unlock(&cs->lock);
-        *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
-        gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
-        return 0;
-      }
-    }
-    cache_spin_unlock(&cs->lock);
+/* ---- the deferred free ---------------------------------------------------------------
+ * A fast free is not applied at once: the block waits in its stream's
+ * `deferred` slot, still allocated as far as the policy's structures and
+ * figures go (the runtime's map no longer has it, so nobody can free it
+ * again), until the stream's next operation; every global path applies
+ * every stream's first (cache_lock_all).  So a free is applied before
+ * anything else can see or change its stream's pools, in PyTorch's order.
+ * When that next operation is an allocation that PyTorch would serve with
+ * this very block (its free merges it into M with the free block after it,
+ * or with nothing; M is the best fit, and the split gives back the block's
+ * extent), PyTorch's free and malloc together change no block, no tree and
+ * no current figure but requested_bytes: the allocation takes the block
+ * back, and only the figures' totals (and a peak the free raised) move.  A
+ * take-back is PyTorch's malloc, not an approximation of it. */
+
+/* A stat that goes up by n and down again: the rise may be a new peak. */
+static CACHE_HOT void cache_bump(cache_journal_t *j, gmr_stat_t *a, int t, int64_t n) {
+  if (GMR_LIKELY(j == NULL)) {
+    cache_inc(a, t, n);
+    cache_dec(a, t, n);
+  } else {
+    cache_add(j, a, t, n);
+    cache_add(j, a, t, -n);
   }
+}
+
+/* The figures of a take-back of d that change now (see
+ * cache_take_back_figures): the rise of a split block's inactive bytes
+ * (and count, when d stands alone), a new request. */
+static void cache_take_back_live(cache_t *c, cache_stream_t *cs, const cache_block_t *d, bool mn,
+                                 bool msplit, size_t orig) {
+  int t = cache_stat_type(d->pool);
+  cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+  if (msplit) {
+    if (!mn) cache_bump(j, c->st.inactive_split, t, 1);
+    cache_bump(j, c->st.inactive_split_bytes, t, (int64_t)d->size);
+  }
+  if (orig != d->requested) {
+    cache_down(j, c->st.requested_bytes, t, (int64_t)d->requested);
+    cache_up(j, c->st.requested_bytes, t, (int64_t)orig);
+  }
+  cache_commit(c, cs, j);
+}
+
+/* The figures of a take-back: those of PyTorch's free of d
+ * (cache_free_locked, cache_free_block) and of its malloc of M
+ * (cache_alloc_found), nothing else.  mn: d's successor n merges; M is
+ * split when it has a neighbour.  Every figure goes down and up by the same
+ * amount, or up and down (the free's rise of a split M's inactive bytes),
+ * but requested_bytes when the request differs: the totals go to the
+ * pool's `back` (counted at the next global path), and only a rise or a new
+ * request touches the figures now. */
+static CACHE_HOT void cache_take_back_figures(cache_t *c, cache_stream_t *cs, cache_block_t *d,
+                                              bool mn, size_t orig) {
+  const cache_block_t *n = d->next;
+  bool msplit = d->prev != NULL || (mn ? n->next : n) != NULL;
+  cache_back_t *k = &d->pool->back;
+  cs->backed = true;
+  k->n += 1;
+  k->bytes += (int64_t)d->size;
+  if (GMR_UNLIKELY(d->size >= c->conf.max_split_size)) k->oversize += 1;
+  if (mn && !msplit) {
+    /* M is a whole segment: the free ends n's split, the split makes it again. */
+    k->isplit += 1;
+    k->isplit_bytes += (int64_t)n->size;
+  }
+  if (GMR_LIKELY(orig == d->requested)) {
+    k->requested += (int64_t)orig;
+    if (GMR_LIKELY(!msplit)) return;
+  }
+  cache_take_back_live(c, cs, d, mn, msplit, orig);
+}
+
+/* Without expandable segments (the take-back is off with them) every block
+ * is mapped, and a block that is not allocated has no recorded streams:
+ * cache_mergeable(any, x) is this. */
+static inline bool cache_free_now(const cache_block_t *x) {
+  gmr_assert_internal(x == NULL || x->allocated || (x->mapped && x->n_uses == 0));
+  return x != NULL && !x->allocated && x->event_count == 0;
+}
+
+/* The block before `n` in its tree's order, or NULL. */
+static inline cache_block_t *treap_predecessor(const cache_block_t *n) {
+  if (n->left != NULL) {
+    cache_block_t *m = n->left;
+    while (m->right != NULL)
+      m = m->right;
+    return m;
+  }
+  while (n->parent != NULL && n->parent->left == n)
+    n = n->parent;
+  return n->parent;
+}
+
+/* Would PyTorch serve an allocation of `size` (rounded) bytes with the
+ * deferred block d, d's free applied first?  Its free merges d with its
+ * free neighbours into M; its malloc takes the best fit for `size` and
+ * splits it.  The answer is d itself, with d's extent, iff:
+ *   `size` is for d's pool, and d's predecessor does not merge (else M
+ *   starts below d);
+ *   M is d and its successor n when n merges (then the split must be made
+ *   and size == |d|), else d alone (then no split, and size <= |d|);
+ *   M passes max_split_size's tests, and no other free block of the pool
+ *   has a key in [(size, 0), (|M|, d->ptr)).
+ * *mn: n merges.  Caller holds the stream's lock. */
+static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d, size_t size,
+                                       bool *mn) {
+  const cache_pool_t *p = d->pool;
+  if ((size <= CACHE_SMALL_SIZE) != p->is_small || cache_free_now(d->prev)) return false;
+  const cache_block_t *n = d->next;
+  size_t mss = c->conf.max_split_size;
+  if ((*mn = cache_free_now(n))) {
+    size_t m = size + n->size;
+    /* should_split: a small block's rest is >= 512 bytes, as every block. */
+    if (size != d->size || (!p->is_small && !(size < mss && n->size > CACHE_SMALL_SIZE)))
+      return false;
+    if (size < mss ? m >= mss : m >= size + c->conf.max_non_split_rounding) return false;
+    const cache_block_t *f;
+    if (n->size >= size) {
+      /* n is in [(size, 0), M): nothing else may be, before or after it. */
+      f = treap_predecessor(n);
+      if (f != NULL && f->size >= size) return false;
+      f = treap_successor(n);
+    } else {
+      cache_block_t *pred;
+      f = treap_fit(p->blocks, size, &pred);
+    }
+    return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
+  }
+  size_t m = d->size;
+  if (size > m || (p->is_small ? m - size >= CACHE_MIN_BLOCK
+                               : size < mss && m - size > CACHE_SMALL_SIZE)) /* should_split */
+    return false;
+  if (size < mss ? m >= mss : m >= size + c->conf.max_non_split_rounding) return false;
+  cache_block_t *pred, *f = treap_fit(p->blocks, size, &pred);
+  return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
+}
+
+/* Apply the deferred free of b now (fast path: cs->lock held). */
+static void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
+  cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+  if (GMR_LIKELY(j == NULL))
+    cache_free_locked(c, b, NULL);
+  else
+    cache_free_locked(c, b, j);
+  cache_commit(c, cs, j);
+}
+
+/* ---- the ops' alloc and free ---------------------------------------------------------- */
+
+static int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   cache_lock_all(c);
   int err = cache_alloc_global(c, orig, s, out);
   cache_unlock_all(c);
-  gmr_assert_expensive(err != 0 || self->ops->check(self) != GMR_EINVAL);
+  gmr_assert_expensive(err != 0 || c->base.ops->check(&c->base) != GMR_EINVAL);
   return err;
+}
+
+/* The fast path without a take-back: the deferred free applied, a block of
+ * the free tree; else the global path.  cs->lock held, released here. */
+static int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size, size_t orig,
+                              gmr_stream_t s, gmr_block_t *out) {
+  cache_block_t *b = cs->deferred;
+  if (b != NULL) {
+    cs->deferred = NULL;
+    cache_free_apply(c, cs, b);
+  }
+  if (GMR_UNLIKELY(cs->n_spare == 0) && cache_records_reserve(cs, 4) != 0) goto slow;
+  cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
+  cache_block_t *pred;
+  b = cache_find_free_block(c, p, size, &pred);
+  if (GMR_UNLIKELY(b == NULL)) goto slow;
+  bool split = cache_should_split(c, b, size);
+  cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+  if (GMR_LIKELY(j == NULL))
+    b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
+  else
+    b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
+  cache_commit(c, cs, j);
+  cache_spin_unlock(&cs->lock);
+  out->ptr = (void *)b->ptr; /* requested and stream: the runtime's */
+  out->size = b->size;
+  out->handle = b;
+  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
+slow:
+  cache_spin_unlock(&cs->lock);
+  return cache_alloc_slow(c, orig, s, out);
+}
+
+/* The fast path serves a cached block of the stream under its lock alone:
+ * the deferred block taken back, or a block of the free tree; anything else
+ * (no fitting block, events pending, a new stream, GC on) takes the global
+ * path, which runs the search again: a failed search changes nothing, so
+ * the answers are PyTorch's either way. */
+static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stream_t *cs;
+  if (GMR_UNLIKELY(c->global_only ||
+                   atomic_load_explicit(&c->n_pending, memory_order_acquire) != 0 ||
+                   (cs = cache_stream_find(c, s)) == NULL))
+    return cache_alloc_slow(c, orig, s, out);
+  cache_spin_lock(&cs->lock);
+  size_t size = cache_round_size(c, orig);
+  cache_block_t *d = cs->deferred;
+  bool mn;
+  if (d == NULL || !cache_takes_back(c, d, size, &mn))
+    return cache_alloc_cached(c, cs, size, orig, s, out);
+  cs->deferred = NULL;
+  cache_take_back_figures(c, cs, d, mn, orig);
+  d->requested = orig;
+  cache_spin_unlock(&cs->lock);
+  out->ptr = (void *)d->ptr;
+  out->size = d->size;
+  out->handle = d;
+  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
 }
 
 /* free(); j NULL on the global path. */
@@ -1231,18 +1465,15 @@ static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_jour
     cache_free_block(c, b, j);
 }
 
-static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
-  cache_t *c = (cache_t *)self;
-  cache_block_t *b = blk->handle;
-  cache_stream_t *cs = b->pool->stream;
-  cache_spin_lock(&cs->lock);
+/* The rest of cache_free: cs->lock held, released here. */
+static int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   if (GMR_LIKELY(b->n_uses == 0)) {
-    cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-    if (GMR_LIKELY(j == NULL))
-      cache_free_locked(c, b, NULL);
-    else
-      cache_free_locked(c, b, j);
-    cache_commit(c, cs, j);
+    if (GMR_LIKELY(c->defer)) {
+      cache_block_t *earlier = cs->deferred; /* applied first: PyTorch's order */
+      cs->deferred = b;
+      b = earlier;
+    }
+    if (b != NULL) cache_free_apply(c, cs, b);
     cache_spin_unlock(&cs->lock);
   } else {
     /* Events: the global path (record_stream changed n_uses under it). */
@@ -1251,6 +1482,19 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
     cache_free_locked(c, b, NULL);
     cache_unlock_all(c);
   }
+  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
+}
+
+static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  cache_t *c = (cache_t *)self;
+  cache_block_t *b = blk->handle;
+  cache_stream_t *cs = b->pool->stream;
+  cache_spin_lock(&cs->lock);
+  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || cs->deferred != NULL))
+    return cache_free_rest(c, cs, b);
+  cs->deferred = b;
+  cache_spin_unlock(&cs->lock);
   gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
@@ -1363,6 +1607,9 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
     c->conf.expandable = false;
   }
   c->global_only = c->fraction_set && c->conf.gc_threshold > 0;
+  c->defer = !c->global_only && !c->conf.expandable;
+  for (int i = 0; i < CACHE_DIV_BUCKETS; ++i)
+    if (c->conf.div[i] > 1) c->divisions = true;
   if (c->conf.expandable &&
       (c->conf.large_segment % be->granularity != 0 || CACHE_SMALL_BUFFER % be->granularity != 0)) {
     cache_destroy(&c->base);
@@ -1438,7 +1685,7 @@ static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
 }
 
 static int cache_check(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
+  cache_lock_all_as_is((cache_t *)self);
   int err = gmr__cache_check_locked(self);
   cache_unlock_all((cache_t *)self);
   return err;

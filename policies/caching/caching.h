@@ -91,12 +91,22 @@ struct cache_block_s {
   int64_t gc_count_base;       /* the pool's GC clock when it became free */
 };
 
+/* What take-backs (caching.c, "The deferred free") add to the figures'
+ * totals, kept per stream and pool until the next global path counts it:
+ * each of them added `n` to the allocated and freed totals of allocation
+ * and active, `bytes` to those of allocated_bytes and active_bytes, and so
+ * on; their current figures and peaks it left as they were. */
+typedef struct cache_back_s {
+  int64_t n, bytes, requested, isplit, isplit_bytes, oversize;
+} cache_back_t;
+
 struct cache_pool_s {
   cache_block_t *blocks;   /* treap of free mapped blocks by (size, ptr) */
   cache_block_t *unmapped; /* treap of unmapped expandable ranges by ptr */
   size_t n_blocks;         /* entries in `blocks` */
   cache_stream_t *stream;
   bool is_small;
+  cache_back_t back; /* take-backs not yet counted (the stream's lock) */
 };
 
 typedef struct cache_event_s {
@@ -134,7 +144,7 @@ typedef struct cache_stats_s {
 
 /* A stream: its pools, and what the fast path touches without the global
  * lock.  Synchronization: `lock` guards pools, the blocks of its segments,
- * spare records, prio_state and delta; ev_head/ev_tail are guarded by the
+ * spare records, prio_state, deferred, back and delta; ev_head/ev_tail are guarded by the
  * policy's glock; id is immutable. */
 struct cache_stream_s {
   char pad_front[64]; /* keeps streams off each other's cache lines */
@@ -144,7 +154,9 @@ struct cache_stream_s {
   cache_block_t *spare;  /* recycled block records, linked by `next` */
   size_t n_spare;
   uint64_t prio_state;              /* treap priorities (an LCG) */
+  cache_block_t *deferred;          /* a free not yet applied (caching.c, "The deferred free") */
   bool dirty;                       /* delta holds something */
+  bool backed;                      /* a pool's `back` holds something */
   cache_stats_t delta;              /* stat changes not yet folded into the policy's */
   cache_event_t *ev_head, *ev_tail; /* events recorded on this stream, FIFO (glock) */
   char pad_back[64];
@@ -175,6 +187,8 @@ typedef struct cache_s {
   cache_event_t *spare_ev;  /* recycled event records */
   _Atomic size_t n_pending; /* events recorded and not yet completed */
   bool global_only;         /* GC on: every alloc takes the global path */
+  bool defer;               /* fast frees wait for the stream's next op (not expandable, no GC) */
+  bool divisions;           /* some roundup_power2_divisions > 1 */
   pthread_mutex_t glock;    /* the global lock (see "Locking" above) */
   atomic_flag slock;        /* guards `st` for the fast path's commits (try only) */
   _Atomic bool sharded;     /* a commit found slock busy: fast paths keep deltas */
