@@ -65,9 +65,11 @@
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
-#define MAP_SHARDS     256 /* a power of two; 16 threads rarely share one */
-#define MAP_SHARD_BITS 8
-#define CACHE_LINE     64
+#define MAP_SHARDS      256 /* a power of two; 16 threads rarely share one */
+#define MAP_SHARD_BITS  8
+#define CACHE_LINE      64
+#define MAP_FIRST_SLOTS 8 /* a shard's first table (its first 4 entries): 256 of them cost 80 KiB  \
+                           */
 
 typedef struct map_shard_s {
   _Alignas(CACHE_LINE) gmr_lock_t lock; /* used only with concurrent policies */
@@ -136,7 +138,7 @@ static RUNTIME_INLINE gmr_block_t *map_find(map_shard_t *sh, const void *ptr, ui
 }
 
 static int map_grow(map_shard_t *sh) {
-  size_t cap = sh->slots != map_none ? (sh->mask + 1) * 2 : 64;
+  size_t cap = sh->slots != map_none ? (sh->mask + 1) * 2 : MAP_FIRST_SLOTS;
   gmr_block_t *slots = gmr__calloc(cap, sizeof *slots);
   if (slots == NULL) return GMR_ENOMEM;
   for (size_t i = 0; i <= sh->mask; ++i) {

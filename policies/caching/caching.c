@@ -61,9 +61,11 @@
 /* The hot path (a cached alloc and its free) is inlined whole into the ops,
  * once with direct statistics (j == NULL) and once with a journal. */
 #if defined(__GNUC__)
-#define CACHE_HOT inline __attribute__((always_inline))
+#define CACHE_HOT      inline __attribute__((always_inline))
+#define CACHE_NOINLINE __attribute__((noinline))
 #else
 #define CACHE_HOT inline
+#define CACHE_NOINLINE
 #endif
 
 /* ---- treaps ---------------------------------------------------------------------
@@ -170,6 +172,19 @@ static inline cache_block_t *treap_successor(const cache_block_t *n) {
   return n->parent;
 }
 
+/* The block before `n` in its tree's order, or NULL. */
+static inline cache_block_t *treap_predecessor(const cache_block_t *n) {
+  if (n->left != NULL) {
+    cache_block_t *m = n->left;
+    while (m->right != NULL)
+      m = m->right;
+    return m;
+  }
+  while (n->parent != NULL && n->parent->left == n)
+    n = n->parent;
+  return n->parent;
+}
+
 static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
   if (t == NULL) return n;
   n = treap_collect(t->left, v, n);
@@ -182,19 +197,83 @@ static inline uint32_t cache_prio(cache_stream_t *cs) {
   return (uint32_t)(cs->prio_state >> 33);
 }
 
+/* ---- a pool's bins (caching.h): the free tree in pieces ------------------------- */
+
 /* BlockPool::insert_into_blocks: stamps the GC clock. */
 static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
   b->gc_count_base = c->gc_clock[p->is_small];
   b->prio = cache_prio(p->stream);
-  treap_insert(&p->blocks, b, false);
+  unsigned k = cache_bin(p, b->size);
+  b->bin = (uint8_t)k;
+  treap_insert(&p->bins[k], b, false);
+  p->nonempty |= 1ull << k;
   b->in_tree = true;
   ++p->n_blocks;
 }
 
 static void pool_erase(cache_pool_t *p, cache_block_t *b) {
-  treap_erase(&p->blocks, b);
+  unsigned k = b->bin;
+  treap_erase(&p->bins[k], b);
+  if (p->bins[k] == NULL) p->nonempty &= ~(1ull << k);
   b->in_tree = false;
   --p->n_blocks;
+}
+
+static inline cache_block_t *treap_first(cache_block_t *t) {
+  while (t != NULL && t->left != NULL)
+    t = t->left;
+  return t;
+}
+
+static inline cache_block_t *treap_last(cache_block_t *t) {
+  while (t != NULL && t->right != NULL)
+    t = t->right;
+  return t;
+}
+
+/* The first block of the first bin at or after k, or NULL. */
+static inline cache_block_t *pool_first_from(const cache_pool_t *p, unsigned k) {
+  int b = cache_bin_next(p, k);
+  return b < 0 ? NULL : treap_first(p->bins[b]);
+}
+
+/* The first free block whose key is >= (size, ptr), or NULL. */
+static cache_block_t *pool_lower_bound(const cache_pool_t *p, size_t size, uintptr_t ptr) {
+  unsigned k = cache_bin(p, size);
+  cache_block_t *b = treap_lower_bound(p->bins[k], size, ptr, false);
+  return b != NULL ? b : pool_first_from(p, k + 1);
+}
+
+/* The best fit: the first free block whose key is >= (size, 0), and in
+ * *pred the block before it in its bin (NULL: the first of its bin), or
+ * NULL. */
+static inline cache_block_t *pool_fit(const cache_pool_t *p, size_t size, cache_block_t **pred) {
+  unsigned k = cache_bin(p, size);
+  cache_block_t *b = treap_fit(p->bins[k], size, pred);
+  if (GMR_LIKELY(b != NULL)) return b;
+  *pred = NULL;
+  return pool_first_from(p, k + 1);
+}
+
+/* The free blocks after and before n in the pool's order, or NULL. */
+static inline cache_block_t *pool_next(const cache_pool_t *p, const cache_block_t *n) {
+  cache_block_t *s = treap_successor(n);
+  return s != NULL ? s : pool_first_from(p, n->bin + 1u);
+}
+
+static inline cache_block_t *pool_prev(const cache_pool_t *p, const cache_block_t *n) {
+  cache_block_t *s = treap_predecessor(n);
+  if (s != NULL) return s;
+  int b = cache_bin_prev(p, (int)n->bin - 1);
+  return b < 0 ? NULL : treap_last(p->bins[b]);
+}
+
+/* Every free block of the pool in order into v from v[n] (p->n_blocks
+ * entries); returns n + p->n_blocks. */
+static size_t pool_collect(const cache_pool_t *p, cache_block_t **v, size_t n) {
+  for (int k = cache_bin_next(p, 0); k >= 0; k = cache_bin_next(p, (unsigned)k + 1))
+    n = treap_collect(p->bins[k], v, n);
+  return n;
 }
 
 static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
@@ -261,7 +340,7 @@ static void cache_recycle(cache_block_t *b) {
  * nanoseconds; a waiter yields the processor after a short spin, so a global
  * path that holds every stream lock through a device call costs waiters
  * little. */
-static void cache_spin_wait(_Atomic int *l) {
+static CACHE_NOINLINE void cache_spin_wait(_Atomic int *l) {
   for (unsigned n = 0;;) {
     if (!atomic_exchange_explicit(l, 1, memory_order_acquire)) return;
     while (atomic_load_explicit(l, memory_order_relaxed)) {
@@ -324,6 +403,10 @@ static cache_stream_t *cache_stream(cache_t *c, gmr_stream_t s) {
   for (int i = 0; i < 2; ++i) {
     cs->pools[i].stream = cs;
     cs->pools[i].is_small = i == 1;
+    cs->pools[i].base = i == 1 ? 9 : 20;
+    cs->pools[i].bin_off =
+        ((1023 + (int64_t)cs->pools[i].base) << CACHE_BIN_SUB) + (1 << CACHE_BIN_SUB) - 1;
+    cs->pools[i].floor = c->bin_floor[i];
   }
   c->streams[c->n_streams++] = cs;
   size_t i = cache_stab_home(s);
@@ -615,6 +698,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
   cache_pool_t *p = host->pool;
+  if (size >= p->floor[host->bin + 1]) return NULL; /* in its bin, its successor bounds it */
   cache_block_t *succ = treap_successor(host);
   if (succ != NULL && !(size < succ->size || (size == succ->size && ptr < succ->ptr))) return NULL;
   *subsumed = host->size;
@@ -941,7 +1025,7 @@ static int cache_release_pool(cache_t *c, cache_pool_t *p) {
   cache_block_t **v = gmr__malloc(p->n_blocks * sizeof *v);
   if (v == NULL)
     return gmr__error_set(GMR_ENOMEM, "caching: out of host memory to empty the cache");
-  size_t n = treap_collect(p->blocks, v, 0);
+  size_t n = pool_collect(p, v, 0);
   int err = 0;
   for (size_t i = 0; i < n && err == 0; ++i) {
     if (v[i]->seg->expandable || cache_is_split(v[i])) continue;
@@ -974,7 +1058,7 @@ static int cache_release_available(cache_t *c, cache_pool_t *p, size_t size, boo
   size_t mss = c->conf.max_split_size;
   if (mss == CACHE_UNLIMITED) return 0;
   size_t key = size < mss ? mss : size;
-  cache_block_t *b = treap_lower_bound(p->blocks, key, 0, false);
+  cache_block_t *b = pool_lower_bound(p, key, 0);
   if (b != NULL && !b->seg->expandable) {
     int err = cache_release_block(c, b);
     if (err == 0) *released = true;
@@ -983,7 +1067,7 @@ static int cache_release_available(cache_t *c, cache_pool_t *p, size_t size, boo
   if (p->n_blocks == 0) return 0;
   cache_block_t **v = gmr__malloc(p->n_blocks * sizeof *v);
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
-  size_t n = treap_collect(p->blocks, v, 0), total = 0;
+  size_t n = pool_collect(p, v, 0), total = 0;
   int err = 0;
   for (size_t i = n; i-- > 0 && total < key && err == 0;) {
     if (v[i]->size < mss) break;
@@ -1008,7 +1092,7 @@ static int cache_garbage_collect(cache_t *c) {
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
   n = 0;
   for (size_t i = 0; i < c->n_streams; ++i)
-    n = treap_collect(c->streams[i]->pools[0].blocks, v, n);
+    n = pool_collect(&c->streams[i]->pools[0], v, n);
   int64_t clock = c->gc_clock[0];
   for (size_t i = 0; i < n; ++i) {
     if (cache_is_split(v[i]) || v[i]->seg->expandable) continue;
@@ -1046,12 +1130,12 @@ static int cache_garbage_collect(cache_t *c) {
 static CACHE_HOT cache_block_t *cache_find_free_block(cache_t *c, cache_pool_t *p, size_t size,
                                                       cache_block_t **pred) {
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
-  cache_block_t *b = treap_fit(p->blocks, size, pred);
+  cache_block_t *b = pool_fit(p, size, pred);
   if (b == NULL) return NULL;
   if (b->seg->expandable) {
     /* Best fit by the size a block can grow to (its unmapped successor). */
     for (;;) {
-      cache_block_t *nx = treap_lower_bound(p->blocks, b->size, b->ptr + 1, false);
+      cache_block_t *nx = pool_next(p, b);
       if (nx == NULL) break;
       size_t es_b = b->size + (b->next && !b->next->mapped ? b->next->size : 0);
       size_t es_n = nx->size + (nx->next && !nx->next->mapped ? nx->next->size : 0);
@@ -1124,7 +1208,7 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
   if (in_tree) {
     size_t rest_size = b->size - size;
     uintptr_t rest_ptr = b->ptr + size;
-    bool keep = split && pred != b &&
+    bool keep = split && pred != b && rest_size >= p->floor[b->bin] &&
                 (pred == NULL || pred->size < rest_size ||
                  (pred->size == rest_size && pred->ptr < rest_ptr));
     if (!keep) pool_erase(p, b);
@@ -1262,8 +1346,9 @@ static CACHE_HOT void cache_bump(cache_journal_t *j, gmr_stat_t *a, int t, int64
 /* The figures of a take-back of d that change now (see
  * cache_take_back_figures): the rise of a split block's inactive bytes
  * (and count, when d stands alone), a new request. */
-static void cache_take_back_live(cache_t *c, cache_stream_t *cs, const cache_block_t *d, bool mn,
-                                 bool msplit, size_t orig) {
+static CACHE_NOINLINE void cache_take_back_live(cache_t *c, cache_stream_t *cs,
+                                                const cache_block_t *d, bool mn, bool msplit,
+                                                size_t orig) {
   int t = cache_stat_type(d->pool);
   cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
   if (msplit) {
@@ -1314,19 +1399,6 @@ static inline bool cache_free_now(const cache_block_t *x) {
   return x != NULL && !x->allocated && x->event_count == 0;
 }
 
-/* The block before `n` in its tree's order, or NULL. */
-static inline cache_block_t *treap_predecessor(const cache_block_t *n) {
-  if (n->left != NULL) {
-    cache_block_t *m = n->left;
-    while (m->right != NULL)
-      m = m->right;
-    return m;
-  }
-  while (n->parent != NULL && n->parent->left == n)
-    n = n->parent;
-  return n->parent;
-}
-
 /* Would PyTorch serve an allocation of `size` (rounded) bytes with the
  * deferred block d, d's free applied first?  Its free merges d with its
  * free neighbours into M; its malloc takes the best fit for `size` and
@@ -1353,12 +1425,12 @@ static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d,
     const cache_block_t *f;
     if (n->size >= size) {
       /* n is in [(size, 0), M): nothing else may be, before or after it. */
-      f = treap_predecessor(n);
+      f = pool_prev(p, n);
       if (f != NULL && f->size >= size) return false;
-      f = treap_successor(n);
+      f = pool_next(p, n);
     } else {
       cache_block_t *pred;
-      f = treap_fit(p->blocks, size, &pred);
+      f = pool_fit(p, size, &pred);
     }
     return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
   }
@@ -1367,7 +1439,7 @@ static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d,
                                : size < mss && m - size > CACHE_SMALL_SIZE)) /* should_split */
     return false;
   if (size < mss ? m >= mss : m >= size + c->conf.max_non_split_rounding) return false;
-  cache_block_t *pred, *f = treap_fit(p->blocks, size, &pred);
+  cache_block_t *pred, *f = pool_fit(p, size, &pred);
   return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
 }
 
@@ -1383,7 +1455,8 @@ static void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
 
 /* ---- the ops' alloc and free ---------------------------------------------------------- */
 
-static int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+static CACHE_NOINLINE int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t s,
+                                           gmr_block_t *out) {
   cache_lock_all(c);
   int err = cache_alloc_global(c, orig, s, out);
   cache_unlock_all(c);
@@ -1393,8 +1466,8 @@ static int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t
 
 /* The fast path without a take-back: the deferred free applied, a block of
  * the free tree; else the global path.  cs->lock held, released here. */
-static int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size, size_t orig,
-                              gmr_stream_t s, gmr_block_t *out) {
+static CACHE_NOINLINE int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size,
+                                             size_t orig, gmr_stream_t s, gmr_block_t *out) {
   cache_block_t *b = cs->deferred;
   if (b != NULL) {
     cs->deferred = NULL;
@@ -1466,7 +1539,7 @@ static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_jour
 }
 
 /* The rest of cache_free: cs->lock held, released here. */
-static int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
+static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   if (GMR_LIKELY(b->n_uses == 0)) {
     if (GMR_LIKELY(c->defer)) {
       cache_block_t *earlier = cs->deferred; /* applied first: PyTorch's order */
@@ -1522,6 +1595,19 @@ static int cache_trim_locked(gmr_policy_t *self) {
 }
 
 /* ---- create and destroy ------------------------------------------------------------------ */
+
+/* The smallest size of each bin of a pool whose bin 0 ends at 2^(base + 1)
+ * (cache_bin's inverse): floor[k] <= size < floor[k + 1] iff size is in
+ * bin k. */
+static void cache_bin_floors(unsigned base, size_t *floor) {
+  const unsigned per = 1u << CACHE_BIN_SUB;
+  floor[0] = 0;
+  for (unsigned k = 1; k < CACHE_BINS; ++k) {
+    unsigned raw = k + per - 1, e = base + (raw >> CACHE_BIN_SUB);
+    floor[k] = (size_t)(per + (raw & (per - 1))) << (e - CACHE_BIN_SUB);
+  }
+  floor[CACHE_BINS] = SIZE_MAX;
+}
 
 static void cache_destroy(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
@@ -1608,6 +1694,8 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
   }
   c->global_only = c->fraction_set && c->conf.gc_threshold > 0;
   c->defer = !c->global_only && !c->conf.expandable;
+  for (int i = 0; i < 2; ++i)
+    cache_bin_floors(i == 1 ? 9 : 20, c->bin_floor[i]);
   for (int i = 0; i < CACHE_DIV_BUCKETS; ++i)
     if (c->conf.div[i] > 1) c->divisions = true;
   if (c->conf.expandable &&

@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "policy.h"
 
@@ -84,7 +85,8 @@ struct cache_block_s {
   uint32_t prio;               /* treap priority */
   bool allocated;              /* handed to the user */
   bool mapped;                 /* false only for unmapped expandable ranges */
-  bool in_tree;                /* in pool->blocks (mapped) or pool->unmapped */
+  bool in_tree;                /* in a bin of its pool (mapped) or pool->unmapped */
+  uint8_t bin;                 /* in a bin: cache_bin(size) when it entered */
   int event_count;             /* events still pending since the free */
   gmr_stream_t *uses;          /* streams from record_stream (not the own one) */
   uint32_t n_uses, cap_uses;   /* entries */
@@ -100,10 +102,26 @@ typedef struct cache_back_s {
   int64_t n, bytes, requested, isplit, isplit_bytes, oversize;
 } cache_back_t;
 
+/* A pool's free mapped blocks, ordered by (size, ptr), are cut by size into
+ * 64 bins: bin k holds the blocks with cache_bin(pool, size) == k, a treap by
+ * (size, ptr), and bins[] in index order is the whole order (cache_bin
+ * never decreases with size).  Four bins per power of two above the pool's
+ * smallest sizes (bin 0: below 1 KiB in the small pool, 2 MiB in the large
+ * one), the largest sizes sharing the last bin: a search descends one small
+ * tree, and the bitmap `nonempty` finds the next bin with blocks in one
+ * instruction.
+ *   nonempty bit k == (bins[k] != NULL);  n_blocks = Σ blocks in bins */
+#define CACHE_BIN_SUB 2 /* bins per power of two: 2^CACHE_BIN_SUB */
+#define CACHE_BINS    64
+
 struct cache_pool_s {
-  cache_block_t *blocks;   /* treap of free mapped blocks by (size, ptr) */
-  cache_block_t *unmapped; /* treap of unmapped expandable ranges by ptr */
-  size_t n_blocks;         /* entries in `blocks` */
+  cache_block_t *bins[CACHE_BINS]; /* treaps of free mapped blocks by (size, ptr) */
+  uint64_t nonempty;               /* bit k: bins[k] != NULL */
+  unsigned base;                   /* bin 0: sizes below 2^(base + 1); 9 small, 20 large */
+  int64_t bin_off;                 /* cache_bin's: ((1023 + base) << CACHE_BIN_SUB) + 3 */
+  const size_t *floor;             /* bin k: sizes in [floor[k], floor[k + 1]) (cache_t) */
+  cache_block_t *unmapped;         /* treap of unmapped expandable ranges by ptr */
+  size_t n_blocks;                 /* entries in the bins */
   cache_stream_t *stream;
   bool is_small;
   cache_back_t back; /* take-backs not yet counted (the stream's lock) */
@@ -193,6 +211,7 @@ typedef struct cache_s {
   atomic_flag slock;        /* guards `st` for the fast path's commits (try only) */
   _Atomic bool sharded;     /* a commit found slock busy: fast paths keep deltas */
   _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
+  size_t bin_floor[2][CACHE_BINS + 1];        /* each pool's floors: [0] large, [1] small */
 } cache_t;
 
 static inline int cache_stat_type(const cache_pool_t *p) {
@@ -231,6 +250,30 @@ static inline void cache_sync_all(cache_stats_t *st) {
 static inline bool cache_less(const cache_block_t *a, size_t size, uintptr_t ptr, bool by_addr) {
   if (!by_addr && a->size != size) return a->size < size;
   return a->ptr < ptr;
+}
+
+/* The bin of `size`: k = (e - base) * 4 + s - 3, in [0, 63], where 2^e <=
+ * size < 2^(e + 1) and s is the two bits of size after its first: the
+ * exponent and the top of the mantissa of size as a double, one shift
+ * (exact below 2^53; every larger size is in bin 63). */
+static inline unsigned cache_bin(const cache_pool_t *p, size_t size) {
+  double d = (double)(int64_t)size; /* size < GMR_MAX_REQUEST < 2^63 */
+  uint64_t bits;
+  memcpy(&bits, &d, sizeof bits);
+  int64_t k = (int64_t)(bits >> (52 - CACHE_BIN_SUB)) - p->bin_off;
+  return k < 0 ? 0u : k > CACHE_BINS - 1 ? CACHE_BINS - 1u : (unsigned)k;
+}
+
+/* The first bin at or after k (<= CACHE_BINS) that holds blocks, or -1. */
+static inline int cache_bin_next(const cache_pool_t *p, unsigned k) {
+  uint64_t m = k < CACHE_BINS ? p->nonempty & (~0ull << k) : 0;
+  return m != 0 ? __builtin_ctzll(m) : -1;
+}
+
+/* The last bin at or before k (>= -1) that holds blocks, or -1. */
+static inline int cache_bin_prev(const cache_pool_t *p, int k) {
+  uint64_t m = k < 0 ? 0 : p->nonempty & (~0ull >> (63 - k));
+  return m != 0 ? 63 - __builtin_clzll(m) : -1;
 }
 
 static inline bool cache_is_split(const cache_block_t *b) {
