@@ -682,13 +682,14 @@ static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t
          dst->mapped == src->mapped;
 }
 
-/* free_block when exactly one neighbour merges and the merged block may
- * keep that neighbour's node in the free tree: its key (size, ptr) grows but
- * stays below the neighbour's successor.  Then the neighbour's record
- * becomes the merged block in place (PyTorch keeps the freed block's record;
- * which record survives is not observable) and no tree changes shape.
- * Returns the merged block and in *subsumed the neighbour's old size; NULL
- * when the general path must run. */
+/* free_block when exactly one neighbour merges: the neighbour's record
+ * becomes the merged block (PyTorch keeps the freed block's record; which
+ * record survives is not observable).  When the merged key (size, ptr),
+ * which only grows, stays in the neighbour's bin and below its successor
+ * there, it keeps the neighbour's node and no tree changes shape; else the
+ * node leaves its tree and enters again.  Returns the merged block and in
+ * *subsumed the neighbour's old size; NULL when the general path must run
+ * (no neighbour merges, or both do). */
 static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b,
                                                      size_t *subsumed) {
   cache_block_t *pv = b->prev, *nx = b->next;
@@ -698,9 +699,10 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
   cache_pool_t *p = host->pool;
-  if (size >= p->floor[host->bin + 1]) return NULL; /* in its bin, its successor bounds it */
-  cache_block_t *succ = treap_successor(host);
-  if (succ != NULL && !(size < succ->size || (size == succ->size && ptr < succ->ptr))) return NULL;
+  const cache_block_t *succ = treap_successor(host);
+  bool stays = size < p->floor[host->bin + 1] &&
+               (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr));
+  if (!stays) pool_erase(p, host);
   *subsumed = host->size;
   if (mn) { /* [b host] */
     host->ptr = b->ptr;
@@ -713,7 +715,10 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   }
   host->size = size;
   host->requested = b->requested;
-  host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+  if (stays)
+    host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+  else
+    pool_insert(c, p, host);
   cache_recycle(b);
   return host;
 }
