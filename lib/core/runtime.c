@@ -569,6 +569,9 @@ static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
     return bad_pointer(rt, "gmr_free", ptr);
   }
   gmr_block_t blk = *slot;
+#if defined(__GNUC__)
+  __builtin_prefetch(blk.handle); /* the policy's record: fetched while the map is updated */
+#endif
   map_erase(sh, slot);
   gmr__unlock(&sh->lock);
   int err = gmr__policy_free_locked(rt->policy, &blk);

@@ -289,16 +289,35 @@ static void unmapped_erase(cache_pool_t *p, cache_block_t *b) {
 
 /* ---- records ---------------------------------------------------------------------- */
 
+/* Records come in chunks of CACHE_CHUNK, 64-byte aligned, one host
+ * allocation each, linked from their stream and freed with it: a record's
+ * first line is a whole cache line, and records made together lie
+ * together. */
+#define CACHE_CHUNK 32
+typedef struct cache_chunk_s {
+  struct cache_chunk_s *next;
+} cache_chunk_t;
+
+static cache_block_t *chunk_records(cache_chunk_t *k) {
+  return (cache_block_t *)(((uintptr_t)(k + 1) + 63) & ~(uintptr_t)63);
+}
+
 /* Keep at least n spare block records in a stream, so that a step that
  * needs some cannot fail half way.  Caller holds the stream's lock. */
 static int cache_records_reserve(cache_stream_t *cs, size_t n) {
+  _Static_assert(sizeof(cache_block_t) == 128, "a block record is two cache lines");
   while (cs->n_spare < n) {
-    cache_block_t *b = gmr__calloc(1, sizeof *b);
-    if (b == NULL)
+    cache_chunk_t *k = gmr__calloc(1, sizeof *k + 63 + CACHE_CHUNK * sizeof(cache_block_t));
+    if (k == NULL)
       return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for block records");
-    b->next = cs->spare;
-    cs->spare = b;
-    ++cs->n_spare;
+    k->next = cs->chunks;
+    cs->chunks = k;
+    cache_block_t *r = chunk_records(k);
+    for (int i = CACHE_CHUNK; i-- > 0;) {
+      r[i].next = cs->spare;
+      cs->spare = &r[i];
+    }
+    cs->n_spare += CACHE_CHUNK;
   }
   return 0;
 }
@@ -661,8 +680,8 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
     dst->ptr = src->ptr;
     dst->prev = src->prev;
     if (dst->prev) dst->prev->next = dst;
-    if (dst->seg->head == src) dst->seg->head = dst;
-  } else { /* [dst src] */
+    if (dst->prev == NULL) dst->seg->head = dst; /* the head: the block with no prev */
+  } else {                                       /* [dst src] */
     dst->next = src->next;
     if (dst->next) dst->next->prev = dst;
   }
@@ -708,7 +727,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
     host->ptr = b->ptr;
     host->prev = b->prev;
     if (host->prev) host->prev->next = host;
-    if (b->seg->head == b) b->seg->head = host;
+    if (host->prev == NULL) b->seg->head = host;
   } else { /* [host b] */
     host->next = b->next;
     if (host->next) host->next->prev = host;
@@ -727,7 +746,6 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
 static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
-  cache_seg_t *seg = b->seg;
   int64_t net_n = 0, net_bytes = 0;
   size_t sub = 0;
   cache_block_t *m = cache_merge_in_place(c, b, &sub); /* b is recycled when it succeeds */
@@ -751,7 +769,7 @@ static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journ
     net_bytes += (int64_t)m->size;
   }
   int t = cache_stat_type(p);
-  if (!seg->expandable) {
+  if (!c->conf.expandable) { /* b's segment is not expandable */
     if (net_n != 0) cache_add(j, c->st.inactive_split, t, net_n);
     if (net_bytes != 0) cache_add(j, c->st.inactive_split_bytes, t, net_bytes);
   }
@@ -1137,7 +1155,7 @@ static CACHE_HOT cache_block_t *cache_find_free_block(cache_t *c, cache_pool_t *
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
   cache_block_t *b = pool_fit(p, size, pred);
   if (b == NULL) return NULL;
-  if (b->seg->expandable) {
+  if (c->conf.expandable) { /* every segment is expandable then, and only then */
     /* Best fit by the size a block can grow to (its unmapped successor). */
     for (;;) {
       cache_block_t *nx = pool_next(p, b);
@@ -1209,7 +1227,7 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
                                                   bool in_tree, const cache_block_t *pred) {
   cache_pool_t *p = b->pool;
   int t = cache_stat_type(p);
-  bool already_split = cache_is_split(b), expandable = b->seg->expandable;
+  bool already_split = cache_is_split(b), expandable = c->conf.expandable; /* b->seg's */
   if (in_tree) {
     size_t rest_size = b->size - size;
     uintptr_t rest_ptr = b->ptr + size;
@@ -1226,7 +1244,7 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
     if (b->prev) b->prev->next = b;
     b->next = rest;
     rest->prev = b;
-    if (rest->seg->head == rest) rest->seg->head = b;
+    if (b->prev == NULL) rest->seg->head = b;
     rest->ptr += size;
     rest->size -= size;
     if (in_tree)
@@ -1637,8 +1655,6 @@ static void cache_destroy(gmr_policy_t *self) {
         seg_unmap_pages(c, s, first, last, NULL);
         if (last > next_page) next_page = last;
       }
-      gmr__free(b->uses);
-      gmr__free(b);
     }
     if (s->expandable)
       gmr__backend_va_release(be, (void *)s->base, s->size);
@@ -1652,10 +1668,12 @@ static void cache_destroy(gmr_policy_t *self) {
   }
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
-    for (cache_block_t *b = cs->spare, *nx; b; b = nx) {
-      nx = b->next;
-      gmr__free(b->uses);
-      gmr__free(b);
+    for (cache_chunk_t *k = cs->chunks, *nx; k; k = nx) {
+      nx = k->next;
+      cache_block_t *r = chunk_records(k);
+      for (int j = 0; j < CACHE_CHUNK; ++j)
+        gmr__free(r[j].uses);
+      gmr__free(k);
     }
     gmr__free(cs);
   }

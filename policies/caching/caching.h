@@ -73,24 +73,28 @@ typedef struct cache_pool_s cache_pool_t;
 typedef struct cache_stream_s cache_stream_t;
 typedef struct cache_seg_s cache_seg_t;
 
+/* A block record: 128 bytes, 64-byte aligned (records come in chunks,
+ * caching.c).  Its first cache line holds all that a tree search and a
+ * neighbour's merge test read: the key, the links, the state. */
 struct cache_block_s {
+  _Alignas(64) size_t size;    /* bytes */
   uintptr_t ptr;               /* device address */
-  size_t size;                 /* bytes */
-  size_t requested;            /* bytes the user asked for (live blocks) */
-  cache_pool_t *pool;          /* the (stream, small|large) pool */
-  cache_seg_t *seg;            /* the segment it is part of */
-  cache_block_t *prev, *next;  /* neighbours in the segment, by address */
   cache_block_t *left, *right; /* treap children while in a free or unmapped tree */
   cache_block_t *parent;       /* treap parent (NULL: the root) while in a tree */
-  uint32_t prio;               /* treap priority */
+  cache_block_t *prev, *next;  /* neighbours in the segment, by address */
+  int event_count;             /* events still pending since the free */
   bool allocated;              /* handed to the user */
   bool mapped;                 /* false only for unmapped expandable ranges */
   bool in_tree;                /* in a bin of its pool (mapped) or pool->unmapped */
   uint8_t bin;                 /* in a bin: cache_bin(size) when it entered */
-  int event_count;             /* events still pending since the free */
-  gmr_stream_t *uses;          /* streams from record_stream (not the own one) */
-  uint32_t n_uses, cap_uses;   /* entries */
-  int64_t gc_count_base;       /* the pool's GC clock when it became free */
+  /* -- second line */
+  cache_pool_t *pool;        /* the (stream, small|large) pool */
+  cache_seg_t *seg;          /* the segment it is part of */
+  size_t requested;          /* bytes the user asked for (live blocks) */
+  uint32_t prio;             /* treap priority */
+  uint32_t n_uses, cap_uses; /* entries */
+  gmr_stream_t *uses;        /* streams from record_stream (not the own one) */
+  int64_t gc_count_base;     /* the pool's GC clock when it became free */
 };
 
 /* What take-backs (caching.c, "The deferred free") add to the figures'
@@ -170,6 +174,7 @@ struct cache_stream_s {
   _Atomic int lock;      /* a spin lock: 0 free, 1 held */
   cache_pool_t pools[2]; /* [0] large, [1] small */
   cache_block_t *spare;  /* recycled block records, linked by `next` */
+  void *chunks;          /* the records' memory: chunks of CACHE_CHUNK, linked (caching.c) */
   size_t n_spare;
   uint64_t prio_state;              /* treap priorities (an LCG) */
   cache_block_t *deferred;          /* a free not yet applied (caching.c, "The deferred free") */
