@@ -65,14 +65,15 @@
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
-#define MAP_SHARDS      256 /* a power of two; 16 threads rarely share one */
-#define MAP_SHARD_BITS  8
-#define CACHE_LINE      64
-#define MAP_FIRST_SLOTS 8 /* a shard's first table (its first 4 entries): 256 of them cost 80 KiB  \
-                           */
+#define MAP_SHARDS     256 /* a power of two; 16 threads rarely share one */
+#define MAP_SHARD_BITS 8
+#define CACHE_LINE     64
+#define MAP_FIRST_SLOTS                                                                            \
+  8 /* a shard's first table (its first 4 entries): 256 of them cost 80 KiB                        \
+     */
 
 typedef struct map_shard_s {
-  _Alignas(CACHE_LINE) gmr_lock_t lock; /* used only with concurrent policies */
+  _Alignas(CACHE_LINE) gmr_spin_t lock; /* used only with concurrent policies */
   size_t mask;                          /* capacity - 1 (capacity a power of two) */
   size_t count;                         /* live entries; count <= capacity / 2 */
   size_t grow_at;                       /* capacity / 2 (0 before the first insert): an insert at
@@ -130,10 +131,15 @@ static inline map_shard_t *map_shard(gmr_runtime_t *rt, uint64_t h) {
   return &rt->shards[h >> (64 - MAP_SHARD_BITS)];
 }
 
-static RUNTIME_INLINE gmr_block_t *map_find(map_shard_t *sh, const void *ptr, uint64_t h) {
-  for (size_t i = h & sh->mask;; i = (i + 1) & sh->mask) {
-    if (sh->slots[i].ptr == ptr) return &sh->slots[i];
-    if (sh->slots[i].ptr == NULL) return NULL;
+/* The slot of ptr (not NULL) in its shard, or MAP_NONE. */
+#define MAP_NONE SIZE_MAX
+static RUNTIME_INLINE size_t map_find(const map_shard_t *sh, const void *ptr, uint64_t h) {
+  const gmr_block_t *slots = sh->slots;
+  const size_t mask = sh->mask;
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    const void *k = slots[i].ptr;
+    if (k == ptr) return i;
+    if (k == NULL) return MAP_NONE;
   }
 }
 
@@ -167,31 +173,29 @@ static RUNTIME_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, ui
   return 0;
 }
 
-/* Backward-shift deletion: no tombstones, probes stay short. */
-static RUNTIME_INLINE void map_erase(map_shard_t *sh, gmr_block_t *slot) {
-  size_t i = (size_t)(slot - sh->slots);
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & sh->mask;
-    if (sh->slots[j].ptr == NULL) break;
-    size_t home = map_hash(sh->slots[j].ptr) & sh->mask;
-    /* Move j back to i if its home is not in (i, j] cyclically. */
-    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!between) {
-      sh->slots[i] = sh->slots[j];
+/* Backward-shift deletion of slot i: no tombstones, probes stay short.
+ * An entry at j after the gap at i moves into it unless its home lies in
+ * (i, j] (cyclically): (j - home) mod cap < (j - i) mod cap. */
+static RUNTIME_INLINE void map_erase(map_shard_t *sh, size_t i) {
+  gmr_block_t *slots = sh->slots;
+  const size_t mask = sh->mask;
+  for (size_t j = (i + 1) & mask; slots[j].ptr != NULL; j = (j + 1) & mask) {
+    size_t home = map_hash(slots[j].ptr) & mask;
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      slots[i] = slots[j];
       i = j;
     }
   }
-  sh->slots[i].ptr = NULL;
+  slots[i].ptr = NULL;
   --sh->count;
 }
 
 /* A shard's lock, unless the policy's lock (held by the caller) guards it. */
 static inline void map_lock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (rt->policy_lock == NULL) gmr__lock(&sh->lock);
+  if (rt->policy_lock == NULL) gmr__spin_lock(&sh->lock);
 }
 static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (rt->policy_lock == NULL) gmr__unlock(&sh->lock);
+  if (rt->policy_lock == NULL) gmr__spin_unlock(&sh->lock);
 }
 
 static int fail(gmr_runtime_t *rt, int err) {
@@ -275,10 +279,9 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
   rt->device = device;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
-  int shards = 0;
-  for (; shards < MAP_SHARDS; ++shards) {
-    if (gmr__lock_init(&rt->shards[shards].lock) != 0) goto fail_shards;
-    rt->shards[shards].slots = map_none;
+  for (int k = 0; k < MAP_SHARDS; ++k) {
+    gmr__spin_init(&rt->shards[k].lock);
+    rt->shards[k].slots = map_none;
   }
   err = gmr__policy_create(cfg->policy, be, &rt->policy);
   if (err != 0) goto fail_policy;
@@ -317,9 +320,6 @@ fail_history:
 fail_trace:
   gmr__policy_destroy(rt->policy);
 fail_policy:
-fail_shards:
-  while (shards-- > 0)
-    gmr__lock_destroy(&rt->shards[shards].lock);
   gmr__lock_destroy(&rt->lock);
 fail_lock:
   gmr__backend_free(be);
@@ -386,7 +386,6 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
     for (size_t i = 0; i <= sh->mask; ++i)
       if (sh->slots[i].ptr != NULL) ++live, bytes += sh->slots[i].requested;
     if (sh->slots != map_none) gmr__free(sh->slots);
-    gmr__lock_destroy(&sh->lock);
   }
   if (live != 0)
     gmr__log(GMR_LOG_WARN,
@@ -457,9 +456,9 @@ static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_
     blk->stream = s;
     uint64_t h = map_hash(blk->ptr);
     map_shard_t *sh = map_shard(rt, h);
-    if (pl == NULL) gmr__lock(&sh->lock);
+    if (pl == NULL) gmr__spin_lock(&sh->lock);
     err = map_insert(sh, blk, h);
-    if (pl == NULL) gmr__unlock(&sh->lock);
+    if (pl == NULL) gmr__spin_unlock(&sh->lock);
     if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, blk);
   } else {
     err = gmr__policy_failed(rt->policy, err);
@@ -502,10 +501,10 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
   blk.stream = s;
   uint64_t h = map_hash(blk.ptr);
   map_shard_t *sh = map_shard(rt, h);
-  gmr__lock(&sh->lock);
-  err = map_insert(sh, &blk, h);
-  gmr__unlock(&sh->lock);
-  if (GMR_UNLIKELY(err != 0)) return alloc_unmapped(rt, &blk);
+  gmr__spin_lock(&sh->lock);
+  bool mapped = map_insert(sh, &blk, h) == 0;
+  gmr__spin_unlock(&sh->lock);
+  if (GMR_UNLIKELY(!mapped)) return alloc_unmapped(rt, &blk);
   *out_ptr = blk.ptr;
   return 0;
 }
@@ -531,15 +530,18 @@ static RUNTIME_NOINLINE int free_general(gmr_runtime_t *rt, void *ptr) {
   map_shard_t *sh = map_shard(rt, h);
   gmr_lock_t *const pl = rt->policy_lock;
   /* One lock either way: the policy lock guards the map too when it is held. */
-  gmr__lock(pl == NULL ? &sh->lock : pl);
-  gmr_block_t *slot = map_find(sh, ptr, h);
+  if (pl == NULL)
+    gmr__spin_lock(&sh->lock);
+  else
+    gmr__lock(pl);
+  size_t slot = map_find(sh, ptr, h);
   gmr_block_t blk;
-  if (slot != NULL) {
-    blk = *slot;
+  if (slot != MAP_NONE) {
+    blk = sh->slots[slot];
     map_erase(sh, slot);
   }
-  if (pl == NULL) gmr__unlock(&sh->lock);
-  if (slot == NULL) {
+  if (pl == NULL) gmr__spin_unlock(&sh->lock);
+  if (slot == MAP_NONE) {
     if (pl != NULL) gmr__unlock(pl);
     return bad_pointer(rt, "gmr_free", ptr);
   }
@@ -562,18 +564,18 @@ static RUNTIME_NOINLINE int free_general(gmr_runtime_t *rt, void *ptr) {
 static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  gmr__lock(&sh->lock);
-  gmr_block_t *slot = map_find(sh, ptr, h);
-  if (GMR_UNLIKELY(slot == NULL)) {
-    gmr__unlock(&sh->lock);
+  gmr__spin_lock(&sh->lock);
+  size_t slot = map_find(sh, ptr, h);
+  if (GMR_UNLIKELY(slot == MAP_NONE)) {
+    gmr__spin_unlock(&sh->lock);
     return bad_pointer(rt, "gmr_free", ptr);
   }
-  gmr_block_t blk = *slot;
+  gmr_block_t blk = sh->slots[slot];
 #if defined(__GNUC__)
   __builtin_prefetch(blk.handle); /* the policy's record: fetched while the map is updated */
 #endif
   map_erase(sh, slot);
-  gmr__unlock(&sh->lock);
+  gmr__spin_unlock(&sh->lock);
   int err = gmr__policy_free_locked(rt->policy, &blk);
   return GMR_UNLIKELY(err != 0) ? gmr__policy_failed(rt->policy, err) : 0;
 }
@@ -594,12 +596,12 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
   map_shard_t *sh = map_shard(rt, h);
   gmr__policy_lock(rt->policy);
   map_lock(rt, sh);
-  gmr_block_t *slot = map_find(sh, ptr, h);
+  size_t slot = map_find(sh, ptr, h);
   gmr_block_t blk;
-  if (slot != NULL) blk = *slot;
+  if (slot != MAP_NONE) blk = sh->slots[slot];
   map_unlock(rt, sh);
-  int err = slot == NULL ? bad_pointer(rt, "gmr_record_stream", ptr)
-                         : gmr__policy_record_stream_locked(rt->policy, &blk, s);
+  int err = slot == MAP_NONE ? bad_pointer(rt, "gmr_record_stream", ptr)
+                             : gmr__policy_record_stream_locked(rt->policy, &blk, s);
   gmr__policy_unlock(rt->policy);
   if (err != 0) return err;
   if (rt->trace) trace_write(rt, "record_stream", ptr, blk.requested, s);
@@ -630,14 +632,14 @@ int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *
   map_shard_t *sh = map_shard(rt, h);
   gmr__policy_lock(rt->policy);
   map_lock(rt, sh);
-  gmr_block_t *slot = map_find(sh, ptr, h);
-  if (slot != NULL) {
-    *out_requested = slot->requested;
-    *out_allocated = slot->size;
+  size_t slot = map_find(sh, ptr, h);
+  if (slot != MAP_NONE) {
+    *out_requested = sh->slots[slot].requested;
+    *out_allocated = sh->slots[slot].size;
   }
   map_unlock(rt, sh);
   gmr__policy_unlock(rt->policy);
-  return slot ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
+  return slot != MAP_NONE ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
 }
 
 /* ---- statistics and introspection ------------------------------------------- */

@@ -355,33 +355,16 @@ static void cache_recycle(cache_block_t *b) {
 
 /* ---- streams ----------------------------------------------------------------------- */
 
-/* Stream locks are spin locks: the fast path holds one for a few tens of
- * nanoseconds; a waiter yields the processor after a short spin, so a global
- * path that holds every stream lock through a device call costs waiters
- * little. */
-static CACHE_NOINLINE void cache_spin_wait(_Atomic int *l) {
-  for (unsigned n = 0;;) {
-    if (!atomic_exchange_explicit(l, 1, memory_order_acquire)) return;
-    while (atomic_load_explicit(l, memory_order_relaxed)) {
-      if (++n < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-      } else {
-        n = 0;
-        sched_yield();
-      }
-    }
-  }
+/* Stream locks are gmr_spin_t (core/lock.h): the fast path holds one for a
+ * few tens of nanoseconds; a waiter yields the processor after a short
+ * spin, so a global path that holds every stream lock through a device call
+ * costs waiters little. */
+static inline void cache_spin_lock(gmr_spin_t *l) {
+  gmr__spin_lock(l);
 }
 
-static inline void cache_spin_lock(_Atomic int *l) {
-  if (GMR_LIKELY(!atomic_exchange_explicit(l, 1, memory_order_acquire))) return;
-  cache_spin_wait(l);
-}
-
-static inline void cache_spin_unlock(_Atomic int *l) {
-  atomic_store_explicit(l, 0, memory_order_release);
+static inline void cache_spin_unlock(gmr_spin_t *l) {
+  gmr__spin_unlock(l);
 }
 
 static inline size_t cache_stab_home(gmr_stream_t s) {
@@ -486,7 +469,7 @@ struct cache_journal_s {
     gmr_stat_t *stat; /* into cache_t.st */
     int t;
     int64_t d; /* > 0: increase; < 0: decrease */
-  } e[24];     /* an op journals at most 16 changes (a take-back) */
+  } e[16];
 };
 
 static inline void cache_apply(gmr_stat_t *a, int t, int64_t d) {
@@ -1341,12 +1324,17 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
 }
 
 /* ---- the deferred free ---------------------------------------------------------------
- * A fast free is not applied at once: the block waits in its stream's
- * `deferred` slot, still allocated as far as the policy's structures and
- * figures go (the runtime's map no longer has it, so nobody can free it
- * again), until the stream's next operation; every global path applies
- * every stream's first (cache_lock_all).  So a free is applied before
- * anything else can see or change its stream's pools, in PyTorch's order.
+ * While the policy has one stream, a fast free is not applied at once: the
+ * block waits in the stream's `deferred` slot, still allocated as far as
+ * the policy's structures and figures go (the runtime's map no longer has
+ * it, so nobody can free it again), until the stream's next operation;
+ * every global path applies it first (cache_lock_all).  So the free is
+ * applied before anything else can see or change the pools or the figures,
+ * in PyTorch's order: with one stream, only that stream's operations and
+ * the global path change the figures (a second stream is made on the
+ * global path, which applies the deferred free first; with two or more,
+ * frees are applied at once, as a free on one stream followed by an
+ * allocation on another must see the figures of the free).
  * When that next operation is an allocation that PyTorch would serve with
  * this very block (its free merges it into M with the free block after it,
  * or with nothing; M is the best fit, and the split gives back the block's
@@ -1564,7 +1552,7 @@ static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_jour
 /* The rest of cache_free: cs->lock held, released here. */
 static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   if (GMR_LIKELY(b->n_uses == 0)) {
-    if (GMR_LIKELY(c->defer)) {
+    if (GMR_LIKELY(c->defer && c->n_streams == 1)) {
       cache_block_t *earlier = cs->deferred; /* applied first: PyTorch's order */
       cs->deferred = b;
       b = earlier;
@@ -1587,7 +1575,7 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_block_t *b = blk->handle;
   cache_stream_t *cs = b->pool->stream;
   cache_spin_lock(&cs->lock);
-  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || cs->deferred != NULL))
+  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || c->n_streams != 1 || cs->deferred != NULL))
     return cache_free_rest(c, cs, b);
   cs->deferred = b;
   cache_spin_unlock(&cs->lock);

@@ -171,7 +171,7 @@ typedef struct cache_stats_s {
 struct cache_stream_s {
   char pad_front[64]; /* keeps streams off each other's cache lines */
   gmr_stream_t id;
-  _Atomic int lock;      /* a spin lock: 0 free, 1 held */
+  gmr_spin_t lock;       /* core/lock.h */
   cache_pool_t pools[2]; /* [0] large, [1] small */
   cache_block_t *spare;  /* recycled block records, linked by `next` */
   void *chunks;          /* the records' memory: chunks of CACHE_CHUNK, linked (caching.c) */
