@@ -443,9 +443,14 @@ static void cache_lock_all(cache_t *c) {
     cache_stream_t *cs = c->streams[i];
     cache_block_t *b = cs->deferred;
     if (b == NULL) continue;
+    cache_stats_t *st = &c->st;
     cs->deferred = NULL;
     cache_free_locked(c, b, NULL);
-    cache_sync_all(&c->st);
+    if (!c->events_seen) { /* as cache_fold */
+      memcpy(st->active, st->allocation, sizeof st->active);
+      memcpy(st->active_bytes, st->allocated_bytes, sizeof st->active_bytes);
+    }
+    cache_sync_all(st);
   }
 }
 
@@ -588,6 +593,10 @@ static void cache_fold(cache_t *c) {
       src[k] = (gmr_stat_t){0, 0, 0, 0};
     }
     cs->dirty = false;
+  }
+  if (!c->events_seen) { /* active is allocation until a stream is recorded */
+    memcpy(c->st.active, c->st.allocation, sizeof c->st.active);
+    memcpy(c->st.active_bytes, c->st.allocated_bytes, sizeof c->st.active_bytes);
   }
   cache_sync_all(&c->st);
 }
@@ -756,8 +765,10 @@ static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journ
     if (net_n != 0) cache_add(j, c->st.inactive_split, t, net_n);
     if (net_bytes != 0) cache_add(j, c->st.inactive_split_bytes, t, net_bytes);
   }
-  cache_down(j, c->st.active, t, 1);
-  cache_down(j, c->st.active_bytes, t, (int64_t)orig);
+  if (c->events_seen) {
+    cache_down(j, c->st.active, t, 1);
+    cache_down(j, c->st.active_bytes, t, (int64_t)orig);
+  }
   cache_down(j, c->st.requested_bytes, t, (int64_t)requested);
 }
 
@@ -1248,8 +1259,10 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
   b->requested = orig;
   cache_up(j, c->st.allocation, t, 1);
   cache_up(j, c->st.allocated_bytes, t, (int64_t)b->size);
-  cache_up(j, c->st.active, t, 1);
-  cache_up(j, c->st.active_bytes, t, (int64_t)b->size);
+  if (c->events_seen) {
+    cache_up(j, c->st.active, t, 1);
+    cache_up(j, c->st.active_bytes, t, (int64_t)b->size);
+  }
   cache_up(j, c->st.requested_bytes, t, (int64_t)orig);
   if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, 1);
   return b;
@@ -1584,7 +1597,7 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
 }
 
 static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  (void)self;
+  cache_t *c = (cache_t *)self;
   cache_block_t *b = blk->handle;
   if (s == b->pool->stream->id) return 0;
   for (uint32_t i = 0; i < b->n_uses; ++i)
@@ -1598,6 +1611,7 @@ static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk
     b->cap_uses = cap;
   }
   b->uses[b->n_uses++] = s;
+  c->events_seen = true; /* active figures may leave allocation's from now on */
   return 0;
 }
 

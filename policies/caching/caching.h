@@ -212,9 +212,15 @@ typedef struct cache_s {
   bool global_only;         /* GC on: every alloc takes the global path */
   bool defer;               /* fast frees wait for the stream's next op (not expandable, no GC) */
   bool divisions;           /* some roundup_power2_divisions > 1 */
-  pthread_mutex_t glock;    /* the global lock (see "Locking" above) */
-  atomic_flag slock;        /* guards `st` for the fast path's commits (try only) */
-  _Atomic bool sharded;     /* a commit found slock busy: fast paths keep deltas */
+  /* A stream was recorded on a block (record_stream): from then on a freed
+   * block stays active until its events complete.  Until then active and
+   * active_bytes are allocation and allocated_bytes, figure for figure
+   * (both change at the same moments by the same amounts): the hot paths
+   * count the latter only, and cache_fold copies them (global path). */
+  bool events_seen;
+  pthread_mutex_t glock; /* the global lock (see "Locking" above) */
+  atomic_flag slock;     /* guards `st` for the fast path's commits (try only) */
+  _Atomic bool sharded;  /* a commit found slock busy: fast paths keep deltas */
   _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
   size_t bin_floor[2][CACHE_BINS + 1];        /* each pool's floors: [0] large, [1] small */
 } cache_t;
