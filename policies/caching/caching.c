@@ -1436,6 +1436,7 @@ static inline bool cache_free_now(const cache_block_t *x) {
  * *mn: n merges.  Caller holds the stream's lock. */
 static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d, size_t size,
                                        bool *mn) {
+  if (size > d->size) return false; /* d could not hold it, merged or not */
   const cache_pool_t *p = d->pool;
   if ((size <= CACHE_SMALL_SIZE) != p->is_small || cache_free_now(d->prev)) return false;
   const cache_block_t *n = d->next;
@@ -1459,8 +1460,8 @@ static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d,
     return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
   }
   size_t m = d->size;
-  if (size > m || (p->is_small ? m - size >= CACHE_MIN_BLOCK
-                               : size < mss && m - size > CACHE_SMALL_SIZE)) /* should_split */
+  if (p->is_small ? m - size >= CACHE_MIN_BLOCK
+                  : size < mss && m - size > CACHE_SMALL_SIZE) /* should_split */
     return false;
   if (size < mss ? m >= mss : m >= size + c->conf.max_non_split_rounding) return false;
   cache_block_t *pred, *f = pool_fit(p, size, &pred);
@@ -1629,7 +1630,7 @@ static void cache_bin_floors(unsigned base, size_t *floor) {
   floor[0] = 0;
   for (unsigned k = 1; k < CACHE_BINS; ++k) {
     unsigned raw = k + per - 1, e = base + (raw >> CACHE_BIN_SUB);
-    floor[k] = (size_t)(per + (raw & (per - 1))) << (e - CACHE_BIN_SUB);
+    floor[k] = ((size_t)(per + (raw & (per - 1))) << (e - CACHE_BIN_SUB)) + 1;
   }
   floor[CACHE_BINS] = SIZE_MAX;
 }

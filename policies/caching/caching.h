@@ -110,7 +110,7 @@ typedef struct cache_back_s {
  * 64 bins: bin k holds the blocks with cache_bin(pool, size) == k, a treap by
  * (size, ptr), and bins[] in index order is the whole order (cache_bin
  * never decreases with size).  Four bins per power of two above the pool's
- * smallest sizes (bin 0: below 1 KiB in the small pool, 2 MiB in the large
+ * smallest sizes (bin 0: up to 1 KiB in the small pool, 2 MiB in the large
  * one), the largest sizes sharing the last bin: a search descends one small
  * tree, and the bitmap `nonempty` finds the next bin with blocks in one
  * instruction.
@@ -121,7 +121,7 @@ typedef struct cache_back_s {
 struct cache_pool_s {
   cache_block_t *bins[CACHE_BINS]; /* treaps of free mapped blocks by (size, ptr) */
   uint64_t nonempty;               /* bit k: bins[k] != NULL */
-  unsigned base;                   /* bin 0: sizes below 2^(base + 1); 9 small, 20 large */
+  unsigned base;                   /* bin 0: sizes up to 2^(base + 1); 9 small, 20 large */
   int64_t bin_off;                 /* cache_bin's: ((1023 + base) << CACHE_BIN_SUB) + 3 */
   const size_t *floor;             /* bin k: sizes in [floor[k], floor[k + 1]) (cache_t) */
   cache_block_t *unmapped;         /* treap of unmapped expandable ranges by ptr */
@@ -263,12 +263,14 @@ static inline bool cache_less(const cache_block_t *a, size_t size, uintptr_t ptr
   return a->ptr < ptr;
 }
 
-/* The bin of `size`: k = (e - base) * 4 + s - 3, in [0, 63], where 2^e <=
- * size < 2^(e + 1) and s is the two bits of size after its first: the
- * exponent and the top of the mantissa of size as a double, one shift
- * (exact below 2^53; every larger size is in bin 63). */
+/* The bin of `size`: with x = size - 1, k = (e - base) * 4 + s - 3 in
+ * [0, 63], where 2^e <= x < 2^(e + 1) and s is the two bits of x after its
+ * first: the exponent and the top of the mantissa of x as a double, one
+ * shift (exact below 2^53; every larger size is in bin 63).  Bins end, not
+ * start, at the round sizes (2 MiB, 20 MiB: whole segments), so a whole
+ * segment and what is left of it after a small split share a bin. */
 static inline unsigned cache_bin(const cache_pool_t *p, size_t size) {
-  double d = (double)(int64_t)size; /* size < GMR_MAX_REQUEST < 2^63 */
+  double d = (double)(int64_t)(size - 1); /* 1 <= size < GMR_MAX_REQUEST < 2^63 */
   uint64_t bits;
   memcpy(&bits, &d, sizeof bits);
   int64_t k = (int64_t)(bits >> (52 - CACHE_BIN_SUB)) - p->bin_off;
