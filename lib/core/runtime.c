@@ -9,9 +9,15 @@
  * the lock of a policy that is not `concurrent` (one op at a time); the map
  * is then touched under that same lock, held across the op and the map
  * (gmr__policy_lock and the *_locked calls).  A concurrent policy locks
- * itself, and the map is touched under its shard's lock.  Both are
- * gmr_lock_t (lock.h): an uncontended lock and unlock are one atomic
- * instruction each, inline.
+ * itself, and the map is touched under its shard's lock.  The policy lock
+ * is a gmr_lock_t, a shard's a gmr_spin_t (lock.h): an uncontended lock and
+ * unlock are one atomic instruction each, inline (a spin unlock is a plain
+ * release store).
+ *
+ * Paths.  gmr_alloc and gmr_free check their arguments, then test one word,
+ * `slow` (a serialized policy, the trace, the history): 0 jumps to the hot
+ * path (alloc_fast, free_fast: the policy, the shard), anything else to the
+ * general one (alloc_general, free_general), both before a frame is built.
  *
  * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
  * and not yet passed to gmr_free; so a double free or a foreign pointer is
@@ -25,8 +31,9 @@
  * alloc (or oom) once the block is in the map, and gmr_free records
  * free_requested (and free_completed, unless the policy stack reports it)
  * before the policy sees the block, so the address cannot be handed out again
- * before its free is in the history.  With no history each entry point pays
- * one load and one predictable branch.  The device's entries (segment_*) are
+ * before its free is in the history.  With no history, no trace and a
+ * concurrent policy each entry point pays one load and one predictable
+ * branch.  The device's entries (segment_*) are
  * recorded by the recording layer (observe/recording.h) that the runtime puts
  * between its policies and the device; snapshots are written by
  * observe/snapshot.c, which reads the runtime through a gmr_snapshot_source_t

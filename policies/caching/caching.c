@@ -20,8 +20,9 @@
  *
  * Structures.  A segment (cache_seg_t) is a doubly linked list of blocks in
  * address order (prev/next).  Free blocks live in their (stream, pool)'s
- * treap ordered by (size, address); since PyTorch's one std::set is ordered
- * by (stream, size, address) and a search never leaves its stream, per-stream
+ * bins (caching.h: 64 treaps cut by size, a bitmap of the non-empty ones),
+ * ordered by (size, address); since PyTorch's one std::set is ordered by
+ * (stream, size, address) and a search never leaves its stream, per-stream
  * trees give the identical best fit.  Unmapped ranges of expandable segments
  * live in a second treap per pool, ordered by address.  Block records are
  * recycled, so the hot path (a cached alloc and free) does no host
@@ -42,12 +43,15 @@
  * takes only that lock.  Everything else (new segments, releasing, events,
  * record_stream, statistics, walks) takes the global path: `glock`, then
  * every stream lock in creation order, which excludes all fast paths.
- * Statistics: the fast path changes the policy's figures under `slock`
- * when that lock is free (always, with one thread, so every figure and
- * every peak is PyTorch's, exactly); once a fast path finds it busy, fast
- * paths journal their changes into a per-stream delta, folded in by the
- * next global path.  Then current, allocated and freed
- * figures stay exact and peaks are those seen at the folds.
+ * Statistics: with one stream, the fast path changes the policy's figures
+ * under the stream's lock alone (nothing else can touch them); with more,
+ * under `slock` when that lock is free (always, with one thread, so every
+ * figure and every peak is PyTorch's, exactly); once a fast path finds it
+ * busy, fast paths journal their changes into a per-stream delta, folded in
+ * by the next global path.  Then current, allocated and freed figures stay
+ * exact and peaks are those seen at the folds.  With one stream a fast free
+ * is deferred to the stream's next operation, which may take the block back
+ * ("The deferred free" below).
  */
 #include <math.h>
 #include <pthread.h>
