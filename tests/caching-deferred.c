@@ -12,14 +12,18 @@
  * another requested size) and to what it must refuse (a neighbour merging
  * before the block, a better fit elsewhere, max_split_size, another pool),
  * on one stream (frees deferred) and on three (a second stream ends the
- * deferral), with record_stream, empty_cache and OOMs on a small device.  After every step both
- * must have answered the same: the same address or the same OOM message; every 97 steps, and at the
- * end, all of memory_stats() (each figure: current, peak, allocated, freed), memory_summary() byte
- * for byte and every block of every segment.  Under
- * --enable-debug=3 the invariant walker runs after every op of both.
+ * deferral), with record_stream, empty_cache and OOMs on a small device.
+ * After every step both must have answered the same: the same address or
+ * the same OOM message; every 97 steps, and at the end, all of
+ * memory_stats() (each figure: current, peak, allocated, freed),
+ * memory_summary() byte for byte and every block of every segment.  Under
+ * --enable-debug=3 the invariant walker runs after every op of both.  Last,
+ * four threads share one stream (the deferred slot under its lock; run
+ * under ThreadSanitizer by .ci/run), and the books must balance.
  *
  * The seed is printed; GMR_SEED=<n> replays a run.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +230,63 @@ static void run_on(const char *name, const char *yaml, uint64_t capacity, int n_
   free(w);
 }
 
+/* Threads sharing one stream: the deferred slot and the take-back under
+ * the stream's lock, each thread freeing and allocating again what it
+ * holds.  The answers depend on the interleaving; the books must balance. */
+#define T_THREADS 4
+#define T_STEPS   20000
+
+typedef struct tworker_s {
+  gmr_runtime_t *rt;
+  uint64_t seed;
+  int failures;
+} tworker_t;
+
+static void *tworker_main(void *arg) {
+  tworker_t *w = arg;
+  void *held[16] = {NULL};
+  size_t size[16] = {0};
+  uint64_t x = w->seed;
+  for (int i = 0; i < T_STEPS; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int k = (int)(x % 16);
+    if (held[k] != NULL && gmr_free(w->rt, held[k]) != 0) ++w->failures;
+    if (size[k] == 0 || x % 8 == 0) size[k] = (size_t)512 << (x >> 8) % 13; /* 512 B to 2 MiB */
+    held[k] = NULL;
+    if (gmr_alloc(w->rt, size[k] - (x >> 20) % 3, GMR_SIM_STREAM(1), &held[k]) != 0) ++w->failures;
+  }
+  for (int k = 0; k < 16; ++k)
+    if (held[k] != NULL && gmr_free(w->rt, held[k]) != 0) ++w->failures;
+  return NULL;
+}
+
+static void threads_on_one_stream(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: caching\n", (uint64_t)64 << 30, 0);
+  if (!ok(rt != NULL, "threads: a runtime")) return;
+  pthread_t th[T_THREADS];
+  tworker_t w[T_THREADS];
+  for (int t = 0; t < T_THREADS; ++t) {
+    w[t] = (tworker_t){rt, rnd() | 1, 0};
+    pthread_create(&th[t], NULL, tworker_main, &w[t]);
+  }
+  int failures = 0;
+  for (int t = 0; t < T_THREADS; ++t) {
+    pthread_join(th[t], NULL);
+    failures += w[t].failures;
+  }
+  is_int(failures, 0, "threads: %d threads on one stream, %d steps each, every call succeeded",
+         T_THREADS, T_STEPS);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 0, "threads: nothing live");
+  is_u64(st.num_allocs, st.num_frees, "threads: as many frees as allocations");
+  is_u64(st.num_allocs, (uint64_t)T_THREADS * T_STEPS, "threads: every allocation counted");
+  is_u64(st.active_bytes + st.allocated_bytes + st.requested_bytes, 0,
+         "threads: no active, allocated or requested bytes left");
+  is_int(gmr_check(rt), 0, "threads: invariants hold");
+  gmr_runtime_free(rt);
+}
+
 static void run(const char *name, const char *yaml, uint64_t capacity) {
   char label[64];
   snprintf(label, sizeof label, "%s, one stream", name);
@@ -249,5 +310,6 @@ int main(void) {
       "         per_process_memory_fraction: 0.8}\n",
       dev);
   run("expandable", "policy: {name: caching, expandable_segments: true}\n", dev);
+  threads_on_one_stream();
   done_testing();
 }
