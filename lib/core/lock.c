@@ -1,11 +1,30 @@
-/* lock.c: the slow paths of gmr_lock_t (lock.h): spinning with backoff,
- * sleeping on the futex, and waking one sleeper; and the event waits
+/* lock.c: the slow path of gmr_spin_t; the slow paths of gmr_lock_t (lock.h): spinning with
+ * backoff, sleeping on the futex, and waking one sleeper; and the event waits
  * (gmr__lock_wait_until, gmr__wake_all).  The fast paths are inline in
  * lock.h.
  */
+#include <sched.h>
 #include <time.h>
 
 #include "core/lock.h"
+
+void gmr__spin_wait(gmr_spin_t *l) {
+  for (unsigned n = 0;;) {
+    if (!atomic_exchange_explicit(&l->locked, 1, memory_order_acquire)) return;
+    while (atomic_load_explicit(&l->locked, memory_order_relaxed)) {
+      if (++n < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+      } else {
+        n = 0;
+        sched_yield();
+      }
+    }
+  }
+}
 
 static uint64_t lock_now_ns(void) {
   struct timespec ts;

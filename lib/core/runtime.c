@@ -9,9 +9,15 @@
  * the lock of a policy that is not `concurrent` (one op at a time); the map
  * is then touched under that same lock, held across the op and the map
  * (gmr__policy_lock and the *_locked calls).  A concurrent policy locks
- * itself, and the map is touched under its shard's lock.  Both are
- * gmr_lock_t (lock.h): an uncontended lock and unlock are one atomic
- * instruction each, inline.
+ * itself, and the map is touched under its shard's lock.  The policy lock
+ * is a gmr_lock_t, a shard's a gmr_spin_t (lock.h): an uncontended lock and
+ * unlock are one atomic instruction each, inline (a spin unlock is a plain
+ * release store).
+ *
+ * Paths.  gmr_alloc and gmr_free check their arguments, then test one word,
+ * `slow` (a serialized policy, the trace, the history): 0 jumps to the hot
+ * path (alloc_fast, free_fast: the policy, the shard), anything else to the
+ * general one (alloc_general, free_general), both before a frame is built.
  *
  * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
  * and not yet passed to gmr_free; so a double free or a foreign pointer is
@@ -25,8 +31,9 @@
  * alloc (or oom) once the block is in the map, and gmr_free records
  * free_requested (and free_completed, unless the policy stack reports it)
  * before the policy sees the block, so the address cannot be handed out again
- * before its free is in the history.  With no history each entry point pays
- * one load and one predictable branch.  The device's entries (segment_*) are
+ * before its free is in the history.  With no history, no trace and a
+ * concurrent policy each entry point pays one load and one predictable
+ * branch.  The device's entries (segment_*) are
  * recorded by the recording layer (observe/recording.h) that the runtime puts
  * between its policies and the device; snapshots are written by
  * observe/snapshot.c, which reads the runtime through a gmr_snapshot_source_t
@@ -54,10 +61,12 @@
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */
 #if defined(__GNUC__)
-#define RUNTIME_COLD   __attribute__((cold, noinline))
-#define RUNTIME_INLINE inline __attribute__((always_inline))
+#define RUNTIME_COLD     __attribute__((cold, noinline))
+#define RUNTIME_NOINLINE __attribute__((noinline))
+#define RUNTIME_INLINE   inline __attribute__((always_inline))
 #else
 #define RUNTIME_COLD
+#define RUNTIME_NOINLINE
 #define RUNTIME_INLINE inline
 #endif
 
@@ -66,15 +75,26 @@
 #define MAP_SHARDS     256 /* a power of two; 16 threads rarely share one */
 #define MAP_SHARD_BITS 8
 #define CACHE_LINE     64
+#define MAP_FIRST_SLOTS                                                                            \
+  8 /* a shard's first table (its first 4 entries): 256 of them cost 80 KiB                        \
+     */
 
 typedef struct map_shard_s {
-  _Alignas(CACHE_LINE) gmr_lock_t lock; /* used only with concurrent policies */
+  _Alignas(CACHE_LINE) gmr_spin_t lock; /* used only with concurrent policies */
   size_t mask;                          /* capacity - 1 (capacity a power of two) */
   size_t count;                         /* live entries; count <= capacity / 2 */
   size_t grow_at;                       /* capacity / 2 (0 before the first insert): an insert at
                                            count == grow_at doubles the table first */
-  gmr_block_t *slots;                   /* ptr == NULL: empty */
+  gmr_block_t *slots;                   /* ptr == NULL: empty; map_none before the first insert */
 } map_shard_t;
+
+/* The table of a shard that never held an entry: one empty slot (mask 0,
+ * grow_at 0), so a lookup needs no test for a missing table. */
+static gmr_block_t map_none[1];
+
+#define RUNTIME_SLOW_HISTORY 1u /* `history` is set */
+#define RUNTIME_SLOW_TRACE   2u /* `trace` is set */
+#define RUNTIME_SLOW_SERIAL  4u /* `policy_lock` is set: the policy is not concurrent */
 
 /* Synchronization: `policy`, `policy_lock`, `backend`, `trace` and the names
  * are written once by runtime_build and only read afterwards; each shard's
@@ -86,7 +106,10 @@ struct gmr_runtime_s {
   gmr_backend_t *backend;  /* the recording layer the policies were given */
   gmr_backend_t *dev;      /* the device under it (owned by `backend`) */
   gmr_trace_t *trace;      /* NULL unless recording */
-  void *raw;               /* what gmr__calloc returned (the runtime is aligned inside) */
+  /* RUNTIME_SLOW_* bits: gmr_alloc and gmr_free take their general path
+   * unless it is 0 (a concurrent policy, no trace, no history). */
+  _Atomic uint32_t slow;
+  void *raw; /* what gmr__calloc returned (the runtime is aligned inside) */
   /* The memory history: `history` is NULL when off and `history_store` while
    * on; the store lives until the runtime is freed, so a thread that loaded
    * `history` just before it was turned off still records into valid memory.
@@ -115,26 +138,30 @@ static inline map_shard_t *map_shard(gmr_runtime_t *rt, uint64_t h) {
   return &rt->shards[h >> (64 - MAP_SHARD_BITS)];
 }
 
-static gmr_block_t *map_find(map_shard_t *sh, const void *ptr, uint64_t h) {
-  if (sh->slots == NULL) return NULL;
-  for (size_t i = h & sh->mask;; i = (i + 1) & sh->mask) {
-    if (sh->slots[i].ptr == ptr) return &sh->slots[i];
-    if (sh->slots[i].ptr == NULL) return NULL;
+/* The slot of ptr (not NULL) in its shard, or MAP_NONE. */
+#define MAP_NONE SIZE_MAX
+static RUNTIME_INLINE size_t map_find(const map_shard_t *sh, const void *ptr, uint64_t h) {
+  const gmr_block_t *slots = sh->slots;
+  const size_t mask = sh->mask;
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    const void *k = slots[i].ptr;
+    if (k == ptr) return i;
+    if (k == NULL) return MAP_NONE;
   }
 }
 
 static int map_grow(map_shard_t *sh) {
-  size_t cap = sh->slots ? (sh->mask + 1) * 2 : 64;
+  size_t cap = sh->slots != map_none ? (sh->mask + 1) * 2 : MAP_FIRST_SLOTS;
   gmr_block_t *slots = gmr__calloc(cap, sizeof *slots);
   if (slots == NULL) return GMR_ENOMEM;
-  for (size_t i = 0; sh->slots && i <= sh->mask; ++i) {
+  for (size_t i = 0; i <= sh->mask; ++i) {
     if (sh->slots[i].ptr == NULL) continue;
     size_t j = map_hash(sh->slots[i].ptr) & (cap - 1);
     while (slots[j].ptr != NULL)
       j = (j + 1) & (cap - 1);
     slots[j] = sh->slots[i];
   }
-  gmr__free(sh->slots);
+  if (sh->slots != map_none) gmr__free(sh->slots);
   sh->slots = slots;
   sh->mask = cap - 1;
   sh->grow_at = cap / 2;
@@ -153,31 +180,29 @@ static RUNTIME_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, ui
   return 0;
 }
 
-/* Backward-shift deletion: no tombstones, probes stay short. */
-static void map_erase(map_shard_t *sh, gmr_block_t *slot) {
-  size_t i = (size_t)(slot - sh->slots);
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & sh->mask;
-    if (sh->slots[j].ptr == NULL) break;
-    size_t home = map_hash(sh->slots[j].ptr) & sh->mask;
-    /* Move j back to i if its home is not in (i, j] cyclically. */
-    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!between) {
-      sh->slots[i] = sh->slots[j];
+/* Backward-shift deletion of slot i: no tombstones, probes stay short.
+ * An entry at j after the gap at i moves into it unless its home lies in
+ * (i, j] (cyclically): (j - home) mod cap < (j - i) mod cap. */
+static RUNTIME_INLINE void map_erase(map_shard_t *sh, size_t i) {
+  gmr_block_t *slots = sh->slots;
+  const size_t mask = sh->mask;
+  for (size_t j = (i + 1) & mask; slots[j].ptr != NULL; j = (j + 1) & mask) {
+    size_t home = map_hash(slots[j].ptr) & mask;
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      slots[i] = slots[j];
       i = j;
     }
   }
-  sh->slots[i].ptr = NULL;
+  slots[i].ptr = NULL;
   --sh->count;
 }
 
 /* A shard's lock, unless the policy's lock (held by the caller) guards it. */
 static inline void map_lock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (rt->policy_lock == NULL) gmr__lock(&sh->lock);
+  if (rt->policy_lock == NULL) gmr__spin_lock(&sh->lock);
 }
 static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
-  if (rt->policy_lock == NULL) gmr__unlock(&sh->lock);
+  if (rt->policy_lock == NULL) gmr__spin_unlock(&sh->lock);
 }
 
 static int fail(gmr_runtime_t *rt, int err) {
@@ -261,9 +286,10 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
   rt->device = device;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
-  int shards = 0;
-  for (; shards < MAP_SHARDS; ++shards)
-    if (gmr__lock_init(&rt->shards[shards].lock) != 0) goto fail_shards;
+  for (int k = 0; k < MAP_SHARDS; ++k) {
+    gmr__spin_init(&rt->shards[k].lock);
+    rt->shards[k].slots = map_none;
+  }
   err = gmr__policy_create(cfg->policy, be, &rt->policy);
   if (err != 0) goto fail_policy;
   gmr__policy_set_owner(rt->policy, rt);
@@ -274,6 +300,8 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
     err = gmr__trace_open(trace_path, &rt->trace);
     if (err != 0) goto fail_trace;
   }
+  atomic_init(&rt->slow, (rt->policy_lock != NULL ? RUNTIME_SLOW_SERIAL : 0u) |
+                             (rt->trace != NULL ? RUNTIME_SLOW_TRACE : 0u));
   rt->history_completes = true;
   for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
     if (p->ops->reports_free_completed) rt->history_completes = false;
@@ -299,9 +327,6 @@ fail_history:
 fail_trace:
   gmr__policy_destroy(rt->policy);
 fail_policy:
-fail_shards:
-  while (shards-- > 0)
-    gmr__lock_destroy(&rt->shards[shards].lock);
   gmr__lock_destroy(&rt->lock);
 fail_lock:
   gmr__backend_free(be);
@@ -365,10 +390,9 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
   size_t live = 0, bytes = 0;
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
-    for (size_t i = 0; sh->slots && i <= sh->mask; ++i)
+    for (size_t i = 0; i <= sh->mask; ++i)
       if (sh->slots[i].ptr != NULL) ++live, bytes += sh->slots[i].requested;
-    gmr__free(sh->slots);
-    gmr__lock_destroy(&sh->lock);
+    if (sh->slots != map_none) gmr__free(sh->slots);
   }
   if (live != 0)
     gmr__log(GMR_LOG_WARN,
@@ -427,11 +451,11 @@ static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
   return atomic_load_explicit(&rt->history, memory_order_acquire);
 }
 
-/* The policy's allocation and the map insertion, under the locks. */
+/* The general path's policy allocation and map insertion, under the locks. */
 static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
                                      gmr_block_t *blk) {
   gmr_lock_t *const pl = rt->policy_lock;
-  if (GMR_UNLIKELY(pl != NULL)) gmr__lock(pl);
+  if (pl != NULL) gmr__lock(pl);
   int err = gmr__policy_alloc_locked(rt->policy, size, s, blk);
   if (GMR_LIKELY(err == 0)) {
     gmr_assert(blk->ptr != NULL && blk->size >= size);
@@ -439,46 +463,65 @@ static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_
     blk->stream = s;
     uint64_t h = map_hash(blk->ptr);
     map_shard_t *sh = map_shard(rt, h);
-    if (GMR_LIKELY(pl == NULL)) gmr__lock(&sh->lock);
+    if (pl == NULL) gmr__spin_lock(&sh->lock);
     err = map_insert(sh, blk, h);
-    if (GMR_LIKELY(pl == NULL)) gmr__unlock(&sh->lock);
+    if (pl == NULL) gmr__spin_unlock(&sh->lock);
     if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, blk);
   } else {
     err = gmr__policy_failed(rt->policy, err);
   }
-  if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
+  if (pl != NULL) gmr__unlock(pl);
   return err;
 }
 
-/* gmr_alloc while the history records: alloc on success, oom on GMR_ENOMEM
- * (PyTorch's OOM entry: the device's free bytes and the request). */
-static RUNTIME_COLD int alloc_recorded(gmr_runtime_t *rt, gmr_history_t *hist, size_t size,
-                                       gmr_stream_t s, void **out_ptr) {
+/* gmr_alloc's general path: a serialized policy, the trace, the history
+ * (alloc on success, oom on GMR_ENOMEM: PyTorch's OOM entry, the device's
+ * free bytes and the request). */
+static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
+                                          void **out_ptr) {
+  gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
-  if (err == GMR_ENOMEM) {
+  if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
     gmr__backend_mem_info(rt->backend, &free_b, &total);
     gmr__history_record(hist, GMR_HIST_OOM, free_b, size, s);
   }
-  if (err != 0) return fail(rt, err);
-  gmr__history_record(hist, GMR_HIST_ALLOC, (uintptr_t)blk.ptr, size, s);
-  if (rt->trace) trace_write(rt, "allocate", blk.ptr, size, s);
+  if (err != 0) return hist != NULL ? fail(rt, err) : err; /* tagged by alloc_core */
+  if (hist != NULL) gmr__history_record(hist, GMR_HIST_ALLOC, (uintptr_t)blk.ptr, size, s);
+  if (rt->trace != NULL) trace_write(rt, "allocate", blk.ptr, size, s);
+  *out_ptr = blk.ptr;
+  return 0;
+}
+
+/* The hot path: a concurrent policy (it locks itself), no trace, no history;
+ * the map is touched under its shard's lock.  Anything else is `slow`.  Out
+ * of line, so that gmr_alloc reaches either path by a jump, before any frame
+ * is built. */
+static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
+                                       void **out_ptr) {
+  gmr_block_t blk;
+  int err = gmr__policy_alloc_locked(rt->policy, size, s, &blk);
+  if (GMR_UNLIKELY(err != 0)) return gmr__policy_failed(rt->policy, err);
+  gmr_assert(blk.ptr != NULL && blk.size >= size);
+  blk.requested = size;
+  blk.stream = s;
+  uint64_t h = map_hash(blk.ptr);
+  map_shard_t *sh = map_shard(rt, h);
+  gmr__spin_lock(&sh->lock);
+  bool mapped = map_insert(sh, &blk, h) == 0;
+  gmr__spin_unlock(&sh->lock);
+  if (GMR_UNLIKELY(!mapped)) return alloc_unmapped(rt, &blk);
   *out_ptr = blk.ptr;
   return 0;
 }
 
 int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
-  if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size == 0 || size >= GMR_MAX_REQUEST))
+  if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size - 1 >= GMR_MAX_REQUEST - 1))
     return alloc_refused(rt, size, out_ptr);
-  gmr_history_t *hist = history_of(rt);
-  if (GMR_UNLIKELY(hist != NULL)) return alloc_recorded(rt, hist, size, s, out_ptr);
-  gmr_block_t blk;
-  int err = alloc_core(rt, size, s, &blk);
-  if (GMR_UNLIKELY(err != 0)) return err; /* tagged by the wrapper */
-  if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "allocate", blk.ptr, size, s);
-  *out_ptr = blk.ptr;
-  return 0;
+  if (GMR_UNLIKELY(atomic_load_explicit(&rt->slow, memory_order_acquire) != 0))
+    return alloc_general(rt, size, s, out_ptr);
+  return alloc_fast(rt, size, s, out_ptr);
 }
 
 static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
@@ -487,42 +530,69 @@ static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr
                                  fn, ptr));
 }
 
-/* Record a free before the policy sees the block (see the file comment). */
-static RUNTIME_COLD void free_recorded(gmr_runtime_t *rt, gmr_history_t *hist,
-                                       const gmr_block_t *blk) {
-  gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk->ptr, blk->requested,
-                      blk->stream);
-  if (rt->history_completes)
-    gmr__history_record(hist, GMR_HIST_FREE_COMPLETED, (uintptr_t)blk->ptr, blk->requested,
-                        blk->stream);
-}
-
-int gmr_free(gmr_runtime_t *rt, void *ptr) {
-  if (GMR_UNLIKELY(rt == NULL)) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
-  if (ptr == NULL) return 0;
+/* gmr_free's general path (see gmr_alloc): the free is recorded in the
+ * history before the policy sees the block (see the file comment). */
+static RUNTIME_NOINLINE int free_general(gmr_runtime_t *rt, void *ptr) {
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
   gmr_lock_t *const pl = rt->policy_lock;
   /* One lock either way: the policy lock guards the map too when it is held. */
-  gmr__lock(GMR_LIKELY(pl == NULL) ? &sh->lock : pl);
-  gmr_block_t *slot = map_find(sh, ptr, h);
+  if (pl == NULL)
+    gmr__spin_lock(&sh->lock);
+  else
+    gmr__lock(pl);
+  size_t slot = map_find(sh, ptr, h);
   gmr_block_t blk;
-  if (GMR_LIKELY(slot != NULL)) {
-    blk = *slot;
+  if (slot != MAP_NONE) {
+    blk = sh->slots[slot];
     map_erase(sh, slot);
   }
-  if (GMR_LIKELY(pl == NULL)) gmr__unlock(&sh->lock);
-  if (GMR_UNLIKELY(slot == NULL)) {
-    if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
+  if (pl == NULL) gmr__spin_unlock(&sh->lock);
+  if (slot == MAP_NONE) {
+    if (pl != NULL) gmr__unlock(pl);
     return bad_pointer(rt, "gmr_free", ptr);
   }
   gmr_history_t *hist = history_of(rt);
-  if (GMR_UNLIKELY(hist != NULL)) free_recorded(rt, hist, &blk);
+  if (hist != NULL) {
+    gmr__history_record(hist, GMR_HIST_FREE_REQUESTED, (uintptr_t)blk.ptr, blk.requested,
+                        blk.stream);
+    if (rt->history_completes)
+      gmr__history_record(hist, GMR_HIST_FREE_COMPLETED, (uintptr_t)blk.ptr, blk.requested,
+                          blk.stream);
+  }
   int err = gmr__policy_free_locked(rt->policy, &blk);
-  if (GMR_UNLIKELY(pl != NULL)) gmr__unlock(pl);
-  if (GMR_UNLIKELY(err != 0)) return gmr__policy_failed(rt->policy, err);
-  if (GMR_UNLIKELY(rt->trace != NULL)) trace_write(rt, "free", ptr, blk.requested, blk.stream);
+  if (pl != NULL) gmr__unlock(pl);
+  if (err != 0) return gmr__policy_failed(rt->policy, err);
+  if (rt->trace != NULL) trace_write(rt, "free", ptr, blk.requested, blk.stream);
   return 0;
+}
+
+/* gmr_free's hot path (see alloc_fast). */
+static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
+  uint64_t h = map_hash(ptr);
+  map_shard_t *sh = map_shard(rt, h);
+  gmr__spin_lock(&sh->lock);
+  size_t slot = map_find(sh, ptr, h);
+  if (GMR_UNLIKELY(slot == MAP_NONE)) {
+    gmr__spin_unlock(&sh->lock);
+    return bad_pointer(rt, "gmr_free", ptr);
+  }
+  gmr_block_t blk = sh->slots[slot];
+#if defined(__GNUC__)
+  __builtin_prefetch(blk.handle); /* the policy's record: fetched while the map is updated */
+#endif
+  map_erase(sh, slot);
+  gmr__spin_unlock(&sh->lock);
+  int err = gmr__policy_free_locked(rt->policy, &blk);
+  return GMR_UNLIKELY(err != 0) ? gmr__policy_failed(rt->policy, err) : 0;
+}
+
+int gmr_free(gmr_runtime_t *rt, void *ptr) {
+  if (GMR_UNLIKELY(rt == NULL)) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
+  if (GMR_UNLIKELY(ptr == NULL)) return 0;
+  if (GMR_UNLIKELY(atomic_load_explicit(&rt->slow, memory_order_acquire) != 0))
+    return free_general(rt, ptr);
+  return free_fast(rt, ptr);
 }
 
 int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
@@ -533,12 +603,12 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
   map_shard_t *sh = map_shard(rt, h);
   gmr__policy_lock(rt->policy);
   map_lock(rt, sh);
-  gmr_block_t *slot = map_find(sh, ptr, h);
+  size_t slot = map_find(sh, ptr, h);
   gmr_block_t blk;
-  if (slot != NULL) blk = *slot;
+  if (slot != MAP_NONE) blk = sh->slots[slot];
   map_unlock(rt, sh);
-  int err = slot == NULL ? bad_pointer(rt, "gmr_record_stream", ptr)
-                         : gmr__policy_record_stream_locked(rt->policy, &blk, s);
+  int err = slot == MAP_NONE ? bad_pointer(rt, "gmr_record_stream", ptr)
+                             : gmr__policy_record_stream_locked(rt->policy, &blk, s);
   gmr__policy_unlock(rt->policy);
   if (err != 0) return err;
   if (rt->trace) trace_write(rt, "record_stream", ptr, blk.requested, s);
@@ -569,14 +639,14 @@ int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *
   map_shard_t *sh = map_shard(rt, h);
   gmr__policy_lock(rt->policy);
   map_lock(rt, sh);
-  gmr_block_t *slot = map_find(sh, ptr, h);
-  if (slot != NULL) {
-    *out_requested = slot->requested;
-    *out_allocated = slot->size;
+  size_t slot = map_find(sh, ptr, h);
+  if (slot != MAP_NONE) {
+    *out_requested = sh->slots[slot].requested;
+    *out_allocated = sh->slots[slot].size;
   }
   map_unlock(rt, sh);
   gmr__policy_unlock(rt->policy);
-  return slot ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
+  return slot != MAP_NONE ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
 }
 
 /* ---- statistics and introspection ------------------------------------------- */
@@ -829,6 +899,7 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   gmr__lock(&rt->lock);
   if (max_entries == 0) {
     atomic_store(&rt->history, NULL);
+    atomic_fetch_and(&rt->slow, ~RUNTIME_SLOW_HISTORY);
     gmr__recording_attach(rt->backend, NULL);
     if (rt->history_store != NULL) gmr__history_clear(rt->history_store);
   } else {
@@ -840,6 +911,7 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
       gmr__recording_attach(rt->backend, rt->history_store); /* release, too */
       /* Release: publishes the history's initialization (history_of). */
       atomic_store_explicit(&rt->history, rt->history_store, memory_order_release);
+      atomic_fetch_or_explicit(&rt->slow, RUNTIME_SLOW_HISTORY, memory_order_release);
     }
   }
   gmr__unlock(&rt->lock);
@@ -862,7 +934,7 @@ size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
     map_lock(rt, sh);
-    for (size_t i = 0; sh->slots && i <= sh->mask; ++i) {
+    for (size_t i = 0; i <= sh->mask; ++i) {
       if (sh->slots[i].ptr == NULL) continue;
       size_t home = map_hash(sh->slots[i].ptr) & sh->mask;
       size_t probe = ((i - home) & sh->mask) + 1;

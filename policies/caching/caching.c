@@ -20,8 +20,9 @@
  *
  * Structures.  A segment (cache_seg_t) is a doubly linked list of blocks in
  * address order (prev/next).  Free blocks live in their (stream, pool)'s
- * treap ordered by (size, address); since PyTorch's one std::set is ordered
- * by (stream, size, address) and a search never leaves its stream, per-stream
+ * bins (caching.h: 64 treaps cut by size, a bitmap of the non-empty ones),
+ * ordered by (size, address); since PyTorch's one std::set is ordered by
+ * (stream, size, address) and a search never leaves its stream, per-stream
  * trees give the identical best fit.  Unmapped ranges of expandable segments
  * live in a second treap per pool, ordered by address.  Block records are
  * recycled, so the hot path (a cached alloc and free) does no host
@@ -42,12 +43,15 @@
  * takes only that lock.  Everything else (new segments, releasing, events,
  * record_stream, statistics, walks) takes the global path: `glock`, then
  * every stream lock in creation order, which excludes all fast paths.
- * Statistics: the fast path changes the policy's figures under `slock`
- * when that lock is free (always, with one thread, so every figure and
- * every peak is PyTorch's, exactly); once a fast path finds it busy, fast
- * paths journal their changes into a per-stream delta, folded in by the
- * next global path.  Then current, allocated and freed
- * figures stay exact and peaks are those seen at the folds.
+ * Statistics: with one stream, the fast path changes the policy's figures
+ * under the stream's lock alone (nothing else can touch them); with more,
+ * under `slock` when that lock is free (always, with one thread, so every
+ * figure and every peak is PyTorch's, exactly); once a fast path finds it
+ * busy, fast paths journal their changes into a per-stream delta, folded in
+ * by the next global path.  Then current, allocated and freed figures stay
+ * exact and peaks are those seen at the folds.  With one stream a fast free
+ * is deferred to the stream's next operation, which may take the block back
+ * ("The deferred free" below).
  */
 #include <math.h>
 #include <pthread.h>
@@ -61,63 +65,70 @@
 /* The hot path (a cached alloc and its free) is inlined whole into the ops,
  * once with direct statistics (j == NULL) and once with a journal. */
 #if defined(__GNUC__)
-#define CACHE_HOT inline __attribute__((always_inline))
+#define CACHE_HOT      inline __attribute__((always_inline))
+#define CACHE_NOINLINE __attribute__((noinline))
 #else
 #define CACHE_HOT inline
+#define CACHE_NOINLINE
 #endif
 
 /* ---- treaps ---------------------------------------------------------------------
  * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
- * never changes while it is in a tree. */
+ * never changes while it is in a tree, except in place where its order among
+ * its neighbours stays (cache_alloc_found, cache_merge_in_place).  Nodes
+ * link to their parent, so an erase needs no search: the node is rotated
+ * down below its children (heap order: prio(parent) >= prio(child)) until
+ * it has at most one and is spliced out, an expected < 2 rotations; an
+ * insert descends by key to a leaf and rotates up while its priority
+ * passes its parent's (also < 2 expected).  Neighbours in key order are
+ * found from the node itself (treap_successor). */
 
-static cache_block_t *treap_join(cache_block_t *l, cache_block_t *r) {
-  if (l == NULL) return r;
-  if (r == NULL) return l;
-  if (l->prio > r->prio) {
-    l->right = treap_join(l->right, r);
-    return l;
-  }
-  r->left = treap_join(l, r->left);
-  return r;
-}
-
-/* Split t into keys < (size, ptr) and keys >= (size, ptr). */
-static void treap_split(cache_block_t *t, size_t size, uintptr_t ptr, bool by_addr,
-                        cache_block_t **l, cache_block_t **r) {
-  if (t == NULL) {
-    *l = *r = NULL;
-  } else if (cache_less(t, size, ptr, by_addr)) {
-    treap_split(t->right, size, ptr, by_addr, &t->right, r);
-    *l = t;
+/* Rotate x above its parent p (x keeps its key order: p becomes x's child). */
+static inline void treap_rotate_up(cache_block_t **root, cache_block_t *x) {
+  cache_block_t *p = x->parent, *g = p->parent;
+  if (p->left == x) {
+    p->left = x->right;
+    if (x->right) x->right->parent = p;
+    x->right = p;
   } else {
-    treap_split(t->left, size, ptr, by_addr, l, &t->left);
-    *r = t;
+    p->right = x->left;
+    if (x->left) x->left->parent = p;
+    x->left = p;
   }
+  p->parent = x;
+  x->parent = g;
+  if (g == NULL)
+    *root = x;
+  else if (g->left == p)
+    g->left = x;
+  else
+    g->right = x;
 }
 
-static cache_block_t *treap_insert(cache_block_t *t, cache_block_t *n, bool by_addr) {
-  if (t == NULL) {
-    n->left = n->right = NULL;
-    return n;
+static void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
+  cache_block_t *parent = NULL, **link = root;
+  while (*link != NULL) {
+    parent = *link;
+    link = cache_less(n, parent->size, parent->ptr, by_addr) ? &parent->left : &parent->right;
   }
-  if (n->prio > t->prio) {
-    treap_split(t, n->size, n->ptr, by_addr, &n->left, &n->right);
-    return n;
-  }
-  if (cache_less(n, t->size, t->ptr, by_addr))
-    t->left = treap_insert(t->left, n, by_addr);
-  else
-    t->right = treap_insert(t->right, n, by_addr);
-  return t;
+  n->left = n->right = NULL;
+  n->parent = parent;
+  *link = n;
+  while (n->parent != NULL && n->prio > n->parent->prio)
+    treap_rotate_up(root, n);
 }
 
-static cache_block_t *treap_erase(cache_block_t *t, cache_block_t *n, bool by_addr) {
-  if (t == n) return treap_join(n->left, n->right);
-  if (cache_less(n, t->size, t->ptr, by_addr))
-    t->left = treap_erase(t->left, n, by_addr);
+static void treap_erase(cache_block_t **root, cache_block_t *n) {
+  while (n->left != NULL && n->right != NULL)
+    treap_rotate_up(root, n->left->prio > n->right->prio ? n->left : n->right);
+  cache_block_t *child = n->left != NULL ? n->left : n->right, *parent = n->parent;
+  if (child != NULL) child->parent = parent;
+  if (parent == NULL)
+    *root = child;
+  else if (parent->left == n)
+    parent->left = child;
   else
-    t->right = treap_erase(t->right, n, by_addr);
-  return t;
+    parent->right = child;
 }
 
 /* The first block whose key is >= (size, ptr), or NULL. */
@@ -152,24 +163,30 @@ static inline cache_block_t *treap_fit(cache_block_t *t, size_t size, cache_bloc
   return best;
 }
 
-/* The block after `n` (in the free tree t) in (size, ptr) order, or NULL. */
-static inline cache_block_t *treap_successor(cache_block_t *t, const cache_block_t *n) {
+/* The block after `n` in its tree's order, or NULL. */
+static inline cache_block_t *treap_successor(const cache_block_t *n) {
   if (n->right != NULL) {
     cache_block_t *m = n->right;
     while (m->left != NULL)
       m = m->left;
     return m;
   }
-  cache_block_t *after = NULL;
-  while (t != n) {
-    if (cache_less(n, t->size, t->ptr, false)) {
-      after = t;
-      t = t->left;
-    } else {
-      t = t->right;
-    }
+  while (n->parent != NULL && n->parent->right == n)
+    n = n->parent;
+  return n->parent;
+}
+
+/* The block before `n` in its tree's order, or NULL. */
+static inline cache_block_t *treap_predecessor(const cache_block_t *n) {
+  if (n->left != NULL) {
+    cache_block_t *m = n->left;
+    while (m->right != NULL)
+      m = m->right;
+    return m;
   }
-  return after;
+  while (n->parent != NULL && n->parent->left == n)
+    n = n->parent;
+  return n->parent;
 }
 
 static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
@@ -184,44 +201,127 @@ static inline uint32_t cache_prio(cache_stream_t *cs) {
   return (uint32_t)(cs->prio_state >> 33);
 }
 
+/* ---- a pool's bins (caching.h): the free tree in pieces ------------------------- */
+
 /* BlockPool::insert_into_blocks: stamps the GC clock. */
 static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
   b->gc_count_base = c->gc_clock[p->is_small];
   b->prio = cache_prio(p->stream);
-  p->blocks = treap_insert(p->blocks, b, false);
+  unsigned k = cache_bin(p, b->size);
+  b->bin = (uint8_t)k;
+  treap_insert(&p->bins[k], b, false);
+  p->nonempty |= 1ull << k;
   b->in_tree = true;
   ++p->n_blocks;
 }
 
 static void pool_erase(cache_pool_t *p, cache_block_t *b) {
-  p->blocks = treap_erase(p->blocks, b, false);
+  unsigned k = b->bin;
+  treap_erase(&p->bins[k], b);
+  if (p->bins[k] == NULL) p->nonempty &= ~(1ull << k);
   b->in_tree = false;
   --p->n_blocks;
 }
 
+static inline cache_block_t *treap_first(cache_block_t *t) {
+  while (t != NULL && t->left != NULL)
+    t = t->left;
+  return t;
+}
+
+static inline cache_block_t *treap_last(cache_block_t *t) {
+  while (t != NULL && t->right != NULL)
+    t = t->right;
+  return t;
+}
+
+/* The first block of the first bin at or after k, or NULL. */
+static inline cache_block_t *pool_first_from(const cache_pool_t *p, unsigned k) {
+  int b = cache_bin_next(p, k);
+  return b < 0 ? NULL : treap_first(p->bins[b]);
+}
+
+/* The first free block whose key is >= (size, ptr), or NULL. */
+static cache_block_t *pool_lower_bound(const cache_pool_t *p, size_t size, uintptr_t ptr) {
+  unsigned k = cache_bin(p, size);
+  cache_block_t *b = treap_lower_bound(p->bins[k], size, ptr, false);
+  return b != NULL ? b : pool_first_from(p, k + 1);
+}
+
+/* The best fit: the first free block whose key is >= (size, 0), and in
+ * *pred the block before it in its bin (NULL: the first of its bin), or
+ * NULL. */
+static inline cache_block_t *pool_fit(const cache_pool_t *p, size_t size, cache_block_t **pred) {
+  unsigned k = cache_bin(p, size);
+  cache_block_t *b = treap_fit(p->bins[k], size, pred);
+  if (GMR_LIKELY(b != NULL)) return b;
+  *pred = NULL;
+  return pool_first_from(p, k + 1);
+}
+
+/* The free blocks after and before n in the pool's order, or NULL. */
+static inline cache_block_t *pool_next(const cache_pool_t *p, const cache_block_t *n) {
+  cache_block_t *s = treap_successor(n);
+  return s != NULL ? s : pool_first_from(p, n->bin + 1u);
+}
+
+static inline cache_block_t *pool_prev(const cache_pool_t *p, const cache_block_t *n) {
+  cache_block_t *s = treap_predecessor(n);
+  if (s != NULL) return s;
+  int b = cache_bin_prev(p, (int)n->bin - 1);
+  return b < 0 ? NULL : treap_last(p->bins[b]);
+}
+
+/* Every free block of the pool in order into v from v[n] (p->n_blocks
+ * entries); returns n + p->n_blocks. */
+static size_t pool_collect(const cache_pool_t *p, cache_block_t **v, size_t n) {
+  for (int k = cache_bin_next(p, 0); k >= 0; k = cache_bin_next(p, (unsigned)k + 1))
+    n = treap_collect(p->bins[k], v, n);
+  return n;
+}
+
 static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
   b->prio = cache_prio(p->stream);
-  p->unmapped = treap_insert(p->unmapped, b, true);
+  treap_insert(&p->unmapped, b, true);
   b->in_tree = true;
 }
 
 static void unmapped_erase(cache_pool_t *p, cache_block_t *b) {
-  p->unmapped = treap_erase(p->unmapped, b, true);
+  treap_erase(&p->unmapped, b);
   b->in_tree = false;
 }
 
 /* ---- records ---------------------------------------------------------------------- */
 
+/* Records come in chunks of CACHE_CHUNK, 64-byte aligned, one host
+ * allocation each, linked from their stream and freed with it: a record's
+ * first line is a whole cache line, and records made together lie
+ * together. */
+#define CACHE_CHUNK 32
+typedef struct cache_chunk_s {
+  struct cache_chunk_s *next;
+} cache_chunk_t;
+
+static cache_block_t *chunk_records(cache_chunk_t *k) {
+  return (cache_block_t *)(((uintptr_t)(k + 1) + 63) & ~(uintptr_t)63);
+}
+
 /* Keep at least n spare block records in a stream, so that a step that
  * needs some cannot fail half way.  Caller holds the stream's lock. */
 static int cache_records_reserve(cache_stream_t *cs, size_t n) {
+  _Static_assert(sizeof(cache_block_t) == 128, "a block record is two cache lines");
   while (cs->n_spare < n) {
-    cache_block_t *b = gmr__calloc(1, sizeof *b);
-    if (b == NULL)
+    cache_chunk_t *k = gmr__calloc(1, sizeof *k + 63 + CACHE_CHUNK * sizeof(cache_block_t));
+    if (k == NULL)
       return gmr__error_set(GMR_ENOMEM, "caching: out of host memory for block records");
-    b->next = cs->spare;
-    cs->spare = b;
-    ++cs->n_spare;
+    k->next = cs->chunks;
+    cs->chunks = k;
+    cache_block_t *r = chunk_records(k);
+    for (int i = CACHE_CHUNK; i-- > 0;) {
+      r[i].next = cs->spare;
+      cs->spare = &r[i];
+    }
+    cs->n_spare += CACHE_CHUNK;
   }
   return 0;
 }
@@ -259,28 +359,16 @@ static void cache_recycle(cache_block_t *b) {
 
 /* ---- streams ----------------------------------------------------------------------- */
 
-/* Stream locks are spin locks: the fast path holds one for a few tens of
- * nanoseconds; a waiter yields the processor after a short spin, so a global
- * path that holds every stream lock through a device call costs waiters
- * little. */
-static inline void cache_spin_lock(_Atomic int *l) {
-  for (unsigned n = 0;;) {
-    if (!atomic_exchange_explicit(l, 1, memory_order_acquire)) return;
-    while (atomic_load_explicit(l, memory_order_relaxed)) {
-      if (++n < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-      } else {
-        n = 0;
-        sched_yield();
-      }
-    }
-  }
+/* Stream locks are gmr_spin_t (core/lock.h): the fast path holds one for a
+ * few tens of nanoseconds; a waiter yields the processor after a short
+ * spin, so a global path that holds every stream lock through a device call
+ * costs waiters little. */
+static inline void cache_spin_lock(gmr_spin_t *l) {
+  gmr__spin_lock(l);
 }
 
-static inline void cache_spin_unlock(_Atomic int *l) {
-  atomic_store_explicit(l, 0, memory_order_release);
+static inline void cache_spin_unlock(gmr_spin_t *l) {
+  gmr__spin_unlock(l);
 }
 
 static inline size_t cache_stab_home(gmr_stream_t s) {
@@ -321,6 +409,10 @@ static cache_stream_t *cache_stream(cache_t *c, gmr_stream_t s) {
   for (int i = 0; i < 2; ++i) {
     cs->pools[i].stream = cs;
     cs->pools[i].is_small = i == 1;
+    cs->pools[i].base = i == 1 ? 9 : 20;
+    cs->pools[i].bin_off =
+        ((1023 + (int64_t)cs->pools[i].base) << CACHE_BIN_SUB) + (1 << CACHE_BIN_SUB) - 1;
+    cs->pools[i].floor = c->bin_floor[i];
   }
   c->streams[c->n_streams++] = cs;
   size_t i = cache_stab_home(s);
@@ -334,13 +426,36 @@ nomem:
 }
 
 /* The global path: glock, then every stream's lock in creation order; the
- * fast paths' stat deltas are folded in first. */
+ * fast paths' stat deltas are folded in first.  cache_lock_all then applies
+ * every stream's deferred free (see "The deferred free"), so the global
+ * path sees the state PyTorch would have; the check alone looks at the
+ * state as it stands (a deferred block is still allocated there, and every
+ * invariant holds). */
+typedef struct cache_journal_s cache_journal_t;
 static void cache_fold(cache_t *c);
-static void cache_lock_all(cache_t *c) {
+static void cache_lock_all_as_is(cache_t *c) {
   pthread_mutex_lock(&c->glock);
   for (size_t i = 0; i < c->n_streams; ++i)
     cache_spin_lock(&c->streams[i]->lock);
   cache_fold(c);
+}
+
+static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j);
+static void cache_lock_all(cache_t *c) {
+  cache_lock_all_as_is(c);
+  for (size_t i = 0; i < c->n_streams; ++i) {
+    cache_stream_t *cs = c->streams[i];
+    cache_block_t *b = cs->deferred;
+    if (b == NULL) continue;
+    cache_stats_t *st = &c->st;
+    cs->deferred = NULL;
+    cache_free_locked(c, b, NULL);
+    if (!c->events_seen) { /* as cache_fold */
+      memcpy(st->active, st->allocation, sizeof st->active);
+      memcpy(st->active_bytes, st->allocated_bytes, sizeof st->active_bytes);
+    }
+    cache_sync_all(st);
+  }
 }
 
 static void cache_unlock_all(cache_t *c) {
@@ -357,14 +472,14 @@ static void cache_unlock_all(cache_t *c) {
  * array.  A stat changes at most once per op, so a journal gives the same
  * peaks as direct updates. */
 
-typedef struct cache_journal_s {
+struct cache_journal_s {
   int n;
   struct {
     gmr_stat_t *stat; /* into cache_t.st */
     int t;
     int64_t d; /* > 0: increase; < 0: decrease */
   } e[16];
-} cache_journal_t;
+};
 
 static inline void cache_apply(gmr_stat_t *a, int t, int64_t d) {
   if (t < 0 && d > 0)
@@ -412,9 +527,13 @@ static inline void cache_delta_one(gmr_stat_t *x, int64_t d) {
 }
 
 /* A fast path that is about to change statistics: NULL when it may change
- * the policy's figures directly (it then holds slock until cache_commit),
- * else the journal to fill.  Caller holds cs->lock. */
-static cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
+ * the policy's figures directly, else the journal to fill.  Caller holds
+ * cs->lock.  With one stream that lock excludes every other path that
+ * touches the figures (fast paths hold a stream's lock, the global path
+ * all of them, and n_streams changes only there), so the figures are the
+ * caller's; with more, it takes slock, held until cache_commit. */
+static inline cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
+  if (GMR_LIKELY(c->n_streams == 1)) return NULL;
   j->n = 0;
   if (!atomic_load_explicit(&c->sharded, memory_order_relaxed)) {
     if (!atomic_flag_test_and_set_explicit(&c->slock, memory_order_acquire)) return NULL;
@@ -424,11 +543,16 @@ static cache_journal_t *cache_begin(cache_t *c, cache_journal_t *j) {
 }
 
 /* Release slock, or keep the journal in the stream's delta. */
-static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
-  if (j == NULL) {
-    atomic_flag_clear_explicit(&c->slock, memory_order_release);
+static void cache_keep(cache_t *c, cache_stream_t *cs, const cache_journal_t *j);
+static inline void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
+  if (GMR_LIKELY(j == NULL)) {
+    if (c->n_streams != 1) atomic_flag_clear_explicit(&c->slock, memory_order_release);
     return;
   }
+  cache_keep(c, cs, j);
+}
+
+static void cache_keep(cache_t *c, cache_stream_t *cs, const cache_journal_t *j) {
   for (int i = 0; i < j->n; ++i) {
     gmr_stat_t *a = (gmr_stat_t *)((char *)&cs->delta + ((char *)j->e[i].stat - (char *)&c->st));
     cache_delta_one(&a[j->e[i].t >= 0 ? j->e[i].t : 0], j->e[i].d); /* aggregates: synced */
@@ -438,9 +562,30 @@ static void cache_commit(cache_t *c, cache_stream_t *cs, const cache_journal_t *
 
 /* Fold every stream's delta into the figures, then write the aggregates
  * (cache_sync_all); global path only. */
+static void cache_fold_backs(cache_t *c, cache_stream_t *cs) {
+  cache_stats_t *st = &c->st;
+  for (int i = 0; i < 2; ++i) {
+    cache_back_t *k = &cs->pools[i].back;
+    int t = cache_stat_type(&cs->pools[i]);
+    gmr_stat_t *both[] = {&st->allocation[t],           &st->active[t],
+                          &st->allocated_bytes[t],      &st->active_bytes[t],
+                          &st->requested_bytes[t],      &st->inactive_split[t],
+                          &st->inactive_split_bytes[t], &st->oversize_allocations};
+    int64_t by[] = {k->n,         k->n,      k->bytes,        k->bytes,
+                    k->requested, k->isplit, k->isplit_bytes, k->oversize};
+    for (size_t m = 0; m < sizeof by / sizeof by[0]; ++m) {
+      both[m]->allocated += by[m];
+      both[m]->freed += by[m];
+    }
+    *k = (cache_back_t){0, 0, 0, 0, 0, 0};
+  }
+  cs->backed = false;
+}
+
 static void cache_fold(cache_t *c) {
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
+    if (cs->backed) cache_fold_backs(c, cs);
     if (!cs->dirty) continue;
     gmr_stat_t *dst = (gmr_stat_t *)&c->st, *src = (gmr_stat_t *)&cs->delta;
     for (int k = 0; k < CACHE_N_STATS; ++k) {
@@ -452,6 +597,10 @@ static void cache_fold(cache_t *c) {
       src[k] = (gmr_stat_t){0, 0, 0, 0};
     }
     cs->dirty = false;
+  }
+  if (!c->events_seen) { /* active is allocation until a stream is recorded */
+    memcpy(c->st.active, c->st.allocation, sizeof c->st.active);
+    memcpy(c->st.active_bytes, c->st.allocated_bytes, sizeof c->st.active_bytes);
   }
   cache_sync_all(&c->st);
 }
@@ -469,6 +618,7 @@ static size_t cache_next_division(size_t size, uint32_t divisions) {
 
 /* round_size */
 static inline size_t cache_round_size(const cache_t *c, size_t size) {
+  if (GMR_LIKELY(!c->divisions)) return gmr__align_up(size, CACHE_MIN_BLOCK); /* size >= 1 */
   if (size < CACHE_MIN_BLOCK) return CACHE_MIN_BLOCK;
   int lg = 63 - __builtin_clzll((unsigned long long)size);
   int idx = lg > 20 ? lg - 20 : 0;
@@ -526,8 +676,8 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
     dst->ptr = src->ptr;
     dst->prev = src->prev;
     if (dst->prev) dst->prev->next = dst;
-    if (dst->seg->head == src) dst->seg->head = dst;
-  } else { /* [dst src] */
+    if (dst->prev == NULL) dst->seg->head = dst; /* the head: the block with no prev */
+  } else {                                       /* [dst src] */
     dst->next = src->next;
     if (dst->next) dst->next->prev = dst;
   }
@@ -547,13 +697,14 @@ static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t
          dst->mapped == src->mapped;
 }
 
-/* free_block when exactly one neighbour merges and the merged block may
- * keep that neighbour's node in the free tree: its key (size, ptr) grows but
- * stays below the neighbour's successor.  Then the neighbour's record
- * becomes the merged block in place (PyTorch keeps the freed block's record;
- * which record survives is not observable) and no tree changes shape.
- * Returns the merged block and in *subsumed the neighbour's old size; NULL
- * when the general path must run. */
+/* free_block when exactly one neighbour merges: the neighbour's record
+ * becomes the merged block (PyTorch keeps the freed block's record; which
+ * record survives is not observable).  When the merged key (size, ptr),
+ * which only grows, stays in the neighbour's bin and below its successor
+ * there, it keeps the neighbour's node and no tree changes shape; else the
+ * node leaves its tree and enters again.  Returns the merged block and in
+ * *subsumed the neighbour's old size; NULL when the general path must run
+ * (no neighbour merges, or both do). */
 static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b,
                                                      size_t *subsumed) {
   cache_block_t *pv = b->prev, *nx = b->next;
@@ -563,21 +714,26 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
   cache_pool_t *p = host->pool;
-  cache_block_t *succ = treap_successor(p->blocks, host);
-  if (succ != NULL && !(size < succ->size || (size == succ->size && ptr < succ->ptr))) return NULL;
+  const cache_block_t *succ = treap_successor(host);
+  bool stays = size < p->floor[host->bin + 1] &&
+               (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr));
+  if (!stays) pool_erase(p, host);
   *subsumed = host->size;
   if (mn) { /* [b host] */
     host->ptr = b->ptr;
     host->prev = b->prev;
     if (host->prev) host->prev->next = host;
-    if (b->seg->head == b) b->seg->head = host;
+    if (host->prev == NULL) b->seg->head = host;
   } else { /* [host b] */
     host->next = b->next;
     if (host->next) host->next->prev = host;
   }
   host->size = size;
   host->requested = b->requested;
-  host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+  if (stays)
+    host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+  else
+    pool_insert(c, p, host);
   cache_recycle(b);
   return host;
 }
@@ -586,7 +742,6 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
 static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journal_t *j) {
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
-  cache_seg_t *seg = b->seg;
   int64_t net_n = 0, net_bytes = 0;
   size_t sub = 0;
   cache_block_t *m = cache_merge_in_place(c, b, &sub); /* b is recycled when it succeeds */
@@ -610,12 +765,14 @@ static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journ
     net_bytes += (int64_t)m->size;
   }
   int t = cache_stat_type(p);
-  if (!seg->expandable) {
+  if (!c->conf.expandable) { /* b's segment is not expandable */
     if (net_n != 0) cache_add(j, c->st.inactive_split, t, net_n);
     if (net_bytes != 0) cache_add(j, c->st.inactive_split_bytes, t, net_bytes);
   }
-  cache_down(j, c->st.active, t, 1);
-  cache_down(j, c->st.active_bytes, t, (int64_t)orig);
+  if (c->events_seen) {
+    cache_down(j, c->st.active, t, 1);
+    cache_down(j, c->st.active_bytes, t, (int64_t)orig);
+  }
   cache_down(j, c->st.requested_bytes, t, (int64_t)requested);
 }
 
@@ -889,7 +1046,7 @@ static int cache_release_pool(cache_t *c, cache_pool_t *p) {
   cache_block_t **v = gmr__malloc(p->n_blocks * sizeof *v);
   if (v == NULL)
     return gmr__error_set(GMR_ENOMEM, "caching: out of host memory to empty the cache");
-  size_t n = treap_collect(p->blocks, v, 0);
+  size_t n = pool_collect(p, v, 0);
   int err = 0;
   for (size_t i = 0; i < n && err == 0; ++i) {
     if (v[i]->seg->expandable || cache_is_split(v[i])) continue;
@@ -922,7 +1079,7 @@ static int cache_release_available(cache_t *c, cache_pool_t *p, size_t size, boo
   size_t mss = c->conf.max_split_size;
   if (mss == CACHE_UNLIMITED) return 0;
   size_t key = size < mss ? mss : size;
-  cache_block_t *b = treap_lower_bound(p->blocks, key, 0, false);
+  cache_block_t *b = pool_lower_bound(p, key, 0);
   if (b != NULL && !b->seg->expandable) {
     int err = cache_release_block(c, b);
     if (err == 0) *released = true;
@@ -931,7 +1088,7 @@ static int cache_release_available(cache_t *c, cache_pool_t *p, size_t size, boo
   if (p->n_blocks == 0) return 0;
   cache_block_t **v = gmr__malloc(p->n_blocks * sizeof *v);
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
-  size_t n = treap_collect(p->blocks, v, 0), total = 0;
+  size_t n = pool_collect(p, v, 0), total = 0;
   int err = 0;
   for (size_t i = n; i-- > 0 && total < key && err == 0;) {
     if (v[i]->size < mss) break;
@@ -956,7 +1113,7 @@ static int cache_garbage_collect(cache_t *c) {
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
   n = 0;
   for (size_t i = 0; i < c->n_streams; ++i)
-    n = treap_collect(c->streams[i]->pools[0].blocks, v, n);
+    n = pool_collect(&c->streams[i]->pools[0], v, n);
   int64_t clock = c->gc_clock[0];
   for (size_t i = 0; i < n; ++i) {
     if (cache_is_split(v[i]) || v[i]->seg->expandable) continue;
@@ -994,12 +1151,12 @@ static int cache_garbage_collect(cache_t *c) {
 static CACHE_HOT cache_block_t *cache_find_free_block(cache_t *c, cache_pool_t *p, size_t size,
                                                       cache_block_t **pred) {
   if (c->fraction_set && c->conf.gc_threshold > 0) ++c->gc_clock[p->is_small];
-  cache_block_t *b = treap_fit(p->blocks, size, pred);
+  cache_block_t *b = pool_fit(p, size, pred);
   if (b == NULL) return NULL;
-  if (b->seg->expandable) {
+  if (c->conf.expandable) { /* every segment is expandable then, and only then */
     /* Best fit by the size a block can grow to (its unmapped successor). */
     for (;;) {
-      cache_block_t *nx = treap_lower_bound(p->blocks, b->size, b->ptr + 1, false);
+      cache_block_t *nx = pool_next(p, b);
       if (nx == NULL) break;
       size_t es_b = b->size + (b->next && !b->next->mapped ? b->next->size : 0);
       size_t es_n = nx->size + (nx->next && !nx->next->mapped ? nx->next->size : 0);
@@ -1068,11 +1225,11 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
                                                   bool in_tree, const cache_block_t *pred) {
   cache_pool_t *p = b->pool;
   int t = cache_stat_type(p);
-  bool already_split = cache_is_split(b), expandable = b->seg->expandable;
+  bool already_split = cache_is_split(b), expandable = c->conf.expandable; /* b->seg's */
   if (in_tree) {
     size_t rest_size = b->size - size;
     uintptr_t rest_ptr = b->ptr + size;
-    bool keep = split && pred != b &&
+    bool keep = split && pred != b && rest_size >= p->floor[b->bin] &&
                 (pred == NULL || pred->size < rest_size ||
                  (pred->size == rest_size && pred->ptr < rest_ptr));
     if (!keep) pool_erase(p, b);
@@ -1085,7 +1242,7 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
     if (b->prev) b->prev->next = b;
     b->next = rest;
     rest->prev = b;
-    if (rest->seg->head == rest) rest->seg->head = b;
+    if (b->prev == NULL) rest->seg->head = b;
     rest->ptr += size;
     rest->size -= size;
     if (in_tree)
@@ -1106,8 +1263,10 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
   b->requested = orig;
   cache_up(j, c->st.allocation, t, 1);
   cache_up(j, c->st.allocated_bytes, t, (int64_t)b->size);
-  cache_up(j, c->st.active, t, 1);
-  cache_up(j, c->st.active_bytes, t, (int64_t)b->size);
+  if (c->events_seen) {
+    cache_up(j, c->st.active, t, 1);
+    cache_up(j, c->st.active_bytes, t, (int64_t)b->size);
+  }
   cache_up(j, c->st.requested_bytes, t, (int64_t)orig);
   if (b->size >= c->conf.max_split_size) cache_add(j, &c->st.oversize_allocations, -1, 1);
   return b;
@@ -1181,43 +1340,218 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
   return 0;
 }
 
-/* The fast path serves a cached block of the stream under its lock alone;
- * anything else (no fitting block, events pending, a new stream, GC on)
- * takes the global path, which runs the search again: a failed search
- * changes nothing, so the answers are PyTorch's either way. */
-static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
-  cache_t *c = (cache_t *)self;
-  cache_stream_t *cs;
-  if (GMR_LIKELY(!c->global_only &&
-                 atomic_load_explicit(&c->n_pending, memory_order_acquire) == 0 &&
-                 (cs = cache_stream_find(c, s)) != NULL)) {
-    cache_spin_lock(&cs->lock);
-    if (GMR_LIKELY(cs->n_spare >= 1 || cache_records_reserve(cs, 4) == 0)) {
-      size_t size = cache_round_size(c, orig);
-      cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
-      cache_block_t *pred;
-      cache_block_t *b = cache_find_free_block(c, p, size, &pred);
-      if (GMR_LIKELY(b != NULL)) {
-        cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-        bool split = cache_should_split(c, b, size);
-        if (GMR_LIKELY(j == NULL))
-          b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
-        else
-          b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
-        cache_commit(c, cs, j);
-        cache_spin_unlock(&cs->lock);
-        *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
-        gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
-        return 0;
-      }
-    }
-    cache_spin_unlock(&cs->lock);
+/* ---- the deferred free ---------------------------------------------------------------
+ * While the policy has one stream, a fast free is not applied at once: the
+ * block waits in the stream's `deferred` slot, still allocated as far as
+ * the policy's structures and figures go (the runtime's map no longer has
+ * it, so nobody can free it again), until the stream's next operation;
+ * every global path applies it first (cache_lock_all).  So the free is
+ * applied before anything else can see or change the pools or the figures,
+ * in PyTorch's order: with one stream, only that stream's operations and
+ * the global path change the figures (a second stream is made on the
+ * global path, which applies the deferred free first; with two or more,
+ * frees are applied at once, as a free on one stream followed by an
+ * allocation on another must see the figures of the free).
+ * When that next operation is an allocation that PyTorch would serve with
+ * this very block (its free merges it into M with the free block after it,
+ * or with nothing; M is the best fit, and the split gives back the block's
+ * extent), PyTorch's free and malloc together change no block, no tree and
+ * no current figure but requested_bytes: the allocation takes the block
+ * back, and only the figures' totals (and a peak the free raised) move.  A
+ * take-back is PyTorch's malloc, not an approximation of it. */
+
+/* A stat that goes up by n and down again: the rise may be a new peak. */
+static CACHE_HOT void cache_bump(cache_journal_t *j, gmr_stat_t *a, int t, int64_t n) {
+  if (GMR_LIKELY(j == NULL)) {
+    cache_inc(a, t, n);
+    cache_dec(a, t, n);
+  } else {
+    cache_add(j, a, t, n);
+    cache_add(j, a, t, -n);
   }
+}
+
+/* The figures of a take-back of d that change now (see
+ * cache_take_back_figures): the rise of a split block's inactive bytes
+ * (and count, when d stands alone), a new request. */
+static CACHE_NOINLINE void cache_take_back_live(cache_t *c, cache_stream_t *cs,
+                                                const cache_block_t *d, bool mn, bool msplit,
+                                                size_t orig) {
+  int t = cache_stat_type(d->pool);
+  cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+  if (msplit) {
+    if (!mn) cache_bump(j, c->st.inactive_split, t, 1);
+    cache_bump(j, c->st.inactive_split_bytes, t, (int64_t)d->size);
+  }
+  if (orig != d->requested) {
+    cache_down(j, c->st.requested_bytes, t, (int64_t)d->requested);
+    cache_up(j, c->st.requested_bytes, t, (int64_t)orig);
+  }
+  cache_commit(c, cs, j);
+}
+
+/* The figures of a take-back: those of PyTorch's free of d
+ * (cache_free_locked, cache_free_block) and of its malloc of M
+ * (cache_alloc_found), nothing else.  mn: d's successor n merges; M is
+ * split when it has a neighbour.  Every figure goes down and up by the same
+ * amount, or up and down (the free's rise of a split M's inactive bytes),
+ * but requested_bytes when the request differs: the totals go to the
+ * pool's `back` (counted at the next global path), and only a rise or a new
+ * request touches the figures now. */
+static CACHE_HOT void cache_take_back_figures(cache_t *c, cache_stream_t *cs, cache_block_t *d,
+                                              bool mn, size_t orig) {
+  const cache_block_t *n = d->next;
+  bool msplit = d->prev != NULL || (mn ? n->next : n) != NULL;
+  cache_back_t *k = &d->pool->back;
+  cs->backed = true;
+  k->n += 1;
+  k->bytes += (int64_t)d->size;
+  if (GMR_UNLIKELY(d->size >= c->conf.max_split_size)) k->oversize += 1;
+  if (mn && !msplit) {
+    /* M is a whole segment: the free ends n's split, the split makes it again. */
+    k->isplit += 1;
+    k->isplit_bytes += (int64_t)n->size;
+  }
+  if (GMR_LIKELY(orig == d->requested)) {
+    k->requested += (int64_t)orig;
+    if (GMR_LIKELY(!msplit)) return;
+  }
+  cache_take_back_live(c, cs, d, mn, msplit, orig);
+}
+
+/* Without expandable segments (the take-back is off with them) every block
+ * is mapped, and a block that is not allocated has no recorded streams:
+ * cache_mergeable(any, x) is this. */
+static inline bool cache_free_now(const cache_block_t *x) {
+  gmr_assert_internal(x == NULL || x->allocated || (x->mapped && x->n_uses == 0));
+  return x != NULL && !x->allocated && x->event_count == 0;
+}
+
+/* Would PyTorch serve an allocation of `size` (rounded) bytes with the
+ * deferred block d, d's free applied first?  Its free merges d with its
+ * free neighbours into M; its malloc takes the best fit for `size` and
+ * splits it.  The answer is d itself, with d's extent, iff:
+ *   `size` is for d's pool, and d's predecessor does not merge (else M
+ *   starts below d);
+ *   M is d and its successor n when n merges (then the split must be made
+ *   and size == |d|), else d alone (then no split, and size <= |d|);
+ *   M passes max_split_size's tests, and no other free block of the pool
+ *   has a key in [(size, 0), (|M|, d->ptr)).
+ * *mn: n merges.  Caller holds the stream's lock. */
+static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d, size_t size,
+                                       bool *mn) {
+  if (size > d->size) return false; /* d could not hold it, merged or not */
+  const cache_pool_t *p = d->pool;
+  if ((size <= CACHE_SMALL_SIZE) != p->is_small || cache_free_now(d->prev)) return false;
+  const cache_block_t *n = d->next;
+  size_t mss = c->conf.max_split_size;
+  if ((*mn = cache_free_now(n))) {
+    size_t m = size + n->size;
+    /* should_split: a small block's rest is >= 512 bytes, as every block. */
+    if (size != d->size || (!p->is_small && !(size < mss && n->size > CACHE_SMALL_SIZE)))
+      return false;
+    if (size < mss ? m >= mss : m >= size + c->conf.max_non_split_rounding) return false;
+    const cache_block_t *f;
+    if (n->size >= size) {
+      /* n is in [(size, 0), M): nothing else may be, before or after it. */
+      f = pool_prev(p, n);
+      if (f != NULL && f->size >= size) return false;
+      f = pool_next(p, n);
+    } else {
+      cache_block_t *pred;
+      f = pool_fit(p, size, &pred);
+    }
+    return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
+  }
+  size_t m = d->size;
+  if (p->is_small ? m - size >= CACHE_MIN_BLOCK
+                  : size < mss && m - size > CACHE_SMALL_SIZE) /* should_split */
+    return false;
+  if (size < mss ? m >= mss : m >= size + c->conf.max_non_split_rounding) return false;
+  cache_block_t *pred, *f = pool_fit(p, size, &pred);
+  return f == NULL || m < f->size || (m == f->size && d->ptr < f->ptr);
+}
+
+/* Apply the deferred free of b now (fast path: cs->lock held). */
+static void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
+  cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+  if (GMR_LIKELY(j == NULL))
+    cache_free_locked(c, b, NULL);
+  else
+    cache_free_locked(c, b, j);
+  cache_commit(c, cs, j);
+}
+
+/* ---- the ops' alloc and free ---------------------------------------------------------- */
+
+static CACHE_NOINLINE int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t s,
+                                           gmr_block_t *out) {
   cache_lock_all(c);
   int err = cache_alloc_global(c, orig, s, out);
   cache_unlock_all(c);
-  gmr_assert_expensive(err != 0 || self->ops->check(self) != GMR_EINVAL);
+  gmr_assert_expensive(err != 0 || c->base.ops->check(&c->base) != GMR_EINVAL);
   return err;
+}
+
+/* The fast path without a take-back: the deferred free applied, a block of
+ * the free tree; else the global path.  cs->lock held, released here. */
+static CACHE_NOINLINE int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size,
+                                             size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  cache_block_t *b = cs->deferred;
+  if (b != NULL) {
+    cs->deferred = NULL;
+    cache_free_apply(c, cs, b);
+  }
+  if (GMR_UNLIKELY(cs->n_spare == 0) && cache_records_reserve(cs, 4) != 0) goto slow;
+  cache_pool_t *p = &cs->pools[size <= CACHE_SMALL_SIZE];
+  cache_block_t *pred;
+  b = cache_find_free_block(c, p, size, &pred);
+  if (GMR_UNLIKELY(b == NULL)) goto slow;
+  bool split = cache_should_split(c, b, size);
+  cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
+  if (GMR_LIKELY(j == NULL))
+    b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
+  else
+    b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
+  cache_commit(c, cs, j);
+  cache_spin_unlock(&cs->lock);
+  out->ptr = (void *)b->ptr; /* requested and stream: the runtime's */
+  out->size = b->size;
+  out->handle = b;
+  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
+slow:
+  cache_spin_unlock(&cs->lock);
+  return cache_alloc_slow(c, orig, s, out);
+}
+
+/* The fast path serves a cached block of the stream under its lock alone:
+ * the deferred block taken back, or a block of the free tree; anything else
+ * (no fitting block, events pending, a new stream, GC on) takes the global
+ * path, which runs the search again: a failed search changes nothing, so
+ * the answers are PyTorch's either way. */
+static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stream_t *cs;
+  if (GMR_UNLIKELY(c->global_only ||
+                   atomic_load_explicit(&c->n_pending, memory_order_acquire) != 0 ||
+                   (cs = cache_stream_find(c, s)) == NULL))
+    return cache_alloc_slow(c, orig, s, out);
+  cache_spin_lock(&cs->lock);
+  size_t size = cache_round_size(c, orig);
+  cache_block_t *d = cs->deferred;
+  bool mn;
+  if (d == NULL || !cache_takes_back(c, d, size, &mn))
+    return cache_alloc_cached(c, cs, size, orig, s, out);
+  cs->deferred = NULL;
+  cache_take_back_figures(c, cs, d, mn, orig);
+  d->requested = orig;
+  cache_spin_unlock(&cs->lock);
+  out->ptr = (void *)d->ptr;
+  out->size = d->size;
+  out->handle = d;
+  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
 }
 
 /* free(); j NULL on the global path. */
@@ -1233,18 +1567,15 @@ static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_jour
     cache_free_block(c, b, j);
 }
 
-static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
-  cache_t *c = (cache_t *)self;
-  cache_block_t *b = blk->handle;
-  cache_stream_t *cs = b->pool->stream;
-  cache_spin_lock(&cs->lock);
+/* The rest of cache_free: cs->lock held, released here. */
+static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   if (GMR_LIKELY(b->n_uses == 0)) {
-    cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
-    if (GMR_LIKELY(j == NULL))
-      cache_free_locked(c, b, NULL);
-    else
-      cache_free_locked(c, b, j);
-    cache_commit(c, cs, j);
+    if (GMR_LIKELY(c->defer && c->n_streams == 1)) {
+      cache_block_t *earlier = cs->deferred; /* applied first: PyTorch's order */
+      cs->deferred = b;
+      b = earlier;
+    }
+    if (b != NULL) cache_free_apply(c, cs, b);
     cache_spin_unlock(&cs->lock);
   } else {
     /* Events: the global path (record_stream changed n_uses under it). */
@@ -1253,12 +1584,25 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
     cache_free_locked(c, b, NULL);
     cache_unlock_all(c);
   }
+  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
+}
+
+static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  cache_t *c = (cache_t *)self;
+  cache_block_t *b = blk->handle;
+  cache_stream_t *cs = b->pool->stream;
+  cache_spin_lock(&cs->lock);
+  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || c->n_streams != 1 || cs->deferred != NULL))
+    return cache_free_rest(c, cs, b);
+  cs->deferred = b;
+  cache_spin_unlock(&cs->lock);
   gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
 static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  (void)self;
+  cache_t *c = (cache_t *)self;
   cache_block_t *b = blk->handle;
   if (s == b->pool->stream->id) return 0;
   for (uint32_t i = 0; i < b->n_uses; ++i)
@@ -1272,6 +1616,7 @@ static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk
     b->cap_uses = cap;
   }
   b->uses[b->n_uses++] = s;
+  c->events_seen = true; /* active figures may leave allocation's from now on */
   return 0;
 }
 
@@ -1280,6 +1625,19 @@ static int cache_trim_locked(gmr_policy_t *self) {
 }
 
 /* ---- create and destroy ------------------------------------------------------------------ */
+
+/* The smallest size of each bin of a pool whose bin 0 ends at 2^(base + 1)
+ * (cache_bin's inverse): floor[k] <= size < floor[k + 1] iff size is in
+ * bin k. */
+static void cache_bin_floors(unsigned base, size_t *floor) {
+  const unsigned per = 1u << CACHE_BIN_SUB;
+  floor[0] = 0;
+  for (unsigned k = 1; k < CACHE_BINS; ++k) {
+    unsigned raw = k + per - 1, e = base + (raw >> CACHE_BIN_SUB);
+    floor[k] = ((size_t)(per + (raw & (per - 1))) << (e - CACHE_BIN_SUB)) + 1;
+  }
+  floor[CACHE_BINS] = SIZE_MAX;
+}
 
 static void cache_destroy(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
@@ -1304,8 +1662,6 @@ static void cache_destroy(gmr_policy_t *self) {
         seg_unmap_pages(c, s, first, last, NULL);
         if (last > next_page) next_page = last;
       }
-      gmr__free(b->uses);
-      gmr__free(b);
     }
     if (s->expandable)
       gmr__backend_va_release(be, (void *)s->base, s->size);
@@ -1319,10 +1675,12 @@ static void cache_destroy(gmr_policy_t *self) {
   }
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
-    for (cache_block_t *b = cs->spare, *nx; b; b = nx) {
-      nx = b->next;
-      gmr__free(b->uses);
-      gmr__free(b);
+    for (cache_chunk_t *k = cs->chunks, *nx; k; k = nx) {
+      nx = k->next;
+      cache_block_t *r = chunk_records(k);
+      for (int j = 0; j < CACHE_CHUNK; ++j)
+        gmr__free(r[j].uses);
+      gmr__free(k);
     }
     gmr__free(cs);
   }
@@ -1365,6 +1723,11 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
     c->conf.expandable = false;
   }
   c->global_only = c->fraction_set && c->conf.gc_threshold > 0;
+  c->defer = !c->global_only && !c->conf.expandable;
+  for (int i = 0; i < 2; ++i)
+    cache_bin_floors(i == 1 ? 9 : 20, c->bin_floor[i]);
+  for (int i = 0; i < CACHE_DIV_BUCKETS; ++i)
+    if (c->conf.div[i] > 1) c->divisions = true;
   if (c->conf.expandable &&
       (c->conf.large_segment % be->granularity != 0 || CACHE_SMALL_BUFFER % be->granularity != 0)) {
     cache_destroy(&c->base);
@@ -1440,7 +1803,7 @@ static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
 }
 
 static int cache_check(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
+  cache_lock_all_as_is((cache_t *)self);
   int err = gmr__cache_check_locked(self);
   cache_unlock_all((cache_t *)self);
   return err;

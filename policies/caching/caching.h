@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "policy.h"
 
@@ -72,30 +73,62 @@ typedef struct cache_pool_s cache_pool_t;
 typedef struct cache_stream_s cache_stream_t;
 typedef struct cache_seg_s cache_seg_t;
 
+/* A block record: 128 bytes, 64-byte aligned (records come in chunks,
+ * caching.c).  Its first cache line holds all that a tree search and a
+ * neighbour's merge test read: the key, the links, the state. */
 struct cache_block_s {
+  _Alignas(64) size_t size;    /* bytes */
   uintptr_t ptr;               /* device address */
-  size_t size;                 /* bytes */
-  size_t requested;            /* bytes the user asked for (live blocks) */
-  cache_pool_t *pool;          /* the (stream, small|large) pool */
-  cache_seg_t *seg;            /* the segment it is part of */
-  cache_block_t *prev, *next;  /* neighbours in the segment, by address */
   cache_block_t *left, *right; /* treap children while in a free or unmapped tree */
-  uint32_t prio;               /* treap priority */
+  cache_block_t *parent;       /* treap parent (NULL: the root) while in a tree */
+  cache_block_t *prev, *next;  /* neighbours in the segment, by address */
+  int event_count;             /* events still pending since the free */
   bool allocated;              /* handed to the user */
   bool mapped;                 /* false only for unmapped expandable ranges */
-  bool in_tree;                /* in pool->blocks (mapped) or pool->unmapped */
-  int event_count;             /* events still pending since the free */
-  gmr_stream_t *uses;          /* streams from record_stream (not the own one) */
-  uint32_t n_uses, cap_uses;   /* entries */
-  int64_t gc_count_base;       /* the pool's GC clock when it became free */
+  bool in_tree;                /* in a bin of its pool (mapped) or pool->unmapped */
+  uint8_t bin;                 /* in a bin: cache_bin(size) when it entered */
+  /* -- second line */
+  cache_pool_t *pool;        /* the (stream, small|large) pool */
+  cache_seg_t *seg;          /* the segment it is part of */
+  size_t requested;          /* bytes the user asked for (live blocks) */
+  uint32_t prio;             /* treap priority */
+  uint32_t n_uses, cap_uses; /* entries */
+  gmr_stream_t *uses;        /* streams from record_stream (not the own one) */
+  int64_t gc_count_base;     /* the pool's GC clock when it became free */
 };
 
+/* What take-backs (caching.c, "The deferred free") add to the figures'
+ * totals, kept per stream and pool until the next global path counts it:
+ * each of them added `n` to the allocated and freed totals of allocation
+ * and active, `bytes` to those of allocated_bytes and active_bytes, and so
+ * on; their current figures and peaks it left as they were. */
+typedef struct cache_back_s {
+  int64_t n, bytes, requested, isplit, isplit_bytes, oversize;
+} cache_back_t;
+
+/* A pool's free mapped blocks, ordered by (size, ptr), are cut by size into
+ * 64 bins: bin k holds the blocks with cache_bin(pool, size) == k, a treap by
+ * (size, ptr), and bins[] in index order is the whole order (cache_bin
+ * never decreases with size).  Four bins per power of two above the pool's
+ * smallest sizes (bin 0: up to 1 KiB in the small pool, 2 MiB in the large
+ * one), the largest sizes sharing the last bin: a search descends one small
+ * tree, and the bitmap `nonempty` finds the next bin with blocks in one
+ * instruction.
+ *   nonempty bit k == (bins[k] != NULL);  n_blocks = Σ blocks in bins */
+#define CACHE_BIN_SUB 2 /* bins per power of two: 2^CACHE_BIN_SUB */
+#define CACHE_BINS    64
+
 struct cache_pool_s {
-  cache_block_t *blocks;   /* treap of free mapped blocks by (size, ptr) */
-  cache_block_t *unmapped; /* treap of unmapped expandable ranges by ptr */
-  size_t n_blocks;         /* entries in `blocks` */
+  cache_block_t *bins[CACHE_BINS]; /* treaps of free mapped blocks by (size, ptr) */
+  uint64_t nonempty;               /* bit k: bins[k] != NULL */
+  unsigned base;                   /* bin 0: sizes up to 2^(base + 1); 9 small, 20 large */
+  int64_t bin_off;                 /* cache_bin's: ((1023 + base) << CACHE_BIN_SUB) + 3 */
+  const size_t *floor;             /* bin k: sizes in [floor[k], floor[k + 1]) (cache_t) */
+  cache_block_t *unmapped;         /* treap of unmapped expandable ranges by ptr */
+  size_t n_blocks;                 /* entries in the bins */
   cache_stream_t *stream;
   bool is_small;
+  cache_back_t back; /* take-backs not yet counted (the stream's lock) */
 };
 
 typedef struct cache_event_s {
@@ -133,17 +166,20 @@ typedef struct cache_stats_s {
 
 /* A stream: its pools, and what the fast path touches without the global
  * lock.  Synchronization: `lock` guards pools, the blocks of its segments,
- * spare records, prio_state and delta; ev_head/ev_tail are guarded by the
+ * spare records, prio_state, deferred, back and delta; ev_head/ev_tail are guarded by the
  * policy's glock; id is immutable. */
 struct cache_stream_s {
   char pad_front[64]; /* keeps streams off each other's cache lines */
   gmr_stream_t id;
-  _Atomic int lock;      /* a spin lock: 0 free, 1 held */
+  gmr_spin_t lock;       /* core/lock.h */
   cache_pool_t pools[2]; /* [0] large, [1] small */
   cache_block_t *spare;  /* recycled block records, linked by `next` */
+  void *chunks;          /* the records' memory: chunks of CACHE_CHUNK, linked (caching.c) */
   size_t n_spare;
   uint64_t prio_state;              /* treap priorities (an LCG) */
+  cache_block_t *deferred;          /* a free not yet applied (caching.c, "The deferred free") */
   bool dirty;                       /* delta holds something */
+  bool backed;                      /* a pool's `back` holds something */
   cache_stats_t delta;              /* stat changes not yet folded into the policy's */
   cache_event_t *ev_head, *ev_tail; /* events recorded on this stream, FIFO (glock) */
   char pad_back[64];
@@ -174,10 +210,19 @@ typedef struct cache_s {
   cache_event_t *spare_ev;  /* recycled event records */
   _Atomic size_t n_pending; /* events recorded and not yet completed */
   bool global_only;         /* GC on: every alloc takes the global path */
-  pthread_mutex_t glock;    /* the global lock (see "Locking" above) */
-  atomic_flag slock;        /* guards `st` for the fast path's commits (try only) */
-  _Atomic bool sharded;     /* a commit found slock busy: fast paths keep deltas */
+  bool defer;               /* fast frees wait for the stream's next op (not expandable, no GC) */
+  bool divisions;           /* some roundup_power2_divisions > 1 */
+  /* A stream was recorded on a block (record_stream): from then on a freed
+   * block stays active until its events complete.  Until then active and
+   * active_bytes are allocation and allocated_bytes, figure for figure
+   * (both change at the same moments by the same amounts): the hot paths
+   * count the latter only, and cache_fold copies them (global path). */
+  bool events_seen;
+  pthread_mutex_t glock; /* the global lock (see "Locking" above) */
+  atomic_flag slock;     /* guards `st` for the fast path's commits (try only) */
+  _Atomic bool sharded;  /* a commit found slock busy: fast paths keep deltas */
   _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
+  size_t bin_floor[2][CACHE_BINS + 1];        /* each pool's floors: [0] large, [1] small */
 } cache_t;
 
 static inline int cache_stat_type(const cache_pool_t *p) {
@@ -216,6 +261,32 @@ static inline void cache_sync_all(cache_stats_t *st) {
 static inline bool cache_less(const cache_block_t *a, size_t size, uintptr_t ptr, bool by_addr) {
   if (!by_addr && a->size != size) return a->size < size;
   return a->ptr < ptr;
+}
+
+/* The bin of `size`: with x = size - 1, k = (e - base) * 4 + s - 3 in
+ * [0, 63], where 2^e <= x < 2^(e + 1) and s is the two bits of x after its
+ * first: the exponent and the top of the mantissa of x as a double, one
+ * shift (exact below 2^53; every larger size is in bin 63).  Bins end, not
+ * start, at the round sizes (2 MiB, 20 MiB: whole segments), so a whole
+ * segment and what is left of it after a small split share a bin. */
+static inline unsigned cache_bin(const cache_pool_t *p, size_t size) {
+  double d = (double)(int64_t)(size - 1); /* 1 <= size < GMR_MAX_REQUEST < 2^63 */
+  uint64_t bits;
+  memcpy(&bits, &d, sizeof bits);
+  int64_t k = (int64_t)(bits >> (52 - CACHE_BIN_SUB)) - p->bin_off;
+  return k < 0 ? 0u : k > CACHE_BINS - 1 ? CACHE_BINS - 1u : (unsigned)k;
+}
+
+/* The first bin at or after k (<= CACHE_BINS) that holds blocks, or -1. */
+static inline int cache_bin_next(const cache_pool_t *p, unsigned k) {
+  uint64_t m = k < CACHE_BINS ? p->nonempty & (~0ull << k) : 0;
+  return m != 0 ? __builtin_ctzll(m) : -1;
+}
+
+/* The last bin at or before k (>= -1) that holds blocks, or -1. */
+static inline int cache_bin_prev(const cache_pool_t *p, int k) {
+  uint64_t m = k < 0 ? 0 : p->nonempty & (~0ull >> (63 - k));
+  return m != 0 ? 63 - __builtin_clzll(m) : -1;
 }
 
 static inline bool cache_is_split(const cache_block_t *b) {

@@ -15,8 +15,10 @@
 
 #include "caching.h"
 
-/* The largest block of a free tree. */
-static cache_block_t *treap_last(cache_block_t *t) {
+/* The largest free block of a pool: the last of its last bin. */
+static cache_block_t *pool_last(const cache_pool_t *p) {
+  int k = cache_bin_prev(p, CACHE_BINS - 1);
+  cache_block_t *t = k < 0 ? NULL : p->bins[k];
   while (t && t->right)
     t = t->right;
   return t;
@@ -28,7 +30,7 @@ static uint64_t cache_largest_free(const cache_t *c) {
   uint64_t best = 0;
   for (size_t i = 0; i < c->n_streams; ++i)
     for (int k = 0; k < 2; ++k) {
-      const cache_block_t *b = treap_last(c->streams[i]->pools[k].blocks);
+      const cache_block_t *b = pool_last(&c->streams[i]->pools[k]);
       if (b && b->size > best) best = b->size;
     }
   return best;

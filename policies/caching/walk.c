@@ -91,14 +91,21 @@ int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
     }                                                                                              \
   } while (0)
 
-static size_t treap_check(cache_block_t *t, bool by_addr, const cache_block_t *lo,
-                          const cache_block_t *hi, bool *ok) {
+/* A treap's order, heap order and links; in a free tree (bin >= 0) every
+ * block is in its bin.  Returns the blocks counted. */
+static size_t treap_check(const cache_pool_t *p, cache_block_t *t, bool by_addr,
+                          const cache_block_t *lo, const cache_block_t *hi, int bin, bool *ok) {
   if (t == NULL) return 0;
+  if (bin >= 0 && (t->bin != bin || cache_bin(p, t->size) != (unsigned)bin ||
+                   t->size < p->floor[bin] || t->size >= p->floor[bin + 1]))
+    *ok = false;
   if ((lo && !cache_less(lo, t->size, t->ptr, by_addr)) ||
       (hi && !cache_less(t, hi->size, hi->ptr, by_addr)) || !t->in_tree ||
-      (t->left && t->left->prio > t->prio) || (t->right && t->right->prio > t->prio))
+      (t->left && (t->left->prio > t->prio || t->left->parent != t)) ||
+      (t->right && (t->right->prio > t->prio || t->right->parent != t)))
     *ok = false;
-  return 1 + treap_check(t->left, by_addr, lo, t, ok) + treap_check(t->right, by_addr, t, hi, ok);
+  return 1 + treap_check(p, t->left, by_addr, lo, t, bin, ok) +
+         treap_check(p, t->right, by_addr, t, hi, bin, ok);
 }
 
 int gmr__cache_check_locked(gmr_policy_t *self) {
@@ -153,10 +160,16 @@ int gmr__cache_check_locked(gmr_policy_t *self) {
     for (int k = 0; k < 2; ++k) {
       cache_pool_t *p = &c->streams[i]->pools[k];
       bool ok = true;
-      size_t n = treap_check(p->blocks, false, NULL, NULL, &ok);
+      ok = p->unmapped == NULL || p->unmapped->parent == NULL;
+      size_t n = 0;
+      for (int k = 0; k < CACHE_BINS; ++k) {
+        cache_block_t *t = p->bins[k];
+        ok = ok && (t == NULL || t->parent == NULL) && (t != NULL) == ((p->nonempty >> k) & 1);
+        n += treap_check(p, t, false, NULL, NULL, k, &ok);
+      }
       CHECK(ok && n == p->n_blocks, "the free tree of a pool is out of order or miscounted");
       in_trees += n;
-      in_unmapped += treap_check(p->unmapped, true, NULL, NULL, &ok);
+      in_unmapped += treap_check(p, p->unmapped, true, NULL, NULL, -1, &ok);
       CHECK(ok, "the unmapped tree of a pool is out of order");
     }
   CHECK(in_trees == free_mapped, "%zu blocks in free trees, %zu free mapped blocks", in_trees,
