@@ -51,7 +51,7 @@ static void bfc_bin_infos(const bfc_t *b, bfc_bin_info_t info[BFC_NUM_BINS]) {
       bfc_bin_info_t *bi = &info[bfc_bin_for(c->size)];
       bi->bytes_in_bin += c->size;
       ++bi->chunks_in_bin;
-      if (c->allocation_id != -1) {
+      if (c->in_use) {
         bi->bytes_in_use += c->size;
         bi->requested_in_use += c->requested;
         ++bi->chunks_in_use;
@@ -63,8 +63,8 @@ static void bfc_chunk_debug(gmr_strbuf_t *sb, const bfc_chunk_t *c, bool recurse
   char s[32], r[32];
   gmr__bfc_hr((int64_t)c->size, s, sizeof s);
   gmr__bfc_hr((int64_t)c->requested, r, sizeof r);
-  gmr__sb_printf(sb, "  Size: %s | Requested Size: %s | in_use: %d | bin_num: %d", s, r,
-                 c->allocation_id != -1, c->bin);
+  gmr__sb_printf(sb, "  Size: %s | Requested Size: %s | in_use: %d | bin_num: %d", s, r, c->in_use,
+                 c->bin);
   if (recurse && c->prev) {
     gmr__sb_puts(sb, ", prev: ");
     bfc_chunk_debug(sb, c->prev, false);
@@ -110,7 +110,7 @@ static void bfc_render(const bfc_t *b, gmr_strbuf_t *sb) {
   for (size_t i = 0; i < b->n_regions; ++i) {
     const bfc_region_t *r = b->regions[i];
     for (const bfc_chunk_t *c = r->first; c; c = c->next) {
-      if (c->allocation_id == -1) continue;
+      if (!c->in_use) continue;
       uint64_t at = offset + (c->ptr - r->ptr);
       if (c->size > c->requested)
         bfc_render_range(map, total, at + c->requested, c->size - c->requested, 'x');
@@ -150,7 +150,7 @@ static void bfc_dump(const bfc_t *b, size_t rounded, gmr_strbuf_t *sb) {
   for (size_t i = 0; i < b->n_regions; ++i) {
     gmr__sb_printf(sb, "Next region of size %zu\n", b->regions[i]->size);
     for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      bool used = c->allocation_id != -1;
+      bool used = c->in_use;
       if (used && sizes && k < n_in_use) sizes[k++] = c->size;
       gmr__sb_printf(sb, "%s at %llx of size %zu next %llu\n", used ? "InUse" : "Free ",
                      (unsigned long long)c->ptr, c->size,

@@ -157,7 +157,7 @@ bool gmr__bfc_wait_can_help(const bfc_t *b) {
     return true;
   for (size_t i = 0; i < b->n_regions; ++i)
     for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      if (c->allocation_id == -1 || c->pending) continue;
+      if (!c->in_use || c->pending) continue;
       bool waiting = false;
       for (size_t w = 0; w < b->n_waiting && !waiting; ++w)
         waiting = b->waiting[w] == c->owner;

@@ -1,0 +1,207 @@
+/* bins.h: the free chunks of the bfc policy (included by bfc.c alone).
+ *
+ * TensorFlow keeps each of its 21 bins as a std::set ordered by (size, ptr)
+ * and scans it from the first element; here each bin is an AVL tree on the
+ * same order, with parent links (`up`), so that best fit is one descent, a
+ * binned chunk is found from its record (no search by key), and removal and
+ * insertion rebalance bottom-up only as far as heights change (amortized a
+ * level or two, where a recursive insert or remove rebalances every level
+ * of the path).  Inline: the cached allocation and free run on these.
+ *
+ * Invariants (checked by bfc_check_tree in bfc.c), for every bin i:
+ *   in-order walk = the bin's chunks sorted by (size, ptr), every chunk c in
+ *     it has c.bin = i = bfc_bin_for(c.size), and c is free;
+ *   c.left.up = c.right.up = c,  root.up = NULL;
+ *   c.height = 1 + max(height(c.left), height(c.right)), |balance| <= 1.
+ */
+#ifndef GMR_POLICIES_BFC_BINS_H
+#define GMR_POLICIES_BFC_BINS_H
+
+#include "bfc.h"
+
+/* (size, ptr) order. */
+static inline bool bfc_less(const bfc_chunk_t *a, const bfc_chunk_t *b) {
+  return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
+}
+
+static inline int avl_h(const bfc_chunk_t *n) {
+  return n ? n->height : 0;
+}
+
+static inline void avl_update(bfc_chunk_t *n) {
+  int l = avl_h(n->left), r = avl_h(n->right);
+  n->height = (int8_t)(1 + (l > r ? l : r));
+}
+
+/* The link that points to n: its parent's child pointer, or the root. */
+static inline bfc_chunk_t **avl_link(bfc_bin_t *bin, bfc_chunk_t *n) {
+  bfc_chunk_t *up = n->up;
+  return up == NULL ? &bin->root : up->left == n ? &up->left : &up->right;
+}
+
+static inline bfc_chunk_t *avl_min(bfc_chunk_t *n) {
+  while (n->left != NULL)
+    n = n->left;
+  return n;
+}
+
+/* The in-order successor of n in its bin, or NULL. */
+static inline bfc_chunk_t *avl_next(bfc_chunk_t *n) {
+  if (n->right != NULL) return avl_min(n->right);
+  bfc_chunk_t *up = n->up;
+  while (up != NULL && up->right == n) {
+    n = up;
+    up = up->up;
+  }
+  return up;
+}
+
+/* Rotate n's left child (right child) into n's place; returns it. */
+static bfc_chunk_t *avl_rot_right(bfc_bin_t *bin, bfc_chunk_t *n) {
+  bfc_chunk_t *l = n->left;
+  *avl_link(bin, n) = l;
+  l->up = n->up;
+  n->left = l->right;
+  if (l->right != NULL) l->right->up = n;
+  l->right = n;
+  n->up = l;
+  avl_update(n);
+  avl_update(l);
+  return l;
+}
+static bfc_chunk_t *avl_rot_left(bfc_bin_t *bin, bfc_chunk_t *n) {
+  bfc_chunk_t *r = n->right;
+  *avl_link(bin, n) = r;
+  r->up = n->up;
+  n->right = r->left;
+  if (r->left != NULL) r->left->up = n;
+  r->left = n;
+  n->up = r;
+  avl_update(n);
+  avl_update(r);
+  return r;
+}
+
+/* Restore balance and height at n, whose subtrees are balanced; returns the
+ * root of the subtree now where n was. */
+static bfc_chunk_t *avl_balance(bfc_bin_t *bin, bfc_chunk_t *n) {
+  int bf = avl_h(n->left) - avl_h(n->right);
+  if (bf > 1) {
+    if (avl_h(n->left->left) < avl_h(n->left->right)) avl_rot_left(bin, n->left);
+    return avl_rot_right(bin, n);
+  }
+  if (bf < -1) {
+    if (avl_h(n->right->right) < avl_h(n->right->left)) avl_rot_right(bin, n->right);
+    return avl_rot_left(bin, n);
+  }
+  avl_update(n);
+  return n;
+}
+
+/* After a change below n (one leaf added or one node taken out): rebalance
+ * from n towards the root while subtree heights change.  A subtree whose
+ * height is what it was leaves every ancestor as it was, so the walk stops
+ * there (n's stored height is the one from before the change). */
+static void avl_fix(bfc_bin_t *bin, bfc_chunk_t *n) {
+  while (n != NULL) {
+    int before = n->height;
+    n = avl_balance(bin, n);
+    if (n->height == before) return;
+    n = n->up;
+  }
+}
+
+static void bfc_bin_insert(bfc_t *b, bfc_chunk_t *c) {
+  gmr_assert_internal(!c->in_use && c->bin == -1);
+  int i = bfc_bin_for(c->size);
+  bfc_bin_t *bin = &b->bins[i];
+  bfc_chunk_t *up = NULL, **at = &bin->root;
+  while (*at != NULL) {
+    up = *at;
+    at = bfc_less(c, up) ? &up->left : &up->right;
+  }
+  c->left = c->right = NULL;
+  c->up = up;
+  c->height = 1;
+  c->bin = (int8_t)i;
+  *at = c;
+  avl_fix(bin, up);
+  ++bin->count;
+  ++b->free_chunks;
+  b->nonempty |= 1u << i;
+}
+
+static void bfc_bin_remove(bfc_t *b, bfc_chunk_t *c) {
+  int i = c->bin;
+  gmr_assert_internal(i >= 0 && i < BFC_NUM_BINS && b->bins[i].count > 0);
+  bfc_bin_t *bin = &b->bins[i];
+  bfc_chunk_t *fix;
+  if (c->left == NULL || c->right == NULL) {
+    bfc_chunk_t *child = c->left != NULL ? c->left : c->right;
+    fix = c->up;
+    *avl_link(bin, c) = child;
+    if (child != NULL) child->up = c->up;
+  } else {
+    /* The successor s (leftmost of the right subtree) takes c's node. */
+    bfc_chunk_t *s = avl_min(c->right);
+    if (s->up == c) {
+      fix = s; /* s keeps its right subtree */
+    } else {
+      fix = s->up;
+      s->up->left = s->right;
+      if (s->right != NULL) s->right->up = s->up;
+      s->right = c->right;
+      s->right->up = s;
+    }
+    *avl_link(bin, c) = s;
+    s->up = c->up;
+    s->left = c->left;
+    s->left->up = s;
+    s->height = c->height; /* the node's height before the removal, for avl_fix */
+  }
+  avl_fix(bin, fix);
+  if (--bin->count == 0) b->nonempty &= ~(1u << i);
+  --b->free_chunks;
+  c->bin = -1;
+}
+
+/* Best fit: the smallest free chunk of at least `rounded` bytes, lowest
+ * address among equals, as TF's scan of bins from BinNumForSize upward: the
+ * first in (size, ptr) order of the request's bin with size >= rounded, or
+ * the first chunk of the next non-empty bin.  NULL: none. */
+static inline bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
+  int i = bfc_bin_for(rounded);
+  bfc_chunk_t *best = NULL;
+  for (bfc_chunk_t *n = b->bins[i].root; n != NULL;) {
+    if (n->size >= rounded) {
+      best = n;
+      n = n->left;
+    } else {
+      n = n->right;
+    }
+  }
+  if (best != NULL) return best;
+  uint32_t higher = b->nonempty & (~1u << i);
+  return higher == 0 ? NULL : avl_min(b->bins[__builtin_ctz(higher)].root);
+}
+
+/* In-place bin changes.  A chunk whose key changes, or a record that takes
+ * another's place, may stay at the same node when the new key still lies
+ * between the node's in-order neighbours and maps to the same bin: then the
+ * tree keeps its shape and balance, and nothing is searched or rotated.
+ * This is the common case of a cached allocation (the remainder of a split
+ * takes the split chunk's node) and of its free (the merged chunk takes its
+ * free neighbour's).  Put `to` (unbinned) at the node of `from` (binned). */
+static inline void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *to) {
+  *avl_link(&b->bins[from->bin], from) = to;
+  to->left = from->left;
+  to->right = from->right;
+  to->up = from->up;
+  to->height = from->height;
+  to->bin = from->bin;
+  if (to->left != NULL) to->left->up = to;
+  if (to->right != NULL) to->right->up = to;
+  from->bin = -1;
+}
+
+#endif /* GMR_POLICIES_BFC_BINS_H */
