@@ -18,9 +18,9 @@
  * last attempt that writes TensorFlow's OOM report (report.c, with the summary).
  *
  * Invariants (checked by bfc_check):
- *   for every region R with chunks c_1..c_k (prev/next links):
- *     c_1 = R.first,  c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,
- *     Σ c_i.size = R.size,  c_k.next = NULL
+ *   for every region R with chunks c_1..c_k (prev/next links, between the
+ *   sentinels R.head and R.tail, which are in use and of size 0):
+ *     c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,  Σ c_i.size = R.size
  *     no two linked neighbours are both free
  *   a chunk is free  <=>  it is in bin bfc_bin_for(size), and in no other
  *   bins[i] is a balanced tree sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
@@ -101,6 +101,15 @@ static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter
 
 /* ---- chunk records ------------------------------------------------------------- */
 
+/* Records and handles.  A handle is TF's ChunkHandle: the record's number,
+ * recycled LIFO (AllocateChunk pops the free list, DeallocateChunk pushes).
+ * TF's SplitChunk keeps the lower piece in the split chunk's record and
+ * takes a fresh one for the remainder; Merge(h1, h2) keeps h1 and frees
+ * h2.  Two in-place cases below swap the roles of the records (the record
+ * that stays binned keeps its tree node, so nothing is searched or
+ * rebalanced) and then swap the two handles, so every chunk carries the
+ * handle TF would give it and the pool hands out handles in TF's order. */
+
 /* A slab of records, 64-byte aligned, pushed on the pool so that the lowest
  * handle comes out first (TF's AllocateChunk order). */
 static BFC_COLD int bfc_slab_grow(bfc_t *b) {
@@ -140,40 +149,46 @@ static inline void bfc_chunk_put(bfc_t *b, bfc_chunk_t *c) {
   b->chunk_pool = c;
 }
 
+static inline void bfc_swap_handles(bfc_chunk_t *a, bfc_chunk_t *c) {
+  uint32_t h = a->handle;
+  a->handle = c->handle;
+  c->handle = h;
+}
+
 /* ---- chunks: split and merge ------------------------------------------------------ */
 
-/* Cut `c` (free, unbinned) at `size`; the remainder, in the fresh record
- * `n`, goes to a bin. */
+/* SplitChunk: cut `c` (free, unbinned) at `size`; the remainder, in the
+ * fresh record `n`, goes to a bin. */
 static void bfc_split(bfc_t *b, bfc_chunk_t *c, size_t size, bfc_chunk_t *n) {
   n->ptr = c->ptr + size;
   n->size = c->size - size;
   n->prev = c;
   n->next = c->next;
-  if (c->next) c->next->prev = n;
+  c->next->prev = n;
   c->next = n;
   c->size = size;
   bfc_bin_insert(b, n);
 }
 
-/* Absorb `n` (= a->next, both free, unbinned) into `a`. */
+/* Merge: absorb `n` (= a->next, both free, unbinned) into `a`. */
 static inline void bfc_merge(bfc_t *b, bfc_chunk_t *a, bfc_chunk_t *n) {
   gmr_assert_internal(a->next == n && n->prev == a);
   a->size += n->size;
   a->next = n->next;
-  if (n->next) n->next->prev = a;
+  n->next->prev = a;
   bfc_chunk_put(b, n);
 }
 
 /* TryToCoalesce: absorb a free right neighbour, then be absorbed by a free
- * left one.  Returns the surviving chunk (unbinned). */
+ * left one (sentinels are in use).  Returns the surviving chunk (unbinned). */
 static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   bfc_chunk_t *n = c->next;
-  if (n != NULL && !n->in_use) {
+  if (!n->in_use) {
     bfc_bin_remove(b, n);
     bfc_merge(b, c, n);
   }
   bfc_chunk_t *p = c->prev;
-  if (p != NULL && !p->in_use) {
+  if (!p->in_use) {
     bfc_bin_remove(b, p);
     bfc_merge(b, p, c);
     c = p;
@@ -181,78 +196,108 @@ static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   return c;
 }
 
-static BFC_COLD void bfc_release_general(bfc_t *b, bfc_chunk_t *c) {
+/* A freed chunk (unbinned) back into the bins, merged with its free
+ * neighbours: TryToCoalesce + InsertFreeChunkIntoBin. */
+static void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
   bfc_bin_insert(b, bfc_coalesce(b, c));
 }
 
-/* A freed chunk (unbinned) back into the bins, merged with its free
- * neighbours: TryToCoalesce + InsertFreeChunkIntoBin.  When exactly one
- * neighbour is free and the merged chunk may take that neighbour's node
- * (bins.h, "In-place bin changes": same bin, still below the neighbour's
- * in-order successor), no tree is searched or rebalanced. */
-static BFC_INLINE void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
-  bfc_chunk_t *n = c->next, *p = c->prev;
-  bool n_free = n != NULL && !n->in_use, p_free = p != NULL && !p->in_use;
-  if (n_free != p_free) {
-    bfc_chunk_t *nb = n_free ? n : p; /* the binned neighbour */
-    size_t size = c->size + nb->size;
-    if (bfc_bin_for(size) == nb->bin) {
-      bfc_chunk_t *succ = avl_next(nb);
-      uintptr_t ptr = n_free ? c->ptr : p->ptr;
-      if (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr)) {
-        if (n_free) { /* c absorbs n and takes its node */
-          bfc_bin_take_place(b, n, c);
-          bfc_merge(b, c, n);
-        } else { /* p absorbs c and stays where it is */
-          bfc_merge(b, p, c);
-        }
-        return;
-      }
-    }
-  }
-  bfc_release_general(b, c);
+/* Whether the binned chunk `nb` may stay at its node with the larger key
+ * (size, ptr) (bins.h, "In-place bin changes": same bin, still below its
+ * in-order successor). */
+static BFC_INLINE bool bfc_grows_in_place(const bfc_chunk_t *nb, size_t size, uintptr_t ptr) {
+  int bin = nb->bin;
+  if (bin < BFC_NUM_BINS - 1 && size >= bfc_bin_size(bin + 1)) return false;
+  const bfc_chunk_t *succ = avl_next((bfc_chunk_t *)nb);
+  return succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr);
 }
 
-/* FindChunkPtr, and the chunk marked in use with TF's statistics.  Should
- * the host refuse a record for the remainder of a split, the whole chunk is
- * handed out (never observed in practice). */
-static BFC_INLINE bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
-  bfc_chunk_t *c = bfc_best_fit(b, rounded);
-  if (c == NULL) return NULL;
-  size_t rest_size = c->size - rounded;
-  if (c->size >= rounded * 2 || rest_size >= b->max_frag) {
-    bfc_chunk_t *rest = bfc_chunk_get(b);
-    /* The remainder takes the chunk's node when it stays in its bin and
-     * above its predecessor: every chunk before it in the bin is smaller
-     * than `rounded` (c was the first fit), or c was the bin's first. */
-    if (GMR_LIKELY(rest != NULL && rest_size >= rounded && bfc_bin_for(rest_size) == c->bin)) {
-      bfc_bin_take_place(b, c, rest);
-      rest->ptr = c->ptr + rounded;
-      rest->size = rest_size;
-      rest->prev = c;
-      rest->next = c->next;
-      if (c->next) c->next->prev = rest;
-      c->next = rest;
-      c->size = rounded;
-    } else {
-      bfc_bin_remove(b, c);
-      if (rest != NULL) bfc_split(b, c, rounded, rest);
-    }
-  } else {
-    bfc_bin_remove(b, c);
+/* The in-place free of `c` (freed, unbinned): true when exactly one
+ * neighbour is free and the merged chunk may stay at that neighbour's node.
+ * A free right neighbour n absorbs c and keeps its node (TF's Merge(c, n)
+ * keeps c's handle: swapped); a free left neighbour absorbs c as in TF.
+ * False: nothing changed. */
+static BFC_INLINE bool bfc_release_in_place(bfc_t *b, bfc_chunk_t *c) {
+  bfc_chunk_t *n = c->next, *p = c->prev;
+  if (!n->in_use) {
+    if (!p->in_use) return false;
+    size_t size = c->size + n->size;
+    if (!bfc_grows_in_place(n, size, c->ptr)) return false;
+    n->ptr = c->ptr; /* n takes c's place in the region and keeps its node */
+    n->size = size;
+    n->prev = p;
+    p->next = n;
+    n->requested = c->requested; /* the survivor's, as TF's Merge keeps c's */
+    bfc_swap_handles(n, c);
+    bfc_chunk_put(b, c);
+    return true;
   }
+  if (p->in_use) return false;
+  size_t size = p->size + c->size;
+  if (!bfc_grows_in_place(p, size, p->ptr)) return false;
+  bfc_merge(b, p, c);
+  return true;
+}
+
+/* FindChunkPtr after the best fit `c` is known, with the chunk marked in use
+ * and TF's statistics.  Should the host refuse a record for the remainder
+ * of a split, the whole chunk is handed out (never observed in practice). */
+static BFC_INLINE void bfc_mark_used(bfc_t *b, bfc_chunk_t *c, size_t chunk_size,
+                                     size_t num_bytes) {
   c->in_use = 1;
   c->requested = num_bytes;
   c->owner = bfc_thread_id();
   ++b->num_allocs;
-  int64_t size = (int64_t)c->size;
+  int64_t size = (int64_t)chunk_size;
   b->bytes_in_use += size;
   if (b->bytes_in_use > b->peak_bytes_in_use) b->peak_bytes_in_use = b->bytes_in_use;
   if (size > b->largest_alloc_size) b->largest_alloc_size = size;
   b->requested.current += (int64_t)num_bytes;
   if (b->requested.current > b->requested.peak) b->requested.peak = b->requested.current;
   if (++b->allocations.current > b->allocations.peak) b->allocations.peak = b->allocations.current;
+}
+
+static bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded, size_t num_bytes) {
+  bfc_bin_remove(b, c);
+  if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
+    bfc_chunk_t *rest = bfc_chunk_get(b);
+    if (rest != NULL) bfc_split(b, c, rounded, rest);
+  }
+  bfc_mark_used(b, c, c->size, num_bytes);
   return c;
+}
+
+/* The in-place split of the best fit `c`: when TF would split it and the
+ * remainder stays in c's bin above c's in-order predecessor (every chunk
+ * before c in the bin is smaller than `rounded`, c being the first fit, or
+ * c is its bin's first), c keeps its node as the remainder and a fresh
+ * record takes the allocated lower piece (TF's SplitChunk keeps that piece
+ * in c's handle: swapped).  NULL: nothing changed. */
+static BFC_INLINE bfc_chunk_t *bfc_take_in_place(bfc_t *b, bfc_chunk_t *c, size_t rounded,
+                                                 size_t num_bytes) {
+  size_t rest_size = c->size - rounded;
+  if (rest_size < rounded || rest_size < bfc_bin_size(c->bin) || b->chunk_pool == NULL) return NULL;
+  bfc_chunk_t *a = bfc_chunk_get(b), *p = c->prev;
+  a->ptr = c->ptr;
+  a->size = rounded;
+  a->prev = p;
+  a->next = c;
+  p->next = a;
+  c->prev = a;
+  c->ptr += rounded;
+  c->size = rest_size;
+  c->requested = 0; /* a fresh remainder's */
+  bfc_swap_handles(a, c);
+  bfc_mark_used(b, a, rounded, num_bytes);
+  return a;
+}
+
+/* FindChunkPtr: best fit, split, mark in use.  NULL: nothing fits. */
+static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
+  bfc_chunk_t *c = bfc_best_fit(b, rounded);
+  if (c == NULL) return NULL;
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, num_bytes);
+  return a != NULL ? a : bfc_take(b, c, rounded, num_bytes);
 }
 
 /* ---- regions ------------------------------------------------------------------------ */
@@ -326,15 +371,12 @@ static int bfc_region_add(bfc_t *b, void *mem, size_t size) {
   bfc_region_t *prev = i > 0 ? b->regions[i - 1] : NULL;
   if (b->coalesce && prev != NULL && prev->ptr + prev->size == p) {
     if (bfc_piece_add(prev, mem, size) != 0) goto fail_chunk;
-    /* The region's last chunk: a walk, once per Extend (the records keep no
-     * region pointer, so that a split or merge need not update one). */
-    bfc_chunk_t *last = prev->first;
-    while (last->next != NULL)
-      last = last->next;
+    bfc_chunk_t *last = prev->tail.prev;
     prev->size += size;
     c->prev = last;
-    c->next = NULL;
+    c->next = &prev->tail;
     last->next = c;
+    prev->tail.prev = c;
     bfc_bin_insert(b, bfc_coalesce(b, c));
     return 0;
   }
@@ -345,16 +387,21 @@ static int bfc_region_add(bfc_t *b, void *mem, size_t size) {
     b->regions = v;
     b->cap_regions = cap;
   }
-  bfc_region_t *r = gmr__calloc(1, sizeof *r);
-  if (r == NULL) goto fail_chunk;
+  void *raw = gmr__calloc(1, sizeof(bfc_region_t) + 63);
+  if (raw == NULL) goto fail_chunk;
+  bfc_region_t *r = (bfc_region_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  r->raw = raw;
   if (bfc_piece_add(r, mem, size) != 0) {
-    gmr__free(r);
+    gmr__free(raw);
     goto fail_chunk;
   }
   r->ptr = p;
   r->size = size;
-  r->first = c;
-  c->prev = c->next = NULL;
+  r->head = r->tail = (bfc_chunk_t){.in_use = 1, .bin = -1, .handle = UINT32_MAX};
+  r->head.next = c;
+  r->tail.prev = c;
+  c->prev = &r->head;
+  c->next = &r->tail;
   memmove(&b->regions[i + 1], &b->regions[i], (b->n_regions - i) * sizeof *b->regions);
   b->regions[i] = r;
   ++b->n_regions;
@@ -407,13 +454,13 @@ static int bfc_extend(bfc_t *b, size_t rounded) {
 }
 
 static inline bool bfc_region_free(const bfc_region_t *r) {
-  return !r->first->in_use && r->first->size == r->size;
+  return !bfc_first(r)->in_use && bfc_first(r)->size == r->size;
 }
 
 static void bfc_region_release(bfc_t *b, size_t i) {
   bfc_region_t *r = b->regions[i];
-  bfc_bin_remove(b, r->first);
-  bfc_chunk_put(b, r->first);
+  bfc_bin_remove(b, bfc_first(r));
+  bfc_chunk_put(b, bfc_first(r));
   for (size_t k = r->n_pieces; k-- > 0;)
     bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
   if (b->vmm && r->ptr + r->size == b->va_base + b->va_used) b->va_used = r->ptr - b->va_base;
@@ -421,7 +468,7 @@ static void bfc_region_release(bfc_t *b, size_t i) {
   memmove(&b->regions[i], &b->regions[i + 1], (b->n_regions - i - 1) * sizeof *b->regions);
   --b->n_regions;
   gmr__free(r->pieces);
-  gmr__free(r);
+  gmr__free(r->raw);
 }
 
 /* DeallocateFreeRegions.  `force` (empty_cache) skips the option and the
@@ -488,6 +535,20 @@ static inline void bfc_lock(bfc_t *b) {
 
 static inline void bfc_unlock(bfc_t *b) {
   gmr__unlock(&b->lock);
+}
+
+static BFC_COLD int bfc_wake_one(bfc_t *b) {
+  gmr__lock_wake(&b->lock);
+  return 0;
+}
+
+/* gmr__unlock and `return 0` for the fast paths: the wake-up of a sleeper
+ * is a tail call, so nothing stays live across a call there. */
+static BFC_INLINE int bfc_unlock_done(bfc_t *b) {
+  atomic_exchange_explicit(&b->lock.locked, 0, memory_order_seq_cst);
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->lock.sleepers, memory_order_seq_cst) != 0))
+    return bfc_wake_one(b);
+  return 0;
 }
 
 static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c);
@@ -677,18 +738,35 @@ static BFC_COLD int bfc_alloc_shared(bfc_t *b, size_t size, size_t rounded, gmr_
   return 0;
 }
 
+/* The best fit `c` taken out of its bin (the in-place split did not apply),
+ * with lock held: the rest of the fast path, out of line. */
+static BFC_COLD int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, size_t rounded,
+                                   gmr_block_t *out) {
+  c = bfc_take(b, c, rounded, size);
+  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  bfc_unlock(b);
+  return 0;
+}
+
+/* The fast path: one thread, no contention, no pending stream frees, and a
+ * best fit that splits in place; anything else goes out of line (each
+ * branch is taken before anything changes). */
 static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   bfc_t *b = (bfc_t *)self;
   size_t rounded = bfc_rounded(size);
   if (GMR_UNLIKELY(atomic_load_explicit(&b->contended, memory_order_relaxed) || !bfc_trylock(b)))
     return bfc_alloc_shared(b, size, rounded, s, false, out);
   if (GMR_UNLIKELY(b->pending != NULL)) return bfc_alloc_shared(b, size, rounded, s, true, out);
-  bfc_chunk_t *c = bfc_find_chunk(b, rounded, size);
+  bfc_chunk_t *c = bfc_best_fit(b, rounded);
   if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, out);
-  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, size);
+  if (GMR_UNLIKELY(a == NULL)) return bfc_alloc_take(b, c, size, rounded, out);
+  out->ptr = (void *)a->ptr;
+  out->size = rounded;
+  out->handle = a;
   gmr_assert_expensive(bfc_check_settled(b) == 0);
-  bfc_unlock(b);
-  return 0;
+  return bfc_unlock_done(b);
 }
 
 static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
@@ -716,16 +794,11 @@ static void bfc_set_exclusive(gmr_policy_t *self, int exclusive) {
 
 /* TF's DeallocateRawInternal without the counts: back to a bin, merged with
  * free neighbours; waiters are woken.  Under lock. */
-static BFC_INLINE void bfc_free_chunk_inline(bfc_t *b, bfc_chunk_t *c) {
+static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
   c->in_use = 0;
   b->bytes_in_use -= (int64_t)c->size;
-  bfc_release_chunk(b, c);
-  if (GMR_UNLIKELY(atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0))
-    gmr__wake_all(&b->freed_seq);
-}
-
-static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
-  bfc_free_chunk_inline(b, c);
+  if (!bfc_release_in_place(b, c)) bfc_release_chunk(b, c);
+  if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
 }
 
 /* The user's free counted (TF's DeallocateRawInternal counts), under lock. */
@@ -741,6 +814,11 @@ static inline bool bfc_live(const bfc_chunk_t *c, const gmr_block_t *blk) {
 
 static BFC_COLD int bfc_bad_free(bfc_t *b, const gmr_block_t *blk) {
   return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name, blk->ptr);
+}
+
+static BFC_COLD int bfc_bad_free_locked(bfc_t *b, const gmr_block_t *blk) {
+  bfc_unlock(b);
+  return bfc_bad_free(b, blk);
 }
 
 /* Every free but a cached one by the allocating thread: the stream's front
@@ -793,25 +871,40 @@ static BFC_COLD int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
   return 0;
 }
 
+/* The rest of the fast free, out of line, with lock held and the counts
+ * taken: a merge that is not in place, or allocations waiting (woken). */
+static BFC_COLD int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
+  if (c->in_use) {
+    bfc_free_chunk(b, c);
+  } else {
+    bfc_release_chunk(b, c);
+    if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
+  }
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  bfc_unlock(b);
+  return 0;
+}
+
 /* The fast path: a chunk freed by the thread that allocated it, with no
- * other stream's work on it, nobody waiting for memory and no contention:
- * TF's free under the lock, merged in place when it can be. */
+ * other stream's work on it and no contention: TF's free under the lock,
+ * merged in place when it can be.  Waiters are looked at under the lock
+ * (they register under it); anything else goes out of line before anything
+ * changes. */
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;
   if (GMR_UNLIKELY(c == NULL || c->elsewhere || c->owner != bfc_thread_id() ||
-                   atomic_load_explicit(&b->contended, memory_order_relaxed) ||
-                   atomic_load_explicit(&b->waiters, memory_order_seq_cst) != 0 || !bfc_trylock(b)))
+                   atomic_load_explicit(&b->contended, memory_order_relaxed) || !bfc_trylock(b)))
     return bfc_free_shared(b, blk);
-  if (GMR_UNLIKELY(!bfc_live(c, blk))) {
-    bfc_unlock(b);
-    return bfc_bad_free(b, blk);
-  }
+  if (GMR_UNLIKELY(!bfc_live(c, blk))) return bfc_bad_free_locked(b, blk);
   bfc_free_counts(b, c);
-  bfc_free_chunk_inline(b, c);
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->waiters, memory_order_relaxed) != 0))
+    return bfc_free_finish(b, c);
+  c->in_use = 0;
+  b->bytes_in_use -= (int64_t)c->size;
+  if (GMR_UNLIKELY(!bfc_release_in_place(b, c))) return bfc_free_finish(b, c);
   gmr_assert_expensive(bfc_check_settled(b) == 0);
-  bfc_unlock(b);
-  return 0;
+  return bfc_unlock_done(b);
 }
 
 static int bfc_trim(gmr_policy_t *self) {
@@ -912,7 +1005,7 @@ static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
                           .pool = "region",
                           .is_expandable = b->vmm};
     stop = cb(&e, ud);
-    for (const bfc_chunk_t *c = r->first; c && !stop; c = c->next) {
+    for (const bfc_chunk_t *c = bfc_first(r); c != bfc_end(r) && !stop; c = c->next) {
       bool used = c->in_use;
       gmr_walk_entry_t k = {.address = c->ptr,
                             .size = c->size,
@@ -982,23 +1075,25 @@ static int bfc_check_locked(bfc_t *b) {
     const bfc_region_t *r = b->regions[i];
     BFC_CHECK(i == 0 || b->regions[i - 1]->ptr + b->regions[i - 1]->size <= r->ptr,
               "bfc: regions %zu and %zu overlap or are out of order", i - 1, i);
-    BFC_CHECK(r->first && r->first->ptr == r->ptr && r->first->prev == NULL,
+    BFC_CHECK(r->head.in_use && r->tail.in_use && r->head.size == 0 && r->tail.size == 0 &&
+                  bfc_first(r) != bfc_end(r) && bfc_first(r)->ptr == r->ptr &&
+                  bfc_first(r)->prev == &r->head && r->tail.prev->next == &r->tail,
               "bfc: region %#llx does not start with its first chunk", (unsigned long long)r->ptr);
     size_t sum = 0, pieces = 0;
     for (size_t k = 0; k < r->n_pieces; ++k)
       pieces += r->pieces[k].size;
     BFC_CHECK(pieces == r->size, "bfc: region %#llx is %zu bytes but its pieces add to %zu",
               (unsigned long long)r->ptr, r->size, pieces);
-    const bfc_chunk_t *c = r->first, *last = NULL;
-    for (; c; last = c, c = c->next) {
+    const bfc_chunk_t *c = bfc_first(r), *last = NULL;
+    for (; c != bfc_end(r); last = c, c = c->next) {
       BFC_CHECK(c->size > 0 && c->size % BFC_MIN_ALLOC == 0, "bfc: chunk %#llx has a bad size %zu",
                 (unsigned long long)c->ptr, c->size);
       BFC_CHECK(c->ptr == r->ptr + sum, "bfc: chunk %#llx is not at region offset %zu",
                 (unsigned long long)c->ptr, sum);
-      BFC_CHECK(c->next == NULL || c->next->prev == c, "bfc: broken links after chunk %#llx",
+      BFC_CHECK(c->next->prev == c, "bfc: broken links after chunk %#llx",
                 (unsigned long long)c->ptr);
       bool used = c->in_use;
-      BFC_CHECK(used || !c->next || c->next->in_use, "bfc: adjacent free chunks at %#llx and %#llx",
+      BFC_CHECK(used || c->next->in_use, "bfc: adjacent free chunks at %#llx and %#llx",
                 (unsigned long long)c->ptr, (unsigned long long)c->next->ptr);
       BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
                 "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
@@ -1023,7 +1118,7 @@ static int bfc_check_locked(bfc_t *b) {
       }
       sum += c->size;
     }
-    BFC_CHECK(sum == r->size && last != NULL && last->next == NULL,
+    BFC_CHECK(sum == r->size && last == r->tail.prev,
               "bfc: the chunks of region %#llx add to %zu bytes, not %zu",
               (unsigned long long)r->ptr, sum, r->size);
     pool += (int64_t)r->size;
@@ -1087,7 +1182,7 @@ static void bfc_destroy(gmr_policy_t *self) {
     for (size_t k = r->n_pieces; k-- > 0;)
       bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
     gmr__free(r->pieces);
-    gmr__free(r);
+    gmr__free(r->raw);
   }
   if (b->vmm && b->va_size) gmr__backend_va_release(self->backend, (void *)b->va_base, b->va_size);
   gmr__free(b->regions);

@@ -63,20 +63,26 @@ typedef struct bfc_region_s bfc_region_t;
  * two threads that hold neighbouring chunks never write a line the other
  * reads (docs/bfc.md, "Under concurrency"). */
 typedef struct bfc_chunk_s {
-  _Alignas(64) uintptr_t ptr;            /* device address */
-  size_t size;                           /* bytes, a multiple of 256 */
-  struct bfc_chunk_s *left, *right, *up; /* bin tree while free (up: parent); pool link: left */
-  struct bfc_chunk_s *prev, *next;       /* physical neighbours in the region; NULL at its edges */
-  int8_t height;                         /* AVL height while binned */
-  int8_t bin;                            /* bin index while free, -1 while in use */
-  uint8_t in_use;                        /* TF's allocation_id != -1 */
-  uint8_t pending;                       /* freed, its streams' work not yet done (still in use) */
-  uint8_t sync_on_free;                  /* a stream use could not be recorded: sync at free */
-  uint8_t elsewhere;                     /* uses != NULL or sync_on_free: the free takes the lock */
-  _Alignas(64) size_t requested;         /* bytes the user asked for (kept after free, as TF) */
-  uintptr_t owner;                       /* while in use: the allocating thread (bfc_thread_id) */
-  struct bfc_uses_s *uses;               /* streams recorded besides the allocation's; NULL: none */
-  uint32_t handle;                       /* stable number for the dump */
+  /* Interleaved so that the hot paths' stores to a record are never to
+   * adjacent words: gcc -O2 pairs adjacent stores of separate values into
+   * vector stores that cost more instructions than they save. */
+  _Alignas(64) uintptr_t ptr; /* device address */
+  struct bfc_chunk_s *left;   /* bin tree while free; pool link */
+  size_t size;                /* bytes, a multiple of 256 */
+  struct bfc_chunk_s *right;  /* bin tree while free */
+  struct bfc_chunk_s *prev;   /* physical neighbours (at the region's edges: its sentinels) */
+  struct bfc_chunk_s *up;     /* bin tree while free: the parent */
+  struct bfc_chunk_s *next;
+  int8_t height;                 /* AVL height while binned */
+  int8_t bin;                    /* bin index while free, -1 while in use */
+  uint8_t in_use;                /* TF's allocation_id != -1 */
+  uint8_t pending;               /* freed, its streams' work not yet done (still in use) */
+  uint8_t sync_on_free;          /* a stream use could not be recorded: sync at free */
+  uint8_t elsewhere;             /* uses != NULL or sync_on_free: the free takes the lock */
+  _Alignas(64) size_t requested; /* bytes the user asked for (kept after free, as TF) */
+  uintptr_t owner;               /* while in use: the allocating thread (bfc_thread_id) */
+  struct bfc_uses_s *uses;       /* streams recorded besides the allocation's; NULL: none */
+  uint32_t handle; /* TF's chunk handle, for the dump (bfc.c, "Records and handles") */
 } bfc_chunk_t;
 
 /* gmr_record_stream's streams of an in-use chunk (its allocation stream
@@ -101,16 +107,30 @@ typedef struct bfc_piece_s {
   size_t size; /* bytes */
 } bfc_piece_t;
 
-/* A region: its chunks run from `first` along the next links (the last has
- * next == NULL); `first` never changes while the region lives (a split keeps
- * the lower piece, a merge keeps the left chunk). */
+/* A region: its chunks run from head.next along the next links to tail.
+ * `head` and `tail` are sentinels, never chunks: in use, size 0, no handle;
+ * so every chunk has both neighbours (no NULL test on the hot paths), and a
+ * split or merge at the region's edge changes no region field. */
 struct bfc_region_s {
-  uintptr_t ptr;       /* device address of the first byte */
-  size_t size;         /* bytes = Σ piece sizes */
-  bfc_chunk_t *first;  /* the chunk at ptr */
-  bfc_piece_t *pieces; /* what to give back to the backend */
+  bfc_chunk_t head, tail; /* sentinels: head.next is the chunk at ptr, tail.prev the last */
+  uintptr_t ptr;          /* device address of the first byte */
+  size_t size;            /* bytes = Σ piece sizes */
+  bfc_piece_t *pieces;    /* what to give back to the backend */
   size_t n_pieces, cap_pieces;
+  void *raw; /* what the host returned (the region is 64-byte aligned in it) */
 };
+
+/* The region's chunks: for (c = bfc_first(r); c != bfc_end(r); c = c->next). */
+static inline bfc_chunk_t *bfc_first(const bfc_region_t *r) {
+  return r->head.next;
+}
+static inline const bfc_chunk_t *bfc_end(const bfc_region_t *r) {
+  return &r->tail;
+}
+/* A neighbour that is a chunk, not a sentinel (only sentinels have size 0). */
+static inline bool bfc_is_chunk(const bfc_chunk_t *c) {
+  return c->size != 0;
+}
 
 typedef struct bfc_bin_s {
   bfc_chunk_t *root; /* AVL tree by (size, ptr), with parent links (bins.h) */
