@@ -91,11 +91,16 @@
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
 
+/* BFC_COLD: the rare paths (optimized for size); BFC_OUTLINE: paths taken
+ * often in some modes (a growth-mode pair crosses bins), kept out of the
+ * fast paths' registers but optimized for speed. */
 #if defined(__GNUC__)
-#define BFC_COLD   __attribute__((cold, noinline))
-#define BFC_INLINE inline __attribute__((always_inline))
+#define BFC_COLD    __attribute__((cold, noinline))
+#define BFC_OUTLINE __attribute__((noinline))
+#define BFC_INLINE  inline __attribute__((always_inline))
 #else
 #define BFC_COLD
+#define BFC_OUTLINE
 #define BFC_INLINE inline
 #endif
 
@@ -196,33 +201,36 @@ static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   return c;
 }
 
-/* A freed chunk (unbinned) back into the bins, merged with its free
- * neighbours: TryToCoalesce + InsertFreeChunkIntoBin. */
-static void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
-  bfc_bin_insert(b, bfc_coalesce(b, c));
-}
-
-/* Whether the binned chunk `nb` may stay at its node with the larger key
+/* Whether the binned chunk `nb` may keep its node with the larger key
  * (size, ptr) (bins.h, "In-place bin changes": same bin, still below its
- * in-order successor). */
-static BFC_INLINE bool bfc_grows_in_place(const bfc_chunk_t *nb, size_t size, uintptr_t ptr) {
+ * in-order successor); with `move`, also when it is the only chunk of its
+ * bin and the new key's bin is empty (it moves there: done here).  False:
+ * nothing changed.  The fast path passes move = false (fewer registers). */
+static BFC_INLINE bool bfc_grows_in_place(bfc_t *b, bfc_chunk_t *nb, size_t size, uintptr_t ptr,
+                                          bool move) {
   int bin = nb->bin;
-  if (bin < BFC_NUM_BINS - 1 && size >= bfc_bin_size(bin + 1)) return false;
-  const bfc_chunk_t *succ = avl_next((bfc_chunk_t *)nb);
+  if (bin < BFC_NUM_BINS - 1 && size >= bfc_bin_size(bin + 1)) {
+    if (!move) return false;
+    int k = bfc_bin_for(size);
+    if (!bfc_bin_sole(nb) || b->bins[k].root != NULL) return false;
+    bfc_bin_move_sole(b, nb, k);
+    return true;
+  }
+  const bfc_chunk_t *succ = avl_next(nb);
   return succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr);
 }
 
 /* The in-place free of `c` (freed, unbinned): true when exactly one
- * neighbour is free and the merged chunk may stay at that neighbour's node.
+ * neighbour is free and the merged chunk may keep that neighbour's node.
  * A free right neighbour n absorbs c and keeps its node (TF's Merge(c, n)
  * keeps c's handle: swapped); a free left neighbour absorbs c as in TF.
  * False: nothing changed. */
-static BFC_INLINE bool bfc_release_in_place(bfc_t *b, bfc_chunk_t *c) {
+static BFC_INLINE bool bfc_release_in_place(bfc_t *b, bfc_chunk_t *c, bool move) {
   bfc_chunk_t *n = c->next, *p = c->prev;
   if (!n->in_use) {
     if (!p->in_use) return false;
     size_t size = c->size + n->size;
-    if (!bfc_grows_in_place(n, size, c->ptr)) return false;
+    if (!bfc_grows_in_place(b, n, size, c->ptr, move)) return false;
     n->ptr = c->ptr; /* n takes c's place in the region and keeps its node */
     n->size = size;
     n->prev = p;
@@ -234,9 +242,16 @@ static BFC_INLINE bool bfc_release_in_place(bfc_t *b, bfc_chunk_t *c) {
   }
   if (p->in_use) return false;
   size_t size = p->size + c->size;
-  if (!bfc_grows_in_place(p, size, p->ptr)) return false;
+  if (!bfc_grows_in_place(b, p, size, p->ptr, move)) return false;
   bfc_merge(b, p, c);
   return true;
+}
+
+/* A freed chunk (unbinned) back into the bins, merged with its free
+ * neighbours: in place when it can be, else TryToCoalesce +
+ * InsertFreeChunkIntoBin. */
+static inline void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
+  if (!bfc_release_in_place(b, c, true)) bfc_bin_insert(b, bfc_coalesce(b, c));
 }
 
 /* FindChunkPtr after the best fit `c` is known, with the chunk marked in use
@@ -257,26 +272,23 @@ static BFC_INLINE void bfc_mark_used(bfc_t *b, bfc_chunk_t *c, size_t chunk_size
   if (++b->allocations.current > b->allocations.peak) b->allocations.peak = b->allocations.current;
 }
 
-static bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded, size_t num_bytes) {
-  bfc_bin_remove(b, c);
-  if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
-    bfc_chunk_t *rest = bfc_chunk_get(b);
-    if (rest != NULL) bfc_split(b, c, rounded, rest);
-  }
-  bfc_mark_used(b, c, c->size, num_bytes);
-  return c;
-}
-
 /* The in-place split of the best fit `c`: when TF would split it and the
  * remainder stays in c's bin above c's in-order predecessor (every chunk
  * before c in the bin is smaller than `rounded`, c being the first fit, or
- * c is its bin's first), c keeps its node as the remainder and a fresh
- * record takes the allocated lower piece (TF's SplitChunk keeps that piece
- * in c's handle: swapped).  NULL: nothing changed. */
+ * c is its bin's first), or, with `move`, c is the only chunk of its bin
+ * and the remainder's bin is empty, c keeps its node as the remainder and a
+ * fresh record takes the allocated lower piece (TF's SplitChunk keeps that
+ * piece in c's handle: swapped).  NULL: nothing changed. */
 static BFC_INLINE bfc_chunk_t *bfc_take_in_place(bfc_t *b, bfc_chunk_t *c, size_t rounded,
-                                                 size_t num_bytes) {
+                                                 size_t num_bytes, bool move) {
   size_t rest_size = c->size - rounded;
-  if (rest_size < rounded || rest_size < bfc_bin_size(c->bin) || b->chunk_pool == NULL) return NULL;
+  if (rest_size < rounded || b->chunk_pool == NULL) return NULL;
+  if (rest_size < bfc_bin_size(c->bin)) { /* a lower bin */
+    if (!move) return NULL;
+    int k = bfc_bin_for(rest_size);
+    if (!bfc_bin_sole(c) || b->bins[k].root != NULL) return NULL;
+    bfc_bin_move_sole(b, c, k);
+  }
   bfc_chunk_t *a = bfc_chunk_get(b), *p = c->prev;
   a->ptr = c->ptr;
   a->size = rounded;
@@ -292,12 +304,24 @@ static BFC_INLINE bfc_chunk_t *bfc_take_in_place(bfc_t *b, bfc_chunk_t *c, size_
   return a;
 }
 
+/* FindChunkPtr once the best fit `c` is known: in place when it can be,
+ * else TF's RemoveFreeChunkFromBin and SplitChunk. */
+static inline bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded, size_t num_bytes) {
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, num_bytes, true);
+  if (a != NULL) return a;
+  bfc_bin_remove(b, c);
+  if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
+    bfc_chunk_t *rest = bfc_chunk_get(b);
+    if (rest != NULL) bfc_split(b, c, rounded, rest);
+  }
+  bfc_mark_used(b, c, c->size, num_bytes);
+  return c;
+}
+
 /* FindChunkPtr: best fit, split, mark in use.  NULL: nothing fits. */
 static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
   bfc_chunk_t *c = bfc_best_fit(b, rounded);
-  if (c == NULL) return NULL;
-  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, num_bytes);
-  return a != NULL ? a : bfc_take(b, c, rounded, num_bytes);
+  return c == NULL ? NULL : bfc_take(b, c, rounded, num_bytes);
 }
 
 /* ---- regions ------------------------------------------------------------------------ */
@@ -716,8 +740,8 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
 /* Every allocation but a cached one by one thread, with lock held when
  * `locked` (the fast path found pending frees), else without: the stream's
  * front cache first (under concurrency), then TF's path under the lock. */
-static BFC_COLD int bfc_alloc_shared(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
-                                     bool locked, gmr_block_t *out) {
+static BFC_OUTLINE int bfc_alloc_shared(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
+                                        bool locked, gmr_block_t *out) {
   bfc_chunk_t *c;
   bool contended = atomic_load_explicit(&b->contended, memory_order_relaxed);
   if (!locked) {
@@ -740,8 +764,8 @@ static BFC_COLD int bfc_alloc_shared(bfc_t *b, size_t size, size_t rounded, gmr_
 
 /* The best fit `c` taken out of its bin (the in-place split did not apply),
  * with lock held: the rest of the fast path, out of line. */
-static BFC_COLD int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, size_t rounded,
-                                   gmr_block_t *out) {
+static BFC_OUTLINE int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, size_t rounded,
+                                      gmr_block_t *out) {
   c = bfc_take(b, c, rounded, size);
   *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
   gmr_assert_expensive(bfc_check_settled(b) == 0);
@@ -760,7 +784,7 @@ static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_
   if (GMR_UNLIKELY(b->pending != NULL)) return bfc_alloc_shared(b, size, rounded, s, true, out);
   bfc_chunk_t *c = bfc_best_fit(b, rounded);
   if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, out);
-  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, size);
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, size, false);
   if (GMR_UNLIKELY(a == NULL)) return bfc_alloc_take(b, c, size, rounded, out);
   out->ptr = (void *)a->ptr;
   out->size = rounded;
@@ -797,7 +821,7 @@ static void bfc_set_exclusive(gmr_policy_t *self, int exclusive) {
 static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
   c->in_use = 0;
   b->bytes_in_use -= (int64_t)c->size;
-  if (!bfc_release_in_place(b, c)) bfc_release_chunk(b, c);
+  bfc_release_chunk(b, c);
   if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
 }
 
@@ -823,7 +847,7 @@ static BFC_COLD int bfc_bad_free_locked(bfc_t *b, const gmr_block_t *blk) {
 
 /* Every free but a cached one by the allocating thread: the stream's front
  * cache first (under concurrency), stream uses, waiters, bad pointers. */
-static BFC_COLD int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
+static BFC_OUTLINE int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
   bfc_chunk_t *c = blk->handle;
   /* Chunks change hands between threads: the retry then waits as TF's. */
   if (c != NULL && c->owner != bfc_thread_id() &&
@@ -873,7 +897,7 @@ static BFC_COLD int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
 
 /* The rest of the fast free, out of line, with lock held and the counts
  * taken: a merge that is not in place, or allocations waiting (woken). */
-static BFC_COLD int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
+static BFC_OUTLINE int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
   if (c->in_use) {
     bfc_free_chunk(b, c);
   } else {
@@ -902,7 +926,7 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
     return bfc_free_finish(b, c);
   c->in_use = 0;
   b->bytes_in_use -= (int64_t)c->size;
-  if (GMR_UNLIKELY(!bfc_release_in_place(b, c))) return bfc_free_finish(b, c);
+  if (GMR_UNLIKELY(!bfc_release_in_place(b, c, false))) return bfc_free_finish(b, c);
   gmr_assert_expensive(bfc_check_settled(b) == 0);
   return bfc_unlock_done(b);
 }

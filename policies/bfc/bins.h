@@ -190,7 +190,7 @@ static inline bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
  * between the node's in-order neighbours and maps to the same bin: then the
  * tree keeps its shape and balance, and nothing is searched or rotated.
  * This is the common case of a cached allocation (the remainder of a split
- * takes the split chunk's node) and of its free (the merged chunk takes its
+ * keeps the split chunk's node) and of its free (the merged chunk keeps its
  * free neighbour's).  Put `to` (unbinned) at the node of `from` (binned). */
 static inline void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *to) {
   *avl_link(&b->bins[from->bin], from) = to;
@@ -202,6 +202,25 @@ static inline void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *
   if (to->left != NULL) to->left->up = to;
   if (to->right != NULL) to->right->up = to;
   from->bin = -1;
+}
+
+/* Whether c is the only chunk of its bin (a root without children). */
+static inline bool bfc_bin_sole(const bfc_chunk_t *c) {
+  return c->up == NULL && c->left == NULL && c->right == NULL;
+}
+
+/* Move the only chunk of its bin, c, to the empty bin k: the in-place
+ * change for a key that crosses into another bin where both bins hold just
+ * that chunk (a region of 2^k bytes and its remainder, in growth mode). */
+static inline void bfc_bin_move_sole(bfc_t *b, bfc_chunk_t *c, int k) {
+  int j = c->bin;
+  gmr_assert_internal(bfc_bin_sole(c) && b->bins[j].count == 1 && b->bins[k].root == NULL);
+  b->bins[j].root = NULL;
+  b->bins[j].count = 0;
+  b->bins[k].root = c;
+  b->bins[k].count = 1;
+  b->nonempty ^= (1u << j) | (1u << k);
+  c->bin = (int8_t)k;
 }
 
 #endif /* GMR_POLICIES_BFC_BINS_H */
