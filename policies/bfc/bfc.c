@@ -870,8 +870,10 @@ static BFC_OUTLINE int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
   if (GMR_UNLIKELY(announce)) atomic_fetch_add_explicit(&b->arriving, 1, memory_order_seq_cst);
   bfc_lock(b);
   if (GMR_UNLIKELY(announce)) atomic_fetch_sub_explicit(&b->arriving, 1, memory_order_seq_cst);
-  for (size_t k = 0; k < n_spill; ++k) /* counted when the front cache kept them */
+  for (size_t k = 0; k < n_spill; ++k) { /* the front cache left their frees to count */
+    bfc_free_counts(b, spill[k]);
     bfc_free_chunk(b, spill[k]);
+  }
   if (!kept) {
     if (GMR_UNLIKELY(!bfc_live(c, blk))) {
       if (announce) gmr__wake_all(&b->freed_seq); /* the waiters look again */

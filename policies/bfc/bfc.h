@@ -297,7 +297,8 @@ bool gmr__bfc_wait_can_help(const bfc_t *b);
  * request (NULL: none, or the cache is frozen); gmr__bfc_front_free keeps a
  * freed chunk (false: take the lock: frozen, too large, or an allocation
  * waits for memory) and hands back in `spill` (BFC_FRONT_MAX entries) the
- * chunks it gave up to make room, for the caller to free under the lock.
+ * chunks it gave up to make room, for the caller to free and count under
+ * the lock.
  * Under the lock: gmr__bfc_front_new gives a stream a cache (quietly none
  * when the host refuses); gmr__bfc_front_drain freezes one cache, folds its
  * counts into the allocator's figures and hands back its chunks (the

@@ -82,31 +82,34 @@ static bfc_chunk_t *avl_rot_left(bfc_bin_t *bin, bfc_chunk_t *n) {
   return r;
 }
 
-/* Restore balance and height at n, whose subtrees are balanced; returns the
- * root of the subtree now where n was. */
-static bfc_chunk_t *avl_balance(bfc_bin_t *bin, bfc_chunk_t *n) {
-  int bf = avl_h(n->left) - avl_h(n->right);
-  if (bf > 1) {
+/* Restore balance at n, whose subtrees are balanced and whose children's
+ * heights differ by d = 2 (left higher) or -2; returns the root of the
+ * subtree now where n was, its height updated. */
+static bfc_chunk_t *avl_rebalance(bfc_bin_t *bin, bfc_chunk_t *n, int d) {
+  if (d > 0) {
     if (avl_h(n->left->left) < avl_h(n->left->right)) avl_rot_left(bin, n->left);
     return avl_rot_right(bin, n);
   }
-  if (bf < -1) {
-    if (avl_h(n->right->right) < avl_h(n->right->left)) avl_rot_right(bin, n->right);
-    return avl_rot_left(bin, n);
-  }
-  avl_update(n);
-  return n;
+  if (avl_h(n->right->right) < avl_h(n->right->left)) avl_rot_right(bin, n->right);
+  return avl_rot_left(bin, n);
 }
 
-/* After a change below n (one leaf added or one node taken out): rebalance
- * from n towards the root while subtree heights change.  A subtree whose
- * height is what it was leaves every ancestor as it was, so the walk stops
- * there (n's stored height is the one from before the change). */
+/* After a change below n (one leaf added or one node taken out): restore
+ * heights and balance from n towards the root while subtree heights change.
+ * A subtree whose height is what it was leaves every ancestor as it was, so
+ * the walk stops there (n's stored height is the one from before the
+ * change); that is after a level or two on average. */
 static void avl_fix(bfc_bin_t *bin, bfc_chunk_t *n) {
   while (n != NULL) {
-    int before = n->height;
-    n = avl_balance(bin, n);
-    if (n->height == before) return;
+    int hl = avl_h(n->left), hr = avl_h(n->right), d = hl - hr, before = n->height;
+    if (d > 1 || d < -1) {
+      n = avl_rebalance(bin, n, d);
+      if (n->height == before) return;
+    } else {
+      int h = 1 + (d > 0 ? hl : hr);
+      if (h == before) return;
+      n->height = (int8_t)h;
+    }
     n = n->up;
   }
 }

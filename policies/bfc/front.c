@@ -15,7 +15,8 @@
  * one is taken.  A free into a full bin (or past the byte cap) keeps the
  * chunk and gives back the bin's older half (then whole bins, largest
  * first, while still over the cap): the caller frees them all under one
- * acquisition of the lock, not one per free.
+ * acquisition of the lock, not one per free (their frees are counted then,
+ * not when the cache took them: see front_spill_bin).
  *
  * Sharing.  Each cache is 64-byte aligned and guarded by its own lock;
  * `id` is immutable once published.  What one stream's cached pair touches:
@@ -120,12 +121,18 @@ bfc_chunk_t *gmr__bfc_front_alloc(bfc_t *b, bfc_front_t *f, size_t num_bytes, si
   return c;
 }
 
-/* Give back the oldest `n` chunks of bin i. */
+/* Give back the oldest `n` chunks of bin i, their frees uncounted again:
+ * until the caller frees them under the lock (and counts them), they are
+ * live allocations for everyone else, so a flush meanwhile sees the counts
+ * agree with the chunks in use. */
 static size_t front_spill_bin(bfc_front_t *f, int i, int n, bfc_chunk_t **spill) {
-  for (int k = 0; k < n; ++k)
-    spill[k] = f->slot[i][k].chunk;
-  for (int k = 0; k < n; ++k)
+  for (int k = 0; k < n; ++k) {
+    bfc_chunk_t *c = f->slot[i][k].chunk;
+    spill[k] = c;
     f->bytes -= f->slot[i][k].size;
+    --f->frees;
+    f->req_out -= (int64_t)c->requested;
+  }
   f->count[i] = (uint8_t)(f->count[i] - n);
   memmove(&f->slot[i][0], &f->slot[i][n], (size_t)f->count[i] * sizeof f->slot[i][0]);
   return (size_t)n;
