@@ -847,23 +847,12 @@ static BFC_COLD int bfc_bad_free_locked(bfc_t *b, const gmr_block_t *blk) {
 
 /* Every free but a cached one by the allocating thread: the stream's front
  * cache first (under concurrency), stream uses, waiters, bad pointers. */
-static BFC_OUTLINE int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
+/* A free under the lock: TF's (with the stream uses), after freeing and
+ * counting the `n_spill` chunks a front cache gave back (then c was kept:
+ * `kept`); `f` is the stream's front cache (NULL: give it one). */
+static BFC_OUTLINE int bfc_free_locked(bfc_t *b, const gmr_block_t *blk, bfc_front_t *f, bool kept,
+                                       bfc_chunk_t **spill, size_t n_spill) {
   bfc_chunk_t *c = blk->handle;
-  /* Chunks change hands between threads: the retry then waits as TF's. */
-  if (c != NULL && c->owner != bfc_thread_id() &&
-      !atomic_load_explicit(&b->handoff, memory_order_relaxed))
-    atomic_store_explicit(&b->handoff, true, memory_order_seq_cst);
-  bfc_chunk_t *spill[BFC_FRONT_MAX];
-  size_t n_spill = 0;
-  bool kept = false;
-  bfc_front_t *f = NULL;
-  /* A chunk used on other streams never stays in a front cache: its memory
-   * must wait for that work (gmr__bfc_hold), whichever stream asks next. */
-  if (atomic_load_explicit(&b->contended, memory_order_relaxed) && bfc_live(c, blk) &&
-      !c->elsewhere && (f = gmr__bfc_front_find(b, blk->stream)) != NULL) {
-    kept = gmr__bfc_front_free(b, f, c, spill, &n_spill);
-    if (kept && n_spill == 0) return 0;
-  }
   /* A free that finds allocations waiting says so before it queues for the
    * lock: they keep waiting for it (gmr__bfc_wait_can_help). */
   bool announce = atomic_load_explicit(&b->waiters, memory_order_seq_cst) > 0;
@@ -895,6 +884,34 @@ static BFC_OUTLINE int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
     gmr__bfc_front_new(b, blk->stream);
   bfc_unlock(b);
   return 0;
+}
+
+/* The stream's front cache is full: it keeps c and gives chunks back. */
+static BFC_COLD int bfc_free_spilling(bfc_t *b, const gmr_block_t *blk, bfc_front_t *f) {
+  bfc_chunk_t *spill[BFC_FRONT_MAX];
+  size_t n = gmr__bfc_front_free_spilling(b, f, blk->handle, spill);
+  if (n == SIZE_MAX) return bfc_free_locked(b, blk, f, false, NULL, 0);
+  return bfc_free_locked(b, blk, f, true, spill, n);
+}
+
+/* Every free but a cached one by the allocating thread: the stream's front
+ * cache first (under concurrency), else under the lock. */
+static BFC_OUTLINE int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
+  bfc_chunk_t *c = blk->handle;
+  /* Chunks change hands between threads: the retry then waits as TF's. */
+  if (c != NULL && c->owner != bfc_thread_id() &&
+      !atomic_load_explicit(&b->handoff, memory_order_relaxed))
+    atomic_store_explicit(&b->handoff, true, memory_order_seq_cst);
+  bfc_front_t *f = NULL;
+  /* A chunk used on other streams never stays in a front cache: its memory
+   * must wait for that work (gmr__bfc_hold), whichever stream asks next. */
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed) && bfc_live(c, blk) &&
+      !c->elsewhere && (f = gmr__bfc_front_find(b, blk->stream)) != NULL) {
+    int r = gmr__bfc_front_free(b, f, c);
+    if (r == BFC_FRONT_KEPT) return 0;
+    if (r == BFC_FRONT_FULL) return bfc_free_spilling(b, blk, f);
+  }
+  return bfc_free_locked(b, blk, f, false, NULL, 0);
 }
 
 /* The rest of the fast free, out of line, with lock held and the counts

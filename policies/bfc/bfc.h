@@ -295,19 +295,22 @@ bool gmr__bfc_wait_can_help(const bfc_t *b);
  * looks a stream's cache up without a lock (NULL: none);
  * gmr__bfc_front_alloc takes a kept chunk TF would hand out whole for the
  * request (NULL: none, or the cache is frozen); gmr__bfc_front_free keeps a
- * freed chunk (false: take the lock: frozen, too large, or an allocation
- * waits for memory) and hands back in `spill` (BFC_FRONT_MAX entries) the
- * chunks it gave up to make room, for the caller to free and count under
- * the lock.
- * Under the lock: gmr__bfc_front_new gives a stream a cache (quietly none
- * when the host refuses); gmr__bfc_front_drain freezes one cache, folds its
- * counts into the allocator's figures and hands back its chunks (the
+ * freed chunk (BFC_FRONT_KEPT), refuses it (BFC_FRONT_REFUSED: frozen, too
+ * large, or an allocation waits for memory: take the lock) or says it would
+ * keep it after giving chunks back (BFC_FRONT_FULL), which
+ * gmr__bfc_front_free_spilling does: it keeps c and hands back in `spill`
+ * (BFC_FRONT_MAX entries) the chunks it gave up, for the caller to free and
+ * count under the lock, and returns their number (SIZE_MAX: refused after
+ * all).  Under the lock: gmr__bfc_front_new gives a stream a cache (quietly
+ * none when the host refuses); gmr__bfc_front_drain freezes one cache, folds
+ * its counts into the allocator's figures and hands back its chunks (the
  * caller frees them); gmr__bfc_front_thaw ends the freeze. */
+enum { BFC_FRONT_REFUSED = 0, BFC_FRONT_KEPT = 1, BFC_FRONT_FULL = 2 };
 bfc_front_t *gmr__bfc_front_find(bfc_t *b, gmr_stream_t s);
 bfc_chunk_t *gmr__bfc_front_alloc(bfc_t *b, bfc_front_t *f, size_t num_bytes, size_t rounded,
                                   uintptr_t me);
-bool gmr__bfc_front_free(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bfc_chunk_t **spill,
-                         size_t *n_spill);
+int gmr__bfc_front_free(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c);
+size_t gmr__bfc_front_free_spilling(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bfc_chunk_t **spill);
 void gmr__bfc_front_new(bfc_t *b, gmr_stream_t s);
 size_t gmr__bfc_front_drain(bfc_t *b, bfc_front_t *f, bfc_chunk_t **out);
 void gmr__bfc_front_thaw(bfc_front_t *f);

@@ -83,11 +83,13 @@ void gmr__bfc_front_new(bfc_t *b, gmr_stream_t s) {
   ++b->n_fronts;
 }
 
-/* Take slot k of bin i out, keeping the others in age order. */
+/* Take slot k of bin i out, keeping the others in age order (the newest,
+ * the usual one, moves nothing). */
 static void front_take(bfc_front_t *f, int i, int k) {
   f->bytes -= f->slot[i][k].size;
   int n = --f->count[i];
-  memmove(&f->slot[i][k], &f->slot[i][k + 1], (size_t)(n - k) * sizeof f->slot[i][0]);
+  for (; k < n; ++k)
+    f->slot[i][k] = f->slot[i][k + 1];
 }
 
 bfc_chunk_t *gmr__bfc_front_alloc(bfc_t *b, bfc_front_t *f, size_t num_bytes, size_t rounded,
@@ -98,12 +100,14 @@ bfc_chunk_t *gmr__bfc_front_alloc(bfc_t *b, bfc_front_t *f, size_t num_bytes, si
   if (!f->frozen) {
     int best_bin = -1, best_k = 0;
     size_t best = SIZE_MAX;
-    for (int i = lo; i <= hi; ++i)
+    for (int i = lo; i <= hi && best != rounded; ++i)
       for (int k = f->count[i]; k-- > 0;) { /* newest first among equals */
         size_t size = f->slot[i][k].size;
         if (size >= rounded && size < best && size - rounded < rounded &&
-            size - rounded < b->max_frag)
+            size - rounded < b->max_frag) {
           best = size, best_bin = i, best_k = k;
+          if (size == rounded) break; /* nothing fits better */
+        }
       }
     if (best_bin >= 0) {
       c = f->slot[best_bin][best_k].chunk;
@@ -138,29 +142,43 @@ static size_t front_spill_bin(bfc_front_t *f, int i, int n, bfc_chunk_t **spill)
   return (size_t)n;
 }
 
-bool gmr__bfc_front_free(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bfc_chunk_t **spill,
-                         size_t *n_spill) {
-  *n_spill = 0;
+/* Keep c in bin i (room made, f.lock held). */
+static void front_keep(bfc_front_t *f, int i, bfc_chunk_t *c, size_t size) {
+  f->slot[i][f->count[i]++] = (bfc_front_slot_t){size, c};
+  f->bytes += size;
+  ++f->frees;
+  f->req_out += (int64_t)c->requested;
+}
+
+int gmr__bfc_front_free(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c) {
   size_t size = c->size;
-  if (size > b->front_cap) return false;
-  int i = bfc_bin_for(size);
-  bool kept = false;
+  if (size > b->front_cap) return BFC_FRONT_REFUSED;
+  int i = bfc_bin_for(size), r = BFC_FRONT_REFUSED;
   gmr__lock(&f->lock);
   if (!f->frozen && atomic_load_explicit(&b->waiters, memory_order_seq_cst) == 0) {
-    size_t n = 0;
+    r = f->count[i] == BFC_FRONT_PER_BIN || f->bytes + size > b->front_cap ? BFC_FRONT_FULL
+                                                                           : BFC_FRONT_KEPT;
+    if (r == BFC_FRONT_KEPT) front_keep(f, i, c, size);
+  }
+  gmr__unlock(&f->lock);
+  return r;
+}
+
+size_t gmr__bfc_front_free_spilling(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bfc_chunk_t **spill) {
+  size_t size = c->size, n = 0;
+  int i = bfc_bin_for(size);
+  gmr__lock(&f->lock);
+  if (f->frozen || atomic_load_explicit(&b->waiters, memory_order_seq_cst) != 0) {
+    n = SIZE_MAX; /* refused after all */
+  } else {
     if (f->count[i] == BFC_FRONT_PER_BIN)
       n += front_spill_bin(f, i, BFC_FRONT_PER_BIN / 2, spill + n);
     for (int j = BFC_NUM_BINS; f->bytes + size > b->front_cap && j-- > 0;)
       if (f->count[j] > 0) n += front_spill_bin(f, j, f->count[j], spill + n);
-    f->slot[i][f->count[i]++] = (bfc_front_slot_t){size, c};
-    f->bytes += size;
-    ++f->frees;
-    f->req_out += (int64_t)c->requested;
-    *n_spill = n;
-    kept = true;
+    front_keep(f, i, c, size);
   }
   gmr__unlock(&f->lock);
-  return kept;
+  return n;
 }
 
 size_t gmr__bfc_front_drain(bfc_t *b, bfc_front_t *f, bfc_chunk_t **out) {
