@@ -680,16 +680,23 @@ static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, in
 
 /* An allocation that found no chunk, with lock held: Extend, garbage
  * collection, the pending stream frees, the wait, the report.  Under
- * concurrency the front caches give their chunks back first and stay
- * bypassed until this allocation ends (Extend, the wait and the report then
- * see every chunk as TF would, and the report reads chunks nobody else
- * writes). */
+ * concurrency the pool first tries to grow, as TF's would with the front
+ * caches' chunks in use (their streams take them again next; flushing them
+ * instead would hand the same chunks from cache to cache, a flush each
+ * time, and a growth-mode pool would never grow past them); when it cannot,
+ * the front caches give their chunks back and stay bypassed until this
+ * allocation ends (then TF's path, the wait and the report see every chunk
+ * as TF would, and the report reads chunks nobody else writes). */
 static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
                                    gmr_block_t *out) {
   int err = 0;
   bool contended = atomic_load_explicit(&b->contended, memory_order_relaxed);
-  if (contended) bfc_front_freeze(b);
-  bfc_chunk_t *c = bfc_try(b, size, rounded, &err);
+  bfc_chunk_t *c = NULL;
+  if (contended && b->n_fronts > 0 && bfc_extend(b, rounded) == 0)
+    c = bfc_find_chunk(b, rounded, size);
+  bool frozen = contended && c == NULL;
+  if (frozen) bfc_front_freeze(b);
+  if (c == NULL) c = bfc_try(b, size, rounded, &err);
   /* Memory held only by other streams' work: wait for that work, try again. */
   if (c == NULL && err == 0 && b->pending != NULL && bfc_release_pending(b, true))
     c = bfc_try(b, size, rounded, &err);
@@ -708,10 +715,8 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
     *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
     gmr_assert_expensive(bfc_check_settled(b) == 0);
   }
-  if (contended) {
-    bfc_front_thaw(b);
-    gmr__bfc_front_new(b, s);
-  }
+  if (frozen) bfc_front_thaw(b);
+  if (contended) gmr__bfc_front_new(b, s);
   bfc_unlock(b);
   if (log_gc)
     gmr__log(GMR_LOG_WARN,
