@@ -443,21 +443,25 @@ static inline size_t bfc_double(size_t n) {
 
 /* Extend: one more region of at least `rounded` bytes.  0 on success;
  * GMR_ENOMEM when the limit or the device says no; another code when the
- * device failed otherwise. */
-static int bfc_extend(bfc_t *b, size_t rounded) {
+ * device failed otherwise.  With `only_try` (the attempt before the front
+ * caches are flushed, bfc_alloc_slow): no backpedal, and nothing changes
+ * unless a region comes. */
+static int bfc_extend(bfc_t *b, size_t rounded, bool only_try) {
   uint64_t avail = b->limit > (uint64_t)b->pool_bytes ? b->limit - (uint64_t)b->pool_bytes : 0;
   avail = avail / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
   if (rounded > avail) return GMR_ENOMEM;
   bool increased = false;
-  while (rounded > b->curr_region_bytes) {
-    b->curr_region_bytes = bfc_double(b->curr_region_bytes);
+  size_t curr = b->curr_region_bytes;
+  while (rounded > curr) {
+    curr = bfc_double(curr);
     increased = true;
   }
-  size_t bytes = b->curr_region_bytes < avail ? b->curr_region_bytes : (size_t)avail;
+  if (!only_try) b->curr_region_bytes = curr; /* TF's target rises even if the device says no */
+  size_t bytes = curr < avail ? curr : (size_t)avail;
   void *mem = NULL;
   size_t received = 0;
   int err = bfc_sub_alloc(b, bytes, &mem, &received);
-  while (err == GMR_ENOMEM) {
+  while (err == GMR_ENOMEM && !only_try) {
     /* Backpedal by 0.9 (float, as TF), with XLA's strict-progress fix. */
     size_t next = bfc_rounded((size_t)((float)bytes * BFC_BACKPEDAL));
     if (next >= bytes) next = bytes - BFC_MIN_ALLOC;
@@ -466,7 +470,7 @@ static int bfc_extend(bfc_t *b, size_t rounded) {
     err = bfc_sub_alloc(b, bytes, &mem, &received);
   }
   if (err != 0) return err;
-  if (!increased) b->curr_region_bytes = bfc_double(b->curr_region_bytes);
+  b->curr_region_bytes = increased ? curr : bfc_double(curr);
   if (bfc_region_add(b, mem, received) != 0) {
     if (b->vmm) b->va_used -= received;
     bfc_sub_free(b, mem, received);
@@ -518,12 +522,12 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
   if (c != NULL) return c;
 
-  int e = bfc_extend(b, rounded);
+  int e = bfc_extend(b, rounded, false);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) return (*err = e), NULL;
   if (!bfc_free_regions(b, rounded, false)) return NULL;
   ++b->retries;
-  e = bfc_extend(b, rounded);
+  e = bfc_extend(b, rounded, false);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) *err = e;
   return NULL;
@@ -692,7 +696,7 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
   int err = 0;
   bool contended = atomic_load_explicit(&b->contended, memory_order_relaxed);
   bfc_chunk_t *c = NULL;
-  if (contended && b->n_fronts > 0 && bfc_extend(b, rounded) == 0)
+  if (contended && b->n_fronts > 0 && bfc_extend(b, rounded, true) == 0)
     c = bfc_find_chunk(b, rounded, size);
   bool frozen = contended && c == NULL;
   if (frozen) bfc_front_freeze(b);
