@@ -220,9 +220,19 @@ typedef struct hammer_s {
   gmr_runtime_t *rt;
   gmr_stream_t stream;
 } hammer_t;
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* At least 20,000 pairs and 20 ms: longer than a scheduler's time slice, so
+ * that threads sharing one core (a loaded machine) are preempted mid-run,
+ * some of them while they hold the allocator's lock. */
 static void *hammer(void *arg) {
   hammer_t *h = arg;
-  for (int i = 0; i < 20000; ++i) {
+  uint64_t end = now_ms() + 20;
+  for (int i = 0; i < 20000 || now_ms() < end; ++i) {
     void *p = NULL;
     if (gmr_alloc(h->rt, 4096, h->stream, &p) == 0) gmr_free(h->rt, p);
   }
