@@ -91,19 +91,6 @@
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
 
-/* BFC_COLD: the rare paths (optimized for size); BFC_OUTLINE: paths taken
- * often in some modes (a growth-mode pair crosses bins), kept out of the
- * fast paths' registers but optimized for speed. */
-#if defined(__GNUC__)
-#define BFC_COLD    __attribute__((cold, noinline))
-#define BFC_OUTLINE __attribute__((noinline))
-#define BFC_INLINE  inline __attribute__((always_inline))
-#else
-#define BFC_COLD
-#define BFC_OUTLINE
-#define BFC_INLINE inline
-#endif
-
 /* ---- chunk records ------------------------------------------------------------- */
 
 /* Records and handles.  A handle is TF's ChunkHandle: the record's number,
@@ -247,11 +234,16 @@ static BFC_INLINE bool bfc_release_in_place(bfc_t *b, bfc_chunk_t *c, bool move)
   return true;
 }
 
+/* TryToCoalesce + InsertFreeChunkIntoBin, when the in-place free did not
+ * apply. */
+static BFC_OUTLINE void bfc_release_general(bfc_t *b, bfc_chunk_t *c) {
+  bfc_bin_insert(b, bfc_coalesce(b, c));
+}
+
 /* A freed chunk (unbinned) back into the bins, merged with its free
- * neighbours: in place when it can be, else TryToCoalesce +
- * InsertFreeChunkIntoBin. */
-static inline void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
-  if (!bfc_release_in_place(b, c, true)) bfc_bin_insert(b, bfc_coalesce(b, c));
+ * neighbours: in place when it can be, else TF's way. */
+static BFC_INLINE void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
+  if (!bfc_release_in_place(b, c, true)) bfc_release_general(b, c);
 }
 
 /* FindChunkPtr after the best fit `c` is known, with the chunk marked in use
@@ -304,11 +296,10 @@ static BFC_INLINE bfc_chunk_t *bfc_take_in_place(bfc_t *b, bfc_chunk_t *c, size_
   return a;
 }
 
-/* FindChunkPtr once the best fit `c` is known: in place when it can be,
- * else TF's RemoveFreeChunkFromBin and SplitChunk. */
-static inline bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded, size_t num_bytes) {
-  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, num_bytes, true);
-  if (a != NULL) return a;
+/* RemoveFreeChunkFromBin and SplitChunk, when the in-place split did not
+ * apply. */
+static BFC_OUTLINE bfc_chunk_t *bfc_take_general(bfc_t *b, bfc_chunk_t *c, size_t rounded,
+                                                 size_t num_bytes) {
   bfc_bin_remove(b, c);
   if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
     bfc_chunk_t *rest = bfc_chunk_get(b);
@@ -318,8 +309,16 @@ static inline bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded, si
   return c;
 }
 
+/* FindChunkPtr once the best fit `c` is known: in place when it can be,
+ * else TF's way. */
+static BFC_INLINE bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded,
+                                        size_t num_bytes) {
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, num_bytes, true);
+  return a != NULL ? a : bfc_take_general(b, c, rounded, num_bytes);
+}
+
 /* FindChunkPtr: best fit, split, mark in use.  NULL: nothing fits. */
-static bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
+static BFC_OUTLINE bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
   bfc_chunk_t *c = bfc_best_fit(b, rounded);
   return c == NULL ? NULL : bfc_take(b, c, rounded, num_bytes);
 }
@@ -778,8 +777,7 @@ static BFC_OUTLINE int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, siz
   c = bfc_take(b, c, rounded, size);
   *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
   gmr_assert_expensive(bfc_check_settled(b) == 0);
-  bfc_unlock(b);
-  return 0;
+  return bfc_unlock_done(b);
 }
 
 /* The fast path: one thread, no contention, no pending stream frees, and a
@@ -933,8 +931,7 @@ static BFC_OUTLINE int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
     if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
   }
   gmr_assert_expensive(bfc_check_settled(b) == 0);
-  bfc_unlock(b);
-  return 0;
+  return bfc_unlock_done(b);
 }
 
 /* The fast path: a chunk freed by the thread that allocated it, with no

@@ -52,6 +52,20 @@ typedef struct bfc_opts_s {
   int environment;               /* BFC_ENV_*: whose environment variables to honour */
 } bfc_opts_t;
 
+/* BFC_INLINE: the hot paths' helpers (inlined whatever the compiler's
+ * estimate); BFC_COLD: the rare paths (optimized for size); BFC_OUTLINE:
+ * paths taken often in some modes (a growth-mode pair crosses bins), kept
+ * out of the fast paths' registers but optimized for speed. */
+#if defined(__GNUC__)
+#define BFC_INLINE  inline __attribute__((always_inline))
+#define BFC_COLD    __attribute__((cold, noinline))
+#define BFC_OUTLINE __attribute__((noinline))
+#else
+#define BFC_INLINE inline
+#define BFC_COLD
+#define BFC_OUTLINE
+#endif
+
 /* ---- data model ---------------------------------------------------------------- */
 
 typedef struct bfc_region_s bfc_region_t;

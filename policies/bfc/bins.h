@@ -34,7 +34,7 @@ static inline void avl_update(bfc_chunk_t *n) {
 }
 
 /* The link that points to n: its parent's child pointer, or the root. */
-static inline bfc_chunk_t **avl_link(bfc_bin_t *bin, bfc_chunk_t *n) {
+static BFC_INLINE bfc_chunk_t **avl_link(bfc_bin_t *bin, bfc_chunk_t *n) {
   bfc_chunk_t *up = n->up;
   return up == NULL ? &bin->root : up->left == n ? &up->left : &up->right;
 }
@@ -46,7 +46,7 @@ static inline bfc_chunk_t *avl_min(bfc_chunk_t *n) {
 }
 
 /* The in-order successor of n in its bin, or NULL. */
-static inline bfc_chunk_t *avl_next(bfc_chunk_t *n) {
+static BFC_INLINE bfc_chunk_t *avl_next(bfc_chunk_t *n) {
   if (n->right != NULL) return avl_min(n->right);
   bfc_chunk_t *up = n->up;
   while (up != NULL && up->right == n) {
@@ -172,7 +172,7 @@ static void bfc_bin_remove(bfc_t *b, bfc_chunk_t *c) {
  * address among equals, as TF's scan of bins from BinNumForSize upward: the
  * first in (size, ptr) order of the request's bin with size >= rounded, or
  * the first chunk of the next non-empty bin.  NULL: none. */
-static inline bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
+static BFC_INLINE bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
   int i = bfc_bin_for(rounded);
   bfc_chunk_t *best = NULL;
   for (bfc_chunk_t *n = b->bins[i].root; n != NULL;) {
@@ -195,7 +195,7 @@ static inline bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
  * This is the common case of a cached allocation (the remainder of a split
  * keeps the split chunk's node) and of its free (the merged chunk keeps its
  * free neighbour's).  Put `to` (unbinned) at the node of `from` (binned). */
-static inline void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *to) {
+static BFC_INLINE void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *to) {
   *avl_link(&b->bins[from->bin], from) = to;
   to->left = from->left;
   to->right = from->right;
@@ -208,14 +208,14 @@ static inline void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *
 }
 
 /* Whether c is the only chunk of its bin (a root without children). */
-static inline bool bfc_bin_sole(const bfc_chunk_t *c) {
+static BFC_INLINE bool bfc_bin_sole(const bfc_chunk_t *c) {
   return c->up == NULL && c->left == NULL && c->right == NULL;
 }
 
 /* Move the only chunk of its bin, c, to the empty bin k: the in-place
  * change for a key that crosses into another bin where both bins hold just
  * that chunk (a region of 2^k bytes and its remainder, in growth mode). */
-static inline void bfc_bin_move_sole(bfc_t *b, bfc_chunk_t *c, int k) {
+static BFC_INLINE void bfc_bin_move_sole(bfc_t *b, bfc_chunk_t *c, int k) {
   int j = c->bin;
   gmr_assert_internal(bfc_bin_sole(c) && b->bins[j].count == 1 && b->bins[k].root == NULL);
   b->bins[j].root = NULL;
