@@ -31,11 +31,13 @@
  *   a record in chunk_pool: !in_use, !pending, !elsewhere, uses = NULL, bin = -1
  *
  * The hot paths.  A cached allocation by one thread (bfc_alloc) is one
- * inline function: the lock's one atomic, best fit, the split (whose
- * remainder takes the split chunk's node when it can: bins.h), the
- * statistics, and the unlock; a free (bfc_free) likewise, with the merge in
- * place.  Everything else (Extend, the wait, the report, pending stream
- * frees, the front caches, bad pointers) is out of line.
+ * inline function: the lock's one atomic, best fit, the split in place (the
+ * free chunk keeps its tree node as the remainder: "Records and handles"
+ * below, and bins.h), the statistics, and the unlock; a free (bfc_free)
+ * likewise, with the merge in place.  Everything else (Extend, the wait,
+ * the report, pending stream frees, the front caches, a split or merge that
+ * moves a chunk between bins, bad pointers) is out of line, taken before
+ * anything changes.
  *
  * Streams (gmr's addition; TensorFlow's BFC has one stream).  gmr_record_stream
  * adds a stream to an in-use chunk; its free then records one event per such
@@ -73,12 +75,15 @@
  *     bytes_in_use) and freed for its user;
  *   num_allocs, num_frees, requested and allocations of the core plus the
  *     caches' unfolded counts are TF's figures;
- * and every operation that reads or changes the whole state (statistics,
- * walks, checks, summary, trim, and an allocation that finds no chunk:
- * Extend, the wait, the report) first freezes the caches: their chunks go
- * back to the bins through TF's free, their counts are folded in, and they
- * are bypassed until it ends (bfc_front_freeze / thaw, nested by a count),
- * so nothing outside `lock` writes a chunk while the whole state is read.
+ * an allocation that finds no chunk first tries to grow the pool (Extend,
+ * no backpedal), as TF's would with the cached chunks in use; and every
+ * operation that reads or changes the whole state (statistics, walks,
+ * checks, summary, trim, and an allocation that finds no chunk once the pool
+ * cannot grow: TF's Extend, the wait, the report) first freezes the caches:
+ * their chunks go back to the bins through TF's free, their counts are
+ * folded in, and they are bypassed until it ends (bfc_front_freeze / thaw,
+ * nested by a count), so nothing outside `lock` writes a chunk while the
+ * whole state is read.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -246,9 +251,8 @@ static BFC_INLINE void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
   if (!bfc_release_in_place(b, c, true)) bfc_release_general(b, c);
 }
 
-/* FindChunkPtr after the best fit `c` is known, with the chunk marked in use
- * and TF's statistics.  Should the host refuse a record for the remainder
- * of a split, the whole chunk is handed out (never observed in practice). */
+/* The chunk handed out: marked in use, with TF's statistics (and gmr's:
+ * requested bytes and live chunks, current and peak). */
 static BFC_INLINE void bfc_mark_used(bfc_t *b, bfc_chunk_t *c, size_t chunk_size,
                                      size_t num_bytes) {
   c->in_use = 1;
@@ -297,7 +301,8 @@ static BFC_INLINE bfc_chunk_t *bfc_take_in_place(bfc_t *b, bfc_chunk_t *c, size_
 }
 
 /* RemoveFreeChunkFromBin and SplitChunk, when the in-place split did not
- * apply. */
+ * apply.  Should the host refuse a record for the remainder, the whole chunk
+ * is handed out (never observed in practice). */
 static BFC_OUTLINE bfc_chunk_t *bfc_take_general(bfc_t *b, bfc_chunk_t *c, size_t rounded,
                                                  size_t num_bytes) {
   bfc_bin_remove(b, c);

@@ -188,24 +188,14 @@ static BFC_INLINE bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded) {
   return higher == 0 ? NULL : avl_min(b->bins[__builtin_ctz(higher)].root);
 }
 
-/* In-place bin changes.  A chunk whose key changes, or a record that takes
- * another's place, may stay at the same node when the new key still lies
- * between the node's in-order neighbours and maps to the same bin: then the
- * tree keeps its shape and balance, and nothing is searched or rotated.
- * This is the common case of a cached allocation (the remainder of a split
- * keeps the split chunk's node) and of its free (the merged chunk keeps its
- * free neighbour's).  Put `to` (unbinned) at the node of `from` (binned). */
-static BFC_INLINE void bfc_bin_take_place(bfc_t *b, bfc_chunk_t *from, bfc_chunk_t *to) {
-  *avl_link(&b->bins[from->bin], from) = to;
-  to->left = from->left;
-  to->right = from->right;
-  to->up = from->up;
-  to->height = from->height;
-  to->bin = from->bin;
-  if (to->left != NULL) to->left->up = to;
-  if (to->right != NULL) to->right->up = to;
-  from->bin = -1;
-}
+/* In-place bin changes.  A binned chunk whose key (size, ptr) changes may
+ * stay at its node when the new key still lies between the node's in-order
+ * neighbours and maps to the same bin: then the tree keeps its shape and
+ * balance, and nothing is searched or rotated.  This is the common case of
+ * a cached allocation (the free chunk that is split keeps its node as the
+ * remainder) and of its free (the free neighbour that absorbs the chunk
+ * keeps its node); bfc.c checks the bounds (avl_next for the successor).
+ * A chunk alone in its bin may also move to an empty bin: */
 
 /* Whether c is the only chunk of its bin (a root without children). */
 static BFC_INLINE bool bfc_bin_sole(const bfc_chunk_t *c) {
