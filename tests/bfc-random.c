@@ -6,7 +6,9 @@
  * free chunks, bins sorted and in their size class, stats add up) runs after
  * every step.  Greedy, growth, coalescing, VMM and a small split cap are
  * covered, then four threads share one runtime, waiting for each other's
- * frees.  The seed is printed; GMR_SEED=<n> replays a run.
+ * frees, on one stream and on four (front caches, their give-backs and the
+ * byte cap, with flushes by every gmr_check).  The seed is printed;
+ * GMR_SEED=<n> replays a run.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -122,6 +124,7 @@ typedef struct worker_s {
   int steps;
   gmr_stream_t stream; /* NULL: every thread on the default stream */
   bool few_sizes;      /* 8 size classes, so freed chunks are reused (front caches) */
+  size_t max_size;     /* not few_sizes: log-uniform sizes up to this (0: 2 MiB) */
   int bad_pattern, errors, ooms, check_failed;
 } worker_t;
 
@@ -138,7 +141,7 @@ static void *worker(void *arg) {
       live[i] = live[--n];
     } else {
       size_t n_bytes = w->few_sizes ? (1 + splitmix(&s) % 8) * 4096 - splitmix(&s) % 200
-                                    : random_size(&s, 2 * MiB);
+                                    : random_size(&s, w->max_size ? w->max_size : 2 * MiB);
       live_t l = {NULL, n_bytes, (unsigned char)(1 + (w->seed + step) % 251)};
       int err = gmr_alloc(w->rt, l.n, w->stream, (void **)&l.p);
       if (err == 0) {
@@ -150,7 +153,10 @@ static void *worker(void *arg) {
         ++w->errors;
       }
     }
-    if (step % 128 == 0 && gmr_check(w->rt) != 0) ++w->check_failed;
+    if (step % 128 == 0 && gmr_check(w->rt) != 0) {
+      ++w->check_failed;
+      diag("check: %s", gmr_last_error(w->rt));
+    }
   }
   while (n > 0) {
     w->bad_pattern += !intact(&live[n - 1]);
@@ -159,7 +165,8 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static void run_threads_on(const char *label, const char *yaml, uint64_t seed, bool streams) {
+static void run_threads_sized(const char *label, const char *yaml, uint64_t seed, bool streams,
+                              bool few_sizes, size_t max_size) {
   gmr_runtime_t *rt = make(yaml);
   if (!ok(rt != NULL, "%s: runtime", label)) return;
   enum { N = 4 };
@@ -170,7 +177,8 @@ static void run_threads_on(const char *label, const char *yaml, uint64_t seed, b
                       .seed = seed + 1000u * (uint64_t)(i + 1),
                       .steps = 3000,
                       .stream = streams ? GMR_SIM_STREAM(i + 1) : NULL,
-                      .few_sizes = streams};
+                      .few_sizes = few_sizes,
+                      .max_size = max_size};
     pthread_create(&th[i], NULL, worker, &w[i]);
   }
   int bad = 0, errors = 0, ooms = 0, checks = 0;
@@ -192,6 +200,10 @@ static void run_threads_on(const char *label, const char *yaml, uint64_t seed, b
   gmr_runtime_free(rt);
 }
 
+static void run_threads_on(const char *label, const char *yaml, uint64_t seed, bool streams) {
+  run_threads_sized(label, yaml, seed, streams, streams, 0);
+}
+
 static void run_threads(const char *label, const char *yaml, uint64_t seed) {
   run_threads_on(label, yaml, seed, false);
 }
@@ -208,9 +220,19 @@ typedef struct hammer_s {
   gmr_runtime_t *rt;
   gmr_stream_t stream;
 } hammer_t;
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* At least 20,000 pairs and 20 ms: longer than a scheduler's time slice, so
+ * that threads sharing one core (a loaded machine) are preempted mid-run,
+ * some of them while they hold the allocator's lock. */
 static void *hammer(void *arg) {
   hammer_t *h = arg;
-  for (int i = 0; i < 20000; ++i) {
+  uint64_t end = now_ms() + 20;
+  for (int i = 0; i < 20000 || now_ms() < end; ++i) {
     void *p = NULL;
     if (gmr_alloc(h->rt, 4096, h->stream, &p) == 0) gmr_free(h->rt, p);
   }
@@ -274,6 +296,113 @@ static void front_caches_and_streams(void) {
   gmr_runtime_free(rt);
 }
 
+/* A runtime whose front caches are on: threads hammered it until a chunk
+ * freed on stream 1 comes back whole (front_cache_on); then everything is
+ * flushed (gmr_stats), so the region is one free chunk again. */
+static gmr_runtime_t *front_runtime(const char *yaml, const char *label) {
+  gmr_runtime_t *rt = make(yaml);
+  if (!ok(rt != NULL, "%s: runtime", label)) return NULL;
+  bool on = false;
+  for (int round = 0; round < 50 && !on; ++round) {
+    hammer_t h[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; ++i) {
+      h[i] = (hammer_t){rt, GMR_SIM_STREAM(i + 1)};
+      pthread_create(&th[i], NULL, hammer, &h[i]);
+    }
+    for (int i = 0; i < 4; ++i)
+      pthread_join(th[i], NULL);
+    on = front_cache_on(rt);
+  }
+  if (!ok(on, "%s: the threads turned the front caches on", label)) {
+    gmr_runtime_free(rt);
+    return NULL;
+  }
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  return rt;
+}
+
+/* A front cache keeps at most 8 chunks of a bin (BFC_FRONT_PER_BIN); the
+ * free of a 9th keeps it and gives the 4 oldest back to the allocator, where
+ * another stream's best fit finds them (the lowest addresses); the stream's
+ * own next allocation takes its newest kept chunk.  Blocks in between stay
+ * allocated, so no freed chunk merges with a neighbour. */
+static void front_caches_spill_a_full_bin(void) {
+  const char *label = "front caches: a full bin gives back its older half";
+  gmr_runtime_t *rt = front_runtime(
+      "policy: {name: bfc, memory_limit: 64MiB, allow_retry_on_failure: false}\n", label);
+  if (rt == NULL) return;
+  void *a[20], *p[5], *q = NULL;
+  bool ascending = true;
+  for (int i = 0; i < 20; ++i) {
+    a[i] = NULL;
+    gmr_alloc(rt, 4096, GMR_SIM_STREAM(1), &a[i]);
+    if (i > 0 && (char *)a[i] != (char *)a[i - 1] + 4096) ascending = false;
+  }
+  ok(ascending, "  20 blocks of 4 KiB, one after another");
+  for (int i = 0; i <= 16; i += 2)
+    gmr_free(rt, a[i]); /* 9 frees on stream 1: the 9th spills a[0], a[2], a[4], a[6] */
+  for (int k = 0; k < 5; ++k) {
+    p[k] = NULL;
+    gmr_alloc(rt, 4096, GMR_SIM_STREAM(2), &p[k]);
+  }
+  ok(p[0] == a[0] && p[1] == a[2] && p[2] == a[4] && p[3] == a[6],
+     "  stream 2 gets the 4 chunks given back, lowest address first");
+  ok((char *)p[4] > (char *)a[19], "  then new memory: the 5 others stay with stream 1");
+  gmr_alloc(rt, 4096, GMR_SIM_STREAM(1), &q);
+  ok(q == a[16], "  stream 1 gets its newest kept chunk");
+  gmr_free(rt, q);
+  gmr_free(rt, a[18]);
+  for (int i = 1; i < 20; i += 2)
+    gmr_free(rt, a[i]);
+  for (int k = 0; k < 5; ++k)
+    gmr_free(rt, p[k]);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 0, "  everything freed");
+  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
+/* A front cache keeps at most max(limit / 256, 1 MiB) bytes: with a 64 MiB
+ * limit, two freed 512 KiB chunks fill it, and the free of a third gives the
+ * bin back whole (largest bins first) before keeping it. */
+static void front_caches_byte_cap(void) {
+  const char *label = "front caches: the byte cap";
+  gmr_runtime_t *rt = front_runtime(
+      "policy: {name: bfc, memory_limit: 64MiB, allow_retry_on_failure: false}\n", label);
+  if (rt == NULL) return;
+  void *a[6], *p[3], *q = NULL;
+  for (int i = 0; i < 6; ++i) {
+    a[i] = NULL;
+    gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(1), &a[i]);
+  }
+  gmr_free(rt, a[0]);
+  gmr_free(rt, a[2]); /* 1 MiB kept: the cap */
+  gmr_free(rt, a[4]); /* over it: a[0] and a[2] go back, a[4] is kept */
+  for (int k = 0; k < 3; ++k) {
+    p[k] = NULL;
+    gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(2), &p[k]);
+  }
+  ok(p[0] == a[0] && p[1] == a[2], "  stream 2 gets the two chunks given back");
+  ok((char *)p[2] > (char *)a[5], "  then new memory: a[4] stays with stream 1");
+  gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(1), &q);
+  ok(q == a[4], "  stream 1 gets the chunk it kept");
+  gmr_free(rt, q);
+  for (int i = 1; i < 6; i += 2)
+    gmr_free(rt, a[i]);
+  for (int k = 0; k < 3; ++k)
+    gmr_free(rt, p[k]);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 0, "  everything freed");
+  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   const char *env = getenv("GMR_SEED");
   uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
@@ -315,6 +444,18 @@ int main(void) {
       "threads on 4 streams, front caches, growth, retry 2ms",
       "policy: {name: bfc, memory_limit: 8MiB, allow_growth: true, retry_timeout: 2ms}\n", seed + 8,
       true);
+  /* Sizes up to 1 MiB on 4 streams: full bins and the byte cap make the
+   * front caches give chunks back while other threads flush them (every
+   * gmr_check): counts stay exact and no chunk is lost or handed out twice. */
+  run_threads_sized("threads on 4 streams, front caches give back, greedy",
+                    "policy: {name: bfc, memory_limit: 64MiB, allow_retry_on_failure: false}\n",
+                    seed + 9, true, false, 1 * MiB);
+  run_threads_sized(
+      "threads on 4 streams, front caches give back, growth, retry 2ms",
+      "policy: {name: bfc, memory_limit: 16MiB, allow_growth: true, retry_timeout: 2ms}\n",
+      seed + 10, true, false, 1 * MiB);
   front_caches_and_streams();
+  front_caches_spill_a_full_bin();
+  front_caches_byte_cap();
   return done_testing();
 }

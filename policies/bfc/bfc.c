@@ -7,8 +7,9 @@
  * allocation; growth mode takes a 2 MiB region, then regions that double.
  * Each region is cut into chunks (multiples of 256 bytes) kept in address
  * order; free chunks live in 21 bins by size class, each bin an AVL tree
- * ordered by (size, address), so best fit with the lowest-address tie-break
- * is one O(log n) descent.  Freed chunks merge with free neighbours at once.
+ * ordered by (size, address) (bins.h), so best fit with the lowest-address
+ * tie-break is one O(log n) descent.  Freed chunks merge with free
+ * neighbours at once.
  *
  * When a request fits no free chunk: Extend (a new region, backpedalling by
  * 0.9x while the device refuses, with XLA's strict-progress fix), then
@@ -17,15 +18,26 @@
  * last attempt that writes TensorFlow's OOM report (report.c, with the summary).
  *
  * Invariants (checked by bfc_check):
- *   for every region R with chunks c_1..c_k (prev/next links):
+ *   for every region R with chunks c_1..c_k (prev/next links, between the
+ *   sentinels R.head and R.tail, which are in use and of size 0):
  *     c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,  Σ c_i.size = R.size
  *     no two linked neighbours are both free
  *   a chunk is free  <=>  it is in bin bfc_bin_for(size), and in no other
- *   bins[i] is sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
+ *   bins[i] is a balanced tree sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
  *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
  *   VMM mode: at most one region, at va_base, of va_used bytes
  *   pending chunks are in use:  pending_bytes = Σ their sizes,
  *   allocations.current = in-use chunks - pending ones (likewise requested)
+ *   a record in chunk_pool: !in_use, !pending, !elsewhere, uses = NULL, bin = -1
+ *
+ * The hot paths.  A cached allocation by one thread (bfc_alloc) is one
+ * inline function: the lock's one atomic, best fit, the split in place (the
+ * free chunk keeps its tree node as the remainder: "Records and handles"
+ * below, and bins.h), the statistics, and the unlock; a free (bfc_free)
+ * likewise, with the merge in place.  Everything else (Extend, the wait,
+ * the report, pending stream frees, the front caches, a split or merge that
+ * moves a chunk between bins, bad pointers) is out of line, taken before
+ * anything changes.
  *
  * Streams (gmr's addition; TensorFlow's BFC has one stream).  gmr_record_stream
  * adds a stream to an in-use chunk; its free then records one event per such
@@ -50,58 +62,65 @@
  * caches; an allocation that waits for frees sleeps on `freed_seq`, which
  * every free bumps while `waiters` > 0, and the wait releases `lock`.
  *
- * Concurrency: front caches.  As long as one thread at a time calls the
- * allocator, nothing else exists: every call takes `lock` and runs TF's
- * code, so single-threaded behaviour is TensorFlow's exactly.  The first
- * time a thread finds `lock` held, `contended` is set (for good) and each
- * stream gets a front cache (bfc_front_t, its own lock and cache line): a
- * free on that stream keeps the chunk there (at most BFC_FRONT_SLOTS, and
- * never while an allocation waits for memory) instead of taking `lock`, and
- * an allocation on the stream takes a kept chunk that TF would hand out
- * whole (rounded <= size < 2 rounded and size - rounded < max_frag) before
- * it takes `lock`.  So threads on different streams that reuse their sizes
- * share no lock and no written cache line.  Invariants:
- *   a chunk in a front cache is in use for the core (allocation_id != -1,
- *     counted in bytes_in_use) and freed for its user;
+ * Concurrency: front caches (front.c).  As long as one thread at a time
+ * calls the allocator, nothing else exists: every call takes `lock` and runs
+ * TF's code, so single-threaded behaviour is TensorFlow's exactly.  The
+ * first time a thread finds `lock` held, `contended` is set (for good) and
+ * each stream gets a front cache: a free on that stream keeps the chunk
+ * there instead of taking `lock`, and an allocation on the stream takes a
+ * kept chunk that TF would hand out whole before it takes `lock`.  So
+ * threads on different streams that reuse their sizes share no lock and no
+ * written cache line.  Invariants:
+ *   a chunk in a front cache is in use for the core (in_use, counted in
+ *     bytes_in_use) and freed for its user;
  *   num_allocs, num_frees, requested and allocations of the core plus the
  *     caches' unfolded counts are TF's figures;
- * and every operation that reads or changes the whole state (statistics,
- * walks, checks, summary, trim, and an allocation that finds no chunk:
- * Extend, the wait, the report) first freezes the caches: their chunks go
- * back to the bins through TF's free, their counts are folded in, and they
- * are bypassed until it ends (bfc_front_freeze / thaw, nested by a count),
- * so nothing outside `lock` writes a chunk while the whole state is read.
+ * an allocation that finds no chunk first tries to grow the pool (Extend,
+ * no backpedal), as TF's would with the cached chunks in use; and every
+ * operation that reads or changes the whole state (statistics, walks,
+ * checks, summary, trim, and an allocation that finds no chunk once the pool
+ * cannot grow: TF's Extend, the wait, the report) first freezes the caches:
+ * their chunks go back to the bins through TF's free, their counts are
+ * folded in, and they are bypassed until it ends (bfc_front_freeze / thaw,
+ * nested by a count), so nothing outside `lock` writes a chunk while the
+ * whole state is read.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "bfc.h"
+#include "bins.h"
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
 
-/* Who holds a chunk: the calling thread, as pthread_self (one load from the
- * thread pointer; a thread-local counter would cost a __tls_get_addr call
- * on every allocation, and the initial-exec model fails when Python loads
- * the library).  A finished thread's identity may be reused by a new thread;
- * the retry's rule (streams.c) only errs towards TF's wait then. */
-static inline uintptr_t bfc_thread_id(void) {
-  return (uintptr_t)pthread_self();
-}
-
 /* ---- chunk records ------------------------------------------------------------- */
 
-static int bfc_slab_grow(bfc_t *b) {
-  bfc_slab_t *s = gmr__malloc(sizeof *s);
-  if (s == NULL)
+/* Records and handles.  A handle is TF's ChunkHandle: the record's number,
+ * recycled LIFO (AllocateChunk pops the free list, DeallocateChunk pushes).
+ * TF's SplitChunk keeps the lower piece in the split chunk's record and
+ * takes a fresh one for the remainder; Merge(h1, h2) keeps h1 and frees
+ * h2.  Two in-place cases below swap the roles of the records (the record
+ * that stays binned keeps its tree node, so nothing is searched or
+ * rebalanced) and then swap the two handles, so every chunk carries the
+ * handle TF would give it and the pool hands out handles in TF's order. */
+
+/* A slab of records, 64-byte aligned, pushed on the pool so that the lowest
+ * handle comes out first (TF's AllocateChunk order). */
+static BFC_COLD int bfc_slab_grow(bfc_t *b) {
+  void *raw = gmr__malloc(sizeof(bfc_slab_t) + 63);
+  if (raw == NULL)
     return gmr__error_set(GMR_ENOMEM, "%s: out of host memory for chunk records", b->name);
+  bfc_slab_t *s = (bfc_slab_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  memset(s, 0, sizeof *s);
+  s->raw = raw;
   s->next = b->slabs;
   b->slabs = s;
   for (int i = BFC_SLAB - 1; i >= 0; --i) {
     s->chunks[i].handle = b->n_handles + (uint32_t)i;
+    s->chunks[i].bin = -1;
     s->chunks[i].left = b->chunk_pool;
     b->chunk_pool = &s->chunks[i];
   }
@@ -109,221 +128,64 @@ static int bfc_slab_grow(bfc_t *b) {
   return 0;
 }
 
-/* A fresh free, unbinned record; NULL when the host is out of memory. */
+/* A fresh free, unbinned record (the pool's invariant gives the rest);
+ * NULL when the host is out of memory. */
 static inline bfc_chunk_t *bfc_chunk_get(bfc_t *b) {
-  if (b->chunk_pool == NULL && bfc_slab_grow(b) != 0) return NULL;
+  if (GMR_UNLIKELY(b->chunk_pool == NULL) && bfc_slab_grow(b) != 0) return NULL;
   bfc_chunk_t *c = b->chunk_pool;
   b->chunk_pool = c->left;
-  *c = (bfc_chunk_t){.allocation_id = -1, .handle = c->handle, .bin = -1};
+  c->requested = 0;
   return c;
 }
 
-static void bfc_chunk_put(bfc_t *b, bfc_chunk_t *c) {
-  c->allocation_id = -1;
-  c->bin = -1;
+/* Back to the pool: a free, unbinned chunk. */
+static inline void bfc_chunk_put(bfc_t *b, bfc_chunk_t *c) {
+  gmr_assert_internal(!c->in_use && !c->pending && !c->elsewhere && c->uses == NULL &&
+                      c->bin == -1);
   c->left = b->chunk_pool;
   b->chunk_pool = c;
 }
 
-/* ---- bins: AVL trees ordered by (size, ptr) --------------------------------------- */
-
-static inline int avl_h(const bfc_chunk_t *n) {
-  return n ? n->height : 0;
-}
-static inline bool bfc_less(const bfc_chunk_t *a, const bfc_chunk_t *b) {
-  return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
-}
-static inline void avl_update(bfc_chunk_t *n) {
-  int l = avl_h(n->left), r = avl_h(n->right);
-  n->height = (int8_t)(1 + (l > r ? l : r));
-}
-static bfc_chunk_t *avl_rot_right(bfc_chunk_t *n) {
-  bfc_chunk_t *l = n->left;
-  n->left = l->right;
-  l->right = n;
-  avl_update(n);
-  avl_update(l);
-  return l;
-}
-static bfc_chunk_t *avl_rot_left(bfc_chunk_t *n) {
-  bfc_chunk_t *r = n->right;
-  n->right = r->left;
-  r->left = n;
-  avl_update(n);
-  avl_update(r);
-  return r;
-}
-static bfc_chunk_t *avl_balance(bfc_chunk_t *n) {
-  avl_update(n);
-  int bf = avl_h(n->left) - avl_h(n->right);
-  if (bf > 1) {
-    if (avl_h(n->left->left) < avl_h(n->left->right)) n->left = avl_rot_left(n->left);
-    return avl_rot_right(n);
-  }
-  if (bf < -1) {
-    if (avl_h(n->right->right) < avl_h(n->right->left)) n->right = avl_rot_right(n->right);
-    return avl_rot_left(n);
-  }
-  return n;
-}
-static bfc_chunk_t *avl_insert(bfc_chunk_t *root, bfc_chunk_t *c) {
-  if (root == NULL) {
-    c->left = c->right = NULL;
-    c->height = 1;
-    return c;
-  }
-  if (bfc_less(c, root))
-    root->left = avl_insert(root->left, c);
-  else
-    root->right = avl_insert(root->right, c);
-  return avl_balance(root);
-}
-static bfc_chunk_t *avl_remove_min(bfc_chunk_t *n, bfc_chunk_t **min) {
-  if (n->left == NULL) {
-    *min = n;
-    return n->right;
-  }
-  n->left = avl_remove_min(n->left, min);
-  return avl_balance(n);
-}
-static bfc_chunk_t *avl_remove(bfc_chunk_t *n, const bfc_chunk_t *c) {
-  if (n == NULL) return NULL;
-  if (n == c) {
-    if (n->left == NULL) return n->right;
-    if (n->right == NULL) return n->left;
-    bfc_chunk_t *m;
-    bfc_chunk_t *r = avl_remove_min(n->right, &m);
-    m->left = n->left;
-    m->right = r;
-    return avl_balance(m);
-  }
-  if (bfc_less(c, n))
-    n->left = avl_remove(n->left, c);
-  else
-    n->right = avl_remove(n->right, c);
-  return avl_balance(n);
-}
-static bfc_chunk_t *avl_min(bfc_chunk_t *n) {
-  while (n && n->left)
-    n = n->left;
-  return n;
-}
-
-static void bfc_bin_insert(bfc_t *b, bfc_chunk_t *c) {
-  gmr_assert_internal(c->allocation_id == -1 && c->bin == -1);
-  int i = bfc_bin_for(c->size);
-  c->bin = (int8_t)i;
-  b->bins[i].root = avl_insert(b->bins[i].root, c);
-  ++b->bins[i].count;
-  ++b->free_chunks;
-  b->nonempty |= 1u << i;
-}
-
-static void bfc_bin_remove(bfc_t *b, bfc_chunk_t *c) {
-  int i = c->bin;
-  gmr_assert_internal(i >= 0 && i < BFC_NUM_BINS && b->bins[i].count > 0);
-  b->bins[i].root = avl_remove(b->bins[i].root, c);
-  if (--b->bins[i].count == 0) b->nonempty &= ~(1u << i);
-  --b->free_chunks;
-  c->bin = -1;
-}
-
-/* Best fit: the smallest free chunk of at least `rounded` bytes, lowest
- * address among equals, as TF's scan of bins from BinNumForSize upward.
- * *slot is the link that points to it (its parent's child link or the
- * bin's root), for the in-place replacements below. */
-static bfc_chunk_t *bfc_best_fit(bfc_t *b, size_t rounded, bfc_chunk_t ***slot) {
-  int i = bfc_bin_for(rounded);
-  bfc_chunk_t *best = NULL, **link = &b->bins[i].root;
-  for (bfc_chunk_t **at = link; *at != NULL;) {
-    if ((*at)->size >= rounded) {
-      best = *at, link = at;
-      at = &(*at)->left;
-    } else {
-      at = &(*at)->right;
-    }
-  }
-  if (best != NULL) return (*slot = link), best;
-  uint32_t higher = b->nonempty & ~((2u << i) - 1);
-  if (higher == 0) return NULL;
-  link = &b->bins[__builtin_ctz(higher)].root;
-  while ((*link)->left != NULL)
-    link = &(*link)->left;
-  *slot = link;
-  return *link;
-}
-
-/* In-place bin changes.  A bin is a set ordered by (size, ptr); a chunk
- * whose key changes, or a record that takes another's place, may stay at
- * the same node when the new key still lies between the node's in-order
- * neighbours and maps to the same bin: then the tree keeps its shape (and
- * its balance) and no rotation is needed.  This is the common case of a
- * cached allocation (the remainder of a split takes the split chunk's
- * place) and of its free (the merged chunk takes its free neighbour's). */
-
-/* Put `to` (unbinned) at the node of `from` (binned), reached by *slot. */
-static inline void bfc_bin_take_place(bfc_chunk_t **slot, bfc_chunk_t *from, bfc_chunk_t *to) {
-  to->left = from->left;
-  to->right = from->right;
-  to->height = from->height;
-  to->bin = from->bin;
-  from->bin = -1;
-  *slot = to;
-}
-
-/* The link to the binned chunk `c`, and its in-order successor (NULL: none). */
-static bfc_chunk_t **bfc_bin_find(bfc_t *b, const bfc_chunk_t *c, bfc_chunk_t **succ) {
-  bfc_chunk_t **at = &b->bins[c->bin].root, *after = NULL;
-  while (*at != c) {
-    if (bfc_less(c, *at)) {
-      after = *at;
-      at = &(*at)->left;
-    } else {
-      at = &(*at)->right;
-    }
-  }
-  if (c->right != NULL) after = avl_min(c->right);
-  *succ = after;
-  return at;
+static inline void bfc_swap_handles(bfc_chunk_t *a, bfc_chunk_t *c) {
+  uint32_t h = a->handle;
+  a->handle = c->handle;
+  c->handle = h;
 }
 
 /* ---- chunks: split and merge ------------------------------------------------------ */
 
-/* Cut `c` (free, unbinned) at `size`; the remainder, in the fresh record
- * `n`, goes to a bin. */
+/* SplitChunk: cut `c` (free, unbinned) at `size`; the remainder, in the
+ * fresh record `n`, goes to a bin. */
 static void bfc_split(bfc_t *b, bfc_chunk_t *c, size_t size, bfc_chunk_t *n) {
   n->ptr = c->ptr + size;
   n->size = c->size - size;
-  n->region = c->region;
   n->prev = c;
   n->next = c->next;
-  if (c->next) c->next->prev = n;
+  c->next->prev = n;
   c->next = n;
   c->size = size;
-  if (c->region->last == c) c->region->last = n;
   bfc_bin_insert(b, n);
 }
 
-/* Absorb `n` (= a->next, both free, unbinned) into `a`. */
-static void bfc_merge(bfc_t *b, bfc_chunk_t *a, bfc_chunk_t *n) {
+/* Merge: absorb `n` (= a->next, both free, unbinned) into `a`. */
+static inline void bfc_merge(bfc_t *b, bfc_chunk_t *a, bfc_chunk_t *n) {
   gmr_assert_internal(a->next == n && n->prev == a);
   a->size += n->size;
   a->next = n->next;
-  if (n->next) n->next->prev = a;
-  if (a->region->last == n) a->region->last = a;
+  n->next->prev = a;
   bfc_chunk_put(b, n);
 }
 
 /* TryToCoalesce: absorb a free right neighbour, then be absorbed by a free
- * left one.  Returns the surviving chunk (unbinned). */
+ * left one (sentinels are in use).  Returns the surviving chunk (unbinned). */
 static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   bfc_chunk_t *n = c->next;
-  if (n != NULL && n->allocation_id == -1) {
+  if (!n->in_use) {
     bfc_bin_remove(b, n);
     bfc_merge(b, c, n);
   }
   bfc_chunk_t *p = c->prev;
-  if (p != NULL && p->allocation_id == -1) {
+  if (!p->in_use) {
     bfc_bin_remove(b, p);
     bfc_merge(b, p, c);
     c = p;
@@ -331,74 +193,139 @@ static bfc_chunk_t *bfc_coalesce(bfc_t *b, bfc_chunk_t *c) {
   return c;
 }
 
-/* A freed chunk (unbinned) back into the bins, merged with its free
- * neighbours: TryToCoalesce + InsertFreeChunkIntoBin.  When exactly one
- * neighbour is free and the merged chunk may take that neighbour's node
- * (see "In-place bin changes"), no tree is rebalanced. */
-static void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
-  bfc_chunk_t *n = c->next, *p = c->prev;
-  bool n_free = n != NULL && n->allocation_id == -1, p_free = p != NULL && p->allocation_id == -1;
-  if (n_free != p_free) {
-    bfc_chunk_t *nb = n_free ? n : p; /* the binned neighbour */
-    size_t size = c->size + nb->size;
-    uintptr_t ptr = n_free ? c->ptr : p->ptr;
-    bfc_chunk_t *succ;
-    if (bfc_bin_for(size) == nb->bin) {
-      bfc_chunk_t **slot = bfc_bin_find(b, nb, &succ);
-      if (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr)) {
-        if (n_free) { /* c absorbs n and takes its node */
-          bfc_bin_take_place(slot, n, c);
-          bfc_merge(b, c, n);
-        } else { /* p absorbs c and stays where it is */
-          bfc_merge(b, p, c);
-        }
-        return;
-      }
-    }
+/* Whether the binned chunk `nb` may keep its node with the larger key
+ * (size, ptr) (bins.h, "In-place bin changes": same bin, still below its
+ * in-order successor); with `move`, also when it is the only chunk of its
+ * bin and the new key's bin is empty (it moves there: done here).  False:
+ * nothing changed.  The fast path passes move = false (fewer registers). */
+static BFC_INLINE bool bfc_grows_in_place(bfc_t *b, bfc_chunk_t *nb, size_t size, uintptr_t ptr,
+                                          bool move) {
+  int bin = nb->bin;
+  if (bin < BFC_NUM_BINS - 1 && size >= bfc_bin_size(bin + 1)) {
+    if (!move) return false;
+    int k = bfc_bin_for(size);
+    if (!bfc_bin_sole(nb) || b->bins[k].root != NULL) return false;
+    bfc_bin_move_sole(b, nb, k);
+    return true;
   }
+  const bfc_chunk_t *succ = avl_next(nb);
+  return succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr);
+}
+
+/* The in-place free of `c` (freed, unbinned): true when exactly one
+ * neighbour is free and the merged chunk may keep that neighbour's node.
+ * A free right neighbour n absorbs c and keeps its node (TF's Merge(c, n)
+ * keeps c's handle: swapped); a free left neighbour absorbs c as in TF.
+ * False: nothing changed. */
+static BFC_INLINE bool bfc_release_in_place(bfc_t *b, bfc_chunk_t *c, bool move) {
+  bfc_chunk_t *n = c->next, *p = c->prev;
+  if (!n->in_use) {
+    if (!p->in_use) return false;
+    size_t size = c->size + n->size;
+    if (!bfc_grows_in_place(b, n, size, c->ptr, move)) return false;
+    n->ptr = c->ptr; /* n takes c's place in the region and keeps its node */
+    n->size = size;
+    n->prev = p;
+    p->next = n;
+    n->requested = c->requested; /* the survivor's, as TF's Merge keeps c's */
+    bfc_swap_handles(n, c);
+    bfc_chunk_put(b, c);
+    return true;
+  }
+  if (p->in_use) return false;
+  size_t size = p->size + c->size;
+  if (!bfc_grows_in_place(b, p, size, p->ptr, move)) return false;
+  bfc_merge(b, p, c);
+  return true;
+}
+
+/* TryToCoalesce + InsertFreeChunkIntoBin, when the in-place free did not
+ * apply. */
+static BFC_OUTLINE void bfc_release_general(bfc_t *b, bfc_chunk_t *c) {
   bfc_bin_insert(b, bfc_coalesce(b, c));
 }
 
-/* FindChunkPtr.  Should the host refuse a record for the remainder of a
- * split, the whole chunk is handed out (never observed in practice). */
-static inline bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
-  bfc_chunk_t **slot;
-  bfc_chunk_t *c = bfc_best_fit(b, rounded, &slot);
-  if (c == NULL) return NULL;
-  if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
-    bfc_chunk_t *rest = bfc_chunk_get(b);
-    size_t rest_size = c->size - rounded;
-    /* The remainder takes the chunk's node when it stays in its bin and
-     * above its predecessor: every chunk before it in the bin is smaller
-     * than `rounded` (c was the first fit), or c was the bin's first. */
-    if (rest != NULL && rest_size >= rounded && bfc_bin_for(rest_size) == c->bin) {
-      bfc_bin_take_place(slot, c, rest);
-      rest->ptr = c->ptr + rounded;
-      rest->size = rest_size;
-      rest->region = c->region;
-      rest->prev = c;
-      rest->next = c->next;
-      if (c->next) c->next->prev = rest;
-      c->next = rest;
-      c->size = rounded;
-      if (c->region->last == c) c->region->last = rest;
-    } else {
-      bfc_bin_remove(b, c);
-      if (rest != NULL) bfc_split(b, c, rounded, rest);
-    }
-  } else {
-    bfc_bin_remove(b, c);
-  }
+/* A freed chunk (unbinned) back into the bins, merged with its free
+ * neighbours: in place when it can be, else TF's way. */
+static BFC_INLINE void bfc_release_chunk(bfc_t *b, bfc_chunk_t *c) {
+  if (!bfc_release_in_place(b, c, true)) bfc_release_general(b, c);
+}
+
+/* The chunk handed out: marked in use, with TF's statistics (and gmr's:
+ * requested bytes and live chunks, current and peak). */
+static BFC_INLINE void bfc_mark_used(bfc_t *b, bfc_chunk_t *c, size_t chunk_size,
+                                     size_t num_bytes) {
+  c->in_use = 1;
   c->requested = num_bytes;
   c->owner = bfc_thread_id();
-  c->allocation_id = b->next_allocation_id++;
   ++b->num_allocs;
-  b->bytes_in_use += (int64_t)c->size;
+  int64_t size = (int64_t)chunk_size;
+  b->bytes_in_use += size;
   if (b->bytes_in_use > b->peak_bytes_in_use) b->peak_bytes_in_use = b->bytes_in_use;
-  if ((int64_t)c->size > b->largest_alloc_size) b->largest_alloc_size = (int64_t)c->size;
-  gmr__stat_increase(&b->requested, (int64_t)num_bytes);
-  gmr__stat_increase(&b->allocations, 1);
+  if (size > b->largest_alloc_size) b->largest_alloc_size = size;
+  b->requested.current += (int64_t)num_bytes;
+  if (b->requested.current > b->requested.peak) b->requested.peak = b->requested.current;
+  if (++b->allocations.current > b->allocations.peak) b->allocations.peak = b->allocations.current;
+}
+
+/* The in-place split of the best fit `c`: when TF would split it and the
+ * remainder stays in c's bin above c's in-order predecessor (every chunk
+ * before c in the bin is smaller than `rounded`, c being the first fit, or
+ * c is its bin's first), or, with `move`, c is the only chunk of its bin
+ * and the remainder's bin is empty, c keeps its node as the remainder and a
+ * fresh record takes the allocated lower piece (TF's SplitChunk keeps that
+ * piece in c's handle: swapped).  NULL: nothing changed. */
+static BFC_INLINE bfc_chunk_t *bfc_take_in_place(bfc_t *b, bfc_chunk_t *c, size_t rounded,
+                                                 size_t num_bytes, bool move) {
+  size_t rest_size = c->size - rounded;
+  if (rest_size < rounded || b->chunk_pool == NULL) return NULL;
+  if (rest_size < bfc_bin_size(c->bin)) { /* a lower bin */
+    if (!move) return NULL;
+    int k = bfc_bin_for(rest_size);
+    if (!bfc_bin_sole(c) || b->bins[k].root != NULL) return NULL;
+    bfc_bin_move_sole(b, c, k);
+  }
+  bfc_chunk_t *a = bfc_chunk_get(b), *p = c->prev;
+  a->ptr = c->ptr;
+  a->size = rounded;
+  a->prev = p;
+  a->next = c;
+  p->next = a;
+  c->prev = a;
+  c->ptr += rounded;
+  c->size = rest_size;
+  c->requested = 0; /* a fresh remainder's */
+  bfc_swap_handles(a, c);
+  bfc_mark_used(b, a, rounded, num_bytes);
+  return a;
+}
+
+/* RemoveFreeChunkFromBin and SplitChunk, when the in-place split did not
+ * apply.  Should the host refuse a record for the remainder, the whole chunk
+ * is handed out (never observed in practice). */
+static BFC_OUTLINE bfc_chunk_t *bfc_take_general(bfc_t *b, bfc_chunk_t *c, size_t rounded,
+                                                 size_t num_bytes) {
+  bfc_bin_remove(b, c);
+  if (c->size >= rounded * 2 || c->size - rounded >= b->max_frag) {
+    bfc_chunk_t *rest = bfc_chunk_get(b);
+    if (rest != NULL) bfc_split(b, c, rounded, rest);
+  }
+  bfc_mark_used(b, c, c->size, num_bytes);
   return c;
+}
+
+/* FindChunkPtr once the best fit `c` is known: in place when it can be,
+ * else TF's way. */
+static BFC_INLINE bfc_chunk_t *bfc_take(bfc_t *b, bfc_chunk_t *c, size_t rounded,
+                                        size_t num_bytes) {
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, num_bytes, true);
+  return a != NULL ? a : bfc_take_general(b, c, rounded, num_bytes);
+}
+
+/* FindChunkPtr: best fit, split, mark in use.  NULL: nothing fits. */
+static BFC_OUTLINE bfc_chunk_t *bfc_find_chunk(bfc_t *b, size_t rounded, size_t num_bytes) {
+  bfc_chunk_t *c = bfc_best_fit(b, rounded);
+  return c == NULL ? NULL : bfc_take(b, c, rounded, num_bytes);
 }
 
 /* ---- regions ------------------------------------------------------------------------ */
@@ -472,11 +399,12 @@ static int bfc_region_add(bfc_t *b, void *mem, size_t size) {
   bfc_region_t *prev = i > 0 ? b->regions[i - 1] : NULL;
   if (b->coalesce && prev != NULL && prev->ptr + prev->size == p) {
     if (bfc_piece_add(prev, mem, size) != 0) goto fail_chunk;
+    bfc_chunk_t *last = prev->tail.prev;
     prev->size += size;
-    c->region = prev;
-    c->prev = prev->last;
-    prev->last->next = c;
-    prev->last = c;
+    c->prev = last;
+    c->next = &prev->tail;
+    last->next = c;
+    prev->tail.prev = c;
     bfc_bin_insert(b, bfc_coalesce(b, c));
     return 0;
   }
@@ -487,16 +415,21 @@ static int bfc_region_add(bfc_t *b, void *mem, size_t size) {
     b->regions = v;
     b->cap_regions = cap;
   }
-  bfc_region_t *r = gmr__calloc(1, sizeof *r);
-  if (r == NULL) goto fail_chunk;
+  void *raw = gmr__calloc(1, sizeof(bfc_region_t) + 63);
+  if (raw == NULL) goto fail_chunk;
+  bfc_region_t *r = (bfc_region_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  r->raw = raw;
   if (bfc_piece_add(r, mem, size) != 0) {
-    gmr__free(r);
+    gmr__free(raw);
     goto fail_chunk;
   }
   r->ptr = p;
   r->size = size;
-  r->first = r->last = c;
-  c->region = r;
+  r->head = r->tail = (bfc_chunk_t){.in_use = 1, .bin = -1, .handle = UINT32_MAX};
+  r->head.next = c;
+  r->tail.prev = c;
+  c->prev = &r->head;
+  c->next = &r->tail;
   memmove(&b->regions[i + 1], &b->regions[i], (b->n_regions - i) * sizeof *b->regions);
   b->regions[i] = r;
   ++b->n_regions;
@@ -514,21 +447,25 @@ static inline size_t bfc_double(size_t n) {
 
 /* Extend: one more region of at least `rounded` bytes.  0 on success;
  * GMR_ENOMEM when the limit or the device says no; another code when the
- * device failed otherwise. */
-static int bfc_extend(bfc_t *b, size_t rounded) {
+ * device failed otherwise.  With `only_try` (the attempt before the front
+ * caches are flushed, bfc_alloc_slow): no backpedal, and nothing changes
+ * unless a region comes. */
+static int bfc_extend(bfc_t *b, size_t rounded, bool only_try) {
   uint64_t avail = b->limit > (uint64_t)b->pool_bytes ? b->limit - (uint64_t)b->pool_bytes : 0;
   avail = avail / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
   if (rounded > avail) return GMR_ENOMEM;
   bool increased = false;
-  while (rounded > b->curr_region_bytes) {
-    b->curr_region_bytes = bfc_double(b->curr_region_bytes);
+  size_t curr = b->curr_region_bytes;
+  while (rounded > curr) {
+    curr = bfc_double(curr);
     increased = true;
   }
-  size_t bytes = b->curr_region_bytes < avail ? b->curr_region_bytes : (size_t)avail;
+  if (!only_try) b->curr_region_bytes = curr; /* TF's target rises even if the device says no */
+  size_t bytes = curr < avail ? curr : (size_t)avail;
   void *mem = NULL;
   size_t received = 0;
   int err = bfc_sub_alloc(b, bytes, &mem, &received);
-  while (err == GMR_ENOMEM) {
+  while (err == GMR_ENOMEM && !only_try) {
     /* Backpedal by 0.9 (float, as TF), with XLA's strict-progress fix. */
     size_t next = bfc_rounded((size_t)((float)bytes * BFC_BACKPEDAL));
     if (next >= bytes) next = bytes - BFC_MIN_ALLOC;
@@ -537,7 +474,7 @@ static int bfc_extend(bfc_t *b, size_t rounded) {
     err = bfc_sub_alloc(b, bytes, &mem, &received);
   }
   if (err != 0) return err;
-  if (!increased) b->curr_region_bytes = bfc_double(b->curr_region_bytes);
+  b->curr_region_bytes = increased ? curr : bfc_double(curr);
   if (bfc_region_add(b, mem, received) != 0) {
     if (b->vmm) b->va_used -= received;
     bfc_sub_free(b, mem, received);
@@ -549,13 +486,13 @@ static int bfc_extend(bfc_t *b, size_t rounded) {
 }
 
 static inline bool bfc_region_free(const bfc_region_t *r) {
-  return r->first->allocation_id == -1 && r->first->size == r->size;
+  return !bfc_first(r)->in_use && bfc_first(r)->size == r->size;
 }
 
 static void bfc_region_release(bfc_t *b, size_t i) {
   bfc_region_t *r = b->regions[i];
-  bfc_bin_remove(b, r->first);
-  bfc_chunk_put(b, r->first);
+  bfc_bin_remove(b, bfc_first(r));
+  bfc_chunk_put(b, bfc_first(r));
   for (size_t k = r->n_pieces; k-- > 0;)
     bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
   if (b->vmm && r->ptr + r->size == b->va_base + b->va_used) b->va_used = r->ptr - b->va_base;
@@ -563,7 +500,7 @@ static void bfc_region_release(bfc_t *b, size_t i) {
   memmove(&b->regions[i], &b->regions[i + 1], (b->n_regions - i - 1) * sizeof *b->regions);
   --b->n_regions;
   gmr__free(r->pieces);
-  gmr__free(r);
+  gmr__free(r->raw);
 }
 
 /* DeallocateFreeRegions.  `force` (empty_cache) skips the option and the
@@ -589,12 +526,12 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   bfc_chunk_t *c = bfc_find_chunk(b, rounded, num_bytes);
   if (c != NULL) return c;
 
-  int e = bfc_extend(b, rounded);
+  int e = bfc_extend(b, rounded, false);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) return (*err = e), NULL;
   if (!bfc_free_regions(b, rounded, false)) return NULL;
   ++b->retries;
-  e = bfc_extend(b, rounded);
+  e = bfc_extend(b, rounded, false);
   if (e == 0) return bfc_find_chunk(b, rounded, num_bytes);
   if (e != GMR_ENOMEM) *err = e;
   return NULL;
@@ -609,150 +546,66 @@ static int bfc_check_settled(bfc_t *b) {
   return b->n_fronts == 0 || b->freezes > 0 ? bfc_check_locked(b) : 0;
 }
 
-/* ---- the lock, waits, and the front caches ------------------------------------------
+/* ---- the lock and the front caches ---------------------------------------------------
  * See "Concurrency" at the top of the file. */
 
-/* Take the allocator's lock; a thread that finds it held turns the front
- * caches on for good. */
-static inline void bfc_lock(bfc_t *b) {
+/* Try the allocator's lock once; a thread that finds it held turns the front
+ * caches on for good (and then takes the shared path, which waits). */
+static BFC_INLINE bool bfc_trylock(bfc_t *b) {
   uint32_t free_state = 0;
   if (GMR_LIKELY(atomic_compare_exchange_weak_explicit(&b->lock.locked, &free_state, 1,
                                                        memory_order_acquire, memory_order_relaxed)))
-    return;
+    return true;
   if (!atomic_load_explicit(&b->contended, memory_order_relaxed))
     atomic_store_explicit(&b->contended, true, memory_order_relaxed);
-  gmr__lock_slow(&b->lock);
+  return false;
+}
+
+static inline void bfc_lock(bfc_t *b) {
+  if (!bfc_trylock(b)) gmr__lock_slow(&b->lock);
 }
 
 static inline void bfc_unlock(bfc_t *b) {
   gmr__unlock(&b->lock);
 }
 
-static inline size_t bfc_front_home(gmr_stream_t s) {
-  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 56) & (BFC_FRONT_STREAMS - 1);
+static BFC_COLD int bfc_wake_one(bfc_t *b) {
+  gmr__lock_wake(&b->lock);
+  return 0;
 }
 
-/* The stream's front cache, or NULL; lock-free (the table is append-only). */
-static inline bfc_front_t *bfc_front_find(bfc_t *b, gmr_stream_t s) {
-  for (size_t i = bfc_front_home(s), n = 0; n < BFC_FRONT_STREAMS;
-       i = (i + 1) & (BFC_FRONT_STREAMS - 1), ++n) {
-    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_acquire);
-    if (f == NULL || f->id == s) return f;
-  }
-  return NULL;
+/* gmr__unlock and `return 0` for the fast paths: the wake-up of a sleeper
+ * is a tail call, so nothing stays live across a call there. */
+static BFC_INLINE int bfc_unlock_done(bfc_t *b) {
+  atomic_exchange_explicit(&b->lock.locked, 0, memory_order_seq_cst);
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->lock.sleepers, memory_order_seq_cst) != 0))
+    return bfc_wake_one(b);
+  return 0;
 }
 
-/* Give the stream a front cache (under lock); failing quietly leaves the
- * stream on the shared path. */
-static void bfc_front_new(bfc_t *b, gmr_stream_t s) {
-  if (b->n_fronts >= BFC_FRONT_STREAMS / 2 || bfc_front_find(b, s) != NULL) return;
-  bfc_front_t *f = gmr__calloc(1, sizeof *f);
-  if (f == NULL) return;
-  gmr__lock_init(&f->lock);
-  f->id = s;
-  f->frozen = b->freezes > 0;
-  size_t i = bfc_front_home(s);
-  while (atomic_load_explicit(&b->fronts[i], memory_order_relaxed) != NULL)
-    i = (i + 1) & (BFC_FRONT_STREAMS - 1);
-  atomic_store_explicit(&b->fronts[i], f, memory_order_release);
-  ++b->n_fronts;
-}
-
-/* A chunk of the stream's front cache that TF would hand out whole for
- * `rounded` bytes (it would not split it), or NULL. */
-static bfc_chunk_t *bfc_front_alloc(bfc_t *b, gmr_stream_t s, size_t num_bytes, size_t rounded) {
-  bfc_front_t *f = bfc_front_find(b, s);
-  if (f == NULL) return NULL;
-  bfc_chunk_t *c = NULL;
-  gmr__lock(&f->lock);
-  if (!f->frozen) {
-    for (uint32_t i = f->n; i-- > 0;) {
-      bfc_chunk_t *k = f->slot[i];
-      if (k->size >= rounded && k->size < rounded * 2 && k->size - rounded < b->max_frag) {
-        c = k;
-        f->slot[i] = f->slot[--f->n];
-        break;
-      }
-    }
-  }
-  if (c != NULL) {
-    c->requested = num_bytes;
-    c->owner = bfc_thread_id();
-    ++f->allocs;
-    f->req_in += (int64_t)num_bytes;
-  }
-  gmr__unlock(&f->lock);
-  return c;
-}
-
-/* Keep a freed chunk in the stream's front cache; false: take the shared
- * path (no cache, full, frozen, or someone waits for memory). */
-static bool bfc_front_free(bfc_t *b, bfc_chunk_t *c, gmr_stream_t s) {
-  bfc_front_t *f = bfc_front_find(b, s);
-  if (f == NULL) return false;
-  bool kept = false;
-  gmr__lock(&f->lock);
-  if (!f->frozen && f->n < BFC_FRONT_SLOTS &&
-      atomic_load_explicit(&b->waiters, memory_order_seq_cst) == 0) {
-    f->slot[f->n++] = c;
-    ++f->frees;
-    f->req_out += (int64_t)c->requested;
-    kept = true;
-  }
-  gmr__unlock(&f->lock);
-  return kept;
-}
-
-/* Under lock, for bfc_front_freeze: mark every front cache frozen, fold its
- * counts into the figures and give its chunks back to the bins (TF's free,
- * counted when the user freed them).  Returns the number of chunks given
- * back. */
 static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c);
-static size_t bfc_front_flush(bfc_t *b) {
-  size_t back = 0;
-  for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
-    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
-    if (f == NULL) continue;
-    bfc_chunk_t *held[BFC_FRONT_SLOTS];
-    gmr__lock(&f->lock);
-    f->frozen = true;
-    uint32_t n = f->n;
-    memcpy(held, f->slot, n * sizeof *held);
-    f->n = 0;
-    b->num_allocs += f->allocs;
-    b->num_frees += (uint64_t)f->frees;
-    b->requested.current += f->req_in - f->req_out;
-    b->requested.allocated += f->req_in;
-    b->requested.freed += f->req_out;
-    if (b->requested.current > b->requested.peak) b->requested.peak = b->requested.current;
-    b->allocations.current += f->allocs - f->frees;
-    b->allocations.allocated += f->allocs;
-    b->allocations.freed += f->frees;
-    if (b->allocations.current > b->allocations.peak) b->allocations.peak = b->allocations.current;
-    f->allocs = f->frees = f->req_in = f->req_out = 0;
-    gmr__unlock(&f->lock);
-    for (uint32_t k = 0; k < n; ++k)
-      bfc_free_chunk(b, held[k]);
-    back += n;
-  }
-  return back;
-}
 
-/* Under lock: flush the front caches and keep them bypassed until the
+/* Under lock: flush the front caches (their chunks back to the bins through
+ * TF's free, their counts folded in) and keep them bypassed until the
  * matching bfc_front_thaw (nested freezes count), so that nothing outside
  * `lock` writes a chunk while the whole state is read or changed. */
 static void bfc_front_freeze(bfc_t *b) {
-  if (b->freezes++ == 0) bfc_front_flush(b);
+  if (b->freezes++ > 0) return;
+  for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
+    bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
+    if (f == NULL) continue;
+    bfc_chunk_t *held[BFC_FRONT_MAX];
+    size_t n = gmr__bfc_front_drain(b, f, held);
+    for (size_t k = 0; k < n; ++k)
+      bfc_free_chunk(b, held[k]);
+  }
 }
 
 static void bfc_front_thaw(bfc_t *b) {
   if (--b->freezes > 0) return;
   for (size_t i = 0; i < BFC_FRONT_STREAMS && b->n_fronts > 0; ++i) {
     bfc_front_t *f = atomic_load_explicit(&b->fronts[i], memory_order_relaxed);
-    if (f == NULL) continue;
-    gmr__lock(&f->lock);
-    f->frozen = false;
-    gmr__unlock(&f->lock);
+    if (f != NULL) gmr__bfc_front_thaw(f);
   }
 }
 
@@ -833,33 +686,23 @@ static bfc_chunk_t *bfc_wait_for_frees(bfc_t *b, size_t size, size_t rounded, in
   return c;
 }
 
-#if defined(__GNUC__)
-#define BFC_COLD __attribute__((cold, noinline))
-#else
-#define BFC_COLD
-#endif
-
-/* Everything but a cached allocation by one thread: front caches, Extend,
- * garbage collection, the wait, the report.  Called with lock held when
- * `locked` (the fast path found no chunk), else without. */
+/* An allocation that found no chunk, with lock held: Extend, garbage
+ * collection, the pending stream frees, the wait, the report.  Under
+ * concurrency the pool first tries to grow, as TF's would with the front
+ * caches' chunks in use (their streams take them again next; flushing them
+ * instead would hand the same chunks from cache to cache, a flush each
+ * time, and a growth-mode pool would never grow past them); when it cannot,
+ * the front caches give their chunks back and stay bypassed until this
+ * allocation ends (then TF's path, the wait and the report see every chunk
+ * as TF would, and the report reads chunks nobody else writes). */
 static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
-                                   bool locked, gmr_block_t *out) {
-  bfc_chunk_t *c;
-  if (!locked) {
-    if ((c = bfc_front_alloc(b, s, size, rounded)) != NULL) {
-      *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
-      return 0;
-    }
-    bfc_lock(b);
-    if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
-  }
+                                   gmr_block_t *out) {
   int err = 0;
-  c = locked ? NULL : bfc_find_chunk(b, rounded, size);
-  /* Nothing fits: under concurrency the front caches give their chunks back
-   * and stay bypassed until this allocation ends (Extend, the wait and the
-   * report then see every chunk as TF would, and the report reads chunks
-   * nobody else writes). */
-  bool frozen = c == NULL && atomic_load_explicit(&b->contended, memory_order_relaxed);
+  bool contended = atomic_load_explicit(&b->contended, memory_order_relaxed);
+  bfc_chunk_t *c = NULL;
+  if (contended && b->n_fronts > 0 && bfc_extend(b, rounded, true) == 0)
+    c = bfc_find_chunk(b, rounded, size);
+  bool frozen = contended && c == NULL;
   if (frozen) bfc_front_freeze(b);
   if (c == NULL) c = bfc_try(b, size, rounded, &err);
   /* Memory held only by other streams' work: wait for that work, try again. */
@@ -881,7 +724,7 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
     gmr_assert_expensive(bfc_check_settled(b) == 0);
   }
   if (frozen) bfc_front_thaw(b);
-  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, s);
+  if (contended) gmr__bfc_front_new(b, s);
   bfc_unlock(b);
   if (log_gc)
     gmr__log(GMR_LOG_WARN,
@@ -907,19 +750,59 @@ static BFC_COLD int bfc_alloc_slow(bfc_t *b, size_t size, size_t rounded, gmr_st
   return c != NULL ? 0 : err;
 }
 
+/* Every allocation but a cached one by one thread, with lock held when
+ * `locked` (the fast path found pending frees), else without: the stream's
+ * front cache first (under concurrency), then TF's path under the lock. */
+static BFC_OUTLINE int bfc_alloc_shared(bfc_t *b, size_t size, size_t rounded, gmr_stream_t s,
+                                        bool locked, gmr_block_t *out) {
+  bfc_chunk_t *c;
+  bool contended = atomic_load_explicit(&b->contended, memory_order_relaxed);
+  if (!locked) {
+    bfc_front_t *f = contended ? gmr__bfc_front_find(b, s) : NULL;
+    if (f != NULL && (c = gmr__bfc_front_alloc(b, f, size, rounded, bfc_thread_id())) != NULL) {
+      *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+      return 0;
+    }
+    bfc_lock(b);
+  }
+  if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
+  c = bfc_find_chunk(b, rounded, size);
+  if (c == NULL) return bfc_alloc_slow(b, size, rounded, s, out);
+  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) gmr__bfc_front_new(b, s);
+  bfc_unlock(b);
+  return 0;
+}
+
+/* The best fit `c` taken out of its bin (the in-place split did not apply),
+ * with lock held: the rest of the fast path, out of line. */
+static BFC_OUTLINE int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, size_t rounded,
+                                      gmr_block_t *out) {
+  c = bfc_take(b, c, rounded, size);
+  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  return bfc_unlock_done(b);
+}
+
+/* The fast path: one thread, no contention, no pending stream frees, and a
+ * best fit that splits in place; anything else goes out of line (each
+ * branch is taken before anything changes). */
 static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   bfc_t *b = (bfc_t *)self;
   size_t rounded = bfc_rounded(size);
-  if (GMR_UNLIKELY(atomic_load_explicit(&b->contended, memory_order_relaxed)))
-    return bfc_alloc_slow(b, size, rounded, s, false, out);
-  bfc_lock(b);
-  if (GMR_UNLIKELY(b->pending != NULL)) bfc_release_pending(b, false);
-  bfc_chunk_t *c = bfc_find_chunk(b, rounded, size);
-  if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, true, out);
-  *out = (gmr_block_t){.ptr = (void *)c->ptr, .size = c->size, .handle = c};
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->contended, memory_order_relaxed) || !bfc_trylock(b)))
+    return bfc_alloc_shared(b, size, rounded, s, false, out);
+  if (GMR_UNLIKELY(b->pending != NULL)) return bfc_alloc_shared(b, size, rounded, s, true, out);
+  bfc_chunk_t *c = bfc_best_fit(b, rounded);
+  if (GMR_UNLIKELY(c == NULL)) return bfc_alloc_slow(b, size, rounded, s, out);
+  bfc_chunk_t *a = bfc_take_in_place(b, c, rounded, size, false);
+  if (GMR_UNLIKELY(a == NULL)) return bfc_alloc_take(b, c, size, rounded, out);
+  out->ptr = (void *)a->ptr;
+  out->size = rounded;
+  out->handle = a;
   gmr_assert_expensive(bfc_check_settled(b) == 0);
-  bfc_unlock(b);
-  return 0;
+  return bfc_unlock_done(b);
 }
 
 static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
@@ -927,13 +810,13 @@ static int bfc_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_str
   bfc_chunk_t *c = blk->handle;
   if (s == blk->stream) return 0;
   bfc_lock(b);
-  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
-                   c->ptr != (uintptr_t)blk->ptr)) {
+  if (GMR_UNLIKELY(c == NULL || !c->in_use || c->pending || c->ptr != (uintptr_t)blk->ptr)) {
     bfc_unlock(b);
     return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
                           blk->ptr);
   }
   gmr__bfc_use_add(c, s);
+  c->elsewhere = c->uses != NULL || c->sync_on_free;
   bfc_unlock(b);
   return 0;
 }
@@ -948,51 +831,134 @@ static void bfc_set_exclusive(gmr_policy_t *self, int exclusive) {
 /* TF's DeallocateRawInternal without the counts: back to a bin, merged with
  * free neighbours; waiters are woken.  Under lock. */
 static void bfc_free_chunk(bfc_t *b, bfc_chunk_t *c) {
-  c->allocation_id = -1;
+  c->in_use = 0;
   b->bytes_in_use -= (int64_t)c->size;
   bfc_release_chunk(b, c);
   if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
 }
 
-static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
-  bfc_t *b = (bfc_t *)self;
+/* The user's free counted (TF's DeallocateRawInternal counts), under lock. */
+static BFC_INLINE void bfc_free_counts(bfc_t *b, const bfc_chunk_t *c) {
+  b->requested.current -= (int64_t)c->requested;
+  --b->allocations.current;
+  ++b->num_frees;
+}
+
+static inline bool bfc_live(const bfc_chunk_t *c, const gmr_block_t *blk) {
+  return c != NULL && c->in_use && !c->pending && c->ptr == (uintptr_t)blk->ptr;
+}
+
+static BFC_COLD int bfc_bad_free(bfc_t *b, const gmr_block_t *blk) {
+  return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name, blk->ptr);
+}
+
+static BFC_COLD int bfc_bad_free_locked(bfc_t *b, const gmr_block_t *blk) {
+  bfc_unlock(b);
+  return bfc_bad_free(b, blk);
+}
+
+/* Every free but a cached one by the allocating thread: the stream's front
+ * cache first (under concurrency), stream uses, waiters, bad pointers. */
+/* A free under the lock: TF's (with the stream uses), after freeing and
+ * counting the `n_spill` chunks a front cache gave back (then c was kept:
+ * `kept`); `f` is the stream's front cache (NULL: give it one). */
+static BFC_OUTLINE int bfc_free_locked(bfc_t *b, const gmr_block_t *blk, bfc_front_t *f, bool kept,
+                                       bfc_chunk_t **spill, size_t n_spill) {
   bfc_chunk_t *c = blk->handle;
-  /* A chunk used on other streams never stays in a front cache: its memory
-   * must wait for that work (gmr__bfc_hold), whichever stream asks next. */
-  bool elsewhere = c != NULL && (c->uses != NULL || c->sync_on_free);
-  /* Chunks change hands between threads: the retry then waits as TF's. */
-  if (GMR_UNLIKELY(c != NULL && c->owner != bfc_thread_id()) &&
-      !atomic_load_explicit(&b->handoff, memory_order_relaxed))
-    atomic_store_explicit(&b->handoff, true, memory_order_seq_cst);
-  if (atomic_load_explicit(&b->contended, memory_order_relaxed) && !elsewhere &&
-      bfc_front_free(b, c, blk->stream))
-    return 0;
   /* A free that finds allocations waiting says so before it queues for the
    * lock: they keep waiting for it (gmr__bfc_wait_can_help). */
   bool announce = atomic_load_explicit(&b->waiters, memory_order_seq_cst) > 0;
   if (GMR_UNLIKELY(announce)) atomic_fetch_add_explicit(&b->arriving, 1, memory_order_seq_cst);
   bfc_lock(b);
   if (GMR_UNLIKELY(announce)) atomic_fetch_sub_explicit(&b->arriving, 1, memory_order_seq_cst);
-  if (GMR_UNLIKELY(c == NULL || c->allocation_id == -1 || c->pending ||
-                   c->ptr != (uintptr_t)blk->ptr)) {
-    if (announce) gmr__wake_all(&b->freed_seq); /* the waiters look again */
-    bfc_unlock(b);
-    return gmr__error_set(GMR_EBADPTR, "%s: %p is not the start of a live chunk", b->name,
-                          blk->ptr);
+  for (size_t k = 0; k < n_spill; ++k) { /* the front cache left their frees to count */
+    bfc_free_counts(b, spill[k]);
+    bfc_free_chunk(b, spill[k]);
   }
-  gmr__stat_decrease(&b->requested, (int64_t)c->requested);
-  gmr__stat_decrease(&b->allocations, 1);
-  ++b->num_frees;
-  if (GMR_UNLIKELY(elsewhere) && gmr__bfc_hold(b, c)) {
-    /* Pending: waiters look again (they may wait for that work). */
-    if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
-  } else {
-    bfc_free_chunk(b, c);
+  if (!kept) {
+    if (GMR_UNLIKELY(!bfc_live(c, blk))) {
+      if (announce) gmr__wake_all(&b->freed_seq); /* the waiters look again */
+      bfc_unlock(b);
+      return bfc_bad_free(b, blk);
+    }
+    bfc_free_counts(b, c);
+    bool elsewhere = c->elsewhere;
+    c->elsewhere = 0; /* gmr__bfc_hold drops the uses */
+    if (GMR_UNLIKELY(elsewhere) && gmr__bfc_hold(b, c)) {
+      /* Pending: waiters look again (they may wait for that work). */
+      if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
+    } else {
+      bfc_free_chunk(b, c);
+    }
   }
   gmr_assert_expensive(bfc_check_settled(b) == 0);
-  if (atomic_load_explicit(&b->contended, memory_order_relaxed)) bfc_front_new(b, blk->stream);
+  if (f == NULL && atomic_load_explicit(&b->contended, memory_order_relaxed))
+    gmr__bfc_front_new(b, blk->stream);
   bfc_unlock(b);
   return 0;
+}
+
+/* The stream's front cache is full: it keeps c and gives chunks back. */
+static BFC_COLD int bfc_free_spilling(bfc_t *b, const gmr_block_t *blk, bfc_front_t *f) {
+  bfc_chunk_t *spill[BFC_FRONT_MAX];
+  size_t n = gmr__bfc_front_free_spilling(b, f, blk->handle, spill);
+  if (n == SIZE_MAX) return bfc_free_locked(b, blk, f, false, NULL, 0);
+  return bfc_free_locked(b, blk, f, true, spill, n);
+}
+
+/* Every free but a cached one by the allocating thread: the stream's front
+ * cache first (under concurrency), else under the lock. */
+static BFC_OUTLINE int bfc_free_shared(bfc_t *b, const gmr_block_t *blk) {
+  bfc_chunk_t *c = blk->handle;
+  /* Chunks change hands between threads: the retry then waits as TF's. */
+  if (c != NULL && c->owner != bfc_thread_id() &&
+      !atomic_load_explicit(&b->handoff, memory_order_relaxed))
+    atomic_store_explicit(&b->handoff, true, memory_order_seq_cst);
+  bfc_front_t *f = NULL;
+  /* A chunk used on other streams never stays in a front cache: its memory
+   * must wait for that work (gmr__bfc_hold), whichever stream asks next. */
+  if (atomic_load_explicit(&b->contended, memory_order_relaxed) && bfc_live(c, blk) &&
+      !c->elsewhere && (f = gmr__bfc_front_find(b, blk->stream)) != NULL) {
+    int r = gmr__bfc_front_free(b, f, c);
+    if (r == BFC_FRONT_KEPT) return 0;
+    if (r == BFC_FRONT_FULL) return bfc_free_spilling(b, blk, f);
+  }
+  return bfc_free_locked(b, blk, f, false, NULL, 0);
+}
+
+/* The rest of the fast free, out of line, with lock held and the counts
+ * taken: a merge that is not in place, or allocations waiting (woken). */
+static BFC_OUTLINE int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
+  if (c->in_use) {
+    bfc_free_chunk(b, c);
+  } else {
+    bfc_release_chunk(b, c);
+    if (atomic_load_explicit(&b->waiters, memory_order_relaxed) > 0) gmr__wake_all(&b->freed_seq);
+  }
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  return bfc_unlock_done(b);
+}
+
+/* The fast path: a chunk freed by the thread that allocated it, with no
+ * other stream's work on it and no contention: TF's free under the lock,
+ * merged in place when it can be.  Waiters are looked at under the lock
+ * (they register under it); anything else goes out of line before anything
+ * changes. */
+static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_chunk_t *c = blk->handle;
+  if (GMR_UNLIKELY(c == NULL || c->elsewhere || c->owner != bfc_thread_id() ||
+                   atomic_load_explicit(&b->contended, memory_order_relaxed) || !bfc_trylock(b)))
+    return bfc_free_shared(b, blk);
+  if (GMR_UNLIKELY(!bfc_live(c, blk))) return bfc_bad_free_locked(b, blk);
+  bfc_free_counts(b, c);
+  if (GMR_UNLIKELY(atomic_load_explicit(&b->waiters, memory_order_relaxed) != 0))
+    return bfc_free_finish(b, c);
+  c->in_use = 0;
+  b->bytes_in_use -= (int64_t)c->size;
+  if (GMR_UNLIKELY(!bfc_release_in_place(b, c, false))) return bfc_free_finish(b, c);
+  gmr_assert_expensive(bfc_check_settled(b) == 0);
+  return bfc_unlock_done(b);
 }
 
 static int bfc_trim(gmr_policy_t *self) {
@@ -1030,8 +996,8 @@ static void bfc_reset_peak(gmr_policy_t *self) {
   b->peak_bytes_in_use = b->bytes_in_use;
   b->largest_alloc_size = 0;
   b->peak_pool_bytes = b->pool_bytes;
-  gmr__stat_reset_peak(&b->requested);
-  gmr__stat_reset_peak(&b->allocations);
+  b->requested.peak = b->requested.current;
+  b->allocations.peak = b->allocations.current;
   bfc_unlock_all(b);
 }
 
@@ -1040,8 +1006,6 @@ static void bfc_reset_accumulated(gmr_policy_t *self) {
   bfc_lock_all(b);
   b->num_allocs = 0;
   b->num_frees = b->ooms = b->retries = 0;
-  gmr__stat_reset_accumulated(&b->requested);
-  gmr__stat_reset_accumulated(&b->allocations);
   bfc_unlock_all(b);
 }
 
@@ -1095,8 +1059,8 @@ static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
                           .pool = "region",
                           .is_expandable = b->vmm};
     stop = cb(&e, ud);
-    for (const bfc_chunk_t *c = r->first; c && !stop; c = c->next) {
-      bool used = c->allocation_id != -1;
+    for (const bfc_chunk_t *c = bfc_first(r); c != bfc_end(r) && !stop; c = c->next) {
+      bool used = c->in_use;
       gmr_walk_entry_t k = {.address = c->ptr,
                             .size = c->size,
                             .requested = used ? c->requested : 0,
@@ -1126,9 +1090,12 @@ static int bfc_check_tree(const bfc_chunk_t *n, int bin, const bfc_chunk_t **pre
   if ((err = bfc_check_tree(n->left, bin, prev, count, &hl)) != 0) return err;
   BFC_CHECK(*prev == NULL || bfc_less(*prev, n), "bfc: bin %d is not sorted at chunk %#llx", bin,
             (unsigned long long)n->ptr);
-  BFC_CHECK(n->allocation_id == -1 && n->bin == bin && bfc_bin_for(n->size) == bin,
+  BFC_CHECK(!n->in_use && n->bin == bin && bfc_bin_for(n->size) == bin,
             "bfc: chunk %#llx of %zu bytes is in bin %d but belongs to bin %d (in use: %d)",
-            (unsigned long long)n->ptr, n->size, bin, bfc_bin_for(n->size), n->allocation_id != -1);
+            (unsigned long long)n->ptr, n->size, bin, bfc_bin_for(n->size), n->in_use);
+  BFC_CHECK((n->left == NULL || n->left->up == n) && (n->right == NULL || n->right->up == n),
+            "bfc: bin %d has a broken parent link under chunk %#llx", bin,
+            (unsigned long long)n->ptr);
   *prev = n;
   ++*count;
   if ((err = bfc_check_tree(n->right, bin, prev, count, &hr)) != 0) return err;
@@ -1145,6 +1112,8 @@ static int bfc_check_locked(bfc_t *b) {
     size_t count = 0;
     int h, err = bfc_check_tree(b->bins[i].root, i, &prev, &count, &h);
     if (err != 0) return err;
+    BFC_CHECK(b->bins[i].root == NULL || b->bins[i].root->up == NULL,
+              "bfc: the root of bin %d has a parent", i);
     BFC_CHECK(count == b->bins[i].count, "bfc: bin %d holds %zu chunks but counts %zu", i, count,
               b->bins[i].count);
     BFC_CHECK(((b->nonempty >> i) & 1) == (count > 0),
@@ -1160,29 +1129,31 @@ static int bfc_check_locked(bfc_t *b) {
     const bfc_region_t *r = b->regions[i];
     BFC_CHECK(i == 0 || b->regions[i - 1]->ptr + b->regions[i - 1]->size <= r->ptr,
               "bfc: regions %zu and %zu overlap or are out of order", i - 1, i);
-    BFC_CHECK(r->first && r->first->ptr == r->ptr && r->first->prev == NULL,
+    BFC_CHECK(r->head.in_use && r->tail.in_use && r->head.size == 0 && r->tail.size == 0 &&
+                  bfc_first(r) != bfc_end(r) && bfc_first(r)->ptr == r->ptr &&
+                  bfc_first(r)->prev == &r->head && r->tail.prev->next == &r->tail,
               "bfc: region %#llx does not start with its first chunk", (unsigned long long)r->ptr);
     size_t sum = 0, pieces = 0;
     for (size_t k = 0; k < r->n_pieces; ++k)
       pieces += r->pieces[k].size;
     BFC_CHECK(pieces == r->size, "bfc: region %#llx is %zu bytes but its pieces add to %zu",
               (unsigned long long)r->ptr, r->size, pieces);
-    const bfc_chunk_t *c = r->first, *last = NULL;
-    for (; c; last = c, c = c->next) {
-      BFC_CHECK(c->region == r && c->size > 0 && c->size % BFC_MIN_ALLOC == 0,
-                "bfc: chunk %#llx has a bad size %zu or region", (unsigned long long)c->ptr,
-                c->size);
+    const bfc_chunk_t *c = bfc_first(r), *last = NULL;
+    for (; c != bfc_end(r); last = c, c = c->next) {
+      BFC_CHECK(c->size > 0 && c->size % BFC_MIN_ALLOC == 0, "bfc: chunk %#llx has a bad size %zu",
+                (unsigned long long)c->ptr, c->size);
       BFC_CHECK(c->ptr == r->ptr + sum, "bfc: chunk %#llx is not at region offset %zu",
                 (unsigned long long)c->ptr, sum);
-      BFC_CHECK(c->next == NULL || c->next->prev == c, "bfc: broken links after chunk %#llx",
+      BFC_CHECK(c->next->prev == c, "bfc: broken links after chunk %#llx",
                 (unsigned long long)c->ptr);
-      bool used = c->allocation_id != -1;
-      BFC_CHECK(used || !c->next || c->next->allocation_id != -1,
-                "bfc: adjacent free chunks at %#llx and %#llx", (unsigned long long)c->ptr,
-                (unsigned long long)c->next->ptr);
+      bool used = c->in_use;
+      BFC_CHECK(used || c->next->in_use, "bfc: adjacent free chunks at %#llx and %#llx",
+                (unsigned long long)c->ptr, (unsigned long long)c->next->ptr);
       BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
                 "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
                 c->bin);
+      BFC_CHECK(c->elsewhere == (c->uses != NULL || c->sync_on_free) && (used || !c->elsewhere),
+                "bfc: chunk %#llx has a stale stream-use flag", (unsigned long long)c->ptr);
       if (used && c->pending) {
         ++n_pend;
         pend += (int64_t)c->size;
@@ -1201,7 +1172,7 @@ static int bfc_check_locked(bfc_t *b) {
       }
       sum += c->size;
     }
-    BFC_CHECK(sum == r->size && last == r->last,
+    BFC_CHECK(sum == r->size && last == r->tail.prev,
               "bfc: the chunks of region %#llx add to %zu bytes, not %zu",
               (unsigned long long)r->ptr, sum, r->size);
     pool += (int64_t)r->size;
@@ -1217,7 +1188,7 @@ static int bfc_check_locked(bfc_t *b) {
   BFC_CHECK(b->peak_bytes_in_use >= b->bytes_in_use, "bfc: peak below current");
   size_t listed = 0;
   for (const bfc_pending_t *e = b->pending; e; e = e->next, ++listed)
-    BFC_CHECK(e->chunk->pending && e->chunk->allocation_id != -1 && e->n > 0,
+    BFC_CHECK(e->chunk->pending && e->chunk->in_use && e->n > 0,
               "bfc: pending entry %zu names chunk %#llx, which is not pending", listed,
               (unsigned long long)e->chunk->ptr);
   BFC_CHECK(listed == n_pend && n_pend == b->n_pending && pend == b->pending_bytes,
@@ -1265,18 +1236,18 @@ static void bfc_destroy(gmr_policy_t *self) {
     for (size_t k = r->n_pieces; k-- > 0;)
       bfc_sub_free(b, r->pieces[k].ptr, r->pieces[k].size);
     gmr__free(r->pieces);
-    gmr__free(r);
+    gmr__free(r->raw);
   }
   if (b->vmm && b->va_size) gmr__backend_va_release(self->backend, (void *)b->va_base, b->va_size);
   gmr__free(b->regions);
   for (bfc_slab_t *s = b->slabs, *next; s; s = next) {
     next = s->next;
-    gmr__free(s);
+    gmr__free(s->raw);
   }
   for (size_t i = 0; i < BFC_FRONT_STREAMS; ++i)
-    gmr__free(atomic_load_explicit(&b->fronts[i], memory_order_relaxed));
+    gmr__bfc_front_release(atomic_load_explicit(&b->fronts[i], memory_order_relaxed));
   gmr__lock_destroy(&b->lock);
-  gmr__free(b);
+  gmr__free(b->raw);
 }
 
 static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
@@ -1305,8 +1276,12 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
                           "reserved virtual range",
                           name, be->ops->name);
 
-  bfc_t *b = gmr__calloc(1, sizeof *b);
-  if (b == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
+  /* 64-byte aligned, so that the lock and the read-mostly line are lines of
+   * their own. */
+  void *raw = gmr__calloc(1, sizeof(bfc_t) + 63);
+  if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
+  bfc_t *b = (bfc_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  b->raw = raw;
   b->base.ops = &gmr_bfc_policy_ops;
   b->base.backend = be;
   snprintf(b->name, sizeof b->name, "%s", name);
@@ -1322,7 +1297,8 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
       o.allow_growth ? (limit < ((uint64_t)2 << 20) ? limit : (uint64_t)2 << 20) : limit;
   b->curr_region_bytes = bfc_rounded((size_t)first);
   if (b->curr_region_bytes == 0) b->curr_region_bytes = BFC_MIN_ALLOC;
-  b->next_allocation_id = 1;
+  b->front_cap = (size_t)(limit / BFC_FRONT_CAP_SHARE);
+  if (b->front_cap < BFC_FRONT_CAP_MIN) b->front_cap = BFC_FRONT_CAP_MIN;
   err = GMR_ENOMEM;
   if (gmr__lock_init(&b->lock) != 0) goto fail_lock;
   if (b->vmm) {
@@ -1341,7 +1317,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
 fail_va:
   gmr__lock_destroy(&b->lock);
 fail_lock:
-  gmr__free(b);
+  gmr__free(raw);
   if (err == GMR_ENOMEM && gmr__error_last()[0] == '\0')
     gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
   return err;

@@ -1,17 +1,20 @@
 /* bfc.h: what the files of the bfc policy share (private to policies/bfc/).
  *
- * The policy (TensorFlow's BFCAllocator) is cut in two: bfc.c, the
- * allocator (regions, chunks, bins, the alloc and free paths, options and
- * construction), and report.c, TensorFlow's words about it: the OOM report
- * (AllocateRawInternal's banner, DumpMemoryLog, RenderOccupancy), the
- * summary built from the same dump, and HumanReadableNumBytes.  This header
- * holds the data model they share, the small inline functions on it, and the
- * functions that cross files.  Invariants and locking are written at the
- * top of bfc.c.
+ * The policy (TensorFlow's BFCAllocator) is cut in five: bfc.c, the
+ * allocator (regions, chunks, the alloc and free paths, construction);
+ * bins.h, the free chunks' AVL trees that bfc.c runs on; report.c,
+ * TensorFlow's words about it (the OOM report: AllocateRawInternal's
+ * banner, DumpMemoryLog, RenderOccupancy; the summary built from the same
+ * dump; HumanReadableNumBytes); streams.c, gmr's stream uses and the
+ * retry's rule; front.c, the per-stream front caches that exist only under
+ * concurrency; options.c, the options.  This header holds the data model
+ * they share, the small inline functions on it, and the functions that
+ * cross files.  Invariants and locking are written at the top of bfc.c.
  */
 #ifndef GMR_POLICIES_BFC_H
 #define GMR_POLICIES_BFC_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "core/lock.h"
@@ -25,8 +28,11 @@
 #define BFC_MAX_FAILURE_LOGS 10
 #define BFC_INVALID_HANDLE   ((uint64_t)SIZE_MAX) /* printed as 18446744073709551615 */
 #define BFC_SLAB             256                  /* chunk records per host allocation */
-#define BFC_FRONT_SLOTS      32                   /* chunks one stream's front cache holds */
-#define BFC_FRONT_STREAMS    256                  /* streams with a front cache (a power of two) */
+#define BFC_FRONT_PER_BIN    8                    /* chunks one front cache keeps per bin (even) */
+#define BFC_FRONT_MAX        (BFC_NUM_BINS * BFC_FRONT_PER_BIN) /* chunks one keeps in all */
+#define BFC_FRONT_STREAMS    256               /* streams with a front cache (a power of two) */
+#define BFC_FRONT_CAP_SHARE  256               /* a front cache keeps <= limit / this bytes */
+#define BFC_FRONT_CAP_MIN    ((size_t)1 << 20) /* ... or this, whichever is larger */
 
 /* ---- options (options.c) ------------------------------------------------------ */
 
@@ -46,26 +52,51 @@ typedef struct bfc_opts_s {
   int environment;               /* BFC_ENV_*: whose environment variables to honour */
 } bfc_opts_t;
 
+/* BFC_INLINE: the hot paths' helpers (inlined whatever the compiler's
+ * estimate); BFC_COLD: the rare paths (optimized for size); BFC_OUTLINE:
+ * paths taken often in some modes (a growth-mode pair crosses bins), kept
+ * out of the fast paths' registers but optimized for speed. */
+#if defined(__GNUC__)
+#define BFC_INLINE  inline __attribute__((always_inline))
+#define BFC_COLD    __attribute__((cold, noinline))
+#define BFC_OUTLINE __attribute__((noinline))
+#else
+#define BFC_INLINE inline
+#define BFC_COLD
+#define BFC_OUTLINE
+#endif
+
 /* ---- data model ---------------------------------------------------------------- */
 
 typedef struct bfc_region_s bfc_region_t;
 
-/* One chunk: a piece of a region, wholly in use or wholly free. */
+/* One chunk: a piece of a region, wholly in use or wholly free.  A record
+ * is two cache lines, 64-byte aligned (slabs are): the first holds what the
+ * bins and the neighbours read (the tree descent, a merge's look at its
+ * neighbours), the second what the chunk's user path reads and writes.  So
+ * two threads that hold neighbouring chunks never write a line the other
+ * reads (docs/bfc.md, "Under concurrency"). */
 typedef struct bfc_chunk_s {
-  uintptr_t ptr;                    /* device address */
-  size_t size;                      /* bytes, a multiple of 256 */
-  size_t requested;                 /* bytes the user asked for (kept after free, as TF) */
-  int64_t allocation_id;            /* -1: free; else unique, from 1 */
-  struct bfc_chunk_s *prev, *next;  /* physical neighbours in the region; NULL at its edges */
-  struct bfc_chunk_s *left, *right; /* bin tree children while free; free-list link (left) */
-  bfc_region_t *region;             /* the region holding the chunk */
-  uint32_t handle;                  /* stable number for the dump */
-  int8_t height;                    /* AVL height while binned */
-  int8_t bin;                       /* bin index while free, -1 while in use */
-  uint8_t pending;                  /* freed, its streams' work not yet done (still in use) */
-  uint8_t sync_on_free;             /* a stream use could not be recorded: sync at free */
-  uintptr_t owner;                  /* while in use: the allocating thread (pthread_self) */
-  struct bfc_uses_s *uses;          /* streams recorded besides the allocation's; NULL: none */
+  /* Interleaved so that the hot paths' stores to a record are never to
+   * adjacent words: gcc -O2 pairs adjacent stores of separate values into
+   * vector stores that cost more instructions than they save. */
+  _Alignas(64) uintptr_t ptr; /* device address */
+  struct bfc_chunk_s *left;   /* bin tree while free; pool link */
+  size_t size;                /* bytes, a multiple of 256 */
+  struct bfc_chunk_s *right;  /* bin tree while free */
+  struct bfc_chunk_s *prev;   /* physical neighbours (at the region's edges: its sentinels) */
+  struct bfc_chunk_s *up;     /* bin tree while free: the parent */
+  struct bfc_chunk_s *next;
+  int8_t height;                 /* AVL height while binned */
+  int8_t bin;                    /* bin index while free, -1 while in use */
+  uint8_t in_use;                /* TF's allocation_id != -1 */
+  uint8_t pending;               /* freed, its streams' work not yet done (still in use) */
+  uint8_t sync_on_free;          /* a stream use could not be recorded: sync at free */
+  uint8_t elsewhere;             /* uses != NULL or sync_on_free: the free takes the lock */
+  _Alignas(64) size_t requested; /* bytes the user asked for (kept after free, as TF) */
+  uintptr_t owner;               /* while in use: the allocating thread (bfc_thread_id) */
+  struct bfc_uses_s *uses;       /* streams recorded besides the allocation's; NULL: none */
+  uint32_t handle; /* TF's chunk handle, for the dump (bfc.c, "Records and handles") */
 } bfc_chunk_t;
 
 /* gmr_record_stream's streams of an in-use chunk (its allocation stream
@@ -90,37 +121,50 @@ typedef struct bfc_piece_s {
   size_t size; /* bytes */
 } bfc_piece_t;
 
+/* A region: its chunks run from head.next along the next links to tail.
+ * `head` and `tail` are sentinels, never chunks: in use, size 0, no handle;
+ * so every chunk has both neighbours (no NULL test on the hot paths), and a
+ * split or merge at the region's edge changes no region field. */
 struct bfc_region_s {
-  uintptr_t ptr;       /* device address of the first byte */
-  size_t size;         /* bytes = Σ piece sizes */
-  bfc_chunk_t *first;  /* the chunk at ptr */
-  bfc_chunk_t *last;   /* the chunk ending at ptr + size */
-  bfc_piece_t *pieces; /* what to give back to the backend */
+  bfc_chunk_t head, tail; /* sentinels: head.next is the chunk at ptr, tail.prev the last */
+  uintptr_t ptr;          /* device address of the first byte */
+  size_t size;            /* bytes = Σ piece sizes */
+  bfc_piece_t *pieces;    /* what to give back to the backend */
   size_t n_pieces, cap_pieces;
+  void *raw; /* what the host returned (the region is 64-byte aligned in it) */
 };
 
+/* The region's chunks: for (c = bfc_first(r); c != bfc_end(r); c = c->next). */
+static inline bfc_chunk_t *bfc_first(const bfc_region_t *r) {
+  return r->head.next;
+}
+static inline const bfc_chunk_t *bfc_end(const bfc_region_t *r) {
+  return &r->tail;
+}
+/* A neighbour that is a chunk, not a sentinel (only sentinels have size 0). */
+static inline bool bfc_is_chunk(const bfc_chunk_t *c) {
+  return c->size != 0;
+}
+
 typedef struct bfc_bin_s {
-  bfc_chunk_t *root; /* AVL tree by (size, ptr) */
+  bfc_chunk_t *root; /* AVL tree by (size, ptr), with parent links (bins.h) */
   size_t count;      /* free chunks */
 } bfc_bin_t;
 
+/* A slab of chunk records; the records come first, so that they are 64-byte
+ * aligned in a 64-byte aligned slab (`raw` is what the host returned). */
 typedef struct bfc_slab_s {
-  struct bfc_slab_s *next;
   bfc_chunk_t chunks[BFC_SLAB];
+  struct bfc_slab_s *next;
+  void *raw;
 } bfc_slab_t;
 
-/* A stream's front cache (see "Concurrency" at the top of bfc.c): chunks its
- * user freed, kept allocated for its next allocations of a fitting size.
- * Everything is guarded by `lock`; `id` is immutable once published. */
-typedef struct bfc_front_s {
-  _Alignas(64) gmr_lock_t lock;
-  gmr_stream_t id;
-  bool frozen;                        /* a global operation runs: bypass the cache */
-  uint32_t n;                         /* chunks in slot[0 .. n) */
-  int64_t allocs, frees;              /* user allocations and frees served here, not folded */
-  int64_t req_in, req_out;            /* their requested bytes */
-  bfc_chunk_t *slot[BFC_FRONT_SLOTS]; /* in use for the core, free for the user */
-} bfc_front_t;
+/* A current figure and its peak (the statistics that TF keeps both of). */
+typedef struct bfc_count_s {
+  int64_t current, peak;
+} bfc_count_t;
+
+typedef struct bfc_front_s bfc_front_t; /* front.c */
 
 typedef struct bfc_s {
   gmr_policy_t base;            /* must be first */
@@ -132,6 +176,7 @@ typedef struct bfc_s {
   _Atomic int waiters;                 /* allocations waiting for frees */
   _Atomic uint32_t arriving;           /* frees on their way to `lock` that saw waiters > 0 */
   _Atomic bool handoff; /* a chunk was freed by a thread other than its allocator's */
+  size_t front_cap;     /* immutable: bytes one front cache may keep */
   _Atomic(bfc_front_t *) fronts[BFC_FRONT_STREAMS]; /* by stream hash, append-only */
   _Alignas(64) size_t n_fronts;                     /* under lock */
   size_t freezes; /* under lock: bfc_front_freeze calls not yet thawed */
@@ -145,6 +190,7 @@ typedef struct bfc_s {
   bool exclusive;                /* one thread makes every call: waiting is pointless */
   uintptr_t va_base;             /* VMM: the reserved virtual range */
   size_t va_size;                /* VMM: bytes of it */
+  void *raw; /* what the host returned for this struct (64-byte aligned in it) */
 
   /* State (under lock). */
   size_t va_used;           /* VMM: bytes mapped from va_base */
@@ -156,7 +202,6 @@ typedef struct bfc_s {
   bfc_chunk_t *chunk_pool; /* recycled records, linked by left */
   bfc_slab_t *slabs;
   uint32_t n_handles; /* records handed out by slabs so far */
-  int64_t next_allocation_id;
   size_t free_chunks; /* chunks in bins */
 
   /* Statistics (under lock). */
@@ -166,8 +211,8 @@ typedef struct bfc_s {
   int64_t largest_alloc_size; /* largest chunk handed out since the last reset_peak */
   int64_t pool_bytes;         /* Σ region sizes */
   int64_t peak_pool_bytes;
-  gmr_stat_t requested;   /* Σ requested bytes of in-use chunks */
-  gmr_stat_t allocations; /* in-use chunks */
+  bfc_count_t requested;   /* Σ requested bytes of in-use chunks */
+  bfc_count_t allocations; /* in-use chunks */
   uint64_t num_frees, ooms, retries;
   /* Stream uses (under lock): chunks freed while other streams' work on them
    * is pending stay in use until their events complete. */
@@ -184,9 +229,9 @@ typedef struct bfc_s {
 static inline size_t bfc_rounded(size_t n) {
   return (n + BFC_MIN_ALLOC - 1) / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
 }
+/* BinNumForSize: floor(log2(size / 256)), at most 20 (sizes below 256 are bin 0). */
 static inline int bfc_bin_for(size_t size) {
-  size_t v = size >> BFC_MIN_ALLOC_BITS;
-  int b = v ? 63 - __builtin_clzll((unsigned long long)v) : 0;
+  int b = 63 - __builtin_clzll((unsigned long long)(size >> BFC_MIN_ALLOC_BITS) | 1);
   return b < BFC_NUM_BINS - 1 ? b : BFC_NUM_BINS - 1;
 }
 static inline size_t bfc_bin_size(int b) {
@@ -204,6 +249,26 @@ static inline size_t bfc_largest_free(const bfc_t *b) {
   if (b->nonempty == 0) return 0;
   int i = 31 - __builtin_clz(b->nonempty);
   return avl_max(b->bins[i].root)->size;
+}
+
+/* Who holds a chunk: the calling thread's identity, unique among live
+ * threads: the thread pointer (one register read) where the compiler has
+ * it, else pthread_self (a call; a thread-local counter would cost a
+ * __tls_get_addr call on every allocation, and the initial-exec model fails
+ * when Python loads the library).  A finished thread's identity may be
+ * reused by a new thread; the retry's rule (streams.c) only errs towards
+ * TF's wait then. */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_thread_pointer) && (defined(__x86_64__) || defined(__aarch64__))
+#define BFC_THREAD_POINTER 1
+#endif
+#endif
+static inline uintptr_t bfc_thread_id(void) {
+#ifdef BFC_THREAD_POINTER
+  return (uintptr_t)__builtin_thread_pointer();
+#else
+  return (uintptr_t)pthread_self();
+#endif
 }
 
 /* ---- across files -------------------------------------------------------------- */
@@ -239,5 +304,30 @@ void gmr__bfc_streams_destroy(bfc_t *b);
 int gmr__bfc_waiting_add(bfc_t *b, uintptr_t me);
 void gmr__bfc_waiting_remove(bfc_t *b, uintptr_t me);
 bool gmr__bfc_wait_can_help(const bfc_t *b);
+
+/* front.c, the front caches (see the top of front.c).  gmr__bfc_front_find
+ * looks a stream's cache up without a lock (NULL: none);
+ * gmr__bfc_front_alloc takes a kept chunk TF would hand out whole for the
+ * request (NULL: none, or the cache is frozen); gmr__bfc_front_free keeps a
+ * freed chunk (BFC_FRONT_KEPT), refuses it (BFC_FRONT_REFUSED: frozen, too
+ * large, or an allocation waits for memory: take the lock) or says it would
+ * keep it after giving chunks back (BFC_FRONT_FULL), which
+ * gmr__bfc_front_free_spilling does: it keeps c and hands back in `spill`
+ * (BFC_FRONT_MAX entries) the chunks it gave up, for the caller to free and
+ * count under the lock, and returns their number (SIZE_MAX: refused after
+ * all).  Under the lock: gmr__bfc_front_new gives a stream a cache (quietly
+ * none when the host refuses); gmr__bfc_front_drain freezes one cache, folds
+ * its counts into the allocator's figures and hands back its chunks (the
+ * caller frees them); gmr__bfc_front_thaw ends the freeze. */
+enum { BFC_FRONT_REFUSED = 0, BFC_FRONT_KEPT = 1, BFC_FRONT_FULL = 2 };
+bfc_front_t *gmr__bfc_front_find(bfc_t *b, gmr_stream_t s);
+bfc_chunk_t *gmr__bfc_front_alloc(bfc_t *b, bfc_front_t *f, size_t num_bytes, size_t rounded,
+                                  uintptr_t me);
+int gmr__bfc_front_free(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c);
+size_t gmr__bfc_front_free_spilling(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bfc_chunk_t **spill);
+void gmr__bfc_front_new(bfc_t *b, gmr_stream_t s);
+size_t gmr__bfc_front_drain(bfc_t *b, bfc_front_t *f, bfc_chunk_t **out);
+void gmr__bfc_front_thaw(bfc_front_t *f);
+void gmr__bfc_front_release(bfc_front_t *f);
 
 #endif /* GMR_POLICIES_BFC_H */

@@ -47,11 +47,12 @@ typedef struct bfc_bin_info_s {
 static void bfc_bin_infos(const bfc_t *b, bfc_bin_info_t info[BFC_NUM_BINS]) {
   memset(info, 0, sizeof(bfc_bin_info_t) * BFC_NUM_BINS);
   for (size_t i = 0; i < b->n_regions; ++i)
-    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
+    for (const bfc_chunk_t *c = bfc_first(b->regions[i]); c != bfc_end(b->regions[i]);
+         c = c->next) {
       bfc_bin_info_t *bi = &info[bfc_bin_for(c->size)];
       bi->bytes_in_bin += c->size;
       ++bi->chunks_in_bin;
-      if (c->allocation_id != -1) {
+      if (c->in_use) {
         bi->bytes_in_use += c->size;
         bi->requested_in_use += c->requested;
         ++bi->chunks_in_use;
@@ -63,13 +64,13 @@ static void bfc_chunk_debug(gmr_strbuf_t *sb, const bfc_chunk_t *c, bool recurse
   char s[32], r[32];
   gmr__bfc_hr((int64_t)c->size, s, sizeof s);
   gmr__bfc_hr((int64_t)c->requested, r, sizeof r);
-  gmr__sb_printf(sb, "  Size: %s | Requested Size: %s | in_use: %d | bin_num: %d", s, r,
-                 c->allocation_id != -1, c->bin);
-  if (recurse && c->prev) {
+  gmr__sb_printf(sb, "  Size: %s | Requested Size: %s | in_use: %d | bin_num: %d", s, r, c->in_use,
+                 c->bin);
+  if (recurse && bfc_is_chunk(c->prev)) {
     gmr__sb_puts(sb, ", prev: ");
     bfc_chunk_debug(sb, c->prev, false);
   }
-  if (recurse && c->next) {
+  if (recurse && bfc_is_chunk(c->next)) {
     gmr__sb_puts(sb, ", next: ");
     bfc_chunk_debug(sb, c->next, false);
   }
@@ -109,8 +110,8 @@ static void bfc_render(const bfc_t *b, gmr_strbuf_t *sb) {
   uint64_t offset = 0;
   for (size_t i = 0; i < b->n_regions; ++i) {
     const bfc_region_t *r = b->regions[i];
-    for (const bfc_chunk_t *c = r->first; c; c = c->next) {
-      if (c->allocation_id == -1) continue;
+    for (const bfc_chunk_t *c = bfc_first(r); c != bfc_end(r); c = c->next) {
+      if (!c->in_use) continue;
       uint64_t at = offset + (c->ptr - r->ptr);
       if (c->size > c->requested)
         bfc_render_range(map, total, at + c->requested, c->size - c->requested, 'x');
@@ -149,12 +150,14 @@ static void bfc_dump(const bfc_t *b, size_t rounded, gmr_strbuf_t *sb) {
   size_t *sizes = gmr__malloc((n_in_use ? n_in_use : 1) * sizeof *sizes);
   for (size_t i = 0; i < b->n_regions; ++i) {
     gmr__sb_printf(sb, "Next region of size %zu\n", b->regions[i]->size);
-    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      bool used = c->allocation_id != -1;
+    for (const bfc_chunk_t *c = bfc_first(b->regions[i]); c != bfc_end(b->regions[i]);
+         c = c->next) {
+      bool used = c->in_use;
       if (used && sizes && k < n_in_use) sizes[k++] = c->size;
-      gmr__sb_printf(sb, "%s at %llx of size %zu next %llu\n", used ? "InUse" : "Free ",
-                     (unsigned long long)c->ptr, c->size,
-                     (unsigned long long)(c->next ? c->next->handle : BFC_INVALID_HANDLE));
+      gmr__sb_printf(
+          sb, "%s at %llx of size %zu next %llu\n", used ? "InUse" : "Free ",
+          (unsigned long long)c->ptr, c->size,
+          (unsigned long long)(bfc_is_chunk(c->next) ? c->next->handle : BFC_INVALID_HANDLE));
     }
   }
   gmr__sb_puts(sb, "     Summary of in-use Chunks by size: \n");

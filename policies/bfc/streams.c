@@ -122,7 +122,7 @@ void gmr__bfc_streams_destroy(bfc_t *b) {
   gmr__free(b->waiting);
   b->waiting = NULL;
   for (size_t i = 0; i < b->n_regions; ++i)
-    for (bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
+    for (bfc_chunk_t *c = bfc_first(b->regions[i]); c != bfc_end(b->regions[i]); c = c->next) {
       gmr__free(c->uses);
       c->uses = NULL;
     }
@@ -156,8 +156,9 @@ bool gmr__bfc_wait_can_help(const bfc_t *b) {
       atomic_load_explicit(&b->handoff, memory_order_seq_cst))
     return true;
   for (size_t i = 0; i < b->n_regions; ++i)
-    for (const bfc_chunk_t *c = b->regions[i]->first; c; c = c->next) {
-      if (c->allocation_id == -1 || c->pending) continue;
+    for (const bfc_chunk_t *c = bfc_first(b->regions[i]); c != bfc_end(b->regions[i]);
+         c = c->next) {
+      if (!c->in_use || c->pending) continue;
       bool waiting = false;
       for (size_t w = 0; w < b->n_waiting && !waiting; ++w)
         waiting = b->waiting[w] == c->owner;

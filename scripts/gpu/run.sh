@@ -28,6 +28,9 @@
 #   cuda-test            tests/cuda (the backend and the policies on the device)
 #   bench-miss           the stitch policy's cache misses on the device: microseconds
 #                        per miss by pages mapped (gmr-bench --workloads miss)
+#   bench-bfc-threads    the bfc policy, 1 and 16 threads on their own streams, pinned
+#                        (gmr-bench --threads 1,16, pair and random workloads, every
+#                        bfc configuration): the rate column must be >= 1.00
 #   compare              bit-exact losses and step times of the gpt2 runs
 # Logs go to stdout; JSON results to $RESULTS (default /tmp/gmr-results).
 # Without a CUDA device: "SKIP" and exit 0.
@@ -134,6 +137,13 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     phase "stitch: microseconds per cache miss by pages mapped (gmr-bench --device cuda)"
     timeout 300 "$dir/bin/gmr-bench" --device cuda --workloads miss --reps 7 \
       --json-file "$results/bench-miss.json" "$dir/config/stitch.yaml" || status=1
+    ;;
+  bench-bfc-threads)
+    phase "bfc: 16 threads on 16 streams against one (gmr-bench --device cuda --threads 1,16)"
+    timeout 600 "$dir/bin/gmr-bench" --device cuda --pin --reps 7 --min-time 20 --threads 1,16 \
+      --sizes 4KiB,1MiB --workloads pair,random --json-file "$results/bench-bfc-threads.json" \
+      "$dir/config/tf-greedy.yaml" "$dir/config/tf-growth.yaml" "$dir/config/jax.yaml" |
+      tee "$results/bench-bfc-threads.txt" || status=1
     ;;
   stitch)
     phase "stitch: alias safety and bandwidth/SGEMM on stitched pages (nvcc -arch=sm_90)"
