@@ -383,11 +383,6 @@ int st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out) {
   return 0;
 }
 
-st_stamp_t st_stamp_new(stitch_t *t, uint32_t sidx) {
-  st_stream_t *st = &t->streams[sidx];
-  return (st_stamp_t){sidx + 1, ++st->frees};
-}
-
 /* Query the stream's events, oldest first; they complete in order. */
 static void stream_poll(stitch_t *t, st_stream_t *st) {
   uint32_t k = 0;

@@ -186,23 +186,10 @@ st_range_t *st_range_alloc(uint32_t nslots) {
 /* ---- ranges by length --------------------------------------------------------------------------
  */
 
-static st_len_t *len_slot(const stitch_t *t, uint64_t len) {
-  uint64_t h = (len / ST_G) * 0x9E3779B97F4A7C15ull;
-  for (uint32_t i = (uint32_t)(h >> 32) & (t->caplens - 1);; i = (i + 1) & (t->caplens - 1))
-    if (t->lens[i].len == len || t->lens[i].len == 0) return &t->lens[i];
-}
-
-/* The entry of len, or NULL. */
-static st_len_t *len_find(const stitch_t *t, uint64_t len) {
-  if (t->caplens == 0) return NULL;
-  st_len_t *e = len_slot(t, len);
-  return e->len == len ? e : NULL;
-}
-
 /* The entry of len, made if missing (NULL: out of host memory).  Growing
  * drops the entries of lengths that have no range any more. */
 static st_len_t *len_get(stitch_t *t, uint64_t len) {
-  st_len_t *e = len_find(t, len);
+  st_len_t *e = st_len_find(t, len);
   if (e != NULL) return e;
   if (2 * (t->nlens + 1) > t->caplens) {
     uint32_t live = 1;
@@ -219,12 +206,12 @@ static st_len_t *len_get(stitch_t *t, uint64_t len) {
     t->nlens = 0;
     for (uint32_t i = 0; i < oldcap; ++i)
       if (old[i].first != NULL) {
-        *len_slot(t, old[i].len) = old[i];
+        *st_len_slot(t, old[i].len) = old[i];
         ++t->nlens;
       }
     gmr__free(old);
   }
-  e = len_slot(t, len);
+  e = st_len_slot(t, len);
   e->len = len;
   ++t->nlens;
   return e;
@@ -250,7 +237,7 @@ int st_range_link(stitch_t *t, st_range_t *r) {
 
 void st_range_destroy(stitch_t *t, st_range_t *r) {
   if (r->serial != 0) { /* linked */
-    st_len_t *e = len_find(t, r->len);
+    st_len_t *e = st_len_find(t, r->len);
     gmr_assert(e != NULL);
     if (r->len_prev != NULL)
       r->len_prev->len_next = r->len_next;
@@ -359,31 +346,6 @@ int st_unmap_range(stitch_t *t, st_range_t *r) {
 /* ---- the cache --------------------------------------------------------------------------------
  */
 
-void st_cache_put(stitch_t *t, st_range_t *r) {
-  r->state = ST_R_CACHED;
-  r->lru_prev = NULL;
-  r->lru_next = t->lru_head;
-  if (t->lru_head != NULL)
-    t->lru_head->lru_prev = r;
-  else
-    t->lru_tail = r;
-  t->lru_head = r;
-  ++t->ncached;
-}
-
-void st_cache_remove(stitch_t *t, st_range_t *r) {
-  if (r->lru_prev != NULL)
-    r->lru_prev->lru_next = r->lru_next;
-  else
-    t->lru_head = r->lru_next;
-  if (r->lru_next != NULL)
-    r->lru_next->lru_prev = r->lru_prev;
-  else
-    t->lru_tail = r->lru_prev;
-  r->lru_prev = r->lru_next = NULL;
-  --t->ncached;
-}
-
 static inline bool slot_whole(const stitch_t *t, const st_range_t *r, uint32_t j) {
   uint32_t a, b;
   st_span(t, r, j, &a, &b);
@@ -428,7 +390,7 @@ void st_unpark_all(stitch_t *t) {
 
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   if (t->ncached == 0) return NULL;
-  st_len_t *e = len_find(t, len);
+  st_len_t *e = st_len_find(t, len);
   if (e == NULL) return NULL;
   int64_t tries = t->o.cache_candidates;
   for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
@@ -440,7 +402,7 @@ st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
 }
 
 void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
-  st_len_t *e = t->o.stale_misses > 0 ? len_find(t, len) : NULL;
+  st_len_t *e = t->o.stale_misses > 0 ? st_len_find(t, len) : NULL;
   st_range_t *r = e != NULL ? e->first : NULL;
   while (r != NULL) {
     st_range_t *next = r->len_next;

@@ -56,8 +56,34 @@ void st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest) 
   *largest = whole + best;
 }
 
-void st_report_stats(stitch_t *t, gmr_stats_t *out) {
+/* gmr_stat_t [0] of a figure counted per pool: accumulated counts summed. */
+static void sum_pools(gmr_stat_t *a) {
+  a[0].allocated = a[1].allocated + a[2].allocated;
+  a[0].freed = a[1].freed + a[2].freed;
+}
+
+void st_report_figures(const stitch_t *t, st_figures_t *f) {
   const st_stats_t *s = &t->st;
+  memcpy(f->allocated, s->allocated, sizeof f->allocated);
+  memcpy(f->requested, s->requested, sizeof f->requested);
+  memcpy(f->allocation, s->allocation, sizeof f->allocation);
+  memcpy(f->segment, s->segment, sizeof f->segment);
+  sum_pools(f->allocated);
+  sum_pools(f->requested);
+  sum_pools(f->allocation);
+  sum_pools(f->segment);
+  for (int p = 0; p < 3; ++p) {
+    const gmr_stat_t *a = &f->allocated[p];
+    int64_t peak = s->active_peak[p] > a->peak ? s->active_peak[p] : a->peak;
+    f->active[p] = (gmr_stat_t){a->current + s->pend[p], peak, a->allocated,
+                                a->freed - (s->pend[p] - s->pend_at_reset[p])};
+  }
+}
+
+void st_report_stats(stitch_t *t, gmr_stats_t *out) {
+  st_figures_t fig, *s = &fig;
+  st_report_figures(t, &fig);
+  const st_stats_t *st = &t->st;
   out->allocated_bytes = (uint64_t)s->allocated[0].current;
   out->peak_allocated_bytes = (uint64_t)s->allocated[0].peak;
   out->requested_bytes = (uint64_t)s->requested[0].current;
@@ -66,10 +92,10 @@ void st_report_stats(stitch_t *t, gmr_stats_t *out) {
   out->peak_active_bytes = (uint64_t)s->active[0].peak;
   out->allocations = (uint64_t)s->allocation[0].current;
   out->peak_allocations = (uint64_t)s->allocation[0].peak;
-  out->num_allocs = (uint64_t)s->num_allocs;
-  out->num_frees = (uint64_t)s->num_frees;
-  out->ooms = (uint64_t)s->ooms;
-  out->alloc_retries = (uint64_t)s->retries;
+  out->num_allocs = (uint64_t)st->num_allocs;
+  out->num_frees = (uint64_t)st->num_frees;
+  out->ooms = (uint64_t)st->ooms;
+  out->alloc_retries = (uint64_t)st->retries;
   uint64_t fr, largest;
   st_report_free_bytes(t, &fr, &largest);
   out->largest_free_block = largest;
@@ -105,13 +131,15 @@ int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
                              s->pages_created * (int64_t)t->P, s->pages_released * (int64_t)t->P};
   reserved[2] = (gmr_stat_t){reserved[0].current - reserved[1].current, 0, 0, 0};
   reserved[2].peak = reserved[2].current;
+  st_figures_t f;
+  st_report_figures(t, &f);
   for (int p = 0; p < 3; ++p) {
-    if (emit_stat(cb, ud, buf, sizeof buf, "allocated_bytes", pools[p], &s->allocated[p]) ||
+    if (emit_stat(cb, ud, buf, sizeof buf, "allocated_bytes", pools[p], &f.allocated[p]) ||
         emit_stat(cb, ud, buf, sizeof buf, "reserved_bytes", pools[p], &reserved[p]) ||
-        emit_stat(cb, ud, buf, sizeof buf, "active_bytes", pools[p], &s->active[p]) ||
-        emit_stat(cb, ud, buf, sizeof buf, "requested_bytes", pools[p], &s->requested[p]) ||
-        emit_stat(cb, ud, buf, sizeof buf, "allocation", pools[p], &s->allocation[p]) ||
-        emit_stat(cb, ud, buf, sizeof buf, "segment", pools[p], &s->segment[p]))
+        emit_stat(cb, ud, buf, sizeof buf, "active_bytes", pools[p], &f.active[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "requested_bytes", pools[p], &f.requested[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "allocation", pools[p], &f.allocation[p]) ||
+        emit_stat(cb, ud, buf, sizeof buf, "segment", pools[p], &f.segment[p]))
       return 0;
   }
   uint64_t fr, largest;
@@ -130,7 +158,7 @@ int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
       {"stitch.dead_gap_bytes.current", s->dead_gap.current},
       {"stitch.dead_gap_bytes.peak", s->dead_gap.peak},
       {"stitch.free_bytes.current", (int64_t)fr},
-      {"stitch.pending_bytes.current", s->pending_bytes},
+      {"stitch.pending_bytes.current", s->pend[0]},
       {"stitch.mappings.current", s->mappings.current},
       {"stitch.mappings.peak", s->mappings.peak},
       {"stitch.va_bytes.current", s->va.current},
@@ -177,7 +205,8 @@ int st_report_summary(stitch_t *t, FILE *out) {
       atomic_load(&be->counters.peak_reserved_bytes))
   ROW("allocated", s->allocated[0].current, s->allocated[0].peak)
   ROW("requested", s->requested[0].current, s->requested[0].peak)
-  ROW("active", s->active[0].current, s->active[0].peak)
+  ROW("active", s->allocated[0].current + s->pend[0],
+      s->active_peak[0] > s->allocated[0].peak ? s->active_peak[0] : s->allocated[0].peak)
   ROW("small pool reserved", s->reserved[1].current, s->reserved[1].peak)
   ROW("dead gaps", s->dead_gap.current, s->dead_gap.peak)
   ROW("address space mapped", s->va.current, s->va.peak)
@@ -315,7 +344,7 @@ int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why) {
   gmr__format_size(t->dead_bytes, dead, sizeof dead);
   gmr__format_size((uint64_t)t->live_pages * t->P, res, sizeof res);
   gmr__format_size(t->va_used, va, sizeof va);
-  gmr__format_size((uint64_t)t->st.pending_bytes, pend, sizeof pend);
+  gmr__format_size((uint64_t)t->st.pend[0], pend, sizeof pend);
   gmr__format_size(dt, dtot, sizeof dtot);
   gmr__format_size(df, dfree, sizeof dfree);
   return gmr__error_set(GMR_ENOMEM,
@@ -583,8 +612,16 @@ int st_report_check(stitch_t *t) {
   CHECK(live_b == (uint64_t)t->st.allocated[0].current,
         "allocated %" PRIu64 " != Σ live blocks %" PRIu64, (uint64_t)t->st.allocated[0].current,
         live_b);
-  CHECK(pend_b == (uint64_t)t->st.pending_bytes, "pending %" PRIu64 " != %" PRId64, pend_b,
-        t->st.pending_bytes);
+  CHECK(pend_b == (uint64_t)t->st.pend[0], "pending %" PRIu64 " != %" PRId64, pend_b,
+        t->st.pend[0]);
+  CHECK(t->st.pend[0] == t->st.pend[1] + t->st.pend[2], "pending bytes of the pools do not add up");
+  for (int p = 0; p < 3; ++p) {
+    const gmr_stat_t *a = &t->st.allocated[p];
+    CHECK(a->peak >= a->current && t->st.pend[p] >= 0,
+          "allocated bytes of pool %d: current %" PRId64 " above its peak", p, a->current);
+  }
+  CHECK(t->st.allocated[0].current == t->st.allocated[1].current + t->st.allocated[2].current,
+        "allocated bytes of the pools do not add up");
   CHECK(page_free + small_free + live_b + pend_b + t->dead_bytes == reserved,
         "free %" PRIu64 " + allocated %" PRIu64 " + pending %" PRIu64 " + dead %" PRIu64
         " != reserved %" PRIu64,

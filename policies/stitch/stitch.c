@@ -61,16 +61,15 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     gmr__backend_event_destroy(be, q->ev[k]);
   if (q->r != NULL) {
     st_range_t *r = q->r;
-    int64_t bytes = (int64_t)r->len;
-    st_dec(t->st.active, 2, bytes);
-    t->st.pending_bytes -= bytes;
+    t->st.pend[2] -= (int64_t)r->len;
+    t->st.pend[0] -= (int64_t)r->len;
     gmr__history_free_completed(be, (void *)(r->va + r->first_off), r->requested,
                                 t->streams[r->sidx].s);
     st_range_release(t, r, q->stamp);
   } else {
     st_small_t *b = q->b;
-    st_dec(t->st.active, 1, b->size);
-    t->st.pending_bytes -= b->size;
+    t->st.pend[1] -= b->size;
+    t->st.pend[0] -= b->size;
     b->pending = false;
     b->nuses = 0;
     gmr__history_free_completed(be, (void *)st_small_ptr(b), b->requested,
@@ -295,10 +294,23 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   if (size > t->device_total)
     return st_report_oom(t, size, s, "the request is larger than the device's memory");
   uint64_t len = gmr__align_up(size, ST_G);
-  st_range_t *r = st_cache_lookup(t, len, sidx);
-  if (r != NULL) {
+  /* The common hit, inline: the oldest cached range of len is parked under
+   * itself with no partial end slot and its last free is complete for s
+   * (st_range_usable's first case); anything else takes the lookup. */
+  st_len_t *e = st_len_find(t, len);
+  st_range_t *r = e != NULL ? e->first : NULL;
+  while (r != NULL && r->state != ST_R_CACHED)
+    r = r->len_next;
+  if (r != NULL && r->parked && r->ends == 0 && st_stamp_ready_now(t, r->last_use, sidx)) {
+    st_cache_remove(t, r);
+    r->parked = false;
+    t->nparked -= r->nwhole;
+    r->state = ST_R_LIVE;
+  } else if (r != NULL && (r = st_cache_lookup(t, len, sidx)) != NULL) {
     st_cache_remove(t, r);
     st_range_own(t, r);
+  }
+  if (r != NULL) {
     r->gap = t->tick + 1 - r->tick;
     r->tick = ++t->tick;
     r->stale = 0;
@@ -328,10 +340,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     if (err != 0) return err;
   }
   r->requested = size;
-  st_inc(t->st.allocated, 2, (int64_t)len);
-  st_inc(t->st.active, 2, (int64_t)len);
-  st_inc(t->st.requested, 2, (int64_t)size);
-  st_inc(t->st.allocation, 2, 1);
+  st_count_alloc(&t->st, 2, (int64_t)len, (int64_t)size);
   out->ptr = (void *)(r->va + r->first_off);
   out->size = len;
   out->handle = r;
@@ -351,10 +360,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
   }
   if (err != 0) return err;
-  st_inc(t->st.allocated, 1, b->size);
-  st_inc(t->st.active, 1, b->size);
-  st_inc(t->st.requested, 1, (int64_t)size);
-  st_inc(t->st.allocation, 1, 1);
+  st_count_alloc(&t->st, 1, b->size, (int64_t)size);
   out->ptr = (void *)st_small_ptr(b);
   out->size = b->size;
   out->handle = b;
@@ -364,7 +370,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
 static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   stitch_t *t = st_of(self);
   uint32_t sidx;
-  int err = st_stream_index(t, s, &sidx);
+  int err = st_stream_of(t, s, &sidx);
   if (err != 0) return err;
   if (t->pend_head != NULL) pending_process(t, false);
   gmr_block_t b = {.stream = s, .requested = size};
@@ -384,31 +390,35 @@ static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
   ++t->st.num_frees;
   if (blk->size <= t->small_max) {
     st_small_t *b = blk->handle;
-    st_dec(t->st.allocated, 1, b->size);
-    st_dec(t->st.requested, 1, (int64_t)b->requested);
-    st_dec(t->st.allocation, 1, 1);
+    st_count_free(&t->st, 1, b->size, (int64_t)b->requested);
     if (b->nuses > 0 && pending_add(t, NULL, b, b->seg->sidx, b->nuses) == 0) {
       b->pending = true;
-      t->st.pending_bytes += b->size;
+      t->st.pend[1] += b->size;
+      t->st.pend[0] += b->size;
       return 0;
     }
-    st_dec(t->st.active, 1, b->size);
     b->nuses = 0;
     gmr__history_free_completed(t->base.backend, blk->ptr, b->requested, blk->stream);
     st_small_free(t, b);
     return 0;
   }
   st_range_t *r = blk->handle;
-  st_dec(t->st.allocated, 2, (int64_t)r->len);
-  st_dec(t->st.requested, 2, (int64_t)r->requested);
-  st_dec(t->st.allocation, 2, 1);
+  st_count_free(&t->st, 2, (int64_t)r->len, (int64_t)r->requested);
   if (r->nuses > 0 && pending_add(t, r, NULL, r->sidx, r->nuses) == 0) {
     r->state = ST_R_PENDING;
-    t->st.pending_bytes += (int64_t)r->len;
+    t->st.pend[2] += (int64_t)r->len;
+    t->st.pend[0] += (int64_t)r->len;
     return 0;
   }
-  st_dec(t->st.active, 2, (int64_t)r->len);
   gmr__history_free_completed(t->base.backend, blk->ptr, r->requested, blk->stream);
+  if (GMR_LIKELY(r->ends == 0)) { /* st_range_release with no partial end slot, inline */
+    r->parked = r->nwhole > 0;
+    t->nparked += r->nwhole;
+    r->last_use = st_stamp_new(t, r->sidx);
+    r->nuses = 0;
+    st_cache_put(t, r);
+    return 0;
+  }
   st_range_release(t, r, st_stamp_new(t, r->sidx));
   return 0;
 }
@@ -544,7 +554,7 @@ static void st_reset_peak(gmr_policy_t *self) {
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_peak(&t->st.allocated[i]);
     gmr__stat_reset_peak(&t->st.requested[i]);
-    gmr__stat_reset_peak(&t->st.active[i]);
+    t->st.active_peak[i] = t->st.allocated[i].current + t->st.pend[i];
     gmr__stat_reset_peak(&t->st.allocation[i]);
     gmr__stat_reset_peak(&t->st.reserved[i]);
     gmr__stat_reset_peak(&t->st.segment[i]);
@@ -560,7 +570,7 @@ static void st_reset_accumulated(gmr_policy_t *self) {
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_accumulated(&s->allocated[i]);
     gmr__stat_reset_accumulated(&s->requested[i]);
-    gmr__stat_reset_accumulated(&s->active[i]);
+    s->pend_at_reset[i] = s->pend[i];
     gmr__stat_reset_accumulated(&s->allocation[i]);
     gmr__stat_reset_accumulated(&s->reserved[i]);
     gmr__stat_reset_accumulated(&s->segment[i]);

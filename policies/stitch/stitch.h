@@ -222,13 +222,24 @@ typedef struct st_len_s {
 } st_len_t;
 
 typedef struct st_stats_s {
-  gmr_stat_t allocated[3], requested[3], active[3], allocation[3], reserved[3], segment[3];
+  /* Per pool ([1] small, [2] large) whole; [0] ("all") keeps only its
+   * current figure and peak as things happen, its accumulated counts are the
+   * pools' sums (st_report_figures).  Active bytes are not counted apart:
+   *   active[p] = allocated[p] + pend[p]
+   * (a freed block stays active while a record_stream use is pending); its
+   * peak is max(allocated[p].peak, active_peak[p]), active_peak[p] raised
+   * by allocations made while something is pending (only then can active
+   * peak above allocated). */
+  gmr_stat_t allocated[3], requested[3], allocation[3], reserved[3], segment[3];
+  int64_t pend[3];          /* bytes of PENDING blocks ([0]: both pools) */
+  int64_t active_peak[3];   /* see above */
+  int64_t pend_at_reset[3]; /* pend when the accumulated counts were reset:
+                             * active freed = allocated freed - (pend - this) */
   gmr_stat_t mappings, dead_gap, va;
   int64_t num_allocs, num_frees, ooms, retries;
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
       pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses;
   uint64_t map_ns;
-  int64_t pending_bytes; /* spans still owned by PENDING ranges */
 } st_stats_t;
 
 typedef struct stitch_s {
@@ -278,14 +289,31 @@ typedef struct stitch_s {
   st_stats_t st;
 } stitch_t;
 
-/* stat index: 0 all, 1 small pool, 2 large pool */
+/* stat index: 0 all, 1 small pool, 2 large pool (see st_stats_t). */
 static inline void st_inc(gmr_stat_t *a, int pool, int64_t n) {
-  gmr__stat_increase(&a[0], n);
   gmr__stat_increase(&a[pool], n);
+  a[0].current += n;
+  if (a[0].current > a[0].peak) a[0].peak = a[0].current;
 }
 static inline void st_dec(gmr_stat_t *a, int pool, int64_t n) {
-  gmr__stat_decrease(&a[0], n);
   gmr__stat_decrease(&a[pool], n);
+  a[0].current -= n;
+}
+/* An allocation of len bytes (requested: size) in pool. */
+static inline void st_count_alloc(st_stats_t *s, int pool, int64_t len, int64_t size) {
+  st_inc(s->allocated, pool, len);
+  st_inc(s->requested, pool, size);
+  st_inc(s->allocation, pool, 1);
+  if (GMR_UNLIKELY(s->pend[0] != 0)) { /* active may peak above allocated */
+    for (int p = 0; p < 3; p += pool)
+      if (s->allocated[p].current + s->pend[p] > s->active_peak[p])
+        s->active_peak[p] = s->allocated[p].current + s->pend[p];
+  }
+}
+static inline void st_count_free(st_stats_t *s, int pool, int64_t len, int64_t size) {
+  st_dec(s->allocated, pool, len);
+  st_dec(s->requested, pool, size);
+  st_dec(s->allocation, pool, 1);
 }
 
 /* ---- pages.c ----------------------------------------------------------------------------------
@@ -346,7 +374,18 @@ static inline bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx) {
     return true;
   return st_page_ready_slow(t, id, sidx);
 }
-st_stamp_t st_stamp_new(stitch_t *t, uint32_t sidx);
+/* The stamp of a free on stream sidx: its free count, raised. */
+static inline st_stamp_t st_stamp_new(stitch_t *t, uint32_t sidx) {
+  return (st_stamp_t){sidx + 1, ++t->streams[sidx].frees};
+}
+/* st_stream_index, inline when s is the stream of the last call. */
+static inline int st_stream_of(stitch_t *t, gmr_stream_t s, uint32_t *out) {
+  if (GMR_LIKELY(t->last_stream < t->nstreams && t->streams[t->last_stream].s == s)) {
+    *out = t->last_stream;
+    return 0;
+  }
+  return st_stream_index(t, s, out);
+}
 void st_streams_fini(stitch_t *t);
 
 /* ---- ranges.c ----------------------------------------------------------------------------------
@@ -369,10 +408,44 @@ int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
 /* Unmap every mapped slot of a range, give back its VA and free it. */
 int st_unmap_range(stitch_t *t, st_range_t *r);
 
+/* The entry of len in the table of lengths, or NULL. */
+static inline st_len_t *st_len_slot(const stitch_t *t, uint64_t len) {
+  uint64_t h = (len / ST_G) * 0x9E3779B97F4A7C15ull;
+  for (uint32_t i = (uint32_t)(h >> 32) & (t->caplens - 1);; i = (i + 1) & (t->caplens - 1))
+    if (t->lens[i].len == len || t->lens[i].len == 0) return &t->lens[i];
+}
+static inline st_len_t *st_len_find(const stitch_t *t, uint64_t len) {
+  if (t->caplens == 0) return NULL;
+  st_len_t *e = st_len_slot(t, len);
+  return e->len == len ? e : NULL;
+}
+
 /* Every range is filed under its length from st_range_link to
- * st_range_destroy, in serial order. */
-void st_cache_put(stitch_t *t, st_range_t *r);
-void st_cache_remove(stitch_t *t, st_range_t *r);
+ * st_range_destroy, in serial order; a CACHED one is also on the LRU list
+ * (most recent first). */
+static inline void st_cache_put(stitch_t *t, st_range_t *r) {
+  r->state = ST_R_CACHED;
+  r->lru_prev = NULL;
+  r->lru_next = t->lru_head;
+  if (t->lru_head != NULL)
+    t->lru_head->lru_prev = r;
+  else
+    t->lru_tail = r;
+  t->lru_head = r;
+  ++t->ncached;
+}
+static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
+  if (r->lru_prev != NULL)
+    r->lru_prev->lru_next = r->lru_next;
+  else
+    t->lru_head = r->lru_next;
+  if (r->lru_next != NULL)
+    r->lru_next->lru_prev = r->lru_prev;
+  else
+    t->lru_tail = r->lru_prev;
+  r->lru_prev = r->lru_next = NULL;
+  --t->ncached;
+}
 /* The oldest cached range of len that stream sidx can take now (its pages
  * free, or parked under cached ranges; stamps complete), or NULL. */
 st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
@@ -419,6 +492,12 @@ static inline uintptr_t st_small_ptr(const st_small_t *b) {
 /* ---- report.c ----------------------------------------------------------------------------------
  */
 
+/* The statistics as PyTorch names them: [0]'s accumulated counts summed
+ * from the pools, active bytes from allocated and pending (st_stats_t). */
+typedef struct st_figures_s {
+  gmr_stat_t allocated[3], requested[3], active[3], allocation[3], segment[3];
+} st_figures_t;
+void st_report_figures(const stitch_t *t, st_figures_t *f);
 void st_report_stats(stitch_t *t, gmr_stats_t *out);
 int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud);
 int st_report_summary(stitch_t *t, FILE *out);
