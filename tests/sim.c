@@ -1,5 +1,5 @@
 /* sim.c: tests of the simulated device: address-only and host-backed
- * reservations (guard pages, tombstones, page reuse and gmr__sim_covers),
+ * reservations (with page reuse and gmr__sim_covers too),
  * capacity, the fault schedule, virtual ranges with page map/unmap, streams
  * and events whose completion the test controls, the clock and the spy
  * counters, and the wrappers' device-level counters. */
@@ -138,28 +138,16 @@ int main(void) {
   gmr__backend_va_release(be, va, 64 * MiB);
   gmr__backend_free(be);
 
-  /* Host-backed reservations: guard pages on both sides, and a released
-   * range stays unmapped (a tombstone) while the next ones are reserved. */
-  const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  is_int(gmr__sim_backend_new(&h, &be), 0, "a host-backed simulator");
   unsigned char *r1, *r2;
-  is_int(gmr__backend_reserve(be, 2 * MiB + 100, NULL, (void **)&r1), 0, "reserve 2 MiB + 100");
-  r1[2 * MiB + 99] = 1;
-  ok(readable(r1) == 1 && readable(r1 + 2 * MiB + 99) == 1, "its bytes are there");
-  ok(readable(r1 - 1) == 0, "the page before it is a guard");
-  ok(readable(r1 + gmr__align_up(2 * MiB + 100, pg)) == 0, "the page after its last is a guard");
-  gmr__backend_release(be, r1, 2 * MiB + 100, NULL);
-  ok(readable(r1) == 0, "a released range is unmapped");
-  is_int(gmr__backend_reserve(be, 2 * MiB + 100, NULL, (void **)&r2), 0, "reserve the same again");
-  ok(r2 != r1 && readable(r1) == 0, "  elsewhere: the released range's addresses stay unused");
-  gmr__backend_release(be, r2, 2 * MiB + 100, NULL);
-  gmr__backend_free(be);
-
   /* Page reuse: reservations and virtual ranges come from a readable arena
    * whose pages stay; gmr__sim_covers says what is device memory now. */
+  gmr_backend_t *ao;
+  gmr__sim_backend_new(&o, &ao);
+  is_int(gmr__sim_host_reuse(gmr__sim_of(ao)), GMR_EINVAL, "no page reuse without host memory");
+  gmr__backend_free(ao);
   is_int(gmr__sim_backend_new(&h, &be), 0, "a host-backed simulator with page reuse");
   sim = gmr__sim_of(be);
-  gmr__sim_host_reuse(sim);
+  is_int(gmr__sim_host_reuse(sim), 0, "  turned on");
   uint64_t t1, t2, t0;
   is_int(gmr__backend_reserve(be, 4 * MiB, NULL, (void **)&r1), 0, "reserve 4 MiB");
   ok(gmr__sim_covers(sim, r1, 4 * MiB, &t1) && t1 != 0, "covered, by a reservation");

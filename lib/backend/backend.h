@@ -159,8 +159,9 @@ int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t 
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
 /* Host-backed: reuse host pages (see sim.c); a caller that writes into
- * blocks then checks each access with gmr__sim_covers. */
-void gmr__sim_host_reuse(gmr_sim_t *sim);
+ * blocks then checks each access with gmr__sim_covers.  GMR_EINVAL (and no
+ * change) unless host-backed and no page is live or mapped yet. */
+int gmr__sim_host_reuse(gmr_sim_t *sim);
 /* With page reuse: give the host the pages of the arena's free ranges and of
  * pooled pages back (a long run bounds its memory so). */
 void gmr__sim_host_trim(gmr_sim_t *sim);

@@ -12,20 +12,10 @@
  *    CUDA's unified addressing guarantees): window d starts at
  *    SIM_SPACE_BASE + d x SIM_DEVICE_STRIDE; device 0's addresses are those
  *    of a single simulated device.
- *  - host-backed: every reservation is real host memory, and virtual ranges
- *    are PROT_NONE mappings whose pages map() makes readable and writable, so
- *    tests can write patterns into blocks and verify them.  A reservation is
- *    a mapping of its own (MAP_NORESERVE: only the pages written cost
- *    memory): its size rounded up to whole host pages between two PROT_NONE
- *    guard pages; under AddressSanitizer the bytes between its end and its
- *    last page's end are poisoned.  A released one becomes a PROT_NONE
- *    tombstone (its pages dropped) that keeps its addresses from the next
- *    SIM_TOMBS reservations, so an access past a range's end, or to a range
- *    after its release, faults or is reported, as with a heap block in
- *    AddressSanitizer's quarantine; yet reserving or releasing costs two
- *    system calls whatever the size (a heap block of hundreds of MiB costs
- *    AddressSanitizer a shadow fill of size/8 bytes at each allocation, free
- *    and recycling).
+ *  - host-backed: every reservation is real host memory (posix_memalign, so
+ *    AddressSanitizer sees each range separately), and virtual ranges are
+ *    PROT_NONE mappings whose pages map() makes readable and writable, so
+ *    tests can write patterns into blocks and verify them.
  *    Page reuse (gmr__sim_host_reuse, for fuzzers and soaks that make
  *    millions of reservations): reservations and virtual ranges are carved,
  *    first fit, from one readable, writable arena of 16 x capacity + 64 MiB
@@ -37,8 +27,11 @@
  *    memfd for the next page of its size (SIM_POOL_PAGES of them).  Memory
  *    given back then stays readable: the caller checks its accesses with
  *    gmr__sim_covers instead, which also tells one reservation from a later
- *    one at the same address.  What the arena cannot hold gets a mapping of
- *    its own, as without page reuse.
+ *    one at the same address.  Reservations cost no AddressSanitizer shadow
+ *    fill then (a heap block of hundreds of MiB costs size/8 bytes of it at
+ *    each allocation, free and recycling); under AddressSanitizer the bytes
+ *    between a reservation's end and its last page's end are poisoned.  What
+ *    the arena cannot hold is reserved as without page reuse.
  *
  * Physical pages (phys_create) are handles that may be mapped at several
  * virtual addresses at once; in host-backed mode each is a memfd, mapped
@@ -68,9 +61,7 @@
  *   mapping; set_access covers only page mappings.
  *   free ranges (of the fake address space, or of the arena) are sorted,
  *   disjoint and never adjacent (merged on release).
- *   host-backed, a live reservation r of s bytes is [r, r + round_up(s, pg))
- *   readable and writable, in the arena or in a mapping of its own between
- *   two PROT_NONE guard pages; n_tombs <= SIM_TOMBS.
+ *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
  *   ordinals never overlap; d < SIM_MAX_DEVICES = 31, so every address is
@@ -113,7 +104,6 @@
 #define SIM_RESERVE_ALIGN       512                  /* cudaMalloc's minimum */
 #define SIM_DEVICE_STRIDE       ((uintptr_t)1 << 58) /* fake addresses per device ordinal */
 #define SIM_MAX_DEVICES         31                   /* ordinals 0..30 */
-#define SIM_TOMBS               64                   /* released host ranges kept unmapped */
 #define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
 #define SIM_ARENA_SLACK         ((size_t)64 << 20)
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
@@ -139,8 +129,9 @@ typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim
 
 /* A page slot: free (size 0, not dying), live (size > 0), or dying: released
  * while still mapped, kept until its last mapping goes so that no new page
- * takes its handle meanwhile.  nmaps counts the page's mappings (handles
- * below SIM_PAGES_TRACKED; above, pages are never pooled nor kept dying). */
+ * takes its handle meanwhile.  With page reuse, nmaps counts the page's
+ * mappings (handles below SIM_PAGES_TRACKED; pages above, and all pages
+ * without page reuse, are never pooled nor kept dying). */
 typedef struct sim_page_s {
   size_t size; /* 0: the slot is free or dying */
   int fd;      /* host-backed: the memfd behind the page; -1 otherwise */
@@ -180,10 +171,7 @@ struct gmr_sim_s {
   uint64_t capacity; /* bytes */
   bool host_backed;
   uint64_t bytes_in_use; /* physical bytes reserved or mapped */
-  /* Host-backed: tombstones of released reservations (a ring, oldest at
-   * tomb_head); with page reuse, the arena (0: not mapped yet, or refused). */
-  sim_range_t tombs[SIM_TOMBS];
-  size_t n_tombs, tomb_head;
+  /* Host-backed with page reuse: the arena (0: not mapped yet, or refused). */
   bool host_reuse, arena_tried;
   uintptr_t arena;
   size_t arena_size;
@@ -196,9 +184,10 @@ struct gmr_sim_s {
   size_t n_free, cap_free;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
-  /* Physical pages: handle = index + 1. */
+  /* Physical pages: handle = index + 1; every slot below page_low is live
+   * or dying, so a new page takes the lowest free slot at or above it. */
   sim_page_t *pages;
-  size_t n_pages, cap_pages;
+  size_t n_pages, cap_pages, page_low;
   /* Streams. */
   sim_stream_t *streams;
   size_t n_streams, cap_streams;
@@ -243,7 +232,7 @@ static gmr_avl_t *live_tree(gmr_sim_t *sim, sim_kind_t kind) {
 
 static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind, gmr_phys_t page) {
   uint32_t aux = kind == SIM_RESERVED ? (uint32_t)sim->counters.reserve_calls
-                 : page != 0 && page < SIM_PAGES_TRACKED
+                 : sim->host_reuse && page != 0 && page < SIM_PAGES_TRACKED
                      ? (uint32_t)kind | (uint32_t)page << SIM_PAGE_SHIFT
                      : (uint32_t)kind;
   int err = gmr__avl_insert(live_tree(sim, kind), a, size, aux);
@@ -456,52 +445,27 @@ static bool in_arena(const gmr_sim_t *sim, uintptr_t a) {
  * NULL when refused.  Called with the lock. */
 static void *host_take(gmr_sim_t *sim, size_t size) {
   const size_t pg = host_page();
-  if (size > SIZE_MAX - 3 * pg) return NULL;
+  if (size > SIZE_MAX - pg) return NULL;
   const size_t body = gmr__align_up(size, pg);
-  void *p = NULL;
   if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
   uintptr_t a;
+  void *p = NULL;
   if (sim->host_reuse && sim->arena != 0 && space_take(sim, body, pg, &a) == 0) {
     p = (void *)a;
-  } else {
-    char *m =
-        mmap(NULL, body + 2 * pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return NULL;
-    if (mprotect(m + pg, body, PROT_READ | PROT_WRITE) != 0) {
-      munmap(m, body + 2 * pg);
-      return NULL;
-    }
-    p = m + pg;
+    SIM_POISON((char *)p + size, body - size);
+    return p;
   }
-  SIM_POISON((char *)p + size, body - size);
-  return p;
+  return posix_memalign(&p, SIM_RESERVE_ALIGN, size) == 0 ? p : NULL;
 }
 
-/* Give back host_take's memory: to the arena, or as a tombstone (the oldest
- * one unmapped when the ring is full).  Called with the lock. */
 static void host_give(gmr_sim_t *sim, void *p, size_t size) {
-  const size_t pg = host_page();
-  const size_t body = gmr__align_up(size, pg);
+  if (!in_arena(sim, (uintptr_t)p)) {
+    free(p);
+    return;
+  }
+  const size_t body = gmr__align_up(size, host_page());
   SIM_UNPOISON((char *)p + size, body - size);
-  if (in_arena(sim, (uintptr_t)p)) {
-    space_give(sim, (uintptr_t)p, body);
-    return;
-  }
-  char *m = (char *)p - pg;
-  /* Drops the pages and keeps the addresses; when refused, unmap. */
-  if (mmap(m, body + 2 * pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
-           0) == MAP_FAILED) {
-    munmap(m, body + 2 * pg);
-    return;
-  }
-  if (sim->n_tombs == SIM_TOMBS) {
-    sim_range_t *old = &sim->tombs[sim->tomb_head];
-    munmap((void *)old->addr, old->size);
-    sim->tomb_head = (sim->tomb_head + 1) % SIM_TOMBS;
-    --sim->n_tombs;
-  }
-  sim->tombs[(sim->tomb_head + sim->n_tombs++) % SIM_TOMBS] =
-      (sim_range_t){(uintptr_t)m, body + 2 * pg};
+  space_give(sim, (uintptr_t)p, body);
 }
 
 /* ---- ops ------------------------------------------------------------------- */
@@ -714,7 +678,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   ++sim->counters.page_create_calls;
   int err = sim_check_faults(sim, size, "page create");
   size_t slot = sim->n_pages;
-  for (size_t i = 0; err == 0 && i < sim->n_pages; ++i)
+  for (size_t i = sim->page_low; err == 0 && i < sim->n_pages; ++i)
     if (sim->pages[i].size == 0 && !sim->pages[i].dying) {
       slot = i;
       break;
@@ -729,6 +693,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   if (err == 0) {
     if (slot == sim->n_pages) ++sim->n_pages;
     sim->pages[slot] = (sim_page_t){.size = size, .fd = fd};
+    sim->page_low = slot + 1;
     sim->bytes_in_use += size;
     if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
       sim->counters.peak_bytes_in_use = sim->bytes_in_use;
@@ -753,9 +718,10 @@ static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
     err = gmr__error_set(GMR_EINVAL, "simulated device: no page %llu of %zu bytes to release",
                          (unsigned long long)h, size);
   if (err == 0) {
-    bool tracked = h < SIM_PAGES_TRACKED;
+    bool tracked = sim->host_reuse && h < SIM_PAGES_TRACKED;
     page_fd_give(sim, pg, tracked);
     *pg = (sim_page_t){.fd = -1, .nmaps = pg->nmaps, .dying = tracked && pg->nmaps > 0};
+    if (!pg->dying && h - 1 < sim->page_low) sim->page_low = h - 1;
     sim->bytes_in_use -= size;
     --sim->counters.pages_live;
   }
@@ -786,7 +752,7 @@ static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h
   if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_ALIAS, h);
   if (err == 0) {
     ++sim->counters.page_maps_live;
-    if (h < SIM_PAGES_TRACKED) ++pg->nmaps;
+    if (sim->host_reuse && h < SIM_PAGES_TRACKED) ++pg->nmaps;
   }
   pthread_mutex_unlock(&sim->lock);
   return err;
@@ -835,7 +801,10 @@ static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
     if (h != 0 && h <= sim->n_pages) {
       sim_page_t *pg = &sim->pages[h - 1];
       if (pg->nmaps > 0) --pg->nmaps;
-      if (pg->dying && pg->nmaps == 0) pg->dying = false; /* the slot is free now */
+      if (pg->dying && pg->nmaps == 0) { /* the slot is free now */
+        pg->dying = false;
+        if (h - 1 < sim->page_low) sim->page_low = h - 1;
+      }
     }
     /* Addresses in the arena go back to plain readable, writable pages. */
     if (in_arena(sim, (uintptr_t)addr))
@@ -997,10 +966,6 @@ static void sim_destroy(gmr_backend_t *be) {
   gmr__free(sim->pages);
   /* Give back whatever a policy left behind (it should leave nothing). */
   gmr__avl_clear(&sim->reserved, sim->host_backed ? free_reserved : NULL, sim);
-  for (size_t i = 0; i < sim->n_tombs; ++i) {
-    sim_range_t *t = &sim->tombs[(sim->tomb_head + i) % SIM_TOMBS];
-    munmap((void *)t->addr, t->size);
-  }
   if (sim->arena != 0) munmap((void *)sim->arena, sim->arena_size);
   gmr__avl_clear(&sim->mappings, NULL, NULL);
   gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
@@ -1166,10 +1131,15 @@ int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
   return st ? 0 : GMR_ENOMEM;
 }
 
-void gmr__sim_host_reuse(gmr_sim_t *sim) {
+int gmr__sim_host_reuse(gmr_sim_t *sim) {
   pthread_mutex_lock(&sim->lock);
-  sim->host_reuse = sim->host_backed;
+  /* Pages created or mapped before would not be counted: refuse then. */
+  int err = !sim->host_backed || sim->counters.pages_live != 0 || sim->counters.page_maps_live != 0
+                ? GMR_EINVAL
+                : 0;
+  if (err == 0) sim->host_reuse = true;
   pthread_mutex_unlock(&sim->lock);
+  return err;
 }
 
 void gmr__sim_host_trim(gmr_sim_t *sim) {

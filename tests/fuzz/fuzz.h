@@ -63,7 +63,9 @@ static inline gmr_runtime_t *fuzz_runtime(size_t stack, uint64_t capacity, int h
   int rc = gmr_runtime_new_sim(cfg, &o, &rt);
   gmr_config_free(cfg);
   fuzz_assert(rc == 0, "%s", gmr_last_error(NULL));
-  if (host_backed) gmr__sim_host_reuse(gmr__sim_of(gmr__runtime_device_backend(rt)));
+  if (host_backed)
+    fuzz_assert(gmr__sim_host_reuse(gmr__sim_of(gmr__runtime_device_backend(rt))) == 0,
+                "page reuse");
   return rt;
 }
 
