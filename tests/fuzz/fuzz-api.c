@@ -4,14 +4,15 @@
  * Input: the first byte picks the stack; then each operation is one opcode
  * byte and five argument bytes (slot, size in three bytes, and a byte of
  * scale and stream): allocate (size, stream), free,
- * record_stream, empty_cache, stats, charge and refund, gmr_check, a walk,
- * stream work held back or completed, the history turned on or off,
- * gmr_alloc_size.  Every live block carries a tag pattern checked before it
- * is freed and, with every other live block, after every operation that may
- * move memory (empty_cache); a new block must overlap no live block, and a
- * block must lie in device memory the runtime holds (fuzz_covered) when it
- * is handed out and whenever its pattern is checked, so two live blocks that
- * overlap, memory given back while live, or content lost are found.
+ * record_stream, empty_cache, stats, charge and refund, stream work held
+ * back or completed, the history turned on or off, a device fault, a walk
+ * (whose callback calls the runtime again); gmr_alloc_size after every
+ * allocation, gmr_check after every operation.  Every live block carries a tag pattern checked
+ * before it is freed and, with every other live block, after every operation that may move memory
+ * (empty_cache); a new block must overlap no live block, and a block must lie in device memory the
+ * runtime holds (fuzz_covered) when it is handed out and whenever its pattern is checked, so two
+ * live blocks that overlap, memory given back while live, or content lost are found. A walk lists
+ * segments in address order, each block inside its segment, and every live block as allocated.
  * Promises: every call returns 0 or its documented error; gmr_check holds
  * after every operation; at the end, with everything freed, the stack holds
  * no allocation and the refunds match the charges. */
@@ -37,6 +38,39 @@ static void check_live(gmr_runtime_t *rt, const slot_t *sl, const char *when) {
               "%s: block %p (%zu bytes) is not in the device memory it was given", when,
               (void *)sl->p, sl->size);
   fuzz_assert(fuzz_verify(sl->p, sl->size, sl->tag), "%s: pattern of a live block broken", when);
+}
+
+/* The walk's callback: segments in address order, blocks inside the last
+ * segment, live blocks marked seen; the first entry calls the runtime again
+ * (gmr_stats), which must neither deadlock nor fail. */
+typedef struct walk_s {
+  gmr_runtime_t *rt;
+  const slot_t *slot;
+  bool seen[SLOTS];
+  uintptr_t seg_lo, seg_hi, prev_end;
+  long entries;
+} walk_t;
+
+static int walk_entry(const gmr_walk_entry_t *e, void *ud) {
+  walk_t *w = ud;
+  if (w->entries++ == 0) {
+    gmr_stats_t st;
+    fuzz_assert(gmr_stats(w->rt, &st) == 0, "gmr_stats inside a walk: %s", gmr_last_error(w->rt));
+  }
+  if (e->is_segment) {
+    fuzz_assert(e->address >= w->prev_end && e->size > 0 && e->address + e->size > e->address,
+                "walk: segment %#lx (%llu bytes) out of order", (unsigned long)e->address,
+                (unsigned long long)e->size);
+    w->seg_lo = e->address, w->seg_hi = w->prev_end = e->address + e->size;
+    return 0;
+  }
+  fuzz_assert(e->address >= w->seg_lo && e->size <= w->seg_hi - e->address,
+              "walk: block %#lx (%llu bytes) outside its segment", (unsigned long)e->address,
+              (unsigned long long)e->size);
+  if (e->state != GMR_BLOCK_ALLOCATED) return 0;
+  for (int k = 0; k < SLOTS; ++k)
+    if ((uintptr_t)w->slot[k].p == e->address && e->size >= w->slot[k].size) w->seen[k] = true;
+  return 0;
 }
 
 static size_t arg_size(const uint8_t *a) {
@@ -157,6 +191,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 12: /* a device fault on the next reserve or map */
       gmr_sim_fail_nth(rt, 1 + a[1] % 3);
       break;
+    case 13: { /* a walk */
+      walk_t w = {.rt = rt, .slot = slot};
+      rc = gmr_walk(rt, walk_entry, &w);
+      fuzz_assert(rc == 0 || rc == GMR_ENOTSUP, "walk: %s", gmr_last_error(rt));
+      for (int j = 0; rc == 0 && j < SLOTS; ++j)
+        fuzz_assert(slot[j].p == NULL || w.seen[j], "walk: live block %p (%zu bytes) not listed",
+                    (void *)slot[j].p, slot[j].size);
+      break;
+    }
     default:
       break;
     }
