@@ -1,5 +1,7 @@
 /* fuzz.h: what the libFuzzer harnesses share: the policy stacks they run
- * on, and the tag pattern that catches two live blocks that overlap.
+ * on, the runtimes on the simulator (with page reuse when host-backed) and
+ * its test of what is device memory now, and the tag pattern that catches
+ * memory handed out twice or lost.
  *
  * The harnesses are built by tests/fuzz/build.sh with clang's libFuzzer
  * and AddressSanitizer + UndefinedBehaviorSanitizer, from the library's
