@@ -172,8 +172,15 @@ int main(void) {
   is_int(gmr__backend_map(be, va, 4 * MiB, NULL), 0, "map 4 MiB of it");
   ok(gmr__sim_covers(sim, va, 4 * MiB, &t0) && t0 == 0, "  covered, by mappings (token 0)");
   ok(!gmr__sim_covers(sim, va, 4 * MiB + 1, &t0), "  up to their end");
+  ((unsigned char *)va)[MiB] = 0x33;
   gmr__backend_unmap(be, va, 4 * MiB, NULL);
   ok(!gmr__sim_covers(sim, va, 1, &t0), "unmapped: not covered");
+  is_int(gmr__backend_map(be, (char *)va + 8 * MiB, 2 * MiB, NULL), 0, "map 2 MiB further on");
+  ((unsigned char *)va)[9 * MiB] = 0x44;
+  gmr__sim_host_trim(sim);
+  ok(((unsigned char *)va)[MiB] == 0 && ((unsigned char *)va)[9 * MiB] == 0x44,
+     "trim drops the unmapped pages of a virtual range, not the mapped ones");
+  gmr__backend_unmap(be, (char *)va + 8 * MiB, 2 * MiB, NULL);
   /* Pages: covered once access is set; one released while mapped keeps its
    * memory behind the mapping, and no new page shares it. */
   gmr_phys_t p1, p2;

@@ -162,8 +162,9 @@ void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
  * blocks then checks each access with gmr__sim_covers.  GMR_EINVAL (and no
  * change) unless host-backed and no page is live or mapped yet. */
 int gmr__sim_host_reuse(gmr_sim_t *sim);
-/* With page reuse: give the host the pages of the arena's free ranges and of
- * pooled pages back (a long run bounds its memory so). */
+/* With page reuse: give the host back the pages of the arena that hold no
+ * device memory (free ranges, unmapped parts of virtual ranges) and the
+ * pooled pages (a long run bounds its memory so). */
 void gmr__sim_host_trim(gmr_sim_t *sim);
 /* Does [ptr, ptr + size) lie inside one live reservation, or on mappings
  * that tile it, each backed or page-mapped with access set?  *token: which

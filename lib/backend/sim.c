@@ -1142,10 +1142,29 @@ int gmr__sim_host_reuse(gmr_sim_t *sim) {
   return err;
 }
 
+/* Drop the pages of the unmapped parts of the arena's virtual range n and of
+ * every range in its subtree; mappings are found from the range's end down
+ * (gmr__avl_floor), so this costs O(mappings x log n).  With the lock. */
+static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
+  if (n == NULL) return;
+  trim_va(sim, n->child[0]);
+  trim_va(sim, n->child[1]);
+  if (!in_arena(sim, (uintptr_t)n->key)) return;
+  uintptr_t lo = (uintptr_t)n->key, hi = lo + n->val; /* [lo, hi): still to look at */
+  while (hi > lo) {
+    gmr_avl_node_t *m = gmr__avl_floor(&sim->mappings, hi - 1);
+    uintptr_t gap = m != NULL && m->key >= lo ? (uintptr_t)(m->key + m->val) : lo;
+    if (gap < hi) madvise((void *)gap, hi - gap, MADV_DONTNEED);
+    if (m == NULL || m->key < lo) break;
+    hi = m->key;
+  }
+}
+
 void gmr__sim_host_trim(gmr_sim_t *sim) {
   pthread_mutex_lock(&sim->lock);
   for (size_t i = 0; sim->arena != 0 && i < sim->n_free; ++i)
     madvise((void *)sim->free_ranges[i].addr, sim->free_ranges[i].size, MADV_DONTNEED);
+  if (sim->arena != 0) trim_va(sim, sim->virt.root);
   while (sim->n_pool > 0)
     close(sim->pool[--sim->n_pool].fd);
   pthread_mutex_unlock(&sim->lock);
