@@ -1,8 +1,11 @@
 /* sim.c: tests of the simulated device: address-only and host-backed
- * reservations, capacity, the fault schedule, virtual ranges with page
- * map/unmap, streams and events whose completion the test controls, the
- * clock and the spy counters, and the wrappers' device-level counters. */
+ * reservations (with page reuse and gmr__sim_covers too),
+ * capacity, the fault schedule, virtual ranges with page map/unmap, streams
+ * and events whose completion the test controls, the clock and the spy
+ * counters, and the wrappers' device-level counters. */
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "core/internal.h"
@@ -10,6 +13,16 @@
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
+
+/* Can the process read the byte at p?  (write(2) from it says EFAULT when
+ * not, where a load would fault.) */
+static int readable(const void *p) {
+  static int fd[2] = {-1, -1};
+  if (fd[0] < 0 && pipe(fd) != 0) return -1;
+  char c;
+  if (write(fd[1], p, 1) != 1) return errno == EFAULT ? 0 : -1;
+  return read(fd[0], &c, 1) == 1;
+}
 
 int main(void) {
   gmr_backend_t *be;
@@ -123,6 +136,82 @@ int main(void) {
   ok(((unsigned char *)va)[2 * MiB] == 0, "a page mapped again is fresh memory");
   gmr__backend_unmap(be, (char *)va + 2 * MiB, 2 * MiB, NULL);
   gmr__backend_va_release(be, va, 64 * MiB);
+  gmr__backend_free(be);
+
+  unsigned char *r1, *r2;
+  /* Page reuse: reservations and virtual ranges come from a readable arena
+   * whose pages stay; gmr__sim_covers says what is device memory now. */
+  gmr_backend_t *ao;
+  gmr__sim_backend_new(&o, &ao);
+  is_int(gmr__sim_host_reuse(gmr__sim_of(ao)), GMR_EINVAL, "no page reuse without host memory");
+  gmr__backend_free(ao);
+  is_int(gmr__sim_backend_new(&h, &be), 0, "a host-backed simulator with page reuse");
+  sim = gmr__sim_of(be);
+  is_int(gmr__sim_host_reuse(sim), 0, "  turned on");
+  uint64_t t1, t2, t0;
+  is_int(gmr__backend_reserve(be, 4 * MiB, NULL, (void **)&r1), 0, "reserve 4 MiB");
+  ok(gmr__sim_covers(sim, r1, 4 * MiB, &t1) && t1 != 0, "covered, by a reservation");
+  ok(!gmr__sim_covers(sim, r1, 4 * MiB + 1, &t0), "  not a byte past it");
+  r1[3 * MiB] = 0x5a;
+  gmr__backend_release(be, r1, 4 * MiB, NULL);
+  ok(!gmr__sim_covers(sim, r1, 1, &t0), "released: not covered");
+  ok(readable(r1) == 1, "  though still readable (the caller checks with covers)");
+  is_int(gmr__backend_reserve(be, 4 * MiB, NULL, (void **)&r2), 0, "reserve 4 MiB again");
+  ok(r2 == r1 && r2[3 * MiB] == 0x5a, "  first fit: the same range, its pages kept");
+  ok(gmr__sim_covers(sim, r2, 4 * MiB, &t2) && t2 != t1, "  another reservation's token");
+  gmr__sim_host_trim(sim); /* free pages only: r2's stay */
+  ok(r2[3 * MiB] == 0x5a, "trim keeps the pages of live ranges");
+  gmr__backend_release(be, r2, 4 * MiB, NULL);
+  gmr__sim_host_trim(sim);
+  is_int(gmr__backend_reserve(be, 4 * MiB, NULL, (void **)&r1), 0, "reserve after a trim");
+  ok(r1[3 * MiB] == 0, "  a trimmed page comes back zeroed");
+  gmr__backend_release(be, r1, 4 * MiB, NULL);
+  /* Virtual ranges and mappings in the arena. */
+  is_int(gmr__backend_va_reserve(be, 64 * MiB, &va), 0, "a virtual range");
+  ok(!gmr__sim_covers(sim, va, 1, &t0), "  not device memory until mapped");
+  is_int(gmr__backend_map(be, va, 4 * MiB, NULL), 0, "map 4 MiB of it");
+  ok(gmr__sim_covers(sim, va, 4 * MiB, &t0) && t0 == 0, "  covered, by mappings (token 0)");
+  ok(!gmr__sim_covers(sim, va, 4 * MiB + 1, &t0), "  up to their end");
+  ((unsigned char *)va)[MiB] = 0x33;
+  gmr__backend_unmap(be, va, 4 * MiB, NULL);
+  ok(!gmr__sim_covers(sim, va, 1, &t0), "unmapped: not covered");
+  is_int(gmr__backend_map(be, (char *)va + 8 * MiB, 2 * MiB, NULL), 0, "map 2 MiB further on");
+  ((unsigned char *)va)[9 * MiB] = 0x44;
+  gmr__sim_host_trim(sim);
+  ok(((unsigned char *)va)[MiB] == 0 && ((unsigned char *)va)[9 * MiB] == 0x44,
+     "trim drops the unmapped pages of a virtual range, not the mapped ones");
+  gmr__backend_unmap(be, (char *)va + 8 * MiB, 2 * MiB, NULL);
+  /* Pages: covered once access is set; one released while mapped keeps its
+   * memory behind the mapping, and no new page shares it. */
+  gmr_phys_t p1, p2;
+  is_int(gmr__backend_phys_create(be, 2 * MiB, &p1), 0, "a page");
+  is_int(gmr__backend_phys_map(be, va, 2 * MiB, p1, 0), 0, "  mapped");
+  ok(!gmr__sim_covers(sim, va, 2 * MiB, &t0), "  not covered before set_access");
+  is_int(gmr__backend_set_access(be, va, 2 * MiB), 0, "  set access");
+  ok(gmr__sim_covers(sim, va, 2 * MiB, &t0), "  covered");
+  memset(va, 0x11, 2 * MiB);
+  is_int(gmr__backend_phys_release(be, p1, 2 * MiB), 0, "released while mapped");
+  is_int(gmr__backend_phys_create(be, 2 * MiB, &p2), 0, "another page");
+  ok(p2 != p1, "  a new handle: the released one is still mapped");
+  char *va2 = (char *)va + 4 * MiB;
+  is_int(gmr__backend_phys_map(be, va2, 2 * MiB, p2, 0), 0, "  mapped elsewhere");
+  is_int(gmr__backend_set_access(be, va2, 2 * MiB), 0, "  with access");
+  memset(va2, 0x22, 2 * MiB);
+  ok(((unsigned char *)va)[MiB] == 0x11, "the released page's memory is its own still");
+  gmr__backend_phys_unmap(be, va, 2 * MiB);
+  gmr__backend_phys_unmap(be, va2, 2 * MiB);
+  is_int(gmr__backend_phys_release(be, p2, 2 * MiB), 0, "release the other, unmapped");
+  is_int(gmr__backend_phys_create(be, 2 * MiB, &p1), 0, "a page again (pooled memory)");
+  is_int(gmr__backend_phys_map(be, va, 2 * MiB, p1, 0), 0, "  mapped");
+  is_int(gmr__backend_set_access(be, va, 2 * MiB), 0, "  with access");
+  ok(((unsigned char *)va)[MiB] == 0x22,
+     "  the pooled page's bytes (like cuMemCreate's, whatever was there)");
+  gmr__backend_phys_unmap(be, va, 2 * MiB);
+  gmr__backend_phys_release(be, p1, 2 * MiB);
+  gmr__backend_va_release(be, va, 64 * MiB);
+  gmr_sim_counters_t kk;
+  gmr__sim_counters(sim, &kk);
+  is_u64(kk.bytes_in_use, 0, "everything given back");
   gmr__backend_free(be);
 
   gmr_sim_options_t g = {.granularity = 3000};

@@ -7,9 +7,13 @@
  * slot is allocated (random size and stream) and its block filled with a tag
  * pattern, a full slot has its pattern verified and is freed.  Between them:
  * record_stream on another stream, gmr_alloc_size, gmr_stats, and a charge
- * and its refund.  Two blocks that overlap, or a block reused too early,
- * break a pattern.  At the end every stack must pass gmr_check and hold no
- * allocation.
+ * and its refund.  Every block handed out must overlap no block live in any
+ * thread (a table of live blocks under a lock), and must lie in device
+ * memory the simulator holds, in the same reservation from its allocation
+ * to its free (gmr__sim_covers: the simulator reuses host pages, so memory
+ * given back stays readable); a block whose memory is lost or handed out
+ * twice breaks its pattern.  At the end every stack must pass gmr_check and
+ * hold no allocation.
  *
  * N = GMR_SOAK_OPS per thread (default 2000, so `make check` stays fast);
  * GMR_SEED fixes the seed.  The history toggling makes this the regression
@@ -21,6 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/avl.h"
+#include "core/runtime.h"
 #include "gmr.h"
 #include "sim-runtime.h"
 #include "tap.h"
@@ -43,13 +49,35 @@ static const char *const stacks[] = {
     NULL,
 };
 
+/* The blocks live in every thread (key: address, val: size). */
+static gmr_avl_t live;
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Add [p, p + n) unless it overlaps a live block: 0, or -1. */
+static int live_add(void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  pthread_mutex_lock(&live_lock);
+  gmr_avl_node_t *f = gmr__avl_floor(&live, a + n - 1);
+  int rc = f != NULL && f->key + f->val > a ? -1 : gmr__avl_insert(&live, a, n, 0) == 0 ? 0 : -1;
+  pthread_mutex_unlock(&live_lock);
+  return rc;
+}
+static void live_remove(void *p) {
+  pthread_mutex_lock(&live_lock);
+  gmr__avl_erase(&live, (uintptr_t)p);
+  pthread_mutex_unlock(&live_lock);
+}
+
 typedef struct worker_s {
   gmr_runtime_t *rt;
+  gmr_sim_t *sim;
   uint64_t seed;
   uint64_t ops;
   int index;
-  long corrupt; /* pattern mismatches */
-  long errors;  /* unexpected return codes */
+  long corrupt;  /* pattern mismatches */
+  long overlaps; /* blocks handed out over a live one */
+  long outside;  /* blocks not in (the same) device memory */
+  long errors;   /* unexpected return codes */
   long ooms;
   uint64_t done; /* operations made */
 } worker_t;
@@ -108,7 +136,7 @@ static void *work(void *arg) {
   worker_t *w = arg;
   void *ptr[SLOTS] = {0};
   size_t size[SLOTS] = {0};
-  uint64_t tag[SLOTS] = {0};
+  uint64_t tag[SLOTS] = {0}, token[SLOTS] = {0}, t;
   uint64_t s = w->seed;
   for (uint64_t op = 0; op < w->ops; ++op) {
     uint64_t r = next(&s) % 100;
@@ -129,7 +157,9 @@ static void *work(void *arg) {
       if (rc == GMR_ENOMEM) ++w->ooms;
       if (rc != 0 && rc != GMR_ENOMEM) ++w->errors;
     } else if (ptr[k] != NULL) {
+      if (!gmr__sim_covers(w->sim, ptr[k], size[k], &t) || t != token[k]) ++w->outside;
       if (!verify(ptr[k], size[k], tag[k])) ++w->corrupt;
+      live_remove(ptr[k]);
       if (gmr_free(w->rt, ptr[k]) != 0) ++w->errors;
       ptr[k] = NULL;
     } else {
@@ -139,6 +169,8 @@ static void *work(void *arg) {
       if (rc == 0) {
         size[k] = n;
         tag[k] = ((uint64_t)w->index << 56) ^ (op * 0x9E3779B97F4A7C15ull);
+        if (!gmr__sim_covers(w->sim, ptr[k], n, &token[k])) ++w->outside;
+        if (live_add(ptr[k], n) != 0) ++w->overlaps;
         fill(ptr[k], n, tag[k]);
       } else {
         ptr[k] = NULL;
@@ -152,7 +184,9 @@ static void *work(void *arg) {
   }
   for (int k = 0; k < SLOTS; ++k) {
     if (ptr[k] == NULL) continue;
+    if (!gmr__sim_covers(w->sim, ptr[k], size[k], &t) || t != token[k]) ++w->outside;
     if (!verify(ptr[k], size[k], tag[k])) ++w->corrupt;
+    live_remove(ptr[k]);
     if (gmr_free(w->rt, ptr[k]) != 0) ++w->errors;
   }
   atomic_fetch_sub(&workers_running, 1);
@@ -211,6 +245,8 @@ int main(void) {
       continue;
     }
     const char *name = gmr_runtime_policy(rt);
+    gmr_sim_t *sim = gmr__sim_of(gmr__runtime_device_backend(rt));
+    is_int(gmr__sim_host_reuse(sim), 0, "%s: the simulator reuses host pages", stacks[i]);
     worker_t w[THREADS];
     pthread_t th[THREADS], ct;
     churn_t c = {rt, 0, 0};
@@ -219,17 +255,19 @@ int main(void) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int t = 0; t < THREADS; ++t) {
       w[t] = (worker_t){.rt = rt,
+                        .sim = sim,
                         .seed = seed * 1000003u + (uint64_t)(i * THREADS + t) + 1,
                         .ops = ops,
                         .index = t};
       pthread_create(&th[t], NULL, work, &w[t]);
     }
     pthread_create(&ct, NULL, churn, &c);
-    long corrupt = 0, errors = 0, ooms = 0;
+    long corrupt = 0, overlaps = 0, outside = 0, errors = 0, ooms = 0;
     uint64_t done = 0;
     for (int t = 0; t < THREADS; ++t) {
       pthread_join(th[t], NULL);
       corrupt += w[t].corrupt, errors += w[t].errors, ooms += w[t].ooms, done += w[t].done;
+      overlaps += w[t].overlaps, outside += w[t].outside;
     }
     pthread_join(ct, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -244,10 +282,13 @@ int main(void) {
     diag("%s[ %s]: %llu operations in %.2f s, %ld OOMs, %ld churn rounds", name, conf,
          (unsigned long long)done, secs, ooms, c.rounds);
     is_int(corrupt, 0, "%s: no pattern broken in %llu operations", name, (unsigned long long)done);
+    is_int(overlaps, 0, "  no block handed out over a live one");
+    is_int(outside, 0, "  every block in the device memory it was given, until freed");
     is_int(errors + c.errors, 0, "  no unexpected error");
     is_int(gmr_check(rt), 0, "  invariants hold %s", gmr_last_error(rt));
     is_u64(st.allocations, 0, "  nothing left allocated");
     gmr_runtime_free(rt);
   }
+  gmr__avl_clear(&live, NULL, NULL);
   return done_testing();
 }

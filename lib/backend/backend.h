@@ -158,6 +158,19 @@ int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s);
 int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t size);
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns);
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr);
+/* Host-backed: reuse host pages (see sim.c); a caller that writes into
+ * blocks then checks each access with gmr__sim_covers.  GMR_EINVAL (and no
+ * change) unless host-backed and no page is live or mapped yet. */
+int gmr__sim_host_reuse(gmr_sim_t *sim);
+/* With page reuse: give the host back the pages of the arena that hold no
+ * device memory (free ranges, unmapped parts of virtual ranges) and the
+ * pooled pages (a long run bounds its memory so). */
+void gmr__sim_host_trim(gmr_sim_t *sim);
+/* Does [ptr, ptr + size) lie inside one live reservation, or on mappings
+ * that tile it, each backed or page-mapped with access set?  *token: which
+ * reservation (> 0; another one reserved later at the same address has
+ * another token, unless 2^32 reservations came between), or 0 on mappings. */
+bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token);
 void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on);
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out);
 

@@ -16,6 +16,22 @@
  *    AddressSanitizer sees each range separately), and virtual ranges are
  *    PROT_NONE mappings whose pages map() makes readable and writable, so
  *    tests can write patterns into blocks and verify them.
+ *    Page reuse (gmr__sim_host_reuse, for fuzzers and soaks that make
+ *    millions of reservations): reservations and virtual ranges are carved,
+ *    first fit, from one readable, writable arena of 16 x capacity + 64 MiB
+ *    (at most 64 GiB; MAP_NORESERVE).  The pages a range touched stay
+ *    behind for the next range there: no page fault, no zeroing and no
+ *    system call per reserve, release, map or unmap (a range's bytes are
+ *    whatever was there, as with cudaMalloc and cuMemMap); page mappings
+ *    still map their memfd, and a released page no mapping holds keeps its
+ *    memfd for the next page of its size (SIM_POOL_PAGES of them).  Memory
+ *    given back then stays readable: the caller checks its accesses with
+ *    gmr__sim_covers instead, which also tells one reservation from a later
+ *    one at the same address.  Reservations cost no AddressSanitizer shadow
+ *    fill then (a heap block of hundreds of MiB costs size/8 bytes of it at
+ *    each allocation, free and recycling); under AddressSanitizer the bytes
+ *    between a reservation's end and its last page's end are poisoned.  What
+ *    the arena cannot hold is reserved as without page reuse.
  *
  * Physical pages (phys_create) are handles that may be mapped at several
  * virtual addresses at once; in host-backed mode each is a memfd, mapped
@@ -43,8 +59,9 @@
  *                  + Σ live page sizes <= capacity <= 4 PiB
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
- *   free ranges of the fake address space are sorted, disjoint and never
- *   adjacent (merged on release).
+ *   free ranges (of the fake address space, or of the arena) are sorted,
+ *   disjoint and never adjacent (merged on release).
+ *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
  *   ordinals never overlap; d < SIM_MAX_DEVICES = 31, so every address is
@@ -62,6 +79,22 @@
 #include "core/avl.h"
 #include "core/internal.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIM_ASAN 1
+#endif
+#endif
+#ifdef SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#define SIM_POISON(p, n)   __asan_poison_memory_region((p), (n))
+#define SIM_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define SIM_POISON(p, n)   ((void)(p), (void)(n))
+#define SIM_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define SIM_SPACE_BASE          ((uintptr_t)0x7f0000000000ull) /* looks like a CUDA address */
 #define SIM_SPACE_MIN           ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
 #define SIM_SPACE_PER_BYTE      64                             /* addresses per byte of capacity */
@@ -71,6 +104,9 @@
 #define SIM_RESERVE_ALIGN       512                  /* cudaMalloc's minimum */
 #define SIM_DEVICE_STRIDE       ((uintptr_t)1 << 58) /* fake addresses per device ordinal */
 #define SIM_MAX_DEVICES         31                   /* ordinals 0..30 */
+#define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
+#define SIM_ARENA_SLACK         ((size_t)64 << 20)
+#define SIM_ARENA_MAX           ((size_t)64 << 30)
 
 typedef struct sim_range_s {
   uintptr_t addr;
@@ -80,15 +116,33 @@ typedef struct sim_range_s {
 typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim_kind_t;
 
 /* Live ranges: AVL trees (key: address, val: size), so each check costs
- * O(log n) however many ranges are live: one of reserved ranges, one of
- * virtual ranges, and one of mappings (SIM_MAPPED and SIM_ALIAS never
- * overlap each other; aux = kind | SIM_ACCESS once set_access covered it). */
-#define SIM_ACCESS 0x100u
+ * O(log n) however many ranges are live: one of reserved ranges (aux: the
+ * reserve's serial, reserve_calls mod 2^32), one of virtual ranges, and one
+ * of mappings (SIM_MAPPED and SIM_ALIAS never overlap each other; aux =
+ * kind | SIM_ACCESS once set_access covered it | h << SIM_PAGE_SHIFT for a
+ * page mapping of page h < SIM_PAGES_TRACKED, 0 above). */
+#define SIM_KIND(aux)     ((aux)&0xffu)
+#define SIM_ACCESS        0x100u
+#define SIM_PAGE_SHIFT    9
+#define SIM_PAGES_TRACKED ((gmr_phys_t)1 << (32 - SIM_PAGE_SHIFT))
+#define SIM_POOL_PAGES    256 /* released pages kept for reuse (page reuse) */
 
+/* A page slot: free (size 0, not dying), live (size > 0), or dying: released
+ * while still mapped, kept until its last mapping goes so that no new page
+ * takes its handle meanwhile.  With page reuse, nmaps counts the page's
+ * mappings (handles below SIM_PAGES_TRACKED; pages above, and all pages
+ * without page reuse, are never pooled nor kept dying). */
 typedef struct sim_page_s {
-  size_t size; /* 0: the slot is free */
+  size_t size; /* 0: the slot is free or dying */
   int fd;      /* host-backed: the memfd behind the page; -1 otherwise */
+  uint32_t nmaps;
+  bool dying;
 } sim_page_t;
+
+typedef struct sim_pooled_s {
+  size_t size;
+  int fd;
+} sim_pooled_t;
 
 typedef struct sim_stream_s {
   uintptr_t id;
@@ -117,14 +171,23 @@ struct gmr_sim_s {
   uint64_t capacity; /* bytes */
   bool host_backed;
   uint64_t bytes_in_use; /* physical bytes reserved or mapped */
-  /* Fake address space (address-only mode): sorted free ranges. */
+  /* Host-backed with page reuse: the arena (0: not mapped yet, or refused). */
+  bool host_reuse, arena_tried;
+  uintptr_t arena;
+  size_t arena_size;
+  /* With page reuse: memfds of released pages that no mapping holds. */
+  sim_pooled_t pool[SIM_POOL_PAGES];
+  size_t n_pool;
+  /* Free ranges, sorted: of the fake address space (address-only mode) or
+   * of the arena (host-backed with page reuse). */
   sim_range_t *free_ranges;
   size_t n_free, cap_free;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
-  /* Physical pages: handle = index + 1. */
+  /* Physical pages: handle = index + 1; every slot below page_low is live
+   * or dying, so a new page takes the lowest free slot at or above it. */
   sim_page_t *pages;
-  size_t n_pages, cap_pages;
+  size_t n_pages, cap_pages, page_low;
   /* Streams. */
   sim_stream_t *streams;
   size_t n_streams, cap_streams;
@@ -167,8 +230,12 @@ static gmr_avl_t *live_tree(gmr_sim_t *sim, sim_kind_t kind) {
   return kind == SIM_RESERVED ? &sim->reserved : kind == SIM_VA ? &sim->virt : &sim->mappings;
 }
 
-static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
-  int err = gmr__avl_insert(live_tree(sim, kind), a, size, (uint32_t)kind);
+static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind, gmr_phys_t page) {
+  uint32_t aux = kind == SIM_RESERVED ? (uint32_t)sim->counters.reserve_calls
+                 : sim->host_reuse && page != 0 && page < SIM_PAGES_TRACKED
+                     ? (uint32_t)kind | (uint32_t)page << SIM_PAGE_SHIFT
+                     : (uint32_t)kind;
+  int err = gmr__avl_insert(live_tree(sim, kind), a, size, aux);
   if (err == GMR_ENOMEM)
     return gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its range table");
   if (err != 0) /* the device handed out one address twice: a simulator bug */
@@ -180,7 +247,7 @@ static int live_add(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
 static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind) {
   gmr_avl_t *t = live_tree(sim, kind);
   gmr_avl_node_t *n = gmr__avl_find(t, a);
-  if (n != NULL && (n->aux & ~SIM_ACCESS) == (uint32_t)kind && n->val == size) {
+  if (n != NULL && (kind == SIM_RESERVED || SIM_KIND(n->aux) == (uint32_t)kind) && n->val == size) {
     gmr__avl_erase(t, a);
     return 0;
   }
@@ -263,8 +330,8 @@ static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
   return GMR_ENOMEM;
 }
 
-static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  /* Binary search: the first free range at or above a. */
+/* The index of the first free range at or above a (n_free when none). */
+static size_t space_find(const gmr_sim_t *sim, uintptr_t a) {
   size_t i = 0, hi = sim->n_free;
   while (i < hi) {
     size_t mid = (i + hi) / 2;
@@ -273,6 +340,11 @@ static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
     else
       hi = mid;
   }
+  return i;
+}
+
+static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  size_t i = space_find(sim, a);
   bool merge_prev = i > 0 && sim->free_ranges[i - 1].addr + sim->free_ranges[i - 1].size == a;
   bool merge_next = i < sim->n_free && a + size == sim->free_ranges[i].addr;
   if (merge_prev && merge_next) {
@@ -337,6 +409,65 @@ static int sim_check_faults(gmr_sim_t *sim, size_t size, const char *what) {
   return 0;
 }
 
+/* ---- host memory behind reservations (host-backed) ------------------------- */
+
+static size_t host_page(void) {
+  long pg = sysconf(_SC_PAGESIZE);
+  return pg > 0 ? (size_t)pg : 4096;
+}
+
+/* With page reuse: the arena, mapped at the first reserve, all of it one
+ * free range.  Called with the lock. */
+static void arena_open(gmr_sim_t *sim) {
+  sim->arena_tried = true;
+  size_t size = sim->capacity > (SIM_ARENA_MAX - SIM_ARENA_SLACK) / SIM_ARENA_PER_BYTE
+                    ? SIM_ARENA_MAX
+                    : gmr__align_up((size_t)sim->capacity * SIM_ARENA_PER_BYTE + SIM_ARENA_SLACK,
+                                    sim->base.granularity);
+  void *p =
+      mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return;
+  if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges)) {
+    munmap(p, size);
+    return;
+  }
+  sim->free_ranges[0] = (sim_range_t){(uintptr_t)p, size};
+  sim->n_free = 1;
+  sim->arena = (uintptr_t)p;
+  sim->arena_size = size;
+}
+
+static bool in_arena(const gmr_sim_t *sim, uintptr_t a) {
+  return sim->arena != 0 && a - sim->arena < sim->arena_size;
+}
+
+/* Host memory for a reservation of `size` bytes (see the top of the file);
+ * NULL when refused.  Called with the lock. */
+static void *host_take(gmr_sim_t *sim, size_t size) {
+  const size_t pg = host_page();
+  if (size > SIZE_MAX - pg) return NULL;
+  const size_t body = gmr__align_up(size, pg);
+  if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
+  uintptr_t a;
+  void *p = NULL;
+  if (sim->host_reuse && sim->arena != 0 && space_take(sim, body, pg, &a) == 0) {
+    p = (void *)a;
+    SIM_POISON((char *)p + size, body - size);
+    return p;
+  }
+  return posix_memalign(&p, SIM_RESERVE_ALIGN, size) == 0 ? p : NULL;
+}
+
+static void host_give(gmr_sim_t *sim, void *p, size_t size) {
+  if (!in_arena(sim, (uintptr_t)p)) {
+    free(p);
+    return;
+  }
+  const size_t body = gmr__align_up(size, host_page());
+  SIM_UNPOISON((char *)p + size, body - size);
+  space_give(sim, (uintptr_t)p, body);
+}
+
 /* ---- ops ------------------------------------------------------------------- */
 
 static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
@@ -349,7 +480,7 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
   void *host = NULL;
   if (err == 0) {
     if (sim->host_backed) {
-      if (posix_memalign(&host, SIM_RESERVE_ALIGN, size) != 0)
+      if ((host = host_take(sim, size)) == NULL)
         err =
             gmr__error_set(GMR_ENOMEM, "simulated device: host memory for %zu bytes refused", size);
       a = (uintptr_t)host;
@@ -365,9 +496,9 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
         err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
     }
   }
-  if (err == 0 && (err = live_add(sim, a, size, SIM_RESERVED)) != 0) {
+  if (err == 0 && (err = live_add(sim, a, size, SIM_RESERVED, 0)) != 0) {
     if (sim->host_backed)
-      free(host);
+      host_give(sim, host, size);
     else
       space_give(sim, a, gmr__align_up(size, SIM_RESERVE_ALIGN));
   }
@@ -392,7 +523,7 @@ static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s
   if (err == 0) {
     sim->bytes_in_use -= size;
     if (sim->host_backed)
-      free(ptr);
+      host_give(sim, ptr, size);
     else
       space_give(sim, (uintptr_t)ptr, gmr__align_up(size, SIM_RESERVE_ALIGN));
   }
@@ -408,16 +539,22 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   int err = sim_check_schedule(sim, size, "virtual reserve");
   if (err != 0) {
   } else if (sim->host_backed) {
-    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-      err = gmr__error_set(GMR_ENOMEM, "simulated device: cannot reserve %zu bytes of addresses",
-                           size);
-    a = (uintptr_t)p;
+    if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
+    if (!(sim->host_reuse && sim->arena != 0 &&
+          space_take(sim, size, sim->base.granularity, &a) == 0)) {
+      void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED)
+        err = gmr__error_set(GMR_ENOMEM, "simulated device: cannot reserve %zu bytes of addresses",
+                             size);
+      a = (uintptr_t)p;
+    }
   } else if (space_take(sim, size, sim->base.granularity, &a) != 0) {
     err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
   }
-  if (err == 0 && (err = live_add(sim, a, size, SIM_VA)) != 0) {
-    if (sim->host_backed)
+  if (err == 0 && (err = live_add(sim, a, size, SIM_VA, 0)) != 0) {
+    if (in_arena(sim, a))
+      space_give(sim, a, size);
+    else if (sim->host_backed)
       munmap((void *)a, size);
     else
       space_give(sim, a, size);
@@ -438,7 +575,9 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
                          base);
   if (err == 0) err = live_remove(sim, (uintptr_t)base, size, SIM_VA);
   if (err == 0) {
-    if (sim->host_backed)
+    if (in_arena(sim, (uintptr_t)base))
+      space_give(sim, (uintptr_t)base, size);
+    else if (sim->host_backed)
       munmap(base, size);
     else
       space_give(sim, (uintptr_t)base, size);
@@ -459,11 +598,12 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
                          "or already mapped)",
                          size, addr);
   if (err == 0) err = sim_check_faults(sim, size, "map");
-  if (err == 0 && sim->host_backed &&
+  /* In the arena, the pages are there already (readable and writable). */
+  if (err == 0 && sim->host_backed && !in_arena(sim, (uintptr_t)addr) &&
       mmap(addr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
           MAP_FAILED)
     err = gmr__error_set(GMR_ENOMEM, "simulated device: host pages for %zu bytes refused", size);
-  if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_MAPPED);
+  if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_MAPPED, 0);
   if (err == 0) {
     sim->bytes_in_use += size;
     if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
@@ -484,7 +624,7 @@ static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_MAPPED);
   if (err == 0) {
     sim->bytes_in_use -= size;
-    if (sim->host_backed)
+    if (sim->host_backed && !in_arena(sim, (uintptr_t)addr))
       mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
   pthread_mutex_unlock(&sim->lock);
@@ -498,14 +638,48 @@ static sim_page_t *sim_page(gmr_sim_t *sim, gmr_phys_t h) {
   return &sim->pages[h - 1];
 }
 
+/* A memfd of `size` bytes: a pooled one (page reuse), else a new one; -1
+ * when refused. */
+static int page_fd_take(gmr_sim_t *sim, size_t size) {
+  for (size_t i = sim->n_pool; i-- > 0;)
+    if (sim->pool[i].size == size) {
+      int fd = sim->pool[i].fd;
+      sim->pool[i] = sim->pool[--sim->n_pool];
+      return fd;
+    }
+  int fd = memfd_create("gmr-sim-page", MFD_CLOEXEC);
+  if (fd < 0 && sim->n_pool > 0) { /* out of descriptors: give the pooled ones back */
+    while (sim->n_pool > 0)
+      close(sim->pool[--sim->n_pool].fd);
+    fd = memfd_create("gmr-sim-page", MFD_CLOEXEC);
+  }
+  if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* A released page's memfd: pooled (page reuse, no mapping holds it, room
+ * left: at most SIM_POOL_PAGES and capacity bytes), else closed (mappings
+ * that remain keep its memory). */
+static void page_fd_give(gmr_sim_t *sim, sim_page_t *pg, bool tracked) {
+  if (pg->fd < 0) return;
+  if (sim->host_reuse && tracked && pg->nmaps == 0 && sim->n_pool < SIM_POOL_PAGES &&
+      (uint64_t)pg->size * (sim->n_pool + 1) <= sim->capacity)
+    sim->pool[sim->n_pool++] = (sim_pooled_t){pg->size, pg->fd};
+  else
+    close(pg->fd);
+}
+
 static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.page_create_calls;
   int err = sim_check_faults(sim, size, "page create");
   size_t slot = sim->n_pages;
-  for (size_t i = 0; err == 0 && i < sim->n_pages; ++i)
-    if (sim->pages[i].size == 0) {
+  for (size_t i = sim->page_low; err == 0 && i < sim->n_pages; ++i)
+    if (sim->pages[i].size == 0 && !sim->pages[i].dying) {
       slot = i;
       break;
     }
@@ -513,18 +687,13 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
       !grow((void **)&sim->pages, &sim->cap_pages, sim->n_pages + 1, sizeof *sim->pages))
     err = gmr__error_set(GMR_ENOMEM, "simulated device: out of host memory for its page table");
   int fd = -1;
-  if (err == 0 && sim->host_backed) {
-    fd = memfd_create("gmr-sim-page", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-      if (fd >= 0) close(fd);
-      fd = -1;
-      err = gmr__error_set(GMR_ENOMEM, "simulated device: host memory for a %zu-byte page refused",
-                           size);
-    }
-  }
+  if (err == 0 && sim->host_backed && (fd = page_fd_take(sim, size)) < 0)
+    err = gmr__error_set(GMR_ENOMEM, "simulated device: host memory for a %zu-byte page refused",
+                         size);
   if (err == 0) {
     if (slot == sim->n_pages) ++sim->n_pages;
-    sim->pages[slot] = (sim_page_t){size, fd};
+    sim->pages[slot] = (sim_page_t){.size = size, .fd = fd};
+    sim->page_low = slot + 1;
     sim->bytes_in_use += size;
     if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
       sim->counters.peak_bytes_in_use = sim->bytes_in_use;
@@ -549,8 +718,10 @@ static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
     err = gmr__error_set(GMR_EINVAL, "simulated device: no page %llu of %zu bytes to release",
                          (unsigned long long)h, size);
   if (err == 0) {
-    if (pg->fd >= 0) close(pg->fd);
-    *pg = (sim_page_t){0, -1};
+    bool tracked = sim->host_reuse && h < SIM_PAGES_TRACKED;
+    page_fd_give(sim, pg, tracked);
+    *pg = (sim_page_t){.fd = -1, .nmaps = pg->nmaps, .dying = tracked && pg->nmaps > 0};
+    if (!pg->dying && h - 1 < sim->page_low) sim->page_low = h - 1;
     sim->bytes_in_use -= size;
     --sim->counters.pages_live;
   }
@@ -578,8 +749,11 @@ static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h
   if (err == 0 && sim->host_backed &&
       mmap(addr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, pg->fd, (off_t)offset) == MAP_FAILED)
     err = gmr__error_set(GMR_ENOMEM, "simulated device: host mapping of %zu bytes refused", size);
-  if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_ALIAS);
-  if (err == 0) ++sim->counters.page_maps_live;
+  if (err == 0) err = live_add(sim, (uintptr_t)addr, size, SIM_ALIAS, h);
+  if (err == 0) {
+    ++sim->counters.page_maps_live;
+    if (sim->host_reuse && h < SIM_PAGES_TRACKED) ++pg->nmaps;
+  }
   pthread_mutex_unlock(&sim->lock);
   return err;
 }
@@ -593,7 +767,7 @@ static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
   int err = 0;
   for (uintptr_t at = a; err == 0 && at < end;) {
     gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, at);
-    if (n == NULL || (n->aux & ~SIM_ACCESS) != SIM_ALIAS || n->val > end - at)
+    if (n == NULL || SIM_KIND(n->aux) != SIM_ALIAS || n->val > end - at)
       err = gmr__error_set(GMR_EINVAL,
                            "simulated device: set access on %zu bytes at %p that page "
                            "mappings do not cover",
@@ -619,10 +793,24 @@ static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.page_unmap_calls;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
+  gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, (uintptr_t)addr);
+  gmr_phys_t h = n != NULL && SIM_KIND(n->aux) == SIM_ALIAS ? n->aux >> SIM_PAGE_SHIFT : 0;
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_ALIAS);
   if (err == 0) {
     --sim->counters.page_maps_live;
-    if (sim->host_backed)
+    if (h != 0 && h <= sim->n_pages) {
+      sim_page_t *pg = &sim->pages[h - 1];
+      if (pg->nmaps > 0) --pg->nmaps;
+      if (pg->dying && pg->nmaps == 0) { /* the slot is free now */
+        pg->dying = false;
+        if (h - 1 < sim->page_low) sim->page_low = h - 1;
+      }
+    }
+    /* Addresses in the arena go back to plain readable, writable pages. */
+    if (in_arena(sim, (uintptr_t)addr))
+      mmap(addr, size, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    else if (sim->host_backed)
       mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
   pthread_mutex_unlock(&sim->lock);
@@ -762,8 +950,7 @@ static uint64_t sim_now_ns(gmr_backend_t *be) {
 }
 
 static void free_reserved(gmr_avl_node_t *n, void *ud) {
-  (void)ud;
-  free((void *)(uintptr_t)n->key);
+  host_give(ud, (void *)(uintptr_t)n->key, n->val);
 }
 static void unmap_va(gmr_avl_node_t *n, void *ud) {
   (void)ud;
@@ -774,9 +961,12 @@ static void sim_destroy(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
   for (size_t i = 0; i < sim->n_pages; ++i)
     if (sim->pages[i].size != 0 && sim->pages[i].fd >= 0) close(sim->pages[i].fd);
+  for (size_t i = 0; i < sim->n_pool; ++i)
+    close(sim->pool[i].fd);
   gmr__free(sim->pages);
   /* Give back whatever a policy left behind (it should leave nothing). */
-  gmr__avl_clear(&sim->reserved, sim->host_backed ? free_reserved : NULL, NULL);
+  gmr__avl_clear(&sim->reserved, sim->host_backed ? free_reserved : NULL, sim);
+  if (sim->arena != 0) munmap((void *)sim->arena, sim->arena_size);
   gmr__avl_clear(&sim->mappings, NULL, NULL);
   gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
   gmr__free(sim->free_ranges);
@@ -939,6 +1129,68 @@ int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
   if (st != NULL) st->completed = st->enqueued;
   pthread_mutex_unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
+}
+
+int gmr__sim_host_reuse(gmr_sim_t *sim) {
+  pthread_mutex_lock(&sim->lock);
+  /* Pages created or mapped before would not be counted: refuse then. */
+  int err = !sim->host_backed || sim->counters.pages_live != 0 || sim->counters.page_maps_live != 0
+                ? GMR_EINVAL
+                : 0;
+  if (err == 0) sim->host_reuse = true;
+  pthread_mutex_unlock(&sim->lock);
+  return err;
+}
+
+/* Drop the pages of the unmapped parts of the arena's virtual range n and of
+ * every range in its subtree; mappings are found from the range's end down
+ * (gmr__avl_floor), so this costs O(mappings x log n).  With the lock. */
+static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
+  if (n == NULL) return;
+  trim_va(sim, n->child[0]);
+  trim_va(sim, n->child[1]);
+  if (!in_arena(sim, (uintptr_t)n->key)) return;
+  uintptr_t lo = (uintptr_t)n->key, hi = lo + n->val; /* [lo, hi): still to look at */
+  while (hi > lo) {
+    gmr_avl_node_t *m = gmr__avl_floor(&sim->mappings, hi - 1);
+    uintptr_t gap = m != NULL && m->key >= lo ? (uintptr_t)(m->key + m->val) : lo;
+    if (gap < hi) madvise((void *)gap, hi - gap, MADV_DONTNEED);
+    if (m == NULL || m->key < lo) break;
+    hi = m->key;
+  }
+}
+
+void gmr__sim_host_trim(gmr_sim_t *sim) {
+  pthread_mutex_lock(&sim->lock);
+  for (size_t i = 0; sim->arena != 0 && i < sim->n_free; ++i)
+    madvise((void *)sim->free_ranges[i].addr, sim->free_ranges[i].size, MADV_DONTNEED);
+  if (sim->arena != 0) trim_va(sim, sim->virt.root);
+  while (sim->n_pool > 0)
+    close(sim->pool[--sim->n_pool].fd);
+  pthread_mutex_unlock(&sim->lock);
+}
+
+bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token) {
+  uintptr_t a = (uintptr_t)ptr;
+  *token = 0;
+  if (size == 0 || a + size < a) return false;
+  const uintptr_t end = a + size;
+  pthread_mutex_lock(&sim->lock);
+  gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
+  bool ok = r != NULL && a - r->key < r->val && size <= r->val - (a - r->key);
+  if (ok) *token = (uint64_t)r->aux + 1;
+  /* Else mappings that tile [a, end), each backed (map) or page-mapped with
+   * access set. */
+  for (uintptr_t at = a; !ok && at < end;) {
+    gmr_avl_node_t *m = gmr__avl_floor(&sim->mappings, at);
+    if (m == NULL || at - m->key >= m->val ||
+        !(SIM_KIND(m->aux) == SIM_MAPPED || (m->aux & SIM_ACCESS) != 0))
+      break;
+    at = m->key + m->val;
+    ok = at >= end;
+  }
+  pthread_mutex_unlock(&sim->lock);
+  return ok;
 }
 
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr) {

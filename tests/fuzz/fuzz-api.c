@@ -4,11 +4,15 @@
  * Input: the first byte picks the stack; then each operation is one opcode
  * byte and five argument bytes (slot, size in three bytes, and a byte of
  * scale and stream): allocate (size, stream), free,
- * record_stream, empty_cache, stats, charge and refund, gmr_check, a walk,
- * stream work held back or completed, the history turned on or off,
- * gmr_alloc_size.  Every live block carries a tag pattern checked before it
- * is freed and after every operation that may move memory (empty_cache), so
- * two live blocks that overlap, or memory given back while live, are found.
+ * record_stream, empty_cache, stats, charge and refund, stream work held
+ * back or completed, the history turned on or off, a device fault, a walk
+ * (whose callback calls the runtime again); gmr_alloc_size after every
+ * allocation, gmr_check after every operation.  Every live block carries a tag pattern checked
+ * before it is freed and, with every other live block, after every operation that may move memory
+ * (empty_cache); a new block must overlap no live block, and a block must lie in device memory the
+ * runtime holds (fuzz_covered) when it is handed out and whenever its pattern is checked, so two
+ * live blocks that overlap, memory given back while live, or content lost are found. A walk lists
+ * segments in address order, each block inside its segment, and every live block as allocated.
  * Promises: every call returns 0 or its documented error; gmr_check holds
  * after every operation; at the end, with everything freed, the stack holds
  * no allocation and the refunds match the charges. */
@@ -22,9 +26,52 @@ typedef struct slot_s {
   unsigned char *p;
   size_t size;
   uint64_t tag;
+  uint64_t token; /* the reservation under the block (fuzz_covered) */
 } slot_t;
 
 static gmr_runtime_t *runtimes[FUZZ_N_STACKS];
+
+/* A live block: in device memory the runtime holds, its pattern intact. */
+static void check_live(gmr_runtime_t *rt, const slot_t *sl, const char *when) {
+  uint64_t token;
+  fuzz_assert(fuzz_covered(rt, sl->p, sl->size, &token) && token == sl->token,
+              "%s: block %p (%zu bytes) is not in the device memory it was given", when,
+              (void *)sl->p, sl->size);
+  fuzz_assert(fuzz_verify(sl->p, sl->size, sl->tag), "%s: pattern of a live block broken", when);
+}
+
+/* The walk's callback: segments in address order, blocks inside the last
+ * segment, live blocks marked seen; the first entry calls the runtime again
+ * (gmr_stats), which must neither deadlock nor fail. */
+typedef struct walk_s {
+  gmr_runtime_t *rt;
+  const slot_t *slot;
+  bool seen[SLOTS];
+  uintptr_t seg_lo, seg_hi, prev_end;
+  long entries;
+} walk_t;
+
+static int walk_entry(const gmr_walk_entry_t *e, void *ud) {
+  walk_t *w = ud;
+  if (w->entries++ == 0) {
+    gmr_stats_t st;
+    fuzz_assert(gmr_stats(w->rt, &st) == 0, "gmr_stats inside a walk: %s", gmr_last_error(w->rt));
+  }
+  if (e->is_segment) {
+    fuzz_assert(e->address >= w->prev_end && e->size > 0 && e->address + e->size > e->address,
+                "walk: segment %#lx (%llu bytes) out of order", (unsigned long)e->address,
+                (unsigned long long)e->size);
+    w->seg_lo = e->address, w->seg_hi = w->prev_end = e->address + e->size;
+    return 0;
+  }
+  fuzz_assert(e->address >= w->seg_lo && e->size <= w->seg_hi - e->address,
+              "walk: block %#lx (%llu bytes) outside its segment", (unsigned long)e->address,
+              (unsigned long long)e->size);
+  if (e->state != GMR_BLOCK_ALLOCATED) return 0;
+  for (int k = 0; k < SLOTS; ++k)
+    if ((uintptr_t)w->slot[k].p == e->address && e->size >= w->slot[k].size) w->seen[k] = true;
+  return 0;
+}
 
 static size_t arg_size(const uint8_t *a) {
   /* Mostly small (a 3-byte value: up to 16 MiB, host memory touched only
@@ -58,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 2:
     case 3: /* allocate into slot k (freeing what it holds) */
       if (sl->p != NULL) {
-        fuzz_assert(fuzz_verify(sl->p, sl->size, sl->tag), "pattern of a live block broken");
+        check_live(rt, sl, "free");
         fuzz_assert(gmr_free(rt, sl->p) == 0, "free: %s", gmr_last_error(rt));
         sl->p = NULL;
       }
@@ -71,7 +118,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rc == 0) {
           size_t req = 0, got = 0;
           fuzz_assert(gmr_alloc_size(rt, p, &req, &got) == 0 && req == n && got >= n, "alloc_size");
-          sl->p = p, sl->size = n, sl->tag = ++serial * 0x9E3779B97F4A7C15ull;
+          uint64_t token;
+          fuzz_assert(fuzz_covered(rt, p, n, &token), "alloc: %p (%zu bytes) is not device memory",
+                      p, n);
+          for (int j = 0; j < SLOTS; ++j) {
+            uintptr_t b = (uintptr_t)slot[j].p, q = (uintptr_t)p;
+            fuzz_assert(slot[j].p == NULL || q + n <= b || b + slot[j].size <= q,
+                        "alloc: %p (%zu bytes) overlaps live %p (%zu bytes)", p, n,
+                        (void *)slot[j].p, slot[j].size);
+          }
+          sl->p = p, sl->size = n, sl->tag = ++serial * 0x9E3779B97F4A7C15ull, sl->token = token;
           fuzz_fill(sl->p, n, sl->tag);
         }
       }
@@ -79,7 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4:
     case 5: /* free */
       if (sl->p == NULL) break;
-      fuzz_assert(fuzz_verify(sl->p, sl->size, sl->tag), "pattern of a live block broken");
+      check_live(rt, sl, "free");
       fuzz_assert(gmr_free(rt, sl->p) == 0, "free: %s", gmr_last_error(rt));
       sl->p = NULL;
       break;
@@ -90,6 +146,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     case 7:
       fuzz_assert(gmr_empty_cache(rt) == 0, "empty_cache: %s", gmr_last_error(rt));
+      for (int j = 0; j < SLOTS; ++j)
+        if (slot[j].p != NULL) check_live(rt, &slot[j], "empty_cache");
       break;
     case 8: { /* charge, or refund part of the charges */
       int64_t n = (int64_t)(arg_size(a + 1) & 0xffffffff);
@@ -133,6 +191,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 12: /* a device fault on the next reserve or map */
       gmr_sim_fail_nth(rt, 1 + a[1] % 3);
       break;
+    case 13: { /* a walk */
+      walk_t w = {.rt = rt, .slot = slot};
+      rc = gmr_walk(rt, walk_entry, &w);
+      fuzz_assert(rc == 0 || rc == GMR_ENOTSUP, "walk: %s", gmr_last_error(rt));
+      for (int j = 0; rc == 0 && j < SLOTS; ++j)
+        fuzz_assert(slot[j].p == NULL || w.seen[j], "walk: live block %p (%zu bytes) not listed",
+                    (void *)slot[j].p, slot[j].size);
+      break;
+    }
     default:
       break;
     }
@@ -141,7 +208,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gmr_sim_fail_nth(rt, 0);
   for (int k = 0; k < SLOTS; ++k) {
     if (slot[k].p == NULL) continue;
-    fuzz_assert(fuzz_verify(slot[k].p, slot[k].size, slot[k].tag), "pattern broken at the end");
+    check_live(rt, &slot[k], "at the end");
     fuzz_assert(gmr_free(rt, slot[k].p) == 0, "free: %s", gmr_last_error(rt));
   }
   if (charged > 0) fuzz_assert(gmr_charge(rt, -charged) == 0, "refund of the rest");
@@ -154,5 +221,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gmr_stats(rt, &st);
   fuzz_assert(st.allocations == 0 && st.allocated_bytes == 0, "%llu allocations left",
               (unsigned long long)st.allocations);
+  fuzz_bound_memory(runtimes, FUZZ_N_STACKS);
   return 0;
 }

@@ -1,5 +1,7 @@
 /* fuzz.h: what the libFuzzer harnesses share: the policy stacks they run
- * on, and the tag pattern that catches two live blocks that overlap.
+ * on, the runtimes on the simulator (with page reuse when host-backed) and
+ * its test of what is device memory now, and the tag pattern that catches
+ * memory handed out twice or lost.
  *
  * The harnesses are built by tests/fuzz/build.sh with clang's libFuzzer
  * and AddressSanitizer + UndefinedBehaviorSanitizer, from the library's
@@ -11,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/runtime.h"
 #include "gmr.h"
 
 /* Every policy, alone and under both kinds of limit. */
@@ -45,7 +49,10 @@ static const char *const fuzz_stacks[] = {
   } while (0)
 
 /* One runtime per stack on a simulated device, created once per process
- * (creating a runtime per input would dominate the time). */
+ * (creating a runtime per input would dominate the time).  Host-backed, the
+ * simulator reuses host pages (gmr__sim_host_reuse: no page fault or system
+ * call per reservation), so a released range stays readable: the harness
+ * checks every block it touches with fuzz_covered instead. */
 static inline gmr_runtime_t *fuzz_runtime(size_t stack, uint64_t capacity, int host_backed) {
   gmr_config_t *cfg = NULL;
   gmr_error_t err;
@@ -58,13 +65,45 @@ static inline gmr_runtime_t *fuzz_runtime(size_t stack, uint64_t capacity, int h
   int rc = gmr_runtime_new_sim(cfg, &o, &rt);
   gmr_config_free(cfg);
   fuzz_assert(rc == 0, "%s", gmr_last_error(NULL));
+  if (host_backed)
+    fuzz_assert(gmr__sim_host_reuse(gmr__sim_of(gmr__runtime_device_backend(rt))) == 0,
+                "page reuse");
   return rt;
 }
 
-/* The tag pattern: blocks under 64 bytes are filled whole; larger ones get
+/* Page reuse keeps what the runtimes' blocks touched: every 64 inputs, when
+ * the process holds more than 2.5 GiB, give the free pages back to the host
+ * (the next inputs fault them in again), so a long run stays below run.sh's
+ * -rss_limit_mb=4096. */
+static inline void fuzz_bound_memory(gmr_runtime_t *const *rts, size_t n) {
+  static unsigned calls;
+  if (++calls % 64 != 0) return;
+  unsigned long pages = 0, resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f == NULL) return;
+  int got = fscanf(f, "%lu %lu", &pages, &resident);
+  fclose(f);
+  long pg = sysconf(_SC_PAGESIZE);
+  if (got != 2 || resident * (unsigned long)(pg > 0 ? pg : 4096) < (5ul << 29)) return;
+  for (size_t i = 0; i < n; ++i)
+    if (rts[i] != NULL) gmr__sim_host_trim(gmr__sim_of(gmr__runtime_device_backend(rts[i])));
+}
+
+/* Is [p, p + n) device memory the runtime holds now (inside one live
+ * reservation, or on mappings with access)?  *token tells which reservation
+ * (0: on mappings), so a block whose reservation was released and another
+ * reserved at its address is found. */
+static inline int fuzz_covered(gmr_runtime_t *rt, const void *p, size_t n, uint64_t *token) {
+  return gmr__sim_covers(gmr__sim_of(gmr__runtime_device_backend(rt)), p, n, token);
+}
+
+/* The tag pattern: blocks under 256 bytes are filled whole; larger ones get
  * a word at each end and at 14 offsets between, so that a large block costs
- * a few page touches, not one per page.  Overlapping blocks, or memory
- * handed out twice, break the first or last word of one of them. */
+ * a few page touches, not one per page.  Memory handed out twice breaks
+ * the words of one of them; memory whose content a policy loses (unmapped
+ * and mapped again, remapped to other pages) breaks its own.  (Two blocks
+ * that overlap only partly need not touch each other's words: the harness
+ * checks overlaps by address.) */
 #define FUZZ_SAMPLES 16
 static inline size_t fuzz_at(size_t n, int i) {
   /* n >= 256: consecutive offsets are >= 16 bytes apart, so words never overlap */
