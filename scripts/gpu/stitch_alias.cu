@@ -17,32 +17,12 @@
 //
 // Prints "alias: N rounds, M bytes checked, 0 mismatches" and exits 0 when
 // every byte verifies; 1 otherwise.
-#include <cuda.h>
-#include <cuda_runtime.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    CUresult r_ = (x);                                                                             \
-    if (r_ != CUDA_SUCCESS) {                                                                      \
-      const char *s_ = nullptr;                                                                    \
-      cuGetErrorString(r_, &s_);                                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");                   \
-      exit(2);                                                                                     \
-    }                                                                                              \
-  } while (0)
-#define CR(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      exit(2);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "cuda_check.h"
 
 // Write v(i) = seed * 2654435761 + i over [lo, hi) of p (32-bit words), many
 // times over so the two kernels overlap in time.

@@ -26,24 +26,8 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    CUresult r_ = (x);                                                                             \
-    if (r_ != CUDA_SUCCESS) {                                                                      \
-      const char *s_ = nullptr;                                                                    \
-      cuGetErrorString(r_, &s_);                                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");                   \
-      exit(2);                                                                                     \
-    }                                                                                              \
-  } while (0)
-#define CR(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      exit(2);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "cuda_check.h"
+
 #define CB(x)                                                                                      \
   do {                                                                                             \
     cublasStatus_t s_ = (x);                                                                       \
