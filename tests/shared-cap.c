@@ -120,6 +120,30 @@ static void reap(pid_t pid) {
   }
 }
 
+/* Fork a child that attaches to p (a 10 GiB quota) as `label`, takes n bytes
+ * with `take` (gmr__scap_reserve, or gmr__scap_debug_hold: the lock held in
+ * the middle of an update) and sleeps until it is killed.  Returns its pid
+ * (-1 if none) once it holds them; *held is 1 then, 0 if the child failed. */
+static pid_t spawn_holder(const char *p, const char *label, int (*take)(gmr_scap_t *, uint64_t),
+                          uint64_t n, int *held) {
+  int fds[2];
+  *held = 0;
+  if (pipe(fds)) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    gmr_scap_t *h = attach(p, 10 * GiB, 0, 0, label);
+    if (!h || take(h, n) != 0) _exit(1);
+    signal_fd(fds[1]);
+    for (;;)
+      pause();
+  }
+  close(fds[1]);
+  if (pid > 0) *held = wait_fd(fds[0]) == 0;
+  close(fds[0]);
+  return pid;
+}
+
 /* ---- basic ------------------------------------------------------------------------- */
 
 static void test_basic(void) {
@@ -376,20 +400,9 @@ static void test_dead_lock_holder(void) {
 
   /* Once more with this process already waiting for the lock when the
    * holder dies (EOWNERDEAD from pthread_mutex_timedlock). */
-  int fds[2];
-  if (pipe(fds) == 0) {
-    pid_t holder = fork();
-    if (holder == 0) {
-      close(fds[0]);
-      gmr_scap_t *h = attach(p, 10 * GiB, 0, 0, "victim");
-      if (!h || gmr__scap_debug_hold(h, 50 * MiB) != 0) _exit(1);
-      signal_fd(fds[1]);
-      for (;;)
-        pause();
-    }
-    close(fds[1]);
-    int w = wait_fd(fds[0]);
-    close(fds[0]);
+  int held;
+  pid_t holder = spawn_holder(p, "victim", gmr__scap_debug_hold, 50 * MiB, &held);
+  if (holder > 0) {
     pid_t killer = fork();
     if (killer == 0) {
       usleep(100000);
@@ -401,7 +414,7 @@ static void test_dead_lock_holder(void) {
     int rc = gmr__scap_reserve(me, MiB);
     double waited = now_s() - t1;
     gmr__scap_debug(me, &d1);
-    ok(w == 0 && rc == 0 && d1.repairs == d0.repairs + 1 && waited >= 0.05,
+    ok(held && rc == 0 && d1.repairs == d0.repairs + 1 && waited >= 0.05,
        "a reservation waiting for the lock when its holder is killed gets it, repaired (%.3f s)",
        waited);
     gmr__scap_release(me, MiB);
@@ -417,20 +430,11 @@ static void test_dead_quota_holder(void) {
   char p[300];
   path_of("dead-quota", p, sizeof p);
   gmr_scap_t *me = attach(p, 10 * GiB, 0, 0, "survivor");
-  int fds[2];
-  if (!me || pipe(fds)) return;
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    gmr_scap_t *h = attach(p, 10 * GiB, 0, 0, "holder");
-    if (!h || gmr__scap_reserve(h, 9 * GiB) != 0) _exit(1);
-    signal_fd(fds[1]);
-    for (;;)
-      pause();
-  }
-  close(fds[1]);
-  ok(wait_fd(fds[0]) == 0, "a child holds 90%% of the cap");
-  close(fds[0]);
+  if (!me) return;
+  int held;
+  pid_t pid = spawn_holder(p, "holder", gmr__scap_reserve, 9 * GiB, &held);
+  if (pid < 0) return;
+  ok(held, "a child holds 90%% of the cap");
   is_int(gmr__scap_reserve(me, 2 * GiB), GMR_ENOMEM, "the rest cannot take 20%% while it lives");
   kill(pid, SIGKILL);
   reap(pid);
