@@ -24,7 +24,9 @@
 #   bench-all            gmr-bench with every contender, threads pinned (the
 #                        H200 run of docs/benchmarks.md): PyTorch's own allocator
 #                        (its shim built here), cudaMallocAsync, cudaMalloc and
-#                        gmr's caching and bfc (pair, random, sweep), stitch (pair)
+#                        gmr's caching and bfc (pair, random, sweep), stitch (pair),
+#                        and the same pairs on the simulated device (THREADS: the
+#                        thread counts, default 1,2,4,8,16)
 #   cuda-test            tests/cuda (the backend and the policies on the device)
 #   bench-miss           the stitch policy's cache misses on the device: microseconds
 #                        per miss by pages mapped (gmr-bench --workloads miss)
@@ -122,12 +124,18 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     shim="$results/libgmr-bench-torch.so"
     sh "$dir/tools/bench-torch.sh" "$shim" python3 || status=1
     timeout 480 "$dir/bin/gmr-bench" --device cuda --pin --reps "${REPS:-7}" --min-time 20 \
-      --threads 1,2,4,8,16 --workloads pair,random,sweep --torch "$shim" \
+      --threads "${THREADS:-1,2,4,8,16}" --workloads pair,random,sweep --torch "$shim" \
       --json-file "$results/bench-all.json" "$dir/config/pytorch.yaml" \
       "$dir/config/tf-greedy.yaml" || status=1
     timeout 120 "$dir/bin/gmr-bench" --device cuda --pin --reps "${REPS:-7}" --min-time 20 \
-      --threads 1,2,4,8,16 --workloads pair --no-baselines \
+      --threads "${THREADS:-1,2,4,8,16}" --workloads pair --no-baselines \
       --json-file "$results/bench-stitch.json" "$dir/config/stitch.yaml" || status=1
+    # The same pairs on the simulated device, on the same host: what the
+    # backend adds to the host's cost (a cached pair makes no device call).
+    timeout 120 "$dir/bin/gmr-bench" --device sim --pin --reps "${REPS:-7}" --min-time 20 \
+      --threads 1 --sizes 4KiB,1MiB --workloads pair,random \
+      --json-file "$results/bench-sim.json" "$dir/config/pytorch.yaml" \
+      "$dir/config/tf-greedy.yaml" "$dir/config/stitch.yaml" || status=1
     ;;
   cuda-test)
     phase "tests/cuda on the device"
