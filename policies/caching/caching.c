@@ -105,7 +105,10 @@ static inline void treap_rotate_up(cache_block_t **root, cache_block_t *x) {
     g->right = x;
 }
 
-static void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
+/* Insert n below *root by key, then rotate it up past parents of lower
+ * priority.  Inline into each caller with by_addr a constant: a free tree's
+ * descent compares sizes, and addresses only between equal sizes. */
+static inline void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
   cache_block_t *parent = NULL, **link = root;
   while (*link != NULL) {
     parent = *link;
@@ -196,17 +199,27 @@ static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
   return treap_collect(t->right, v, n);
 }
 
-static inline uint32_t cache_prio(cache_stream_t *cs) {
+/* A record's treap priority, drawn once when the record is made (an LCG
+ * per stream): priorities stay independent of the keys the record takes,
+ * and an insert writes none. */
+static inline uint16_t cache_prio(cache_stream_t *cs) {
   cs->prio_state = cs->prio_state * 6364136223846793005ull + 1442695040888963407ull;
-  return (uint32_t)(cs->prio_state >> 33);
+  return (uint16_t)(cs->prio_state >> 48);
 }
 
 /* ---- a pool's bins (caching.h): the free tree in pieces ------------------------- */
 
+/* BlockPool::insert_into_blocks' stamp of the GC clock.  The clock runs
+ * only with GC on (cache_find_free_block); off, it stays 0, as every
+ * record's stamp does (records are made zeroed), so the stamp is not
+ * written and the block's second line is not touched. */
+static inline void cache_gc_stamp(const cache_t *c, const cache_pool_t *p, cache_block_t *b) {
+  if (GMR_UNLIKELY(c->global_only)) b->gc_count_base = c->gc_clock[p->is_small];
+}
+
 /* BlockPool::insert_into_blocks: stamps the GC clock. */
-static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
-  b->gc_count_base = c->gc_clock[p->is_small];
-  b->prio = cache_prio(p->stream);
+static inline void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
+  cache_gc_stamp(c, p, b);
   unsigned k = cache_bin(p, b->size);
   b->bin = (uint8_t)k;
   treap_insert(&p->bins[k], b, false);
@@ -281,7 +294,7 @@ static size_t pool_collect(const cache_pool_t *p, cache_block_t **v, size_t n) {
 }
 
 static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
-  b->prio = cache_prio(p->stream);
+  (void)c;
   treap_insert(&p->unmapped, b, true);
   b->in_tree = true;
 }
@@ -318,6 +331,7 @@ static int cache_records_reserve(cache_stream_t *cs, size_t n) {
     cs->chunks = k;
     cache_block_t *r = chunk_records(k);
     for (int i = CACHE_CHUNK; i-- > 0;) {
+      r[i].prio = cache_prio(cs);
       r[i].next = cs->spare;
       cs->spare = &r[i];
     }
@@ -350,8 +364,8 @@ static inline cache_block_t *cache_record(cache_pool_t *p, cache_seg_t *seg, uin
   return b;
 }
 
-static void cache_recycle(cache_block_t *b) {
-  cache_stream_t *cs = b->pool->stream;
+/* Give b back to the spare records of its stream cs. */
+static void cache_recycle(cache_stream_t *cs, cache_block_t *b) {
   b->next = cs->spare;
   cs->spare = b;
   ++cs->n_spare;
@@ -666,12 +680,18 @@ static void seg_unlink(cache_t *c, cache_seg_t *s) {
   --c->n_segs;
 }
 
+/* try_merge_blocks' test: may `src` merge into the freed block `dst`?
+ * PyTorch's also asks for no recorded streams, which a block that is not
+ * allocated never has (caching.h): the test reads src's first line only. */
+static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
+  gmr_assert_internal(src == NULL || src->allocated || src->n_uses == 0);
+  return src != NULL && !src->allocated && src->event_count == 0 && dst->mapped == src->mapped;
+}
+
 /* try_merge_blocks: merge `src` into `dst` (dst is in no tree); returns the
  * bytes subsumed, 0 when refused. */
 static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src) {
-  if (src == NULL || src->allocated || src->event_count > 0 || src->n_uses > 0 ||
-      dst->mapped != src->mapped)
-    return 0;
+  if (!cache_mergeable(dst, src)) return 0;
   if (dst->prev == src) { /* [src dst] */
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -683,18 +703,13 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
   }
   size_t subsumed = src->size;
   dst->size += subsumed;
+  cache_pool_t *p = dst->pool; /* the segment's, src's too */
   if (src->mapped)
-    pool_erase(src->pool, src);
+    pool_erase(p, src);
   else
-    unmapped_erase(src->pool, src);
-  cache_recycle(src);
+    unmapped_erase(p, src);
+  cache_recycle(p->stream, src);
   return subsumed;
-}
-
-/* try_merge_blocks' test: may `src` merge into the freed block `dst`? */
-static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
-  return src != NULL && !src->allocated && src->event_count == 0 && src->n_uses == 0 &&
-         dst->mapped == src->mapped;
 }
 
 /* free_block when exactly one neighbour merges: the neighbour's record
@@ -713,7 +728,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   cache_block_t *host = mp ? pv : nx;
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
-  cache_pool_t *p = host->pool;
+  cache_pool_t *p = b->pool; /* the segment's, host's too */
   const cache_block_t *succ = treap_successor(host);
   bool stays = size < p->floor[host->bin + 1] &&
                (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr));
@@ -731,10 +746,10 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
   host->size = size;
   host->requested = b->requested;
   if (stays)
-    host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+    cache_gc_stamp(c, p, host); /* insert_into_blocks' */
   else
     pool_insert(c, p, host);
-  cache_recycle(b);
+  cache_recycle(p->stream, b);
   return host;
 }
 
@@ -790,7 +805,7 @@ static int cache_release_block(cache_t *c, cache_block_t *b) {
   pool_erase(b->pool, b);
   seg_unlink(c, s);
   gmr__free(s);
-  cache_recycle(b);
+  cache_recycle(b->pool->stream, b);
   return 0;
 }
 
@@ -897,7 +912,7 @@ static int cache_release_expandable(cache_t *c, cache_block_t *b) {
   unmapped_erase(b->pool, b);
   seg_unlink(c, s);
   gmr__free(s);
-  cache_recycle(b);
+  cache_recycle(b->pool->stream, b);
   return 0;
 }
 
@@ -1209,21 +1224,23 @@ static int cache_alloc_block(cache_t *c, cache_pool_t *p, size_t size, size_t al
   return 0;
 }
 
-static bool cache_should_split(const cache_t *c, const cache_block_t *b, size_t size) {
+/* should_split of b, a block of pool p. */
+static bool cache_should_split(const cache_t *c, const cache_pool_t *p, const cache_block_t *b,
+                               size_t size) {
   size_t remaining = b->size - size;
-  if (b->pool->is_small || c->conf.expandable) return remaining >= CACHE_MIN_BLOCK;
+  if (p->is_small || c->conf.expandable) return remaining >= CACHE_MIN_BLOCK;
   return size < c->conf.max_split_size && remaining > CACHE_SMALL_SIZE;
 }
 
-/* alloc_found_block.  `in_tree`: b is still in its free tree, and `pred` is
+/* alloc_found_block of b, a block of pool p.  `in_tree`: b is still in its free tree, and `pred` is
  * the block before it there (see cache_find_free_block); a split remainder
  * then keeps b's node when its key stays above pred's (the key only shrinks,
  * so nothing else can pass it), instead of leaving the tree and entering it
  * again; otherwise b leaves the tree first. */
-static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size,
-                                                  size_t orig, bool split, cache_journal_t *j,
-                                                  bool in_tree, const cache_block_t *pred) {
-  cache_pool_t *p = b->pool;
+static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_pool_t *p, cache_block_t *b,
+                                                  size_t size, size_t orig, bool split,
+                                                  cache_journal_t *j, bool in_tree,
+                                                  const cache_block_t *pred) {
   int t = cache_stat_type(p);
   bool already_split = cache_is_split(b), expandable = c->conf.expandable; /* b->seg's */
   if (in_tree) {
@@ -1246,7 +1263,7 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
     rest->ptr += size;
     rest->size -= size;
     if (in_tree)
-      rest->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+      cache_gc_stamp(c, p, rest); /* insert_into_blocks' */
     else
       pool_insert(c, p, rest);
     if (already_split && !expandable) {
@@ -1333,9 +1350,9 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
   /* The releases and maps above may have used the records reserved at the
    * top (an expandable segment unmapped, then mapped again); a split needs
    * one more.  Should the host refuse it, the whole block is handed out. */
-  bool split = cache_should_split(c, b, size);
-  if (split && cache_records_reserve(b->pool->stream, 1) != 0) split = false;
-  b = cache_alloc_found(c, b, size, orig, split, NULL, false, NULL);
+  bool split = cache_should_split(c, p, b, size);
+  if (split && cache_records_reserve(p->stream, 1) != 0) split = false;
+  b = cache_alloc_found(c, p, b, size, orig, split, NULL, false, NULL);
   *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
   return 0;
 }
@@ -1507,12 +1524,12 @@ static CACHE_NOINLINE int cache_alloc_cached(cache_t *c, cache_stream_t *cs, siz
   cache_block_t *pred;
   b = cache_find_free_block(c, p, size, &pred);
   if (GMR_UNLIKELY(b == NULL)) goto slow;
-  bool split = cache_should_split(c, b, size);
+  bool split = cache_should_split(c, p, b, size);
   cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
   if (GMR_LIKELY(j == NULL))
-    b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
+    b = cache_alloc_found(c, p, b, size, orig, split, NULL, true, pred);
   else
-    b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
+    b = cache_alloc_found(c, p, b, size, orig, split, j, true, pred);
   cache_commit(c, cs, j);
   cache_spin_unlock(&cs->lock);
   out->ptr = (void *)b->ptr; /* requested and stream: the runtime's */
