@@ -121,7 +121,7 @@ static inline void treap_insert(cache_block_t **root, cache_block_t *n, bool by_
     treap_rotate_up(root, n);
 }
 
-static void treap_erase(cache_block_t **root, cache_block_t *n) {
+static inline void treap_erase(cache_block_t **root, cache_block_t *n) {
   while (n->left != NULL && n->right != NULL)
     treap_rotate_up(root, n->left->prio > n->right->prio ? n->left : n->right);
   cache_block_t *child = n->left != NULL ? n->left : n->right, *parent = n->parent;
@@ -743,8 +743,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
     host->next = b->next;
     if (host->next) host->next->prev = host;
   }
-  host->size = size;
-  host->requested = b->requested;
+  host->size = size; /* its `requested` is not b's: a free block's is never read (walk.c) */
   if (stays)
     cache_gc_stamp(c, p, host); /* insert_into_blocks' */
   else
@@ -1490,7 +1489,7 @@ static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d,
 }
 
 /* Apply the deferred free of b now (fast path: cs->lock held). */
-static void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
+static CACHE_HOT void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
   if (GMR_LIKELY(j == NULL))
     cache_free_locked(c, b, NULL);
