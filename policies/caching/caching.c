@@ -688,10 +688,9 @@ static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t
   return src != NULL && !src->allocated && src->event_count == 0 && dst->mapped == src->mapped;
 }
 
-/* try_merge_blocks: merge `src` into `dst` (dst is in no tree); returns the
- * bytes subsumed, 0 when refused. */
-static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src) {
-  if (!cache_mergeable(dst, src)) return 0;
+/* try_merge_blocks' merge, the test passed: merge `src` into `dst` (dst is
+ * in no tree); returns the bytes subsumed. */
+static size_t cache_merge_into(cache_block_t *dst, cache_block_t *src) {
   if (dst->prev == src) { /* [src dst] */
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -712,19 +711,24 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
   return subsumed;
 }
 
-/* free_block when exactly one neighbour merges: the neighbour's record
+/* try_merge_blocks: merge `src` into `dst` (dst is in no tree); returns the
+ * bytes subsumed, 0 when refused. */
+static size_t cache_try_merge(cache_block_t *dst, cache_block_t *src) {
+  return cache_mergeable(dst, src) ? cache_merge_into(dst, src) : 0;
+}
+
+/* free_block when exactly one neighbour of the mapped block b merges (mp:
+ * the one before it, else the one after): the neighbour's record
  * becomes the merged block (PyTorch keeps the freed block's record; which
  * record survives is not observable).  When the merged key (size, ptr),
  * which only grows, stays in the neighbour's bin and below its successor
  * there, it keeps the neighbour's node and no tree changes shape; else the
  * node leaves its tree and enters again.  Returns the merged block and in
- * *subsumed the neighbour's old size; NULL when the general path must run
- * (no neighbour merges, or both do). */
-static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b,
+ * *subsumed the neighbour's old size. */
+static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b, bool mp,
                                                      size_t *subsumed) {
   cache_block_t *pv = b->prev, *nx = b->next;
-  bool mp = cache_mergeable(b, pv), mn = cache_mergeable(b, nx);
-  if (mp == mn || !b->mapped) return NULL;
+  bool mn = !mp;
   cache_block_t *host = mp ? pv : nx;
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
@@ -757,20 +761,21 @@ static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journ
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
   int64_t net_n = 0, net_bytes = 0;
-  size_t sub = 0;
-  cache_block_t *m = cache_merge_in_place(c, b, &sub); /* b is recycled when it succeeds */
-  if (m != NULL) {
+  cache_block_t *pv = b->prev, *nx = b->next, *m = b;
+  bool mp = cache_mergeable(b, pv), mn = cache_mergeable(b, nx); /* before any merge */
+  if (mp != mn && b->mapped) {
+    size_t sub;
+    m = cache_merge_in_place(c, b, mp, &sub); /* b is recycled */
     net_n = -1;
     net_bytes = -(int64_t)sub;
   } else {
-    m = b;
-    cache_block_t *cand[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; ++i) {
-      size_t got = cache_try_merge(c, b, cand[i]);
-      if (got > 0) {
-        net_n -= 1;
-        net_bytes -= (int64_t)got;
-      }
+    if (mp) {
+      net_n -= 1;
+      net_bytes -= (int64_t)cache_merge_into(b, pv);
+    }
+    if (mn) {
+      net_n -= 1;
+      net_bytes -= (int64_t)cache_merge_into(b, nx);
     }
     pool_insert(c, p, b);
   }
@@ -848,8 +853,8 @@ static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapp
     unmapped_insert(c, p, rest);
     b->size = bytes;
   }
-  cache_try_merge(c, b, b->prev);
-  cache_try_merge(c, b, b->next);
+  cache_try_merge(b, b->prev);
+  cache_try_merge(b, b->next);
   pool_insert(c, p, b);
   c->total_allocated += bytes;
   cache_inc(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
@@ -895,8 +900,8 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   b->ptr = uptr;
   b->size = bytes;
   b->mapped = false;
-  cache_try_merge(c, b, b->prev);
-  cache_try_merge(c, b, b->next);
+  cache_try_merge(b, b->prev);
+  cache_try_merge(b, b->next);
   unmapped_insert(c, p, b);
   c->total_allocated -= bytes;
   cache_dec(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
