@@ -1516,8 +1516,8 @@ static CACHE_NOINLINE int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t
 
 /* The fast path without a take-back: the deferred free applied, a block of
  * the free tree; else the global path.  cs->lock held, released here. */
-static CACHE_NOINLINE int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size,
-                                             size_t orig, gmr_stream_t s, gmr_block_t *out) {
+static CACHE_HOT int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size, size_t orig,
+                                        gmr_stream_t s, gmr_block_t *out) {
   cache_block_t *b = cs->deferred;
   if (b != NULL) {
     cs->deferred = NULL;

@@ -282,7 +282,8 @@ static inline unsigned cache_bin(const cache_pool_t *p, size_t size) {
   uint64_t bits;
   memcpy(&bits, &d, sizeof bits);
   int64_t k = (int64_t)(bits >> (52 - CACHE_BIN_SUB)) - p->bin_off;
-  return k < 0 ? 0u : k > CACHE_BINS - 1 ? CACHE_BINS - 1u : (unsigned)k;
+  if (GMR_LIKELY((uint64_t)k < CACHE_BINS)) return (unsigned)k; /* one test for both ends */
+  return k < 0 ? 0u : CACHE_BINS - 1u;
 }
 
 /* The first bin at or after k (<= CACHE_BINS) that holds blocks, or -1. */
