@@ -75,11 +75,11 @@ typedef struct cache_seg_s cache_seg_t;
 
 /* A block record: 128 bytes, 64-byte aligned (records come in chunks,
  * caching.c).  Its first cache line holds all that a tree search, a tree
- * rotation, a split of a free block and a neighbour's merge test read or
- * write (the key, the links, the priority, the state), so that the blocks
- * a free or an allocation reaches besides its own cost one line each; the
- * second holds what only the block's own allocation, free and the global
- * path use.
+ * rotation and a neighbour's merge test read or write (the key, the links,
+ * the priority, the state), so that the blocks a free or an allocation
+ * reaches besides its own cost one line each; the second holds what only
+ * the block's own allocation and free, a split of it (its segment, for the
+ * new record) and the global path use.
  *   event_count <= n_uses <= CACHE_STAB / 2 (one event per recorded stream
  *   that has a stream record), so 16 bits hold it;
  *   !allocated => n_uses == 0 (record_stream reaches live blocks only, and
