@@ -293,8 +293,7 @@ static size_t pool_collect(const cache_pool_t *p, cache_block_t **v, size_t n) {
   return n;
 }
 
-static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
-  (void)c;
+static void unmapped_insert(cache_pool_t *p, cache_block_t *b) {
   treap_insert(&p->unmapped, b, true);
   b->in_tree = true;
 }
@@ -850,7 +849,7 @@ static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapp
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
     b->next = rest;
-    unmapped_insert(c, p, rest);
+    unmapped_insert(p, rest);
     b->size = bytes;
   }
   cache_try_merge(b, b->prev);
@@ -902,7 +901,7 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   b->mapped = false;
   cache_try_merge(b, b->prev);
   cache_try_merge(b, b->next);
-  unmapped_insert(c, p, b);
+  unmapped_insert(p, b);
   c->total_allocated -= bytes;
   cache_dec(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
   ++c->st.num_device_free;
@@ -954,7 +953,7 @@ static int cache_find_expandable(cache_t *c, cache_pool_t *p, size_t size, cache
   b->mapped = false;
   s->head = b;
   seg_link(c, s);
-  unmapped_insert(c, p, b);
+  unmapped_insert(p, b);
   *out = b;
   return 0;
 }
@@ -1236,11 +1235,12 @@ static bool cache_should_split(const cache_t *c, const cache_pool_t *p, const ca
   return size < c->conf.max_split_size && remaining > CACHE_SMALL_SIZE;
 }
 
-/* alloc_found_block of b, a block of pool p.  `in_tree`: b is still in its free tree, and `pred` is
- * the block before it there (see cache_find_free_block); a split remainder
- * then keeps b's node when its key stays above pred's (the key only shrinks,
- * so nothing else can pass it), instead of leaving the tree and entering it
- * again; otherwise b leaves the tree first. */
+/* alloc_found_block of b, a block of pool p.  `in_tree`: b is still in its
+ * free tree, and `pred` is the block before it there (see
+ * cache_find_free_block); a split remainder then keeps b's node when its key
+ * stays above pred's (the key only shrinks, so nothing else can pass it),
+ * instead of leaving the tree and entering it again; otherwise b leaves the
+ * tree first. */
 static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_pool_t *p, cache_block_t *b,
                                                   size_t size, size_t orig, bool split,
                                                   cache_journal_t *j, bool in_tree,
