@@ -105,7 +105,10 @@ static inline void treap_rotate_up(cache_block_t **root, cache_block_t *x) {
     g->right = x;
 }
 
-static void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
+/* Insert n below *root by key, then rotate it up past parents of lower
+ * priority.  Inline into each caller with by_addr a constant: a free tree's
+ * descent compares sizes, and addresses only between equal sizes. */
+static inline void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
   cache_block_t *parent = NULL, **link = root;
   while (*link != NULL) {
     parent = *link;
@@ -118,7 +121,7 @@ static void treap_insert(cache_block_t **root, cache_block_t *n, bool by_addr) {
     treap_rotate_up(root, n);
 }
 
-static void treap_erase(cache_block_t **root, cache_block_t *n) {
+static inline void treap_erase(cache_block_t **root, cache_block_t *n) {
   while (n->left != NULL && n->right != NULL)
     treap_rotate_up(root, n->left->prio > n->right->prio ? n->left : n->right);
   cache_block_t *child = n->left != NULL ? n->left : n->right, *parent = n->parent;
@@ -196,17 +199,27 @@ static size_t treap_collect(cache_block_t *t, cache_block_t **v, size_t n) {
   return treap_collect(t->right, v, n);
 }
 
-static inline uint32_t cache_prio(cache_stream_t *cs) {
+/* A record's treap priority, drawn once when the record is made (an LCG
+ * per stream): priorities stay independent of the keys the record takes,
+ * and an insert writes none. */
+static inline uint16_t cache_prio(cache_stream_t *cs) {
   cs->prio_state = cs->prio_state * 6364136223846793005ull + 1442695040888963407ull;
-  return (uint32_t)(cs->prio_state >> 33);
+  return (uint16_t)(cs->prio_state >> 48);
 }
 
 /* ---- a pool's bins (caching.h): the free tree in pieces ------------------------- */
 
+/* BlockPool::insert_into_blocks' stamp of the GC clock.  The clock runs
+ * only with GC on (cache_find_free_block); off, it stays 0, as every
+ * record's stamp does (records are made zeroed), so the stamp is not
+ * written and the block's second line is not touched. */
+static inline void cache_gc_stamp(const cache_t *c, const cache_pool_t *p, cache_block_t *b) {
+  if (GMR_UNLIKELY(c->global_only)) b->gc_count_base = c->gc_clock[p->is_small];
+}
+
 /* BlockPool::insert_into_blocks: stamps the GC clock. */
-static void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
-  b->gc_count_base = c->gc_clock[p->is_small];
-  b->prio = cache_prio(p->stream);
+static inline void pool_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
+  cache_gc_stamp(c, p, b);
   unsigned k = cache_bin(p, b->size);
   b->bin = (uint8_t)k;
   treap_insert(&p->bins[k], b, false);
@@ -280,8 +293,7 @@ static size_t pool_collect(const cache_pool_t *p, cache_block_t **v, size_t n) {
   return n;
 }
 
-static void unmapped_insert(cache_t *c, cache_pool_t *p, cache_block_t *b) {
-  b->prio = cache_prio(p->stream);
+static void unmapped_insert(cache_pool_t *p, cache_block_t *b) {
   treap_insert(&p->unmapped, b, true);
   b->in_tree = true;
 }
@@ -318,6 +330,7 @@ static int cache_records_reserve(cache_stream_t *cs, size_t n) {
     cs->chunks = k;
     cache_block_t *r = chunk_records(k);
     for (int i = CACHE_CHUNK; i-- > 0;) {
+      r[i].prio = cache_prio(cs);
       r[i].next = cs->spare;
       cs->spare = &r[i];
     }
@@ -350,8 +363,8 @@ static inline cache_block_t *cache_record(cache_pool_t *p, cache_seg_t *seg, uin
   return b;
 }
 
-static void cache_recycle(cache_block_t *b) {
-  cache_stream_t *cs = b->pool->stream;
+/* Give b back to the spare records of its stream cs. */
+static void cache_recycle(cache_stream_t *cs, cache_block_t *b) {
   b->next = cs->spare;
   cs->spare = b;
   ++cs->n_spare;
@@ -666,12 +679,17 @@ static void seg_unlink(cache_t *c, cache_seg_t *s) {
   --c->n_segs;
 }
 
-/* try_merge_blocks: merge `src` into `dst` (dst is in no tree); returns the
- * bytes subsumed, 0 when refused. */
-static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src) {
-  if (src == NULL || src->allocated || src->event_count > 0 || src->n_uses > 0 ||
-      dst->mapped != src->mapped)
-    return 0;
+/* try_merge_blocks' test: may `src` merge into the freed block `dst`?
+ * PyTorch's also asks for no recorded streams, which a block that is not
+ * allocated never has (caching.h): the test reads src's first line only. */
+static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
+  gmr_assert_internal(src == NULL || src->allocated || src->n_uses == 0);
+  return src != NULL && !src->allocated && src->event_count == 0 && dst->mapped == src->mapped;
+}
+
+/* try_merge_blocks' merge, the test passed: merge `src` into `dst` (dst is
+ * in no tree); returns the bytes subsumed. */
+static size_t cache_merge_into(cache_block_t *dst, cache_block_t *src) {
   if (dst->prev == src) { /* [src dst] */
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -683,37 +701,37 @@ static size_t cache_try_merge(cache_t *c, cache_block_t *dst, cache_block_t *src
   }
   size_t subsumed = src->size;
   dst->size += subsumed;
+  cache_pool_t *p = dst->pool; /* the segment's, src's too */
   if (src->mapped)
-    pool_erase(src->pool, src);
+    pool_erase(p, src);
   else
-    unmapped_erase(src->pool, src);
-  cache_recycle(src);
+    unmapped_erase(p, src);
+  cache_recycle(p->stream, src);
   return subsumed;
 }
 
-/* try_merge_blocks' test: may `src` merge into the freed block `dst`? */
-static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
-  return src != NULL && !src->allocated && src->event_count == 0 && src->n_uses == 0 &&
-         dst->mapped == src->mapped;
+/* try_merge_blocks: merge `src` into `dst` (dst is in no tree); returns the
+ * bytes subsumed, 0 when refused. */
+static size_t cache_try_merge(cache_block_t *dst, cache_block_t *src) {
+  return cache_mergeable(dst, src) ? cache_merge_into(dst, src) : 0;
 }
 
-/* free_block when exactly one neighbour merges: the neighbour's record
+/* free_block when exactly one neighbour of the mapped block b merges (mp:
+ * the one before it, else the one after): the neighbour's record
  * becomes the merged block (PyTorch keeps the freed block's record; which
  * record survives is not observable).  When the merged key (size, ptr),
  * which only grows, stays in the neighbour's bin and below its successor
  * there, it keeps the neighbour's node and no tree changes shape; else the
  * node leaves its tree and enters again.  Returns the merged block and in
- * *subsumed the neighbour's old size; NULL when the general path must run
- * (no neighbour merges, or both do). */
-static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b,
+ * *subsumed the neighbour's old size. */
+static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *b, bool mp,
                                                      size_t *subsumed) {
   cache_block_t *pv = b->prev, *nx = b->next;
-  bool mp = cache_mergeable(b, pv), mn = cache_mergeable(b, nx);
-  if (mp == mn || !b->mapped) return NULL;
+  bool mn = !mp;
   cache_block_t *host = mp ? pv : nx;
   size_t size = host->size + b->size;
   uintptr_t ptr = mp ? pv->ptr : b->ptr;
-  cache_pool_t *p = host->pool;
+  cache_pool_t *p = b->pool; /* the segment's, host's too */
   const cache_block_t *succ = treap_successor(host);
   bool stays = size < p->floor[host->bin + 1] &&
                (succ == NULL || size < succ->size || (size == succ->size && ptr < succ->ptr));
@@ -728,13 +746,12 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
     host->next = b->next;
     if (host->next) host->next->prev = host;
   }
-  host->size = size;
-  host->requested = b->requested;
+  host->size = size; /* its `requested` is not b's: a free block's is never read (walk.c) */
   if (stays)
-    host->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+    cache_gc_stamp(c, p, host); /* insert_into_blocks' */
   else
     pool_insert(c, p, host);
-  cache_recycle(b);
+  cache_recycle(p->stream, b);
   return host;
 }
 
@@ -743,20 +760,21 @@ static CACHE_HOT void cache_free_block(cache_t *c, cache_block_t *b, cache_journ
   size_t orig = b->size, requested = b->requested;
   cache_pool_t *p = b->pool;
   int64_t net_n = 0, net_bytes = 0;
-  size_t sub = 0;
-  cache_block_t *m = cache_merge_in_place(c, b, &sub); /* b is recycled when it succeeds */
-  if (m != NULL) {
+  cache_block_t *pv = b->prev, *nx = b->next, *m = b;
+  bool mp = cache_mergeable(b, pv), mn = cache_mergeable(b, nx); /* before any merge */
+  if (mp != mn && b->mapped) {
+    size_t sub;
+    m = cache_merge_in_place(c, b, mp, &sub); /* b is recycled */
     net_n = -1;
     net_bytes = -(int64_t)sub;
   } else {
-    m = b;
-    cache_block_t *cand[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; ++i) {
-      size_t got = cache_try_merge(c, b, cand[i]);
-      if (got > 0) {
-        net_n -= 1;
-        net_bytes -= (int64_t)got;
-      }
+    if (mp) {
+      net_n -= 1;
+      net_bytes -= (int64_t)cache_merge_into(b, pv);
+    }
+    if (mn) {
+      net_n -= 1;
+      net_bytes -= (int64_t)cache_merge_into(b, nx);
     }
     pool_insert(c, p, b);
   }
@@ -790,7 +808,7 @@ static int cache_release_block(cache_t *c, cache_block_t *b) {
   pool_erase(b->pool, b);
   seg_unlink(c, s);
   gmr__free(s);
-  cache_recycle(b);
+  cache_recycle(b->pool->stream, b);
   return 0;
 }
 
@@ -831,11 +849,11 @@ static int cache_map_block(cache_t *c, cache_block_t *b, size_t size, bool *mapp
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
     b->next = rest;
-    unmapped_insert(c, p, rest);
+    unmapped_insert(p, rest);
     b->size = bytes;
   }
-  cache_try_merge(c, b, b->prev);
-  cache_try_merge(c, b, b->next);
+  cache_try_merge(b, b->prev);
+  cache_try_merge(b, b->next);
   pool_insert(c, p, b);
   c->total_allocated += bytes;
   cache_inc(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
@@ -881,9 +899,9 @@ static int cache_unmap_block(cache_t *c, cache_block_t *b) {
   b->ptr = uptr;
   b->size = bytes;
   b->mapped = false;
-  cache_try_merge(c, b, b->prev);
-  cache_try_merge(c, b, b->next);
-  unmapped_insert(c, p, b);
+  cache_try_merge(b, b->prev);
+  cache_try_merge(b, b->next);
+  unmapped_insert(p, b);
   c->total_allocated -= bytes;
   cache_dec(c->st.reserved_bytes, cache_stat_type(p), (int64_t)bytes);
   ++c->st.num_device_free;
@@ -897,7 +915,7 @@ static int cache_release_expandable(cache_t *c, cache_block_t *b) {
   unmapped_erase(b->pool, b);
   seg_unlink(c, s);
   gmr__free(s);
-  cache_recycle(b);
+  cache_recycle(b->pool->stream, b);
   return 0;
 }
 
@@ -935,7 +953,7 @@ static int cache_find_expandable(cache_t *c, cache_pool_t *p, size_t size, cache
   b->mapped = false;
   s->head = b;
   seg_link(c, s);
-  unmapped_insert(c, p, b);
+  unmapped_insert(p, b);
   *out = b;
   return 0;
 }
@@ -1209,21 +1227,24 @@ static int cache_alloc_block(cache_t *c, cache_pool_t *p, size_t size, size_t al
   return 0;
 }
 
-static bool cache_should_split(const cache_t *c, const cache_block_t *b, size_t size) {
+/* should_split of b, a block of pool p. */
+static bool cache_should_split(const cache_t *c, const cache_pool_t *p, const cache_block_t *b,
+                               size_t size) {
   size_t remaining = b->size - size;
-  if (b->pool->is_small || c->conf.expandable) return remaining >= CACHE_MIN_BLOCK;
+  if (p->is_small || c->conf.expandable) return remaining >= CACHE_MIN_BLOCK;
   return size < c->conf.max_split_size && remaining > CACHE_SMALL_SIZE;
 }
 
-/* alloc_found_block.  `in_tree`: b is still in its free tree, and `pred` is
- * the block before it there (see cache_find_free_block); a split remainder
- * then keeps b's node when its key stays above pred's (the key only shrinks,
- * so nothing else can pass it), instead of leaving the tree and entering it
- * again; otherwise b leaves the tree first. */
-static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, size_t size,
-                                                  size_t orig, bool split, cache_journal_t *j,
-                                                  bool in_tree, const cache_block_t *pred) {
-  cache_pool_t *p = b->pool;
+/* alloc_found_block of b, a block of pool p.  `in_tree`: b is still in its
+ * free tree, and `pred` is the block before it there (see
+ * cache_find_free_block); a split remainder then keeps b's node when its key
+ * stays above pred's (the key only shrinks, so nothing else can pass it),
+ * instead of leaving the tree and entering it again; otherwise b leaves the
+ * tree first. */
+static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_pool_t *p, cache_block_t *b,
+                                                  size_t size, size_t orig, bool split,
+                                                  cache_journal_t *j, bool in_tree,
+                                                  const cache_block_t *pred) {
   int t = cache_stat_type(p);
   bool already_split = cache_is_split(b), expandable = c->conf.expandable; /* b->seg's */
   if (in_tree) {
@@ -1246,7 +1267,7 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_block_t *b, 
     rest->ptr += size;
     rest->size -= size;
     if (in_tree)
-      rest->gc_count_base = c->gc_clock[p->is_small]; /* insert_into_blocks' stamp */
+      cache_gc_stamp(c, p, rest); /* insert_into_blocks' */
     else
       pool_insert(c, p, rest);
     if (already_split && !expandable) {
@@ -1333,9 +1354,9 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
   /* The releases and maps above may have used the records reserved at the
    * top (an expandable segment unmapped, then mapped again); a split needs
    * one more.  Should the host refuse it, the whole block is handed out. */
-  bool split = cache_should_split(c, b, size);
-  if (split && cache_records_reserve(b->pool->stream, 1) != 0) split = false;
-  b = cache_alloc_found(c, b, size, orig, split, NULL, false, NULL);
+  bool split = cache_should_split(c, p, b, size);
+  if (split && cache_records_reserve(p->stream, 1) != 0) split = false;
+  b = cache_alloc_found(c, p, b, size, orig, split, NULL, false, NULL);
   *out = (gmr_block_t){.ptr = (void *)b->ptr, .size = b->size, .handle = b};
   return 0;
 }
@@ -1473,7 +1494,7 @@ static CACHE_HOT bool cache_takes_back(const cache_t *c, const cache_block_t *d,
 }
 
 /* Apply the deferred free of b now (fast path: cs->lock held). */
-static void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
+static CACHE_HOT void cache_free_apply(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
   if (GMR_LIKELY(j == NULL))
     cache_free_locked(c, b, NULL);
@@ -1495,8 +1516,8 @@ static CACHE_NOINLINE int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t
 
 /* The fast path without a take-back: the deferred free applied, a block of
  * the free tree; else the global path.  cs->lock held, released here. */
-static CACHE_NOINLINE int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size,
-                                             size_t orig, gmr_stream_t s, gmr_block_t *out) {
+static CACHE_HOT int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t size, size_t orig,
+                                        gmr_stream_t s, gmr_block_t *out) {
   cache_block_t *b = cs->deferred;
   if (b != NULL) {
     cs->deferred = NULL;
@@ -1507,12 +1528,12 @@ static CACHE_NOINLINE int cache_alloc_cached(cache_t *c, cache_stream_t *cs, siz
   cache_block_t *pred;
   b = cache_find_free_block(c, p, size, &pred);
   if (GMR_UNLIKELY(b == NULL)) goto slow;
-  bool split = cache_should_split(c, b, size);
+  bool split = cache_should_split(c, p, b, size);
   cache_journal_t jbuf, *j = cache_begin(c, &jbuf);
   if (GMR_LIKELY(j == NULL))
-    b = cache_alloc_found(c, b, size, orig, split, NULL, true, pred);
+    b = cache_alloc_found(c, p, b, size, orig, split, NULL, true, pred);
   else
-    b = cache_alloc_found(c, b, size, orig, split, j, true, pred);
+    b = cache_alloc_found(c, p, b, size, orig, split, j, true, pred);
   cache_commit(c, cs, j);
   cache_spin_unlock(&cs->lock);
   out->ptr = (void *)b->ptr; /* requested and stream: the runtime's */

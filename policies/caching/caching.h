@@ -74,15 +74,24 @@ typedef struct cache_stream_s cache_stream_t;
 typedef struct cache_seg_s cache_seg_t;
 
 /* A block record: 128 bytes, 64-byte aligned (records come in chunks,
- * caching.c).  Its first cache line holds all that a tree search and a
- * neighbour's merge test read: the key, the links, the state. */
+ * caching.c).  Its first cache line holds all that a tree search, a tree
+ * rotation and a neighbour's merge test read or write (the key, the links,
+ * the priority, the state), so that the blocks a free or an allocation
+ * reaches besides its own cost one line each; the second holds what only
+ * the block's own allocation and free, a split of it (its segment, for the
+ * new record) and the global path use.
+ *   event_count <= n_uses <= CACHE_STAB / 2 (one event per recorded stream
+ *   that has a stream record), so 16 bits hold it;
+ *   !allocated => n_uses == 0 (record_stream reaches live blocks only, and
+ *   the free that queues their events clears it). */
 struct cache_block_s {
   _Alignas(64) size_t size;    /* bytes */
   uintptr_t ptr;               /* device address */
   cache_block_t *left, *right; /* treap children while in a free or unmapped tree */
   cache_block_t *parent;       /* treap parent (NULL: the root) while in a tree */
   cache_block_t *prev, *next;  /* neighbours in the segment, by address */
-  int event_count;             /* events still pending since the free */
+  uint16_t event_count;        /* events still pending since the free */
+  uint16_t prio;               /* treap priority, drawn once for the record */
   bool allocated;              /* handed to the user */
   bool mapped;                 /* false only for unmapped expandable ranges */
   bool in_tree;                /* in a bin of its pool (mapped) or pool->unmapped */
@@ -91,10 +100,9 @@ struct cache_block_s {
   cache_pool_t *pool;        /* the (stream, small|large) pool */
   cache_seg_t *seg;          /* the segment it is part of */
   size_t requested;          /* bytes the user asked for (live blocks) */
-  uint32_t prio;             /* treap priority */
   uint32_t n_uses, cap_uses; /* entries */
   gmr_stream_t *uses;        /* streams from record_stream (not the own one) */
-  int64_t gc_count_base;     /* the pool's GC clock when it became free */
+  int64_t gc_count_base;     /* the pool's GC clock when it became free (GC on only) */
 };
 
 /* What take-backs (caching.c, "The deferred free") add to the figures'
@@ -274,7 +282,8 @@ static inline unsigned cache_bin(const cache_pool_t *p, size_t size) {
   uint64_t bits;
   memcpy(&bits, &d, sizeof bits);
   int64_t k = (int64_t)(bits >> (52 - CACHE_BIN_SUB)) - p->bin_off;
-  return k < 0 ? 0u : k > CACHE_BINS - 1 ? CACHE_BINS - 1u : (unsigned)k;
+  if (GMR_LIKELY((uint64_t)k < CACHE_BINS)) return (unsigned)k; /* one test for both ends */
+  return k < 0 ? 0u : CACHE_BINS - 1u;
 }
 
 /* The first bin at or after k (<= CACHE_BINS) that holds blocks, or -1. */
@@ -293,8 +302,9 @@ static inline bool cache_is_split(const cache_block_t *b) {
   return b->prev || b->next;
 }
 
+/* A block that is not allocated has no recorded streams (see the record). */
 static inline bool cache_allocatable(const cache_block_t *b) {
-  return b && !b->allocated && b->event_count == 0 && b->n_uses == 0;
+  return b && !b->allocated && b->event_count == 0;
 }
 
 /* torch.cuda.memory_stats(): 122 keys, sorted as Python sorts them. */

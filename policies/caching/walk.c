@@ -132,6 +132,7 @@ int gmr__cache_check_locked(gmr_policy_t *self) {
       CHECK(b->size > 0 && (s->expandable || b->size % CACHE_MIN_BLOCK == 0),
             "block %p has size %zu", (void *)b->ptr, b->size);
       sum += b->size;
+      CHECK(b->allocated || b->n_uses == 0, "free block %p has recorded streams", (void *)b->ptr);
       bool is_free = cache_allocatable(b);
       CHECK(!(is_free && b->mapped) || b->in_tree, "free block %p is not in its pool",
             (void *)b->ptr);
