@@ -60,7 +60,8 @@
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
  *   free ranges (of the fake address space, or of the arena) are sorted,
- *   disjoint and never adjacent (merged on release).
+ *   disjoint and never adjacent (merged on release); first fit skips
+ *   blocks of them by their largest size (fit_max, for the first fit_valid).
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
