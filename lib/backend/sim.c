@@ -60,7 +60,8 @@
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
  *   free ranges (of the fake address space, or of the arena) are sorted,
- *   disjoint and never adjacent (merged on release).
+ *   disjoint and never adjacent (merged on release); first fit skips
+ *   blocks of them by their largest size (fit_max, for the first fit_valid).
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
@@ -107,6 +108,7 @@
 #define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
 #define SIM_ARENA_SLACK         ((size_t)64 << 20)
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
+#define SIM_FIT_BLOCK           32 /* free ranges per block of the first-fit index */
 
 typedef struct sim_range_s {
   uintptr_t addr;
@@ -182,6 +184,10 @@ struct gmr_sim_s {
    * of the arena (host-backed with page reuse). */
   sim_range_t *free_ranges;
   size_t n_free, cap_free;
+  /* First-fit index: the largest size in each block of SIM_FIT_BLOCK free
+   * ranges, for the first fit_valid ranges (a multiple of the block). */
+  uint64_t *fit_max;
+  size_t fit_valid, cap_fit;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
   /* Physical pages: handle = index + 1; every slot below page_low is live
@@ -278,9 +284,21 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
 
 /* ---- the fake address space (first fit, merged free list) ---------------- */
 
+/* The first-fit index holds, with B = SIM_FIT_BLOCK,
+ *   ∀ b < fit_valid / B: fit_max[b] = max { free_ranges[j].size : b·B <= j < (b+1)·B }
+ * space_take skips a block whose maximum is below the size (no range in it
+ * can hold the request) and records the maxima of the blocks it scans whole
+ * past fit_valid; a change at index i (a range resized, added or removed,
+ * which moves those after it) drops the blocks from i's on. */
+static void space_touched(gmr_sim_t *sim, size_t i) {
+  size_t b = i - i % SIM_FIT_BLOCK;
+  if (b < sim->fit_valid) sim->fit_valid = b;
+}
+
 /* Remove [a, a+size) from free range i, which holds it: what remains before
  * and after it stays free (two ranges when both sides remain). */
 static int space_carve(gmr_sim_t *sim, size_t i, uintptr_t a, size_t size) {
+  space_touched(sim, i);
   sim_range_t *r = &sim->free_ranges[i];
   uintptr_t end = r->addr + r->size, tail = a + size;
   if (a > r->addr && tail < end) {
@@ -308,14 +326,26 @@ static int space_carve(gmr_sim_t *sim, size_t i, uintptr_t a, size_t size) {
 
 /* First fit: the lowest free range that holds `size` bytes at `align`. */
 static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
-  for (size_t i = 0; i < sim->n_free; ++i) {
-    sim_range_t *r = &sim->free_ranges[i];
-    if (r->size < size) continue; /* cheap test first: most ranges are too small */
-    uintptr_t start = (r->addr + align - 1) / align * align;
-    if (start + size > r->addr + r->size || start < r->addr) continue;
-    if (space_carve(sim, i, start, size) != 0) return GMR_ENOMEM;
-    *out = start;
-    return 0;
+  for (size_t lo = 0; lo < sim->n_free; lo += SIM_FIT_BLOCK) {
+    if (lo < sim->fit_valid && sim->fit_max[lo / SIM_FIT_BLOCK] < size) continue;
+    size_t hi = sim->n_free - lo < SIM_FIT_BLOCK ? sim->n_free : lo + SIM_FIT_BLOCK;
+    uint64_t most = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      sim_range_t *r = &sim->free_ranges[i];
+      if (r->size > most) most = r->size;
+      if (r->size < size) continue; /* cheap test first: most ranges are too small */
+      uintptr_t start = (r->addr + align - 1) / align * align;
+      if (start + size > r->addr + r->size || start < r->addr) continue;
+      if (space_carve(sim, i, start, size) != 0) return GMR_ENOMEM;
+      *out = start;
+      return 0;
+    }
+    /* A whole block scanned past the index: record it (no room, no record). */
+    if (lo == sim->fit_valid && hi - lo == SIM_FIT_BLOCK &&
+        grow((void **)&sim->fit_max, &sim->cap_fit, lo / SIM_FIT_BLOCK + 1, sizeof *sim->fit_max)) {
+      sim->fit_max[lo / SIM_FIT_BLOCK] = most;
+      sim->fit_valid = hi;
+    }
   }
   return GMR_ENOMEM;
 }
@@ -345,6 +375,7 @@ static size_t space_find(const gmr_sim_t *sim, uintptr_t a) {
 
 static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
   size_t i = space_find(sim, a);
+  space_touched(sim, i > 0 ? i - 1 : 0);
   bool merge_prev = i > 0 && sim->free_ranges[i - 1].addr + sim->free_ranges[i - 1].size == a;
   bool merge_next = i < sim->n_free && a + size == sim->free_ranges[i].addr;
   if (merge_prev && merge_next) {
@@ -970,6 +1001,7 @@ static void sim_destroy(gmr_backend_t *be) {
   gmr__avl_clear(&sim->mappings, NULL, NULL);
   gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
   gmr__free(sim->free_ranges);
+  gmr__free(sim->fit_max);
   gmr__free(sim->streams);
   gmr__free(sim->uses);
   pthread_mutex_destroy(&sim->lock);

@@ -1,12 +1,17 @@
 /* avl.c: the AVL tree of avl.h.
  *
- * Insertion and removal descend recursively (the depth is bounded by the
- * height, <= 1.44 log2(n + 2): at most 92 levels for 2^64 nodes) and
- * rebalance on the way back up with single or double rotations.  Removal of
- * a node with two children moves its in-order successor into its place.
+ * Insertion and removal descend in a loop that keeps the links they
+ * followed (as many as the height, <= 1.44 log2(n + 2): at most 92 for 2^64
+ * nodes), then rebalance on the way back up with single or double
+ * rotations, stopping at the first node whose height comes out as it was:
+ *   height(n) unchanged ⇒ every ancestor keeps its height and balance
+ * so balance() above it would change nothing.  Removal of a node with two
+ * children moves its in-order successor into its place.
  */
 #include "core/avl.h"
 #include "core/internal.h"
+
+#define AVL_MAX_HEIGHT 92 /* 1.44 log2(2^64 + 2) */
 
 static inline int32_t height(const gmr_avl_node_t *n) {
   return n ? n->height : 0;
@@ -39,28 +44,35 @@ static gmr_avl_node_t *balance(gmr_avl_node_t *n) {
   return rotate(n, dir);
 }
 
-static gmr_avl_node_t *insert(gmr_avl_node_t *n, gmr_avl_node_t *fresh, int *found) {
-  if (n == NULL) return fresh;
-  if (fresh->key == n->key) {
-    *found = 1;
-    return n;
-  }
-  int dir = fresh->key > n->key;
-  n->child[dir] = insert(n->child[dir], fresh, found);
-  return *found ? n : balance(n);
+/* balance(n) on the way up; *done once n's subtree has its old height. */
+static gmr_avl_node_t *settle(gmr_avl_node_t *n, int *done) {
+  int32_t old = n->height;
+  n = balance(n);
+  *done = n->height == old;
+  return n;
 }
 
 int gmr__avl_insert(gmr_avl_t *t, uint64_t key, uint64_t val, uint32_t aux) {
-  if (gmr__avl_find(t, key) != NULL) return 1;
+  /* Down: the links followed (height <= AVL_MAX_HEIGHT); up: balance each
+   * node of the path until one keeps its height. */
+  gmr_avl_node_t **path[AVL_MAX_HEIGHT], **link = &t->root;
+  size_t depth = 0;
+  for (gmr_avl_node_t *n; (n = *link) != NULL; link = &n->child[key > n->key]) {
+    if (n->key == key) return 1;
+    path[depth++] = link;
+  }
   gmr_avl_node_t *fresh = t->spare;
   if (fresh != NULL)
     t->spare = fresh->child[0];
   else if ((fresh = gmr__malloc(sizeof *fresh)) == NULL)
     return GMR_ENOMEM;
   *fresh = (gmr_avl_node_t){key, val, aux, 1, {NULL, NULL}};
-  int found = 0;
-  t->root = insert(t->root, fresh, &found);
+  *link = fresh;
   ++t->count;
+  for (int done = 0; !done && depth > 0;) {
+    link = path[--depth];
+    *link = settle(*link, &done);
+  }
   return 0;
 }
 
@@ -85,37 +97,34 @@ gmr_avl_node_t *gmr__avl_floor(const gmr_avl_t *t, uint64_t key) {
   return best;
 }
 
-/* Detach the smallest node of subtree n into *min; returns the new subtree. */
-static gmr_avl_node_t *detach_min(gmr_avl_node_t *n, gmr_avl_node_t **min) {
-  if (n->child[0] == NULL) {
-    *min = n;
-    return n->child[1];
-  }
-  n->child[0] = detach_min(n->child[0], min);
-  return balance(n);
-}
-
-static gmr_avl_node_t *erase(gmr_avl_node_t *n, uint64_t key, gmr_avl_node_t **gone) {
-  if (n == NULL) return NULL;
-  if (key != n->key) {
-    int dir = key > n->key;
-    n->child[dir] = erase(n->child[dir], key, gone);
-    return *gone ? balance(n) : n;
-  }
-  *gone = n;
-  if (n->child[0] == NULL) return n->child[1];
-  if (n->child[1] == NULL) return n->child[0];
-  gmr_avl_node_t *succ = NULL;
-  gmr_avl_node_t *right = detach_min(n->child[1], &succ);
-  succ->child[0] = n->child[0];
-  succ->child[1] = right;
-  return balance(succ);
-}
-
 int gmr__avl_erase(gmr_avl_t *t, uint64_t key) {
-  gmr_avl_node_t *gone = NULL;
-  t->root = erase(t->root, key, &gone);
+  gmr_avl_node_t **path[AVL_MAX_HEIGHT], **link = &t->root, *gone;
+  size_t depth = 0;
+  for (; (gone = *link) != NULL && gone->key != key; link = &gone->child[key > gone->key])
+    path[depth++] = link;
   if (gone == NULL) return 0;
+  if (gone->child[0] == NULL || gone->child[1] == NULL) {
+    *link = gone->child[gone->child[0] == NULL];
+  } else {
+    /* The in-order successor takes the node's place and height; the path
+     * goes on down to where the successor was, its right subtree there. */
+    size_t at = depth;
+    path[depth++] = link;
+    gmr_avl_node_t **s = &gone->child[1];
+    for (; (*s)->child[0] != NULL; s = &(*s)->child[0])
+      path[depth++] = s;
+    gmr_avl_node_t *succ = *s;
+    *s = succ->child[1];
+    succ->child[0] = gone->child[0];
+    succ->child[1] = gone->child[1];
+    succ->height = gone->height;
+    *link = succ;
+    if (depth > at + 1) path[at + 1] = &succ->child[1]; /* was &gone->child[1] */
+  }
+  for (int done = 0; !done && depth > 0;) {
+    link = path[--depth];
+    *link = settle(*link, &done);
+  }
   gone->child[0] = t->spare;
   t->spare = gone;
   --t->count;

@@ -487,10 +487,23 @@ typedef struct cand_s {
   uint32_t id;
 } cand_t;
 
-static int cand_cmp(const void *a, const void *b) {
-  const cand_t *x = a, *y = b;
-  if (x->worth != y->worth) return x->worth > y->worth ? -1 : 1;
-  return x->id < y->id ? -1 : x->id > y->id;
+/* Does x go before y: the page wanted later first, then the lower id (a
+ * strict total order, ids being distinct). */
+static inline bool cand_before(cand_t x, cand_t y) {
+  return x.worth != y.worth ? x.worth > y.worth : x.id < y.id;
+}
+
+/* Sift c[i] down the heap of c[0..n):
+ *   heap ⇔ ∀ 0 < j < n: ¬cand_before(c[j], c[(j - 1) / 2])
+ * so c[0] goes before every other candidate. */
+static void cand_sift(cand_t *c, uint32_t n, uint32_t i) {
+  cand_t v = c[i];
+  for (uint32_t k; (k = 2 * i + 1) < n; i = k) {
+    if (k + 1 < n && cand_before(c[k + 1], c[k])) ++k;
+    if (!cand_before(c[k], v)) break;
+    c[i] = c[k];
+  }
+  c[i] = v;
 }
 
 uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
@@ -504,11 +517,16 @@ uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) 
   if (c == NULL) return got;
   for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next)
     if (st_page_ready(t, id, sidx)) c[ncand++] = (cand_t){page_worth(t, id), id};
-  qsort(c, ncand, sizeof *c, cand_cmp);
-  /* Eviction only moves FREE pages between the two FREE lists, so the ids
+  /* Taken in cand_before's order from a heap: a miss wants a few of
+   * thousands of FREE pages, so O(ncand + got log ncand), not a sort.
+   * Eviction only moves FREE pages between the two FREE lists, so the ids
    * stay FREE while we go. */
-  for (uint32_t i = 0; i < ncand && got < n; ++i) {
-    uint32_t id = c[i].id;
+  for (uint32_t i = ncand / 2; i-- > 0;)
+    cand_sift(c, ncand, i);
+  while (ncand > 0 && got < n) {
+    uint32_t id = c[0].id;
+    c[0] = c[--ncand];
+    cand_sift(c, ncand, 0);
     if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
       out[got++] = id;
   }
