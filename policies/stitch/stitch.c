@@ -26,8 +26,17 @@
  * so; a cache hit makes no device call and is served.  Capture your graph
  * after a warm-up step, or use the caching policy for captured graphs.
  *
- * Synchronization: not `concurrent`; the runtime calls every op under its
- * policy lock.
+ * Synchronization: `concurrent` (policy.h, rule 5).  One lock, `lock` (a
+ * gmr_lock_t), guards everything in stitch_t but the options and P, which
+ * are set at creation: every op below takes it on entry and releases it on
+ * return (destroy excepted: nobody else holds the policy then), and calls
+ * nothing that takes it again.  So the runtime takes its hot paths (the map
+ * under its shard's lock, no runtime lock) and an op runs as it did when
+ * the runtime serialized them.  Walk, summary and statistics callbacks are
+ * the runtime's collectors, which never call back into the policy (the
+ * caller's own callbacks run after the op returned: runtime.c,
+ * "Re-entrance").  Waits under the lock (cross_stream: sync, the OOM retry,
+ * empty_cache) hold it as the runtime's lock did.
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -367,8 +376,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   return 0;
 }
 
-static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
-  stitch_t *t = st_of(self);
+static inline int alloc_locked(stitch_t *t, size_t size, gmr_stream_t s, gmr_block_t *out) {
   uint32_t sidx;
   int err = st_stream_of(t, s, &sidx);
   if (err != 0) return err;
@@ -385,8 +393,15 @@ static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t
   return 0;
 }
 
-static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = alloc_locked(t, size, s, out);
+  gmr__unlock(&t->lock);
+  return err;
+}
+
+static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
   ++t->st.num_frees;
   if (blk->size <= t->small_max) {
     st_small_t *b = blk->handle;
@@ -395,12 +410,12 @@ static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
       b->pending = true;
       t->st.pend[1] += b->size;
       t->st.pend[0] += b->size;
-      return 0;
+      return;
     }
     b->nuses = 0;
     gmr__history_free_completed(t->base.backend, blk->ptr, b->requested, blk->stream);
     st_small_free(t, b);
-    return 0;
+    return;
   }
   st_range_t *r = blk->handle;
   st_count_free(&t->st, 2, (int64_t)r->len, (int64_t)r->requested);
@@ -408,7 +423,7 @@ static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
     r->state = ST_R_PENDING;
     t->st.pend[2] += (int64_t)r->len;
     t->st.pend[0] += (int64_t)r->len;
-    return 0;
+    return;
   }
   gmr__history_free_completed(t->base.backend, blk->ptr, r->requested, blk->stream);
   if (GMR_LIKELY(r->ends == 0)) { /* st_range_release with no partial end slot, inline */
@@ -417,9 +432,16 @@ static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
     r->last_use = st_stamp_new(t, r->sidx);
     r->nuses = 0;
     st_cache_put(t, r);
-    return 0;
+    return;
   }
   st_range_release(t, r, st_stamp_new(t, r->sidx));
+}
+
+static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  free_locked(t, blk);
+  gmr__unlock(&t->lock);
   return 0;
 }
 
@@ -437,8 +459,7 @@ static int uses_add(uint32_t **uses, uint32_t *n, uint32_t *cap, uint32_t sidx) 
   return 0;
 }
 
-static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  stitch_t *t = st_of(self);
+static int record_stream_locked(stitch_t *t, const gmr_block_t *blk, gmr_stream_t s) {
   uint32_t sidx;
   int err = st_stream_index(t, s, &sidx);
   if (err != 0) return err;
@@ -452,10 +473,17 @@ static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stre
   return uses_add(&r->uses, &r->nuses, &r->capuses, sidx);
 }
 
+static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = record_stream_locked(t, blk, s);
+  gmr__unlock(&t->lock);
+  return err;
+}
+
 /* empty_cache: wait for pending frees, give empty small segments back, unmap
  * every cached range (waiting for its stream), release every FREE page. */
-static int st_trim(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
+static int trim_locked(stitch_t *t) {
   pending_process(t, true);
   int err = st_small_reclaim(t, true);
   int e = st_evict(t, 0, 0, true);
@@ -471,6 +499,14 @@ static int st_trim(gmr_policy_t *self) {
       id = next;
     }
   }
+  return err;
+}
+
+static int st_trim(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = trim_locked(t);
+  gmr__unlock(&t->lock);
   return err;
 }
 
@@ -499,6 +535,7 @@ static void st_destroy(gmr_policy_t *self) {
   st_va_fini(t);
   st_pages_fini(t);
   st_streams_fini(t);
+  gmr__lock_destroy(&t->lock);
   gmr__free(t);
 }
 
@@ -534,7 +571,7 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
   t->device_total = gmr__align_up(dtotal, t->P);
   t->last_stream = UINT32_MAX;
-  if (st_pages_init(t) != 0) {
+  if (gmr__lock_init(&t->lock) != 0 || st_pages_init(t) != 0) {
     gmr__free(t);
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
   }
@@ -546,11 +583,15 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
  */
 
 static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  st_report_stats(st_of(self), out);
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  st_report_stats(t, out);
+  gmr__unlock(&t->lock);
 }
 
 static void st_reset_peak(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_peak(&t->st.allocated[i]);
     gmr__stat_reset_peak(&t->st.requested[i]);
@@ -562,10 +603,12 @@ static void st_reset_peak(gmr_policy_t *self) {
   gmr__stat_reset_peak(&t->st.mappings);
   gmr__stat_reset_peak(&t->st.dead_gap);
   gmr__stat_reset_peak(&t->st.va);
+  gmr__unlock(&t->lock);
 }
 
 static void st_reset_accumulated(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
   st_stats_t *s = &t->st;
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_accumulated(&s->allocated[i]);
@@ -582,19 +625,38 @@ static void st_reset_accumulated(gmr_policy_t *self) {
   s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;
   s->map_ns = 0;
+  gmr__unlock(&t->lock);
 }
 
+/* The output ops: the runtime's collectors are the callbacks (see the top
+ * of the file), so they run under the lock. */
 static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  return st_report_foreach(st_of(self), cb, ud);
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = st_report_foreach(t, cb, ud);
+  gmr__unlock(&t->lock);
+  return err;
 }
 static int st_summary(gmr_policy_t *self, FILE *out) {
-  return st_report_summary(st_of(self), out);
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = st_report_summary(t, out);
+  gmr__unlock(&t->lock);
+  return err;
 }
 static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  return st_report_walk(st_of(self), cb, ud);
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = st_report_walk(t, cb, ud);
+  gmr__unlock(&t->lock);
+  return err;
 }
 static int st_check(gmr_policy_t *self) {
-  return st_report_check(st_of(self));
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  int err = st_report_check(t);
+  gmr__unlock(&t->lock);
+  return err;
 }
 
 /* ---- the table --------------------------------------------------------------------------------
@@ -678,6 +740,7 @@ const gmr_policy_ops_t gmr_stitch_policy_ops = {
     .opts_default = &st_opts_default,
     .opts_desc = st_opts_desc,
     .validate = st_validate,
+    .concurrent = true,
     .reports_free_completed = true,
     .create = st_create,
     .destroy = st_destroy,

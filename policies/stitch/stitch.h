@@ -244,6 +244,7 @@ typedef struct st_stats_s {
 
 typedef struct stitch_s {
   gmr_policy_t base;
+  gmr_lock_t lock; /* every op's (stitch.c): guards all below but o, P, small_max */
   st_opts_t o;
   uint64_t P; /* page size (backend granularity) */
   uint64_t small_max;
