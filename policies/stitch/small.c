@@ -275,6 +275,40 @@ void st_small_free(stitch_t *t, st_small_t *b) {
   }
 }
 
+/* ---- the take-back -----------------------------------------------------------------------------
+ *
+ * The free of b may wait (stitch.c keeps it in t->deferred; every op but an
+ * allocation that takes it back applies it first, with st_small_free) when
+ * an allocation of b->size bytes on b's stream right after it would get b
+ * back with every record, list and bitmap as they are now:
+ *   st_small_alloc(b->size) after st_small_free(b) = the state before the free
+ * That holds iff b's previous block is allocated or none (a merge with it
+ * would move b's start) and b's next block n is
+ *   - allocated or none: the free files b at the head of class(b), the
+ *     allocation finds that class first and takes b out again; or
+ *   - free, with class(b + n) = class(n), n at the head of class(n) and every
+ *     class in [class(b), class(n)) empty: the free puts b + n in n's place
+ *     and recycles n's record, the allocation finds b + n first and splits it
+ *     into b and that record again, which takes n's place.
+ * Left for good by the pair: the segment's stamp when it would have emptied
+ * (st_small_take_back).  Fields that differ are never read on a free block:
+ * n's requested bytes and its record_stream array (freed by the recycle). */
+bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
+  const st_small_t *p = b->prev, *n = b->next;
+  if (p != NULL && !p->allocated) return false;
+  if (n == NULL || n->allocated) return true;
+  const st_small_index_t *x = t->streams[b->seg->sidx].small;
+  uint32_t cn = class_of(x, n->size);
+  return class_of(x, b->size + n->size) == cn && x->heads[cn] == n &&
+         st_classes_none(&x->cls, class_of(x, b->size), cn);
+}
+
+void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t requested) {
+  st_small_seg_t *g = b->seg;
+  if (g->live == 1) g->last_free = st_stamp_new(t, g->sidx);
+  b->requested = requested;
+}
+
 int st_small_reclaim(stitch_t *t, bool wait) {
   st_small_seg_t *g = t->empty_head;
   while (g != NULL) {

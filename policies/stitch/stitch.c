@@ -61,6 +61,24 @@ static inline stitch_t *st_of(gmr_policy_t *p) {
   return (stitch_t *)p;
 }
 
+/* The deferred small free (small.c, "the take-back"), applied. */
+static inline void deferred_apply(stitch_t *t) {
+  st_small_t *b = t->deferred;
+  if (GMR_UNLIKELY(b != NULL)) {
+    t->deferred = NULL;
+    st_small_free(t, b);
+  }
+}
+
+/* Every op but an allocation starts here: the lock, then the deferred free
+ * applied, so nothing reads or changes the small pool with it pending. */
+static inline stitch_t *st_enter(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  deferred_apply(t);
+  return t;
+}
+
 /* ---- pending frees (record_stream) ------------------------------------------------------------
  */
 
@@ -380,6 +398,25 @@ static inline int alloc_locked(stitch_t *t, size_t size, gmr_stream_t s, gmr_blo
   uint32_t sidx;
   int err = st_stream_of(t, s, &sidx);
   if (err != 0) return err;
+  st_small_t *d = t->deferred;
+  if (d != NULL) {
+    t->deferred = NULL;
+    /* The take-back: the free and this allocation would leave d as it is
+     * (small.c), when pending_process has nothing to do in between. */
+    if (size <= t->small_max && gmr__align_up(size, ST_G) == d->size && d->seg->sidx == sidx &&
+        t->pend_head == NULL) {
+      st_small_take_back(t, d, size);
+      st_count_alloc(&t->st, 1, d->size, (int64_t)size);
+      ++t->st.num_allocs;
+      *out = (gmr_block_t){.ptr = (void *)st_small_ptr(d),
+                           .size = d->size,
+                           .stream = s,
+                           .requested = size,
+                           .handle = d};
+      return 0;
+    }
+    st_small_free(t, d);
+  }
   if (t->pend_head != NULL) pending_process(t, false);
   gmr_block_t b = {.stream = s, .requested = size};
   err =
@@ -414,7 +451,10 @@ static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
     }
     b->nuses = 0;
     gmr__history_free_completed(t->base.backend, blk->ptr, b->requested, blk->stream);
-    st_small_free(t, b);
+    if (st_small_deferrable(t, b))
+      t->deferred = b;
+    else
+      st_small_free(t, b);
     return;
   }
   st_range_t *r = blk->handle;
@@ -438,8 +478,7 @@ static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
 }
 
 static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   free_locked(t, blk);
   gmr__unlock(&t->lock);
   return 0;
@@ -474,8 +513,7 @@ static int record_stream_locked(stitch_t *t, const gmr_block_t *blk, gmr_stream_
 }
 
 static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   int err = record_stream_locked(t, blk, s);
   gmr__unlock(&t->lock);
   return err;
@@ -503,8 +541,7 @@ static int trim_locked(stitch_t *t) {
 }
 
 static int st_trim(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   int err = trim_locked(t);
   gmr__unlock(&t->lock);
   return err;
@@ -515,6 +552,7 @@ static int st_trim(gmr_policy_t *self) {
 
 static void st_destroy(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  deferred_apply(t);
   /* Unmapping is not ordered with the streams: wait for every free's work. */
   for (uint32_t i = 0; i < t->nstreams; ++i)
     if (t->streams[i].frees > t->streams[i].done)
@@ -583,15 +621,13 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
  */
 
 static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   st_report_stats(t, out);
   gmr__unlock(&t->lock);
 }
 
 static void st_reset_peak(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_peak(&t->st.allocated[i]);
     gmr__stat_reset_peak(&t->st.requested[i]);
@@ -607,8 +643,7 @@ static void st_reset_peak(gmr_policy_t *self) {
 }
 
 static void st_reset_accumulated(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   st_stats_t *s = &t->st;
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_accumulated(&s->allocated[i]);
@@ -631,29 +666,25 @@ static void st_reset_accumulated(gmr_policy_t *self) {
 /* The output ops: the runtime's collectors are the callbacks (see the top
  * of the file), so they run under the lock. */
 static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   int err = st_report_foreach(t, cb, ud);
   gmr__unlock(&t->lock);
   return err;
 }
 static int st_summary(gmr_policy_t *self, FILE *out) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   int err = st_report_summary(t, out);
   gmr__unlock(&t->lock);
   return err;
 }
 static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   int err = st_report_walk(t, cb, ud);
   gmr__unlock(&t->lock);
   return err;
 }
 static int st_check(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  stitch_t *t = st_enter(self);
   int err = st_report_check(t);
   gmr__unlock(&t->lock);
   return err;

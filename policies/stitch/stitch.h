@@ -282,6 +282,7 @@ typedef struct stitch_s {
   uint32_t nsmall_segs;
   uint64_t small_free_bytes;
   st_small_t *small_recycle;
+  st_small_t *deferred; /* a small block freed whose st_small_free waits (small.c) */
 
   uint64_t serials; /* ranges made so far */
 
@@ -327,6 +328,23 @@ void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty);
 uint32_t st_classes_find(const st_classes_t *c, uint32_t k);
 /* The last non-empty class <= k, or ST_NIL. */
 uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k);
+/* Is every class in [lo, hi) empty (lo <= hi <= n)?  Inline: a few word
+ * tests (the words strictly between lo's and hi's through l0). */
+static inline bool st_classes_none(const st_classes_t *c, uint32_t lo, uint32_t hi) {
+  if (lo >= hi) return true;
+  uint32_t wl = lo / 64, wh = hi / 64;
+  uint64_t below_hi = ((uint64_t)1 << (hi % 64)) - 1; /* bits < hi % 64 */
+  if (wl == wh) return (c->l1[wl] & below_hi & (~(uint64_t)0 << (lo % 64))) == 0;
+  if ((c->l1[wl] >> (lo % 64)) != 0 || (hi % 64 != 0 && (c->l1[wh] & below_hi) != 0)) return false;
+  for (uint32_t w = wl + 1; w < wh;) { /* l1 words wl + 1 .. wh - 1, by their l0 bits */
+    uint32_t z = w / 64, end = wh - z * 64 < 64 ? wh - z * 64 : 64;
+    uint64_t m = c->l0[z] >> (w % 64);
+    if (end - w % 64 < 64) m &= ((uint64_t)1 << (end - w % 64)) - 1;
+    if (m != 0) return false;
+    w = z * 64 + 64;
+  }
+  return true;
+}
 
 int st_pages_init(stitch_t *t);
 void st_pages_fini(stitch_t *t);
@@ -480,6 +498,12 @@ void st_ranges_fini(stitch_t *t);
 
 int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx, st_small_t **out);
 void st_small_free(stitch_t *t, st_small_t *b);
+/* May the free of allocated block b wait for the next op, which takes it
+ * back if it allocates b->size bytes on b's stream (small.c, "the
+ * take-back")?  The take-back: what the free and that allocation change for
+ * good. */
+bool st_small_deferrable(const stitch_t *t, const st_small_t *b);
+void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t requested);
 /* Return empty small segments whose last free completed to the cache (their
  * one-page range stays mapped, its page parked under it, so the next
  * segment or a 2 MiB block reuses it with no device call); wait:
