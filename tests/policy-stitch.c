@@ -485,7 +485,8 @@ static void take_back_run(int observe, tb_out_t *o) {
   o->check = -1;
   gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
   if (rt == NULL) return;
-  static const size_t sizes[] = {512, 4 * KiB, 4 * KiB + 1, 8 * KiB, 100 * KiB, 1 * MiB, 3 * MiB};
+  static const size_t sizes[] = {512,     4 * KiB, 4 * KiB + 1, 8 * KiB, 100 * KiB,
+                                 1 * MiB, 3 * MiB, 4 * MiB,     6 * MiB, 6 * MiB - 100};
   uint64_t r = 0x2545F4914F6CDD1Dull;
   void *p[24];
   size_t n[24];
@@ -496,7 +497,7 @@ static void take_back_run(int observe, tb_out_t *o) {
     r ^= r << 13, r ^= r >> 7, r ^= r << 17;
     int rc = 0;
     if (live < 24 && (live == 0 || r % 100 < 50)) {
-      n[live] = sizes[(r >> 8) % 7];
+      n[live] = sizes[(r >> 8) % 10];
       st[live] = S(1 + (r >> 16) % 2);
       rc = gmr_alloc(rt, n[live], st[live], &p[live]);
       if (rc == 0) {

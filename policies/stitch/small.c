@@ -37,8 +37,7 @@ static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
 }
 
 static inline uint32_t class_of(const st_small_index_t *x, uint32_t size) {
-  uint32_t c = size / ST_G;
-  return c < x->cls.n ? c : x->cls.n - 1;
+  return st_small_class(x, size);
 }
 
 static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
@@ -292,22 +291,8 @@ void st_small_free(stitch_t *t, st_small_t *b) {
  *     into b and that record again, which takes n's place.
  * Left for good by the pair: the segment's stamp when it would have emptied
  * (st_small_take_back).  Fields that differ are never read on a free block:
- * n's requested bytes and its record_stream array (freed by the recycle). */
-bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
-  const st_small_t *p = b->prev, *n = b->next;
-  if (p != NULL && !p->allocated) return false;
-  if (n == NULL || n->allocated) return true;
-  const st_small_index_t *x = t->streams[b->seg->sidx].small;
-  uint32_t cn = class_of(x, n->size);
-  return class_of(x, b->size + n->size) == cn && x->heads[cn] == n &&
-         st_classes_none(&x->cls, class_of(x, b->size), cn);
-}
-
-void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t requested) {
-  st_small_seg_t *g = b->seg;
-  if (g->live == 1) g->last_free = st_stamp_new(t, g->sidx);
-  b->requested = requested;
-}
+ * n's requested bytes and its record_stream array (freed by the recycle).
+ * Both tests are inline in stitch.h (st_small_deferrable, st_small_take_back). */
 
 int st_small_reclaim(stitch_t *t, bool wait) {
   st_small_seg_t *g = t->empty_head;

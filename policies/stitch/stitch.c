@@ -42,7 +42,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "observe/recording.h"
 #include "stitch/stitch.h"
 
 static const st_opts_t st_opts_default = {
@@ -61,24 +60,6 @@ static inline stitch_t *st_of(gmr_policy_t *p) {
   return (stitch_t *)p;
 }
 
-/* The deferred small free (small.c, "the take-back"), applied. */
-static inline void deferred_apply(stitch_t *t) {
-  st_small_t *b = t->deferred;
-  if (GMR_UNLIKELY(b != NULL)) {
-    t->deferred = NULL;
-    st_small_free(t, b);
-  }
-}
-
-/* Every op but an allocation starts here: the lock, then the deferred free
- * applied, so nothing reads or changes the small pool with it pending. */
-static inline stitch_t *st_enter(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
-  deferred_apply(t);
-  return t;
-}
-
 /* ---- pending frees (record_stream) ------------------------------------------------------------
  */
 
@@ -90,8 +71,8 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     st_range_t *r = q->r;
     t->st.pend[2] -= (int64_t)r->len;
     t->st.pend[0] -= (int64_t)r->len;
-    gmr__history_free_completed(be, (void *)(r->va + r->first_off), r->requested,
-                                t->streams[r->sidx].s);
+    gmr__history_free_completed_at(t->rec, (void *)(r->va + r->first_off), r->requested,
+                                   t->streams[r->sidx].s);
     st_range_release(t, r, q->stamp);
   } else {
     st_small_t *b = q->b;
@@ -99,8 +80,8 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     t->st.pend[0] -= b->size;
     b->pending = false;
     b->nuses = 0;
-    gmr__history_free_completed(be, (void *)st_small_ptr(b), b->requested,
-                                t->streams[b->seg->sidx].s);
+    gmr__history_free_completed_at(t->rec, (void *)st_small_ptr(b), b->requested,
+                                   t->streams[b->seg->sidx].s);
     st_small_free(t, b);
   }
   gmr__free(q->ev);
@@ -314,6 +295,34 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
   return 0;
 }
 
+/* A cached range handed out again: its period and tick (Belady's rule,
+ * ranges.c), a hit. */
+static inline void large_hit(stitch_t *t, st_range_t *r) {
+  r->gap = t->tick + 1 - r->tick;
+  r->tick = ++t->tick;
+  r->stale = 0;
+  ++t->st.hits;
+}
+
+/* r, LIVE, handed out for size bytes (len = r->len). */
+static inline void large_out(stitch_t *t, st_range_t *r, size_t size, gmr_block_t *out) {
+  r->requested = size;
+  st_count_alloc(&t->st, 2, (int64_t)r->len, (int64_t)size);
+  out->ptr = (void *)(r->va + r->first_off);
+  out->size = r->len;
+  out->handle = r;
+}
+
+/* The free of a range with no partial end slot (st_range_release's case,
+ * inline): cached, its whole pages parked under it, stamped. */
+static inline void large_park(stitch_t *t, st_range_t *r) {
+  r->parked = r->nwhole > 0;
+  t->nparked += r->nwhole;
+  r->last_use = st_stamp_new(t, r->sidx);
+  r->nuses = 0;
+  st_cache_put(t, r);
+}
+
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   /* More than the device holds can never be mapped: refused before any page
    * table or range is sized by it (a 1 PB request wanted 18 GB of host
@@ -338,10 +347,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     st_range_own(t, r);
   }
   if (r != NULL) {
-    r->gap = t->tick + 1 - r->tick;
-    r->tick = ++t->tick;
-    r->stale = 0;
-    ++t->st.hits;
+    large_hit(t, r);
   } else {
     if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
       char want[32];
@@ -366,11 +372,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
   }
-  r->requested = size;
-  st_count_alloc(&t->st, 2, (int64_t)len, (int64_t)size);
-  out->ptr = (void *)(r->va + r->first_off);
-  out->size = len;
-  out->handle = r;
+  large_out(t, r, size, out);
   return 0;
 }
 
@@ -394,39 +396,103 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   return 0;
 }
 
+/* ---- the take-back ----------------------------------------------------------------------------
+ *
+ * A free may wait for the next op (t->deferred: a small block, t->deferred_r:
+ * a large range; at most one of them set), which takes the block back when
+ * it is an allocation that the free followed by it would serve with that
+ * block, leaving everything else as it was.  Every other op applies the free
+ * first (st_enter), as it would have been applied at once: the figures, the
+ * history's free_completed and the stream's free count are the free's own
+ * at once or in that op, before anything else, so the stamps keep their
+ * order.  The small pool's case: small.c, "the take-back".  A large range
+ * with no partial end slot, with no record_stream use and at least one whole
+ * page (large_park would park it), none of whose older ranges of its length
+ * is CACHED: the allocation of its length on its stream right after its
+ * free takes the oldest cached range of the length, which is it, parked
+ * under itself with its own stream's stamp (alloc_large's inline hit), and
+ * unparks it: the LRU list, nparked and the range are as before but for its
+ * stamp, its tick and the hit.  The older ranges are looked at up to
+ * ST_DEFER_WALK of them; past that the free is applied at once. */
+#define ST_DEFER_WALK 8
+
+static inline bool large_deferrable(const st_range_t *r) {
+  if (r->ends != 0 || r->nwhole == 0 || r->nuses != 0) return false;
+  const st_range_t *q = r->len_prev;
+  for (int k = 0; q != NULL; q = q->len_prev)
+    if (q->state == ST_R_CACHED || ++k > ST_DEFER_WALK) return false;
+  return true;
+}
+
+/* The waiting free, applied (every op but an allocation, on entry). */
+static inline void deferred_apply(stitch_t *t) {
+  st_small_t *b = t->deferred;
+  st_range_t *r = t->deferred_r;
+  if (GMR_UNLIKELY(b != NULL)) {
+    t->deferred = NULL;
+    st_small_free(t, b);
+  } else if (GMR_UNLIKELY(r != NULL)) {
+    t->deferred_r = NULL;
+    large_park(t, r);
+  }
+}
+
+/* Every op but an allocation starts here: the lock, then the waiting free
+ * applied, so nothing reads or changes the pools with it pending. */
+static inline stitch_t *st_enter(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  deferred_apply(t);
+  return t;
+}
+
+/* An allocation of size bytes on stream sidx with a free waiting: take the
+ * block back (true, *out written) or apply the free (false).  pend_head must
+ * be empty: the allocation would process pending frees after the free. */
+static bool take_back(stitch_t *t, size_t size, uint32_t sidx, gmr_block_t *out) {
+  st_small_t *b = t->deferred;
+  st_range_t *r = t->deferred_r;
+  uint64_t len = gmr__align_up(size, ST_G);
+  bool pending = t->pend_head != NULL;
+  if (b != NULL && !pending && size <= t->small_max && len == b->size && b->seg->sidx == sidx) {
+    t->deferred = NULL;
+    st_small_take_back(t, b, size);
+    st_count_alloc(&t->st, 1, b->size, (int64_t)size);
+    out->ptr = (void *)st_small_ptr(b);
+    out->size = b->size;
+    out->handle = b;
+    return true;
+  }
+  if (r != NULL && !pending && size > t->small_max && len == r->len && r->sidx == sidx) {
+    t->deferred_r = NULL;
+    r->last_use = st_stamp_new(t, r->sidx);
+    large_hit(t, r);
+    large_out(t, r, size, out);
+    return true;
+  }
+  deferred_apply(t);
+  return false;
+}
+
 static inline int alloc_locked(stitch_t *t, size_t size, gmr_stream_t s, gmr_block_t *out) {
   uint32_t sidx;
   int err = st_stream_of(t, s, &sidx);
   if (err != 0) return err;
-  st_small_t *d = t->deferred;
-  if (d != NULL) {
-    t->deferred = NULL;
-    /* The take-back: the free and this allocation would leave d as it is
-     * (small.c), when pending_process has nothing to do in between. */
-    if (size <= t->small_max && gmr__align_up(size, ST_G) == d->size && d->seg->sidx == sidx &&
-        t->pend_head == NULL) {
-      st_small_take_back(t, d, size);
-      st_count_alloc(&t->st, 1, d->size, (int64_t)size);
-      ++t->st.num_allocs;
-      *out = (gmr_block_t){.ptr = (void *)st_small_ptr(d),
-                           .size = d->size,
-                           .stream = s,
-                           .requested = size,
-                           .handle = d};
-      return 0;
-    }
-    st_small_free(t, d);
+  if ((t->deferred != NULL || t->deferred_r != NULL) && take_back(t, size, sidx, out)) {
+    out->stream = s;
+    out->requested = size;
+    return 0;
   }
   if (t->pend_head != NULL) pending_process(t, false);
-  gmr_block_t b = {.stream = s, .requested = size};
-  err =
-      size <= t->small_max ? alloc_small(t, size, sidx, s, &b) : alloc_large(t, size, sidx, s, &b);
+  /* Each writes out->ptr, size and handle on success only (rule 4). */
+  err = size <= t->small_max ? alloc_small(t, size, sidx, s, out)
+                             : alloc_large(t, size, sidx, s, out);
   if (err != 0) {
     if (err == GMR_ENOMEM) ++t->st.ooms;
     return err;
   }
-  ++t->st.num_allocs;
-  *out = b;
+  out->stream = s;
+  out->requested = size;
   return 0;
 }
 
@@ -439,7 +505,6 @@ static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t
 }
 
 static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
-  ++t->st.num_frees;
   if (blk->size <= t->small_max) {
     st_small_t *b = blk->handle;
     st_count_free(&t->st, 1, b->size, (int64_t)b->requested);
@@ -450,7 +515,7 @@ static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
       return;
     }
     b->nuses = 0;
-    gmr__history_free_completed(t->base.backend, blk->ptr, b->requested, blk->stream);
+    gmr__history_free_completed_at(t->rec, blk->ptr, b->requested, blk->stream);
     if (st_small_deferrable(t, b))
       t->deferred = b;
     else
@@ -465,13 +530,12 @@ static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
     t->st.pend[0] += (int64_t)r->len;
     return;
   }
-  gmr__history_free_completed(t->base.backend, blk->ptr, r->requested, blk->stream);
-  if (GMR_LIKELY(r->ends == 0)) { /* st_range_release with no partial end slot, inline */
-    r->parked = r->nwhole > 0;
-    t->nparked += r->nwhole;
-    r->last_use = st_stamp_new(t, r->sidx);
-    r->nuses = 0;
-    st_cache_put(t, r);
+  gmr__history_free_completed_at(t->rec, blk->ptr, r->requested, blk->stream);
+  if (GMR_LIKELY(r->ends == 0)) {
+    if (large_deferrable(r))
+      t->deferred_r = r;
+    else
+      large_park(t, r);
     return;
   }
   st_range_release(t, r, st_stamp_new(t, r->sidx));
@@ -604,6 +668,7 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   t->base.backend = be;
   t->o = *(const st_opts_t *)opts;
   t->P = be->granularity;
+  t->rec = gmr__recording_find(be);
   t->small_max = t->o.small_size < t->P / 2 ? t->o.small_size : t->P / 2;
   size_t dfree = 0, dtotal = 0;
   if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
@@ -655,7 +720,7 @@ static void st_reset_accumulated(gmr_policy_t *self) {
   }
   gmr__stat_reset_accumulated(&s->mappings);
   gmr__stat_reset_accumulated(&s->va);
-  s->num_allocs = s->num_frees = s->ooms = s->retries = 0;
+  s->ooms = s->retries = 0;
   s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
   s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;

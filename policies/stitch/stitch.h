@@ -43,6 +43,7 @@
 #ifndef GMR_STITCH_H
 #define GMR_STITCH_H
 
+#include "observe/recording.h"
 #include "policy.h"
 
 #define ST_G      ((uint32_t)512)
@@ -116,6 +117,7 @@ typedef struct st_classes_s {
   uint64_t *l1;   /* bit c: class c non-empty */
   uint64_t *l0;   /* bit w: l1[w] non-zero */
   uint32_t n1, n0;
+  uint32_t nonempty; /* classes non-empty: Σ popcount(l1[w]) */
 } st_classes_t;
 
 /* ---- ranges ---------------------------------------------------------------------------------- */
@@ -236,7 +238,7 @@ typedef struct st_stats_s {
   int64_t pend_at_reset[3]; /* pend when the accumulated counts were reset:
                              * active freed = allocated freed - (pend - this) */
   gmr_stat_t mappings, dead_gap, va;
-  int64_t num_allocs, num_frees, ooms, retries;
+  int64_t ooms, retries; /* allocations and frees: the pools' allocation counts */
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
       pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses;
   uint64_t map_ns;
@@ -246,7 +248,8 @@ typedef struct stitch_s {
   gmr_policy_t base;
   gmr_lock_t lock; /* every op's (stitch.c): guards all below but o, P, small_max */
   st_opts_t o;
-  uint64_t P; /* page size (backend granularity) */
+  gmr_recording_t *rec; /* the recording layer under the backend (NULL: none), for free_completed */
+  uint64_t P;           /* page size (backend granularity) */
   uint64_t small_max;
   uint64_t device_total;
 
@@ -282,7 +285,8 @@ typedef struct stitch_s {
   uint32_t nsmall_segs;
   uint64_t small_free_bytes;
   st_small_t *small_recycle;
-  st_small_t *deferred; /* a small block freed whose st_small_free waits (small.c) */
+  st_small_t *deferred;   /* a small block freed whose st_small_free waits (stitch.c) */
+  st_range_t *deferred_r; /* a large range freed whose parking waits (stitch.c) */
 
   uint64_t serials; /* ranges made so far */
 
@@ -498,12 +502,31 @@ void st_ranges_fini(stitch_t *t);
 
 int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx, st_small_t **out);
 void st_small_free(stitch_t *t, st_small_t *b);
+/* A small block's class in its stream's index: size / G, capped at n - 1. */
+static inline uint32_t st_small_class(const st_small_index_t *x, uint32_t size) {
+  uint32_t c = size / ST_G;
+  return c < x->cls.n ? c : x->cls.n - 1;
+}
 /* May the free of allocated block b wait for the next op, which takes it
- * back if it allocates b->size bytes on b's stream (small.c, "the
- * take-back")?  The take-back: what the free and that allocation change for
- * good. */
-bool st_small_deferrable(const stitch_t *t, const st_small_t *b);
-void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t requested);
+ * back if it allocates b->size bytes on b's stream?  The conditions are
+ * small.c's ("the take-back"); with one non-empty class, n's, no class
+ * below it can hold a block. */
+static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
+  const st_small_t *p = b->prev, *n = b->next;
+  if (p != NULL && !p->allocated) return false;
+  if (n == NULL || n->allocated) return true;
+  const st_small_index_t *x = t->streams[b->seg->sidx].small;
+  uint32_t cn = st_small_class(x, n->size);
+  return st_small_class(x, b->size + n->size) == cn && x->heads[cn] == n &&
+         (x->cls.nonempty == 1 || st_classes_none(&x->cls, st_small_class(x, b->size), cn));
+}
+/* The take-back: what the free and that allocation change for good (the
+ * segment's stamp, when it would have emptied). */
+static inline void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t requested) {
+  st_small_seg_t *g = b->seg;
+  if (g->live == 1) g->last_free = st_stamp_new(t, g->sidx);
+  b->requested = requested;
+}
 /* Return empty small segments whose last free completed to the cache (their
  * one-page range stays mapped, its page parked under it, so the next
  * segment or a 2 MiB block reuses it with no device call); wait:
