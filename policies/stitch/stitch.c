@@ -19,7 +19,10 @@
  *   4. OOM, with live, free, dead-gap bytes, mappings and address space.
  * Free: a block's spans go back to their pages stamped (s, n) and its range
  * stays mapped as CACHED; no device call.  A block used on other streams
- * (record_stream) waits for an event on each of them first.
+ * (record_stream) waits for an event on each of them first.  A free may
+ * also wait for the next op, which takes the block back when it is an
+ * allocation that the free and it would serve with that very block ("the
+ * take-back" below); any other op applies the free first.
  *
  * CUDA graph capture: refused on a miss.  A request that would map, grow or
  * record an event on a stream being captured fails with GMR_ENOTSUP and says
