@@ -127,7 +127,5 @@ int main(void) {
   run("bfc greedy", "policy: {name: bfc, allow_growth: false, memory_limit: 1GiB}\n", seed);
   run("bfc growth", "policy: {name: bfc, allow_growth: true, memory_limit: 1GiB}\n", seed);
   run("limit(caching) reserved", "policy: caching\nlimit: {bytes: 1GiB, counts: reserved}\n", seed);
-  run("stitch", "policy: stitch\n", seed);
-  run("limit(stitch) reserved", "policy: stitch\nlimit: {bytes: 1GiB, counts: reserved}\n", seed);
   return done_testing();
 }
