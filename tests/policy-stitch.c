@@ -447,6 +447,104 @@ static void test_random(void) {
   gmr_runtime_free(rt);
 }
 
+/* ---- the take-back ------------------------------------------------------------------------------
+ *
+ * A small free waits for the next op, which takes the block back when it
+ * allocates the block's size on its stream (policies/stitch/small.c).  The
+ * same seeded operations run twice: reading the statistics after every
+ * operation (each waiting free applied at once: no take-back) and not; both
+ * must hand out the same addresses and end with the same statistics and
+ * segments. */
+
+typedef struct tb_out_s {
+  uint64_t addrs;     /* a hash of every address handed out, in order */
+  char text[1 << 16]; /* the statistics and the walk at the end */
+  size_t len;
+  int check; /* gmr_check at the end */
+} tb_out_t;
+
+static int tb_stat(const char *key, int64_t value, void *ud) {
+  tb_out_t *o = ud;
+  if (strstr(key, "_ns") == NULL && o->len < sizeof o->text)
+    o->len += (size_t)snprintf(o->text + o->len, sizeof o->text - o->len, "%s=%lld\n", key,
+                               (long long)value);
+  return 0;
+}
+static int tb_walk(const gmr_walk_entry_t *e, void *ud) {
+  tb_out_t *o = ud;
+  if (o->len < sizeof o->text)
+    o->len +=
+        (size_t)snprintf(o->text + o->len, sizeof o->text - o->len, "%d %llx %llu %llu %d %p\n",
+                         e->is_segment, (unsigned long long)e->address, (unsigned long long)e->size,
+                         (unsigned long long)e->requested, (int)e->state, e->stream);
+  return 0;
+}
+
+static void take_back_run(int observe, tb_out_t *o) {
+  memset(o, 0, sizeof *o);
+  o->check = -1;
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  static const size_t sizes[] = {512,     4 * KiB, 4 * KiB + 1, 8 * KiB, 100 * KiB,
+                                 1 * MiB, 3 * MiB, 4 * MiB,     6 * MiB, 6 * MiB - 100};
+  uint64_t r = 0x2545F4914F6CDD1Dull;
+  void *p[24];
+  size_t n[24];
+  gmr_stream_t st[24];
+  int live = 0;
+  o->addrs = 1469598103934665603ull;
+  for (int i = 0; i < 6000; ++i) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    int rc = 0;
+    if (live < 24 && (live == 0 || r % 100 < 50)) {
+      n[live] = sizes[(r >> 8) % 10];
+      st[live] = S(1 + (r >> 16) % 2);
+      rc = gmr_alloc(rt, n[live], st[live], &p[live]);
+      if (rc == 0) {
+        o->addrs = (o->addrs ^ (uintptr_t)p[live]) * 1099511628211ull;
+        if ((r >> 24) % 16 == 0) gmr_record_stream(rt, p[live], S(2 - (r >> 16) % 2));
+        ++live;
+      }
+    } else {
+      int j = (int)((r >> 8) % (uint64_t)live);
+      size_t size = n[j];
+      gmr_stream_t s = st[j];
+      rc = gmr_free(rt, p[j]);
+      p[j] = p[--live], n[j] = n[live], st[j] = st[live];
+      if ((r >> 20) % 2 && rc == 0) { /* the same size again: a take-back unless observed */
+        if (observe) gmr_check(rt);
+        rc = gmr_alloc(rt, size, s, &p[live]);
+        if (rc == 0) {
+          o->addrs = (o->addrs ^ (uintptr_t)p[live]) * 1099511628211ull;
+          n[live] = size, st[live] = s, ++live;
+        }
+      }
+    }
+    if (rc != 0) o->addrs = o->addrs * 31 + (uint64_t)-rc;
+    if ((r >> 28) % 64 == 0) gmr_sim_stream_complete(rt, S(1 + (r >> 34) % 3));
+    if (observe) {
+      gmr_stats_t stats;
+      gmr_stats(rt, &stats);
+    }
+  }
+  gmr_stats_foreach(rt, tb_stat, o);
+  gmr_walk(rt, tb_walk, o);
+  o->check = gmr_check(rt);
+  for (int j = 0; j < live; ++j)
+    gmr_free(rt, p[j]);
+  gmr_runtime_free(rt);
+}
+
+static void test_take_back(void) {
+  static tb_out_t seen, unseen;
+  take_back_run(1, &seen);
+  take_back_run(0, &unseen);
+  ok(seen.len > 0 && seen.check == 0 && unseen.check == 0, "take-back: two runs, invariants hold");
+  ok(seen.addrs == unseen.addrs, "  the same addresses with and without take-backs");
+  ok(seen.len == unseen.len && memcmp(seen.text, unseen.text, seen.len) == 0,
+     "  the same statistics and segments at the end");
+}
+
 /* ---- fault sweep
  * ---------------------------------------------------------------------------------- */
 
@@ -670,6 +768,7 @@ int main(void) {
   test_under_limit();
   test_page_sizes();
   test_random();
+  test_take_back();
   test_fault_sweep();
   test_threads();
   return done_testing();

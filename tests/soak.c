@@ -46,6 +46,7 @@ static const char *const stacks[] = {
     "policy: {name: bfc, allow_growth: false, memory_limit: 512MiB}\n",
     "policy: {name: bfc, memory_limit: 512MiB}\nlimit: {bytes: 256MiB}\n",
     "policy: stitch\n",
+    "policy: stitch\nlimit: {bytes: 512MiB, counts: reserved}\n",
     NULL,
 };
 

@@ -203,8 +203,12 @@ void gmr__recording_attach(gmr_backend_t *rec, gmr_history_t *h) {
   atomic_store_explicit(&rec_of(rec)->history, h, memory_order_release);
 }
 
-gmr_history_t *gmr__recording_history(gmr_backend_t *be) {
+gmr_recording_t *gmr__recording_find(gmr_backend_t *be) {
   for (; be != NULL; be = be->forwards_to)
-    if (is_recording(be)) return history_of(be);
+    if (is_recording(be)) return rec_of(be);
   return NULL;
+}
+
+gmr_history_t *gmr__recording_history(gmr_backend_t *be) {
+  return gmr__recording_history_at(gmr__recording_find(be));
 }

@@ -44,16 +44,27 @@ void gmr__recording_attach(gmr_backend_t *rec, gmr_history_t *h);
 /* The history attached to the recording layer under `be` (be itself, or a
  * backend forwarding to it), else NULL. */
 gmr_history_t *gmr__recording_history(gmr_backend_t *be);
+/* The recording layer itself (NULL: none), for a policy that keeps it so
+ * that its frees look for a history with one load (the *_at forms). */
+gmr_recording_t *gmr__recording_find(gmr_backend_t *be);
+static inline gmr_history_t *gmr__recording_history_at(gmr_recording_t *rec) {
+  return rec != NULL ? atomic_load_explicit(&rec->history, memory_order_acquire) : NULL;
+}
 
 /* A policy that holds freed blocks until the work of their streams completes
  * calls this when such a block becomes reusable (PyTorch's free_completed
  * trace entry), and sets `reports_free_completed` in its table; `requested`
- * is the block's requested size, `be` the backend the policy was given. */
-static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr, size_t requested,
-                                               gmr_stream_t s) {
-  gmr_history_t *h = gmr__recording_history(be);
+ * is the block's requested size, `be` the backend the policy was given (the
+ * _at form: the layer gmr__recording_find(be) gave, kept by the policy). */
+static inline void gmr__history_free_completed_at(gmr_recording_t *rec, const void *ptr,
+                                                  size_t requested, gmr_stream_t s) {
+  gmr_history_t *h = gmr__recording_history_at(rec);
   if (GMR_UNLIKELY(h != NULL))
     gmr__history_record(h, GMR_HIST_FREE_COMPLETED, (uintptr_t)ptr, requested, s);
+}
+static inline void gmr__history_free_completed(gmr_backend_t *be, const void *ptr, size_t requested,
+                                               gmr_stream_t s) {
+  gmr__history_free_completed_at(gmr__recording_find(be), ptr, requested, s);
 }
 
 #endif /* GMR_RECORDING_H */

@@ -50,11 +50,14 @@ void st_classes_free(st_classes_t *c) {
 
 void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty) {
   uint32_t w = k / 64;
+  uint64_t bit = (uint64_t)1 << (k % 64);
   if (nonempty) {
-    c->l1[w] |= (uint64_t)1 << (k % 64);
+    c->nonempty += (c->l1[w] & bit) == 0;
+    c->l1[w] |= bit;
     c->l0[w / 64] |= (uint64_t)1 << (w % 64);
   } else {
-    c->l1[w] &= ~((uint64_t)1 << (k % 64));
+    c->nonempty -= (c->l1[w] & bit) != 0;
+    c->l1[w] &= ~bit;
     if (c->l1[w] == 0) c->l0[w / 64] &= ~((uint64_t)1 << (w % 64));
   }
 }

@@ -92,8 +92,8 @@ void st_report_stats(stitch_t *t, gmr_stats_t *out) {
   out->peak_active_bytes = (uint64_t)s->active[0].peak;
   out->allocations = (uint64_t)s->allocation[0].current;
   out->peak_allocations = (uint64_t)s->allocation[0].peak;
-  out->num_allocs = (uint64_t)st->num_allocs;
-  out->num_frees = (uint64_t)st->num_frees;
+  out->num_allocs = (uint64_t)s->allocation[0].allocated;
+  out->num_frees = (uint64_t)s->allocation[0].freed;
   out->ooms = (uint64_t)st->ooms;
   out->alloc_retries = (uint64_t)st->retries;
   uint64_t fr, largest;
@@ -220,7 +220,9 @@ int st_report_summary(stitch_t *t, FILE *out) {
   fprintf(out,
           "  allocs %" PRId64 ", frees %" PRId64 ", cache hits %" PRId64 ", misses %" PRId64
           ", partial placements %" PRId64 ", small segments reused %" PRId64 "\n",
-          s->num_allocs, s->num_frees, s->hits, s->misses, s->stitches_partial, s->small_reuses);
+          s->allocation[1].allocated + s->allocation[2].allocated,
+          s->allocation[1].freed + s->allocation[2].freed, s->hits, s->misses, s->stitches_partial,
+          s->small_reuses);
   gmr__format_size(s->map_ns / 1000, c, sizeof c);
   snprintf(d, sizeof d, "%.3f ms", (double)s->map_ns / 1e6);
   fprintf(out,
@@ -376,6 +378,14 @@ static int check_owner(stitch_t *t, uint32_t id, st_range_t *o, const char *slot
   return gmr__error_set(GMR_EINVAL, "stitch check: page %u's %s owner does not map it", id, slot);
 }
 
+/* nonempty = Σ popcount(l1[w]) (st_small_deferrable relies on it). */
+static bool classes_counted(const st_classes_t *c) {
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < c->n1; ++w)
+    n += (uint32_t)__builtin_popcountll(c->l1[w]);
+  return n == c->nonempty;
+}
+
 static int check_pages(stitch_t *t, uint64_t *free_b) {
   uint32_t P = (uint32_t)t->P, nfree = 0, nclosed = 0, nfull = 0, live = 0, nparked = 0;
   uint64_t dead = 0, open = 0, maps = 0;
@@ -472,6 +482,7 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
     }
     for (uint32_t z = 0; z < c->n1; ++z)
       CHECK(((c->l0[z / 64] >> (z % 64)) & 1) == (c->l1[z] != 0), "class summary word %u", z);
+    CHECK(classes_counted(c), "%s classes: the count of non-empty ones", w ? "prefix" : "suffix");
   }
   *free_b = (uint64_t)(nfree + nparked) * P + open;
   return 0;
@@ -542,6 +553,8 @@ static int check_small(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *f
   CHECK(g != NULL && g->r == r && r->nslots == 1 && r->len == t->P,
         "small segment at %#" PRIxPTR ": shape", r->va);
   st_small_index_t *x = t->streams[g->sidx].small;
+  CHECK(classes_counted(&x->cls), "small segment at %#" PRIxPTR ": its stream's class count",
+        r->va);
   uint32_t off = 0, live = 0;
   for (st_small_t *b = g->first, *prev = NULL; b != NULL; prev = b, b = b->next) {
     CHECK(b->seg == g && b->off == off && b->prev == prev && b->size % ST_G == 0 && b->size > 0,

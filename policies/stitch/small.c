@@ -37,8 +37,7 @@ static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
 }
 
 static inline uint32_t class_of(const st_small_index_t *x, uint32_t size) {
-  uint32_t c = size / ST_G;
-  return c < x->cls.n ? c : x->cls.n - 1;
+  return st_small_class(x, size);
 }
 
 static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
@@ -274,6 +273,26 @@ void st_small_free(stitch_t *t, st_small_t *b) {
     g->on_empty = true;
   }
 }
+
+/* ---- the take-back -----------------------------------------------------------------------------
+ *
+ * The free of b may wait (stitch.c keeps it in t->deferred; every op but an
+ * allocation that takes it back applies it first, with st_small_free) when
+ * an allocation of b->size bytes on b's stream right after it would get b
+ * back with every record, list and bitmap as they are now:
+ *   st_small_alloc(b->size) after st_small_free(b) = the state before the free
+ * That holds iff b's previous block is allocated or none (a merge with it
+ * would move b's start) and b's next block n is
+ *   - allocated or none: the free files b at the head of class(b), the
+ *     allocation finds that class first and takes b out again; or
+ *   - free, with class(b + n) = class(n), n at the head of class(n) and every
+ *     class in [class(b), class(n)) empty: the free puts b + n in n's place
+ *     and recycles n's record, the allocation finds b + n first and splits it
+ *     into b and that record again, which takes n's place.
+ * Left for good by the pair: the segment's stamp when it would have emptied
+ * (st_small_take_back).  Fields that differ are never read on a free block:
+ * n's requested bytes and its record_stream array (freed by the recycle).
+ * Both tests are inline in stitch.h (st_small_deferrable, st_small_take_back). */
 
 int st_small_reclaim(stitch_t *t, bool wait) {
   st_small_seg_t *g = t->empty_head;

@@ -19,21 +19,32 @@
  *   4. OOM, with live, free, dead-gap bytes, mappings and address space.
  * Free: a block's spans go back to their pages stamped (s, n) and its range
  * stays mapped as CACHED; no device call.  A block used on other streams
- * (record_stream) waits for an event on each of them first.
+ * (record_stream) waits for an event on each of them first.  A free may
+ * also wait for the next op, which takes the block back when it is an
+ * allocation that the free and it would serve with that very block ("the
+ * take-back" below); any other op applies the free first.
  *
  * CUDA graph capture: refused on a miss.  A request that would map, grow or
  * record an event on a stream being captured fails with GMR_ENOTSUP and says
  * so; a cache hit makes no device call and is served.  Capture your graph
  * after a warm-up step, or use the caching policy for captured graphs.
  *
- * Synchronization: not `concurrent`; the runtime calls every op under its
- * policy lock.
+ * Synchronization: `concurrent` (policy.h, rule 5).  One lock, `lock` (a
+ * gmr_lock_t), guards everything in stitch_t but the options and P, which
+ * are set at creation: every op below takes it on entry and releases it on
+ * return (destroy excepted: nobody else holds the policy then), and calls
+ * nothing that takes it again.  So the runtime takes its hot paths (the map
+ * under its shard's lock, no runtime lock) and an op runs as it did when
+ * the runtime serialized them.  Walk, summary and statistics callbacks are
+ * the runtime's collectors, which never call back into the policy (the
+ * caller's own callbacks run after the op returned: runtime.c,
+ * "Re-entrance").  Waits under the lock (cross_stream: sync, the OOM retry,
+ * empty_cache) hold it as the runtime's lock did.
  */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "observe/recording.h"
 #include "stitch/stitch.h"
 
 static const st_opts_t st_opts_default = {
@@ -63,8 +74,8 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     st_range_t *r = q->r;
     t->st.pend[2] -= (int64_t)r->len;
     t->st.pend[0] -= (int64_t)r->len;
-    gmr__history_free_completed(be, (void *)(r->va + r->first_off), r->requested,
-                                t->streams[r->sidx].s);
+    gmr__history_free_completed_at(t->rec, (void *)(r->va + r->first_off), r->requested,
+                                   t->streams[r->sidx].s);
     st_range_release(t, r, q->stamp);
   } else {
     st_small_t *b = q->b;
@@ -72,8 +83,8 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     t->st.pend[0] -= b->size;
     b->pending = false;
     b->nuses = 0;
-    gmr__history_free_completed(be, (void *)st_small_ptr(b), b->requested,
-                                t->streams[b->seg->sidx].s);
+    gmr__history_free_completed_at(t->rec, (void *)st_small_ptr(b), b->requested,
+                                   t->streams[b->seg->sidx].s);
     st_small_free(t, b);
   }
   gmr__free(q->ev);
@@ -287,6 +298,34 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
   return 0;
 }
 
+/* A cached range handed out again: its period and tick (Belady's rule,
+ * ranges.c), a hit. */
+static inline void large_hit(stitch_t *t, st_range_t *r) {
+  r->gap = t->tick + 1 - r->tick;
+  r->tick = ++t->tick;
+  r->stale = 0;
+  ++t->st.hits;
+}
+
+/* r, LIVE, handed out for size bytes (len = r->len). */
+static inline void large_out(stitch_t *t, st_range_t *r, size_t size, gmr_block_t *out) {
+  r->requested = size;
+  st_count_alloc(&t->st, 2, (int64_t)r->len, (int64_t)size);
+  out->ptr = (void *)(r->va + r->first_off);
+  out->size = r->len;
+  out->handle = r;
+}
+
+/* The free of a range with no partial end slot (st_range_release's case,
+ * inline): cached, its whole pages parked under it, stamped. */
+static inline void large_park(stitch_t *t, st_range_t *r) {
+  r->parked = r->nwhole > 0;
+  t->nparked += r->nwhole;
+  r->last_use = st_stamp_new(t, r->sidx);
+  r->nuses = 0;
+  st_cache_put(t, r);
+}
+
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   /* More than the device holds can never be mapped: refused before any page
    * table or range is sized by it (a 1 PB request wanted 18 GB of host
@@ -311,10 +350,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     st_range_own(t, r);
   }
   if (r != NULL) {
-    r->gap = t->tick + 1 - r->tick;
-    r->tick = ++t->tick;
-    r->stale = 0;
-    ++t->st.hits;
+    large_hit(t, r);
   } else {
     if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
       char want[32];
@@ -339,11 +375,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
   }
-  r->requested = size;
-  st_count_alloc(&t->st, 2, (int64_t)len, (int64_t)size);
-  out->ptr = (void *)(r->va + r->first_off);
-  out->size = len;
-  out->handle = r;
+  large_out(t, r, size, out);
   return 0;
 }
 
@@ -367,27 +399,115 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   return 0;
 }
 
-static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
+/* ---- the take-back ----------------------------------------------------------------------------
+ *
+ * A free may wait for the next op (t->deferred: a small block, t->deferred_r:
+ * a large range; at most one of them set), which takes the block back when
+ * it is an allocation that the free followed by it would serve with that
+ * block, leaving everything else as it was.  Every other op applies the free
+ * first (st_enter), as it would have been applied at once: the figures, the
+ * history's free_completed and the stream's free count are the free's own
+ * at once or in that op, before anything else, so the stamps keep their
+ * order.  The small pool's case: small.c, "the take-back".  A large range
+ * with no partial end slot, with no record_stream use and at least one whole
+ * page (large_park would park it), none of whose older ranges of its length
+ * is CACHED: the allocation of its length on its stream right after its
+ * free takes the oldest cached range of the length, which is it, parked
+ * under itself with its own stream's stamp (alloc_large's inline hit), and
+ * unparks it: the LRU list, nparked and the range are as before but for its
+ * stamp, its tick and the hit.  The older ranges are looked at up to
+ * ST_DEFER_WALK of them; past that the free is applied at once. */
+#define ST_DEFER_WALK 8
+
+static inline bool large_deferrable(const st_range_t *r) {
+  if (r->ends != 0 || r->nwhole == 0 || r->nuses != 0) return false;
+  const st_range_t *q = r->len_prev;
+  for (int k = 0; q != NULL; q = q->len_prev)
+    if (q->state == ST_R_CACHED || ++k > ST_DEFER_WALK) return false;
+  return true;
+}
+
+/* The waiting free, applied (every op but an allocation, on entry). */
+static inline void deferred_apply(stitch_t *t) {
+  st_small_t *b = t->deferred;
+  st_range_t *r = t->deferred_r;
+  if (GMR_UNLIKELY(b != NULL)) {
+    t->deferred = NULL;
+    st_small_free(t, b);
+  } else if (GMR_UNLIKELY(r != NULL)) {
+    t->deferred_r = NULL;
+    large_park(t, r);
+  }
+}
+
+/* Every op but an allocation starts here: the lock, then the waiting free
+ * applied, so nothing reads or changes the pools with it pending. */
+static inline stitch_t *st_enter(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  gmr__lock(&t->lock);
+  deferred_apply(t);
+  return t;
+}
+
+/* An allocation of size bytes on stream sidx with a free waiting: take the
+ * block back (true, *out written) or apply the free (false).  pend_head must
+ * be empty: the allocation would process pending frees after the free. */
+static bool take_back(stitch_t *t, size_t size, uint32_t sidx, gmr_block_t *out) {
+  st_small_t *b = t->deferred;
+  st_range_t *r = t->deferred_r;
+  uint64_t len = gmr__align_up(size, ST_G);
+  bool pending = t->pend_head != NULL;
+  if (b != NULL && !pending && size <= t->small_max && len == b->size && b->seg->sidx == sidx) {
+    t->deferred = NULL;
+    st_small_take_back(t, b, size);
+    st_count_alloc(&t->st, 1, b->size, (int64_t)size);
+    out->ptr = (void *)st_small_ptr(b);
+    out->size = b->size;
+    out->handle = b;
+    return true;
+  }
+  if (r != NULL && !pending && size > t->small_max && len == r->len && r->sidx == sidx) {
+    t->deferred_r = NULL;
+    r->last_use = st_stamp_new(t, r->sidx);
+    large_hit(t, r);
+    large_out(t, r, size, out);
+    return true;
+  }
+  deferred_apply(t);
+  return false;
+}
+
+static inline int alloc_locked(stitch_t *t, size_t size, gmr_stream_t s, gmr_block_t *out) {
   uint32_t sidx;
   int err = st_stream_of(t, s, &sidx);
   if (err != 0) return err;
+  if ((t->deferred != NULL || t->deferred_r != NULL) && take_back(t, size, sidx, out)) {
+    out->stream = s;
+    out->requested = size;
+    return 0;
+  }
   if (t->pend_head != NULL) pending_process(t, false);
-  gmr_block_t b = {.stream = s, .requested = size};
-  err =
-      size <= t->small_max ? alloc_small(t, size, sidx, s, &b) : alloc_large(t, size, sidx, s, &b);
+  /* Each writes out->ptr, size and handle on success only (rule 4). */
+  err = size <= t->small_max ? alloc_small(t, size, sidx, s, out)
+                             : alloc_large(t, size, sidx, s, out);
   if (err != 0) {
     if (err == GMR_ENOMEM) ++t->st.ooms;
     return err;
   }
-  ++t->st.num_allocs;
-  *out = b;
+  out->stream = s;
+  out->requested = size;
   return 0;
 }
 
-static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   stitch_t *t = st_of(self);
-  ++t->st.num_frees;
+  gmr__lock(&t->lock);
+  int err = alloc_locked(t, size, s, out);
+  gmr__unlock(&t->lock);
+  return err;
+}
+
+static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
   if (blk->size <= t->small_max) {
     st_small_t *b = blk->handle;
     st_count_free(&t->st, 1, b->size, (int64_t)b->requested);
@@ -395,12 +515,15 @@ static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
       b->pending = true;
       t->st.pend[1] += b->size;
       t->st.pend[0] += b->size;
-      return 0;
+      return;
     }
     b->nuses = 0;
-    gmr__history_free_completed(t->base.backend, blk->ptr, b->requested, blk->stream);
-    st_small_free(t, b);
-    return 0;
+    gmr__history_free_completed_at(t->rec, blk->ptr, b->requested, blk->stream);
+    if (st_small_deferrable(t, b))
+      t->deferred = b;
+    else
+      st_small_free(t, b);
+    return;
   }
   st_range_t *r = blk->handle;
   st_count_free(&t->st, 2, (int64_t)r->len, (int64_t)r->requested);
@@ -408,18 +531,23 @@ static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
     r->state = ST_R_PENDING;
     t->st.pend[2] += (int64_t)r->len;
     t->st.pend[0] += (int64_t)r->len;
-    return 0;
+    return;
   }
-  gmr__history_free_completed(t->base.backend, blk->ptr, r->requested, blk->stream);
-  if (GMR_LIKELY(r->ends == 0)) { /* st_range_release with no partial end slot, inline */
-    r->parked = r->nwhole > 0;
-    t->nparked += r->nwhole;
-    r->last_use = st_stamp_new(t, r->sidx);
-    r->nuses = 0;
-    st_cache_put(t, r);
-    return 0;
+  gmr__history_free_completed_at(t->rec, blk->ptr, r->requested, blk->stream);
+  if (GMR_LIKELY(r->ends == 0)) {
+    if (large_deferrable(r))
+      t->deferred_r = r;
+    else
+      large_park(t, r);
+    return;
   }
   st_range_release(t, r, st_stamp_new(t, r->sidx));
+}
+
+static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  stitch_t *t = st_enter(self);
+  free_locked(t, blk);
+  gmr__unlock(&t->lock);
   return 0;
 }
 
@@ -437,8 +565,7 @@ static int uses_add(uint32_t **uses, uint32_t *n, uint32_t *cap, uint32_t sidx) 
   return 0;
 }
 
-static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
-  stitch_t *t = st_of(self);
+static int record_stream_locked(stitch_t *t, const gmr_block_t *blk, gmr_stream_t s) {
   uint32_t sidx;
   int err = st_stream_index(t, s, &sidx);
   if (err != 0) return err;
@@ -452,10 +579,16 @@ static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stre
   return uses_add(&r->uses, &r->nuses, &r->capuses, sidx);
 }
 
+static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
+  stitch_t *t = st_enter(self);
+  int err = record_stream_locked(t, blk, s);
+  gmr__unlock(&t->lock);
+  return err;
+}
+
 /* empty_cache: wait for pending frees, give empty small segments back, unmap
  * every cached range (waiting for its stream), release every FREE page. */
-static int st_trim(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
+static int trim_locked(stitch_t *t) {
   pending_process(t, true);
   int err = st_small_reclaim(t, true);
   int e = st_evict(t, 0, 0, true);
@@ -474,11 +607,19 @@ static int st_trim(gmr_policy_t *self) {
   return err;
 }
 
+static int st_trim(gmr_policy_t *self) {
+  stitch_t *t = st_enter(self);
+  int err = trim_locked(t);
+  gmr__unlock(&t->lock);
+  return err;
+}
+
 /* ---- creation ---------------------------------------------------------------------------------
  */
 
 static void st_destroy(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  deferred_apply(t);
   /* Unmapping is not ordered with the streams: wait for every free's work. */
   for (uint32_t i = 0; i < t->nstreams; ++i)
     if (t->streams[i].frees > t->streams[i].done)
@@ -499,6 +640,7 @@ static void st_destroy(gmr_policy_t *self) {
   st_va_fini(t);
   st_pages_fini(t);
   st_streams_fini(t);
+  gmr__lock_destroy(&t->lock);
   gmr__free(t);
 }
 
@@ -529,12 +671,13 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   t->base.backend = be;
   t->o = *(const st_opts_t *)opts;
   t->P = be->granularity;
+  t->rec = gmr__recording_find(be);
   t->small_max = t->o.small_size < t->P / 2 ? t->o.small_size : t->P / 2;
   size_t dfree = 0, dtotal = 0;
   if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
   t->device_total = gmr__align_up(dtotal, t->P);
   t->last_stream = UINT32_MAX;
-  if (st_pages_init(t) != 0) {
+  if (gmr__lock_init(&t->lock) != 0 || st_pages_init(t) != 0) {
     gmr__free(t);
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
   }
@@ -546,11 +689,13 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
  */
 
 static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  st_report_stats(st_of(self), out);
+  stitch_t *t = st_enter(self);
+  st_report_stats(t, out);
+  gmr__unlock(&t->lock);
 }
 
 static void st_reset_peak(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
+  stitch_t *t = st_enter(self);
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_peak(&t->st.allocated[i]);
     gmr__stat_reset_peak(&t->st.requested[i]);
@@ -562,10 +707,11 @@ static void st_reset_peak(gmr_policy_t *self) {
   gmr__stat_reset_peak(&t->st.mappings);
   gmr__stat_reset_peak(&t->st.dead_gap);
   gmr__stat_reset_peak(&t->st.va);
+  gmr__unlock(&t->lock);
 }
 
 static void st_reset_accumulated(gmr_policy_t *self) {
-  stitch_t *t = st_of(self);
+  stitch_t *t = st_enter(self);
   st_stats_t *s = &t->st;
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_accumulated(&s->allocated[i]);
@@ -577,24 +723,39 @@ static void st_reset_accumulated(gmr_policy_t *self) {
   }
   gmr__stat_reset_accumulated(&s->mappings);
   gmr__stat_reset_accumulated(&s->va);
-  s->num_allocs = s->num_frees = s->ooms = s->retries = 0;
+  s->ooms = s->retries = 0;
   s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
   s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;
   s->map_ns = 0;
+  gmr__unlock(&t->lock);
 }
 
+/* The output ops: the runtime's collectors are the callbacks (see the top
+ * of the file), so they run under the lock. */
 static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  return st_report_foreach(st_of(self), cb, ud);
+  stitch_t *t = st_enter(self);
+  int err = st_report_foreach(t, cb, ud);
+  gmr__unlock(&t->lock);
+  return err;
 }
 static int st_summary(gmr_policy_t *self, FILE *out) {
-  return st_report_summary(st_of(self), out);
+  stitch_t *t = st_enter(self);
+  int err = st_report_summary(t, out);
+  gmr__unlock(&t->lock);
+  return err;
 }
 static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  return st_report_walk(st_of(self), cb, ud);
+  stitch_t *t = st_enter(self);
+  int err = st_report_walk(t, cb, ud);
+  gmr__unlock(&t->lock);
+  return err;
 }
 static int st_check(gmr_policy_t *self) {
-  return st_report_check(st_of(self));
+  stitch_t *t = st_enter(self);
+  int err = st_report_check(t);
+  gmr__unlock(&t->lock);
+  return err;
 }
 
 /* ---- the table --------------------------------------------------------------------------------
@@ -678,6 +839,7 @@ const gmr_policy_ops_t gmr_stitch_policy_ops = {
     .opts_default = &st_opts_default,
     .opts_desc = st_opts_desc,
     .validate = st_validate,
+    .concurrent = true,
     .reports_free_completed = true,
     .create = st_create,
     .destroy = st_destroy,

@@ -43,6 +43,7 @@
 #ifndef GMR_STITCH_H
 #define GMR_STITCH_H
 
+#include "observe/recording.h"
 #include "policy.h"
 
 #define ST_G      ((uint32_t)512)
@@ -116,6 +117,7 @@ typedef struct st_classes_s {
   uint64_t *l1;   /* bit c: class c non-empty */
   uint64_t *l0;   /* bit w: l1[w] non-zero */
   uint32_t n1, n0;
+  uint32_t nonempty; /* classes non-empty: Σ popcount(l1[w]) */
 } st_classes_t;
 
 /* ---- ranges ---------------------------------------------------------------------------------- */
@@ -236,7 +238,7 @@ typedef struct st_stats_s {
   int64_t pend_at_reset[3]; /* pend when the accumulated counts were reset:
                              * active freed = allocated freed - (pend - this) */
   gmr_stat_t mappings, dead_gap, va;
-  int64_t num_allocs, num_frees, ooms, retries;
+  int64_t ooms, retries; /* allocations and frees: the pools' allocation counts */
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
       pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses;
   uint64_t map_ns;
@@ -244,8 +246,10 @@ typedef struct st_stats_s {
 
 typedef struct stitch_s {
   gmr_policy_t base;
+  gmr_lock_t lock; /* every op's (stitch.c): guards all below but o, P, small_max */
   st_opts_t o;
-  uint64_t P; /* page size (backend granularity) */
+  gmr_recording_t *rec; /* the recording layer under the backend (NULL: none), for free_completed */
+  uint64_t P;           /* page size (backend granularity) */
   uint64_t small_max;
   uint64_t device_total;
 
@@ -281,6 +285,8 @@ typedef struct stitch_s {
   uint32_t nsmall_segs;
   uint64_t small_free_bytes;
   st_small_t *small_recycle;
+  st_small_t *deferred;   /* a small block freed whose st_small_free waits (stitch.c) */
+  st_range_t *deferred_r; /* a large range freed whose parking waits (stitch.c) */
 
   uint64_t serials; /* ranges made so far */
 
@@ -326,6 +332,23 @@ void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty);
 uint32_t st_classes_find(const st_classes_t *c, uint32_t k);
 /* The last non-empty class <= k, or ST_NIL. */
 uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k);
+/* Is every class in [lo, hi) empty (lo <= hi <= n)?  Inline: a few word
+ * tests (the words strictly between lo's and hi's through l0). */
+static inline bool st_classes_none(const st_classes_t *c, uint32_t lo, uint32_t hi) {
+  if (lo >= hi) return true;
+  uint32_t wl = lo / 64, wh = hi / 64;
+  uint64_t below_hi = ((uint64_t)1 << (hi % 64)) - 1; /* bits < hi % 64 */
+  if (wl == wh) return (c->l1[wl] & below_hi & (~(uint64_t)0 << (lo % 64))) == 0;
+  if ((c->l1[wl] >> (lo % 64)) != 0 || (hi % 64 != 0 && (c->l1[wh] & below_hi) != 0)) return false;
+  for (uint32_t w = wl + 1; w < wh;) { /* l1 words wl + 1 .. wh - 1, by their l0 bits */
+    uint32_t z = w / 64, end = wh - z * 64 < 64 ? wh - z * 64 : 64;
+    uint64_t m = c->l0[z] >> (w % 64);
+    if (end - w % 64 < 64) m &= ((uint64_t)1 << (end - w % 64)) - 1;
+    if (m != 0) return false;
+    w = z * 64 + 64;
+  }
+  return true;
+}
 
 int st_pages_init(stitch_t *t);
 void st_pages_fini(stitch_t *t);
@@ -479,6 +502,31 @@ void st_ranges_fini(stitch_t *t);
 
 int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx, st_small_t **out);
 void st_small_free(stitch_t *t, st_small_t *b);
+/* A small block's class in its stream's index: size / G, capped at n - 1. */
+static inline uint32_t st_small_class(const st_small_index_t *x, uint32_t size) {
+  uint32_t c = size / ST_G;
+  return c < x->cls.n ? c : x->cls.n - 1;
+}
+/* May the free of allocated block b wait for the next op, which takes it
+ * back if it allocates b->size bytes on b's stream?  The conditions are
+ * small.c's ("the take-back"); with one non-empty class, n's, no class
+ * below it can hold a block. */
+static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
+  const st_small_t *p = b->prev, *n = b->next;
+  if (p != NULL && !p->allocated) return false;
+  if (n == NULL || n->allocated) return true;
+  const st_small_index_t *x = t->streams[b->seg->sidx].small;
+  uint32_t cn = st_small_class(x, n->size);
+  return st_small_class(x, b->size + n->size) == cn && x->heads[cn] == n &&
+         (x->cls.nonempty == 1 || st_classes_none(&x->cls, st_small_class(x, b->size), cn));
+}
+/* The take-back: what the free and that allocation change for good (the
+ * segment's stamp, when it would have emptied). */
+static inline void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t requested) {
+  st_small_seg_t *g = b->seg;
+  if (g->live == 1) g->last_free = st_stamp_new(t, g->sidx);
+  b->requested = requested;
+}
 /* Return empty small segments whose last free completed to the cache (their
  * one-page range stays mapped, its page parked under it, so the next
  * segment or a 2 MiB block reuses it with no device call); wait:
