@@ -182,7 +182,9 @@ GMR_EXTERN int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_option
                                    gmr_runtime_t **out);
 
 /** Destroy a runtime and return all its device memory.  Live allocations are
- * reported through the log (gmr_set_log) and their memory released. */
+ * reported through the log (gmr_set_log) and their memory released.  The
+ * streams it was given may be destroyed already: it waits for their work
+ * on freed memory without using them (one device-wide synchronisation). */
 GMR_EXTERN void gmr_runtime_free(gmr_runtime_t *rt);
 /** gmr_runtime_free, reporting whether what the runtime wrote on its own
  * reached its files: GMR_TRACE's trace (flushed and closed here) and
@@ -203,7 +205,11 @@ GMR_EXTERN int gmr_flush(gmr_runtime_t *rt);
 GMR_EXTERN int gmr_default_runtime(int device, gmr_runtime_t **out);
 
 /** Allocate `size` bytes (size > 0) for use on stream `s`.
- * Size 0 is GMR_EINVAL: gmr never hands out zero-byte blocks.
+ * Size 0 is GMR_EINVAL: gmr never hands out zero-byte blocks.  A CUDA stream
+ * `s` must stay valid until the last call on the runtime but
+ * gmr_runtime_free: a policy may record an event on it after a free on it,
+ * to learn when the freed memory is idle (PyTorch's streams, likewise, live
+ * as long as the process).
  * @return 0, GMR_EINVAL, GMR_ENOMEM (see gmr_last_error), GMR_EDEVICE */
 GMR_EXTERN int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr);
 /** Free a pointer returned by gmr_alloc.  NULL is a no-op.

@@ -620,10 +620,16 @@ static int st_trim(gmr_policy_t *self) {
 static void st_destroy(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
   deferred_apply(t);
-  /* Unmapping is not ordered with the streams: wait for every free's work. */
+  /* Unmapping is not ordered with the streams: wait for every free's work,
+   * with one synchronisation of the device rather than an event on each
+   * stream: the caller may have destroyed its streams already (a
+   * destroyed stream's handle must not be used again). */
   for (uint32_t i = 0; i < t->nstreams; ++i)
-    if (t->streams[i].frees > t->streams[i].done)
-      st_stamp_ready(t, (st_stamp_t){i + 1, t->streams[i].frees}, UINT32_MAX, true);
+    if (t->streams[i].frees > t->streams[i].done) {
+      ++t->st.syncs;
+      gmr__backend_device_sync(t->base.backend);
+      break;
+    }
   while (t->pend_head != NULL) {
     st_pending_t *q = t->pend_head;
     t->pend_head = q->next;
