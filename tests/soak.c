@@ -16,10 +16,11 @@
  * hold no allocation.
  *
  * N = GMR_SOAK_OPS per thread (default 2000, so `make check` stays fast);
- * GMR_SEED fixes the seed.  The history toggling makes this the regression
- * test of the history's publication under ThreadSanitizer (GMR_TSAN_TESTS). */
+ * GMR_SEED fixes the seed; GMR_SOAK_STACKS picks stacks (see main).  The history toggling makes
+ * this the regression test of the history's publication under ThreadSanitizer (GMR_TSAN_TESTS). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,7 +240,13 @@ int main(void) {
   if (env && *env) seed = strtoull(env, NULL, 10);
   diag("seed %llu (GMR_SEED), %llu operations per thread (GMR_SOAK_OPS)", (unsigned long long)seed,
        (unsigned long long)ops);
+  /* GMR_SOAK_STACKS=WORD runs the stacks whose configuration contains WORD,
+   * !WORD the others (a long run split by stack). */
+  const char *only = getenv("GMR_SOAK_STACKS");
+  bool invert = only != NULL && only[0] == '!';
+  if (invert) ++only;
   for (int i = 0; stacks[i]; ++i) {
+    if (only != NULL && *only != '\0' && (strstr(stacks[i], only) != NULL) == invert) continue;
     gmr_runtime_t *rt = sim_runtime(stacks[i], 1ull << 30, 1);
     if (rt == NULL) {
       ok(0, "%s: a runtime", stacks[i]);
