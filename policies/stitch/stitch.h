@@ -332,23 +332,6 @@ void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty);
 uint32_t st_classes_find(const st_classes_t *c, uint32_t k);
 /* The last non-empty class <= k, or ST_NIL. */
 uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k);
-/* Is every class in [lo, hi) empty (lo <= hi <= n)?  Inline: a few word
- * tests (the words strictly between lo's and hi's through l0). */
-static inline bool st_classes_none(const st_classes_t *c, uint32_t lo, uint32_t hi) {
-  if (lo >= hi) return true;
-  uint32_t wl = lo / 64, wh = hi / 64;
-  uint64_t below_hi = ((uint64_t)1 << (hi % 64)) - 1; /* bits < hi % 64 */
-  if (wl == wh) return (c->l1[wl] & below_hi & (~(uint64_t)0 << (lo % 64))) == 0;
-  if ((c->l1[wl] >> (lo % 64)) != 0 || (hi % 64 != 0 && (c->l1[wh] & below_hi) != 0)) return false;
-  for (uint32_t w = wl + 1; w < wh;) { /* l1 words wl + 1 .. wh - 1, by their l0 bits */
-    uint32_t z = w / 64, end = wh - z * 64 < 64 ? wh - z * 64 : 64;
-    uint64_t m = c->l0[z] >> (w % 64);
-    if (end - w % 64 < 64) m &= ((uint64_t)1 << (end - w % 64)) - 1;
-    if (m != 0) return false;
-    w = z * 64 + 64;
-  }
-  return true;
-}
 
 int st_pages_init(stitch_t *t);
 void st_pages_fini(stitch_t *t);
@@ -509,8 +492,9 @@ static inline uint32_t st_small_class(const st_small_index_t *x, uint32_t size) 
 }
 /* May the free of allocated block b wait for the next op, which takes it
  * back if it allocates b->size bytes on b's stream?  The conditions are
- * small.c's ("the take-back"); with one non-empty class, n's, no class
- * below it can hold a block. */
+ * small.c's ("the take-back"): every class in [class(b), class(n)) empty,
+ * i.e. the first non-empty class from class(b) is n's (with one non-empty
+ * class, it is). */
 static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
   const st_small_t *p = b->prev, *n = b->next;
   if (p != NULL && !p->allocated) return false;
@@ -518,7 +502,7 @@ static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
   const st_small_index_t *x = t->streams[b->seg->sidx].small;
   uint32_t cn = st_small_class(x, n->size);
   return st_small_class(x, b->size + n->size) == cn && x->heads[cn] == n &&
-         (x->cls.nonempty == 1 || st_classes_none(&x->cls, st_small_class(x, b->size), cn));
+         (x->cls.nonempty == 1 || st_classes_find(&x->cls, st_small_class(x, b->size)) == cn);
 }
 /* The take-back: what the free and that allocation change for good (the
  * segment's stamp, when it would have emptied). */
