@@ -16,7 +16,9 @@
  * hold no allocation.
  *
  * N = GMR_SOAK_OPS per thread (default 2000, so `make check` stays fast);
- * GMR_SEED fixes the seed; GMR_SOAK_STACKS picks stacks (see main).  The history toggling makes
+ * GMR_SOAK_SECONDS, when set, also ends each stack's run after that many
+ * seconds (the report gives the operations made); GMR_SEED fixes the seed;
+ * GMR_SOAK_STACKS picks stacks (see main).  The history toggling makes
  * this the regression test of the history's publication under ThreadSanitizer (GMR_TSAN_TESTS). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -85,6 +87,7 @@ typedef struct worker_s {
 } worker_t;
 
 static _Atomic int workers_running;
+static _Atomic bool out_of_time; /* GMR_SOAK_SECONDS passed: workers stop */
 
 static uint64_t next(uint64_t *s) { /* xorshift64* */
   *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
@@ -141,6 +144,7 @@ static void *work(void *arg) {
   uint64_t tag[SLOTS] = {0}, token[SLOTS] = {0}, t;
   uint64_t s = w->seed;
   for (uint64_t op = 0; op < w->ops; ++op) {
+    if ((op & 1023) == 0 && atomic_load_explicit(&out_of_time, memory_order_relaxed)) break;
     uint64_t r = next(&s) % 100;
     int k = (int)(next(&s) % SLOTS);
     if (r < 5 && ptr[k] != NULL) {
@@ -203,6 +207,7 @@ static int count_entries(const gmr_walk_entry_t *e, void *ud) {
 
 typedef struct churn_s {
   gmr_runtime_t *rt;
+  struct timespec deadline; /* tv_sec 0: none */
   long errors;
   long rounds;
 } churn_t;
@@ -210,6 +215,12 @@ typedef struct churn_s {
 static void *churn(void *arg) {
   churn_t *c = arg;
   while (atomic_load(&workers_running) > 0) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (c->deadline.tv_sec != 0 &&
+        (now.tv_sec > c->deadline.tv_sec ||
+         (now.tv_sec == c->deadline.tv_sec && now.tv_nsec >= c->deadline.tv_nsec)))
+      atomic_store_explicit(&out_of_time, true, memory_order_relaxed);
     long entries = 0;
     gmr_stats_t st;
     if (gmr_empty_cache(c->rt) != 0) ++c->errors;
@@ -235,18 +246,25 @@ int main(void) {
   uint64_t ops = 2000;
   const char *env = getenv("GMR_SOAK_OPS");
   if (env && *env) ops = strtoull(env, NULL, 10);
+  long seconds = 0;
+  env = getenv("GMR_SOAK_SECONDS");
+  if (env && *env) seconds = strtol(env, NULL, 10);
   uint64_t seed = (uint64_t)time(NULL);
   env = getenv("GMR_SEED");
   if (env && *env) seed = strtoull(env, NULL, 10);
   diag("seed %llu (GMR_SEED), %llu operations per thread (GMR_SOAK_OPS)", (unsigned long long)seed,
        (unsigned long long)ops);
   /* GMR_SOAK_STACKS=WORD runs the stacks whose configuration contains WORD,
-   * !WORD the others (a long run split by stack). */
+   * !WORD the others, and a number N the Nth stack alone (from 1): a long
+   * run split by stack, or one process per stack. */
   const char *only = getenv("GMR_SOAK_STACKS");
   bool invert = only != NULL && only[0] == '!';
   if (invert) ++only;
+  int number = only != NULL && *only >= '1' && *only <= '9' ? atoi(only) : 0;
   for (int i = 0; stacks[i]; ++i) {
-    if (only != NULL && *only != '\0' && (strstr(stacks[i], only) != NULL) == invert) continue;
+    if (number != 0 ? (i + 1 == number) == invert
+                    : only != NULL && *only != '\0' && (strstr(stacks[i], only) != NULL) == invert)
+      continue;
     gmr_runtime_t *rt = sim_runtime(stacks[i], 1ull << 30, 1);
     if (rt == NULL) {
       ok(0, "%s: a runtime", stacks[i]);
@@ -257,10 +275,11 @@ int main(void) {
     is_int(gmr__sim_host_reuse(sim), 0, "%s: the simulator reuses host pages", stacks[i]);
     worker_t w[THREADS];
     pthread_t th[THREADS], ct;
-    churn_t c = {rt, 0, 0};
-    atomic_store(&workers_running, THREADS);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    churn_t c = {.rt = rt, .deadline = {seconds > 0 ? t0.tv_sec + seconds : 0, t0.tv_nsec}};
+    atomic_store(&workers_running, THREADS);
+    atomic_store(&out_of_time, false);
     for (int t = 0; t < THREADS; ++t) {
       w[t] = (worker_t){.rt = rt,
                         .sim = sim,
