@@ -7,14 +7,19 @@
  * message, empty_cache, page sizes other than 2 MiB, a random run with the
  * invariant walk after every event and data patterns, a fault sweep (fail
  * the k-th device call for every k over a script: invariants, no leak, the
- * right error) and threads.  GMR_STITCH_OPS sets the random run's length.
+ * right error), threads, and the fronts that serve them (turned on here by
+ * hand, as the first thread that finds the policy's lock held would).
+ * GMR_STITCH_OPS sets the random run's length.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "gmr.h"
 #include "sim-runtime.h"
+#include "stitch/stitch.h"
 #include "tap.h"
 
 #define KiB  (1ull << 10)
@@ -757,6 +762,144 @@ static void test_threads(void) {
   gmr_runtime_free(rt);
 }
 
+/* ---- fronts
+ * -------------------------------------------------------------------------------------- */
+
+/* A stitch runtime whose fronts are on, as after two threads met at its lock. */
+static gmr_runtime_t *fronts_runtime(uint64_t capacity) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", capacity, 1);
+  if (rt != NULL) atomic_store(&((stitch_t *)gmr__runtime_policy(rt))->contended, true);
+  return rt;
+}
+
+static void test_fronts(void) {
+  gmr_runtime_t *rt = fronts_runtime(256 * MiB);
+  if (!ok(rt != NULL, "fronts: runtime")) return;
+  /* The first allocation on a stream takes the lock and gives it a front;
+   * its free is kept there; an allocation of the same length on the same
+   * stream takes it back with no device call, whatever its requested size. */
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  gmr_alloc(rt, 4096, S(1), &a);
+  gmr_free(rt, a);
+  gmr_sim_counters_t k0, k1;
+  gmr_sim_counters(rt, &k0);
+  gmr_alloc(rt, 4000, S(1), &b);
+  gmr_sim_counters(rt, &k1);
+  ok(b == a && device_calls(&k1) == device_calls(&k0), "a small block kept is taken back");
+  size_t req = 0, got = 0;
+  gmr_alloc_size(rt, b, &req, &got);
+  ok(req == 4000 && got == 4096, "  with the new requested size");
+  gmr_free(rt, b);
+  gmr_alloc(rt, 8 * MiB + 512, S(2), &c);
+  gmr_free(rt, c);
+  gmr_alloc(rt, 8 * MiB + 100, S(2), &d);
+  ok(d == c, "a large range kept is taken back");
+  gmr_free(rt, d);
+  /* Another length, or another stream: the locked path. */
+  gmr_alloc(rt, 8 * MiB + 4096, S(2), &a);
+  ok(a != d, "a different length is not served by the front");
+  gmr_alloc(rt, 4096, S(3), &b);
+  gmr_free(rt, b);
+  gmr_free(rt, a);
+  /* The figures count every take-back as an allocation and a free. */
+  is_int((int)stat_of(rt, "allocation.all.allocated"), 6, "six allocations counted");
+  is_int((int)stat_of(rt, "allocation.all.freed"), 6, "  six frees");
+  is_int((int)stat_of(rt, "allocation.small_pool.allocated"), 3, "  three small");
+  is_int((int)stat_of(rt, "requested_bytes.small_pool.allocated"), 4096 + 4000 + 4096,
+         "  their requested bytes, handed out");
+  is_int((int)stat_of(rt, "requested_bytes.small_pool.freed"), 4096 + 4000 + 4096, "  and freed");
+  is_int((int)stat_of(rt, "requested_bytes.large_pool.allocated"),
+         (int)(3 * 8 * MiB + 512 + 100 + 4096), "  large, handed out");
+  is_int((int)stat_of(rt, "requested_bytes.all.current"), 0, "  nothing requested now");
+  is_int((int)stat_of(rt, "allocated_bytes.all.current"), 0, "  nothing allocated now");
+  is_int((int)stat_of(rt, "stitch.cache_hits"), 1, "  the large take-back is a hit");
+  /* A block used on another stream is not kept: it waits for that stream. */
+  gmr_alloc(rt, 4096, S(1), &a);
+  gmr_record_stream(rt, a, S(4));
+  gmr_sim_stream_enqueue(rt, S(4));
+  gmr_free(rt, a);
+  gmr_alloc(rt, 4096, S(1), &b);
+  ok(b != a, "a block with record_stream uses is not taken back while they run");
+  gmr_free(rt, b);
+  gmr_sim_stream_complete(rt, S(4));
+  gmr_alloc(rt, 65536, S(5), &c); /* the locked path looks at pending frees */
+  gmr_free(rt, c);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.active_bytes, 0, "  released once stream 4's work completes");
+  is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_runtime_free(rt);
+
+  /* Memory kept by a front serves other streams when the device is full:
+   * an allocation that does not fit flushes the fronts and retries. */
+  rt = fronts_runtime(64 * MiB);
+  if (rt == NULL) return;
+  gmr_alloc(rt, 40 * MiB, S(1), &a);
+  gmr_free(rt, a);
+  is_int(gmr_alloc(rt, 40 * MiB, S(2), &b), 0,
+         "a block kept on stream 1 serves stream 2 when full");
+  gmr_free(rt, b);
+  is_int(gmr_empty_cache(rt), 0, "empty_cache");
+  gmr_sim_counters(rt, &k1);
+  ok(k1.bytes_in_use == 0 && k1.page_maps_live == 0, "  gives every page back, kept ones too");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
+/* Threads hammering pairs on their own streams, with some of their sizes
+ * shared, a stats thread flushing the fronts meanwhile: every block keeps its
+ * bytes, and the figures add up. */
+typedef struct fpair_s {
+  gmr_runtime_t *rt;
+  int id, bad, allocs;
+} fpair_t;
+static _Atomic int fronts_running;
+static void *front_worker(void *arg) {
+  fpair_t *a = arg;
+  uint64_t r = 0x2545F4914F6CDD1Dull * (uint64_t)(a->id + 1);
+  for (int i = 0; i < 20000; ++i) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    live_t l = {.n = r % 3 ? 4096 + (r >> 8) % 2 * 512 : 2 * MiB + 4096 * (r >> 8) % 3,
+                .tag = (unsigned char)(a->id * 17 + i)};
+    if (gmr_alloc(a->rt, l.n, S(a->id + 1), (void **)&l.p) != 0) continue;
+    ++a->allocs;
+    stamp(&l);
+    a->bad += !stamped(&l);
+    gmr_free(a->rt, l.p);
+  }
+  atomic_fetch_sub(&fronts_running, 1);
+  return NULL;
+}
+static void test_fronts_threads(void) {
+  gmr_runtime_t *rt = fronts_runtime(1024 * MiB);
+  if (rt == NULL) return;
+  pthread_t th[4];
+  fpair_t args[4];
+  atomic_store(&fronts_running, 4);
+  for (int i = 0; i < 4; ++i) {
+    args[i] = (fpair_t){rt, i, 0, 0};
+    pthread_create(&th[i], NULL, front_worker, &args[i]);
+  }
+  int rounds = 0;
+  while (atomic_load(&fronts_running) > 0) {
+    gmr_stats_t st;
+    gmr_stats(rt, &st);
+    if (++rounds % 8 == 0) gmr_empty_cache(rt);
+  }
+  int bad = 0, allocs = 0;
+  for (int i = 0; i < 4; ++i) {
+    pthread_join(th[i], NULL);
+    bad += args[i].bad;
+    allocs += args[i].allocs;
+  }
+  is_int(bad, 0, "fronts, 4 threads and a stats thread: every block keeps its bytes");
+  is_int((int)stat_of(rt, "allocation.all.allocated"), allocs, "  every allocation counted");
+  is_int((int)stat_of(rt, "allocation.all.freed"), allocs, "  every free counted");
+  is_int((int)stat_of(rt, "allocated_bytes.all.current"), 0, "  nothing allocated at the end");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   test_layout();
   test_cache_hit();
@@ -771,5 +914,7 @@ int main(void) {
   test_take_back();
   test_fault_sweep();
   test_threads();
+  test_fronts();
+  test_fronts_threads();
   return done_testing();
 }

@@ -43,6 +43,7 @@
 #define GMR_LOCK_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/internal.h"
@@ -78,6 +79,13 @@ static inline void gmr__lock(gmr_lock_t *l) {
   gmr__lock_slow(l);
 }
 
+/* Take l if it is free, without waiting: true when taken. */
+static inline bool gmr__lock_try(gmr_lock_t *l) {
+  uint32_t free_state = 0;
+  return atomic_compare_exchange_strong_explicit(&l->locked, &free_state, 1, memory_order_acquire,
+                                                 memory_order_relaxed);
+}
+
 static inline void gmr__unlock(gmr_lock_t *l) {
   atomic_exchange_explicit(&l->locked, 0, memory_order_seq_cst);
   if (GMR_UNLIKELY(atomic_load_explicit(&l->sleepers, memory_order_seq_cst) != 0))
@@ -100,6 +108,9 @@ static inline void gmr__lock_destroy(gmr_lock_t *l) {
 }
 static inline void gmr__lock(gmr_lock_t *l) {
   pthread_mutex_lock(&l->m);
+}
+static inline bool gmr__lock_try(gmr_lock_t *l) {
+  return pthread_mutex_trylock(&l->m) == 0;
 }
 static inline void gmr__unlock(gmr_lock_t *l) {
   pthread_mutex_unlock(&l->m);

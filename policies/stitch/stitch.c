@@ -31,11 +31,28 @@
  *
  * Synchronization: `concurrent` (policy.h, rule 5).  One lock, `lock` (a
  * gmr_lock_t), guards everything in stitch_t but the options and P, which
- * are set at creation: every op below takes it on entry and releases it on
- * return (destroy excepted: nobody else holds the policy then), and calls
- * nothing that takes it again.  So the runtime takes its hot paths (the map
- * under its shard's lock, no runtime lock) and an op runs as it did when
- * the runtime serialized them.  Walk, summary and statistics callbacks are
+ * are set at creation, and the fronts: every op below takes it on entry and
+ * releases it on return (destroy excepted: nobody else holds the policy
+ * then), and calls nothing that takes it again.  So the runtime takes its
+ * hot paths (the map under its shard's lock, no runtime lock) and an op runs
+ * as it did when the runtime serialized them.
+ *
+ * Under concurrency (front.c).  As long as one thread at a time calls the
+ * policy, nothing else exists, and every decision is the one above.  The
+ * first time a thread finds `lock` held, `contended` is set for good and
+ * each stream that allocates gets a front: its user's last free is kept
+ * there, still allocated for the pools, and the stream's next allocation of
+ * the same length takes it back under the front's own lock; a free into an
+ * occupied front frees the block it held under `lock`.  So threads on
+ * their own streams that reuse their sizes share no lock.  Invariants:
+ *   a block in a front is allocated for the pools and counted as allocated
+ *     (its user freed it);
+ *   the statistics plus the fronts' unfolded take-backs are the figures;
+ * every op that reads or changes the whole state (statistics, walks, checks,
+ * summary, trim) first flushes the fronts (their blocks freed, their counts
+ * folded) and freezes them until it ends, and an allocation that finds no
+ * memory flushes them before it retries.  Blocks with record_stream uses,
+ * and every free while the history records, take the locked path.  Walk, summary and statistics callbacks are
  * the runtime's collectors, which never call back into the policy (the
  * caller's own callbacks run after the op returned: runtime.c,
  * "Re-entrance").  Waits under the lock (cross_stream: sync, the OOM retry,
@@ -166,6 +183,8 @@ static int pending_add(stitch_t *t, st_range_t *r, st_small_t *b, uint32_t sidx,
 
 /* ---- large blocks -----------------------------------------------------------------------------
  */
+
+static void fronts_flush(stitch_t *t, bool freeze); /* the take-back's section */
 
 /* The PARTIAL page whose open slot fits r best with a gap <= tau. */
 static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t sidx,
@@ -366,6 +385,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     int err = large_stitch(t, len, sidx, &r);
     if (err == GMR_ENOMEM) {
       ++t->st.retries;
+      fronts_flush(t, false);
       pending_process(t, true);
       st_small_reclaim(t, true);
       st_evict(t, 0, 0, true);
@@ -385,6 +405,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   int err = st_small_alloc(t, len, size, sidx, &b);
   if (err == GMR_ENOMEM) {
     ++t->st.retries;
+    fronts_flush(t, false);
     pending_process(t, true);
     st_small_reclaim(t, true);
     st_evict(t, 0, 0, true);
@@ -440,11 +461,19 @@ static inline void deferred_apply(stitch_t *t) {
   }
 }
 
+/* The lock; a thread that finds it held turns the fronts on for good. */
+static inline void st_lock(stitch_t *t) {
+  if (GMR_LIKELY(gmr__lock_try(&t->lock))) return;
+  if (!atomic_load_explicit(&t->contended, memory_order_relaxed))
+    atomic_store_explicit(&t->contended, true, memory_order_relaxed);
+  gmr__lock(&t->lock);
+}
+
 /* Every op but an allocation starts here: the lock, then the waiting free
  * applied, so nothing reads or changes the pools with it pending. */
 static inline stitch_t *st_enter(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  st_lock(t);
   deferred_apply(t);
   return t;
 }
@@ -452,7 +481,8 @@ static inline stitch_t *st_enter(gmr_policy_t *self) {
 /* An allocation of size bytes on stream sidx with a free waiting: take the
  * block back (true, *out written) or apply the free (false).  pend_head must
  * be empty: the allocation would process pending frees after the free. */
-static bool take_back(stitch_t *t, size_t size, uint32_t sidx, gmr_block_t *out) {
+static inline __attribute__((always_inline)) bool take_back(stitch_t *t, size_t size, uint32_t sidx,
+                                                            gmr_block_t *out) {
   st_small_t *b = t->deferred;
   st_range_t *r = t->deferred_r;
   uint64_t len = gmr__align_up(size, ST_G);
@@ -477,7 +507,8 @@ static bool take_back(stitch_t *t, size_t size, uint32_t sidx, gmr_block_t *out)
   return false;
 }
 
-static inline int alloc_locked(stitch_t *t, size_t size, gmr_stream_t s, gmr_block_t *out) {
+static inline __attribute__((always_inline)) int alloc_locked(stitch_t *t, size_t size,
+                                                              gmr_stream_t s, gmr_block_t *out) {
   uint32_t sidx;
   int err = st_stream_of(t, s, &sidx);
   if (err != 0) return err;
@@ -499,15 +530,30 @@ static inline int alloc_locked(stitch_t *t, size_t size, gmr_stream_t s, gmr_blo
   return 0;
 }
 
+/* An allocation once the fronts are on: the stream's front, then the
+ * locked path, which gives the stream a front if it has none. */
+static __attribute__((noinline)) int alloc_contended(stitch_t *t, size_t size, gmr_stream_t s,
+                                                     gmr_block_t *out) {
+  st_front_t *f = st_front_find(t, s);
+  if (f != NULL && st_front_take(f, t->small_max, size, out)) return 0;
+  st_lock(t);
+  int err = alloc_locked(t, size, s, out);
+  if (f == NULL) st_front_new(t, s);
+  gmr__unlock(&t->lock);
+  return err;
+}
+
 static int st_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   stitch_t *t = st_of(self);
-  gmr__lock(&t->lock);
+  if (GMR_UNLIKELY(atomic_load_explicit(&t->contended, memory_order_relaxed)))
+    return alloc_contended(t, size, s, out);
+  st_lock(t);
   int err = alloc_locked(t, size, s, out);
   gmr__unlock(&t->lock);
   return err;
 }
 
-static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
+static inline __attribute__((always_inline)) void free_locked(stitch_t *t, const gmr_block_t *blk) {
   if (blk->size <= t->small_max) {
     st_small_t *b = blk->handle;
     st_count_free(&t->st, 1, b->size, (int64_t)b->requested);
@@ -544,8 +590,80 @@ static inline void free_locked(stitch_t *t, const gmr_block_t *blk) {
   st_range_release(t, r, st_stamp_new(t, r->sidx));
 }
 
-static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+/* Under lock: the free of a block a front kept (its user freed it then). */
+static void free_kept(stitch_t *t, st_small_t *b, st_range_t *r) {
+  gmr_block_t blk;
+  if (b != NULL)
+    blk = (gmr_block_t){.ptr = (void *)st_small_ptr(b),
+                        .size = b->size,
+                        .handle = b,
+                        .stream = t->streams[b->seg->sidx].s,
+                        .requested = b->requested};
+  else
+    blk = (gmr_block_t){.ptr = (void *)(r->va + r->first_off),
+                        .size = r->len,
+                        .handle = r,
+                        .stream = t->streams[r->sidx].s,
+                        .requested = r->requested};
+  free_locked(t, &blk);
+}
+
+/* Under lock: every front emptied, its blocks freed (and the fronts
+ * frozen when freeze, until st_fronts_thaw). */
+static void fronts_flush(stitch_t *t, bool freeze) {
+  if (t->nfronts == 0) return;
+  st_small_t *kb[ST_FRONTS];
+  st_range_t *kr[ST_FRONTS];
+  st_fronts_drain(t, freeze, kb, kr);
+  for (size_t i = 0; i < ST_FRONTS; ++i)
+    if (kb[i] != NULL || kr[i] != NULL) {
+      deferred_apply(t);
+      free_kept(t, kb[i], kr[i]);
+    }
+  deferred_apply(t);
+}
+
+/* The ops that read or change the whole state: the lock, the fronts
+ * flushed and frozen, the waiting free applied; st_leave_all undoes it. */
+static inline stitch_t *st_enter_all(gmr_policy_t *self) {
   stitch_t *t = st_enter(self);
+  fronts_flush(t, true);
+  return t;
+}
+static inline void st_leave_all(stitch_t *t) {
+  if (t->nfronts != 0) st_fronts_thaw(t);
+  gmr__unlock(&t->lock);
+}
+
+/* The free of blk kept in its stream's front (true), and the block kept
+ * there before freed under lock; false: the front is off, frozen, or
+ * the block has record_stream uses or the history is on (its
+ * free_completed entry belongs at the free). */
+static __attribute__((noinline)) bool free_to_front(stitch_t *t, const gmr_block_t *blk) {
+  st_front_t *f = st_front_find(t, blk->stream);
+  if (f == NULL || gmr__recording_history_at(t->rec) != NULL) return false;
+  st_small_t *b = NULL, *old_b;
+  st_range_t *r = NULL, *old_r;
+  if (blk->size <= t->small_max)
+    b = blk->handle;
+  else
+    r = blk->handle;
+  if ((b != NULL ? b->nuses : r->nuses) != 0 || !st_front_keep(f, b, r, &old_b, &old_r))
+    return false;
+  if (old_b != NULL || old_r != NULL) {
+    stitch_t *tt = st_enter(&t->base);
+    free_kept(tt, old_b, old_r);
+    gmr__unlock(&t->lock);
+  }
+  return true;
+}
+
+static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
+  stitch_t *t = st_of(self);
+  if (GMR_UNLIKELY(atomic_load_explicit(&t->contended, memory_order_relaxed)) &&
+      free_to_front(t, blk))
+    return 0;
+  t = st_enter(self);
   free_locked(t, blk);
   gmr__unlock(&t->lock);
   return 0;
@@ -608,9 +726,9 @@ static int trim_locked(stitch_t *t) {
 }
 
 static int st_trim(gmr_policy_t *self) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   int err = trim_locked(t);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
   return err;
 }
 
@@ -619,6 +737,8 @@ static int st_trim(gmr_policy_t *self) {
 
 static void st_destroy(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
+  fronts_flush(t, false);
+  st_fronts_fini(t);
   deferred_apply(t);
   /* Unmapping is not ordered with the streams: wait for every free's work,
    * with one synchronisation of the device rather than an event on each
@@ -695,13 +815,13 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
  */
 
 static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   st_report_stats(t, out);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
 }
 
 static void st_reset_peak(gmr_policy_t *self) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_peak(&t->st.allocated[i]);
     gmr__stat_reset_peak(&t->st.requested[i]);
@@ -713,11 +833,11 @@ static void st_reset_peak(gmr_policy_t *self) {
   gmr__stat_reset_peak(&t->st.mappings);
   gmr__stat_reset_peak(&t->st.dead_gap);
   gmr__stat_reset_peak(&t->st.va);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
 }
 
 static void st_reset_accumulated(gmr_policy_t *self) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   st_stats_t *s = &t->st;
   for (int i = 0; i < 3; ++i) {
     gmr__stat_reset_accumulated(&s->allocated[i]);
@@ -734,33 +854,33 @@ static void st_reset_accumulated(gmr_policy_t *self) {
   s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;
   s->map_ns = 0;
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
 }
 
 /* The output ops: the runtime's collectors are the callbacks (see the top
  * of the file), so they run under the lock. */
 static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   int err = st_report_foreach(t, cb, ud);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
   return err;
 }
 static int st_summary(gmr_policy_t *self, FILE *out) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   int err = st_report_summary(t, out);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
   return err;
 }
 static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   int err = st_report_walk(t, cb, ud);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
   return err;
 }
 static int st_check(gmr_policy_t *self) {
-  stitch_t *t = st_enter(self);
+  stitch_t *t = st_enter_all(self);
   int err = st_report_check(t);
-  gmr__unlock(&t->lock);
+  st_leave_all(t);
   return err;
 }
 

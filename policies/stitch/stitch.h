@@ -244,6 +244,22 @@ typedef struct st_stats_s {
   uint64_t map_ns;
 } st_stats_t;
 
+/* A stream's front slot (front.c): under concurrency, the last block freed
+ * on the stream, kept for the stream's next allocation of its length.  64
+ * bytes aligned, guarded by its own lock; `s` immutable once published. */
+#define ST_FRONTS 64 /* the table of fronts (open addressing, at most half used) */
+typedef struct st_front_s {
+  _Alignas(64) gmr_spin_t lock;
+  bool frozen; /* a whole-state op runs: keep and take nothing */
+  gmr_stream_t s;
+  st_small_t *b; /* the block kept: a small one, or */
+  st_range_t *r; /* a large one (at most one of b and r) */
+  /* Take-backs since the last drain, per pool ([1] small, [2] large): the
+   * pairs, their bytes, the requested bytes handed out and those freed. */
+  int64_t pairs[3], bytes[3], req_in[3], req_out[3];
+  void *raw; /* what the host returned (the front is aligned in it) */
+} st_front_t;
+
 typedef struct stitch_s {
   gmr_policy_t base;
   gmr_lock_t lock; /* every op's (stitch.c): guards all below but o, P, small_max */
@@ -290,9 +306,14 @@ typedef struct stitch_s {
 
   uint64_t serials; /* ranges made so far */
 
-  bool exclusive;
   uint64_t tick; /* large blocks handed out so far */
   st_stats_t st;
+
+  /* Under concurrency (stitch.c): set for good once a thread found `lock`
+   * held; then each stream that allocates gets a front. */
+  _Atomic bool contended;
+  _Atomic(st_front_t *) fronts[ST_FRONTS];
+  uint32_t nfronts;
 } stitch_t;
 
 /* stat index: 0 all, 1 small pool, 2 large pool (see st_stats_t). */
@@ -520,6 +541,29 @@ void st_small_fini(stitch_t *t);
 static inline uintptr_t st_small_ptr(const st_small_t *b) {
   return b->seg->r->va + b->off;
 }
+
+/* ---- front.c ----------------------------------------------------------------------------------
+ */
+
+/* The front of stream s, or NULL (no lock: fronts are published once). */
+st_front_t *st_front_find(stitch_t *t, gmr_stream_t s);
+/* Give stream s a front (under lock; nothing when the table is half full
+ * or the host refuses: the stream stays on the locked path). */
+void st_front_new(stitch_t *t, gmr_stream_t s);
+/* Keep the block of b or r, freed by its user, in f: false when f is
+ * frozen; else the block kept before, if any, in *old_b or *old_r, for the
+ * caller to free under lock. */
+bool st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
+                   st_range_t **old_r);
+/* An allocation of size bytes on f's stream served by the block kept, when
+ * it has size's length in size's pool: true, *out written. */
+bool st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out);
+/* Under lock: empty every front into kb[] / kr[] (ST_FRONTS entries each,
+ * NULL where none), fold their take-backs into t->st, and, when freeze,
+ * leave them frozen until st_fronts_thaw. */
+void st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr);
+void st_fronts_thaw(stitch_t *t);
+void st_fronts_fini(stitch_t *t);
 
 /* ---- report.c ----------------------------------------------------------------------------------
  */
