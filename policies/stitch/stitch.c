@@ -52,11 +52,13 @@
  * summary, trim) first flushes the fronts (their blocks freed, their counts
  * folded) and freezes them until it ends, and an allocation that finds no
  * memory flushes them before it retries.  Blocks with record_stream uses,
- * and every free while the history records, take the locked path.  Walk, summary and statistics callbacks are
- * the runtime's collectors, which never call back into the policy (the
- * caller's own callbacks run after the op returned: runtime.c,
- * "Re-entrance").  Waits under the lock (cross_stream: sync, the OOM retry,
- * empty_cache) hold it as the runtime's lock did.
+ * and every free while the history records, take the locked path.
+ *
+ * Walk, summary and statistics callbacks are the runtime's collectors,
+ * which never call back into the policy (the caller's own callbacks run
+ * after the op returned: runtime.c, "Re-entrance").  Waits under the lock
+ * (cross_stream: sync, the OOM retry, empty_cache) hold it as the runtime's
+ * lock did.
  */
 #include <stddef.h>
 #include <stdlib.h>
