@@ -149,6 +149,11 @@ GMR_EXTERN int gmr_policy_options(const char *policy, gmr_option_info_t *out, si
  * "1.5GiB", "2MB" (decimal), "0x1000".  @return 0, GMR_EINVAL (malformed;
  * *out untouched) */
 GMR_EXTERN int gmr_parse_size(const char *text, uint64_t *out);
+/** Write `bytes` as gmr's messages do: "512 bytes" below 1 KiB, else two
+ * decimals in the largest binary unit that keeps the value >= 1 ("1.50
+ * GiB", up to EiB), NUL-terminated and truncated to len bytes (len 0:
+ * nothing written). */
+GMR_EXTERN void gmr_format_size(uint64_t bytes, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------ */
 /* Runtime                                                                  */

@@ -45,6 +45,12 @@ int main(void) {
   is_str(buf, "20.00 MiB", "format_size(20 MiB)");
   gmr__format_size(3ull << 29, buf, sizeof buf);
   is_str(buf, "1.50 GiB", "format_size(1.5 GiB)");
+  gmr_format_size(UINT64_MAX, buf, sizeof buf);
+  is_str(buf, "16.00 EiB", "gmr_format_size(2^64 - 1), the public form");
+  gmr_format_size(4096, buf, 5);
+  is_str(buf, "4.00", "  truncated to its buffer");
+  gmr_format_size(4096, NULL, 0); /* nothing to write to: nothing written */
+  ok(1, "  a NULL buffer of length 0 is accepted");
 
   /* Growable strings. */
   gmr_strbuf_t sb = {0};

@@ -556,22 +556,6 @@ static int gmr_self_check(contender_t *c) {
 
 /* ---- output --------------------------------------------------------------- */
 
-/* "1.50 GiB" style, as gmr's own messages write sizes. */
-static void format_size(uint64_t bytes, char *buf, size_t len) {
-  static const char *const names[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) {
-    snprintf(buf, len, "%llu bytes", (unsigned long long)bytes);
-    return;
-  }
-  double v = (double)bytes;
-  int u = 0;
-  while (v >= 1024.0 && u < 6) {
-    v /= 1024.0;
-    ++u;
-  }
-  snprintf(buf, len, "%.2f %s", v, names[u]);
-}
-
 /* Tables: one per workload, each with its header before its first row. */
 static void print_header(const bench_opts_t *o, bench_kind_t kind) {
   static bool printed[4];
@@ -623,7 +607,7 @@ static void print_row(const bench_opts_t *o, const contender_t *c, size_t size,
   if (spec != NULL)
     snprintf(sz, sizeof sz, "%zu", spec->live);
   else
-    format_size(size, sz, sizeof sz);
+    gmr_format_size(size, sz, sizeof sz);
   printf("%-18s %-28s %9s %9.1f |", c->name, c->policy, sz, r->single);
   for (int k = 0; k < o->n_threads; ++k)
     printf(" %8.1f", r->agg[k]);

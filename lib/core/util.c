@@ -231,6 +231,10 @@ int gmr_parse_size(const char *text, uint64_t *out) {
   return gmr__parse_size(text, out);
 }
 
+void gmr_format_size(uint64_t bytes, char *buf, size_t len) {
+  if (buf != NULL && len > 0) gmr__format_size(bytes, buf, len);
+}
+
 void gmr__format_size(uint64_t bytes, char *buf, size_t len) {
   static const char *const names[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   if (bytes < 1024) {
