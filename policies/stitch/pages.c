@@ -214,6 +214,7 @@ static void list_push(stitch_t *t, uint32_t id, uint32_t *head) {
  * cached ranges were used longest ago is taken first). */
 static void free_push(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
+  p->wok = false;
   p->cls = p->nmaps != 0;
   if (p->cls == 0) {
     list_push(t, id, &t->free_head[0]);

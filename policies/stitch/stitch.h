@@ -104,7 +104,14 @@ typedef struct st_page_s {
   st_range_t *tail_owner, *head_owner, *full_owner;
   st_map_t *maps; /* this page's mapping records */
   uint32_t nmaps;
-  uint8_t where;       /* ST_W_*: the index the page is in */
+  uint8_t where; /* ST_W_*: the index the page is in */
+  /* When the page is next wanted (ranges.c, page_worth), kept while wok:
+   * wa = min r.tick + r.gap over its CACHED ranges r with a period
+   * (UINT64_MAX: none), wb = 1 + max r.tick over those without (0: none).
+   * wok is cleared whenever the page's mappings change or it becomes FREE,
+   * which is also when the ranges that map a FREE page can change. */
+  bool wok;
+  uint64_t wa, wb;
   uint32_t cls;        /* SUFFIX/PREFIX: the class (open bytes / G) */
   uint32_t prev, next; /* links in that index (page ids) */
   st_stamp_t stamp[ST_STAMPS];
