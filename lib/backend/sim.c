@@ -59,9 +59,13 @@
  *                  + Σ live page sizes <= capacity <= 4 PiB
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
- *   free ranges (of the fake address space, or of the arena) are sorted,
- *   disjoint and never adjacent (merged on release); first fit skips
- *   blocks of them by their largest size (fit_max, for the first fit_valid).
+ *   free ranges (of the fake address space, or of the arena) are disjoint
+ *   and never adjacent (merged on release): the tail [tail, tail_end), the
+ *   one that ends where the space ends (tail = tail_end: none), and below
+ *   it, ∀ tree node r: r.addr + r.size < tail, the nodes of an AVL tree by
+ *   address where n->max = max(n->size, max(n->child[0]), max(n->child[1]))
+ *   with max(NULL) = 0: first fit skips every subtree whose max is below
+ *   the size, and takes from the tail only when no node holds the request.
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
@@ -108,12 +112,17 @@
 #define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
 #define SIM_ARENA_SLACK         ((size_t)64 << 20)
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
-#define SIM_FIT_BLOCK           32 /* free ranges per block of the first-fit index */
+#define SIM_FREE_MAX_HEIGHT     92 /* of the free ranges' tree: 1.44 log2(2^64 + 2) */
 
-typedef struct sim_range_s {
+/* A free range [addr, addr+size): a node of the free ranges' tree (max: the
+ * largest size in its subtree; see the address space's section). */
+typedef struct sim_free_s {
   uintptr_t addr;
   size_t size;
-} sim_range_t;
+  size_t max;
+  int32_t height;
+  struct sim_free_s *child[2];
+} sim_free_t;
 
 typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim_kind_t;
 
@@ -180,14 +189,13 @@ struct gmr_sim_s {
   /* With page reuse: memfds of released pages that no mapping holds. */
   sim_pooled_t pool[SIM_POOL_PAGES];
   size_t n_pool;
-  /* Free ranges, sorted: of the fake address space (address-only mode) or
-   * of the arena (host-backed with page reuse). */
-  sim_range_t *free_ranges;
-  size_t n_free, cap_free;
-  /* First-fit index: the largest size in each block of SIM_FIT_BLOCK free
-   * ranges, for the first fit_valid ranges (a multiple of the block). */
-  uint64_t *fit_max;
-  size_t fit_valid, cap_fit;
+  /* Free ranges, a tree by address: of the fake address space (address-only
+   * mode) or of the arena (host-backed with page reuse); removed nodes are
+   * kept for reuse (free_spare, linked by child[0]). */
+  sim_free_t *free_root, *free_spare;
+  /* The tail: the free range [tail, tail_end) that ends where the space (or
+   * the arena) ends, kept out of the tree (empty: tail = tail_end). */
+  uintptr_t tail, tail_end;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
   /* Physical pages: handle = index + 1; every slot below page_low is live
@@ -284,121 +292,343 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
 
 /* ---- the fake address space (first fit, merged free list) ---------------- */
 
-/* The first-fit index holds, with B = SIM_FIT_BLOCK,
- *   ∀ b < fit_valid / B: fit_max[b] = max { free_ranges[j].size : b·B <= j < (b+1)·B }
- * space_take skips a block whose maximum is below the size (no range in it
- * can hold the request) and records the maxima of the blocks it scans whole
- * past fit_valid; a change at index i (a range resized, added or removed,
- * which moves those after it) drops the blocks from i's on. */
-static void space_touched(gmr_sim_t *sim, size_t i) {
-  size_t b = i - i % SIM_FIT_BLOCK;
-  if (b < sim->fit_valid) sim->fit_valid = b;
+/* The free ranges below the tail: an AVL tree ordered by address (balanced
+ * as in avl.c, see its comment), each node also holding the largest size in
+ * its subtree,
+ *   n->max = max(n->size, max(n->child[0]), max(n->child[1])),  max(NULL) = 0
+ * so first fit goes down to the lowest range of at least `size` bytes,
+ * past every subtree whose max is below it: O(log n).  Each operation goes
+ * down once, keeping the links it followed (a path), and changes a node or
+ * two in place (no array to move), then brings heights and maxima up to
+ * date on the way back. */
+typedef struct fr_path_s {
+  sim_free_t **link[SIM_FREE_MAX_HEIGHT]; /* link[0] = &root; *link[depth-1]: the path's node */
+  size_t depth;
+} fr_path_t;
+
+static inline int32_t fr_height(const sim_free_t *n) {
+  return n ? n->height : 0;
+}
+static inline size_t fr_max(const sim_free_t *n) {
+  return n ? n->max : 0;
 }
 
-/* Remove [a, a+size) from free range i, which holds it: what remains before
- * and after it stays free (two ranges when both sides remain). */
-static int space_carve(gmr_sim_t *sim, size_t i, uintptr_t a, size_t size) {
-  space_touched(sim, i);
-  sim_range_t *r = &sim->free_ranges[i];
+static inline void fr_update(sim_free_t *n) {
+  int32_t a = fr_height(n->child[0]), b = fr_height(n->child[1]);
+  n->height = (a > b ? a : b) + 1;
+  size_t m = n->size, l = fr_max(n->child[0]), r = fr_max(n->child[1]);
+  n->max = l > m ? (r > l ? r : l) : r > m ? r : m;
+}
+
+/* Rotate so that n->child[dir] becomes the subtree's root. */
+static sim_free_t *fr_rotate(sim_free_t *n, int dir) {
+  sim_free_t *c = n->child[dir];
+  n->child[dir] = c->child[!dir];
+  c->child[!dir] = n;
+  fr_update(n);
+  fr_update(c);
+  return c;
+}
+
+/* Restore the balance of n, whose children are balanced and differ in
+ * height by at most 2, and its height and max. */
+static sim_free_t *fr_balance(sim_free_t *n) {
+  fr_update(n);
+  int32_t diff = fr_height(n->child[1]) - fr_height(n->child[0]);
+  if (diff >= -1 && diff <= 1) return n;
+  int dir = diff > 0; /* the heavy side */
+  sim_free_t *c = n->child[dir];
+  if (fr_height(c->child[!dir]) > fr_height(c->child[dir])) n->child[dir] = fr_rotate(c, !dir);
+  return fr_rotate(n, dir);
+}
+
+/* Balance the nodes of link[0..depth) bottom-up.  A subtree that keeps its
+ * height and max changes nothing above it, so the walk stops there, though
+ * not below link[keep] (a node whose own range changed, whatever its
+ * subtrees did). */
+static void fr_settle(fr_path_t *p, size_t depth, size_t keep) {
+  while (depth > 0) {
+    sim_free_t **link = p->link[--depth], *n = *link;
+    int32_t h = n->height;
+    size_t m = n->max;
+    *link = fr_balance(n);
+    if (depth <= keep && (*link)->height == h && (*link)->max == m) return;
+  }
+}
+
+/* The path's node changed size (or start, keeping its place): its max and
+ * those above it, up to the first that comes out the same (heights stay). */
+static void fr_max_up(fr_path_t *p) {
+  for (size_t i = p->depth; i-- > 0;) {
+    sim_free_t *n = *p->link[i];
+    size_t m = n->max;
+    fr_update(n);
+    if (n->max == m) return;
+  }
+}
+
+/* A node for a new range (kept ones first); NULL when out of host memory.
+ * fr_spare makes sure the next fr_node cannot fail. */
+static bool fr_spare(gmr_sim_t *sim) {
+  if (sim->free_spare != NULL) return true;
+  sim_free_t *n = gmr__malloc(sizeof *n);
+  if (n == NULL) return false;
+  n->child[0] = NULL;
+  sim->free_spare = n;
+  return true;
+}
+static sim_free_t *fr_node(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  if (!fr_spare(sim)) return NULL;
+  sim_free_t *n = sim->free_spare;
+  sim->free_spare = n->child[0];
+  *n = (sim_free_t){a, size, size, 1, {NULL, NULL}};
+  return n;
+}
+
+/* Add the free range [a, a+size), disjoint from the others and below the
+ * tail; 0 or GMR_ENOMEM. */
+static int fr_insert(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  fr_path_t p;
+  sim_free_t **link = &sim->free_root;
+  p.depth = 0;
+  for (sim_free_t *n; (n = *link) != NULL; link = &n->child[a > n->addr])
+    p.link[p.depth++] = link;
+  sim_free_t *fresh = fr_node(sim, a, size);
+  if (fresh == NULL) return GMR_ENOMEM;
+  *link = fresh;
+  fr_settle(&p, p.depth, SIZE_MAX);
+  return 0;
+}
+
+/* Remove the path's node; its node is kept for reuse. */
+static void fr_unlink(gmr_sim_t *sim, fr_path_t *p) {
+  size_t depth = p->depth - 1, keep = SIZE_MAX;
+  sim_free_t **link = p->link[depth], *gone = *link;
+  if (gone->child[0] == NULL || gone->child[1] == NULL) {
+    *link = gone->child[gone->child[0] == NULL];
+  } else {
+    /* The in-order successor takes the node's place, height and max (the
+     * subtree's, before the removal); the path goes on down to where the
+     * successor was. */
+    keep = depth;
+    p->link[depth++] = link;
+    sim_free_t **s = &gone->child[1];
+    for (; (*s)->child[0] != NULL; s = &(*s)->child[0])
+      p->link[depth++] = s;
+    sim_free_t *succ = *s;
+    *s = succ->child[1];
+    succ->child[0] = gone->child[0];
+    succ->child[1] = gone->child[1];
+    succ->height = gone->height;
+    succ->max = gone->max;
+    *link = succ;
+    if (depth > keep + 1) p->link[keep + 1] = &succ->child[1]; /* was &gone->child[1] */
+  }
+  fr_settle(p, depth, keep);
+  gone->child[0] = sim->free_spare;
+  sim->free_spare = gone;
+}
+
+/* From link (whose subtree's max >= size) down to the subtree's lowest
+ * range of at least `size` bytes, adding the links to the path. */
+static sim_free_t *fr_descend(fr_path_t *p, sim_free_t **link, size_t size) {
+  for (;;) {
+    sim_free_t *n = *link;
+    p->link[p->depth++] = link;
+    if (fr_max(n->child[0]) >= size)
+      link = &n->child[0];
+    else if (n->size >= size)
+      return n;
+    else
+      link = &n->child[1]; /* n->max >= size: the right subtree holds it */
+  }
+}
+
+/* The lowest free range of the tree of at least `size` bytes (the path goes
+ * to it), or NULL. */
+static sim_free_t *fr_lowest(gmr_sim_t *sim, fr_path_t *p, size_t size) {
+  p->depth = 0;
+  return fr_max(sim->free_root) >= size ? fr_descend(p, &sim->free_root, size) : NULL;
+}
+
+/* The next free range after the path's node of at least `size` bytes (the
+ * path goes to it), or NULL. */
+static sim_free_t *fr_next(fr_path_t *p, size_t size) {
+  sim_free_t *c = *p->link[p->depth - 1];
+  if (fr_max(c->child[1]) >= size) return fr_descend(p, &c->child[1], size);
+  while (p->depth > 1) { /* up to the first node that has c on its left */
+    sim_free_t *child = *p->link[--p->depth], *n = *p->link[p->depth - 1];
+    if (n->child[0] != child) continue;
+    if (n->size >= size) return n;
+    if (fr_max(n->child[1]) >= size) return fr_descend(p, &n->child[1], size);
+  }
+  return NULL;
+}
+
+/* Remove [a, a+size) from free range r, the path's node, which holds it:
+ * what remains before and after it stays free (two ranges when both sides
+ * remain). */
+static int space_carve(gmr_sim_t *sim, fr_path_t *p, sim_free_t *r, uintptr_t a, size_t size) {
   uintptr_t end = r->addr + r->size, tail = a + size;
   if (a > r->addr && tail < end) {
-    if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
-              sizeof *sim->free_ranges))
-      return GMR_ENOMEM;
-    r = &sim->free_ranges[i];
-    memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
-            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-    sim->free_ranges[i + 1] = (sim_range_t){tail, end - tail};
-    ++sim->n_free;
+    /* What follows goes in as r's successor: the leftmost of r's right. */
+    sim_free_t *after = fr_node(sim, tail, end - tail);
+    if (after == NULL) return GMR_ENOMEM; /* r is still whole */
     r->size = a - r->addr;
+    size_t keep = p->depth - 1;
+    sim_free_t **link = &r->child[1];
+    for (; *link != NULL; link = &(*link)->child[0])
+      p->link[p->depth++] = link;
+    *link = after;
+    fr_settle(p, p->depth, keep);
   } else if (a > r->addr) {
     r->size = a - r->addr;
+    fr_max_up(p);
   } else if (tail < end) {
     r->addr = tail;
     r->size = end - tail;
+    fr_max_up(p);
   } else {
-    memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
-            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-    --sim->n_free;
+    fr_unlink(sim, p);
   }
   return 0;
 }
 
-/* First fit: the lowest free range that holds `size` bytes at `align`. */
+/* Remove [a, a+size) from the tail, which holds it: what remains before it
+ * becomes a free range of the tree. */
+static int tail_carve(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  if (a > sim->tail && fr_insert(sim, sim->tail, a - sim->tail) != 0) return GMR_ENOMEM;
+  sim->tail = a + size;
+  return 0;
+}
+
+/* First fit: the lowest free range that holds `size` bytes at `align`.
+ * The ranges of at least `size` bytes come in address order, the tail
+ * last, and the first one that still holds it once its start is aligned up
+ * is taken. */
 static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
-  for (size_t lo = 0; lo < sim->n_free; lo += SIM_FIT_BLOCK) {
-    if (lo < sim->fit_valid && sim->fit_max[lo / SIM_FIT_BLOCK] < size) continue;
-    size_t hi = sim->n_free - lo < SIM_FIT_BLOCK ? sim->n_free : lo + SIM_FIT_BLOCK;
-    uint64_t most = 0;
-    for (size_t i = lo; i < hi; ++i) {
-      sim_range_t *r = &sim->free_ranges[i];
-      if (r->size > most) most = r->size;
-      if (r->size < size) continue; /* cheap test first: most ranges are too small */
-      uintptr_t start = (r->addr + align - 1) / align * align;
-      if (start + size > r->addr + r->size || start < r->addr) continue;
-      if (space_carve(sim, i, start, size) != 0) return GMR_ENOMEM;
-      *out = start;
-      return 0;
-    }
-    /* A whole block scanned past the index: record it (no room, no record). */
-    if (lo == sim->fit_valid && hi - lo == SIM_FIT_BLOCK &&
-        grow((void **)&sim->fit_max, &sim->cap_fit, lo / SIM_FIT_BLOCK + 1, sizeof *sim->fit_max)) {
-      sim->fit_max[lo / SIM_FIT_BLOCK] = most;
-      sim->fit_valid = hi;
-    }
+  fr_path_t p;
+  for (sim_free_t *r = fr_lowest(sim, &p, size); r != NULL; r = fr_next(&p, size)) {
+    uintptr_t start = (r->addr + align - 1) / align * align;
+    if (start + size > r->addr + r->size || start < r->addr) continue;
+    if (space_carve(sim, &p, r, start, size) != 0) return GMR_ENOMEM;
+    *out = start;
+    return 0;
+  }
+  if (sim->tail < sim->tail_end && sim->tail_end - sim->tail >= size) {
+    uintptr_t start = (sim->tail + align - 1) / align * align;
+    if (start + size > sim->tail_end || start < sim->tail) return GMR_ENOMEM;
+    if (tail_carve(sim, start, size) != 0) return GMR_ENOMEM;
+    *out = start;
+    return 0;
   }
   return GMR_ENOMEM;
 }
 
 /* Take exactly [a, a+size) when it is free (for placement hints). */
 static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  for (size_t i = 0; i < sim->n_free; ++i) {
-    sim_range_t *r = &sim->free_ranges[i];
-    if (a < r->addr || a + size > r->addr + r->size) continue;
-    return space_carve(sim, i, a, size);
+  if (sim->tail < sim->tail_end && a >= sim->tail) { /* the tail is the only candidate */
+    if (a + size > sim->tail_end) return GMR_ENOMEM;
+    return tail_carve(sim, a, size);
   }
-  return GMR_ENOMEM;
-}
-
-/* The index of the first free range at or above a (n_free when none). */
-static size_t space_find(const gmr_sim_t *sim, uintptr_t a) {
-  size_t i = 0, hi = sim->n_free;
-  while (i < hi) {
-    size_t mid = (i + hi) / 2;
-    if (sim->free_ranges[mid].addr < a)
-      i = mid + 1;
-    else
-      hi = mid;
+  /* The range with the greatest start <= a: ranges are disjoint, so the
+   * only candidate. */
+  fr_path_t p;
+  size_t best = 0;
+  p.depth = 0;
+  for (sim_free_t **link = &sim->free_root, *n; (n = *link) != NULL;) {
+    p.link[p.depth++] = link;
+    if (n->addr <= a) best = p.depth;
+    link = &n->child[n->addr <= a];
   }
-  return i;
+  if (best == 0) return GMR_ENOMEM;
+  p.depth = best;
+  sim_free_t *r = *p.link[best - 1];
+  if (a + size > r->addr + r->size) return GMR_ENOMEM;
+  return space_carve(sim, &p, r, a, size);
 }
 
 static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = space_find(sim, a);
-  space_touched(sim, i > 0 ? i - 1 : 0);
-  bool merge_prev = i > 0 && sim->free_ranges[i - 1].addr + sim->free_ranges[i - 1].size == a;
-  bool merge_next = i < sim->n_free && a + size == sim->free_ranges[i].addr;
-  if (merge_prev && merge_next) {
-    sim->free_ranges[i - 1].size += size + sim->free_ranges[i].size;
-    memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
-            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-    --sim->n_free;
-  } else if (merge_prev) {
-    sim->free_ranges[i - 1].size += size;
-  } else if (merge_next) {
-    sim->free_ranges[i].addr = a;
-    sim->free_ranges[i].size += size;
-  } else {
-    /* Cannot fail in practice: the array only shrinks between a take and
-     * its give, except for the split in space_take, which reserved room. */
-    if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
-              sizeof *sim->free_ranges))
-      return; /* leak the addresses, never corrupt */
-    memmove(&sim->free_ranges[i + 1], &sim->free_ranges[i],
-            (sim->n_free - i) * sizeof *sim->free_ranges);
-    sim->free_ranges[i] = (sim_range_t){a, size};
-    ++sim->n_free;
+  /* Down to where a would go, past the free ranges either side of it (the
+   * greatest start below a and the least above: the path holds both, one
+   * above the other). */
+  fr_path_t p;
+  size_t iprev = SIZE_MAX, inext = SIZE_MAX;
+  sim_free_t **link = &sim->free_root;
+  p.depth = 0;
+  for (sim_free_t *n; (n = *link) != NULL; link = &n->child[n->addr < a]) {
+    if (n->addr < a)
+      iprev = p.depth;
+    else
+      inext = p.depth;
+    p.link[p.depth++] = link;
   }
+  sim_free_t *prev = iprev != SIZE_MAX ? *p.link[iprev] : NULL;
+  sim_free_t *next = inext != SIZE_MAX ? *p.link[inext] : NULL;
+  bool merge_prev = prev != NULL && prev->addr + prev->size == a;
+  bool merge_next = next != NULL && a + size == next->addr;
+  if (a + size == sim->tail) { /* the tail grows down over it (and prev) */
+    sim->tail = a;
+    if (merge_prev) {
+      sim->tail = prev->addr;
+      p.depth = iprev + 1;
+      fr_unlink(sim, &p);
+    }
+  } else if (merge_prev && merge_next) {
+    /* The upper of the two on the path takes all three; the lower, the
+     * other's neighbour in address order, has no child on the upper's side
+     * (at most one child): it is unlinked in place. */
+    uintptr_t start = prev->addr;
+    size_t all = prev->size + size + next->size;
+    size_t up = iprev < inext ? iprev : inext, low = iprev < inext ? inext : iprev;
+    sim_free_t *u = *p.link[up], *gone = *p.link[low];
+    u->addr = start;
+    u->size = all;
+    *p.link[low] = gone->child[gone->child[0] == NULL];
+    fr_settle(&p, low, up);
+    gone->child[0] = sim->free_spare;
+    sim->free_spare = gone;
+  } else if (merge_prev) {
+    prev->size += size;
+    p.depth = iprev + 1;
+    fr_max_up(&p);
+  } else if (merge_next) {
+    next->addr = a;
+    next->size += size;
+    p.depth = inext + 1;
+    fr_max_up(&p);
+  } else {
+    /* It goes in where the path ends.  Out of host memory for a node: the
+     * addresses leak, nothing is corrupted (a release cannot fail). */
+    sim_free_t *fresh = fr_node(sim, a, size);
+    if (fresh == NULL) return;
+    *link = fresh;
+    fr_settle(&p, p.depth, SIZE_MAX);
+  }
+}
+
+/* Call fn on every free range (any order). */
+static void fr_each(sim_free_t *n, void (*fn)(sim_free_t *n)) {
+  while (n != NULL) {
+    fr_each(n->child[0], fn);
+    sim_free_t *right = n->child[1];
+    fn(n);
+    n = right;
+  }
+}
+
+static void fr_node_free(sim_free_t *n) {
+  gmr__free(n);
+}
+
+static void fr_clear(gmr_sim_t *sim) {
+  fr_each(sim->free_root, fr_node_free);
+  while (sim->free_spare != NULL) {
+    sim_free_t *n = sim->free_spare;
+    sim->free_spare = n->child[0];
+    gmr__free(n);
+  }
+  sim->free_root = NULL;
 }
 
 /* ---- fault schedule -------------------------------------------------------- */
@@ -458,12 +688,8 @@ static void arena_open(gmr_sim_t *sim) {
   void *p =
       mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return;
-  if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges)) {
-    munmap(p, size);
-    return;
-  }
-  sim->free_ranges[0] = (sim_range_t){(uintptr_t)p, size};
-  sim->n_free = 1;
+  sim->tail = (uintptr_t)p;
+  sim->tail_end = (uintptr_t)p + size;
   sim->arena = (uintptr_t)p;
   sim->arena_size = size;
 }
@@ -1000,8 +1226,7 @@ static void sim_destroy(gmr_backend_t *be) {
   if (sim->arena != 0) munmap((void *)sim->arena, sim->arena_size);
   gmr__avl_clear(&sim->mappings, NULL, NULL);
   gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
-  gmr__free(sim->free_ranges);
-  gmr__free(sim->fit_max);
+  fr_clear(sim);
   gmr__free(sim->streams);
   gmr__free(sim->uses);
   pthread_mutex_destroy(&sim->lock);
@@ -1058,17 +1283,13 @@ int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   sim->host_backed = opts && opts->host_backed;
   if (pthread_mutex_init(&sim->lock, NULL) != 0) goto fail_lock;
   if (!sim->host_backed) {
-    if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges))
-      goto fail_space;
     uintptr_t space = (uintptr_t)sim->capacity * SIM_SPACE_PER_BYTE;
     if (space < SIM_SPACE_MIN) space = SIM_SPACE_MIN;
-    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, space};
-    sim->n_free = 1;
+    sim->tail = SIM_SPACE_BASE;
+    sim->tail_end = SIM_SPACE_BASE + space;
   }
   *out = &sim->base;
   return 0;
-fail_space:
-  pthread_mutex_destroy(&sim->lock);
 fail_lock:
   gmr__free(sim);
   return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
@@ -1085,7 +1306,7 @@ int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backe
   gmr_sim_t *sim = sim_of(*out);
   sim->base.device = device;
   if (!sim->host_backed) { /* move the fresh, whole space to the device's window */
-    size_t space = sim->free_ranges[0].size;
+    size_t space = sim->tail_end - sim->tail; /* the one free range */
     if (space > SIM_DEVICE_STRIDE) {
       sim_destroy(*out);
       *out = NULL;
@@ -1094,7 +1315,8 @@ int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backe
                             "device's window of %llu bytes",
                             space, (unsigned long long)SIM_DEVICE_STRIDE);
     }
-    sim->free_ranges[0].addr += (uintptr_t)device * SIM_DEVICE_STRIDE;
+    sim->tail += (uintptr_t)device * SIM_DEVICE_STRIDE;
+    sim->tail_end += (uintptr_t)device * SIM_DEVICE_STRIDE;
   }
   return 0;
 }
@@ -1192,10 +1414,15 @@ static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
   }
 }
 
+static void trim_free(sim_free_t *n) {
+  madvise((void *)n->addr, n->size, MADV_DONTNEED);
+}
+
 void gmr__sim_host_trim(gmr_sim_t *sim) {
   pthread_mutex_lock(&sim->lock);
-  for (size_t i = 0; sim->arena != 0 && i < sim->n_free; ++i)
-    madvise((void *)sim->free_ranges[i].addr, sim->free_ranges[i].size, MADV_DONTNEED);
+  if (sim->arena != 0) fr_each(sim->free_root, trim_free);
+  if (sim->arena != 0 && sim->tail < sim->tail_end)
+    madvise((void *)sim->tail, sim->tail_end - sim->tail, MADV_DONTNEED);
   if (sim->arena != 0) trim_va(sim, sim->virt.root);
   while (sim->n_pool > 0)
     close(sim->pool[--sim->n_pool].fd);
