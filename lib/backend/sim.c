@@ -61,11 +61,13 @@
  *   mapping; set_access covers only page mappings.
  *   free ranges (of the fake address space, or of the arena) are disjoint
  *   and never adjacent (merged on release): the tail [tail, tail_end), the
- *   one that ends where the space ends (tail = tail_end: none), and below
- *   it, ∀ tree node r: r.addr + r.size < tail, the nodes of an AVL tree by
- *   address where n->max = max(n->size, max(n->child[0]), max(n->child[1]))
- *   with max(NULL) = 0: first fit skips every subtree whose max is below
- *   the size, and takes from the tail only when no node holds the request.
+ *   one that ends where the space ends (tail = tail_end: none), and the
+ *   free segments below it.  Segments s_0 < s_1 < ... (in chunk order, then
+ *   in each chunk): s_j.addr + s_j.size <= s_{j+1}.addr, last one's end
+ *   < tail; each is free or an address-only live reservation (the whole
+ *   set of them); first fit takes from the tail only when no free segment
+ *   holds the request.  Chunks: 1 <= k.n <= SIM_SEG_CAP, and the bounds
+ *   k.fmax and group_max of the address space's section.
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
@@ -112,23 +114,34 @@
 #define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
 #define SIM_ARENA_SLACK         ((size_t)64 << 20)
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
-#define SIM_FREE_MAX_HEIGHT     92 /* of the free ranges' tree: 1.44 log2(2^64 + 2) */
+#define SIM_SEG_CAP             32 /* segments per chunk (see the address space's section) */
+#define SIM_SEG_GROUP           16 /* chunks per group of the first-fit index */
 
-/* A free range [addr, addr+size): a node of the free ranges' tree (max: the
- * largest size in its subtree; see the address space's section). */
-typedef struct sim_free_s {
+/* A segment of the space below the tail: a free range, or (address-only
+ * mode) a live reservation [addr, addr+size) of req bytes (size: req
+ * rounded up to SIM_RESERVE_ALIGN, 512 for 0: no segment is empty), aux its
+ * serial (reserve_calls mod 2^32). */
+typedef struct sim_seg_s {
   uintptr_t addr;
   size_t size;
-  size_t max;
-  int32_t height;
-  struct sim_free_s *child[2];
-} sim_free_t;
+  size_t req;
+  uint32_t aux;
+  bool free;
+} sim_seg_t;
+
+typedef struct sim_chunk_s {
+  size_t n;    /* segments in e */
+  size_t fmax; /* the largest free segment's size, 0 when none */
+  sim_seg_t e[SIM_SEG_CAP];
+} sim_chunk_t;
 
 typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim_kind_t;
 
 /* Live ranges: AVL trees (key: address, val: size), so each check costs
- * O(log n) however many ranges are live: one of reserved ranges (aux: the
- * reserve's serial, reserve_calls mod 2^32), one of virtual ranges, and one
+ * O(log n) however many ranges are live: one of reserved ranges when
+ * host-backed (aux: the reserve's serial, reserve_calls mod 2^32; in
+ * address-only mode a reservation is a segment of the space, found as
+ * fast), one of virtual ranges, and one
  * of mappings (SIM_MAPPED and SIM_ALIAS never overlap each other; aux =
  * kind | SIM_ACCESS once set_access covered it | h << SIM_PAGE_SHIFT for a
  * page mapping of page h < SIM_PAGES_TRACKED, 0 above). */
@@ -189,13 +202,15 @@ struct gmr_sim_s {
   /* With page reuse: memfds of released pages that no mapping holds. */
   sim_pooled_t pool[SIM_POOL_PAGES];
   size_t n_pool;
-  /* Free ranges, a tree by address: of the fake address space (address-only
-   * mode) or of the arena (host-backed with page reuse); removed nodes are
-   * kept for reuse (free_spare, linked by child[0]). */
-  sim_free_t *free_root, *free_spare;
-  /* The tail: the free range [tail, tail_end) that ends where the space (or
-   * the arena) ends, kept out of the tree (empty: tail = tail_end). */
+  /* The fake address space (address-only mode) or the arena (host-backed
+   * with page reuse): the tail, the free range [tail, tail_end) that ends
+   * where it ends (empty: tail = tail_end), and below it, segments in
+   * address order, in chunks (see the address space's section). */
   uintptr_t tail, tail_end;
+  sim_chunk_t **chunks, *chunk_spare;
+  size_t n_chunks, cap_chunks;
+  size_t *group_max; /* the largest fmax of each SIM_SEG_GROUP chunks */
+  size_t cap_groups;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
   /* Physical pages: handle = index + 1; every slot below page_low is live
@@ -240,6 +255,8 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
+static int live_missing(sim_kind_t kind, uintptr_t a, size_t size);
+
 static gmr_avl_t *live_tree(gmr_sim_t *sim, sim_kind_t kind) {
   return kind == SIM_RESERVED ? &sim->reserved : kind == SIM_VA ? &sim->virt : &sim->mappings;
 }
@@ -265,6 +282,11 @@ static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind
     gmr__avl_erase(t, a);
     return 0;
   }
+  return live_missing(kind, a, size);
+}
+
+/* GMR_EINVAL: no live range (a, size) of that kind to give back. */
+static int live_missing(sim_kind_t kind, uintptr_t a, size_t size) {
   return gmr__error_set(GMR_EINVAL, "simulated device: no %s range of %zu bytes at %p to give back",
                         kind == SIM_RESERVED ? "reserved"
                         : kind == SIM_VA     ? "virtual"
@@ -290,235 +312,257 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
   return r != NULL && r->key + r->val > a;
 }
 
-/* ---- the fake address space (first fit, merged free list) ---------------- */
+/* ---- the fake address space (first fit over segments in chunks) --------- */
 
-/* The free ranges below the tail: an AVL tree ordered by address (balanced
- * as in avl.c, see its comment), each node also holding the largest size in
- * its subtree,
- *   n->max = max(n->size, max(n->child[0]), max(n->child[1])),  max(NULL) = 0
- * so first fit goes down to the lowest range of at least `size` bytes,
- * past every subtree whose max is below it: O(log n).  Each operation goes
- * down once, keeping the links it followed (a path), and changes a node or
- * two in place (no array to move), then brings heights and maxima up to
- * date on the way back. */
-typedef struct fr_path_s {
-  sim_free_t **link[SIM_FREE_MAX_HEIGHT]; /* link[0] = &root; *link[depth-1]: the path's node */
-  size_t depth;
-} fr_path_t;
-
-static inline int32_t fr_height(const sim_free_t *n) {
-  return n ? n->height : 0;
-}
-static inline size_t fr_max(const sim_free_t *n) {
-  return n ? n->max : 0;
+/* The segments below the tail, in address order: sorted runs of at most
+ * SIM_SEG_CAP segments (chunks).  Each chunk has a bound on its largest
+ * free segment (fmax), and each group of SIM_SEG_GROUP chunks a bound on
+ * their fmax (group_max):
+ *   k.fmax >= max { e.size : e in k, e free }
+ *   group_max[g] >= max { chunks[c].fmax : g·G <= c < (g+1)·G }
+ * A free segment that grows or appears raises them; one that shrinks or
+ * goes leaves them (still bounds).  First fit skips a group, then a chunk,
+ * whose bound is below the request, scans the chunks it cannot skip, and
+ * makes the bounds of a chunk (or group) it went through without a fit
+ * exact.  A change moves at most a chunk's worth of segments (a chunk that
+ * fills is split in halves; one that empties is dropped; two neighbours
+ * that fit in half a chunk are joined).  Finding an address is a binary
+ * search over the chunks' first segments, then over one chunk. */
+static inline sim_seg_t *seg_at(gmr_sim_t *sim, size_t c, size_t i) {
+  return &sim->chunks[c]->e[i];
 }
 
-static inline void fr_update(sim_free_t *n) {
-  int32_t a = fr_height(n->child[0]), b = fr_height(n->child[1]);
-  n->height = (a > b ? a : b) + 1;
-  size_t m = n->size, l = fr_max(n->child[0]), r = fr_max(n->child[1]);
-  n->max = l > m ? (r > l ? r : l) : r > m ? r : m;
+static void group_fix(gmr_sim_t *sim, size_t g) {
+  size_t m = 0, end = (g + 1) * SIM_SEG_GROUP;
+  for (size_t c = g * SIM_SEG_GROUP; c < end && c < sim->n_chunks; ++c)
+    if (sim->chunks[c]->fmax > m) m = sim->chunks[c]->fmax;
+  sim->group_max[g] = m;
 }
 
-/* Rotate so that n->child[dir] becomes the subtree's root. */
-static sim_free_t *fr_rotate(sim_free_t *n, int dir) {
-  sim_free_t *c = n->child[dir];
-  n->child[dir] = c->child[!dir];
-  c->child[!dir] = n;
-  fr_update(n);
-  fr_update(c);
-  return c;
+/* After chunks came or went: every group's maximum again. */
+static void groups_fix(gmr_sim_t *sim) {
+  for (size_t g = 0; g * SIM_SEG_GROUP < sim->n_chunks; ++g)
+    group_fix(sim, g);
 }
 
-/* Restore the balance of n, whose children are balanced and differ in
- * height by at most 2, and its height and max. */
-static sim_free_t *fr_balance(sim_free_t *n) {
-  fr_update(n);
-  int32_t diff = fr_height(n->child[1]) - fr_height(n->child[0]);
-  if (diff >= -1 && diff <= 1) return n;
-  int dir = diff > 0; /* the heavy side */
-  sim_free_t *c = n->child[dir];
-  if (fr_height(c->child[!dir]) > fr_height(c->child[dir])) n->child[dir] = fr_rotate(c, !dir);
-  return fr_rotate(n, dir);
+/* A free segment of chunk c grew to (or appeared with) `size` bytes. */
+static void seg_grew(gmr_sim_t *sim, size_t c, size_t size) {
+  sim_chunk_t *k = sim->chunks[c];
+  if (size <= k->fmax) return;
+  k->fmax = size;
+  if (size > sim->group_max[c / SIM_SEG_GROUP]) sim->group_max[c / SIM_SEG_GROUP] = size;
 }
 
-/* Balance the nodes of link[0..depth) bottom-up.  A subtree that keeps its
- * height and max changes nothing above it, so the walk stops there, though
- * not below link[keep] (a node whose own range changed, whatever its
- * subtrees did). */
-static void fr_settle(fr_path_t *p, size_t depth, size_t keep) {
-  while (depth > 0) {
-    sim_free_t **link = p->link[--depth], *n = *link;
-    int32_t h = n->height;
-    size_t m = n->max;
-    *link = fr_balance(n);
-    if (depth <= keep && (*link)->height == h && (*link)->max == m) return;
-  }
-}
-
-/* The path's node changed size (or start, keeping its place): its max and
- * those above it, up to the first that comes out the same (heights stay). */
-static void fr_max_up(fr_path_t *p) {
-  for (size_t i = p->depth; i-- > 0;) {
-    sim_free_t *n = *p->link[i];
-    size_t m = n->max;
-    fr_update(n);
-    if (n->max == m) return;
-  }
-}
-
-/* A node for a new range (kept ones first); NULL when out of host memory.
- * fr_spare makes sure the next fr_node cannot fail. */
-static bool fr_spare(gmr_sim_t *sim) {
-  if (sim->free_spare != NULL) return true;
-  sim_free_t *n = gmr__malloc(sizeof *n);
-  if (n == NULL) return false;
-  n->child[0] = NULL;
-  sim->free_spare = n;
+/* Make room for chunk index c (an empty chunk there); false when out of
+ * host memory (nothing changed). */
+static bool chunk_add(gmr_sim_t *sim, size_t c) {
+  size_t groups = (sim->n_chunks + SIM_SEG_GROUP) / SIM_SEG_GROUP;
+  if (!grow((void **)&sim->chunks, &sim->cap_chunks, sim->n_chunks + 1, sizeof *sim->chunks) ||
+      !grow((void **)&sim->group_max, &sim->cap_groups, groups, sizeof *sim->group_max))
+    return false;
+  sim_chunk_t *k = sim->chunk_spare;
+  if (k != NULL)
+    sim->chunk_spare = NULL;
+  else if ((k = gmr__malloc(sizeof *k)) == NULL)
+    return false;
+  k->n = 0;
+  k->fmax = 0;
+  memmove(&sim->chunks[c + 1], &sim->chunks[c], (sim->n_chunks - c) * sizeof *sim->chunks);
+  sim->chunks[c] = k;
+  ++sim->n_chunks;
   return true;
 }
-static sim_free_t *fr_node(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  if (!fr_spare(sim)) return NULL;
-  sim_free_t *n = sim->free_spare;
-  sim->free_spare = n->child[0];
-  *n = (sim_free_t){a, size, size, 1, {NULL, NULL}};
-  return n;
+
+/* Drop chunk c (its segments are gone or moved); one is kept for reuse. */
+static void chunk_drop(gmr_sim_t *sim, size_t c) {
+  sim_chunk_t *k = sim->chunks[c];
+  memmove(&sim->chunks[c], &sim->chunks[c + 1], (sim->n_chunks - c - 1) * sizeof *sim->chunks);
+  --sim->n_chunks;
+  if (sim->chunk_spare == NULL)
+    sim->chunk_spare = k;
+  else
+    gmr__free(k);
+  groups_fix(sim);
 }
 
-/* Add the free range [a, a+size), disjoint from the others and below the
- * tail; 0 or GMR_ENOMEM. */
-static int fr_insert(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  fr_path_t p;
-  sim_free_t **link = &sim->free_root;
-  p.depth = 0;
-  for (sim_free_t *n; (n = *link) != NULL; link = &n->child[a > n->addr])
-    p.link[p.depth++] = link;
-  sim_free_t *fresh = fr_node(sim, a, size);
-  if (fresh == NULL) return GMR_ENOMEM;
-  *link = fresh;
-  fr_settle(&p, p.depth, SIZE_MAX);
+/* Make room for `more` segments at (or in place of) index *pi of chunk *pc,
+ * which may then be in the chunk after (a full chunk splits in halves); with
+ * no chunk at all, one is made (*pc = *pi = 0).  0 or GMR_ENOMEM (nothing
+ * changed). */
+static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi, size_t more) {
+  if (sim->n_chunks == 0) {
+    if (!chunk_add(sim, 0)) return GMR_ENOMEM;
+    groups_fix(sim);
+    *pc = *pi = 0;
+    return 0;
+  }
+  sim_chunk_t *k = sim->chunks[*pc];
+  if (k->n + more <= SIM_SEG_CAP) return 0;
+  if (!chunk_add(sim, *pc + 1)) return GMR_ENOMEM;
+  sim_chunk_t *up = sim->chunks[*pc + 1];
+  const size_t half = SIM_SEG_CAP / 2;
+  memcpy(up->e, &k->e[half], (k->n - half) * sizeof *k->e);
+  up->n = k->n - half;
+  k->n = half;
+  up->fmax = k->fmax; /* a bound for both halves */
+  groups_fix(sim);
+  if (*pi >= half) {
+    ++*pc;
+    *pi -= half;
+  }
   return 0;
 }
 
-/* Remove the path's node; its node is kept for reuse. */
-static void fr_unlink(gmr_sim_t *sim, fr_path_t *p) {
-  size_t depth = p->depth - 1, keep = SIZE_MAX;
-  sim_free_t **link = p->link[depth], *gone = *link;
-  if (gone->child[0] == NULL || gone->child[1] == NULL) {
-    *link = gone->child[gone->child[0] == NULL];
-  } else {
-    /* The in-order successor takes the node's place, height and max (the
-     * subtree's, before the removal); the path goes on down to where the
-     * successor was. */
-    keep = depth;
-    p->link[depth++] = link;
-    sim_free_t **s = &gone->child[1];
-    for (; (*s)->child[0] != NULL; s = &(*s)->child[0])
-      p->link[depth++] = s;
-    sim_free_t *succ = *s;
-    *s = succ->child[1];
-    succ->child[0] = gone->child[0];
-    succ->child[1] = gone->child[1];
-    succ->height = gone->height;
-    succ->max = gone->max;
-    *link = succ;
-    if (depth > keep + 1) p->link[keep + 1] = &succ->child[1]; /* was &gone->child[1] */
-  }
-  fr_settle(p, depth, keep);
-  gone->child[0] = sim->free_spare;
-  sim->free_spare = gone;
+/* Remove segment i of chunk c.  Chunks after c may move down by one (an
+ * emptied chunk is dropped); those before do not. */
+static void seg_remove(gmr_sim_t *sim, size_t c, size_t i) {
+  sim_chunk_t *k = sim->chunks[c];
+  memmove(&k->e[i], &k->e[i + 1], (k->n - i - 1) * sizeof *k->e);
+  if (--k->n == 0) chunk_drop(sim, c);
 }
 
-/* From link (whose subtree's max >= size) down to the subtree's lowest
- * range of at least `size` bytes, adding the links to the path. */
-static sim_free_t *fr_descend(fr_path_t *p, sim_free_t **link, size_t size) {
-  for (;;) {
-    sim_free_t *n = *link;
-    p->link[p->depth++] = link;
-    if (fr_max(n->child[0]) >= size)
-      link = &n->child[0];
-    else if (n->size >= size)
-      return n;
+/* Join chunks c and c + 1 when both fit in half a chunk. */
+static void seg_tidy(gmr_sim_t *sim, size_t c) {
+  if (c + 1 >= sim->n_chunks) return;
+  sim_chunk_t *k = sim->chunks[c], *up = sim->chunks[c + 1];
+  if (k->n + up->n > SIM_SEG_CAP / 2) return;
+  memcpy(&k->e[k->n], up->e, up->n * sizeof *up->e);
+  k->n += up->n;
+  if (up->fmax > k->fmax) k->fmax = up->fmax;
+  chunk_drop(sim, c + 1);
+}
+
+/* The segment with the greatest start <= a: false when none. */
+static bool seg_floor(const gmr_sim_t *sim, uintptr_t a, size_t *pc, size_t *pi) {
+  size_t lo = 0, hi = sim->n_chunks;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (sim->chunks[mid]->e[0].addr <= a)
+      lo = mid + 1;
     else
-      link = &n->child[1]; /* n->max >= size: the right subtree holds it */
+      hi = mid;
   }
-}
-
-/* The lowest free range of the tree of at least `size` bytes (the path goes
- * to it), or NULL. */
-static sim_free_t *fr_lowest(gmr_sim_t *sim, fr_path_t *p, size_t size) {
-  p->depth = 0;
-  return fr_max(sim->free_root) >= size ? fr_descend(p, &sim->free_root, size) : NULL;
-}
-
-/* The next free range after the path's node of at least `size` bytes (the
- * path goes to it), or NULL. */
-static sim_free_t *fr_next(fr_path_t *p, size_t size) {
-  sim_free_t *c = *p->link[p->depth - 1];
-  if (fr_max(c->child[1]) >= size) return fr_descend(p, &c->child[1], size);
-  while (p->depth > 1) { /* up to the first node that has c on its left */
-    sim_free_t *child = *p->link[--p->depth], *n = *p->link[p->depth - 1];
-    if (n->child[0] != child) continue;
-    if (n->size >= size) return n;
-    if (fr_max(n->child[1]) >= size) return fr_descend(p, &n->child[1], size);
+  if (lo == 0) return false;
+  const sim_chunk_t *k = sim->chunks[lo - 1];
+  size_t i = 0, j = k->n;
+  while (i < j) {
+    size_t mid = (i + j) / 2;
+    if (k->e[mid].addr <= a)
+      i = mid + 1;
+    else
+      j = mid;
   }
-  return NULL;
+  *pc = lo - 1;
+  *pi = i - 1;
+  return true;
 }
 
-/* Remove [a, a+size) from free range r, the path's node, which holds it:
- * what remains before and after it stays free (two ranges when both sides
- * remain). */
-static int space_carve(gmr_sim_t *sim, fr_path_t *p, sim_free_t *r, uintptr_t a, size_t size) {
-  uintptr_t end = r->addr + r->size, tail = a + size;
-  if (a > r->addr && tail < end) {
-    /* What follows goes in as r's successor: the leftmost of r's right. */
-    sim_free_t *after = fr_node(sim, tail, end - tail);
-    if (after == NULL) return GMR_ENOMEM; /* r is still whole */
-    r->size = a - r->addr;
-    size_t keep = p->depth - 1;
-    sim_free_t **link = &r->child[1];
-    for (; *link != NULL; link = &(*link)->child[0])
-      p->link[p->depth++] = link;
-    *link = after;
-    fr_settle(p, p->depth, keep);
-  } else if (a > r->addr) {
-    r->size = a - r->addr;
-    fr_max_up(p);
-  } else if (tail < end) {
-    r->addr = tail;
-    r->size = end - tail;
-    fr_max_up(p);
+/* The segments before and after (c, i); NULL when none. */
+static sim_seg_t *seg_prev(gmr_sim_t *sim, size_t c, size_t i, size_t *pc, size_t *pi) {
+  if (i > 0) {
+    *pc = c;
+    *pi = i - 1;
+  } else if (c > 0) {
+    *pc = c - 1;
+    *pi = sim->chunks[c - 1]->n - 1;
   } else {
-    fr_unlink(sim, p);
+    return NULL;
   }
+  return seg_at(sim, *pc, *pi);
+}
+static sim_seg_t *seg_next(gmr_sim_t *sim, size_t c, size_t i, size_t *pc, size_t *pi) {
+  if (i + 1 < sim->chunks[c]->n) {
+    *pc = c;
+    *pi = i + 1;
+  } else if (c + 1 < sim->n_chunks) {
+    *pc = c + 1;
+    *pi = 0;
+  } else {
+    return NULL;
+  }
+  return seg_at(sim, *pc, *pi);
+}
+
+/* Take [a, a+size) out of free segment i of chunk c, which holds it: what
+ * remains before and after it stays free, and a reservation (`rec`, when
+ * not NULL: its req and aux) becomes a segment of its own. */
+static int seg_carve(gmr_sim_t *sim, size_t c, size_t i, uintptr_t a, size_t size,
+                     const sim_seg_t *rec) {
+  sim_seg_t *r = seg_at(sim, c, i), piece[3];
+  uintptr_t end = r->addr + r->size, tail = a + size;
+  size_t n = 0;
+  if (size == 0 && rec == NULL) return 0; /* nothing to take (no empty segment, no split) */
+  if (a > r->addr) piece[n++] = (sim_seg_t){r->addr, a - r->addr, 0, 0, true};
+  if (rec != NULL) piece[n++] = (sim_seg_t){a, size, rec->req, rec->aux, false};
+  if (tail < end) piece[n++] = (sim_seg_t){tail, end - tail, 0, 0, true};
+  if (n == 0) {
+    seg_remove(sim, c, i);
+    return 0;
+  }
+  if (n > 1 && seg_room(sim, &c, &i, n - 1) != 0) return GMR_ENOMEM;
+  sim_chunk_t *k = sim->chunks[c];
+  memmove(&k->e[i + n], &k->e[i + 1], (k->n - i - 1) * sizeof *k->e);
+  memcpy(&k->e[i], piece, n * sizeof *piece);
+  k->n += n - 1;
   return 0;
 }
 
-/* Remove [a, a+size) from the tail, which holds it: what remains before it
- * becomes a free range of the tree. */
-static int tail_carve(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  if (a > sim->tail && fr_insert(sim, sim->tail, a - sim->tail) != 0) return GMR_ENOMEM;
+/* Take [a, a+size) out of the tail, which holds it: what remains before it
+ * becomes a free segment, and a reservation (`rec`) a segment. */
+static int tail_carve(gmr_sim_t *sim, uintptr_t a, size_t size, const sim_seg_t *rec) {
+  sim_seg_t piece[2];
+  size_t n = 0;
+  if (size == 0 && rec == NULL) return 0; /* nothing to take */
+  if (a > sim->tail) piece[n++] = (sim_seg_t){sim->tail, a - sim->tail, 0, 0, true};
+  if (rec != NULL) piece[n++] = (sim_seg_t){a, size, rec->req, rec->aux, false};
+  if (n > 0) {
+    size_t c = sim->n_chunks ? sim->n_chunks - 1 : 0, i = c < sim->n_chunks ? sim->chunks[c]->n : 0;
+    if (seg_room(sim, &c, &i, n) != 0) return GMR_ENOMEM;
+    sim_chunk_t *k = sim->chunks[c];
+    memcpy(&k->e[k->n], piece, n * sizeof *piece);
+    k->n += n;
+    if (piece[0].free) seg_grew(sim, c, piece[0].size);
+  }
   sim->tail = a + size;
   return 0;
 }
 
 /* First fit: the lowest free range that holds `size` bytes at `align`.
- * The ranges of at least `size` bytes come in address order, the tail
- * last, and the first one that still holds it once its start is aligned up
- * is taken. */
-static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
-  fr_path_t p;
-  for (sim_free_t *r = fr_lowest(sim, &p, size); r != NULL; r = fr_next(&p, size)) {
-    uintptr_t start = (r->addr + align - 1) / align * align;
-    if (start + size > r->addr + r->size || start < r->addr) continue;
-    if (space_carve(sim, &p, r, start, size) != 0) return GMR_ENOMEM;
-    *out = start;
-    return 0;
+ * The free segments of at least `size` bytes come in address order, the
+ * tail last, and the first one that still holds it once its start is
+ * aligned up is taken.  `rec`: see seg_carve. */
+static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t *rec,
+                      uintptr_t *out) {
+  for (size_t g = 0, nc = sim->n_chunks; g * SIM_SEG_GROUP < nc; ++g) {
+    if (sim->group_max[g] < size) continue;
+    size_t cend = (g + 1) * SIM_SEG_GROUP < nc ? (g + 1) * SIM_SEG_GROUP : nc, gmax = 0;
+    for (size_t c = g * SIM_SEG_GROUP; c < cend; ++c) {
+      sim_chunk_t *k = sim->chunks[c];
+      if (k->fmax >= size) {
+        size_t most = 0;
+        for (size_t i = 0; i < k->n; ++i) {
+          sim_seg_t *r = &k->e[i];
+          if (!r->free) continue;
+          if (r->size >= size) {
+            uintptr_t start = (r->addr + align - 1) / align * align;
+            if (start + size <= r->addr + r->size && start >= r->addr) {
+              if (seg_carve(sim, c, i, start, size, rec) != 0) return GMR_ENOMEM;
+              *out = start;
+              return 0;
+            }
+          }
+          if (r->size > most) most = r->size;
+        }
+        k->fmax = most; /* scanned whole: the bound is exact now */
+      }
+      if (k->fmax > gmax) gmax = k->fmax;
+    }
+    sim->group_max[g] = gmax; /* every chunk passed: exact over their bounds */
   }
   if (sim->tail < sim->tail_end && sim->tail_end - sim->tail >= size) {
     uintptr_t start = (sim->tail + align - 1) / align * align;
     if (start + size > sim->tail_end || start < sim->tail) return GMR_ENOMEM;
-    if (tail_carve(sim, start, size) != 0) return GMR_ENOMEM;
+    if (tail_carve(sim, start, size, rec) != 0) return GMR_ENOMEM;
     *out = start;
     return 0;
   }
@@ -526,109 +570,119 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out)
 }
 
 /* Take exactly [a, a+size) when it is free (for placement hints). */
-static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
+static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size, const sim_seg_t *rec) {
   if (sim->tail < sim->tail_end && a >= sim->tail) { /* the tail is the only candidate */
     if (a + size > sim->tail_end) return GMR_ENOMEM;
-    return tail_carve(sim, a, size);
+    return tail_carve(sim, a, size, rec);
   }
-  /* The range with the greatest start <= a: ranges are disjoint, so the
-   * only candidate. */
-  fr_path_t p;
-  size_t best = 0;
-  p.depth = 0;
-  for (sim_free_t **link = &sim->free_root, *n; (n = *link) != NULL;) {
-    p.link[p.depth++] = link;
-    if (n->addr <= a) best = p.depth;
-    link = &n->child[n->addr <= a];
-  }
-  if (best == 0) return GMR_ENOMEM;
-  p.depth = best;
-  sim_free_t *r = *p.link[best - 1];
-  if (a + size > r->addr + r->size) return GMR_ENOMEM;
-  return space_carve(sim, &p, r, a, size);
+  size_t c, i; /* free ranges are disjoint: the segment at or before a is the only candidate */
+  if (!seg_floor(sim, a, &c, &i)) return GMR_ENOMEM;
+  sim_seg_t *r = seg_at(sim, c, i);
+  if (!r->free || a + size > r->addr + r->size) return GMR_ENOMEM;
+  return seg_carve(sim, c, i, a, size, rec);
 }
 
+/* Give back [a, a+size), which no segment holds (a virtual range, arena
+ * memory, or a reservation that was never recorded). */
 static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  /* Down to where a would go, past the free ranges either side of it (the
-   * greatest start below a and the least above: the path holds both, one
-   * above the other). */
-  fr_path_t p;
-  size_t iprev = SIZE_MAX, inext = SIZE_MAX;
-  sim_free_t **link = &sim->free_root;
-  p.depth = 0;
-  for (sim_free_t *n; (n = *link) != NULL; link = &n->child[n->addr < a]) {
-    if (n->addr < a)
-      iprev = p.depth;
-    else
-      inext = p.depth;
-    p.link[p.depth++] = link;
-  }
-  sim_free_t *prev = iprev != SIZE_MAX ? *p.link[iprev] : NULL;
-  sim_free_t *next = inext != SIZE_MAX ? *p.link[inext] : NULL;
-  bool merge_prev = prev != NULL && prev->addr + prev->size == a;
-  bool merge_next = next != NULL && a + size == next->addr;
+  size_t c = 0, i = 0, nc = 0, ni = 0;
+  bool before = seg_floor(sim, a, &c, &i);
+  sim_seg_t *prev = before ? seg_at(sim, c, i) : NULL;
+  sim_seg_t *next = before              ? seg_next(sim, c, i, &nc, &ni)
+                    : sim->n_chunks > 0 ? seg_at(sim, 0, 0)
+                                        : NULL;
+  bool merge_prev = prev != NULL && prev->free && prev->addr + prev->size == a;
+  bool merge_next = next != NULL && next->free && a + size == next->addr;
   if (a + size == sim->tail) { /* the tail grows down over it (and prev) */
     sim->tail = a;
     if (merge_prev) {
       sim->tail = prev->addr;
-      p.depth = iprev + 1;
-      fr_unlink(sim, &p);
+      seg_remove(sim, c, i);
     }
   } else if (merge_prev && merge_next) {
-    /* The upper of the two on the path takes all three; the lower, the
-     * other's neighbour in address order, has no child on the upper's side
-     * (at most one child): it is unlinked in place. */
-    uintptr_t start = prev->addr;
-    size_t all = prev->size + size + next->size;
-    size_t up = iprev < inext ? iprev : inext, low = iprev < inext ? inext : iprev;
-    sim_free_t *u = *p.link[up], *gone = *p.link[low];
-    u->addr = start;
-    u->size = all;
-    *p.link[low] = gone->child[gone->child[0] == NULL];
-    fr_settle(&p, low, up);
-    gone->child[0] = sim->free_spare;
-    sim->free_spare = gone;
+    prev->size += size + next->size;
+    seg_remove(sim, nc, ni); /* after prev: prev stays */
+    seg_grew(sim, c, prev->size);
   } else if (merge_prev) {
     prev->size += size;
-    p.depth = iprev + 1;
-    fr_max_up(&p);
+    seg_grew(sim, c, prev->size);
   } else if (merge_next) {
     next->addr = a;
     next->size += size;
-    p.depth = inext + 1;
-    fr_max_up(&p);
+    seg_grew(sim, nc, next->size);
   } else {
-    /* It goes in where the path ends.  Out of host memory for a node: the
+    /* A segment of its own after prev.  Out of host memory for it: the
      * addresses leak, nothing is corrupted (a release cannot fail). */
-    sim_free_t *fresh = fr_node(sim, a, size);
-    if (fresh == NULL) return;
-    *link = fresh;
-    fr_settle(&p, p.depth, SIZE_MAX);
+    if (before) ++i;
+    if (seg_room(sim, &c, &i, 1) != 0) return;
+    sim_chunk_t *k = sim->chunks[c];
+    memmove(&k->e[i + 1], &k->e[i], (k->n - i) * sizeof *k->e);
+    k->e[i] = (sim_seg_t){a, size, 0, 0, true};
+    ++k->n;
+    seg_grew(sim, c, size);
+  }
+  if (sim->n_chunks > 0) {
+    if (c >= sim->n_chunks) c = sim->n_chunks - 1;
+    seg_tidy(sim, c);
+    if (c > 0) seg_tidy(sim, c - 1);
   }
 }
 
-/* Call fn on every free range (any order). */
-static void fr_each(sim_free_t *n, void (*fn)(sim_free_t *n)) {
-  while (n != NULL) {
-    fr_each(n->child[0], fn);
-    sim_free_t *right = n->child[1];
-    fn(n);
-    n = right;
+/* The reservation (a, size) recorded as a segment, or NULL. */
+static sim_seg_t *seg_reserved(gmr_sim_t *sim, uintptr_t a, size_t size, size_t *pc, size_t *pi) {
+  if (!seg_floor(sim, a, pc, pi)) return NULL;
+  sim_seg_t *r = seg_at(sim, *pc, *pi);
+  return r->addr == a && !r->free && r->req == size ? r : NULL;
+}
+
+/* Give back the reservation (a, size) that a segment records: it becomes
+ * free, merged with the free segments (or the tail) either side. */
+static void space_release(gmr_sim_t *sim, size_t c, size_t i) {
+  sim_seg_t *r = seg_at(sim, c, i);
+  size_t pc = 0, pi = 0, nc = 0, ni = 0;
+  sim_seg_t *prev = seg_prev(sim, c, i, &pc, &pi), *next = seg_next(sim, c, i, &nc, &ni);
+  uintptr_t a = r->addr;
+  size_t size = r->size;
+  bool merge_prev = prev != NULL && prev->free && prev->addr + prev->size == a;
+  bool merge_next = next != NULL && next->free && a + size == next->addr;
+  if (a + size == sim->tail) { /* the tail grows down over it (and prev) */
+    sim->tail = a;
+    seg_remove(sim, c, i); /* the last segment */
+    if (merge_prev) {
+      sim->tail = prev->addr;
+      seg_remove(sim, pc, pi);
+    }
+  } else if (merge_prev && merge_next) {
+    prev->size += size + next->size;
+    seg_remove(sim, nc, ni);
+    seg_remove(sim, c, i);
+    seg_grew(sim, pc, prev->size);
+  } else if (merge_prev) {
+    prev->size += size;
+    seg_remove(sim, c, i);
+    seg_grew(sim, pc, prev->size);
+  } else if (merge_next) {
+    next->addr = a;
+    next->size += size;
+    seg_grew(sim, nc, next->size);
+    seg_remove(sim, c, i);
+  } else {
+    *r = (sim_seg_t){a, size, 0, 0, true};
+    seg_grew(sim, c, size);
+  }
+  if (sim->n_chunks > 0) {
+    if (c >= sim->n_chunks) c = sim->n_chunks - 1;
+    seg_tidy(sim, c);
+    if (c > 0) seg_tidy(sim, c - 1);
   }
 }
 
-static void fr_node_free(sim_free_t *n) {
-  gmr__free(n);
-}
-
-static void fr_clear(gmr_sim_t *sim) {
-  fr_each(sim->free_root, fr_node_free);
-  while (sim->free_spare != NULL) {
-    sim_free_t *n = sim->free_spare;
-    sim->free_spare = n->child[0];
-    gmr__free(n);
-  }
-  sim->free_root = NULL;
+static void space_clear(gmr_sim_t *sim) {
+  for (size_t c = 0; c < sim->n_chunks; ++c)
+    gmr__free(sim->chunks[c]);
+  gmr__free(sim->chunk_spare);
+  gmr__free(sim->chunks);
+  gmr__free(sim->group_max);
 }
 
 /* ---- fault schedule -------------------------------------------------------- */
@@ -707,7 +761,7 @@ static void *host_take(gmr_sim_t *sim, size_t size) {
   if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
   uintptr_t a;
   void *p = NULL;
-  if (sim->host_reuse && sim->arena != 0 && space_take(sim, body, pg, &a) == 0) {
+  if (sim->host_reuse && sim->arena != 0 && space_take(sim, body, pg, NULL, &a) == 0) {
     p = (void *)a;
     SIM_POISON((char *)p + size, body - size);
     return p;
@@ -742,23 +796,21 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
             gmr__error_set(GMR_ENOMEM, "simulated device: host memory for %zu bytes refused", size);
       a = (uintptr_t)host;
     } else {
-      /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes. */
+      /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes.  The
+       * reservation is a segment of the space (no live-range tree). */
       size_t align = size >= sim->base.granularity ? sim->base.granularity : SIM_RESERVE_ALIGN;
+      size_t span = size ? gmr__align_up(size, SIM_RESERVE_ALIGN) : SIM_RESERVE_ALIGN;
+      const sim_seg_t rec = {.req = size, .aux = (uint32_t)sim->counters.reserve_calls};
       uintptr_t hint = sim->place_next;
       sim->place_next = 0;
-      if (hint != 0 && hint % SIM_RESERVE_ALIGN == 0 &&
-          space_take_at(sim, hint, gmr__align_up(size, SIM_RESERVE_ALIGN)) == 0)
+      if (hint != 0 && hint % SIM_RESERVE_ALIGN == 0 && space_take_at(sim, hint, span, &rec) == 0)
         a = hint;
-      else if (space_take(sim, gmr__align_up(size, SIM_RESERVE_ALIGN), align, &a) != 0)
+      else if (space_take(sim, span, align, &rec, &a) != 0)
         err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
     }
   }
-  if (err == 0 && (err = live_add(sim, a, size, SIM_RESERVED, 0)) != 0) {
-    if (sim->host_backed)
-      host_give(sim, host, size);
-    else
-      space_give(sim, a, gmr__align_up(size, SIM_RESERVE_ALIGN));
-  }
+  if (err == 0 && sim->host_backed && (err = live_add(sim, a, size, SIM_RESERVED, 0)) != 0)
+    host_give(sim, host, size);
   if (err == 0) {
     sim->bytes_in_use += size;
     if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
@@ -776,14 +828,20 @@ static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s
   gmr_sim_t *sim = sim_of(be);
   pthread_mutex_lock(&sim->lock);
   ++sim->counters.release_calls;
-  int err = live_remove(sim, (uintptr_t)ptr, size, SIM_RESERVED);
-  if (err == 0) {
-    sim->bytes_in_use -= size;
-    if (sim->host_backed)
+  int err;
+  if (sim->host_backed) {
+    if ((err = live_remove(sim, (uintptr_t)ptr, size, SIM_RESERVED)) == 0)
       host_give(sim, ptr, size);
-    else
-      space_give(sim, (uintptr_t)ptr, gmr__align_up(size, SIM_RESERVE_ALIGN));
+  } else {
+    size_t c, i;
+    if (seg_reserved(sim, (uintptr_t)ptr, size, &c, &i) != NULL) {
+      space_release(sim, c, i);
+      err = 0;
+    } else {
+      err = live_missing(SIM_RESERVED, (uintptr_t)ptr, size);
+    }
   }
+  if (err == 0) sim->bytes_in_use -= size;
   pthread_mutex_unlock(&sim->lock);
   return err;
 }
@@ -798,14 +856,14 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   } else if (sim->host_backed) {
     if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
     if (!(sim->host_reuse && sim->arena != 0 &&
-          space_take(sim, size, sim->base.granularity, &a) == 0)) {
+          space_take(sim, size, sim->base.granularity, NULL, &a) == 0)) {
       void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED)
         err = gmr__error_set(GMR_ENOMEM, "simulated device: cannot reserve %zu bytes of addresses",
                              size);
       a = (uintptr_t)p;
     }
-  } else if (space_take(sim, size, sim->base.granularity, &a) != 0) {
+  } else if (space_take(sim, size, sim->base.granularity, NULL, &a) != 0) {
     err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
   }
   if (err == 0 && (err = live_add(sim, a, size, SIM_VA, 0)) != 0) {
@@ -1226,7 +1284,7 @@ static void sim_destroy(gmr_backend_t *be) {
   if (sim->arena != 0) munmap((void *)sim->arena, sim->arena_size);
   gmr__avl_clear(&sim->mappings, NULL, NULL);
   gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
-  fr_clear(sim);
+  space_clear(sim);
   gmr__free(sim->streams);
   gmr__free(sim->uses);
   pthread_mutex_destroy(&sim->lock);
@@ -1414,13 +1472,12 @@ static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
   }
 }
 
-static void trim_free(sim_free_t *n) {
-  madvise((void *)n->addr, n->size, MADV_DONTNEED);
-}
-
 void gmr__sim_host_trim(gmr_sim_t *sim) {
   pthread_mutex_lock(&sim->lock);
-  if (sim->arena != 0) fr_each(sim->free_root, trim_free);
+  for (size_t c = 0; sim->arena != 0 && c < sim->n_chunks; ++c)
+    for (size_t i = 0; i < sim->chunks[c]->n; ++i)
+      if (sim->chunks[c]->e[i].free)
+        madvise((void *)sim->chunks[c]->e[i].addr, sim->chunks[c]->e[i].size, MADV_DONTNEED);
   if (sim->arena != 0 && sim->tail < sim->tail_end)
     madvise((void *)sim->tail, sim->tail_end - sim->tail, MADV_DONTNEED);
   if (sim->arena != 0) trim_va(sim, sim->virt.root);
@@ -1435,9 +1492,17 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
   if (size == 0 || a + size < a) return false;
   const uintptr_t end = a + size;
   pthread_mutex_lock(&sim->lock);
-  gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
-  bool ok = r != NULL && a - r->key < r->val && size <= r->val - (a - r->key);
-  if (ok) *token = (uint64_t)r->aux + 1;
+  bool ok;
+  if (sim->host_backed) {
+    gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
+    ok = r != NULL && a - r->key < r->val && size <= r->val - (a - r->key);
+    if (ok) *token = (uint64_t)r->aux + 1;
+  } else { /* address-only: reservations are segments of the space */
+    size_t c, i;
+    const sim_seg_t *r = seg_floor(sim, a, &c, &i) ? seg_at(sim, c, i) : NULL;
+    ok = r != NULL && !r->free && a - r->addr < r->req && size <= r->req - (a - r->addr);
+    if (ok) *token = (uint64_t)r->aux + 1;
+  }
   /* Else mappings that tile [a, end), each backed (map) or page-mapped with
    * access set. */
   for (uintptr_t at = a; !ok && at < end;) {
