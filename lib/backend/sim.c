@@ -73,9 +73,9 @@
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
  *   ordinals never overlap; d < SIM_MAX_DEVICES = 31, so every address is
  *   below SIM_SPACE_BASE + 31*2^58 < 2^63 (no wrap, positive as intptr_t).
- * Synchronization: one mutex guards everything in gmr_sim_t.
+ * Synchronization: one lock (gmr_lock_t, core/lock.h) guards everything in
+ * gmr_sim_t.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -85,6 +85,7 @@
 #include "backend/backend.h"
 #include "core/avl.h"
 #include "core/internal.h"
+#include "core/lock.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SIM_ASAN 1
@@ -191,7 +192,7 @@ typedef struct sim_event_s {
 
 struct gmr_sim_s {
   gmr_backend_t base; /* must be first */
-  pthread_mutex_t lock;
+  gmr_lock_t lock;
   uint64_t capacity; /* bytes */
   bool host_backed;
   uint64_t bytes_in_use; /* physical bytes reserved or mapped */
@@ -784,7 +785,7 @@ static void host_give(gmr_sim_t *sim, void *p, size_t size) {
 static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.reserve_calls;
   int err = sim_check_faults(sim, size, "reserve");
   uintptr_t a = 0;
@@ -819,14 +820,14 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
   } else {
     ++sim->counters.reserve_failures;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.release_calls;
   int err;
   if (sim->host_backed) {
@@ -842,13 +843,13 @@ static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s
     }
   }
   if (err == 0) sim->bytes_in_use -= size;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.va_reserve_calls;
   uintptr_t a = 0;
   int err = sim_check_schedule(sim, size, "virtual reserve");
@@ -875,13 +876,13 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
       space_give(sim, a, size);
   }
   if (err == 0) *out_base = (void *)a;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.va_release_calls;
   if (use_pending(sim, (uintptr_t)base, size)) ++sim->counters.unsafe_unmaps;
   int err = 0;
@@ -897,14 +898,14 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
     else
       space_give(sim, (uintptr_t)base, size);
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.map_calls;
   int err = 0;
   if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
@@ -926,14 +927,14 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   } else {
     ++sim->counters.reserve_failures;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.unmap_calls;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_MAPPED);
@@ -942,7 +943,7 @@ static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
     if (sim->host_backed && !in_arena(sim, (uintptr_t)addr))
       mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
@@ -989,7 +990,7 @@ static void page_fd_give(gmr_sim_t *sim, sim_page_t *pg, bool tracked) {
 
 static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_create_calls;
   int err = sim_check_faults(sim, size, "page create");
   size_t slot = sim->n_pages;
@@ -1017,7 +1018,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   } else {
     ++sim->counters.reserve_failures;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
@@ -1025,7 +1026,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
  * then lives on behind the mappings (host-backed: the mmaps keep the memfd). */
 static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_release_calls;
   sim_page_t *pg = sim_page(sim, h);
   int err = 0;
@@ -1040,13 +1041,13 @@ static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
     sim->bytes_in_use -= size;
     --sim->counters.pages_live;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_map_calls;
   sim_page_t *pg = sim_page(sim, h);
   int err = 0;
@@ -1069,13 +1070,13 @@ static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h
     ++sim->counters.page_maps_live;
     if (sim->host_reuse && h < SIM_PAGES_TRACKED) ++pg->nmaps;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.set_access_calls;
   /* [addr, addr+size) must be tiled by page mappings. */
   uintptr_t a = (uintptr_t)addr, end = a + size;
@@ -1099,13 +1100,13 @@ static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
       n->aux |= SIM_ACCESS;
       at += n->val;
     }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_unmap_calls;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, (uintptr_t)addr);
@@ -1128,16 +1129,16 @@ static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
     else if (sim->host_backed)
       mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   *out_free = sim->capacity - sim->bytes_in_use;
   *out_total = sim->capacity;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
@@ -1182,7 +1183,7 @@ static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_
   sim_event_t *ev = gmr__malloc(sizeof *ev);
   if (ev == NULL)
     return gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for an event");
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.event_records;
   sim_stream_t *st = sim_stream(sim, s);
   int err = 0;
@@ -1190,7 +1191,7 @@ static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_
     err = gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for a stream");
   else
     *ev = (sim_event_t){st->id, st->enqueued};
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   if (err != 0) {
     gmr__free(ev);
     return err;
@@ -1202,11 +1203,11 @@ static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_
 static int sim_event_query(gmr_backend_t *be, gmr_event_t e) {
   gmr_sim_t *sim = sim_of(be);
   sim_event_t *ev = e;
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.event_queries;
   sim_stream_t *st = sim_stream(sim, (gmr_stream_t)ev->stream);
   int done = st == NULL || st->completed >= ev->seq;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return done ? 0 : 1;
 }
 
@@ -1214,11 +1215,11 @@ static int sim_event_query(gmr_backend_t *be, gmr_event_t e) {
 static int sim_event_sync(gmr_backend_t *be, gmr_event_t e) {
   gmr_sim_t *sim = sim_of(be);
   sim_event_t *ev = e;
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.syncs;
   sim_stream_t *st = sim_stream(sim, (gmr_stream_t)ev->stream);
   if (st != NULL && st->completed < ev->seq) st->completed = ev->seq;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
@@ -1228,31 +1229,31 @@ static void sim_event_destroy(gmr_backend_t *be, gmr_event_t e) {
 
 static int sim_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.syncs;
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) st->completed = st->enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
 static int sim_device_sync(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.syncs;
   for (size_t i = 0; i < sim->n_streams; ++i)
     sim->streams[i].completed = sim->streams[i].enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
 static int sim_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.capture_queries;
   sim_stream_t *st = sim_stream(sim, s);
   int on = st != NULL && st->capturing;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return on;
 }
 
@@ -1287,7 +1288,7 @@ static void sim_destroy(gmr_backend_t *be) {
   space_clear(sim);
   gmr__free(sim->streams);
   gmr__free(sim->uses);
-  pthread_mutex_destroy(&sim->lock);
+  gmr__lock_destroy(&sim->lock);
   gmr__free(sim);
 }
 
@@ -1339,7 +1340,7 @@ int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   sim->base.granularity = granularity;
   sim->capacity = capacity;
   sim->host_backed = opts && opts->host_backed;
-  if (pthread_mutex_init(&sim->lock, NULL) != 0) goto fail_lock;
+  if (gmr__lock_init(&sim->lock) != 0) goto fail_lock;
   if (!sim->host_backed) {
     uintptr_t space = (uintptr_t)sim->capacity * SIM_SPACE_PER_BYTE;
     if (space < SIM_SPACE_MIN) space = SIM_SPACE_MIN;
@@ -1387,41 +1388,41 @@ gmr_sim_t *gmr__sim_of(gmr_backend_t *be) {
 }
 
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_countdown = k;
   sim->fail_sticky = false;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_countdown = k;
   sim->fail_sticky = true;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_above = bytes;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_fail_all(gmr_sim_t *sim, int on) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_all = on != 0;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) ++st->enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
 }
 
 int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t size) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   int err =
       st != NULL && grow((void **)&sim->uses, &sim->cap_uses, sim->n_uses + 1, sizeof *sim->uses)
@@ -1431,26 +1432,26 @@ int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t 
     ++st->enqueued;
     sim->uses[sim->n_uses++] = (sim_use_t){st->id, st->enqueued, (uintptr_t)ptr, size};
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) st->completed = st->enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
 }
 
 int gmr__sim_host_reuse(gmr_sim_t *sim) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   /* Pages created or mapped before would not be counted: refuse then. */
   int err = !sim->host_backed || sim->counters.pages_live != 0 || sim->counters.page_maps_live != 0
                 ? GMR_EINVAL
                 : 0;
   if (err == 0) sim->host_reuse = true;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
@@ -1473,7 +1474,7 @@ static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
 }
 
 void gmr__sim_host_trim(gmr_sim_t *sim) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   for (size_t c = 0; sim->arena != 0 && c < sim->n_chunks; ++c)
     for (size_t i = 0; i < sim->chunks[c]->n; ++i)
       if (sim->chunks[c]->e[i].free)
@@ -1483,7 +1484,7 @@ void gmr__sim_host_trim(gmr_sim_t *sim) {
   if (sim->arena != 0) trim_va(sim, sim->virt.root);
   while (sim->n_pool > 0)
     close(sim->pool[--sim->n_pool].fd);
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token) {
@@ -1491,7 +1492,7 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
   *token = 0;
   if (size == 0 || a + size < a) return false;
   const uintptr_t end = a + size;
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   bool ok;
   if (sim->host_backed) {
     gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
@@ -1513,33 +1514,33 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
     at = m->key + m->val;
     ok = at >= end;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return ok;
 }
 
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->place_next = addr;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) st->capturing = on != 0;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->clock_fixed = true;
   sim->clock_ns = ns;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   *out = sim->counters;
   out->bytes_in_use = sim->bytes_in_use;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
