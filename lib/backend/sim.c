@@ -59,15 +59,16 @@
  *                  + Σ live page sizes <= capacity <= 4 PiB
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
- *   free ranges (of the fake address space, or of the arena) are disjoint
- *   and never adjacent (merged on release): the tail [tail, tail_end), the
- *   one that ends where the space ends (tail = tail_end: none), and the
- *   free segments below it.  Segments s_0 < s_1 < ... (in chunk order, then
- *   in each chunk): s_j.addr + s_j.size <= s_{j+1}.addr, last one's end
- *   < tail; each is free or an address-only live reservation (the whole
- *   set of them); first fit takes from the tail only when no free segment
- *   holds the request.  Chunks: 1 <= k.n <= SIM_SEG_CAP, and the bounds
- *   k.fmax and group_max of the address space's section.
+ *   the space (fake addresses, or the arena) [space_lo, space_hi) is the
+ *   head gap and the ranges taken from it, each followed by its gap:
+ *   r_0 < r_1 < ... (in chunk order, then in each chunk) with
+ *   space_lo + head_gap = r_0.addr, r_j.addr + r_j.size + r_j.gap =
+ *   r_{j+1}.addr, and the last one's = space_hi (no range: head_gap =
+ *   space_hi - space_lo); r_j.size > 0, so the free ranges (the non-empty
+ *   gaps) are disjoint and never adjacent.  The ranges are the
+ *   address-only live reservations and the virtual ranges and arena
+ *   blocks taken from the space.  Chunks: 1 <= k.n <= SIM_SEG_CAP, and the
+ *   bounds fmax and group_max of the address space's section.
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
@@ -115,24 +116,26 @@
 #define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
 #define SIM_ARENA_SLACK         ((size_t)64 << 20)
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
-#define SIM_SEG_CAP             32 /* segments per chunk (see the address space's section) */
-#define SIM_SEG_GROUP           16 /* chunks per group of the first-fit index */
+#define SIM_SEG_CAP             16 /* ranges per chunk (see the address space's section) */
+#define SIM_SEG_GROUP           8  /* chunks per group of the first-fit index */
 
-/* A segment of the space below the tail: a free range, or (address-only
- * mode) a live reservation [addr, addr+size) of req bytes (size: req
- * rounded up to SIM_RESERVE_ALIGN, 512 for 0: no segment is empty), aux its
- * serial (reserve_calls mod 2^32). */
+/* A range taken from the space [addr, addr+size), and the free gap after it
+ * [addr+size, addr+size+gap): an address-only live reservation of req bytes
+ * (size: req rounded up to SIM_RESERVE_ALIGN, 512 for 0: no range is
+ * empty), aux its serial (reserve_calls mod 2^32), or another range (a
+ * virtual range, an arena block: req = SIM_SEG_OTHER). */
 typedef struct sim_seg_s {
   uintptr_t addr;
   size_t size;
+  size_t gap;
   size_t req;
   uint32_t aux;
-  bool free;
 } sim_seg_t;
+#define SIM_SEG_OTHER SIZE_MAX
 
 typedef struct sim_chunk_s {
-  size_t n;    /* segments in e */
-  size_t fmax; /* the largest free segment's size, 0 when none */
+  size_t n;    /* ranges in e */
+  size_t fmax; /* a bound on the largest gap */
   sim_seg_t e[SIM_SEG_CAP];
 } sim_chunk_t;
 
@@ -141,7 +144,7 @@ typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim
 /* Live ranges: AVL trees (key: address, val: size), so each check costs
  * O(log n) however many ranges are live: one of reserved ranges when
  * host-backed (aux: the reserve's serial, reserve_calls mod 2^32; in
- * address-only mode a reservation is a segment of the space, found as
+ * address-only mode a reservation is a range of the space's table, found as
  * fast), one of virtual ranges, and one
  * of mappings (SIM_MAPPED and SIM_ALIAS never overlap each other; aux =
  * kind | SIM_ACCESS once set_access covered it | h << SIM_PAGE_SHIFT for a
@@ -204,10 +207,11 @@ struct gmr_sim_s {
   sim_pooled_t pool[SIM_POOL_PAGES];
   size_t n_pool;
   /* The fake address space (address-only mode) or the arena (host-backed
-   * with page reuse): the tail, the free range [tail, tail_end) that ends
-   * where it ends (empty: tail = tail_end), and below it, segments in
-   * address order, in chunks (see the address space's section). */
-  uintptr_t tail, tail_end;
+   * with page reuse): [space_lo, space_hi), the free gap at its start, and
+   * the ranges taken from it, in address order, in chunks (see the address
+   * space's section). */
+  uintptr_t space_lo, space_hi;
+  size_t head_gap;
   sim_chunk_t **chunks, *chunk_spare;
   size_t n_chunks, cap_chunks;
   size_t *group_max; /* the largest fmax of each SIM_SEG_GROUP chunks */
@@ -313,22 +317,27 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
   return r != NULL && r->key + r->val > a;
 }
 
-/* ---- the fake address space (first fit over segments in chunks) --------- */
+/* ---- the fake address space (first fit over the gaps between ranges) ---- */
 
-/* The segments below the tail, in address order: sorted runs of at most
- * SIM_SEG_CAP segments (chunks).  Each chunk has a bound on its largest
- * free segment (fmax), and each group of SIM_SEG_GROUP chunks a bound on
- * their fmax (group_max):
- *   k.fmax >= max { e.size : e in k, e free }
+/* The ranges taken from the space (address-only reservations, virtual
+ * ranges, arena blocks), in address order, each with the free gap that
+ * follows it up to the next range (or the space's end); the gap before
+ * the first range is head_gap.  The free ranges are exactly the non-empty
+ * gaps, so a release merges with both neighbours by giving its range and
+ * its gap to the gap before it, and a take inserts one range into a gap.
+ * The ranges are sorted runs of at most SIM_SEG_CAP (chunks); each chunk
+ * has a bound on its largest gap (fmax), and each group of G =
+ * SIM_SEG_GROUP chunks a bound on theirs (group_max):
+ *   k.fmax >= max { e.gap : e in k }
  *   group_max[g] >= max { chunks[c].fmax : g·G <= c < (g+1)·G }
- * A free segment that grows or appears raises them; one that shrinks or
- * goes leaves them (still bounds).  First fit skips a group, then a chunk,
- * whose bound is below the request, scans the chunks it cannot skip, and
- * makes the bounds of a chunk (or group) it went through without a fit
- * exact.  A change moves at most a chunk's worth of segments (a chunk that
- * fills is split in halves; one that empties is dropped; two neighbours
- * that fit in half a chunk are joined).  Finding an address is a binary
- * search over the chunks' first segments, then over one chunk. */
+ * A gap that grows raises them; one that shrinks leaves them (still
+ * bounds).  First fit skips a group, then a chunk, whose bound is below
+ * the request, scans the chunks it cannot skip, and makes the bounds of a
+ * chunk (or group) it went through without a fit exact.  A change moves
+ * at most a chunk's worth of ranges (a chunk that fills is split in
+ * halves; one that empties is dropped; two neighbours that fit in half a
+ * chunk are joined).  Finding an address is a binary search over the
+ * chunks' first ranges, then over one chunk. */
 static inline sim_seg_t *seg_at(gmr_sim_t *sim, size_t c, size_t i) {
   return &sim->chunks[c]->e[i];
 }
@@ -346,7 +355,7 @@ static void groups_fix(gmr_sim_t *sim) {
     group_fix(sim, g);
 }
 
-/* A free segment of chunk c grew to (or appeared with) `size` bytes. */
+/* A gap of chunk c grew to (or appeared with) `size` bytes. */
 static void seg_grew(gmr_sim_t *sim, size_t c, size_t size) {
   sim_chunk_t *k = sim->chunks[c];
   if (size <= k->fmax) return;
@@ -374,7 +383,7 @@ static bool chunk_add(gmr_sim_t *sim, size_t c) {
   return true;
 }
 
-/* Drop chunk c (its segments are gone or moved); one is kept for reuse. */
+/* Drop chunk c (its ranges are gone or moved); one is kept for reuse. */
 static void chunk_drop(gmr_sim_t *sim, size_t c) {
   sim_chunk_t *k = sim->chunks[c];
   memmove(&sim->chunks[c], &sim->chunks[c + 1], (sim->n_chunks - c - 1) * sizeof *sim->chunks);
@@ -386,11 +395,12 @@ static void chunk_drop(gmr_sim_t *sim, size_t c) {
   groups_fix(sim);
 }
 
-/* Make room for `more` segments at (or in place of) index *pi of chunk *pc,
- * which may then be in the chunk after (a full chunk splits in halves); with
- * no chunk at all, one is made (*pc = *pi = 0).  0 or GMR_ENOMEM (nothing
- * changed). */
-static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi, size_t more) {
+/* Make room for one range at index *pi of chunk *pc (before the range
+ * there, or after the last), which may then be in the chunk after (a full
+ * chunk splits in halves; an index above the half moves, with the ranges
+ * before it from the half on); with no chunk at all, one is made (*pc =
+ * *pi = 0).  0 or GMR_ENOMEM (nothing changed). */
+static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi) {
   if (sim->n_chunks == 0) {
     if (!chunk_add(sim, 0)) return GMR_ENOMEM;
     groups_fix(sim);
@@ -398,7 +408,7 @@ static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi, size_t more) {
     return 0;
   }
   sim_chunk_t *k = sim->chunks[*pc];
-  if (k->n + more <= SIM_SEG_CAP) return 0;
+  if (k->n < SIM_SEG_CAP) return 0;
   if (!chunk_add(sim, *pc + 1)) return GMR_ENOMEM;
   sim_chunk_t *up = sim->chunks[*pc + 1];
   const size_t half = SIM_SEG_CAP / 2;
@@ -407,19 +417,11 @@ static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi, size_t more) {
   k->n = half;
   up->fmax = k->fmax; /* a bound for both halves */
   groups_fix(sim);
-  if (*pi >= half) {
+  if (*pi > half) {
     ++*pc;
     *pi -= half;
   }
   return 0;
-}
-
-/* Remove segment i of chunk c.  Chunks after c may move down by one (an
- * emptied chunk is dropped); those before do not. */
-static void seg_remove(gmr_sim_t *sim, size_t c, size_t i) {
-  sim_chunk_t *k = sim->chunks[c];
-  memmove(&k->e[i], &k->e[i + 1], (k->n - i - 1) * sizeof *k->e);
-  if (--k->n == 0) chunk_drop(sim, c);
 }
 
 /* Join chunks c and c + 1 when both fit in half a chunk. */
@@ -433,7 +435,7 @@ static void seg_tidy(gmr_sim_t *sim, size_t c) {
   chunk_drop(sim, c + 1);
 }
 
-/* The segment with the greatest start <= a: false when none. */
+/* The range with the greatest start <= a: false when none. */
 static bool seg_floor(const gmr_sim_t *sim, uintptr_t a, size_t *pc, size_t *pi) {
   size_t lo = 0, hi = sim->n_chunks;
   while (lo < hi) {
@@ -458,101 +460,80 @@ static bool seg_floor(const gmr_sim_t *sim, uintptr_t a, size_t *pc, size_t *pi)
   return true;
 }
 
-/* The segments before and after (c, i); NULL when none. */
-static sim_seg_t *seg_prev(gmr_sim_t *sim, size_t c, size_t i, size_t *pc, size_t *pi) {
-  if (i > 0) {
-    *pc = c;
-    *pi = i - 1;
-  } else if (c > 0) {
-    *pc = c - 1;
-    *pi = sim->chunks[c - 1]->n - 1;
+/* Take [a, a+size) out of the gap after range (c, i), or out of the head
+ * gap when `head`, which holds it: a range of its own there (`rec`, when
+ * not NULL: a reservation's req and aux; else SIM_SEG_OTHER), with the
+ * rest of the gap after it. */
+static int seg_insert(gmr_sim_t *sim, bool head, size_t c, size_t i, uintptr_t a, size_t size,
+                      const sim_seg_t *rec) {
+  uintptr_t from;
+  size_t gap;
+  if (head) {
+    from = sim->space_lo;
+    gap = sim->head_gap;
+    c = i = 0; /* the new range goes first */
   } else {
-    return NULL;
+    const sim_seg_t *e = seg_at(sim, c, i);
+    from = e->addr + e->size;
+    gap = e->gap;
+    ++i; /* the new range goes after e */
   }
-  return seg_at(sim, *pc, *pi);
-}
-static sim_seg_t *seg_next(gmr_sim_t *sim, size_t c, size_t i, size_t *pc, size_t *pi) {
-  if (i + 1 < sim->chunks[c]->n) {
-    *pc = c;
-    *pi = i + 1;
-  } else if (c + 1 < sim->n_chunks) {
-    *pc = c + 1;
-    *pi = 0;
-  } else {
-    return NULL;
-  }
-  return seg_at(sim, *pc, *pi);
-}
-
-/* Take [a, a+size) out of free segment i of chunk c, which holds it: what
- * remains before and after it stays free, and a reservation (`rec`, when
- * not NULL: its req and aux) becomes a segment of its own. */
-static int seg_carve(gmr_sim_t *sim, size_t c, size_t i, uintptr_t a, size_t size,
-                     const sim_seg_t *rec) {
-  sim_seg_t *r = seg_at(sim, c, i), piece[3];
-  uintptr_t end = r->addr + r->size, tail = a + size;
-  size_t n = 0;
-  if (size == 0 && rec == NULL) return 0; /* nothing to take (no empty segment, no split) */
-  if (a > r->addr) piece[n++] = (sim_seg_t){r->addr, a - r->addr, 0, 0, true};
-  if (rec != NULL) piece[n++] = (sim_seg_t){a, size, rec->req, rec->aux, false};
-  if (tail < end) piece[n++] = (sim_seg_t){tail, end - tail, 0, 0, true};
-  if (n == 0) {
-    seg_remove(sim, c, i);
-    return 0;
-  }
-  if (n > 1 && seg_room(sim, &c, &i, n - 1) != 0) return GMR_ENOMEM;
+  if (seg_room(sim, &c, &i) != 0) return GMR_ENOMEM;
+  /* The gap before a: head_gap, or that of the range before (c, i), which
+   * a split may have moved to chunk c too (then i >= 1). */
+  if (head)
+    sim->head_gap = a - from;
+  else
+    seg_at(sim, c, i - 1)->gap = a - from;
   sim_chunk_t *k = sim->chunks[c];
-  memmove(&k->e[i + n], &k->e[i + 1], (k->n - i - 1) * sizeof *k->e);
-  memcpy(&k->e[i], piece, n * sizeof *piece);
-  k->n += n - 1;
-  return 0;
-}
-
-/* Take [a, a+size) out of the tail, which holds it: what remains before it
- * becomes a free segment, and a reservation (`rec`) a segment. */
-static int tail_carve(gmr_sim_t *sim, uintptr_t a, size_t size, const sim_seg_t *rec) {
-  sim_seg_t piece[2];
-  size_t n = 0;
-  if (size == 0 && rec == NULL) return 0; /* nothing to take */
-  if (a > sim->tail) piece[n++] = (sim_seg_t){sim->tail, a - sim->tail, 0, 0, true};
-  if (rec != NULL) piece[n++] = (sim_seg_t){a, size, rec->req, rec->aux, false};
-  if (n > 0) {
-    size_t c = sim->n_chunks ? sim->n_chunks - 1 : 0, i = c < sim->n_chunks ? sim->chunks[c]->n : 0;
-    if (seg_room(sim, &c, &i, n) != 0) return GMR_ENOMEM;
-    sim_chunk_t *k = sim->chunks[c];
-    memcpy(&k->e[k->n], piece, n * sizeof *piece);
-    k->n += n;
-    if (piece[0].free) seg_grew(sim, c, piece[0].size);
-  }
-  sim->tail = a + size;
+  size_t rest = from + gap - (a + size);
+  memmove(&k->e[i + 1], &k->e[i], (k->n - i) * sizeof *k->e);
+  k->e[i] = rec != NULL ? (sim_seg_t){a, size, rest, rec->req, rec->aux}
+                        : (sim_seg_t){a, size, rest, SIM_SEG_OTHER, 0};
+  ++k->n;
+  seg_grew(sim, c, rest);
   return 0;
 }
 
 /* First fit: the lowest free range that holds `size` bytes at `align`.
- * The free segments of at least `size` bytes come in address order, the
- * tail last, and the first one that still holds it once its start is
- * aligned up is taken.  `rec`: see seg_carve. */
+ * The gaps of at least `size` bytes come in address order, and the first
+ * one that still holds it once its start is aligned up is taken.  `rec`:
+ * see seg_insert. */
 static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t *rec,
                       uintptr_t *out) {
+  const size_t need = size ? size : 1; /* a free range is not empty */
+  if (sim->head_gap >= need) {
+    uintptr_t from = sim->space_lo, start = (from + align - 1) / align * align;
+    if (start + size <= from + sim->head_gap && start >= from) {
+      if (size == 0 && rec == NULL) { /* nothing to take */
+      } else if (seg_insert(sim, true, 0, 0, start, size, rec) != 0) {
+        return GMR_ENOMEM;
+      }
+      *out = start;
+      return 0;
+    }
+  }
   for (size_t g = 0, nc = sim->n_chunks; g * SIM_SEG_GROUP < nc; ++g) {
-    if (sim->group_max[g] < size) continue;
+    if (sim->group_max[g] < need) continue;
     size_t cend = (g + 1) * SIM_SEG_GROUP < nc ? (g + 1) * SIM_SEG_GROUP : nc, gmax = 0;
     for (size_t c = g * SIM_SEG_GROUP; c < cend; ++c) {
       sim_chunk_t *k = sim->chunks[c];
-      if (k->fmax >= size) {
+      if (k->fmax >= need) {
         size_t most = 0;
         for (size_t i = 0; i < k->n; ++i) {
           sim_seg_t *r = &k->e[i];
-          if (!r->free) continue;
-          if (r->size >= size) {
-            uintptr_t start = (r->addr + align - 1) / align * align;
-            if (start + size <= r->addr + r->size && start >= r->addr) {
-              if (seg_carve(sim, c, i, start, size, rec) != 0) return GMR_ENOMEM;
+          if (r->gap >= need) {
+            uintptr_t from = r->addr + r->size, start = (from + align - 1) / align * align;
+            if (start + size <= from + r->gap && start >= from) {
+              if (size == 0 && rec == NULL) { /* nothing to take */
+              } else if (seg_insert(sim, false, c, i, start, size, rec) != 0) {
+                return GMR_ENOMEM;
+              }
               *out = start;
               return 0;
             }
           }
-          if (r->size > most) most = r->size;
+          if (r->gap > most) most = r->gap;
         }
         k->fmax = most; /* scanned whole: the bound is exact now */
       }
@@ -560,122 +541,61 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t
     }
     sim->group_max[g] = gmax; /* every chunk passed: exact over their bounds */
   }
-  if (sim->tail < sim->tail_end && sim->tail_end - sim->tail >= size) {
-    uintptr_t start = (sim->tail + align - 1) / align * align;
-    if (start + size > sim->tail_end || start < sim->tail) return GMR_ENOMEM;
-    if (tail_carve(sim, start, size, rec) != 0) return GMR_ENOMEM;
-    *out = start;
-    return 0;
-  }
   return GMR_ENOMEM;
 }
 
 /* Take exactly [a, a+size) when it is free (for placement hints). */
 static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size, const sim_seg_t *rec) {
-  if (sim->tail < sim->tail_end && a >= sim->tail) { /* the tail is the only candidate */
-    if (a + size > sim->tail_end) return GMR_ENOMEM;
-    return tail_carve(sim, a, size, rec);
-  }
-  size_t c, i; /* free ranges are disjoint: the segment at or before a is the only candidate */
-  if (!seg_floor(sim, a, &c, &i)) return GMR_ENOMEM;
-  sim_seg_t *r = seg_at(sim, c, i);
-  if (!r->free || a + size > r->addr + r->size) return GMR_ENOMEM;
-  return seg_carve(sim, c, i, a, size, rec);
+  size_t c = 0, i = 0; /* the gap at or before a is the only candidate */
+  bool head = !seg_floor(sim, a, &c, &i);
+  uintptr_t from = head ? sim->space_lo : seg_at(sim, c, i)->addr + seg_at(sim, c, i)->size;
+  size_t gap = head ? sim->head_gap : seg_at(sim, c, i)->gap;
+  if (a < from || a + size > from + gap || gap == 0) return GMR_ENOMEM;
+  return seg_insert(sim, head, c, i, a, size, rec);
 }
 
-/* Give back [a, a+size), which no segment holds (a virtual range, arena
- * memory, or a reservation that was never recorded). */
-static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t c = 0, i = 0, nc = 0, ni = 0;
-  bool before = seg_floor(sim, a, &c, &i);
-  sim_seg_t *prev = before ? seg_at(sim, c, i) : NULL;
-  sim_seg_t *next = before              ? seg_next(sim, c, i, &nc, &ni)
-                    : sim->n_chunks > 0 ? seg_at(sim, 0, 0)
-                                        : NULL;
-  bool merge_prev = prev != NULL && prev->free && prev->addr + prev->size == a;
-  bool merge_next = next != NULL && next->free && a + size == next->addr;
-  if (a + size == sim->tail) { /* the tail grows down over it (and prev) */
-    sim->tail = a;
-    if (merge_prev) {
-      sim->tail = prev->addr;
-      seg_remove(sim, c, i);
-    }
-  } else if (merge_prev && merge_next) {
-    prev->size += size + next->size;
-    seg_remove(sim, nc, ni); /* after prev: prev stays */
-    seg_grew(sim, c, prev->size);
-  } else if (merge_prev) {
-    prev->size += size;
-    seg_grew(sim, c, prev->size);
-  } else if (merge_next) {
-    next->addr = a;
-    next->size += size;
-    seg_grew(sim, nc, next->size);
+/* Remove range i of chunk c: it and its gap join the gap before it. */
+static void seg_remove(gmr_sim_t *sim, size_t c, size_t i) {
+  sim_chunk_t *k = sim->chunks[c];
+  size_t freed = k->e[i].size + k->e[i].gap;
+  if (i > 0) {
+    k->e[i - 1].gap += freed;
+    seg_grew(sim, c, k->e[i - 1].gap);
+  } else if (c > 0) {
+    sim_chunk_t *p = sim->chunks[c - 1];
+    p->e[p->n - 1].gap += freed;
+    seg_grew(sim, c - 1, p->e[p->n - 1].gap);
   } else {
-    /* A segment of its own after prev.  Out of host memory for it: the
-     * addresses leak, nothing is corrupted (a release cannot fail). */
-    if (before) ++i;
-    if (seg_room(sim, &c, &i, 1) != 0) return;
-    sim_chunk_t *k = sim->chunks[c];
-    memmove(&k->e[i + 1], &k->e[i], (k->n - i) * sizeof *k->e);
-    k->e[i] = (sim_seg_t){a, size, 0, 0, true};
-    ++k->n;
-    seg_grew(sim, c, size);
+    sim->head_gap += freed;
   }
-  if (sim->n_chunks > 0) {
-    if (c >= sim->n_chunks) c = sim->n_chunks - 1;
+  memmove(&k->e[i], &k->e[i + 1], (k->n - i - 1) * sizeof *k->e);
+  if (--k->n == 0) {
+    chunk_drop(sim, c);
+    if (c == sim->n_chunks) {
+      if (c == 0) return;
+      --c;
+    }
+  }
+  if (sim->chunks[c]->n <= SIM_SEG_CAP / 2) { /* else it joins neither neighbour */
     seg_tidy(sim, c);
     if (c > 0) seg_tidy(sim, c - 1);
   }
 }
 
-/* The reservation (a, size) recorded as a segment, or NULL. */
+/* Give back [a, a+size), a range taken for no reservation (a virtual
+ * range, arena memory); one never taken is ignored. */
+static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  size_t c, i;
+  if (!seg_floor(sim, a, &c, &i)) return;
+  sim_seg_t *r = seg_at(sim, c, i);
+  if (r->addr == a && r->size == size && r->req == SIM_SEG_OTHER) seg_remove(sim, c, i);
+}
+
+/* The reservation (a, size) recorded as a range, or NULL. */
 static sim_seg_t *seg_reserved(gmr_sim_t *sim, uintptr_t a, size_t size, size_t *pc, size_t *pi) {
   if (!seg_floor(sim, a, pc, pi)) return NULL;
   sim_seg_t *r = seg_at(sim, *pc, *pi);
-  return r->addr == a && !r->free && r->req == size ? r : NULL;
-}
-
-/* Give back the reservation (a, size) that a segment records: it becomes
- * free, merged with the free segments (or the tail) either side. */
-static void space_release(gmr_sim_t *sim, size_t c, size_t i) {
-  sim_seg_t *r = seg_at(sim, c, i);
-  size_t pc = 0, pi = 0, nc = 0, ni = 0;
-  sim_seg_t *prev = seg_prev(sim, c, i, &pc, &pi), *next = seg_next(sim, c, i, &nc, &ni);
-  uintptr_t a = r->addr;
-  size_t size = r->size;
-  bool merge_prev = prev != NULL && prev->free && prev->addr + prev->size == a;
-  bool merge_next = next != NULL && next->free && a + size == next->addr;
-  if (a + size == sim->tail) { /* the tail grows down over it (and prev) */
-    sim->tail = a;
-    seg_remove(sim, c, i); /* the last segment */
-    if (merge_prev) {
-      sim->tail = prev->addr;
-      seg_remove(sim, pc, pi);
-    }
-  } else if (merge_prev && merge_next) {
-    prev->size += size + next->size;
-    seg_remove(sim, nc, ni);
-    seg_remove(sim, c, i);
-    seg_grew(sim, pc, prev->size);
-  } else if (merge_prev) {
-    prev->size += size;
-    seg_remove(sim, c, i);
-    seg_grew(sim, pc, prev->size);
-  } else if (merge_next) {
-    next->addr = a;
-    next->size += size;
-    seg_grew(sim, nc, next->size);
-    seg_remove(sim, c, i);
-  } else {
-    *r = (sim_seg_t){a, size, 0, 0, true};
-    seg_grew(sim, c, size);
-  }
-  if (sim->n_chunks > 0) {
-    if (c >= sim->n_chunks) c = sim->n_chunks - 1;
-    seg_tidy(sim, c);
-    if (c > 0) seg_tidy(sim, c - 1);
-  }
+  return r->addr == a && r->req == size && r->req != SIM_SEG_OTHER ? r : NULL;
 }
 
 static void space_clear(gmr_sim_t *sim) {
@@ -743,8 +663,9 @@ static void arena_open(gmr_sim_t *sim) {
   void *p =
       mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return;
-  sim->tail = (uintptr_t)p;
-  sim->tail_end = (uintptr_t)p + size;
+  sim->space_lo = (uintptr_t)p;
+  sim->space_hi = (uintptr_t)p + size;
+  sim->head_gap = size;
   sim->arena = (uintptr_t)p;
   sim->arena_size = size;
 }
@@ -798,7 +719,7 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
       a = (uintptr_t)host;
     } else {
       /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes.  The
-       * reservation is a segment of the space (no live-range tree). */
+       * reservation is a range of the space's table (no live-range tree). */
       size_t align = size >= sim->base.granularity ? sim->base.granularity : SIM_RESERVE_ALIGN;
       size_t span = size ? gmr__align_up(size, SIM_RESERVE_ALIGN) : SIM_RESERVE_ALIGN;
       const sim_seg_t rec = {.req = size, .aux = (uint32_t)sim->counters.reserve_calls};
@@ -836,7 +757,7 @@ static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s
   } else {
     size_t c, i;
     if (seg_reserved(sim, (uintptr_t)ptr, size, &c, &i) != NULL) {
-      space_release(sim, c, i);
+      seg_remove(sim, c, i);
       err = 0;
     } else {
       err = live_missing(SIM_RESERVED, (uintptr_t)ptr, size);
@@ -1344,8 +1265,9 @@ int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   if (!sim->host_backed) {
     uintptr_t space = (uintptr_t)sim->capacity * SIM_SPACE_PER_BYTE;
     if (space < SIM_SPACE_MIN) space = SIM_SPACE_MIN;
-    sim->tail = SIM_SPACE_BASE;
-    sim->tail_end = SIM_SPACE_BASE + space;
+    sim->space_lo = SIM_SPACE_BASE;
+    sim->space_hi = SIM_SPACE_BASE + space;
+    sim->head_gap = space;
   }
   *out = &sim->base;
   return 0;
@@ -1364,8 +1286,8 @@ int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backe
   if (err != 0) return err;
   gmr_sim_t *sim = sim_of(*out);
   sim->base.device = device;
-  if (!sim->host_backed) { /* move the fresh, whole space to the device's window */
-    size_t space = sim->tail_end - sim->tail; /* the one free range */
+  if (!sim->host_backed) {        /* move the fresh, whole space to the device's window */
+    size_t space = sim->head_gap; /* the one free range */
     if (space > SIM_DEVICE_STRIDE) {
       sim_destroy(*out);
       *out = NULL;
@@ -1374,8 +1296,8 @@ int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backe
                             "device's window of %llu bytes",
                             space, (unsigned long long)SIM_DEVICE_STRIDE);
     }
-    sim->tail += (uintptr_t)device * SIM_DEVICE_STRIDE;
-    sim->tail_end += (uintptr_t)device * SIM_DEVICE_STRIDE;
+    sim->space_lo += (uintptr_t)device * SIM_DEVICE_STRIDE;
+    sim->space_hi += (uintptr_t)device * SIM_DEVICE_STRIDE;
   }
   return 0;
 }
@@ -1475,12 +1397,13 @@ static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
 
 void gmr__sim_host_trim(gmr_sim_t *sim) {
   gmr__lock(&sim->lock);
+  if (sim->arena != 0 && sim->head_gap != 0)
+    madvise((void *)sim->space_lo, sim->head_gap, MADV_DONTNEED);
   for (size_t c = 0; sim->arena != 0 && c < sim->n_chunks; ++c)
-    for (size_t i = 0; i < sim->chunks[c]->n; ++i)
-      if (sim->chunks[c]->e[i].free)
-        madvise((void *)sim->chunks[c]->e[i].addr, sim->chunks[c]->e[i].size, MADV_DONTNEED);
-  if (sim->arena != 0 && sim->tail < sim->tail_end)
-    madvise((void *)sim->tail, sim->tail_end - sim->tail, MADV_DONTNEED);
+    for (size_t i = 0; i < sim->chunks[c]->n; ++i) {
+      const sim_seg_t *e = &sim->chunks[c]->e[i];
+      if (e->gap != 0) madvise((void *)(e->addr + e->size), e->gap, MADV_DONTNEED);
+    }
   if (sim->arena != 0) trim_va(sim, sim->virt.root);
   while (sim->n_pool > 0)
     close(sim->pool[--sim->n_pool].fd);
@@ -1498,10 +1421,11 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
     gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
     ok = r != NULL && a - r->key < r->val && size <= r->val - (a - r->key);
     if (ok) *token = (uint64_t)r->aux + 1;
-  } else { /* address-only: reservations are segments of the space */
+  } else { /* address-only: reservations are ranges of the space's table */
     size_t c, i;
     const sim_seg_t *r = seg_floor(sim, a, &c, &i) ? seg_at(sim, c, i) : NULL;
-    ok = r != NULL && !r->free && a - r->addr < r->req && size <= r->req - (a - r->addr);
+    ok = r != NULL && r->req != SIM_SEG_OTHER && a - r->addr < r->req &&
+         size <= r->req - (a - r->addr);
     if (ok) *token = (uint64_t)r->aux + 1;
   }
   /* Else mappings that tile [a, end), each backed (map) or page-mapped with
