@@ -68,7 +68,8 @@
  *   gaps) are disjoint and never adjacent.  The ranges are the
  *   address-only live reservations and the virtual ranges and arena
  *   blocks taken from the space.  Chunks: 1 <= k.n <= SIM_SEG_CAP, and the
- *   bounds fmax and group_max of the address space's section.
+ *   bounds chunk_max, group_max and super_max of the address space's
+ *   section.
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
@@ -118,6 +119,7 @@
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
 #define SIM_SEG_CAP             16 /* ranges per chunk (see the address space's section) */
 #define SIM_SEG_GROUP           8  /* chunks per group of the first-fit index */
+#define SIM_SEG_SUPER           64 /* groups per super-group of the first-fit index */
 
 /* A range taken from the space [addr, addr+size), and the free gap after it
  * [addr+size, addr+size+gap): an address-only live reservation of req bytes
@@ -134,8 +136,7 @@ typedef struct sim_seg_s {
 #define SIM_SEG_OTHER SIZE_MAX
 
 typedef struct sim_chunk_s {
-  size_t n;    /* ranges in e */
-  size_t fmax; /* a bound on the largest gap */
+  size_t n; /* ranges in e */
   sim_seg_t e[SIM_SEG_CAP];
 } sim_chunk_t;
 
@@ -214,8 +215,10 @@ struct gmr_sim_s {
   size_t head_gap;
   sim_chunk_t **chunks, *chunk_spare;
   size_t n_chunks, cap_chunks;
-  size_t *group_max; /* the largest fmax of each SIM_SEG_GROUP chunks */
-  size_t cap_groups;
+  size_t *chunk_max; /* a bound on each chunk's largest gap */
+  size_t *group_max; /* a bound on the chunk_max of each SIM_SEG_GROUP chunks */
+  size_t *super_max; /* a bound on the group_max of each SIM_SEG_SUPER groups */
+  size_t cap_max, cap_groups, cap_supers;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
   /* Physical pages: handle = index + 1; every slot below page_low is live
@@ -326,14 +329,18 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
  * gaps, so a release merges with both neighbours by giving its range and
  * its gap to the gap before it, and a take inserts one range into a gap.
  * The ranges are sorted runs of at most SIM_SEG_CAP (chunks); each chunk
- * has a bound on its largest gap (fmax), and each group of G =
- * SIM_SEG_GROUP chunks a bound on theirs (group_max):
- *   k.fmax >= max { e.gap : e in k }
- *   group_max[g] >= max { chunks[c].fmax : g·G <= c < (g+1)·G }
+ * has a bound on its largest gap (chunk_max), and each group of G =
+ * SIM_SEG_GROUP chunks a bound on theirs (group_max), and each S =
+ * SIM_SEG_SUPER groups a bound on theirs (super_max):
+ *   chunk_max[c] >= max { e.gap : e in chunks[c] }
+ *   group_max[g] >= max { chunk_max[c] : g·G <= c < (g+1)·G }
+ *   super_max[s] >= max { group_max[g] : s·S <= g < (s+1)·S }
  * A gap that grows raises them; one that shrinks leaves them (still
- * bounds).  First fit skips a group, then a chunk, whose bound is below
- * the request, scans the chunks it cannot skip, and makes the bounds of a
- * chunk (or group) it went through without a fit exact.  A change moves
+ * bounds).  First fit skips a super-group, a group, then a chunk, whose
+ * bound is below the request, scans the chunks it cannot skip, and makes
+ * the bounds of a chunk (group, super-group) it went through without a fit
+ * exact.  Chunks that come or go move the groups' members: see
+ * groups_moved.  A change moves
  * at most a chunk's worth of ranges (a chunk that fills is split in
  * halves; one that empties is dropped; two neighbours that fit in half a
  * chunk are joined).  Finding an address is a binary search over the
@@ -342,33 +349,47 @@ static inline sim_seg_t *seg_at(gmr_sim_t *sim, size_t c, size_t i) {
   return &sim->chunks[c]->e[i];
 }
 
-static void group_fix(gmr_sim_t *sim, size_t g) {
-  size_t m = 0, end = (g + 1) * SIM_SEG_GROUP;
-  for (size_t c = g * SIM_SEG_GROUP; c < end && c < sim->n_chunks; ++c)
-    if (sim->chunks[c]->fmax > m) m = sim->chunks[c]->fmax;
-  sim->group_max[g] = m;
-}
-
-/* After chunks came or went: every group's maximum again. */
-static void groups_fix(gmr_sim_t *sim) {
-  for (size_t g = 0; g * SIM_SEG_GROUP < sim->n_chunks; ++g)
-    group_fix(sim, g);
+/* After chunk c came or went (those after it moved by one place): the
+ * bounds of the groups from c's on.  c's group is computed again; a later
+ * group lost a chunk at one end and gained the chunk now at the other (or
+ * is new: 0), so raising its bound (and its super-group's) by the chunks
+ * at both ends keeps them bounds: O(1) a group. */
+static void groups_moved(gmr_sim_t *sim, size_t c) {
+  const size_t nc = sim->n_chunks, G = SIM_SEG_GROUP;
+  for (size_t g = c / G; g * G < nc; ++g) {
+    size_t lo = g * G, hi = (g + 1) * G < nc ? (g + 1) * G - 1 : nc - 1, m = 0;
+    if (g == c / G) {
+      for (size_t j = lo; j <= hi; ++j)
+        if (sim->chunk_max[j] > m) m = sim->chunk_max[j];
+    } else {
+      m = sim->group_max[g];
+      if (sim->chunk_max[lo] > m) m = sim->chunk_max[lo];
+      if (sim->chunk_max[hi] > m) m = sim->chunk_max[hi];
+    }
+    sim->group_max[g] = m;
+    if (m > sim->super_max[g / SIM_SEG_SUPER]) sim->super_max[g / SIM_SEG_SUPER] = m;
+  }
 }
 
 /* A gap of chunk c grew to (or appeared with) `size` bytes. */
 static void seg_grew(gmr_sim_t *sim, size_t c, size_t size) {
-  sim_chunk_t *k = sim->chunks[c];
-  if (size <= k->fmax) return;
-  k->fmax = size;
-  if (size > sim->group_max[c / SIM_SEG_GROUP]) sim->group_max[c / SIM_SEG_GROUP] = size;
+  if (size <= sim->chunk_max[c]) return;
+  sim->chunk_max[c] = size;
+  size_t g = c / SIM_SEG_GROUP;
+  if (size > sim->group_max[g]) sim->group_max[g] = size;
+  if (size > sim->super_max[g / SIM_SEG_SUPER]) sim->super_max[g / SIM_SEG_SUPER] = size;
 }
 
 /* Make room for chunk index c (an empty chunk there); false when out of
  * host memory (nothing changed). */
 static bool chunk_add(gmr_sim_t *sim, size_t c) {
-  size_t groups = (sim->n_chunks + SIM_SEG_GROUP) / SIM_SEG_GROUP;
+  const size_t G = SIM_SEG_GROUP, S = SIM_SEG_SUPER;
+  size_t groups = (sim->n_chunks + G - 1) / G, now = (sim->n_chunks + G) / G;
+  size_t supers = (groups + S - 1) / S, snow = (now + S - 1) / S;
   if (!grow((void **)&sim->chunks, &sim->cap_chunks, sim->n_chunks + 1, sizeof *sim->chunks) ||
-      !grow((void **)&sim->group_max, &sim->cap_groups, groups, sizeof *sim->group_max))
+      !grow((void **)&sim->chunk_max, &sim->cap_max, sim->n_chunks + 1, sizeof *sim->chunk_max) ||
+      !grow((void **)&sim->group_max, &sim->cap_groups, now, sizeof *sim->group_max) ||
+      !grow((void **)&sim->super_max, &sim->cap_supers, snow, sizeof *sim->super_max))
     return false;
   sim_chunk_t *k = sim->chunk_spare;
   if (k != NULL)
@@ -376,9 +397,12 @@ static bool chunk_add(gmr_sim_t *sim, size_t c) {
   else if ((k = gmr__malloc(sizeof *k)) == NULL)
     return false;
   k->n = 0;
-  k->fmax = 0;
+  if (now > groups) sim->group_max[now - 1] = 0; /* a new group, then a new super-group */
+  if (snow > supers) sim->super_max[snow - 1] = 0;
   memmove(&sim->chunks[c + 1], &sim->chunks[c], (sim->n_chunks - c) * sizeof *sim->chunks);
+  memmove(&sim->chunk_max[c + 1], &sim->chunk_max[c], (sim->n_chunks - c) * sizeof *sim->chunk_max);
   sim->chunks[c] = k;
+  sim->chunk_max[c] = 0;
   ++sim->n_chunks;
   return true;
 }
@@ -387,12 +411,14 @@ static bool chunk_add(gmr_sim_t *sim, size_t c) {
 static void chunk_drop(gmr_sim_t *sim, size_t c) {
   sim_chunk_t *k = sim->chunks[c];
   memmove(&sim->chunks[c], &sim->chunks[c + 1], (sim->n_chunks - c - 1) * sizeof *sim->chunks);
+  memmove(&sim->chunk_max[c], &sim->chunk_max[c + 1],
+          (sim->n_chunks - c - 1) * sizeof *sim->chunk_max);
   --sim->n_chunks;
   if (sim->chunk_spare == NULL)
     sim->chunk_spare = k;
   else
     gmr__free(k);
-  groups_fix(sim);
+  groups_moved(sim, c);
 }
 
 /* Make room for one range at index *pi of chunk *pc (before the range
@@ -403,7 +429,7 @@ static void chunk_drop(gmr_sim_t *sim, size_t c) {
 static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi) {
   if (sim->n_chunks == 0) {
     if (!chunk_add(sim, 0)) return GMR_ENOMEM;
-    groups_fix(sim);
+    groups_moved(sim, 0);
     *pc = *pi = 0;
     return 0;
   }
@@ -415,8 +441,8 @@ static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi) {
   memcpy(up->e, &k->e[half], (k->n - half) * sizeof *k->e);
   up->n = k->n - half;
   k->n = half;
-  up->fmax = k->fmax; /* a bound for both halves */
-  groups_fix(sim);
+  sim->chunk_max[*pc + 1] = sim->chunk_max[*pc]; /* a bound for both halves */
+  groups_moved(sim, *pc + 1);
   if (*pi > half) {
     ++*pc;
     *pi -= half;
@@ -431,7 +457,7 @@ static void seg_tidy(gmr_sim_t *sim, size_t c) {
   if (k->n + up->n > SIM_SEG_CAP / 2) return;
   memcpy(&k->e[k->n], up->e, up->n * sizeof *up->e);
   k->n += up->n;
-  if (up->fmax > k->fmax) k->fmax = up->fmax;
+  seg_grew(sim, c, sim->chunk_max[c + 1]); /* c's group may not be c + 1's */
   chunk_drop(sim, c + 1);
 }
 
@@ -513,33 +539,41 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t
       return 0;
     }
   }
-  for (size_t g = 0, nc = sim->n_chunks; g * SIM_SEG_GROUP < nc; ++g) {
-    if (sim->group_max[g] < need) continue;
-    size_t cend = (g + 1) * SIM_SEG_GROUP < nc ? (g + 1) * SIM_SEG_GROUP : nc, gmax = 0;
-    for (size_t c = g * SIM_SEG_GROUP; c < cend; ++c) {
-      sim_chunk_t *k = sim->chunks[c];
-      if (k->fmax >= need) {
-        size_t most = 0;
-        for (size_t i = 0; i < k->n; ++i) {
-          sim_seg_t *r = &k->e[i];
-          if (r->gap >= need) {
-            uintptr_t from = r->addr + r->size, start = (from + align - 1) / align * align;
-            if (start + size <= from + r->gap && start >= from) {
-              if (size == 0 && rec == NULL) { /* nothing to take */
-              } else if (seg_insert(sim, false, c, i, start, size, rec) != 0) {
-                return GMR_ENOMEM;
+  const size_t nc = sim->n_chunks, G = SIM_SEG_GROUP, S = SIM_SEG_SUPER, ng = (nc + G - 1) / G;
+  for (size_t s = 0; s * S < ng; ++s) {
+    if (sim->super_max[s] < need) continue;
+    size_t gend = (s + 1) * S < ng ? (s + 1) * S : ng, smax = 0;
+    for (size_t g = s * S; g < gend; ++g) {
+      if (sim->group_max[g] >= need) {
+        size_t cend = (g + 1) * G < nc ? (g + 1) * G : nc, gmax = 0;
+        for (size_t c = g * G; c < cend; ++c) {
+          sim_chunk_t *k = sim->chunks[c];
+          if (sim->chunk_max[c] >= need) {
+            size_t most = 0;
+            for (size_t i = 0; i < k->n; ++i) {
+              sim_seg_t *r = &k->e[i];
+              if (r->gap >= need) {
+                uintptr_t from = r->addr + r->size, start = (from + align - 1) / align * align;
+                if (start + size <= from + r->gap && start >= from) {
+                  if (size == 0 && rec == NULL) { /* nothing to take */
+                  } else if (seg_insert(sim, false, c, i, start, size, rec) != 0) {
+                    return GMR_ENOMEM;
+                  }
+                  *out = start;
+                  return 0;
+                }
               }
-              *out = start;
-              return 0;
+              if (r->gap > most) most = r->gap;
             }
+            sim->chunk_max[c] = most; /* scanned whole: the bound is exact now */
           }
-          if (r->gap > most) most = r->gap;
+          if (sim->chunk_max[c] > gmax) gmax = sim->chunk_max[c];
         }
-        k->fmax = most; /* scanned whole: the bound is exact now */
+        sim->group_max[g] = gmax; /* every chunk passed: exact over their bounds */
       }
-      if (k->fmax > gmax) gmax = k->fmax;
+      if (sim->group_max[g] > smax) smax = sim->group_max[g];
     }
-    sim->group_max[g] = gmax; /* every chunk passed: exact over their bounds */
+    sim->super_max[s] = smax; /* every group passed: exact over their bounds */
   }
   return GMR_ENOMEM;
 }
@@ -603,7 +637,9 @@ static void space_clear(gmr_sim_t *sim) {
     gmr__free(sim->chunks[c]);
   gmr__free(sim->chunk_spare);
   gmr__free(sim->chunks);
+  gmr__free(sim->chunk_max);
   gmr__free(sim->group_max);
+  gmr__free(sim->super_max);
 }
 
 /* ---- fault schedule -------------------------------------------------------- */
