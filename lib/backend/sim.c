@@ -59,17 +59,25 @@
  *                  + Σ live page sizes <= capacity <= 4 PiB
  *   every page mapping lies inside one virtual range and overlaps no other
  *   mapping; set_access covers only page mappings.
- *   free ranges (of the fake address space, or of the arena) are sorted,
- *   disjoint and never adjacent (merged on release); first fit skips
- *   blocks of them by their largest size (fit_max, for the first fit_valid).
+ *   the space (fake addresses, or the arena) [space_lo, space_hi) is the
+ *   head gap and the ranges taken from it, each followed by its gap:
+ *   r_0 < r_1 < ... (in chunk order, then in each chunk) with
+ *   space_lo + head_gap = r_0.addr, r_j.addr + r_j.size + r_j.gap =
+ *   r_{j+1}.addr, and the last one's = space_hi (no range: head_gap =
+ *   space_hi - space_lo); r_j.size > 0, so the free ranges (the non-empty
+ *   gaps) are disjoint and never adjacent.  The ranges are the
+ *   address-only live reservations and the virtual ranges and arena
+ *   blocks taken from the space.  Chunks: 1 <= k.n <= SIM_SEG_CAP, and the
+ *   bounds chunk_max, group_max and super_max of the address space's
+ *   section.
  *   host-backed, a live reservation is a heap block, or lies in the arena.
  *   device d's window: [SIM_SPACE_BASE + d*S, SIM_SPACE_BASE + d*S + space)
  *   with S = SIM_DEVICE_STRIDE = 2^58 and space <= S, so windows of distinct
  *   ordinals never overlap; d < SIM_MAX_DEVICES = 31, so every address is
  *   below SIM_SPACE_BASE + 31*2^58 < 2^63 (no wrap, positive as intptr_t).
- * Synchronization: one mutex guards everything in gmr_sim_t.
+ * Synchronization: one lock (gmr_lock_t, core/lock.h) guards everything in
+ * gmr_sim_t.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -79,6 +87,7 @@
 #include "backend/backend.h"
 #include "core/avl.h"
 #include "core/internal.h"
+#include "core/lock.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SIM_ASAN 1
@@ -108,18 +117,36 @@
 #define SIM_ARENA_PER_BYTE      16                   /* arena bytes per byte of capacity */
 #define SIM_ARENA_SLACK         ((size_t)64 << 20)
 #define SIM_ARENA_MAX           ((size_t)64 << 30)
-#define SIM_FIT_BLOCK           32 /* free ranges per block of the first-fit index */
+#define SIM_SEG_CAP             16 /* ranges per chunk (see the address space's section) */
+#define SIM_SEG_GROUP           8  /* chunks per group of the first-fit index */
+#define SIM_SEG_SUPER           64 /* groups per super-group of the first-fit index */
 
-typedef struct sim_range_s {
+/* A range taken from the space [addr, addr+size), and the free gap after it
+ * [addr+size, addr+size+gap): an address-only live reservation of req bytes
+ * (size: req rounded up to SIM_RESERVE_ALIGN, 512 for 0: no range is
+ * empty), aux its serial (reserve_calls mod 2^32), or another range (a
+ * virtual range, an arena block: req = SIM_SEG_OTHER). */
+typedef struct sim_seg_s {
   uintptr_t addr;
   size_t size;
-} sim_range_t;
+  size_t gap;
+  size_t req;
+  uint32_t aux;
+} sim_seg_t;
+#define SIM_SEG_OTHER SIZE_MAX
+
+typedef struct sim_chunk_s {
+  size_t n; /* ranges in e */
+  sim_seg_t e[SIM_SEG_CAP];
+} sim_chunk_t;
 
 typedef enum { SIM_RESERVED = 1, SIM_VA = 2, SIM_MAPPED = 3, SIM_ALIAS = 4 } sim_kind_t;
 
 /* Live ranges: AVL trees (key: address, val: size), so each check costs
- * O(log n) however many ranges are live: one of reserved ranges (aux: the
- * reserve's serial, reserve_calls mod 2^32), one of virtual ranges, and one
+ * O(log n) however many ranges are live: one of reserved ranges when
+ * host-backed (aux: the reserve's serial, reserve_calls mod 2^32; in
+ * address-only mode a reservation is a range of the space's table, found as
+ * fast), one of virtual ranges, and one
  * of mappings (SIM_MAPPED and SIM_ALIAS never overlap each other; aux =
  * kind | SIM_ACCESS once set_access covered it | h << SIM_PAGE_SHIFT for a
  * page mapping of page h < SIM_PAGES_TRACKED, 0 above). */
@@ -169,7 +196,7 @@ typedef struct sim_event_s {
 
 struct gmr_sim_s {
   gmr_backend_t base; /* must be first */
-  pthread_mutex_t lock;
+  gmr_lock_t lock;
   uint64_t capacity; /* bytes */
   bool host_backed;
   uint64_t bytes_in_use; /* physical bytes reserved or mapped */
@@ -180,14 +207,18 @@ struct gmr_sim_s {
   /* With page reuse: memfds of released pages that no mapping holds. */
   sim_pooled_t pool[SIM_POOL_PAGES];
   size_t n_pool;
-  /* Free ranges, sorted: of the fake address space (address-only mode) or
-   * of the arena (host-backed with page reuse). */
-  sim_range_t *free_ranges;
-  size_t n_free, cap_free;
-  /* First-fit index: the largest size in each block of SIM_FIT_BLOCK free
-   * ranges, for the first fit_valid ranges (a multiple of the block). */
-  uint64_t *fit_max;
-  size_t fit_valid, cap_fit;
+  /* The fake address space (address-only mode) or the arena (host-backed
+   * with page reuse): [space_lo, space_hi), the free gap at its start, and
+   * the ranges taken from it, in address order, in chunks (see the address
+   * space's section). */
+  uintptr_t space_lo, space_hi;
+  size_t head_gap;
+  sim_chunk_t **chunks, *chunk_spare;
+  size_t n_chunks, cap_chunks;
+  size_t *chunk_max; /* a bound on each chunk's largest gap */
+  size_t *group_max; /* a bound on the chunk_max of each SIM_SEG_GROUP chunks */
+  size_t *super_max; /* a bound on the group_max of each SIM_SEG_SUPER groups */
+  size_t cap_max, cap_groups, cap_supers;
   /* Live ranges, to validate release/unmap, map and set_access. */
   gmr_avl_t reserved, virt, mappings;
   /* Physical pages: handle = index + 1; every slot below page_low is live
@@ -232,6 +263,8 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
+static int live_missing(sim_kind_t kind, uintptr_t a, size_t size);
+
 static gmr_avl_t *live_tree(gmr_sim_t *sim, sim_kind_t kind) {
   return kind == SIM_RESERVED ? &sim->reserved : kind == SIM_VA ? &sim->virt : &sim->mappings;
 }
@@ -257,6 +290,11 @@ static int live_remove(gmr_sim_t *sim, uintptr_t a, size_t size, sim_kind_t kind
     gmr__avl_erase(t, a);
     return 0;
   }
+  return live_missing(kind, a, size);
+}
+
+/* GMR_EINVAL: no live range (a, size) of that kind to give back. */
+static int live_missing(sim_kind_t kind, uintptr_t a, size_t size) {
   return gmr__error_set(GMR_EINVAL, "simulated device: no %s range of %zu bytes at %p to give back",
                         kind == SIM_RESERVED ? "reserved"
                         : kind == SIM_VA     ? "virtual"
@@ -282,123 +320,326 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
   return r != NULL && r->key + r->val > a;
 }
 
-/* ---- the fake address space (first fit, merged free list) ---------------- */
+/* ---- the fake address space (first fit over the gaps between ranges) ---- */
 
-/* The first-fit index holds, with B = SIM_FIT_BLOCK,
- *   ∀ b < fit_valid / B: fit_max[b] = max { free_ranges[j].size : b·B <= j < (b+1)·B }
- * space_take skips a block whose maximum is below the size (no range in it
- * can hold the request) and records the maxima of the blocks it scans whole
- * past fit_valid; a change at index i (a range resized, added or removed,
- * which moves those after it) drops the blocks from i's on. */
-static void space_touched(gmr_sim_t *sim, size_t i) {
-  size_t b = i - i % SIM_FIT_BLOCK;
-  if (b < sim->fit_valid) sim->fit_valid = b;
+/* The ranges taken from the space (address-only reservations, virtual
+ * ranges, arena blocks), in address order, each with the free gap that
+ * follows it up to the next range (or the space's end); the gap before
+ * the first range is head_gap.  The free ranges are exactly the non-empty
+ * gaps, so a release merges with both neighbours by giving its range and
+ * its gap to the gap before it, and a take inserts one range into a gap.
+ * The ranges are sorted runs of at most SIM_SEG_CAP (chunks); each chunk
+ * has a bound on its largest gap (chunk_max), and each group of G =
+ * SIM_SEG_GROUP chunks a bound on theirs (group_max), and each S =
+ * SIM_SEG_SUPER groups a bound on theirs (super_max):
+ *   chunk_max[c] >= max { e.gap : e in chunks[c] }
+ *   group_max[g] >= max { chunk_max[c] : g·G <= c < (g+1)·G }
+ *   super_max[s] >= max { group_max[g] : s·S <= g < (s+1)·S }
+ * A gap that grows raises them; one that shrinks leaves them (still
+ * bounds).  First fit skips a super-group, a group, then a chunk, whose
+ * bound is below the request, scans the chunks it cannot skip, and makes
+ * the bounds of a chunk (group, super-group) it went through without a fit
+ * exact.  Chunks that come or go move the groups' members: see
+ * groups_moved.  A change moves
+ * at most a chunk's worth of ranges (a chunk that fills is split in
+ * halves; one that empties is dropped; two neighbours that fit in half a
+ * chunk are joined).  Finding an address is a binary search over the
+ * chunks' first ranges, then over one chunk. */
+static inline sim_seg_t *seg_at(gmr_sim_t *sim, size_t c, size_t i) {
+  return &sim->chunks[c]->e[i];
 }
 
-/* Remove [a, a+size) from free range i, which holds it: what remains before
- * and after it stays free (two ranges when both sides remain). */
-static int space_carve(gmr_sim_t *sim, size_t i, uintptr_t a, size_t size) {
-  space_touched(sim, i);
-  sim_range_t *r = &sim->free_ranges[i];
-  uintptr_t end = r->addr + r->size, tail = a + size;
-  if (a > r->addr && tail < end) {
-    if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
-              sizeof *sim->free_ranges))
-      return GMR_ENOMEM;
-    r = &sim->free_ranges[i];
-    memmove(&sim->free_ranges[i + 2], &sim->free_ranges[i + 1],
-            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-    sim->free_ranges[i + 1] = (sim_range_t){tail, end - tail};
-    ++sim->n_free;
-    r->size = a - r->addr;
-  } else if (a > r->addr) {
-    r->size = a - r->addr;
-  } else if (tail < end) {
-    r->addr = tail;
-    r->size = end - tail;
-  } else {
-    memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
-            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-    --sim->n_free;
+/* After chunk c came or went (those after it moved by one place): the
+ * bounds of the groups from c's on.  c's group is computed again; a later
+ * group lost a chunk at one end and gained the chunk now at the other (or
+ * is new: 0), so raising its bound (and its super-group's) by the chunks
+ * at both ends keeps them bounds: O(1) a group. */
+static void groups_moved(gmr_sim_t *sim, size_t c) {
+  const size_t nc = sim->n_chunks, G = SIM_SEG_GROUP;
+  for (size_t g = c / G; g * G < nc; ++g) {
+    size_t lo = g * G, hi = (g + 1) * G < nc ? (g + 1) * G - 1 : nc - 1, m = 0;
+    if (g == c / G) {
+      for (size_t j = lo; j <= hi; ++j)
+        if (sim->chunk_max[j] > m) m = sim->chunk_max[j];
+    } else {
+      m = sim->group_max[g];
+      if (sim->chunk_max[lo] > m) m = sim->chunk_max[lo];
+      if (sim->chunk_max[hi] > m) m = sim->chunk_max[hi];
+    }
+    sim->group_max[g] = m;
+    if (m > sim->super_max[g / SIM_SEG_SUPER]) sim->super_max[g / SIM_SEG_SUPER] = m;
+  }
+}
+
+/* A gap of chunk c grew to (or appeared with) `size` bytes. */
+static void seg_grew(gmr_sim_t *sim, size_t c, size_t size) {
+  if (size <= sim->chunk_max[c]) return;
+  sim->chunk_max[c] = size;
+  size_t g = c / SIM_SEG_GROUP;
+  if (size > sim->group_max[g]) sim->group_max[g] = size;
+  if (size > sim->super_max[g / SIM_SEG_SUPER]) sim->super_max[g / SIM_SEG_SUPER] = size;
+}
+
+/* Make room for chunk index c (an empty chunk there); false when out of
+ * host memory (nothing changed). */
+static bool chunk_add(gmr_sim_t *sim, size_t c) {
+  const size_t G = SIM_SEG_GROUP, S = SIM_SEG_SUPER;
+  size_t groups = (sim->n_chunks + G - 1) / G, now = (sim->n_chunks + G) / G;
+  size_t supers = (groups + S - 1) / S, snow = (now + S - 1) / S;
+  if (!grow((void **)&sim->chunks, &sim->cap_chunks, sim->n_chunks + 1, sizeof *sim->chunks) ||
+      !grow((void **)&sim->chunk_max, &sim->cap_max, sim->n_chunks + 1, sizeof *sim->chunk_max) ||
+      !grow((void **)&sim->group_max, &sim->cap_groups, now, sizeof *sim->group_max) ||
+      !grow((void **)&sim->super_max, &sim->cap_supers, snow, sizeof *sim->super_max))
+    return false;
+  sim_chunk_t *k = sim->chunk_spare;
+  if (k != NULL)
+    sim->chunk_spare = NULL;
+  else if ((k = gmr__malloc(sizeof *k)) == NULL)
+    return false;
+  k->n = 0;
+  if (now > groups) sim->group_max[now - 1] = 0; /* a new group, then a new super-group */
+  if (snow > supers) sim->super_max[snow - 1] = 0;
+  memmove(&sim->chunks[c + 1], &sim->chunks[c], (sim->n_chunks - c) * sizeof *sim->chunks);
+  memmove(&sim->chunk_max[c + 1], &sim->chunk_max[c], (sim->n_chunks - c) * sizeof *sim->chunk_max);
+  sim->chunks[c] = k;
+  sim->chunk_max[c] = 0;
+  ++sim->n_chunks;
+  return true;
+}
+
+/* Drop chunk c (its ranges are gone or moved); one is kept for reuse. */
+static void chunk_drop(gmr_sim_t *sim, size_t c) {
+  sim_chunk_t *k = sim->chunks[c];
+  memmove(&sim->chunks[c], &sim->chunks[c + 1], (sim->n_chunks - c - 1) * sizeof *sim->chunks);
+  memmove(&sim->chunk_max[c], &sim->chunk_max[c + 1],
+          (sim->n_chunks - c - 1) * sizeof *sim->chunk_max);
+  --sim->n_chunks;
+  if (sim->chunk_spare == NULL)
+    sim->chunk_spare = k;
+  else
+    gmr__free(k);
+  groups_moved(sim, c);
+}
+
+/* Make room for one range at index *pi of chunk *pc (before the range
+ * there, or after the last), which may then be in the chunk after (a full
+ * chunk splits in halves; an index above the half moves, with the ranges
+ * before it from the half on); with no chunk at all, one is made (*pc =
+ * *pi = 0).  0 or GMR_ENOMEM (nothing changed). */
+static int seg_room(gmr_sim_t *sim, size_t *pc, size_t *pi) {
+  if (sim->n_chunks == 0) {
+    if (!chunk_add(sim, 0)) return GMR_ENOMEM;
+    groups_moved(sim, 0);
+    *pc = *pi = 0;
+    return 0;
+  }
+  sim_chunk_t *k = sim->chunks[*pc];
+  if (k->n < SIM_SEG_CAP) return 0;
+  if (!chunk_add(sim, *pc + 1)) return GMR_ENOMEM;
+  sim_chunk_t *up = sim->chunks[*pc + 1];
+  const size_t half = SIM_SEG_CAP / 2;
+  memcpy(up->e, &k->e[half], (k->n - half) * sizeof *k->e);
+  up->n = k->n - half;
+  k->n = half;
+  sim->chunk_max[*pc + 1] = sim->chunk_max[*pc]; /* a bound for both halves */
+  groups_moved(sim, *pc + 1);
+  if (*pi > half) {
+    ++*pc;
+    *pi -= half;
   }
   return 0;
 }
 
-/* First fit: the lowest free range that holds `size` bytes at `align`. */
-static int space_take(gmr_sim_t *sim, size_t size, size_t align, uintptr_t *out) {
-  for (size_t lo = 0; lo < sim->n_free; lo += SIM_FIT_BLOCK) {
-    if (lo < sim->fit_valid && sim->fit_max[lo / SIM_FIT_BLOCK] < size) continue;
-    size_t hi = sim->n_free - lo < SIM_FIT_BLOCK ? sim->n_free : lo + SIM_FIT_BLOCK;
-    uint64_t most = 0;
-    for (size_t i = lo; i < hi; ++i) {
-      sim_range_t *r = &sim->free_ranges[i];
-      if (r->size > most) most = r->size;
-      if (r->size < size) continue; /* cheap test first: most ranges are too small */
-      uintptr_t start = (r->addr + align - 1) / align * align;
-      if (start + size > r->addr + r->size || start < r->addr) continue;
-      if (space_carve(sim, i, start, size) != 0) return GMR_ENOMEM;
+/* Join chunks c and c + 1 when both fit in half a chunk. */
+static void seg_tidy(gmr_sim_t *sim, size_t c) {
+  if (c + 1 >= sim->n_chunks) return;
+  sim_chunk_t *k = sim->chunks[c], *up = sim->chunks[c + 1];
+  if (k->n + up->n > SIM_SEG_CAP / 2) return;
+  memcpy(&k->e[k->n], up->e, up->n * sizeof *up->e);
+  k->n += up->n;
+  seg_grew(sim, c, sim->chunk_max[c + 1]); /* c's group may not be c + 1's */
+  chunk_drop(sim, c + 1);
+}
+
+/* The range with the greatest start <= a: false when none. */
+static bool seg_floor(const gmr_sim_t *sim, uintptr_t a, size_t *pc, size_t *pi) {
+  size_t lo = 0, hi = sim->n_chunks;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (sim->chunks[mid]->e[0].addr <= a)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return false;
+  const sim_chunk_t *k = sim->chunks[lo - 1];
+  size_t i = 0, j = k->n;
+  while (i < j) {
+    size_t mid = (i + j) / 2;
+    if (k->e[mid].addr <= a)
+      i = mid + 1;
+    else
+      j = mid;
+  }
+  *pc = lo - 1;
+  *pi = i - 1;
+  return true;
+}
+
+/* Take [a, a+size) out of the gap after range (c, i), or out of the head
+ * gap when `head`, which holds it: a range of its own there (`rec`, when
+ * not NULL: a reservation's req and aux; else SIM_SEG_OTHER), with the
+ * rest of the gap after it. */
+static int seg_insert(gmr_sim_t *sim, bool head, size_t c, size_t i, uintptr_t a, size_t size,
+                      const sim_seg_t *rec) {
+  uintptr_t from;
+  size_t gap;
+  if (head) {
+    from = sim->space_lo;
+    gap = sim->head_gap;
+    c = i = 0; /* the new range goes first */
+  } else {
+    const sim_seg_t *e = seg_at(sim, c, i);
+    from = e->addr + e->size;
+    gap = e->gap;
+    ++i; /* the new range goes after e */
+  }
+  if (seg_room(sim, &c, &i) != 0) return GMR_ENOMEM;
+  /* The gap before a: head_gap, or that of the range before (c, i), which
+   * a split may have moved to chunk c too (then i >= 1). */
+  if (head)
+    sim->head_gap = a - from;
+  else
+    seg_at(sim, c, i - 1)->gap = a - from;
+  sim_chunk_t *k = sim->chunks[c];
+  size_t rest = from + gap - (a + size);
+  memmove(&k->e[i + 1], &k->e[i], (k->n - i) * sizeof *k->e);
+  k->e[i] = rec != NULL ? (sim_seg_t){a, size, rest, rec->req, rec->aux}
+                        : (sim_seg_t){a, size, rest, SIM_SEG_OTHER, 0};
+  ++k->n;
+  seg_grew(sim, c, rest);
+  return 0;
+}
+
+/* First fit: the lowest free range that holds `size` bytes at `align`.
+ * The gaps of at least `size` bytes come in address order, and the first
+ * one that still holds it once its start is aligned up is taken.  `rec`:
+ * see seg_insert. */
+static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t *rec,
+                      uintptr_t *out) {
+  const size_t need = size ? size : 1; /* a free range is not empty */
+  if (sim->head_gap >= need) {
+    uintptr_t from = sim->space_lo, start = (from + align - 1) / align * align;
+    if (start + size <= from + sim->head_gap && start >= from) {
+      if (size == 0 && rec == NULL) { /* nothing to take */
+      } else if (seg_insert(sim, true, 0, 0, start, size, rec) != 0) {
+        return GMR_ENOMEM;
+      }
       *out = start;
       return 0;
     }
-    /* A whole block scanned past the index: record it (no room, no record). */
-    if (lo == sim->fit_valid && hi - lo == SIM_FIT_BLOCK &&
-        grow((void **)&sim->fit_max, &sim->cap_fit, lo / SIM_FIT_BLOCK + 1, sizeof *sim->fit_max)) {
-      sim->fit_max[lo / SIM_FIT_BLOCK] = most;
-      sim->fit_valid = hi;
+  }
+  const size_t nc = sim->n_chunks, G = SIM_SEG_GROUP, S = SIM_SEG_SUPER, ng = (nc + G - 1) / G;
+  for (size_t s = 0; s * S < ng; ++s) {
+    if (sim->super_max[s] < need) continue;
+    size_t gend = (s + 1) * S < ng ? (s + 1) * S : ng, smax = 0;
+    for (size_t g = s * S; g < gend; ++g) {
+      if (sim->group_max[g] >= need) {
+        size_t cend = (g + 1) * G < nc ? (g + 1) * G : nc, gmax = 0;
+        for (size_t c = g * G; c < cend; ++c) {
+          sim_chunk_t *k = sim->chunks[c];
+          if (sim->chunk_max[c] >= need) {
+            size_t most = 0;
+            for (size_t i = 0; i < k->n; ++i) {
+              sim_seg_t *r = &k->e[i];
+              if (r->gap >= need) {
+                uintptr_t from = r->addr + r->size, start = (from + align - 1) / align * align;
+                if (start + size <= from + r->gap && start >= from) {
+                  if (size == 0 && rec == NULL) { /* nothing to take */
+                  } else if (seg_insert(sim, false, c, i, start, size, rec) != 0) {
+                    return GMR_ENOMEM;
+                  }
+                  *out = start;
+                  return 0;
+                }
+              }
+              if (r->gap > most) most = r->gap;
+            }
+            sim->chunk_max[c] = most; /* scanned whole: the bound is exact now */
+          }
+          if (sim->chunk_max[c] > gmax) gmax = sim->chunk_max[c];
+        }
+        sim->group_max[g] = gmax; /* every chunk passed: exact over their bounds */
+      }
+      if (sim->group_max[g] > smax) smax = sim->group_max[g];
     }
+    sim->super_max[s] = smax; /* every group passed: exact over their bounds */
   }
   return GMR_ENOMEM;
 }
 
 /* Take exactly [a, a+size) when it is free (for placement hints). */
-static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  for (size_t i = 0; i < sim->n_free; ++i) {
-    sim_range_t *r = &sim->free_ranges[i];
-    if (a < r->addr || a + size > r->addr + r->size) continue;
-    return space_carve(sim, i, a, size);
-  }
-  return GMR_ENOMEM;
+static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size, const sim_seg_t *rec) {
+  size_t c = 0, i = 0; /* the gap at or before a is the only candidate */
+  bool head = !seg_floor(sim, a, &c, &i);
+  uintptr_t from = head ? sim->space_lo : seg_at(sim, c, i)->addr + seg_at(sim, c, i)->size;
+  size_t gap = head ? sim->head_gap : seg_at(sim, c, i)->gap;
+  if (a < from || a + size > from + gap || gap == 0) return GMR_ENOMEM;
+  return seg_insert(sim, head, c, i, a, size, rec);
 }
 
-/* The index of the first free range at or above a (n_free when none). */
-static size_t space_find(const gmr_sim_t *sim, uintptr_t a) {
-  size_t i = 0, hi = sim->n_free;
-  while (i < hi) {
-    size_t mid = (i + hi) / 2;
-    if (sim->free_ranges[mid].addr < a)
-      i = mid + 1;
-    else
-      hi = mid;
-  }
-  return i;
-}
-
-static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
-  size_t i = space_find(sim, a);
-  space_touched(sim, i > 0 ? i - 1 : 0);
-  bool merge_prev = i > 0 && sim->free_ranges[i - 1].addr + sim->free_ranges[i - 1].size == a;
-  bool merge_next = i < sim->n_free && a + size == sim->free_ranges[i].addr;
-  if (merge_prev && merge_next) {
-    sim->free_ranges[i - 1].size += size + sim->free_ranges[i].size;
-    memmove(&sim->free_ranges[i], &sim->free_ranges[i + 1],
-            (sim->n_free - i - 1) * sizeof *sim->free_ranges);
-    --sim->n_free;
-  } else if (merge_prev) {
-    sim->free_ranges[i - 1].size += size;
-  } else if (merge_next) {
-    sim->free_ranges[i].addr = a;
-    sim->free_ranges[i].size += size;
+/* Remove range i of chunk c: it and its gap join the gap before it. */
+static void seg_remove(gmr_sim_t *sim, size_t c, size_t i) {
+  sim_chunk_t *k = sim->chunks[c];
+  size_t freed = k->e[i].size + k->e[i].gap;
+  if (i > 0) {
+    k->e[i - 1].gap += freed;
+    seg_grew(sim, c, k->e[i - 1].gap);
+  } else if (c > 0) {
+    sim_chunk_t *p = sim->chunks[c - 1];
+    p->e[p->n - 1].gap += freed;
+    seg_grew(sim, c - 1, p->e[p->n - 1].gap);
   } else {
-    /* Cannot fail in practice: the array only shrinks between a take and
-     * its give, except for the split in space_take, which reserved room. */
-    if (!grow((void **)&sim->free_ranges, &sim->cap_free, sim->n_free + 1,
-              sizeof *sim->free_ranges))
-      return; /* leak the addresses, never corrupt */
-    memmove(&sim->free_ranges[i + 1], &sim->free_ranges[i],
-            (sim->n_free - i) * sizeof *sim->free_ranges);
-    sim->free_ranges[i] = (sim_range_t){a, size};
-    ++sim->n_free;
+    sim->head_gap += freed;
   }
+  memmove(&k->e[i], &k->e[i + 1], (k->n - i - 1) * sizeof *k->e);
+  if (--k->n == 0) {
+    chunk_drop(sim, c);
+    if (c == sim->n_chunks) {
+      if (c == 0) return;
+      --c;
+    }
+  }
+  if (sim->chunks[c]->n <= SIM_SEG_CAP / 2) { /* else it joins neither neighbour */
+    seg_tidy(sim, c);
+    if (c > 0) seg_tidy(sim, c - 1);
+  }
+}
+
+/* Give back [a, a+size), a range taken for no reservation (a virtual
+ * range, arena memory); one never taken is ignored. */
+static void space_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  size_t c, i;
+  if (!seg_floor(sim, a, &c, &i)) return;
+  sim_seg_t *r = seg_at(sim, c, i);
+  if (r->addr == a && r->size == size && r->req == SIM_SEG_OTHER) seg_remove(sim, c, i);
+}
+
+/* The reservation (a, size) recorded as a range, or NULL. */
+static sim_seg_t *seg_reserved(gmr_sim_t *sim, uintptr_t a, size_t size, size_t *pc, size_t *pi) {
+  if (!seg_floor(sim, a, pc, pi)) return NULL;
+  sim_seg_t *r = seg_at(sim, *pc, *pi);
+  return r->addr == a && r->req == size && r->req != SIM_SEG_OTHER ? r : NULL;
+}
+
+static void space_clear(gmr_sim_t *sim) {
+  for (size_t c = 0; c < sim->n_chunks; ++c)
+    gmr__free(sim->chunks[c]);
+  gmr__free(sim->chunk_spare);
+  gmr__free(sim->chunks);
+  gmr__free(sim->chunk_max);
+  gmr__free(sim->group_max);
+  gmr__free(sim->super_max);
 }
 
 /* ---- fault schedule -------------------------------------------------------- */
@@ -458,12 +699,9 @@ static void arena_open(gmr_sim_t *sim) {
   void *p =
       mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return;
-  if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges)) {
-    munmap(p, size);
-    return;
-  }
-  sim->free_ranges[0] = (sim_range_t){(uintptr_t)p, size};
-  sim->n_free = 1;
+  sim->space_lo = (uintptr_t)p;
+  sim->space_hi = (uintptr_t)p + size;
+  sim->head_gap = size;
   sim->arena = (uintptr_t)p;
   sim->arena_size = size;
 }
@@ -481,7 +719,7 @@ static void *host_take(gmr_sim_t *sim, size_t size) {
   if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
   uintptr_t a;
   void *p = NULL;
-  if (sim->host_reuse && sim->arena != 0 && space_take(sim, body, pg, &a) == 0) {
+  if (sim->host_reuse && sim->arena != 0 && space_take(sim, body, pg, NULL, &a) == 0) {
     p = (void *)a;
     SIM_POISON((char *)p + size, body - size);
     return p;
@@ -504,7 +742,7 @@ static void host_give(gmr_sim_t *sim, void *p, size_t size) {
 static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.reserve_calls;
   int err = sim_check_faults(sim, size, "reserve");
   uintptr_t a = 0;
@@ -516,23 +754,21 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
             gmr__error_set(GMR_ENOMEM, "simulated device: host memory for %zu bytes refused", size);
       a = (uintptr_t)host;
     } else {
-      /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes. */
+      /* cudaMalloc hands out 2 MiB-aligned ranges for large sizes.  The
+       * reservation is a range of the space's table (no live-range tree). */
       size_t align = size >= sim->base.granularity ? sim->base.granularity : SIM_RESERVE_ALIGN;
+      size_t span = size ? gmr__align_up(size, SIM_RESERVE_ALIGN) : SIM_RESERVE_ALIGN;
+      const sim_seg_t rec = {.req = size, .aux = (uint32_t)sim->counters.reserve_calls};
       uintptr_t hint = sim->place_next;
       sim->place_next = 0;
-      if (hint != 0 && hint % SIM_RESERVE_ALIGN == 0 &&
-          space_take_at(sim, hint, gmr__align_up(size, SIM_RESERVE_ALIGN)) == 0)
+      if (hint != 0 && hint % SIM_RESERVE_ALIGN == 0 && space_take_at(sim, hint, span, &rec) == 0)
         a = hint;
-      else if (space_take(sim, gmr__align_up(size, SIM_RESERVE_ALIGN), align, &a) != 0)
+      else if (space_take(sim, span, align, &rec, &a) != 0)
         err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
     }
   }
-  if (err == 0 && (err = live_add(sim, a, size, SIM_RESERVED, 0)) != 0) {
-    if (sim->host_backed)
-      host_give(sim, host, size);
-    else
-      space_give(sim, a, gmr__align_up(size, SIM_RESERVE_ALIGN));
-  }
+  if (err == 0 && sim->host_backed && (err = live_add(sim, a, size, SIM_RESERVED, 0)) != 0)
+    host_give(sim, host, size);
   if (err == 0) {
     sim->bytes_in_use += size;
     if (sim->bytes_in_use > sim->counters.peak_bytes_in_use)
@@ -541,30 +777,36 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
   } else {
     ++sim->counters.reserve_failures;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.release_calls;
-  int err = live_remove(sim, (uintptr_t)ptr, size, SIM_RESERVED);
-  if (err == 0) {
-    sim->bytes_in_use -= size;
-    if (sim->host_backed)
+  int err;
+  if (sim->host_backed) {
+    if ((err = live_remove(sim, (uintptr_t)ptr, size, SIM_RESERVED)) == 0)
       host_give(sim, ptr, size);
-    else
-      space_give(sim, (uintptr_t)ptr, gmr__align_up(size, SIM_RESERVE_ALIGN));
+  } else {
+    size_t c, i;
+    if (seg_reserved(sim, (uintptr_t)ptr, size, &c, &i) != NULL) {
+      seg_remove(sim, c, i);
+      err = 0;
+    } else {
+      err = live_missing(SIM_RESERVED, (uintptr_t)ptr, size);
+    }
   }
-  pthread_mutex_unlock(&sim->lock);
+  if (err == 0) sim->bytes_in_use -= size;
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.va_reserve_calls;
   uintptr_t a = 0;
   int err = sim_check_schedule(sim, size, "virtual reserve");
@@ -572,14 +814,14 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   } else if (sim->host_backed) {
     if (sim->host_reuse && !sim->arena_tried) arena_open(sim);
     if (!(sim->host_reuse && sim->arena != 0 &&
-          space_take(sim, size, sim->base.granularity, &a) == 0)) {
+          space_take(sim, size, sim->base.granularity, NULL, &a) == 0)) {
       void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED)
         err = gmr__error_set(GMR_ENOMEM, "simulated device: cannot reserve %zu bytes of addresses",
                              size);
       a = (uintptr_t)p;
     }
-  } else if (space_take(sim, size, sim->base.granularity, &a) != 0) {
+  } else if (space_take(sim, size, sim->base.granularity, NULL, &a) != 0) {
     err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
   }
   if (err == 0 && (err = live_add(sim, a, size, SIM_VA, 0)) != 0) {
@@ -591,13 +833,13 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
       space_give(sim, a, size);
   }
   if (err == 0) *out_base = (void *)a;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.va_release_calls;
   if (use_pending(sim, (uintptr_t)base, size)) ++sim->counters.unsafe_unmaps;
   int err = 0;
@@ -613,14 +855,14 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
     else
       space_give(sim, (uintptr_t)base, size);
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.map_calls;
   int err = 0;
   if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
@@ -642,14 +884,14 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   } else {
     ++sim->counters.reserve_failures;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.unmap_calls;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_MAPPED);
@@ -658,7 +900,7 @@ static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
     if (sim->host_backed && !in_arena(sim, (uintptr_t)addr))
       mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
@@ -705,7 +947,7 @@ static void page_fd_give(gmr_sim_t *sim, sim_page_t *pg, bool tracked) {
 
 static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_create_calls;
   int err = sim_check_faults(sim, size, "page create");
   size_t slot = sim->n_pages;
@@ -733,7 +975,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   } else {
     ++sim->counters.reserve_failures;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
@@ -741,7 +983,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
  * then lives on behind the mappings (host-backed: the mmaps keep the memfd). */
 static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_release_calls;
   sim_page_t *pg = sim_page(sim, h);
   int err = 0;
@@ -756,13 +998,13 @@ static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
     sim->bytes_in_use -= size;
     --sim->counters.pages_live;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t offset) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_map_calls;
   sim_page_t *pg = sim_page(sim, h);
   int err = 0;
@@ -785,13 +1027,13 @@ static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h
     ++sim->counters.page_maps_live;
     if (sim->host_reuse && h < SIM_PAGES_TRACKED) ++pg->nmaps;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.set_access_calls;
   /* [addr, addr+size) must be tiled by page mappings. */
   uintptr_t a = (uintptr_t)addr, end = a + size;
@@ -815,13 +1057,13 @@ static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
       n->aux |= SIM_ACCESS;
       at += n->val;
     }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.page_unmap_calls;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, (uintptr_t)addr);
@@ -844,16 +1086,16 @@ static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
     else if (sim->host_backed)
       mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 static int sim_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   *out_free = sim->capacity - sim->bytes_in_use;
   *out_total = sim->capacity;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
@@ -898,7 +1140,7 @@ static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_
   sim_event_t *ev = gmr__malloc(sizeof *ev);
   if (ev == NULL)
     return gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for an event");
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.event_records;
   sim_stream_t *st = sim_stream(sim, s);
   int err = 0;
@@ -906,7 +1148,7 @@ static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_
     err = gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for a stream");
   else
     *ev = (sim_event_t){st->id, st->enqueued};
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   if (err != 0) {
     gmr__free(ev);
     return err;
@@ -918,11 +1160,11 @@ static int sim_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_
 static int sim_event_query(gmr_backend_t *be, gmr_event_t e) {
   gmr_sim_t *sim = sim_of(be);
   sim_event_t *ev = e;
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.event_queries;
   sim_stream_t *st = sim_stream(sim, (gmr_stream_t)ev->stream);
   int done = st == NULL || st->completed >= ev->seq;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return done ? 0 : 1;
 }
 
@@ -930,11 +1172,11 @@ static int sim_event_query(gmr_backend_t *be, gmr_event_t e) {
 static int sim_event_sync(gmr_backend_t *be, gmr_event_t e) {
   gmr_sim_t *sim = sim_of(be);
   sim_event_t *ev = e;
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.syncs;
   sim_stream_t *st = sim_stream(sim, (gmr_stream_t)ev->stream);
   if (st != NULL && st->completed < ev->seq) st->completed = ev->seq;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
@@ -944,31 +1186,31 @@ static void sim_event_destroy(gmr_backend_t *be, gmr_event_t e) {
 
 static int sim_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.syncs;
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) st->completed = st->enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
 static int sim_device_sync(gmr_backend_t *be) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.syncs;
   for (size_t i = 0; i < sim->n_streams; ++i)
     sim->streams[i].completed = sim->streams[i].enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return 0;
 }
 
 static int sim_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
   gmr_sim_t *sim = sim_of(be);
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   ++sim->counters.capture_queries;
   sim_stream_t *st = sim_stream(sim, s);
   int on = st != NULL && st->capturing;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return on;
 }
 
@@ -1000,11 +1242,10 @@ static void sim_destroy(gmr_backend_t *be) {
   if (sim->arena != 0) munmap((void *)sim->arena, sim->arena_size);
   gmr__avl_clear(&sim->mappings, NULL, NULL);
   gmr__avl_clear(&sim->virt, sim->host_backed ? unmap_va : NULL, NULL);
-  gmr__free(sim->free_ranges);
-  gmr__free(sim->fit_max);
+  space_clear(sim);
   gmr__free(sim->streams);
   gmr__free(sim->uses);
-  pthread_mutex_destroy(&sim->lock);
+  gmr__lock_destroy(&sim->lock);
   gmr__free(sim);
 }
 
@@ -1056,19 +1297,16 @@ int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
   sim->base.granularity = granularity;
   sim->capacity = capacity;
   sim->host_backed = opts && opts->host_backed;
-  if (pthread_mutex_init(&sim->lock, NULL) != 0) goto fail_lock;
+  if (gmr__lock_init(&sim->lock) != 0) goto fail_lock;
   if (!sim->host_backed) {
-    if (!grow((void **)&sim->free_ranges, &sim->cap_free, 1, sizeof *sim->free_ranges))
-      goto fail_space;
     uintptr_t space = (uintptr_t)sim->capacity * SIM_SPACE_PER_BYTE;
     if (space < SIM_SPACE_MIN) space = SIM_SPACE_MIN;
-    sim->free_ranges[0] = (sim_range_t){SIM_SPACE_BASE, space};
-    sim->n_free = 1;
+    sim->space_lo = SIM_SPACE_BASE;
+    sim->space_hi = SIM_SPACE_BASE + space;
+    sim->head_gap = space;
   }
   *out = &sim->base;
   return 0;
-fail_space:
-  pthread_mutex_destroy(&sim->lock);
 fail_lock:
   gmr__free(sim);
   return gmr__error_set(GMR_ENOMEM, "out of host memory for the simulator");
@@ -1084,8 +1322,8 @@ int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backe
   if (err != 0) return err;
   gmr_sim_t *sim = sim_of(*out);
   sim->base.device = device;
-  if (!sim->host_backed) { /* move the fresh, whole space to the device's window */
-    size_t space = sim->free_ranges[0].size;
+  if (!sim->host_backed) {        /* move the fresh, whole space to the device's window */
+    size_t space = sim->head_gap; /* the one free range */
     if (space > SIM_DEVICE_STRIDE) {
       sim_destroy(*out);
       *out = NULL;
@@ -1094,7 +1332,8 @@ int gmr__sim_backend_new_on(const gmr_sim_options_t *opts, int device, gmr_backe
                             "device's window of %llu bytes",
                             space, (unsigned long long)SIM_DEVICE_STRIDE);
     }
-    sim->free_ranges[0].addr += (uintptr_t)device * SIM_DEVICE_STRIDE;
+    sim->space_lo += (uintptr_t)device * SIM_DEVICE_STRIDE;
+    sim->space_hi += (uintptr_t)device * SIM_DEVICE_STRIDE;
   }
   return 0;
 }
@@ -1107,41 +1346,41 @@ gmr_sim_t *gmr__sim_of(gmr_backend_t *be) {
 }
 
 void gmr__sim_fail_nth(gmr_sim_t *sim, uint64_t k) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_countdown = k;
   sim->fail_sticky = false;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_fail_from(gmr_sim_t *sim, uint64_t k) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_countdown = k;
   sim->fail_sticky = true;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_fail_above(gmr_sim_t *sim, uint64_t bytes) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_above = bytes;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_fail_all(gmr_sim_t *sim, int on) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->fail_all = on != 0;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 int gmr__sim_stream_enqueue(gmr_sim_t *sim, gmr_stream_t s) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) ++st->enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
 }
 
 int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t size) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   int err =
       st != NULL && grow((void **)&sim->uses, &sim->cap_uses, sim->n_uses + 1, sizeof *sim->uses)
@@ -1151,26 +1390,26 @@ int gmr__sim_stream_use(gmr_sim_t *sim, gmr_stream_t s, const void *ptr, size_t 
     ++st->enqueued;
     sim->uses[sim->n_uses++] = (sim_use_t){st->id, st->enqueued, (uintptr_t)ptr, size};
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
 int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) st->completed = st->enqueued;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return st ? 0 : GMR_ENOMEM;
 }
 
 int gmr__sim_host_reuse(gmr_sim_t *sim) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   /* Pages created or mapped before would not be counted: refuse then. */
   int err = !sim->host_backed || sim->counters.pages_live != 0 || sim->counters.page_maps_live != 0
                 ? GMR_EINVAL
                 : 0;
   if (err == 0) sim->host_reuse = true;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return err;
 }
 
@@ -1193,13 +1432,18 @@ static void trim_va(gmr_sim_t *sim, const gmr_avl_node_t *n) {
 }
 
 void gmr__sim_host_trim(gmr_sim_t *sim) {
-  pthread_mutex_lock(&sim->lock);
-  for (size_t i = 0; sim->arena != 0 && i < sim->n_free; ++i)
-    madvise((void *)sim->free_ranges[i].addr, sim->free_ranges[i].size, MADV_DONTNEED);
+  gmr__lock(&sim->lock);
+  if (sim->arena != 0 && sim->head_gap != 0)
+    madvise((void *)sim->space_lo, sim->head_gap, MADV_DONTNEED);
+  for (size_t c = 0; sim->arena != 0 && c < sim->n_chunks; ++c)
+    for (size_t i = 0; i < sim->chunks[c]->n; ++i) {
+      const sim_seg_t *e = &sim->chunks[c]->e[i];
+      if (e->gap != 0) madvise((void *)(e->addr + e->size), e->gap, MADV_DONTNEED);
+    }
   if (sim->arena != 0) trim_va(sim, sim->virt.root);
   while (sim->n_pool > 0)
     close(sim->pool[--sim->n_pool].fd);
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token) {
@@ -1207,10 +1451,19 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
   *token = 0;
   if (size == 0 || a + size < a) return false;
   const uintptr_t end = a + size;
-  pthread_mutex_lock(&sim->lock);
-  gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
-  bool ok = r != NULL && a - r->key < r->val && size <= r->val - (a - r->key);
-  if (ok) *token = (uint64_t)r->aux + 1;
+  gmr__lock(&sim->lock);
+  bool ok;
+  if (sim->host_backed) {
+    gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
+    ok = r != NULL && a - r->key < r->val && size <= r->val - (a - r->key);
+    if (ok) *token = (uint64_t)r->aux + 1;
+  } else { /* address-only: reservations are ranges of the space's table */
+    size_t c, i;
+    const sim_seg_t *r = seg_floor(sim, a, &c, &i) ? seg_at(sim, c, i) : NULL;
+    ok = r != NULL && r->req != SIM_SEG_OTHER && a - r->addr < r->req &&
+         size <= r->req - (a - r->addr);
+    if (ok) *token = (uint64_t)r->aux + 1;
+  }
   /* Else mappings that tile [a, end), each backed (map) or page-mapped with
    * access set. */
   for (uintptr_t at = a; !ok && at < end;) {
@@ -1221,33 +1474,33 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
     at = m->key + m->val;
     ok = at >= end;
   }
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
   return ok;
 }
 
 void gmr__sim_place_next(gmr_sim_t *sim, uintptr_t addr) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->place_next = addr;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim_stream_t *st = sim_stream(sim, s);
   if (st != NULL) st->capturing = on != 0;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   sim->clock_fixed = true;
   sim->clock_ns = ns;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
 
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out) {
-  pthread_mutex_lock(&sim->lock);
+  gmr__lock(&sim->lock);
   *out = sim->counters;
   out->bytes_in_use = sim->bytes_in_use;
-  pthread_mutex_unlock(&sim->lock);
+  gmr__unlock(&sim->lock);
 }
