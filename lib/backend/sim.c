@@ -216,6 +216,12 @@ struct gmr_sim_s {
   sim_chunk_t **chunks, *chunk_spare;
   size_t n_chunks, cap_chunks;
   size_t *chunk_max; /* a bound on each chunk's largest gap */
+  /* chunks and chunk_max start `first` places into the arrays allocated
+   * (chunks_mem, max_mem: cap_chunks and cap_max places), so that the
+   * first chunk goes in O(1); groups are over those places. */
+  sim_chunk_t **chunks_mem;
+  size_t *max_mem;
+  size_t first;
   size_t *group_max; /* a bound on the chunk_max of each SIM_SEG_GROUP chunks */
   size_t *super_max; /* a bound on the group_max of each SIM_SEG_SUPER groups */
   size_t cap_max, cap_groups, cap_supers;
@@ -339,8 +345,10 @@ static bool mapped_overlaps(gmr_sim_t *sim, uintptr_t a, size_t size) {
  * bounds).  First fit skips a super-group, a group, then a chunk, whose
  * bound is below the request, scans the chunks it cannot skip, and makes
  * the bounds of a chunk (group, super-group) it went through without a fit
- * exact.  Chunks that come or go move the groups' members: see
- * groups_moved.  A change moves
+ * exact.  Groups count places in the arrays, from before the first chunk
+ * (`first` places in: chunk c is at place first + c), so the first chunk
+ * goes without moving the others; chunks that come or go elsewhere move the
+ * groups' members: see groups_moved.  A change moves
  * at most a chunk's worth of ranges (a chunk that fills is split in
  * halves; one that empties is dropped; two neighbours that fit in half a
  * chunk are joined).  Finding an address is a binary search over the
@@ -355,16 +363,17 @@ static inline sim_seg_t *seg_at(gmr_sim_t *sim, size_t c, size_t i) {
  * is new: 0), so raising its bound (and its super-group's) by the chunks
  * at both ends keeps them bounds: O(1) a group. */
 static void groups_moved(gmr_sim_t *sim, size_t c) {
-  const size_t nc = sim->n_chunks, G = SIM_SEG_GROUP;
-  for (size_t g = c / G; g * G < nc; ++g) {
-    size_t lo = g * G, hi = (g + 1) * G < nc ? (g + 1) * G - 1 : nc - 1, m = 0;
-    if (g == c / G) {
+  const size_t f = sim->first, end = f + sim->n_chunks, G = SIM_SEG_GROUP;
+  const size_t *mx = sim->max_mem; /* by place */
+  for (size_t g = (f + c) / G; g * G < end; ++g) {
+    size_t lo = g * G > f ? g * G : f, hi = (g + 1) * G < end ? (g + 1) * G - 1 : end - 1, m = 0;
+    if (g == (f + c) / G) {
       for (size_t j = lo; j <= hi; ++j)
-        if (sim->chunk_max[j] > m) m = sim->chunk_max[j];
+        if (mx[j] > m) m = mx[j];
     } else {
       m = sim->group_max[g];
-      if (sim->chunk_max[lo] > m) m = sim->chunk_max[lo];
-      if (sim->chunk_max[hi] > m) m = sim->chunk_max[hi];
+      if (mx[lo] > m) m = mx[lo];
+      if (mx[hi] > m) m = mx[hi];
     }
     sim->group_max[g] = m;
     if (m > sim->super_max[g / SIM_SEG_SUPER]) sim->super_max[g / SIM_SEG_SUPER] = m;
@@ -375,50 +384,86 @@ static void groups_moved(gmr_sim_t *sim, size_t c) {
 static void seg_grew(gmr_sim_t *sim, size_t c, size_t size) {
   if (size <= sim->chunk_max[c]) return;
   sim->chunk_max[c] = size;
-  size_t g = c / SIM_SEG_GROUP;
+  size_t g = (sim->first + c) / SIM_SEG_GROUP;
   if (size > sim->group_max[g]) sim->group_max[g] = size;
   if (size > sim->super_max[g / SIM_SEG_SUPER]) sim->super_max[g / SIM_SEG_SUPER] = size;
 }
 
+/* Every group's and super-group's bound computed again from the chunks'
+ * (after the chunks moved to other places). */
+static void groups_rebuild(gmr_sim_t *sim) {
+  const size_t f = sim->first, end = f + sim->n_chunks, G = SIM_SEG_GROUP, S = SIM_SEG_SUPER;
+  for (size_t g = 0; g * G < end; ++g) {
+    size_t m = 0;
+    for (size_t j = g * G > f ? g * G : f; j < (g + 1) * G && j < end; ++j)
+      if (sim->max_mem[j] > m) m = sim->max_mem[j];
+    sim->group_max[g] = m;
+    if (g % S == 0 || m > sim->super_max[g / S]) sim->super_max[g / S] = m;
+  }
+}
+
 /* Make room for chunk index c (an empty chunk there); false when out of
- * host memory (nothing changed). */
+ * host memory (nothing changed).  At the arrays' end, the chunks move back
+ * to place 0, into arrays that leave at least half of them free (so a move
+ * of n chunks comes after n / 2 others came or went at the front). */
 static bool chunk_add(gmr_sim_t *sim, size_t c) {
-  const size_t G = SIM_SEG_GROUP, S = SIM_SEG_SUPER;
-  size_t groups = (sim->n_chunks + G - 1) / G, now = (sim->n_chunks + G) / G;
-  size_t supers = (groups + S - 1) / S, snow = (now + S - 1) / S;
-  if (!grow((void **)&sim->chunks, &sim->cap_chunks, sim->n_chunks + 1, sizeof *sim->chunks) ||
-      !grow((void **)&sim->chunk_max, &sim->cap_max, sim->n_chunks + 1, sizeof *sim->chunk_max) ||
-      !grow((void **)&sim->group_max, &sim->cap_groups, now, sizeof *sim->group_max) ||
-      !grow((void **)&sim->super_max, &sim->cap_supers, snow, sizeof *sim->super_max))
-    return false;
-  sim_chunk_t *k = sim->chunk_spare;
-  if (k != NULL)
+  const size_t G = SIM_SEG_GROUP, S = SIM_SEG_SUPER, nc = sim->n_chunks;
+  size_t f = sim->first, need = f + nc + 1;
+  bool move = need > sim->cap_chunks && f > 0;
+  if (move) f = 0, need = sim->first >= (nc + 1) / 2 ? nc + 1 : 2 * (nc + 1);
+  size_t groups = (sim->first + nc + G - 1) / G, now = (f + nc + G) / G;
+  size_t ngroups = now > groups ? now : groups;
+  bool ok = grow((void **)&sim->chunks_mem, &sim->cap_chunks, need, sizeof *sim->chunks_mem) &&
+            grow((void **)&sim->max_mem, &sim->cap_max, need, sizeof *sim->max_mem) &&
+            grow((void **)&sim->group_max, &sim->cap_groups, ngroups, sizeof *sim->group_max) &&
+            grow((void **)&sim->super_max, &sim->cap_supers, (ngroups + S - 1) / S,
+                 sizeof *sim->super_max);
+  sim_chunk_t *k = NULL;
+  if (ok && (k = sim->chunk_spare) != NULL)
     sim->chunk_spare = NULL;
-  else if ((k = gmr__malloc(sizeof *k)) == NULL)
-    return false;
+  else if (ok)
+    ok = (k = gmr__malloc(sizeof *k)) != NULL;
+  if (ok && move) { /* back to place 0 */
+    memmove(sim->chunks_mem, sim->chunks_mem + sim->first, nc * sizeof *sim->chunks_mem);
+    memmove(sim->max_mem, sim->max_mem + sim->first, nc * sizeof *sim->max_mem);
+    sim->first = 0;
+  }
+  sim->chunks = sim->chunks_mem + sim->first; /* the arrays may have moved */
+  sim->chunk_max = sim->max_mem + sim->first;
+  if (!ok) return false;
   k->n = 0;
-  if (now > groups) sim->group_max[now - 1] = 0; /* a new group, then a new super-group */
-  if (snow > supers) sim->super_max[snow - 1] = 0;
-  memmove(&sim->chunks[c + 1], &sim->chunks[c], (sim->n_chunks - c) * sizeof *sim->chunks);
-  memmove(&sim->chunk_max[c + 1], &sim->chunk_max[c], (sim->n_chunks - c) * sizeof *sim->chunk_max);
+  if (!move && now > groups) { /* a new group, maybe a new super-group */
+    sim->group_max[now - 1] = 0;
+    if ((now - 1) % S == 0) sim->super_max[(now - 1) / S] = 0;
+  }
+  memmove(&sim->chunks[c + 1], &sim->chunks[c], (nc - c) * sizeof *sim->chunks);
+  memmove(&sim->chunk_max[c + 1], &sim->chunk_max[c], (nc - c) * sizeof *sim->chunk_max);
   sim->chunks[c] = k;
   sim->chunk_max[c] = 0;
   ++sim->n_chunks;
+  if (move) groups_rebuild(sim);
   return true;
 }
 
 /* Drop chunk c (its ranges are gone or moved); one is kept for reuse. */
 static void chunk_drop(gmr_sim_t *sim, size_t c) {
   sim_chunk_t *k = sim->chunks[c];
-  memmove(&sim->chunks[c], &sim->chunks[c + 1], (sim->n_chunks - c - 1) * sizeof *sim->chunks);
-  memmove(&sim->chunk_max[c], &sim->chunk_max[c + 1],
-          (sim->n_chunks - c - 1) * sizeof *sim->chunk_max);
-  --sim->n_chunks;
   if (sim->chunk_spare == NULL)
     sim->chunk_spare = k;
   else
     gmr__free(k);
-  groups_moved(sim, c);
+  if (--sim->n_chunks == 0) { /* back to place 0 */
+    sim->first = 0;
+  } else if (c == 0) { /* the others keep their places, and so their groups */
+    ++sim->first;
+  } else {
+    memmove(&sim->chunks[c], &sim->chunks[c + 1], (sim->n_chunks - c) * sizeof *sim->chunks);
+    memmove(&sim->chunk_max[c], &sim->chunk_max[c + 1],
+            (sim->n_chunks - c) * sizeof *sim->chunk_max);
+    groups_moved(sim, c);
+  }
+  sim->chunks = sim->chunks_mem + sim->first;
+  sim->chunk_max = sim->max_mem + sim->first;
 }
 
 /* Make room for one range at index *pi of chunk *pc (before the range
@@ -539,14 +584,16 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t
       return 0;
     }
   }
-  const size_t nc = sim->n_chunks, G = SIM_SEG_GROUP, S = SIM_SEG_SUPER, ng = (nc + G - 1) / G;
-  for (size_t s = 0; s * S < ng; ++s) {
+  /* Over places: chunk c is at place f + c (see the section's top). */
+  const size_t f = sim->first, end = f + sim->n_chunks, G = SIM_SEG_GROUP, S = SIM_SEG_SUPER;
+  const size_t g0 = f / G, ng = (end + G - 1) / G;
+  for (size_t s = g0 / S; s * S < ng; ++s) {
     if (sim->super_max[s] < need) continue;
     size_t gend = (s + 1) * S < ng ? (s + 1) * S : ng, smax = 0;
-    for (size_t g = s * S; g < gend; ++g) {
+    for (size_t g = s * S > g0 ? s * S : g0; g < gend; ++g) {
       if (sim->group_max[g] >= need) {
-        size_t cend = (g + 1) * G < nc ? (g + 1) * G : nc, gmax = 0;
-        for (size_t c = g * G; c < cend; ++c) {
+        size_t cend = ((g + 1) * G < end ? (g + 1) * G : end) - f, gmax = 0;
+        for (size_t c = (g * G > f ? g * G : f) - f; c < cend; ++c) {
           sim_chunk_t *k = sim->chunks[c];
           if (sim->chunk_max[c] >= need) {
             size_t most = 0;
@@ -636,8 +683,8 @@ static void space_clear(gmr_sim_t *sim) {
   for (size_t c = 0; c < sim->n_chunks; ++c)
     gmr__free(sim->chunks[c]);
   gmr__free(sim->chunk_spare);
-  gmr__free(sim->chunks);
-  gmr__free(sim->chunk_max);
+  gmr__free(sim->chunks_mem);
+  gmr__free(sim->max_mem);
   gmr__free(sim->group_max);
   gmr__free(sim->super_max);
 }
