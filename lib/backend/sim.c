@@ -255,7 +255,7 @@ static inline gmr_sim_t *sim_of(gmr_backend_t *be) {
 
 static bool use_pending(gmr_sim_t *sim, uintptr_t a, size_t size);
 
-/* ---- sorted arrays -------------------------------------------------------- */
+/* ---- growable arrays and the live-range trees ---------------------------- */
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return true;

@@ -82,17 +82,11 @@ bool st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *
     pool = 1;
     old = b->requested;
     b->requested = size;
-    out->ptr = (void *)st_small_ptr(b);
-    out->size = b->size;
-    out->handle = b;
   } else if (r != NULL && size > small_max && len == r->len) {
     f->r = NULL;
     pool = 2;
     old = r->requested;
     r->requested = size;
-    out->ptr = (void *)(r->va + r->first_off);
-    out->size = r->len;
-    out->handle = r;
   } else {
     gmr__spin_unlock(&f->lock);
     return false;
@@ -102,31 +96,23 @@ bool st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *
   f->req_in[pool] += (int64_t)size;
   f->req_out[pool] += (int64_t)old;
   gmr__spin_unlock(&f->lock);
-  out->stream = f->s;
-  out->requested = size;
+  *out = st_block_of(pool == 1 ? b : NULL, r, f->s);
   return true;
 }
 
-/* A front's take-backs into the statistics: each an allocation and a free
- * of its length; requested bytes move by what was handed out less what was
- * freed. */
+/* A front's take-backs into the statistics: each the free of the block kept
+ * (its old requested bytes), then its allocation (the new ones), in that
+ * order, so a peak is raised only by what stands after both. */
 static void front_fold(stitch_t *t, st_front_t *f) {
   st_stats_t *s = &t->st;
   for (int p = 1; p < 3; ++p) {
     if (f->pairs[p] == 0) continue;
-    s->allocation[p].allocated += f->pairs[p];
-    s->allocation[p].freed += f->pairs[p];
-    s->allocated[p].allocated += f->bytes[p];
-    s->allocated[p].freed += f->bytes[p];
-    int64_t delta = f->req_in[p] - f->req_out[p];
-    if (delta >= 0) {
-      st_inc(s->requested, p, delta);
-      s->requested[p].allocated += f->req_out[p];
-    } else {
-      st_dec(s->requested, p, -delta);
-      s->requested[p].allocated += f->req_in[p];
-    }
-    s->requested[p].freed += f->req_out[p] - (delta < 0 ? -delta : 0);
+    st_dec(s->allocation, p, f->pairs[p]);
+    st_inc(s->allocation, p, f->pairs[p]);
+    st_dec(s->allocated, p, f->bytes[p]);
+    st_inc(s->allocated, p, f->bytes[p]);
+    st_dec(s->requested, p, f->req_out[p]);
+    st_inc(s->requested, p, f->req_in[p]);
     if (p == 2) s->hits += f->pairs[p];
     f->pairs[p] = f->bytes[p] = f->req_in[p] = f->req_out[p] = 0;
   }

@@ -36,12 +36,8 @@ static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
   return x;
 }
 
-static inline uint32_t class_of(const st_small_index_t *x, uint32_t size) {
-  return st_small_class(x, size);
-}
-
 static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
-  uint32_t c = class_of(x, b->size);
+  uint32_t c = st_small_class(x, b->size);
   b->fprev = NULL;
   b->fnext = x->heads[c];
   if (b->fnext != NULL)
@@ -52,7 +48,7 @@ static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
 }
 
 static void idx_remove(stitch_t *t, st_small_index_t *x, st_small_t *b) {
-  uint32_t c = class_of(x, b->size);
+  uint32_t c = st_small_class(x, b->size);
   if (b->fprev != NULL)
     b->fprev->fnext = b->fnext;
   else
@@ -64,7 +60,7 @@ static void idx_remove(stitch_t *t, st_small_index_t *x, st_small_t *b) {
 /* Free block nb takes free block b's place in b's class list (nb is of the
  * same class: no bitmap change). */
 static void idx_replace(stitch_t *t, st_small_index_t *x, st_small_t *b, st_small_t *nb) {
-  uint32_t c = class_of(x, b->size);
+  uint32_t c = st_small_class(x, b->size);
   nb->fprev = b->fprev;
   nb->fnext = b->fnext;
   if (nb->fprev != NULL)
@@ -180,11 +176,11 @@ int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx
                    st_small_t **out) {
   st_small_index_t *x = index_of(t, sidx);
   if (x == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a stream");
-  uint32_t c = st_classes_find(&x->cls, class_of(x, size));
+  uint32_t c = st_classes_find(&x->cls, st_small_class(x, size));
   if (c == ST_NIL) {
     int err = segment_new(t, sidx, x);
     if (err != 0) return err;
-    c = st_classes_find(&x->cls, class_of(x, size));
+    c = st_classes_find(&x->cls, st_small_class(x, size));
   }
   st_small_t *b = x->heads[c];
   if (b->size - size >= ST_G) {
@@ -201,7 +197,7 @@ int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx
     rest->next = b->next;
     if (b->next != NULL) b->next->prev = rest;
     b->next = rest;
-    if (class_of(x, rest->size) == c) { /* the rest keeps b's place */
+    if (st_small_class(x, rest->size) == c) { /* the rest keeps b's place */
       idx_replace(t, x, b, rest);
     } else {
       idx_remove(t, x, b);
@@ -235,8 +231,8 @@ void st_small_free(stitch_t *t, st_small_t *b) {
    * segment whose one free block grows back to the whole page). */
   bool filed = false;               /* b is on its class list */
   if (p != NULL && !p->allocated) { /* merge into the previous block */
-    uint32_t c = class_of(x, p->size);
-    if (class_of(x, p->size + b->size) == c)
+    uint32_t c = st_small_class(x, p->size);
+    if (st_small_class(x, p->size + b->size) == c)
       filed = true;
     else
       idx_remove(t, x, p);
@@ -247,13 +243,13 @@ void st_small_free(stitch_t *t, st_small_t *b) {
     b = p;
   }
   if (n != NULL && !n->allocated) {
-    uint32_t merged = b->size + n->size, c = class_of(x, merged);
-    if (!filed && c == class_of(x, n->size)) {
+    uint32_t merged = b->size + n->size, c = st_small_class(x, merged);
+    if (!filed && c == st_small_class(x, n->size)) {
       idx_replace(t, x, n, b); /* b takes n's place */
       filed = true;
     } else {
       idx_remove(t, x, n);
-      if (filed && c != class_of(x, b->size)) {
+      if (filed && c != st_small_class(x, b->size)) {
         idx_remove(t, x, b);
         filed = false;
       }

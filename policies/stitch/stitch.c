@@ -328,6 +328,14 @@ static inline void large_hit(stitch_t *t, st_range_t *r) {
   ++t->st.hits;
 }
 
+/* b, allocated, handed out for size bytes. */
+static inline void small_out(stitch_t *t, st_small_t *b, size_t size, gmr_block_t *out) {
+  st_count_alloc(&t->st, 1, b->size, (int64_t)size);
+  out->ptr = (void *)st_small_ptr(b);
+  out->size = b->size;
+  out->handle = b;
+}
+
 /* r, LIVE, handed out for size bytes (len = r->len). */
 static inline void large_out(stitch_t *t, st_range_t *r, size_t size, gmr_block_t *out) {
   r->requested = size;
@@ -415,10 +423,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
   }
   if (err != 0) return err;
-  st_count_alloc(&t->st, 1, b->size, (int64_t)size);
-  out->ptr = (void *)st_small_ptr(b);
-  out->size = b->size;
-  out->handle = b;
+  small_out(t, b, size, out);
   return 0;
 }
 
@@ -492,10 +497,7 @@ static inline __attribute__((always_inline)) bool take_back(stitch_t *t, size_t 
   if (b != NULL && !pending && size <= t->small_max && len == b->size && b->seg->sidx == sidx) {
     t->deferred = NULL;
     st_small_take_back(t, b, size);
-    st_count_alloc(&t->st, 1, b->size, (int64_t)size);
-    out->ptr = (void *)st_small_ptr(b);
-    out->size = b->size;
-    out->handle = b;
+    small_out(t, b, size, out);
     return true;
   }
   if (r != NULL && !pending && size > t->small_max && len == r->len && r->sidx == sidx) {
@@ -594,19 +596,7 @@ static inline __attribute__((always_inline)) void free_locked(stitch_t *t, const
 
 /* Under lock: the free of a block a front kept (its user freed it then). */
 static void free_kept(stitch_t *t, st_small_t *b, st_range_t *r) {
-  gmr_block_t blk;
-  if (b != NULL)
-    blk = (gmr_block_t){.ptr = (void *)st_small_ptr(b),
-                        .size = b->size,
-                        .handle = b,
-                        .stream = t->streams[b->seg->sidx].s,
-                        .requested = b->requested};
-  else
-    blk = (gmr_block_t){.ptr = (void *)(r->va + r->first_off),
-                        .size = r->len,
-                        .handle = r,
-                        .stream = t->streams[r->sidx].s,
-                        .requested = r->requested};
+  gmr_block_t blk = st_block_of(b, r, t->streams[b != NULL ? b->seg->sidx : r->sidx].s);
   free_locked(t, &blk);
 }
 
@@ -653,8 +643,8 @@ static __attribute__((noinline)) bool free_to_front(stitch_t *t, const gmr_block
   if ((b != NULL ? b->nuses : r->nuses) != 0 || !st_front_keep(f, b, r, &old_b, &old_r))
     return false;
   if (old_b != NULL || old_r != NULL) {
-    stitch_t *tt = st_enter(&t->base);
-    free_kept(tt, old_b, old_r);
+    st_enter(&t->base);
+    free_kept(t, old_b, old_r);
     gmr__unlock(&t->lock);
   }
   return true;

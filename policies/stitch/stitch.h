@@ -548,6 +548,21 @@ void st_small_fini(stitch_t *t);
 static inline uintptr_t st_small_ptr(const st_small_t *b) {
   return b->seg->r->va + b->off;
 }
+/* Small block b, or else large range r, as the runtime knows it (its user
+ * allocated it on stream s). */
+static inline gmr_block_t st_block_of(st_small_t *b, st_range_t *r, gmr_stream_t s) {
+  if (b != NULL)
+    return (gmr_block_t){.ptr = (void *)st_small_ptr(b),
+                         .size = b->size,
+                         .requested = b->requested,
+                         .stream = s,
+                         .handle = b};
+  return (gmr_block_t){.ptr = (void *)(r->va + r->first_off),
+                       .size = r->len,
+                       .requested = r->requested,
+                       .stream = s,
+                       .handle = r};
+}
 
 /* ---- front.c ----------------------------------------------------------------------------------
  */
