@@ -97,7 +97,9 @@ int st_pages_init(stitch_t *t) {
   uint32_t n = (uint32_t)(t->P / ST_G);
   t->dead_head = ST_NIL;
   t->free_head[0] = t->free_head[1] = t->free_tail[0] = t->free_tail[1] = ST_NIL;
-  int err = st_classes_init(&t->suffix, n);
+  int err = st_worth_init(t);
+  if (err != 0) return err;
+  err = st_classes_init(&t->suffix, n);
   if (err == 0 && (err = st_classes_init(&t->prefix, n)) != 0) st_classes_free(&t->suffix);
   return err;
 }
@@ -105,6 +107,7 @@ int st_pages_init(stitch_t *t) {
 void st_pages_fini(stitch_t *t) {
   st_classes_free(&t->suffix);
   st_classes_free(&t->prefix);
+  st_worth_fini(t);
   gmr__free(t->pages);
   t->pages = NULL;
 }
@@ -117,6 +120,7 @@ int st_pages_reserve(stitch_t *t, uint32_t n) {
   uint32_t cap = t->cappages ? t->cappages : 64;
   while (cap < t->npages + (n - spare))
     cap *= 2;
+  if (st_worth_reserve(t, cap) != 0) return GMR_ENOMEM;
   st_page_t *p = gmr__realloc(t->pages, (size_t)cap * sizeof *p);
   if (p == NULL) return GMR_ENOMEM;
   t->pages = p;
@@ -126,7 +130,8 @@ int st_pages_reserve(stitch_t *t, uint32_t n) {
 
 uint32_t st_page_new(stitch_t *t, gmr_phys_t h) {
   uint32_t id;
-  if (t->dead_head != ST_NIL) {
+  bool recycled = t->dead_head != ST_NIL;
+  if (recycled) {
     id = t->dead_head;
     t->dead_head = t->pages[id].next;
   } else {
@@ -134,7 +139,15 @@ uint32_t st_page_new(stitch_t *t, gmr_phys_t h) {
     id = t->npages++;
   }
   st_page_t *p = &t->pages[id];
+  /* A recycled id may still be on worth.c's dirty list and have dead
+   * entries in its heaps: its filing number goes on. */
+  bool dirty = recycled && p->wdirty;
+  uint32_t wnext = p->wnext, wgen = recycled ? p->wgen : 0;
+  gmr_assert(!recycled || p->wheap == 0);
   memset(p, 0, sizeof *p);
+  p->wdirty = dirty;
+  p->wnext = dirty ? wnext : ST_NIL;
+  p->wgen = wgen;
   p->h = h;
   p->head_start = (uint32_t)t->P;
   p->where = ST_W_DEAD;
@@ -170,6 +183,8 @@ void st_page_unindex(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   switch (p->where) {
   case ST_W_FREE:
+    st_worth_touch(t, id);
+    /* fall through */
   case ST_W_SUFFIX:
   case ST_W_PREFIX: {
     uint32_t *head = list_head(t, p->where, p->cls);
@@ -214,7 +229,7 @@ static void list_push(stitch_t *t, uint32_t id, uint32_t *head) {
  * cached ranges were used longest ago is taken first). */
 static void free_push(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
-  p->wok = false;
+  st_worth_touch(t, id);
   p->cls = p->nmaps != 0;
   if (p->cls == 0) {
     list_push(t, id, &t->free_head[0]);
@@ -292,6 +307,7 @@ static void free_unlink(stitch_t *t, uint32_t id) {
     t->free_tail[p->cls] = p->prev;
   p->prev = p->next = ST_NIL;
   --t->nfree;
+  st_worth_touch(t, id);
 }
 
 void st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner) {

@@ -265,7 +265,7 @@ static void map_unlink(stitch_t *t, st_map_t *m) {
     p->maps = m->next;
   if (m->next != NULL) m->next->prev = m->prev;
   --p->nmaps;
-  p->wok = false;
+  st_worth_touch(t, m->page);
   --t->nmappings;
   gmr__stat_decrease(&t->st.mappings, 1);
   /* A FREE page that no range maps any more moves to the unmapped list. */
@@ -308,7 +308,7 @@ int st_map_range(stitch_t *t, st_range_t *r) {
     if (p->maps != NULL) p->maps->prev = m;
     p->maps = m;
     ++p->nmaps;
-    p->wok = false;
+    st_worth_touch(t, r->pages[j]);
   }
   t->nmappings += r->nslots;
   gmr__stat_increase(&t->st.mappings, r->nslots);
@@ -333,8 +333,11 @@ int st_unmap_range(stitch_t *t, st_range_t *r) {
     if (r->maps[j - 1].r == NULL) continue; /* unmapped by an earlier failed attempt */
     int err = st_slot_unmap(t, r, j - 1);
     if (err != 0) {
-      /* Keep the slots still mapped on record; the range is never used again. */
+      /* Keep the slots still mapped on record; the range is never used
+       * again, so its pages' worths change. */
       r->state = ST_R_BROKEN;
+      for (uint32_t i = 0; i < r->nslots; ++i)
+        if (r->maps[i].r != NULL) st_worth_touch(t, r->pages[i]);
       return err;
     }
   }
@@ -467,149 +470,25 @@ void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp) {
 /* ---- FREE pages for a miss --------------------------------------------------------------------
  */
 
-/* When a FREE page will next be wanted: the soonest expected hand-out of
- * the cached ranges that map it, a range's next hand-out expected one
- * period (the ticks between its last two hand-outs) after its last one
- * (UINT64_MAX: no cached range maps it).  A miss takes the pages wanted
- * last first (Belady's rule): in a loop, the pages of the range handed out
- * longest ago are the ones the loop wants again soonest.  A range r with no
- * period yet is expected 2 (T - r.tick) + 1 ticks after its last hand-out
- * (T: now), so over a page's ranges
- *   worth = min(wa, 2 T + 2 - wb)
- * with wa and wb as st_page_t keeps them: computed from the page's
- * mappings, and kept until they or the page's FREE state change. */
-static void page_terms(const stitch_t *t, uint32_t id, uint64_t *wa, uint64_t *wb) {
-  uint64_t a = UINT64_MAX, b = 0;
-  for (const st_map_t *m = t->pages[id].maps; m != NULL; m = m->next) {
-    const st_range_t *r = m->r;
-    if (r->state != ST_R_CACHED) continue;
-    if (r->gap != 0) {
-      if (r->tick + r->gap < a) a = r->tick + r->gap;
-    } else if (r->tick + 1 > b) {
-      b = r->tick + 1;
-    }
-  }
-  *wa = a;
-  *wb = b;
-}
-
-static inline bool page_terms_hold(const stitch_t *t, uint32_t id) {
-  uint64_t a, b;
-  page_terms(t, id, &a, &b);
-  return a == t->pages[id].wa && b == t->pages[id].wb;
-}
-
-static inline uint64_t page_worth(stitch_t *t, uint32_t id) {
-  st_page_t *p = &t->pages[id];
-  if (!p->wok) {
-    page_terms(t, id, &p->wa, &p->wb);
-    p->wok = true;
-  }
-  gmr_assert_expensive(page_terms_hold(t, id));
-  uint64_t b = p->wb != 0 ? 2 * t->tick + 2 - p->wb : UINT64_MAX;
-  return p->wa < b ? p->wa : b;
-}
-
-typedef struct cand_s {
-  uint64_t worth;
-  uint32_t id;
-} cand_t;
-
-/* Does x go before y: the page wanted later first, then the lower id (a
- * strict total order, ids being distinct). */
-static inline bool cand_before(cand_t x, cand_t y) {
-  return x.worth != y.worth ? x.worth > y.worth : x.id < y.id;
-}
-
-/* Sift c[i] down the heap of c[0..n) ordered by `first`:
- *   heap ⇔ ∀ 0 < j < n: ¬first(c[j], c[(j - 1) / 2])
- * so c[0] goes before every other candidate by `first`. */
-#define CAND_SIFT(name, first)                                                                     \
-  static void name(cand_t *c, uint32_t n, uint32_t i) {                                            \
-    cand_t v = c[i];                                                                               \
-    for (uint32_t k; (k = 2 * i + 1) < n; i = k) {                                                 \
-      if (k + 1 < n && first(c[k + 1], c[k])) ++k;                                                 \
-      if (!first(c[k], v)) break;                                                                  \
-      c[i] = c[k];                                                                                 \
-    }                                                                                              \
-    c[i] = v;                                                                                      \
-  }
-static inline bool cand_after(cand_t x, cand_t y) {
-  return cand_before(y, x);
-}
-CAND_SIFT(cand_sift, cand_before)     /* c[0]: the first candidate */
-CAND_SIFT(cand_sift_last, cand_after) /* c[0]: the last one */
-
-/* Candidates a miss keeps beyond the pages it wants, for pages it cannot
- * map again (st_evict_page refuses): past them it takes the slow way. */
-#define ST_COLLECT_SPARE 16
-
+/* Take the FREE mapped pages in worth.c's order (the page wanted last
+ * first), as they were at the start: eviction changes other pages'
+ * mappings as we go.  Eviction only moves FREE pages between the two FREE
+ * lists, so the ids read stay FREE. */
 uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
-  uint32_t got = 0, ncand = 0;
+  uint32_t got = 0;
   /* Unmapped pages are worth nothing: take them first, as they come. */
   for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
     if (st_page_ready(t, id, sidx)) out[got++] = id;
   if (got < n) st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
   if (got == n || t->free_head[1] == ST_NIL) return got;
-  /* Every candidate in c[0..ncand), and the first `keep` of them in
-   * cand_before's order in top[0..ntop), found in the same pass with a heap
-   * whose root is the last one kept: a miss wants a few of thousands of
-   * FREE pages, so O(ncand) with one comparison for most.  The order is
-   * the worths' at the start (eviction changes other pages' mappings as we
-   * go), as a sort of c would give it. */
-  uint32_t keep = n - got + ST_COLLECT_SPARE;
-  cand_t *c = gmr__malloc(((size_t)t->nfree + keep) * sizeof *c);
-  if (c == NULL) return got;
-  cand_t *top = c + t->nfree;
-  uint32_t ntop = 0;
-  /* From the list's tail: pages freed last tend to be wanted last, so the
-   * heap's root is replaced less often. */
-  for (uint32_t id = t->free_tail[1]; id != ST_NIL; id = t->pages[id].prev) {
-    if (!st_page_ready(t, id, sidx)) continue;
-    cand_t x = {page_worth(t, id), id};
-    c[ncand++] = x;
-    if (ntop < keep) {
-      top[ntop++] = x;
-      if (ntop == keep)
-        for (uint32_t i = keep / 2; i-- > 0;)
-          cand_sift_last(top, keep, i);
-    } else if (cand_before(x, top[0])) {
-      top[0] = x;
-      cand_sift_last(top, keep, 0);
-    }
-  }
-  /* top in cand_before's order: a heap of it, popped from the back. */
-  for (uint32_t i = ntop / 2; i-- > 0;)
-    cand_sift(top, ntop, i);
-  for (uint32_t m = ntop; m > 1;) {
-    cand_t first = top[0];
-    top[0] = top[--m];
-    cand_sift(top, m, 0);
-    top[m] = first;
-  }
-  /* top[ntop - 1] is the first: take from the back.  Eviction only moves
-   * FREE pages between the two FREE lists, so the ids stay FREE. */
-  uint32_t used = 0;
-  while (used < ntop && got < n) {
-    uint32_t id = top[ntop - 1 - used++].id;
-    if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
+  st_worth_iter_t it;
+  if (st_worth_begin(t, &it, n - got) != 0) return got;
+  uint32_t id;
+  while (got < n && st_worth_next(t, &it, &id))
+    if (st_page_ready(t, id, sidx) &&
+        ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id)))
       out[got++] = id;
-  }
-  if (got < n && used < ncand) {
-    /* More pages refused than spared: every candidate, from a heap, past
-     * the `used` first ones (the same, the order being total). */
-    for (uint32_t i = ncand / 2; i-- > 0;)
-      cand_sift(c, ncand, i);
-    for (uint32_t skip = 0; ncand > 0 && (skip < used || got < n); ++skip) {
-      uint32_t id = c[0].id;
-      c[0] = c[--ncand];
-      cand_sift(c, ncand, 0);
-      if (skip < used) continue;
-      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id))
-        out[got++] = id;
-    }
-  }
-  gmr__free(c);
+  st_worth_end(t, &it);
   return got;
 }
 

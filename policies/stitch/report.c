@@ -458,6 +458,7 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
       CHECK(++listed <= t->nfree, "free lists longer than the free pages");
     }
   CHECK(listed == t->nfree, "free lists hold %u of %u free pages", listed, t->nfree);
+  CHECK(st_worth_holds(t), "the FREE mapped pages by worth are out of order or stale");
   for (int w = 0; w < 2; ++w) {
     st_classes_t *c = w ? &t->prefix : &t->suffix;
     for (uint32_t k = 0; k < c->n; ++k) {

@@ -13,6 +13,7 @@
  * says why: a loop then makes no page map after it has run twice).
  *
  * Files, each calling only those listed before it (no cycles):
+ *   worth.c  the FREE mapped pages in the order a miss takes them
  *   pages.c  page table, slot ownership, the FREE lists and the prefix and
  *            suffix indexes of partial pages, streams and stamps
  *   ranges.c the virtual address arena, ranges and their mapping records,
@@ -105,13 +106,14 @@ typedef struct st_page_s {
   st_map_t *maps; /* this page's mapping records */
   uint32_t nmaps;
   uint8_t where; /* ST_W_*: the index the page is in */
-  /* When the page is next wanted (ranges.c, page_worth), kept while wok:
-   * wa = min r.tick + r.gap over its CACHED ranges r with a period
-   * (UINT64_MAX: none), wb = 1 + max r.tick over those without (0: none).
-   * wok is cleared whenever the page's mappings change or it becomes FREE,
-   * which is also when the ranges that map a FREE page can change. */
-  bool wok;
+  /* When the page is next wanted (worth.c): the terms of its worth, kept
+   * while it is filed in heap `wheap` (A or B; B's pages also in M) under
+   * filing number wgen; `wdirty`: on the dirty list (wnext), filed again at
+   * the next miss. */
   uint64_t wa, wb;
+  uint8_t wheap;
+  bool wdirty;
+  uint32_t wgen, wnext;
   uint32_t cls;        /* SUFFIX/PREFIX: the class (open bytes / G) */
   uint32_t prev, next; /* links in that index (page ids) */
   st_stamp_t stamp[ST_STAMPS];
@@ -267,6 +269,13 @@ typedef struct st_front_s {
   void *raw; /* what the host returned (the front is aligned in it) */
 } st_front_t;
 
+/* An entry of worth.c's heaps: a page filed under key (wa, wb or the tick
+ * it moves at) by its filing number gen. */
+typedef struct st_went_s {
+  uint64_t key;
+  uint32_t id, gen;
+} st_went_t;
+
 typedef struct stitch_s {
   gmr_policy_t base;
   gmr_lock_t lock; /* every op's (stitch.c): guards all below but o, P, small_max */
@@ -282,6 +291,13 @@ typedef struct stitch_s {
   uint32_t live_pages;                 /* created and not released */
   uint32_t free_head[2], free_tail[2]; /* FREE pages: [0] unmapped, [1] mapped */
   uint32_t nfree;
+  /* The FREE mapped pages by worth (worth.c): heaps A, B and M
+   * (wheap[1..3], wn[k] entries, wlive[k] of them live, room for 2 capw),
+   * the dirty list, and whether a miss is reading them (frozen). */
+  st_went_t *wheap[4];
+  uint32_t wn[4], wlive[4], capw;
+  uint32_t wdirty_head;
+  bool wfrozen;
   st_classes_t suffix, prefix; /* PARTIAL pages by open bytes / G */
   uint32_t nclosed, nfull;
   uint32_t nparked; /* whole pages parked under cached ranges (counted in nfull too) */
@@ -349,6 +365,31 @@ static inline void st_count_free(st_stats_t *s, int pool, int64_t len, int64_t s
   st_dec(s->requested, pool, size);
   st_dec(s->allocation, pool, 1);
 }
+
+/* ---- worth.c ----------------------------------------------------------------------------------
+ */
+
+int st_worth_init(stitch_t *t);
+/* Room in the heaps for cap pages. */
+int st_worth_reserve(stitch_t *t, uint32_t cap);
+void st_worth_fini(stitch_t *t);
+/* Page id's mappings changed, or it became FREE or stopped being FREE: it
+ * is filed again at the next miss. */
+void st_worth_touch(stitch_t *t, uint32_t id);
+/* A miss's reading of the FREE mapped pages, first to last (see worth.c):
+ * begin (room for about `want` pages; GMR_ENOMEM: nothing to read), next
+ * until it returns false or enough are taken, then end.  Between begin and
+ * end the order is the one at begin, whatever evictions change. */
+typedef struct st_worth_iter_s {
+  struct st_worth_cand_s *f; /* the frontier, a heap */
+  uint32_t n, cap;
+  uint64_t T; /* the tick at begin */
+} st_worth_iter_t;
+int st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want);
+bool st_worth_next(stitch_t *t, st_worth_iter_t *it, uint32_t *id);
+void st_worth_end(stitch_t *t, st_worth_iter_t *it);
+/* The invariants of worth.c, outside a miss (for the checker). */
+bool st_worth_holds(const stitch_t *t);
 
 /* ---- pages.c ----------------------------------------------------------------------------------
  */
