@@ -166,5 +166,35 @@ else
   ok $? "--device cuda without a device (or without CUDA) says so"
 fi
 
+# scripts/bench-across.py: the same run in several processes, min <= median
+# <= max of each figure over them; its own usage and failure exits.
+if command -v python3 >/dev/null 2>&1; then
+  across="$src/scripts/bench-across.py"
+  python3 "$across" --json-out "$tmp/across.json" 3 "$bench" --reps 1 --pairs 500 --threads 1,2 \
+    --sizes 4KiB --workloads pair,random --live 16 "$src/config/direct.yaml" >"$tmp/across" 2>&1
+  ok $? "bench-across.py: three processes exit 0"
+  python3 - "$tmp/across.json" <<'EOF2'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+keys = [(r["workload"], r["policy"], r["what"], r["threads"]) for r in rows]
+assert keys == [("pair", "direct", "4096 B", "single"), ("pair", "direct", "4096 B", "1T"),
+                ("pair", "direct", "4096 B", "2T"), ("random", "direct", "16 live", "single"),
+                ("random", "direct", "16 live", "1T"), ("random", "direct", "16 live", "2T")], keys
+for r in rows:
+    assert r["runs"] == 3 and len(r["ns"]) == 3, r
+    assert 0 < r["ns_min"] <= r["ns_median"] <= r["ns_max"], r
+    assert r["ns_median"] == sorted(r["ns"])[1], r
+EOF2
+  ok $? "bench-across.py: one row per figure, each over the three runs, in order"
+  grep -q "^pair .*direct .*4096 B .*single" "$tmp/across"
+  ok $? "bench-across.py: the table names each figure"
+  python3 "$across" 0 "$bench" >/dev/null 2>"$tmp/err"
+  [ $? -eq 2 ] && grep -q "N must be at least 1" "$tmp/err"
+  ok $? "bench-across.py: N below 1 is a usage error"
+  python3 "$across" 2 "$bench" --reps 1 "$tmp/nonexistent.yaml" >/dev/null 2>"$tmp/err"
+  [ $? -eq 1 ] && grep -q "run 1 of 2 exited 1" "$tmp/err"
+  ok $? "bench-across.py: a failing run of gmr-bench fails it"
+fi
+
 echo "1..$n"
 exit $failed
