@@ -259,13 +259,13 @@ void st_range_destroy(stitch_t *t, st_range_t *r) {
 
 static void map_unlink(stitch_t *t, st_map_t *m) {
   st_page_t *p = &t->pages[m->page];
+  st_worth_unmapped(t, m->page, m->r);
   if (m->prev != NULL)
     m->prev->next = m->next;
   else
     p->maps = m->next;
   if (m->next != NULL) m->next->prev = m->prev;
   --p->nmaps;
-  st_worth_touch(t, m->page);
   --t->nmappings;
   gmr__stat_decrease(&t->st.mappings, 1);
   /* A FREE page that no range maps any more moves to the unmapped list. */
@@ -307,8 +307,7 @@ int st_map_range(stitch_t *t, st_range_t *r) {
     *m = (st_map_t){.r = r, .slot = j, .page = r->pages[j], .prev = NULL, .next = p->maps};
     if (p->maps != NULL) p->maps->prev = m;
     p->maps = m;
-    ++p->nmaps;
-    st_worth_touch(t, r->pages[j]);
+    ++p->nmaps; /* r is not cached: the page's worth stays (worth.c) */
   }
   t->nmappings += r->nslots;
   gmr__stat_increase(&t->st.mappings, r->nslots);

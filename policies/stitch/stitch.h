@@ -373,9 +373,12 @@ int st_worth_init(stitch_t *t);
 /* Room in the heaps for cap pages. */
 int st_worth_reserve(stitch_t *t, uint32_t cap);
 void st_worth_fini(stitch_t *t);
-/* Page id's mappings changed, or it became FREE or stopped being FREE: it
- * is filed again at the next miss. */
+/* Page id became FREE or stopped being FREE, or its worth changed: it is
+ * filed again at the next miss. */
 void st_worth_touch(stitch_t *t, uint32_t id);
+/* Page id is about to lose cached range r's mapping: touched if that
+ * changes its worth. */
+void st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r);
 /* A miss's reading of the FREE mapped pages, first to last (see worth.c):
  * begin (room for about `want` pages; GMR_ENOMEM: nothing to read), next
  * until it returns false or enough are taken, then end.  Between begin and

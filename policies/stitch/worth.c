@@ -19,11 +19,12 @@
  *      which is (worth desc, id asc) at every T;
  *   M: B's pages by T* = ceil((wa + wb - 2) / 2), the tick from which their
  *      worth is wa, soonest first (T only grows: pages move from B to A).
- * A FREE page's terms change only when its mappings change or it becomes
- * FREE (the ranges that map a FREE page are all cached; one that is handed
- * out takes the page, one that is unmapped changes its mappings).  Those
- * places touch the page (st_worth_touch): it leaves its heap and goes on
- * the dirty list.  A miss files the dirty pages, moves the pages whose T*
+ * A FREE page's terms change only when it becomes FREE or a cached range
+ * that maps it is unmapped, and then only if that range set wa or wb (the
+ * ranges that map a FREE page are all cached; one that is handed out takes
+ * the page, and a new mapping is a new range's, not cached yet).  Those
+ * places touch the page (st_worth_touch, st_worth_unmapped): it leaves its
+ * heap and goes on the dirty list.  A miss files the dirty pages, moves the pages whose T*
  * has come from B to A, then reads A and B in order through a frontier: a
  * heap of the candidates next in line, each popped one replaced by its
  * children in its heap.
@@ -199,6 +200,15 @@ void st_worth_touch(stitch_t *t, uint32_t id) {
     p->wnext = t->wdirty_head;
     t->wdirty_head = id;
   }
+}
+
+void st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r) {
+  const st_page_t *p = &t->pages[id];
+  /* Only a FREE page's terms are kept; they change only if r set one. */
+  if (p->where != ST_W_FREE || r->state != ST_R_CACHED) return;
+  if (p->wheap == W_NONE || p->wdirty ||
+      (r->gap != 0 ? r->tick + r->gap == p->wa : r->tick + 1 == p->wb))
+    st_worth_touch(t, id);
 }
 
 /* Every dirty page out of its heap, and back in by its terms if it is a
