@@ -14,7 +14,7 @@
  * The b term moves with T, so the pages are kept in heaps by keys that do
  * not:
  *   A: pages whose worth is wa from now on (wb = 0 or 2T + 2 - wb >= wa),
- *      first by (wa desc, id asc);
+ *      first by (wa desc, id asc), kept as the key ~wa;
  *   B: pages whose worth is 2T + 2 - wb < wa, first by (wb asc, id asc),
  *      which is (worth desc, id asc) at every T;
  *   M: B's pages by T* = ceil((wa + wb - 2) / 2), the tick from which their
@@ -24,10 +24,10 @@
  * ranges that map a FREE page are all cached; one that is handed out takes
  * the page, and a new mapping is a new range's, not cached yet).  Those
  * places touch the page (st_worth_touch, st_worth_unmapped): it leaves its
- * heap and goes on the dirty list.  A miss files the dirty pages, moves the pages whose T*
- * has come from B to A, then reads A and B in order through a frontier: a
- * heap of the candidates next in line, each popped one replaced by its
- * children in its heap.
+ * heap and goes on the dirty list.  A miss files the dirty pages, moves the
+ * pages whose T* has come from B to A, then reads A and B in order through
+ * a frontier: a heap of the candidates next in line, each popped one
+ * replaced by its children in its heap.
  *
  * A page leaving its heap only marks itself out (its entries are skipped
  * when met, dropped when the heap is rebuilt), so a touch costs O(1).
@@ -95,18 +95,17 @@ static inline bool w_live(const stitch_t *t, int k, st_went_t e) {
   return p->wgen == e.gen && p->wheap == (k == W_M ? W_B : k);
 }
 
-/* Does entry x go before entry y in heap k (A: the greater key first; B and
- * M: the smaller). */
-static inline bool w_first(int k, st_went_t x, st_went_t y) {
-  if (x.key != y.key) return k == W_A ? x.key > y.key : x.key < y.key;
-  return x.id < y.id;
+/* Does entry x go before entry y: the smaller key, then the lower id (A's
+ * key is ~wa, so that its greatest wa comes first). */
+static inline bool w_first(st_went_t x, st_went_t y) {
+  return x.key != y.key ? x.key < y.key : x.id < y.id;
 }
 
-static void w_down(st_went_t *h, uint32_t n, int k, uint32_t i) {
+static void w_down(st_went_t *h, uint32_t n, uint32_t i) {
   st_went_t v = h[i];
   for (uint32_t c; (c = 2 * i + 1) < n; i = c) {
-    if (c + 1 < n && w_first(k, h[c + 1], h[c])) ++c;
-    if (!w_first(k, h[c], v)) break;
+    if (c + 1 < n && w_first(h[c + 1], h[c])) ++c;
+    if (!w_first(h[c], v)) break;
     h[i] = h[c];
   }
   h[i] = v;
@@ -115,7 +114,7 @@ static void w_down(st_went_t *h, uint32_t n, int k, uint32_t i) {
 static st_went_t w_pop(stitch_t *t, int k) {
   st_went_t *h = t->wheap[k], top = h[0];
   h[0] = h[--t->wn[k]];
-  w_down(h, t->wn[k], k, 0);
+  w_down(h, t->wn[k], 0);
   return top;
 }
 
@@ -127,7 +126,7 @@ static void w_rebuild(stitch_t *t, int k) {
     if (w_live(t, k, h[i])) h[n++] = h[i];
   t->wn[k] = n;
   for (uint32_t i = n / 2; i-- > 0;)
-    w_down(h, n, k, i);
+    w_down(h, n, i);
 }
 
 static void w_push(stitch_t *t, int k, uint64_t key, uint32_t id) {
@@ -137,7 +136,7 @@ static void w_push(stitch_t *t, int k, uint64_t key, uint32_t id) {
   gmr_assert(t->wn[k] < 2 * t->capw);
   st_went_t *h = t->wheap[k], v = {key, id, t->pages[id].wgen};
   uint32_t i = t->wn[k]++;
-  while (i > 0 && w_first(k, v, h[(i - 1) / 2])) {
+  while (i > 0 && w_first(v, h[(i - 1) / 2])) {
     h[i] = h[(i - 1) / 2];
     i = (i - 1) / 2;
   }
@@ -160,7 +159,7 @@ static void w_file(stitch_t *t, uint32_t id) {
     w_push(t, W_M, move_tick(p), id);
   } else {
     p->wheap = W_A;
-    w_push(t, W_A, p->wa, id);
+    w_push(t, W_A, ~p->wa, id);
   }
   ++t->wlive[p->wheap];
 }
@@ -244,13 +243,13 @@ bool st_worth_holds(const stitch_t *t) {
     uint32_t live = 0;
     for (uint32_t i = 0; i < t->wn[k]; ++i) {
       st_went_t e = t->wheap[k][i];
-      if (i > 0 && w_first(k, e, t->wheap[k][(i - 1) / 2])) return false;
+      if (i > 0 && w_first(e, t->wheap[k][(i - 1) / 2])) return false;
       if (!w_live(t, k, e)) continue;
       const st_page_t *p = &t->pages[e.id];
       ++live;
       if (p->wdirty) continue; /* touched during a miss: filed at the next */
       if (p->where != ST_W_FREE || p->cls != 1) return false;
-      if (e.key != (k == W_A ? p->wa : k == W_B ? p->wb : move_tick(p))) return false;
+      if (e.key != (k == W_A ? ~p->wa : k == W_B ? p->wb : move_tick(p))) return false;
       filed += k != W_M;
     }
     if (live != t->wlive[k == W_M ? W_B : k]) return false;
@@ -301,7 +300,7 @@ static bool frontier_add(stitch_t *t, st_worth_iter_t *it, int k, uint32_t i) {
     it->cap = cap;
   }
   st_went_t e = t->wheap[k][i];
-  it->f[it->n] = (cand_t){k == W_A ? e.key : 2 * it->T + 2 - e.key, e.id, i, k};
+  it->f[it->n] = (cand_t){k == W_A ? ~e.key : 2 * it->T + 2 - e.key, e.id, i, k};
   cand_up(it->f, it->n++);
   return true;
 }
@@ -317,7 +316,7 @@ int st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want) {
     ++p->wgen;
     p->wheap = W_A;
     ++t->wlive[W_A];
-    w_push(t, W_A, p->wa, e.id);
+    w_push(t, W_A, ~p->wa, e.id);
   }
   /* Dead entries go: all of them once they outnumber the live ones (a
    * rebuild costs O(entries), paid for by as many fillings), and those at
