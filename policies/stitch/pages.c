@@ -141,9 +141,14 @@ uint32_t st_page_new(stitch_t *t, gmr_phys_t h) {
   st_page_t *p = &t->pages[id];
   /* A recycled id may still be on worth.c's dirty list and have dead
    * entries in its heaps: its filing number goes on. */
-  bool dirty = recycled && p->wdirty;
-  uint32_t wnext = p->wnext, wgen = recycled ? p->wgen : 0;
-  gmr_assert(!recycled || p->wheap == 0);
+  bool dirty = false;
+  uint32_t wnext = ST_NIL, wgen = 0;
+  if (recycled) {
+    gmr_assert(p->wheap == 0);
+    dirty = p->wdirty;
+    wnext = p->wnext;
+    wgen = p->wgen;
+  }
   memset(p, 0, sizeof *p);
   p->wdirty = dirty;
   p->wnext = dirty ? wnext : ST_NIL;
