@@ -862,18 +862,20 @@ fail:
 }
 
 /* Measure one contender in one workload and print its rows. */
-static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t kind, bool *first) {
+/* One workload of one contender: for pairs, the size o->sizes[size_i]. */
+static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t kind, int size_i,
+                           bool *first) {
   /* The sweep is about gmr's policies: 100,000 live blocks through
    * cudaMalloc would take minutes of set-up and say nothing new. */
   if ((kind == WL_SWEEP || kind == WL_MISS) && c->rt == NULL) return 0;
   pthread_mutex_init(&c->count_lock, NULL);
   int rc = streams_new(c, o);
-  for (int i = 0; i < o->n_sizes && rc == 0 && kind == WL_PAIR; ++i) {
+  if (rc == 0 && kind == WL_PAIR) {
     result_t r;
     memset(&r, 0, sizeof r);
-    rc = measure(c, o, o->sizes[i], NULL, false, &r);
+    rc = measure(c, o, o->sizes[size_i], NULL, false, &r);
     if (rc == 0 && c->rt != NULL) rc = gmr_self_check(c);
-    if (rc == 0) emit(o, c, o->sizes[i], NULL, &r, first);
+    if (rc == 0) emit(o, c, o->sizes[size_i], NULL, &r, first);
   }
   if (rc == 0 && kind == WL_RANDOM) {
     result_t r;
@@ -897,6 +899,14 @@ static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t k
 }
 
 #ifdef GMR_HAVE_CUDA
+/* A baseline keeps its state from one size to the next (PyTorch's
+ * allocator is the process's own, and cannot be made again). */
+static int bench_sizes(contender_t *c, const bench_opts_t *o, bench_kind_t kind, bool *first) {
+  for (int s = 0; s < (kind == WL_PAIR ? o->n_sizes : 1); ++s)
+    if (bench_contender(c, o, kind, s, first) != 0) return 1;
+  return 0;
+}
+
 static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first) {
   static bool torch_ready; /* the shim is initialized once */
   contender_t c;
@@ -907,7 +917,7 @@ static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first)
   c.pairs = cuda_malloc_pairs;
   c.alloc1 = cuda_malloc1;
   c.free1 = cuda_free1;
-  if (bench_contender(&c, o, kind, first) != 0) return 1;
+  if (bench_sizes(&c, o, kind, first) != 0) return 1;
 
   cudaMemPool_t pool;
   uint64_t threshold = UINT64_MAX;
@@ -926,7 +936,7 @@ static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first)
   c.alloc1 = cuda_async1;
   c.free1 = cuda_async_free1;
   c.sync = cuda_async_sync;
-  if (bench_contender(&c, o, kind, first) != 0) return 1;
+  if (bench_sizes(&c, o, kind, first) != 0) return 1;
 
   if (o->torch_shim == NULL) return 0;
   void *h = dlopen(o->torch_shim, RTLD_NOW | RTLD_LOCAL);
@@ -956,7 +966,7 @@ static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first)
   c.pairs = torch_pairs;
   c.alloc1 = torch_alloc1;
   c.free1 = torch_free1;
-  return bench_contender(&c, o, kind, first); /* the shim stays loaded: c10 has no unload */
+  return bench_sizes(&c, o, kind, first); /* the shim stays loaded: c10 has no unload */
 }
 #endif
 
@@ -1276,20 +1286,26 @@ int main(int argc, char **argv) {
   if (o.json) printf("[");
   if (o.json_file != NULL) fprintf(o.json_file, "[");
   int rc = 0;
-  /* Workload by workload, so each table is whole; a fresh runtime each. */
+  /* Workload by workload, so each table is whole; a fresh runtime for each
+   * workload and, for pairs, each size: a runtime that has run N threads on
+   * N streams is not one that has seen one stream (the caching policy's
+   * one-stream deferred free, for one, stops once a second stream comes),
+   * so no size's one-thread figure is taken after another size's threads. */
   const bool run[4] = {o.run_pair, o.run_random, o.run_sweep, o.run_miss};
   for (int kind = WL_PAIR; kind <= WL_MISS && rc == 0; ++kind) {
     if (!run[kind]) continue;
     for (int i = first_config; i < argc && rc == 0; ++i) {
-      contender_t *c = calloc(1, sizeof *c);
-      if (c == NULL || gmr_contender_new(argv[i], &o, c) != 0) {
+      for (int s = 0; s < (kind == WL_PAIR ? o.n_sizes : 1) && rc == 0; ++s) {
+        contender_t *c = calloc(1, sizeof *c);
+        if (c == NULL || gmr_contender_new(argv[i], &o, c) != 0) {
+          free(c);
+          rc = 1;
+          break;
+        }
+        rc = bench_contender(c, &o, (bench_kind_t)kind, s, &first);
+        gmr_runtime_free(c->rt);
         free(c);
-        rc = 1;
-        break;
       }
-      rc = bench_contender(c, &o, (bench_kind_t)kind, &first);
-      gmr_runtime_free(c->rt);
-      free(c);
     }
 #ifdef GMR_HAVE_CUDA
     if (rc == 0 && o.cuda && o.baselines) rc = cuda_baselines(&o, (bench_kind_t)kind, &first);
