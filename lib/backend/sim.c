@@ -531,6 +531,20 @@ static bool seg_floor(const gmr_sim_t *sim, uintptr_t a, size_t *pc, size_t *pi)
   return true;
 }
 
+/* The gap after range (c, i), or the head gap when `head`: [*from,
+ * *from + *gap). */
+static void gap_of(const gmr_sim_t *sim, bool head, size_t c, size_t i, uintptr_t *from,
+                   size_t *gap) {
+  if (head) {
+    *from = sim->space_lo;
+    *gap = sim->head_gap;
+  } else {
+    const sim_seg_t *e = &sim->chunks[c]->e[i];
+    *from = e->addr + e->size;
+    *gap = e->gap;
+  }
+}
+
 /* Take [a, a+size) out of the gap after range (c, i), or out of the head
  * gap when `head`, which holds it: a range of its own there (`rec`, when
  * not NULL: a reservation's req and aux; else SIM_SEG_OTHER), with the
@@ -539,16 +553,11 @@ static int seg_insert(gmr_sim_t *sim, bool head, size_t c, size_t i, uintptr_t a
                       const sim_seg_t *rec) {
   uintptr_t from;
   size_t gap;
-  if (head) {
-    from = sim->space_lo;
-    gap = sim->head_gap;
+  gap_of(sim, head, c, i, &from, &gap);
+  if (head)
     c = i = 0; /* the new range goes first */
-  } else {
-    const sim_seg_t *e = seg_at(sim, c, i);
-    from = e->addr + e->size;
-    gap = e->gap;
-    ++i; /* the new range goes after e */
-  }
+  else
+    ++i; /* the new range goes after (c, i) */
   if (seg_room(sim, &c, &i) != 0) return GMR_ENOMEM;
   /* The gap before a: head_gap, or that of the range before (c, i), which
    * a split may have moved to chunk c too (then i >= 1). */
@@ -566,6 +575,22 @@ static int seg_insert(gmr_sim_t *sim, bool head, size_t c, size_t i, uintptr_t a
   return 0;
 }
 
+/* `size` bytes at `align` out of the gap after range (c, i) (the head gap
+ * when `head`), at the gap's lowest such address: 0 (taken, *out), 1 (it
+ * does not hold them), GMR_ENOMEM.  `rec`: see seg_insert. */
+static int gap_take(gmr_sim_t *sim, bool head, size_t c, size_t i, size_t size, size_t align,
+                    const sim_seg_t *rec, uintptr_t *out) {
+  uintptr_t from;
+  size_t gap;
+  gap_of(sim, head, c, i, &from, &gap);
+  uintptr_t start = (from + align - 1) / align * align;
+  if (start + size > from + gap || start < from) return 1;
+  if ((size != 0 || rec != NULL) && seg_insert(sim, head, c, i, start, size, rec) != 0)
+    return GMR_ENOMEM; /* size 0 and no record: nothing to take */
+  *out = start;
+  return 0;
+}
+
 /* First fit: the lowest free range that holds `size` bytes at `align`.
  * The gaps of at least `size` bytes come in address order, and the first
  * one that still holds it once its start is aligned up is taken.  `rec`:
@@ -573,17 +598,9 @@ static int seg_insert(gmr_sim_t *sim, bool head, size_t c, size_t i, uintptr_t a
 static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t *rec,
                       uintptr_t *out) {
   const size_t need = size ? size : 1; /* a free range is not empty */
-  if (sim->head_gap >= need) {
-    uintptr_t from = sim->space_lo, start = (from + align - 1) / align * align;
-    if (start + size <= from + sim->head_gap && start >= from) {
-      if (size == 0 && rec == NULL) { /* nothing to take */
-      } else if (seg_insert(sim, true, 0, 0, start, size, rec) != 0) {
-        return GMR_ENOMEM;
-      }
-      *out = start;
-      return 0;
-    }
-  }
+  int got;
+  if (sim->head_gap >= need && (got = gap_take(sim, true, 0, 0, size, align, rec, out)) != 1)
+    return got;
   /* Over places: chunk c is at place f + c (see the section's top). */
   const size_t f = sim->first, end = f + sim->n_chunks, G = SIM_SEG_GROUP, S = SIM_SEG_SUPER;
   const size_t g0 = f / G, ng = (end + G - 1) / G;
@@ -598,19 +615,10 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t
           if (sim->chunk_max[c] >= need) {
             size_t most = 0;
             for (size_t i = 0; i < k->n; ++i) {
-              sim_seg_t *r = &k->e[i];
-              if (r->gap >= need) {
-                uintptr_t from = r->addr + r->size, start = (from + align - 1) / align * align;
-                if (start + size <= from + r->gap && start >= from) {
-                  if (size == 0 && rec == NULL) { /* nothing to take */
-                  } else if (seg_insert(sim, false, c, i, start, size, rec) != 0) {
-                    return GMR_ENOMEM;
-                  }
-                  *out = start;
-                  return 0;
-                }
-              }
-              if (r->gap > most) most = r->gap;
+              size_t gap = k->e[i].gap;
+              if (gap >= need && (got = gap_take(sim, false, c, i, size, align, rec, out)) != 1)
+                return got;
+              if (gap > most) most = gap;
             }
             sim->chunk_max[c] = most; /* scanned whole: the bound is exact now */
           }
@@ -629,8 +637,9 @@ static int space_take(gmr_sim_t *sim, size_t size, size_t align, const sim_seg_t
 static int space_take_at(gmr_sim_t *sim, uintptr_t a, size_t size, const sim_seg_t *rec) {
   size_t c = 0, i = 0; /* the gap at or before a is the only candidate */
   bool head = !seg_floor(sim, a, &c, &i);
-  uintptr_t from = head ? sim->space_lo : seg_at(sim, c, i)->addr + seg_at(sim, c, i)->size;
-  size_t gap = head ? sim->head_gap : seg_at(sim, c, i)->gap;
+  uintptr_t from;
+  size_t gap;
+  gap_of(sim, head, c, i, &from, &gap);
   if (a < from || a + size > from + gap || gap == 0) return GMR_ENOMEM;
   return seg_insert(sim, head, c, i, a, size, rec);
 }
@@ -851,6 +860,15 @@ static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s
   return err;
 }
 
+/* A virtual range's addresses back where they came from: the space (or
+ * the arena), else, host-backed, the host. */
+static void va_give(gmr_sim_t *sim, uintptr_t a, size_t size) {
+  if (sim->host_backed && !in_arena(sim, a))
+    munmap((void *)a, size);
+  else
+    space_give(sim, a, size);
+}
+
 static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
@@ -871,14 +889,7 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   } else if (space_take(sim, size, sim->base.granularity, NULL, &a) != 0) {
     err = gmr__error_set(GMR_ENOMEM, "simulated device: address space exhausted");
   }
-  if (err == 0 && (err = live_add(sim, a, size, SIM_VA, 0)) != 0) {
-    if (in_arena(sim, a))
-      space_give(sim, a, size);
-    else if (sim->host_backed)
-      munmap((void *)a, size);
-    else
-      space_give(sim, a, size);
-  }
+  if (err == 0 && (err = live_add(sim, a, size, SIM_VA, 0)) != 0) va_give(sim, a, size);
   if (err == 0) *out_base = (void *)a;
   gmr__unlock(&sim->lock);
   return err;
@@ -894,14 +905,7 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
     err = gmr__error_set(GMR_EINVAL, "simulated device: virtual range at %p still has mapped pages",
                          base);
   if (err == 0) err = live_remove(sim, (uintptr_t)base, size, SIM_VA);
-  if (err == 0) {
-    if (in_arena(sim, (uintptr_t)base))
-      space_give(sim, (uintptr_t)base, size);
-    else if (sim->host_backed)
-      munmap(base, size);
-    else
-      space_give(sim, (uintptr_t)base, size);
-  }
+  if (err == 0) va_give(sim, (uintptr_t)base, size);
   gmr__unlock(&sim->lock);
   return err;
 }
