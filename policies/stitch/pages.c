@@ -97,9 +97,8 @@ int st_pages_init(stitch_t *t) {
   uint32_t n = (uint32_t)(t->P / ST_G);
   t->dead_head = ST_NIL;
   t->free_head[0] = t->free_head[1] = t->free_tail[0] = t->free_tail[1] = ST_NIL;
-  int err = st_worth_init(t);
-  if (err != 0) return err;
-  err = st_classes_init(&t->suffix, n);
+  st_worth_init(t);
+  int err = st_classes_init(&t->suffix, n);
   if (err == 0 && (err = st_classes_init(&t->prefix, n)) != 0) st_classes_free(&t->suffix);
   return err;
 }

@@ -369,7 +369,7 @@ static inline void st_count_free(st_stats_t *s, int pool, int64_t len, int64_t s
 /* ---- worth.c ----------------------------------------------------------------------------------
  */
 
-int st_worth_init(stitch_t *t);
+void st_worth_init(stitch_t *t);
 /* Room in the heaps for cap pages. */
 int st_worth_reserve(stitch_t *t, uint32_t cap);
 void st_worth_fini(stitch_t *t);

@@ -166,9 +166,8 @@ static void w_file(stitch_t *t, uint32_t id) {
 
 /* ---- upkeep ---------------------------------------------------------------------------------- */
 
-int st_worth_init(stitch_t *t) {
+void st_worth_init(stitch_t *t) {
   t->wdirty_head = ST_NIL;
-  return 0;
 }
 
 int st_worth_reserve(stitch_t *t, uint32_t cap) {
@@ -203,11 +202,11 @@ void st_worth_touch(stitch_t *t, uint32_t id) {
 
 void st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r) {
   const st_page_t *p = &t->pages[id];
-  /* Only a FREE page's terms are kept; they change only if r set one. */
-  if (p->where != ST_W_FREE || r->state != ST_R_CACHED) return;
-  if (p->wheap == W_NONE || p->wdirty ||
-      (r->gap != 0 ? r->tick + r->gap == p->wa : r->tick + 1 == p->wb))
-    st_worth_touch(t, id);
+  /* Only a filed page's terms are kept (a dirty one is filed again anyway,
+   * and one in no heap is not FREE and mapped); they change only if r, a
+   * cached range, set one. */
+  if (p->wheap == W_NONE || p->wdirty || r->state != ST_R_CACHED) return;
+  if (r->gap != 0 ? r->tick + r->gap == p->wa : r->tick + 1 == p->wb) st_worth_touch(t, id);
 }
 
 /* Every dirty page out of its heap, and back in by its terms if it is a
