@@ -862,6 +862,12 @@ fail:
 }
 
 /* Measure one contender in one workload and print its rows. */
+/* The measurements of a workload for one contender: a size each for pairs,
+ * else one. */
+static int runs_of(const bench_opts_t *o, bench_kind_t kind) {
+  return kind == WL_PAIR ? o->n_sizes : 1;
+}
+
 /* One workload of one contender: for pairs, the size o->sizes[size_i]. */
 static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t kind, int size_i,
                            bool *first) {
@@ -902,7 +908,7 @@ static int bench_contender(contender_t *c, const bench_opts_t *o, bench_kind_t k
 /* A baseline keeps its state from one size to the next (PyTorch's
  * allocator is the process's own, and cannot be made again). */
 static int bench_sizes(contender_t *c, const bench_opts_t *o, bench_kind_t kind, bool *first) {
-  for (int s = 0; s < (kind == WL_PAIR ? o->n_sizes : 1); ++s)
+  for (int s = 0; s < runs_of(o, kind); ++s)
     if (bench_contender(c, o, kind, s, first) != 0) return 1;
   return 0;
 }
@@ -1295,7 +1301,7 @@ int main(int argc, char **argv) {
   for (int kind = WL_PAIR; kind <= WL_MISS && rc == 0; ++kind) {
     if (!run[kind]) continue;
     for (int i = first_config; i < argc && rc == 0; ++i) {
-      for (int s = 0; s < (kind == WL_PAIR ? o.n_sizes : 1) && rc == 0; ++s) {
+      for (int s = 0; s < runs_of(&o, (bench_kind_t)kind) && rc == 0; ++s) {
         contender_t *c = calloc(1, sizeof *c);
         if (c == NULL || gmr_contender_new(argv[i], &o, c) != 0) {
           free(c);
