@@ -1,8 +1,9 @@
-/* lock.c: the slow path of gmr_spin_t; the slow paths of gmr_lock_t (lock.h): spinning with
- * backoff, sleeping on the futex, and waking one sleeper; and the event waits
- * (gmr__lock_wait_until, gmr__wake_all).  The fast paths are inline in
- * lock.h.
+/* lock.c: the slow path of gmr_spin_t; the slow paths of gmr_lock_t (lock.h): the choice
+ * of its unlock, spinning with backoff, the sleepers' barrier, sleeping on the
+ * futex, and waking one sleeper; and the event waits (gmr__lock_wait_until,
+ * gmr__wake_all).  The fast paths are inline in lock.h.
  */
+#include <pthread.h>
 #include <sched.h>
 #include <time.h>
 
@@ -34,8 +35,54 @@ static uint64_t lock_now_ns(void) {
 
 #ifdef GMR_LOCK_FUTEX
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+/* ---- the light unlock (lock.h) ------------------------------------------------
+ * fence_state: 0 while the process is not registered for the barrier, 1 once
+ * it is, -1 once a barrier failed (the flag is then 0, and every sleep is
+ * bounded: an unlock that read the flag before it changed may still be a
+ * light one). */
+_Atomic int gmr__lock_light = 0;
+static pthread_once_t lock_setup_once = PTHREAD_ONCE_INIT;
+static _Atomic int lock_fence_state = 0;
+
+static void lock_choose_unlock(void) {
+#ifdef SYS_membarrier
+  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
+      (cmds & MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0)
+    atomic_store_explicit(&gmr__lock_light, 1, memory_order_relaxed);
+#endif
+}
+
+void gmr__lock_setup(void) {
+  pthread_once(&lock_setup_once, lock_choose_unlock);
+}
+
+/* Called between a store the unlockers must see (a sleeper's increment of
+ * `sleepers`, a cleared `waking`) and the next look at `locked`: with light
+ * unlocks, every running thread of the process passes a full barrier.  True
+ * when a sleep may last until a wake-up; false when it must be bounded. */
+static bool lock_fence(void) {
+  int state = atomic_load_explicit(&lock_fence_state, memory_order_acquire);
+  if (state < 0) return false;
+  if (!atomic_load_explicit(&gmr__lock_light, memory_order_relaxed)) return true;
+#ifdef SYS_membarrier
+  /* Registering twice is harmless, so racing first sleepers may both do it. */
+  if (state == 0 && syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+    atomic_store_explicit(&lock_fence_state, state = 1, memory_order_release);
+  if (state == 1 && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+    return true;
+#endif
+  atomic_store_explicit(&gmr__lock_light, 0, memory_order_relaxed);
+  atomic_store_explicit(&lock_fence_state, -1, memory_order_release);
+  return false;
+}
+
+/* The longest sleep when no barrier could be made. */
+#define LOCK_BOUNDED_SLEEP_NS 1000000L
 
 /* The spin budget: LOCK_SPIN_ROUNDS looks at the lock, with 1, 2, 4 ... up to
  * LOCK_SPIN_MAX_PAUSES pauses between two looks (a pause is ~10 to ~140
@@ -78,8 +125,11 @@ void gmr__lock_slow(gmr_lock_t *l) {
   for (;;) {
     if (lock_try(l)) break;
     /* Sleeps only while locked == 1; an unlock after the increment above
-     * sees this sleeper and wakes one. */
-    syscall(SYS_futex, (uint32_t *)&l->locked, FUTEX_WAIT_PRIVATE, 1, NULL, NULL, 0);
+     * (or after the store to `waking` below) sees this sleeper and wakes
+     * one. */
+    static const struct timespec bound = {0, LOCK_BOUNDED_SLEEP_NS};
+    const struct timespec *timeout = lock_fence() ? NULL : &bound;
+    syscall(SYS_futex, (uint32_t *)&l->locked, FUTEX_WAIT_PRIVATE, 1, timeout, NULL, 0);
     /* Woken (or the lock changed before the sleep): let the next unlock wake
      * another sleeper if this one loses again, then compete by spinning. */
     atomic_store_explicit(&l->waking, 0, memory_order_seq_cst);
@@ -101,6 +151,7 @@ void gmr__lock_wake(gmr_lock_t *l) {
      * wake-up, so a thread that fell asleep meanwhile under one of them could
      * be left asleep with the lock free: look again. */
     atomic_store_explicit(&l->waking, 0, memory_order_seq_cst);
+    (void)lock_fence(); /* when it fails, every sleeper wakes within the bound */
     if (atomic_load_explicit(&l->sleepers, memory_order_seq_cst) == 0 ||
         atomic_load_explicit(&l->locked, memory_order_seq_cst) != 0)
       return; /* no sleeper, or a holder whose unlock comes after the store above */

@@ -19,10 +19,33 @@
  * spin, and when some sleep, one wake-up per sleeper's attempt rather than
  * one per unlock (glibc's mutex wakes on every unlock while anyone sleeps).
  *
+ * The light unlock.  An unlock must not read `sleepers` before its store of
+ * 0 is visible, or a thread could count itself a sleeper, see the lock still
+ * held and sleep while the unlocker, having read 0 sleepers, wakes nobody.
+ * An exchange orders the two, at the price of a second atomic in every
+ * critical section (some 20 cycles on x86, where a store and a later load
+ * are otherwise free to pass each other).  Where Linux offers
+ * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), the sleepers pay instead:
+ * the unlock is a release store (a plain move on x86), and a thread about
+ * to sleep (after it counted itself in `sleepers` or cleared `waking`)
+ * first makes every running thread of the process pass a full barrier.  An
+ * unlocker either passed it after its store (which the sleeper's futex then
+ * sees: it does not sleep) or before its load of `sleepers` (which then
+ * sees the sleeper: it wakes one).  `gmr__lock_light` says which unlock is
+ * in use; the first gmr__lock_init sets it, before any lock exists.  The
+ * registration that the barrier needs costs a process some milliseconds
+ * once its threads run, so it waits for the first thread that sleeps; a
+ * sleeper that cannot make the barrier after all clears the flag and
+ * sleeps at most a millisecond at a time from then on, so that no wake-up
+ * can be lost.
+ *
  * Invariants: a thread sleeps only while locked == 1 (the futex checks it)
  * and after counting itself in `sleepers`; the unlock's exchange and its
  * load of `sleepers`, the sleeper's increment and its CAS, and every access
- * to `waking` are sequentially consistent.  Hence a sleeper is never left
+ * to `waking` are sequentially consistent (with the light unlock: ordered
+ * as if they were, by the barrier a thread makes between its increment of
+ * `sleepers` or its store to `waking` and its next look at `locked`, before
+ * a sleep and in a waker's second look).  Hence a sleeper is never left
  * asleep with the lock free: either an unlock after it fell asleep finds
  * waking == 0 and wakes someone, or the thread whose wake-up is in flight
  * clears `waking` (the woken thread, before it tries again; a waker that
@@ -60,8 +83,14 @@ typedef struct gmr_lock_s {
 
 void gmr__lock_slow(gmr_lock_t *l);
 void gmr__lock_wake(gmr_lock_t *l);
+void gmr__lock_setup(void); /* once per process: chooses the unlock (lock.c) */
+
+/* 1: unlocks are release stores, sleepers make the barrier ("The light
+ * unlock" above); 0: unlocks are exchanges. */
+extern _Atomic int gmr__lock_light;
 
 static inline int gmr__lock_init(gmr_lock_t *l) {
+  gmr__lock_setup();
   atomic_init(&l->locked, 0);
   atomic_init(&l->sleepers, 0);
   atomic_init(&l->waking, 0);
@@ -86,10 +115,22 @@ static inline bool gmr__lock_try(gmr_lock_t *l) {
                                                  memory_order_relaxed);
 }
 
+/* Release l; true when a sleeper must then be woken (gmr__lock_wake), for
+ * callers that make the wake-up a tail call. */
+static inline bool gmr__unlock_sees_sleepers(gmr_lock_t *l) {
+  if (GMR_LIKELY(atomic_load_explicit(&gmr__lock_light, memory_order_relaxed))) {
+    atomic_store_explicit(&l->locked, 0, memory_order_release);
+    /* Only the compiler is held back here: the sleepers' barrier orders the
+     * store and the load below for the processor. */
+    atomic_signal_fence(memory_order_seq_cst);
+  } else {
+    atomic_exchange_explicit(&l->locked, 0, memory_order_seq_cst);
+  }
+  return atomic_load_explicit(&l->sleepers, memory_order_seq_cst) != 0;
+}
+
 static inline void gmr__unlock(gmr_lock_t *l) {
-  atomic_exchange_explicit(&l->locked, 0, memory_order_seq_cst);
-  if (GMR_UNLIKELY(atomic_load_explicit(&l->sleepers, memory_order_seq_cst) != 0))
-    gmr__lock_wake(l);
+  if (GMR_UNLIKELY(gmr__unlock_sees_sleepers(l))) gmr__lock_wake(l);
 }
 
 #else /* !__linux__ */

@@ -577,9 +577,7 @@ static BFC_COLD int bfc_wake_one(bfc_t *b) {
 /* gmr__unlock and `return 0` for the fast paths: the wake-up of a sleeper
  * is a tail call, so nothing stays live across a call there. */
 static BFC_INLINE int bfc_unlock_done(bfc_t *b) {
-  atomic_exchange_explicit(&b->lock.locked, 0, memory_order_seq_cst);
-  if (GMR_UNLIKELY(atomic_load_explicit(&b->lock.sleepers, memory_order_seq_cst) != 0))
-    return bfc_wake_one(b);
+  if (GMR_UNLIKELY(gmr__unlock_sees_sleepers(&b->lock))) return bfc_wake_one(b);
   return 0;
 }
 
