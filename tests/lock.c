@@ -6,9 +6,12 @@
  * time), and no sleeper left behind when holders keep the lock for long
  * stretches while others come and go (a lost wake-up hangs this test); each
  * with both unlocks, the release store and the exchange, where the kernel
- * allows the first.
+ * allows the first.  gmr_spin_t: the bias to its first thread (claimed,
+ * kept, revoked for good by a second thread), and no increment lost when
+ * others revoke it while its owner keeps taking it.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 
 #include "core/lock.h"
@@ -117,7 +120,107 @@ static void cases(const char *unlock) {
 #endif
 }
 
+/* ---- gmr_spin_t, biased and not ---- */
+
+static gmr_spin_t spin;
+static uint64_t spin_counter; /* guarded by spin */
+static _Atomic int owner_running;
+
+static void *spin_hammer(void *arg) {
+  int rounds = *(const int *)arg;
+  for (int i = 0; i < rounds; ++i) {
+    gmr__spin_lock(&spin);
+    uint64_t v = spin_counter;
+    spin_counter = v + 1;
+    gmr__spin_unlock(&spin);
+  }
+  return NULL;
+}
+
+/* The owner's side of a revocation race: it claims the lock, says so, and
+ * keeps taking it while the others come and revoke the bias. */
+static _Atomic int owner_stop;
+static uint64_t owner_rounds; /* written by the owner, read after its join */
+
+static void *spin_owner(void *arg) {
+  (void)arg;
+  uint64_t n = 0;
+  do {
+    gmr__spin_lock(&spin);
+    uint64_t v = spin_counter;
+    for (volatile int k = 0; k < 200; ++k) /* a section long enough to be found inside */
+      ;
+    spin_counter = v + 1;
+    gmr__spin_unlock(&spin);
+    if (n++ == 0) atomic_store(&owner_running, 1);
+  } while (!atomic_load_explicit(&owner_stop, memory_order_relaxed));
+  owner_rounds = n;
+  return NULL;
+}
+
+static void spin_cases(void) {
+  gmr__spin_init(&spin);
+  bool biased = atomic_load(&spin.locked) == GMR_SPIN_UNCLAIMED;
+  diag("spin locks: %s", biased ? "biased to their first thread" : "exchanges only");
+  gmr__spin_lock(&spin);
+  if (biased) {
+    is_int(atomic_load(&spin.locked), GMR_SPIN_BIASED, "the first taker claims the bias");
+    ok(atomic_load(&spin.owner) == gmr__thread_id() &&
+           atomic_load(&spin.inside) == gmr__thread_id(),
+       "and holds it biased: owner = inside = its identity");
+  } else {
+    is_int(atomic_load(&spin.locked), GMR_SPIN_HELD, "a spin lock taken reads HELD");
+  }
+  gmr__spin_unlock(&spin);
+  gmr__spin_lock(&spin);
+  gmr__spin_unlock(&spin);
+  if (biased) {
+    ok(atomic_load(&spin.locked) == GMR_SPIN_BIASED && atomic_load(&spin.inside) == 0,
+       "released and taken again by its owner: still BIASED, nobody inside");
+  }
+
+  /* A second thread revokes the bias once; the lock is an exchange lock from then on. */
+  int one = 1;
+  spin_counter = 0;
+  pthread_t t;
+  pthread_create(&t, NULL, spin_hammer, &one);
+  pthread_join(t, NULL);
+  is_u64(spin_counter, 1, "another thread takes it");
+  is_int(atomic_load(&spin.locked), GMR_SPIN_FREE, "and leaves it FREE: the bias is gone for good");
+  gmr__spin_lock(&spin);
+  is_int(atomic_load(&spin.locked), GMR_SPIN_HELD, "the former owner now takes it by exchange");
+  gmr__spin_unlock(&spin);
+
+  /* Races: an owner that keeps taking a fresh lock while WORKERS others
+   * arrive and revoke its bias; no increment may be lost (200 fresh locks). */
+  enum { RACES = 40, OTHER_ROUNDS = 200 };
+  int other_rounds = OTHER_ROUNDS;
+  uint64_t lost = 0;
+  for (int r = 0; r < RACES; ++r) {
+    gmr__spin_init(&spin);
+    spin_counter = 0;
+    atomic_store(&owner_running, 0);
+    atomic_store(&owner_stop, 0);
+    pthread_t o, w[WORKERS];
+    pthread_create(&o, NULL, spin_owner, NULL);
+    while (!atomic_load(&owner_running))
+      sched_yield();
+    for (int i = 0; i < WORKERS; ++i)
+      pthread_create(&w[i], NULL, spin_hammer, &other_rounds);
+    for (int i = 0; i < WORKERS; ++i)
+      pthread_join(w[i], NULL);
+    atomic_store(&owner_stop, 1);
+    pthread_join(o, NULL);
+    lost += owner_rounds + (uint64_t)WORKERS * OTHER_ROUNDS - spin_counter;
+  }
+  is_u64(lost, 0, "%d revocations during the owner's run, %d threads each: no increment lost",
+         RACES, WORKERS);
+  is_int(atomic_load(&spin.locked), GMR_SPIN_FREE, "the last lock ends FREE");
+  ok(atomic_load(&spin.inside) == 0, "with nobody inside");
+}
+
 int main(void) {
+  spin_cases();
   is_int(gmr__lock_init(&lock), 0, "a lock initializes");
 #ifdef GMR_LOCK_FUTEX
   /* The first init chose the unlock: a release store where the kernel offers

@@ -1,7 +1,9 @@
-/* lock.c: the slow path of gmr_spin_t; the slow paths of gmr_lock_t (lock.h): the choice
- * of its unlock, spinning with backoff, the sleepers' barrier, sleeping on the
- * futex, and waking one sleeper; and the event waits (gmr__lock_wait_until,
- * gmr__wake_all).  The fast paths are inline in lock.h.
+/* lock.c: the process-wide barrier (membarrier) that lets unlocks and biased locks skip
+ * their atomics; the slow paths of gmr_spin_t (claiming the bias, revoking it,
+ * spinning); the slow paths of gmr_lock_t (lock.h): spinning with backoff,
+ * the sleepers' barrier, sleeping on the futex, and waking one sleeper; and
+ * the event waits (gmr__lock_wait_until, gmr__wake_all).  The fast paths are
+ * inline in lock.h.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -9,20 +11,108 @@
 
 #include "core/lock.h"
 
-void gmr__spin_wait(gmr_spin_t *l) {
-  for (unsigned n = 0;;) {
-    if (!atomic_exchange_explicit(&l->locked, 1, memory_order_acquire)) return;
-    while (atomic_load_explicit(&l->locked, memory_order_relaxed)) {
-      if (++n < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
-      } else {
-        n = 0;
-        sched_yield();
+
+static inline void lock_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- the barrier ---------------------------------------------------------------
+ * lock_barrier() makes every running thread of the process pass a full memory
+ * barrier (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)).  The process
+ * registers for it once, at the first lock's initialization (a few
+ * microseconds in a process of one thread, some milliseconds once it runs
+ * others); a fork's child inherits the registration.  barrier_state: 1 when
+ * registered, 0 when the barrier is not available, -1 once one failed
+ * after all.  gmr__lock_light (lock.h) is 1 while barrier_state is 1. */
+_Atomic int gmr__lock_light = 0;
+static pthread_once_t lock_setup_once = PTHREAD_ONCE_INIT;
+static _Atomic int barrier_state = 0;
+
+static void lock_setup_barrier(void) {
+#if defined(__linux__) && defined(SYS_membarrier)
+  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
+      (cmds & MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0 &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0) {
+    atomic_store_explicit(&barrier_state, 1, memory_order_relaxed);
+    atomic_store_explicit(&gmr__lock_light, 1, memory_order_relaxed);
+  }
+#endif
+}
+
+void gmr__lock_setup(void) {
+  pthread_once(&lock_setup_once, lock_setup_barrier);
+}
+
+/* True when every running thread passed a full barrier; false when the
+ * barrier is not available (then nothing relies on it: light unlocks and
+ * biased locks stop being made, and the callers fall back). */
+static bool lock_barrier(void) {
+  if (atomic_load_explicit(&barrier_state, memory_order_acquire) != 1) return false;
+#if defined(__linux__) && defined(SYS_membarrier)
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return true;
+#endif
+  atomic_store_explicit(&gmr__lock_light, 0, memory_order_relaxed);
+  atomic_store_explicit(&barrier_state, -1, memory_order_release);
+  return false;
+}
+
+/* ---- gmr_spin_t's slow paths ------------------------------------------------- */
+
+int gmr__spin_initial_state(void) {
+  gmr__lock_setup();
+  return atomic_load_explicit(&barrier_state, memory_order_acquire) == 1 ? GMR_SPIN_UNCLAIMED
+                                                                         : GMR_SPIN_FREE;
+}
+
+/* One look's wait: a pause, and every 64th time the processor yielded. */
+static void spin_relax_or_yield(unsigned *n) {
+  if (++*n < 64) {
+    lock_relax();
+  } else {
+    *n = 0;
+    sched_yield();
+  }
+}
+
+void gmr__spin_wait(gmr_spin_t *l, int seen) {
+  for (;;) {
+    switch (seen) {
+    case GMR_SPIN_FREE:
+      return;
+    case GMR_SPIN_UNCLAIMED:
+      /* The first taker: the lock is ours by exchange, and becomes ours by
+       * bias; others' exchanges meanwhile see HELD and wait. */
+      atomic_store_explicit(&l->owner, gmr__thread_id(), memory_order_relaxed);
+      atomic_store_explicit(&l->inside, gmr__thread_id(), memory_order_relaxed);
+      atomic_store_explicit(&l->locked, GMR_SPIN_BIASED, memory_order_release);
+      return;
+    case GMR_SPIN_BIASED:
+      /* Revoked: held by exchange now.  After the barrier the owner is either
+       * seen inside (wait until it leaves) or will see HELD. */
+      if (!lock_barrier()) {
+        /* No barrier after all (it did exist when the bias was given): an
+         * owner's store to `inside` leaves its store buffer long before a
+         * millisecond has passed. */
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
       }
+      for (unsigned n = 0; atomic_load_explicit(&l->inside, memory_order_acquire) != 0;)
+        spin_relax_or_yield(&n);
+      return;
+    default: /* HELD */
+      for (unsigned n = 0; atomic_load_explicit(&l->locked, memory_order_relaxed) == GMR_SPIN_HELD;)
+        spin_relax_or_yield(&n);
+      seen = atomic_exchange_explicit(&l->locked, GMR_SPIN_HELD, memory_order_acquire);
     }
   }
 }
@@ -35,50 +125,17 @@ static uint64_t lock_now_ns(void) {
 
 #ifdef GMR_LOCK_FUTEX
 #include <linux/futex.h>
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-/* ---- the light unlock (lock.h) ------------------------------------------------
- * fence_state: 0 while the process is not registered for the barrier, 1 once
- * it is, -1 once a barrier failed (the flag is then 0, and every sleep is
- * bounded: an unlock that read the flag before it changed may still be a
- * light one). */
-_Atomic int gmr__lock_light = 0;
-static pthread_once_t lock_setup_once = PTHREAD_ONCE_INIT;
-static _Atomic int lock_fence_state = 0;
-
-static void lock_choose_unlock(void) {
-#ifdef SYS_membarrier
-  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
-      (cmds & MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0)
-    atomic_store_explicit(&gmr__lock_light, 1, memory_order_relaxed);
-#endif
-}
-
-void gmr__lock_setup(void) {
-  pthread_once(&lock_setup_once, lock_choose_unlock);
-}
 
 /* Called between a store the unlockers must see (a sleeper's increment of
  * `sleepers`, a cleared `waking`) and the next look at `locked`: with light
- * unlocks, every running thread of the process passes a full barrier.  True
- * when a sleep may last until a wake-up; false when it must be bounded. */
+ * unlocks, every running thread passes a full barrier.  True when a sleep
+ * may last until a wake-up; false when it must be bounded (an unlock that
+ * read gmr__lock_light before a failed barrier cleared it may still be a
+ * light one). */
 static bool lock_fence(void) {
-  int state = atomic_load_explicit(&lock_fence_state, memory_order_acquire);
-  if (state < 0) return false;
-  if (!atomic_load_explicit(&gmr__lock_light, memory_order_relaxed)) return true;
-#ifdef SYS_membarrier
-  /* Registering twice is harmless, so racing first sleepers may both do it. */
-  if (state == 0 && syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
-    atomic_store_explicit(&lock_fence_state, state = 1, memory_order_release);
-  if (state == 1 && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
-    return true;
-#endif
-  atomic_store_explicit(&gmr__lock_light, 0, memory_order_relaxed);
-  atomic_store_explicit(&lock_fence_state, -1, memory_order_release);
-  return false;
+  int state = atomic_load_explicit(&barrier_state, memory_order_acquire);
+  if (state == 0) return true; /* never light: unlocks are exchanges */
+  return state == 1 && lock_barrier();
 }
 
 /* The longest sleep when no barrier could be made. */
@@ -91,14 +148,6 @@ static bool lock_fence(void) {
  * nanoseconds, and less than a sleep and a wake-up cost the holder. */
 #define LOCK_SPIN_ROUNDS     64
 #define LOCK_SPIN_MAX_PAUSES 16
-
-static inline void lock_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
 
 static inline bool lock_try(gmr_lock_t *l) {
   uint32_t free_state = 0;

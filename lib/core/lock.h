@@ -32,12 +32,12 @@
  * unlocker either passed it after its store (which the sleeper's futex then
  * sees: it does not sleep) or before its load of `sleepers` (which then
  * sees the sleeper: it wakes one).  `gmr__lock_light` says which unlock is
- * in use; the first gmr__lock_init sets it, before any lock exists.  The
- * registration that the barrier needs costs a process some milliseconds
- * once its threads run, so it waits for the first thread that sleeps; a
+ * in use; the first lock's initialization registers the process for the
+ * barrier (a few microseconds with one thread, some milliseconds once
+ * others run; once per process) and sets it, before any lock exists.  A
  * sleeper that cannot make the barrier after all clears the flag and
  * sleeps at most a millisecond at a time from then on, so that no wake-up
- * can be lost.
+ * can be lost.  gmr_spin_t uses the same barrier for its bias (below).
  *
  * Invariants: a thread sleeps only while locked == 1 (the futex checks it)
  * and after counting itself in `sleepers`; the unlock's exchange and its
@@ -71,6 +71,14 @@
 
 #include "core/internal.h"
 
+/* Once per process (lock.c): registers for the barrier and chooses the
+ * unlock.  Every gmr__lock_init and gmr__spin_init calls it. */
+void gmr__lock_setup(void);
+
+/* 1: gmr_lock_t's unlocks are release stores and sleepers make the barrier
+ * ("The light unlock" above); 0: unlocks are exchanges. */
+extern _Atomic int gmr__lock_light;
+
 #if defined(__linux__)
 #define GMR_LOCK_FUTEX 1
 #include <stdatomic.h>
@@ -83,11 +91,6 @@ typedef struct gmr_lock_s {
 
 void gmr__lock_slow(gmr_lock_t *l);
 void gmr__lock_wake(gmr_lock_t *l);
-void gmr__lock_setup(void); /* once per process: chooses the unlock (lock.c) */
-
-/* 1: unlocks are release stores, sleepers make the barrier ("The light
- * unlock" above); 0: unlocks are exchanges. */
-extern _Atomic int gmr__lock_light;
 
 static inline int gmr__lock_init(gmr_lock_t *l) {
   gmr__lock_setup();
@@ -158,6 +161,27 @@ static inline void gmr__unlock(gmr_lock_t *l) {
 }
 #endif
 
+/* The calling thread's identity, unique among live threads: the thread
+ * pointer (one register read) where the compiler has it, else pthread_self
+ * (a call; a thread-local variable would cost a __tls_get_addr call in a
+ * shared library, and the initial-exec model fails when Python loads it).
+ * A finished thread's identity may be reused by a new thread. */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_thread_pointer) && (defined(__x86_64__) || defined(__aarch64__))
+#define GMR_THREAD_POINTER 1
+#endif
+#endif
+#ifndef GMR_THREAD_POINTER
+#include <pthread.h>
+#endif
+static inline uintptr_t gmr__thread_id(void) {
+#ifdef GMR_THREAD_POINTER
+  return (uintptr_t)__builtin_thread_pointer();
+#else
+  return (uintptr_t)pthread_self();
+#endif
+}
+
 /* gmr_spin_t: the lock of sections of a few tens of nanoseconds that are
  * seldom contended (the pointer map's 256 shards, the caching policy's
  * streams).  lock: one exchange, inline; unlock: one release store.  A
@@ -165,22 +189,67 @@ static inline void gmr__unlock(gmr_lock_t *l) {
  * every 64 looks (gmr__spin_wait): it never sleeps in the kernel, so there
  * is no wake-up to send and none to miss; a holder that is preempted costs
  * its waiters their time slices.  Acquire/release: a full mutex for
- * ThreadSanitizer.  Invariant: locked == 1 iff a thread holds it. */
+ * ThreadSanitizer.
+ *
+ * Biased to its first thread.  Most of these locks are only ever taken by
+ * one thread (a shard or a stream used by one thread), and the exchange is
+ * most of what an uncontended lock costs (some 20 cycles on x86).  Where
+ * the sleepers' barrier of gmr_lock_t exists (membarrier, "The light
+ * unlock" above), a spin lock starts UNCLAIMED; the first thread to take it
+ * becomes its `owner`, and from then on takes and releases it without an
+ * atomic read-modify-write: it stores its identity in `inside`, then reads
+ * `locked`, and holds the lock if that still says BIASED (releasing it
+ * stores inside = 0).  Any other thread's exchange finds BIASED, which
+ * revokes the bias for good: that thread now holds the lock (HELD), makes
+ * every running thread pass a full barrier, then waits for inside == 0.
+ * The owner either passed the barrier before its read of `locked` (which
+ * then sees HELD: it clears `inside` and takes the exchange path like
+ * anyone else) or after its store to `inside` (which the revoker then
+ * sees: it waits until the owner's section ends).
+ *   locked: FREE 0, HELD 1 (by exchange), BIASED 2, UNCLAIMED 3;
+ *   `inside` is written by the owner only, and
+ *   the owner holds it biased  <=>  inside == owner (and then, until a
+ *     revoker's exchange, locked == BIASED);
+ *   BIASED and UNCLAIMED occur only while the barrier is available, and
+ *   no state returns to them. */
+enum { GMR_SPIN_FREE = 0, GMR_SPIN_HELD = 1, GMR_SPIN_BIASED = 2, GMR_SPIN_UNCLAIMED = 3 };
+
 typedef struct gmr_spin_s {
-  _Atomic int locked;
+  _Atomic int locked;       /* GMR_SPIN_* */
+  _Atomic uintptr_t owner;  /* gmr__thread_id of the thread it is biased to (0: none) */
+  _Atomic uintptr_t inside; /* the owner's identity while it holds it biased, else 0 */
 } gmr_spin_t;
 
-void gmr__spin_wait(gmr_spin_t *l); /* lock.c: spin and yield until taken */
+/* lock.c: take it after an exchange that returned `seen` (not FREE); the
+ * initial state of `locked`. */
+void gmr__spin_wait(gmr_spin_t *l, int seen);
+int gmr__spin_initial_state(void);
 
 static inline void gmr__spin_init(gmr_spin_t *l) {
-  atomic_init(&l->locked, 0);
+  atomic_init(&l->locked, gmr__spin_initial_state());
+  atomic_init(&l->owner, 0);
+  atomic_init(&l->inside, 0);
 }
 static inline void gmr__spin_lock(gmr_spin_t *l) {
-  if (GMR_LIKELY(!atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))) return;
-  gmr__spin_wait(l);
+  const uintptr_t me = gmr__thread_id();
+  if (GMR_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == me)) {
+    atomic_store_explicit(&l->inside, me, memory_order_relaxed);
+    /* The compiler keeps the store before the load; a revoker's barrier
+     * orders them for the processor. */
+    atomic_signal_fence(memory_order_seq_cst);
+    if (GMR_LIKELY(atomic_load_explicit(&l->locked, memory_order_acquire) == GMR_SPIN_BIASED))
+      return;
+    atomic_store_explicit(&l->inside, 0, memory_order_release); /* revoked */
+  }
+  int seen = atomic_exchange_explicit(&l->locked, GMR_SPIN_HELD, memory_order_acquire);
+  if (GMR_LIKELY(seen == GMR_SPIN_FREE)) return;
+  gmr__spin_wait(l, seen);
 }
 static inline void gmr__spin_unlock(gmr_spin_t *l) {
-  atomic_store_explicit(&l->locked, 0, memory_order_release);
+  if (atomic_load_explicit(&l->inside, memory_order_relaxed) == gmr__thread_id())
+    atomic_store_explicit(&l->inside, 0, memory_order_release);
+  else
+    atomic_store_explicit(&l->locked, GMR_SPIN_FREE, memory_order_release);
 }
 
 /* Event waits (see the top of the file); lock.c. */

@@ -251,24 +251,11 @@ static inline size_t bfc_largest_free(const bfc_t *b) {
   return avl_max(b->bins[i].root)->size;
 }
 
-/* Who holds a chunk: the calling thread's identity, unique among live
- * threads: the thread pointer (one register read) where the compiler has
- * it, else pthread_self (a call; a thread-local counter would cost a
- * __tls_get_addr call on every allocation, and the initial-exec model fails
- * when Python loads the library).  A finished thread's identity may be
- * reused by a new thread; the retry's rule (streams.c) only errs towards
- * TF's wait then. */
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_thread_pointer) && (defined(__x86_64__) || defined(__aarch64__))
-#define BFC_THREAD_POINTER 1
-#endif
-#endif
+/* Who holds a chunk: the calling thread's identity (core/lock.h).  A
+ * finished thread's identity may be reused by a new thread; the retry's
+ * rule (streams.c) only errs towards TF's wait then. */
 static inline uintptr_t bfc_thread_id(void) {
-#ifdef BFC_THREAD_POINTER
-  return (uintptr_t)__builtin_thread_pointer();
-#else
-  return (uintptr_t)pthread_self();
-#endif
+  return gmr__thread_id();
 }
 
 /* ---- across files -------------------------------------------------------------- */

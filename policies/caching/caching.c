@@ -416,6 +416,7 @@ static cache_stream_t *cache_stream(cache_t *c, gmr_stream_t s) {
   }
   cs = gmr__calloc(1, sizeof *cs);
   if (cs == NULL) goto nomem;
+  gmr__spin_init(&cs->lock);
   cache_spin_lock(&cs->lock);
   cs->id = s;
   cs->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)c->n_streams;
