@@ -84,18 +84,18 @@ static void spin_relax_or_yield(unsigned *n) {
   }
 }
 
-void gmr__spin_wait(gmr_spin_t *l, int seen) {
+bool gmr__spin_wait(gmr_spin_t *l, int seen) {
   for (;;) {
     switch (seen) {
     case GMR_SPIN_FREE:
-      return;
+      return false;
     case GMR_SPIN_UNCLAIMED:
       /* The first taker: the lock is ours by exchange, and becomes ours by
        * bias; others' exchanges meanwhile see HELD and wait. */
       atomic_store_explicit(&l->owner, gmr__thread_id(), memory_order_relaxed);
       atomic_store_explicit(&l->inside, gmr__thread_id(), memory_order_relaxed);
       atomic_store_explicit(&l->locked, GMR_SPIN_BIASED, memory_order_release);
-      return;
+      return true;
     case GMR_SPIN_BIASED:
       /* Revoked: held by exchange now.  After the barrier the owner is either
        * seen inside (wait until it leaves) or will see HELD. */
@@ -108,7 +108,7 @@ void gmr__spin_wait(gmr_spin_t *l, int seen) {
       }
       for (unsigned n = 0; atomic_load_explicit(&l->inside, memory_order_acquire) != 0;)
         spin_relax_or_yield(&n);
-      return;
+      return false;
     default: /* HELD */
       for (unsigned n = 0; atomic_load_explicit(&l->locked, memory_order_relaxed) == GMR_SPIN_HELD;)
         spin_relax_or_yield(&n);

@@ -220,9 +220,9 @@ typedef struct gmr_spin_s {
   _Atomic uintptr_t inside; /* the owner's identity while it holds it biased, else 0 */
 } gmr_spin_t;
 
-/* lock.c: take it after an exchange that returned `seen` (not FREE); the
- * initial state of `locked`. */
-void gmr__spin_wait(gmr_spin_t *l, int seen);
+/* lock.c: take it after an exchange that returned `seen` (not FREE), true
+ * when taken biased (claimed); the initial state of `locked`. */
+bool gmr__spin_wait(gmr_spin_t *l, int seen);
 int gmr__spin_initial_state(void);
 
 static inline void gmr__spin_init(gmr_spin_t *l) {
@@ -230,7 +230,10 @@ static inline void gmr__spin_init(gmr_spin_t *l) {
   atomic_init(&l->owner, 0);
   atomic_init(&l->inside, 0);
 }
-static inline void gmr__spin_lock(gmr_spin_t *l) {
+/* Take l; true when it is held biased.  A caller that releases it in the
+ * same function passes that to gmr__spin_release (which then need not ask
+ * who holds it); others call gmr__spin_lock and gmr__spin_unlock. */
+static inline bool gmr__spin_take(gmr_spin_t *l) {
   const uintptr_t me = gmr__thread_id();
   if (GMR_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == me)) {
     atomic_store_explicit(&l->inside, me, memory_order_relaxed);
@@ -238,18 +241,25 @@ static inline void gmr__spin_lock(gmr_spin_t *l) {
      * orders them for the processor. */
     atomic_signal_fence(memory_order_seq_cst);
     if (GMR_LIKELY(atomic_load_explicit(&l->locked, memory_order_acquire) == GMR_SPIN_BIASED))
-      return;
+      return true;
     atomic_store_explicit(&l->inside, 0, memory_order_release); /* revoked */
   }
   int seen = atomic_exchange_explicit(&l->locked, GMR_SPIN_HELD, memory_order_acquire);
-  if (GMR_LIKELY(seen == GMR_SPIN_FREE)) return;
-  gmr__spin_wait(l, seen);
+  if (GMR_LIKELY(seen == GMR_SPIN_FREE)) return false;
+  return gmr__spin_wait(l, seen);
 }
-static inline void gmr__spin_unlock(gmr_spin_t *l) {
-  if (atomic_load_explicit(&l->inside, memory_order_relaxed) == gmr__thread_id())
+static inline void gmr__spin_release(gmr_spin_t *l, bool biased) {
+  if (biased)
     atomic_store_explicit(&l->inside, 0, memory_order_release);
   else
     atomic_store_explicit(&l->locked, GMR_SPIN_FREE, memory_order_release);
+}
+static inline void gmr__spin_lock(gmr_spin_t *l) {
+  (void)gmr__spin_take(l);
+}
+/* Held biased  <=>  inside == the caller's identity (only the owner writes it). */
+static inline void gmr__spin_unlock(gmr_spin_t *l) {
+  gmr__spin_release(l, atomic_load_explicit(&l->inside, memory_order_relaxed) == gmr__thread_id());
 }
 
 /* Event waits (see the top of the file); lock.c. */

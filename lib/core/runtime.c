@@ -508,9 +508,9 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
   blk.stream = s;
   uint64_t h = map_hash(blk.ptr);
   map_shard_t *sh = map_shard(rt, h);
-  gmr__spin_lock(&sh->lock);
+  bool biased = gmr__spin_take(&sh->lock);
   bool mapped = map_insert(sh, &blk, h) == 0;
-  gmr__spin_unlock(&sh->lock);
+  gmr__spin_release(&sh->lock, biased);
   if (GMR_UNLIKELY(!mapped)) return alloc_unmapped(rt, &blk);
   *out_ptr = blk.ptr;
   return 0;
@@ -571,10 +571,10 @@ static RUNTIME_NOINLINE int free_general(gmr_runtime_t *rt, void *ptr) {
 static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  gmr__spin_lock(&sh->lock);
+  bool biased = gmr__spin_take(&sh->lock);
   size_t slot = map_find(sh, ptr, h);
   if (GMR_UNLIKELY(slot == MAP_NONE)) {
-    gmr__spin_unlock(&sh->lock);
+    gmr__spin_release(&sh->lock, biased);
     return bad_pointer(rt, "gmr_free", ptr);
   }
   gmr_block_t blk = sh->slots[slot];
@@ -582,7 +582,7 @@ static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
   __builtin_prefetch(blk.handle); /* the policy's record: fetched while the map is updated */
 #endif
   map_erase(sh, slot);
-  gmr__spin_unlock(&sh->lock);
+  gmr__spin_release(&sh->lock, biased);
   int err = gmr__policy_free_locked(rt->policy, &blk);
   return GMR_UNLIKELY(err != 0) ? gmr__policy_failed(rt->policy, err) : 0;
 }
