@@ -192,7 +192,7 @@ static void spin_cases(void) {
   gmr__spin_unlock(&spin);
 
   /* Races: an owner that keeps taking a fresh lock while WORKERS others
-   * arrive and revoke its bias; no increment may be lost (200 fresh locks). */
+   * arrive and revoke its bias; no increment may be lost (RACES fresh locks). */
   enum { RACES = 40, OTHER_ROUNDS = 200 };
   int other_rounds = OTHER_ROUNDS;
   uint64_t lost = 0;

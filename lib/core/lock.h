@@ -184,8 +184,8 @@ static inline uintptr_t gmr__thread_id(void) {
 
 /* gmr_spin_t: the lock of sections of a few tens of nanoseconds that are
  * seldom contended (the pointer map's 256 shards, the caching policy's
- * streams).  lock: one exchange, inline; unlock: one release store.  A
- * waiter spins on loads with a pause between two, and yields the processor
+ * streams).  Unbiased (below): lock one exchange, inline; unlock one
+ * release store.  A waiter spins on loads with a pause between two, and yields the processor
  * every 64 looks (gmr__spin_wait): it never sleeps in the kernel, so there
  * is no wake-up to send and none to miss; a holder that is preempted costs
  * its waiters their time slices.  Acquire/release: a full mutex for

@@ -389,12 +389,8 @@ static inline size_t cache_stab_home(gmr_stream_t s) {
 }
 
 /* Lock-free lookup (the table is append-only; entries are published with
- * release stores after they are built; `sole` too, and a record stays its
- * stream's for the policy's life, so a sole record that has the id is the
- * one even after a second stream came). */
+ * release stores after they are built). */
 static cache_stream_t *cache_stream_find(cache_t *c, gmr_stream_t s) {
-  cache_stream_t *sole = atomic_load_explicit(&c->sole, memory_order_acquire);
-  if (GMR_LIKELY(sole != NULL && sole->id == s)) return sole;
   for (size_t i = cache_stab_home(s), n = 0; n < CACHE_STAB; i = (i + 1) & (CACHE_STAB - 1), ++n) {
     cache_stream_t *cs = atomic_load_explicit(&c->stab[i], memory_order_acquire);
     if (cs == NULL || cs->id == s) return cs;
@@ -437,8 +433,6 @@ static cache_stream_t *cache_stream(cache_t *c, gmr_stream_t s) {
   while (atomic_load_explicit(&c->stab[i], memory_order_relaxed) != NULL)
     i = (i + 1) & (CACHE_STAB - 1);
   atomic_store_explicit(&c->stab[i], cs, memory_order_release);
-  c->defer_now = c->defer && c->n_streams == 1;
-  atomic_store_explicit(&c->sole, c->n_streams == 1 ? cs : NULL, memory_order_release);
   return cs;
 nomem:
   gmr__error_set(GMR_ENOMEM, "caching: out of host memory for a stream");
@@ -1598,7 +1592,7 @@ static CACHE_HOT void cache_free_locked(cache_t *c, cache_block_t *b, cache_jour
 /* The rest of cache_free: cs->lock held, released here. */
 static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
   if (GMR_LIKELY(b->n_uses == 0)) {
-    if (GMR_LIKELY(c->defer_now)) {
+    if (GMR_LIKELY(c->defer && c->n_streams == 1)) {
       cache_block_t *earlier = cs->deferred; /* applied first: PyTorch's order */
       cs->deferred = b;
       b = earlier;
@@ -1621,7 +1615,7 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_block_t *b = blk->handle;
   cache_stream_t *cs = b->pool->stream;
   cache_spin_lock(&cs->lock);
-  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer_now || cs->deferred != NULL))
+  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || c->n_streams != 1 || cs->deferred != NULL))
     return cache_free_rest(c, cs, b);
   cs->deferred = b;
   cache_spin_unlock(&cs->lock);

@@ -219,7 +219,6 @@ typedef struct cache_s {
   _Atomic size_t n_pending; /* events recorded and not yet completed */
   bool global_only;         /* GC on: every alloc takes the global path */
   bool defer;               /* fast frees wait for the stream's next op (not expandable, no GC) */
-  bool defer_now;           /* defer && n_streams == 1 (set with n_streams) */
   bool divisions;           /* some roundup_power2_divisions > 1 */
   /* A stream was recorded on a block (record_stream): from then on a freed
    * block stays active until its events complete.  Until then active and
@@ -231,7 +230,6 @@ typedef struct cache_s {
   atomic_flag slock;     /* guards `st` for the fast path's commits (try only) */
   _Atomic bool sharded;  /* a commit found slock busy: fast paths keep deltas */
   _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
-  _Atomic(cache_stream_t *) sole;             /* the stream while there is one, else NULL */
   size_t bin_floor[2][CACHE_BINS + 1];        /* each pool's floors: [0] large, [1] small */
 } cache_t;
 
