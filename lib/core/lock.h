@@ -230,10 +230,11 @@ static inline void gmr__spin_init(gmr_spin_t *l) {
   atomic_init(&l->owner, 0);
   atomic_init(&l->inside, 0);
 }
-/* Take l; true when it is held biased.  A caller that releases it in the
- * same function passes that to gmr__spin_release (which then need not ask
- * who holds it); others call gmr__spin_lock and gmr__spin_unlock. */
-static inline bool gmr__spin_take(gmr_spin_t *l) {
+/* Take l if it is biased to the calling thread (and not revoked), with no
+ * read-modify-write; false: nothing is taken.  Hot paths try this inline
+ * and take the lock out of line otherwise (gmr__spin_take), so that the
+ * exchange, the wait and their registers stay off the common path. */
+static inline bool gmr__spin_try_biased(gmr_spin_t *l) {
   const uintptr_t me = gmr__thread_id();
   if (GMR_LIKELY(atomic_load_explicit(&l->owner, memory_order_relaxed) == me)) {
     atomic_store_explicit(&l->inside, me, memory_order_relaxed);
@@ -244,6 +245,13 @@ static inline bool gmr__spin_take(gmr_spin_t *l) {
       return true;
     atomic_store_explicit(&l->inside, 0, memory_order_release); /* revoked */
   }
+  return false;
+}
+/* Take l; true when it is held biased.  A caller that releases it in the
+ * same function passes that to gmr__spin_release (which then need not ask
+ * who holds it); others call gmr__spin_lock and gmr__spin_unlock. */
+static inline bool gmr__spin_take(gmr_spin_t *l) {
+  if (GMR_LIKELY(gmr__spin_try_biased(l))) return true;
   int seen = atomic_exchange_explicit(&l->locked, GMR_SPIN_HELD, memory_order_acquire);
   if (GMR_LIKELY(seen == GMR_SPIN_FREE)) return false;
   return gmr__spin_wait(l, seen);

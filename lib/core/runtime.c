@@ -168,15 +168,20 @@ static int map_grow(map_shard_t *sh) {
   return 0;
 }
 
-static RUNTIME_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
-  if (GMR_UNLIKELY(sh->count >= sh->grow_at)) {
-    if (map_grow(sh) != 0) return GMR_ENOMEM;
-  }
+/* Insert blk into a shard with room for it (count < grow_at). */
+static RUNTIME_INLINE void map_put(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
   size_t i = h & sh->mask;
   while (sh->slots[i].ptr != NULL)
     i = (i + 1) & sh->mask;
   sh->slots[i] = *blk;
   ++sh->count;
+}
+
+static RUNTIME_INLINE int map_insert(map_shard_t *sh, const gmr_block_t *blk, uint64_t h) {
+  if (GMR_UNLIKELY(sh->count >= sh->grow_at)) {
+    if (map_grow(sh) != 0) return GMR_ENOMEM;
+  }
+  map_put(sh, blk, h);
   return 0;
 }
 
@@ -494,10 +499,25 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   return 0;
 }
 
+/* alloc_fast's map insertion when the shard's lock is not biased to this
+ * thread, or the shard must grow: the lock taken by exchange (or waited
+ * for), out of line. */
+static RUNTIME_NOINLINE int alloc_map_locking(gmr_runtime_t *rt, gmr_block_t *blk, uint64_t h,
+                                              void **out_ptr) {
+  map_shard_t *sh = map_shard(rt, h);
+  bool biased = gmr__spin_take(&sh->lock);
+  bool mapped = map_insert(sh, blk, h) == 0;
+  gmr__spin_release(&sh->lock, biased);
+  if (GMR_UNLIKELY(!mapped)) return alloc_unmapped(rt, blk);
+  *out_ptr = blk->ptr;
+  return 0;
+}
+
 /* The hot path: a concurrent policy (it locks itself), no trace, no history;
- * the map is touched under its shard's lock.  Anything else is `slow`.  Out
- * of line, so that gmr_alloc reaches either path by a jump, before any frame
- * is built. */
+ * the map is touched under its shard's lock, taken inline when it is biased
+ * to this thread (a shard one thread uses) and out of line otherwise.
+ * Anything else is `slow`.  Out of line, so that gmr_alloc reaches either
+ * path by a jump, before any frame is built. */
 static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
                                        void **out_ptr) {
   gmr_block_t blk;
@@ -508,10 +528,13 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
   blk.stream = s;
   uint64_t h = map_hash(blk.ptr);
   map_shard_t *sh = map_shard(rt, h);
-  bool biased = gmr__spin_take(&sh->lock);
-  bool mapped = map_insert(sh, &blk, h) == 0;
-  gmr__spin_release(&sh->lock, biased);
-  if (GMR_UNLIKELY(!mapped)) return alloc_unmapped(rt, &blk);
+  if (GMR_UNLIKELY(!gmr__spin_try_biased(&sh->lock))) return alloc_map_locking(rt, &blk, h, out_ptr);
+  if (GMR_UNLIKELY(sh->count >= sh->grow_at)) {
+    gmr__spin_release(&sh->lock, true);
+    return alloc_map_locking(rt, &blk, h, out_ptr);
+  }
+  map_put(sh, &blk, h);
+  gmr__spin_release(&sh->lock, true);
   *out_ptr = blk.ptr;
   return 0;
 }
@@ -567,24 +590,48 @@ static RUNTIME_NOINLINE int free_general(gmr_runtime_t *rt, void *ptr) {
   return 0;
 }
 
+/* Take ptr's entry out of its shard into *blk (shard lock held); false
+ * when the shard has none. */
+static RUNTIME_INLINE bool map_remove(map_shard_t *sh, const void *ptr, uint64_t h,
+                                      gmr_block_t *blk) {
+  size_t slot = map_find(sh, ptr, h);
+  if (GMR_UNLIKELY(slot == MAP_NONE)) return false;
+  *blk = sh->slots[slot];
+#if defined(__GNUC__)
+  __builtin_prefetch(blk->handle); /* the policy's record: fetched while the map is updated */
+#endif
+  map_erase(sh, slot);
+  return true;
+}
+
+/* The policy's free of a block taken out of the map (gmr_free's hot path). */
+static RUNTIME_INLINE int free_block(gmr_runtime_t *rt, const gmr_block_t *blk) {
+  int err = gmr__policy_free_locked(rt->policy, blk);
+  return GMR_UNLIKELY(err != 0) ? gmr__policy_failed(rt->policy, err) : 0;
+}
+
+/* free_fast when the shard's lock is not biased to this thread (see
+ * alloc_map_locking). */
+static RUNTIME_NOINLINE int free_map_locking(gmr_runtime_t *rt, void *ptr, uint64_t h) {
+  map_shard_t *sh = map_shard(rt, h);
+  bool biased = gmr__spin_take(&sh->lock);
+  gmr_block_t blk;
+  bool found = map_remove(sh, ptr, h, &blk);
+  gmr__spin_release(&sh->lock, biased);
+  if (GMR_UNLIKELY(!found)) return bad_pointer(rt, "gmr_free", ptr);
+  return free_block(rt, &blk);
+}
+
 /* gmr_free's hot path (see alloc_fast). */
 static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
   uint64_t h = map_hash(ptr);
   map_shard_t *sh = map_shard(rt, h);
-  bool biased = gmr__spin_take(&sh->lock);
-  size_t slot = map_find(sh, ptr, h);
-  if (GMR_UNLIKELY(slot == MAP_NONE)) {
-    gmr__spin_release(&sh->lock, biased);
-    return bad_pointer(rt, "gmr_free", ptr);
-  }
-  gmr_block_t blk = sh->slots[slot];
-#if defined(__GNUC__)
-  __builtin_prefetch(blk.handle); /* the policy's record: fetched while the map is updated */
-#endif
-  map_erase(sh, slot);
-  gmr__spin_release(&sh->lock, biased);
-  int err = gmr__policy_free_locked(rt->policy, &blk);
-  return GMR_UNLIKELY(err != 0) ? gmr__policy_failed(rt->policy, err) : 0;
+  if (GMR_UNLIKELY(!gmr__spin_try_biased(&sh->lock))) return free_map_locking(rt, ptr, h);
+  gmr_block_t blk;
+  bool found = map_remove(sh, ptr, h, &blk);
+  gmr__spin_release(&sh->lock, true);
+  if (GMR_UNLIKELY(!found)) return bad_pointer(rt, "gmr_free", ptr);
+  return free_block(rt, &blk);
 }
 
 int gmr_free(gmr_runtime_t *rt, void *ptr) {
