@@ -119,6 +119,36 @@ static void test_map_probes(void) {
   gmr_runtime_free(rt);
 }
 
+/* Threads on their own streams use neighbouring blocks at one stride (a
+ * BFC region cut into equal chunks): 16 such blocks must fall in 16
+ * distinct shards of the pointer map, or two threads share a shard's lock
+ * at every call.  Strides 256 B, 768 B and 1280 B times 2^k, up to 1 GiB,
+ * from bases at 2 MiB boundaries plus 256-byte offsets. */
+static void test_map_shards(void) {
+  int bad = 0, first_bad_stride = 0;
+  const size_t unit[3] = {256, 768, 1280};
+  for (int u = 0; u < 3; ++u) {
+    for (size_t stride = unit[u]; stride <= ((size_t)1 << 30); stride *= 2) {
+      for (uint64_t b = 0; b < 64; ++b) {
+        uintptr_t base = (uintptr_t)0x7f0000000000ull +
+                         (uintptr_t)(b * 0x9E3779B1ull % 4096) * (2u << 20) +
+                         (uintptr_t)(b * 40503u % 8192) * 256;
+        size_t seen[16];
+        int clash = 0;
+        for (int i = 0; i < 16; ++i) {
+          seen[i] = gmr__runtime_map_shard_of((const void *)(base + (uintptr_t)i * stride));
+          for (int j = 0; j < i; ++j)
+            clash |= seen[j] == seen[i];
+        }
+        if (clash && bad++ == 0) first_bad_stride = (int)(stride >> 8);
+      }
+    }
+  }
+  ok(bad == 0,
+     "16 blocks at one stride lie in 16 shards (%d bases and strides clash; first: %d x 256 B)",
+     bad, first_bad_stride);
+}
+
 /* ---- threads ---------------------------------------------------------------- */
 
 #define THREADS 8
@@ -315,6 +345,7 @@ static void test_limit_exact_under_threads(void) {
 int main(void) {
   test_arguments();
   test_map_probes();
+  test_map_shards();
   test_threads("direct (serialized)", "policy: direct\n");
   test_threads("limit(direct) (concurrent)",
                "policy: {name: limit, bytes: 64GiB, upstream: {name: direct}}\n");

@@ -72,12 +72,17 @@
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
-#define MAP_SHARDS     256 /* a power of two; 16 threads rarely share one */
-#define MAP_SHARD_BITS 8
-#define CACHE_LINE     64
-#define MAP_FIRST_SLOTS                                                                            \
-  8 /* a shard's first table (its first 4 entries): 256 of them cost 80 KiB                        \
-     */
+/* 1024 shards: the blocks that threads use at once are often neighbours
+ * at one stride (a BFC region cut into equal chunks, one per stream), and
+ * the hash below sends 16 blocks at a stride of 256 B, 768 B or 1280 B
+ * times any power of two up to 1 GiB to 16 distinct shards (tests/dispatch
+ * checks it); with 256 shards strides of 3, 4, 6 and 12 KiB put two of 16
+ * blocks in one shard, whose two threads then hand its lock and table
+ * lines back and forth at every call (ten times a pair's cost, measured). */
+#define MAP_SHARD_BITS  10
+#define MAP_SHARDS      (1 << MAP_SHARD_BITS)
+#define CACHE_LINE      64
+#define MAP_FIRST_SLOTS 8 /* a shard's first table (its first 4 entries): 320 bytes */
 
 typedef struct map_shard_s {
   _Alignas(CACHE_LINE) gmr_spin_t lock; /* used only with concurrent policies */
@@ -528,7 +533,8 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
   blk.stream = s;
   uint64_t h = map_hash(blk.ptr);
   map_shard_t *sh = map_shard(rt, h);
-  if (GMR_UNLIKELY(!gmr__spin_try_biased(&sh->lock))) return alloc_map_locking(rt, &blk, h, out_ptr);
+  if (GMR_UNLIKELY(!gmr__spin_try_biased(&sh->lock)))
+    return alloc_map_locking(rt, &blk, h, out_ptr);
   if (GMR_UNLIKELY(sh->count >= sh->grow_at)) {
     gmr__spin_release(&sh->lock, true);
     return alloc_map_locking(rt, &blk, h, out_ptr);
@@ -973,6 +979,10 @@ gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) {
 }
 gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt) {
   return rt->dev;
+}
+
+size_t gmr__runtime_map_shard_of(const void *ptr) {
+  return (size_t)(map_hash(ptr) >> (64 - MAP_SHARD_BITS));
 }
 
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {

@@ -12,6 +12,8 @@ gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt);
 /* The longest probe sequence in the pointer map, in slots (1: every live
  * pointer sits in its home slot; 0: the map is empty).  For tests. */
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt);
+/* The pointer map's shard of ptr, of 1024.  For tests. */
+size_t gmr__runtime_map_shard_of(const void *ptr);
 /* The backend the policies were given (the recording layer over the device). */
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt);
 /* The device backend under the recording layer (probes that must leave no
