@@ -91,6 +91,7 @@ typedef struct map_shard_s {
   size_t grow_at;                       /* capacity / 2 (0 before the first insert): an insert at
                                            count == grow_at doubles the table first */
   gmr_block_t *slots;                   /* ptr == NULL: empty; map_none before the first insert */
+  void *slots_raw;                      /* what the host returned (slots are aligned in it) */
 } map_shard_t;
 
 /* The table of a shard that never held an entry: one empty slot (mask 0,
@@ -155,10 +156,15 @@ static RUNTIME_INLINE size_t map_find(const map_shard_t *sh, const void *ptr, ui
   }
 }
 
+/* A shard's table starts on a cache line of its own and ends on one
+ * (40-byte slots, capacities of 8 or more): two threads that use two shards
+ * write no common line, not even at their tables' edges. */
 static int map_grow(map_shard_t *sh) {
   size_t cap = sh->slots != map_none ? (sh->mask + 1) * 2 : MAP_FIRST_SLOTS;
-  gmr_block_t *slots = gmr__calloc(cap, sizeof *slots);
-  if (slots == NULL) return GMR_ENOMEM;
+  void *raw = gmr__calloc(1, cap * sizeof(gmr_block_t) + CACHE_LINE - 1);
+  if (raw == NULL) return GMR_ENOMEM;
+  gmr_block_t *slots =
+      (gmr_block_t *)(((uintptr_t)raw + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1));
   for (size_t i = 0; i <= sh->mask; ++i) {
     if (sh->slots[i].ptr == NULL) continue;
     size_t j = map_hash(sh->slots[i].ptr) & (cap - 1);
@@ -166,8 +172,9 @@ static int map_grow(map_shard_t *sh) {
       j = (j + 1) & (cap - 1);
     slots[j] = sh->slots[i];
   }
-  if (sh->slots != map_none) gmr__free(sh->slots);
+  gmr__free(sh->slots_raw); /* NULL for map_none */
   sh->slots = slots;
+  sh->slots_raw = raw;
   sh->mask = cap - 1;
   sh->grow_at = cap / 2;
   return 0;
@@ -402,7 +409,7 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
     map_shard_t *sh = &rt->shards[s];
     for (size_t i = 0; i <= sh->mask; ++i)
       if (sh->slots[i].ptr != NULL) ++live, bytes += sh->slots[i].requested;
-    if (sh->slots != map_none) gmr__free(sh->slots);
+    gmr__free(sh->slots_raw);
   }
   if (live != 0)
     gmr__log(GMR_LOG_WARN,

@@ -1547,11 +1547,19 @@ slow:
   return cache_alloc_slow(c, orig, s, out);
 }
 
-/* cache_alloc with cs->lock held (`biased`: by its bias, see
- * gmr__spin_try_biased): the deferred block taken back, or the rest of the
- * fast path; releases the lock. */
-static CACHE_HOT int cache_alloc_held(cache_t *c, cache_stream_t *cs, size_t orig, gmr_stream_t s,
-                                      gmr_block_t *out, bool biased) {
+/* The fast path serves a cached block of the stream under its lock alone:
+ * the deferred block taken back, or a block of the free tree; anything else
+ * (no fitting block, events pending, a new stream, GC on) takes the global
+ * path, which runs the search again: a failed search changes nothing, so
+ * the answers are PyTorch's either way. */
+static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stream_t *cs;
+  if (GMR_UNLIKELY(c->global_only ||
+                   atomic_load_explicit(&c->n_pending, memory_order_acquire) != 0 ||
+                   (cs = cache_stream_find(c, s)) == NULL))
+    return cache_alloc_slow(c, orig, s, out);
+  cache_spin_lock(&cs->lock);
   size_t size = cache_round_size(c, orig);
   cache_block_t *d = cs->deferred;
   bool mn;
@@ -1560,36 +1568,12 @@ static CACHE_HOT int cache_alloc_held(cache_t *c, cache_stream_t *cs, size_t ori
   cs->deferred = NULL;
   cache_take_back_figures(c, cs, d, mn, orig);
   d->requested = orig;
-  gmr__spin_release(&cs->lock, biased);
+  cache_spin_unlock(&cs->lock);
   out->ptr = (void *)d->ptr;
   out->size = d->size;
   out->handle = d;
-  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
-}
-
-/* cache_alloc when the stream's lock is not biased to this thread. */
-static CACHE_NOINLINE int cache_alloc_locking(cache_t *c, cache_stream_t *cs, size_t orig,
-                                              gmr_stream_t s, gmr_block_t *out) {
-  return cache_alloc_held(c, cs, orig, s, out, gmr__spin_take(&cs->lock));
-}
-
-/* The fast path serves a cached block of the stream under its lock alone:
- * the deferred block taken back, or a block of the free tree; anything else
- * (no fitting block, events pending, a new stream, GC on) takes the global
- * path, which runs the search again: a failed search changes nothing, so
- * the answers are PyTorch's either way.  The lock is taken inline when it
- * is biased to this thread (a stream one thread uses), else out of line. */
-static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
-  cache_t *c = (cache_t *)self;
-  cache_stream_t *cs;
-  if (GMR_UNLIKELY(c->global_only ||
-                   atomic_load_explicit(&c->n_pending, memory_order_acquire) != 0 ||
-                   (cs = cache_stream_find(c, s)) == NULL))
-    return cache_alloc_slow(c, orig, s, out);
-  if (GMR_UNLIKELY(!gmr__spin_try_biased(&cs->lock)))
-    return cache_alloc_locking(c, cs, orig, s, out);
-  return cache_alloc_held(c, cs, orig, s, out, true);
 }
 
 /* free(); j NULL on the global path. */
@@ -1626,28 +1610,17 @@ static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_
   return 0;
 }
 
-/* cache_free with cs->lock held (`biased`: see cache_alloc_held). */
-static CACHE_HOT int cache_free_held(cache_t *c, cache_stream_t *cs, cache_block_t *b,
-                                     bool biased) {
-  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || c->n_streams != 1 || cs->deferred != NULL))
-    return cache_free_rest(c, cs, b);
-  cs->deferred = b;
-  gmr__spin_release(&cs->lock, biased);
-  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
-  return 0;
-}
-
-/* cache_free when the stream's lock is not biased to this thread. */
-static CACHE_NOINLINE int cache_free_locking(cache_t *c, cache_stream_t *cs, cache_block_t *b) {
-  return cache_free_held(c, cs, b, gmr__spin_take(&cs->lock));
-}
-
 static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_t *c = (cache_t *)self;
   cache_block_t *b = blk->handle;
   cache_stream_t *cs = b->pool->stream;
-  if (GMR_UNLIKELY(!gmr__spin_try_biased(&cs->lock))) return cache_free_locking(c, cs, b);
-  return cache_free_held(c, cs, b, true);
+  cache_spin_lock(&cs->lock);
+  if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || c->n_streams != 1 || cs->deferred != NULL))
+    return cache_free_rest(c, cs, b);
+  cs->deferred = b;
+  cache_spin_unlock(&cs->lock);
+  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  return 0;
 }
 
 static int cache_record_stream_locked(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
