@@ -183,7 +183,7 @@ static inline uintptr_t gmr__thread_id(void) {
 }
 
 /* gmr_spin_t: the lock of sections of a few tens of nanoseconds that are
- * seldom contended (the pointer map's 256 shards, the caching policy's
+ * seldom contended (the pointer map's 1024 shards, the caching policy's
  * streams).  Unbiased (below): lock one exchange, inline; unlock one
  * release store.  A waiter spins on loads with a pause between two, and yields the processor
  * every 64 looks (gmr__spin_wait): it never sleeps in the kernel, so there
