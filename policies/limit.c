@@ -365,7 +365,7 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   }
   void *raw = gmr__calloc(1, sizeof(limit_t) + 63);
   if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
-  limit_t *l = (limit_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  limit_t *l = gmr__align_ptr(raw, 64);
   l->raw = raw;
   l->base.ops = &gmr_limit_policy_ops;
   l->base.backend = be;

@@ -86,6 +86,11 @@ void gmr__log(gmr_log_level_t level, const char *fmt, ...) GMR_PRINTF(2, 3);
 static inline size_t gmr__align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
+/* p rounded up to a multiple of a (a power of two): an aligned object
+ * inside a host allocation made a - 1 bytes larger. */
+static inline void *gmr__align_ptr(void *p, size_t a) {
+  return (void *)(((uintptr_t)p + a - 1) & ~(uintptr_t)(a - 1));
+}
 static inline bool gmr__is_pow2(uint64_t x) {
   return x != 0 && (x & (x - 1)) == 0;
 }

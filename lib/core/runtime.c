@@ -140,8 +140,12 @@ static inline uint64_t map_hash(const void *p) {
   return h ^ (h >> 32);
 }
 
+static inline size_t map_shard_index(uint64_t h) {
+  return (size_t)(h >> (64 - MAP_SHARD_BITS));
+}
+
 static inline map_shard_t *map_shard(gmr_runtime_t *rt, uint64_t h) {
-  return &rt->shards[h >> (64 - MAP_SHARD_BITS)];
+  return &rt->shards[map_shard_index(h)];
 }
 
 /* The slot of ptr (not NULL) in its shard, or MAP_NONE. */
@@ -163,8 +167,7 @@ static int map_grow(map_shard_t *sh) {
   size_t cap = sh->slots != map_none ? (sh->mask + 1) * 2 : MAP_FIRST_SLOTS;
   void *raw = gmr__calloc(1, cap * sizeof(gmr_block_t) + CACHE_LINE - 1);
   if (raw == NULL) return GMR_ENOMEM;
-  gmr_block_t *slots =
-      (gmr_block_t *)(((uintptr_t)raw + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1));
+  gmr_block_t *slots = gmr__align_ptr(raw, CACHE_LINE);
   for (size_t i = 0; i <= sh->mask; ++i) {
     if (sh->slots[i].ptr == NULL) continue;
     size_t j = map_hash(sh->slots[i].ptr) & (cap - 1);
@@ -295,8 +298,7 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
     gmr__backend_free(be);
     return gmr__error_set(GMR_ENOMEM, "out of host memory for a runtime");
   }
-  gmr_runtime_t *rt =
-      (gmr_runtime_t *)(((uintptr_t)raw + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1));
+  gmr_runtime_t *rt = gmr__align_ptr(raw, CACHE_LINE);
   rt->raw = raw;
   rt->backend = be;
   rt->dev = dev;
@@ -989,7 +991,7 @@ gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt) {
 }
 
 size_t gmr__runtime_map_shard_of(const void *ptr) {
-  return (size_t)(map_hash(ptr) >> (64 - MAP_SHARD_BITS));
+  return map_shard_index(map_hash(ptr));
 }
 
 size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {

@@ -113,7 +113,7 @@ static BFC_COLD int bfc_slab_grow(bfc_t *b) {
   void *raw = gmr__malloc(sizeof(bfc_slab_t) + 63);
   if (raw == NULL)
     return gmr__error_set(GMR_ENOMEM, "%s: out of host memory for chunk records", b->name);
-  bfc_slab_t *s = (bfc_slab_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  bfc_slab_t *s = gmr__align_ptr(raw, 64);
   memset(s, 0, sizeof *s);
   s->raw = raw;
   s->next = b->slabs;
@@ -417,7 +417,7 @@ static int bfc_region_add(bfc_t *b, void *mem, size_t size) {
   }
   void *raw = gmr__calloc(1, sizeof(bfc_region_t) + 63);
   if (raw == NULL) goto fail_chunk;
-  bfc_region_t *r = (bfc_region_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  bfc_region_t *r = gmr__align_ptr(raw, 64);
   r->raw = raw;
   if (bfc_piece_add(r, mem, size) != 0) {
     gmr__free(raw);
@@ -1278,7 +1278,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
    * their own. */
   void *raw = gmr__calloc(1, sizeof(bfc_t) + 63);
   if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
-  bfc_t *b = (bfc_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  bfc_t *b = gmr__align_ptr(raw, 64);
   b->raw = raw;
   b->base.ops = &gmr_bfc_policy_ops;
   b->base.backend = be;

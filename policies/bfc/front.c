@@ -70,7 +70,7 @@ void gmr__bfc_front_new(bfc_t *b, gmr_stream_t s) {
   if (b->n_fronts >= BFC_FRONT_STREAMS / 2 || gmr__bfc_front_find(b, s) != NULL) return;
   void *raw = gmr__malloc(sizeof(bfc_front_t) + 63);
   if (raw == NULL) return; /* the stream stays on the shared path */
-  bfc_front_t *f = (bfc_front_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  bfc_front_t *f = gmr__align_ptr(raw, 64);
   memset(f, 0, sizeof *f);
   f->raw = raw;
   gmr__lock_init(&f->lock);

@@ -315,7 +315,7 @@ typedef struct cache_chunk_s {
 } cache_chunk_t;
 
 static cache_block_t *chunk_records(cache_chunk_t *k) {
-  return (cache_block_t *)(((uintptr_t)(k + 1) + 63) & ~(uintptr_t)63);
+  return gmr__align_ptr(k + 1, 64);
 }
 
 /* Keep at least n spare block records in a stream, so that a step that

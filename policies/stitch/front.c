@@ -43,7 +43,7 @@ void st_front_new(stitch_t *t, gmr_stream_t s) {
   if (t->nfronts >= ST_FRONTS / 2 || st_front_find(t, s) != NULL) return;
   void *raw = gmr__malloc(sizeof(st_front_t) + 63);
   if (raw == NULL) return;
-  st_front_t *f = (st_front_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  st_front_t *f = gmr__align_ptr(raw, 64);
   memset(f, 0, sizeof *f);
   gmr__spin_init(&f->lock);
   f->s = s;
