@@ -323,40 +323,48 @@ static gmr_runtime_t *front_runtime(const char *yaml, const char *label) {
   return rt;
 }
 
-/* A front cache keeps at most 8 chunks of a bin (BFC_FRONT_PER_BIN); the
- * free of a 9th keeps it and gives the 4 oldest back to the allocator, where
- * another stream's best fit finds them (the lowest addresses); the stream's
- * own next allocation takes its newest kept chunk.  Blocks in between stay
- * allocated, so no freed chunk merges with a neighbour. */
+/* A front cache keeps at most FRONT_PER_BIN chunks of a bin
+ * (BFC_FRONT_PER_BIN); the free of one more keeps it and gives the older
+ * half back to the allocator, where another stream's best fit finds them
+ * (the lowest addresses); the stream's own next allocation takes its newest
+ * kept chunk.  Blocks in between stay allocated, so no freed chunk merges
+ * with a neighbour. */
+#define FRONT_PER_BIN 32
 static void front_caches_spill_a_full_bin(void) {
+  enum { N = 2 * FRONT_PER_BIN + 4, HALF = FRONT_PER_BIN / 2 };
   const char *label = "front caches: a full bin gives back its older half";
   gmr_runtime_t *rt = front_runtime(
       "policy: {name: bfc, memory_limit: 64MiB, allow_retry_on_failure: false}\n", label);
   if (rt == NULL) return;
-  void *a[20], *p[5], *q = NULL;
+  void *a[N], *p[HALF + 1], *q = NULL;
   bool ascending = true;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < N; ++i) {
     a[i] = NULL;
     gmr_alloc(rt, 4096, GMR_SIM_STREAM(1), &a[i]);
     if (i > 0 && (char *)a[i] != (char *)a[i - 1] + 4096) ascending = false;
   }
-  ok(ascending, "  20 blocks of 4 KiB, one after another");
-  for (int i = 0; i <= 16; i += 2)
-    gmr_free(rt, a[i]); /* 9 frees on stream 1: the 9th spills a[0], a[2], a[4], a[6] */
-  for (int k = 0; k < 5; ++k) {
+  ok(ascending, "  %d blocks of 4 KiB, one after another", N);
+  /* FRONT_PER_BIN + 1 frees on stream 1: the last spills a[0], a[2], ... */
+  for (int i = 0; i <= 2 * FRONT_PER_BIN; i += 2)
+    gmr_free(rt, a[i]);
+  for (int k = 0; k <= HALF; ++k) {
     p[k] = NULL;
     gmr_alloc(rt, 4096, GMR_SIM_STREAM(2), &p[k]);
   }
-  ok(p[0] == a[0] && p[1] == a[2] && p[2] == a[4] && p[3] == a[6],
-     "  stream 2 gets the 4 chunks given back, lowest address first");
-  ok((char *)p[4] > (char *)a[19], "  then new memory: the 5 others stay with stream 1");
+  bool given_back = true;
+  for (int k = 0; k < HALF; ++k)
+    given_back = given_back && p[k] == a[2 * k];
+  ok(given_back, "  stream 2 gets the %d chunks given back, lowest address first", HALF);
+  ok((char *)p[HALF] > (char *)a[N - 1], "  then new memory: the %d others stay with stream 1",
+     HALF + 1);
   gmr_alloc(rt, 4096, GMR_SIM_STREAM(1), &q);
-  ok(q == a[16], "  stream 1 gets its newest kept chunk");
+  ok(q == a[2 * FRONT_PER_BIN], "  stream 1 gets its newest kept chunk");
   gmr_free(rt, q);
-  gmr_free(rt, a[18]);
-  for (int i = 1; i < 20; i += 2)
+  for (int i = 2 * FRONT_PER_BIN + 2; i < N; i += 2)
     gmr_free(rt, a[i]);
-  for (int k = 0; k < 5; ++k)
+  for (int i = 1; i < N; i += 2)
+    gmr_free(rt, a[i]);
+  for (int k = 0; k <= HALF; ++k)
     gmr_free(rt, p[k]);
   gmr_stats_t st;
   gmr_stats(rt, &st);
@@ -366,34 +374,37 @@ static void front_caches_spill_a_full_bin(void) {
   gmr_runtime_free(rt);
 }
 
-/* A front cache keeps at most max(limit / 256, 1 MiB) bytes: with a 64 MiB
- * limit, two freed 512 KiB chunks fill it, and the free of a third gives the
- * bin back whole (largest bins first) before keeping it. */
-static void front_caches_byte_cap(void) {
-  const char *label = "front caches: the byte cap";
-  gmr_runtime_t *rt = front_runtime(
-      "policy: {name: bfc, memory_limit: 64MiB, allow_retry_on_failure: false}\n", label);
+/* A front cache keeps at most front_cache_bytes, by default max(limit / 256,
+ * 1 MiB): with a 64 MiB limit, two freed 512 KiB chunks fill it (`kept`
+ * chunks for a cap set in `yaml`), and the free of one more gives the bin
+ * back whole (largest bins first) before keeping it. */
+static void front_caches_byte_cap(const char *label, const char *yaml, int kept) {
+  gmr_runtime_t *rt = front_runtime(yaml, label);
   if (rt == NULL) return;
-  void *a[6], *p[3], *q = NULL;
-  for (int i = 0; i < 6; ++i) {
+  enum { MAX = 8 };
+  void *a[2 * MAX + 2], *p[MAX + 1], *q = NULL;
+  int n = 2 * kept + 2;
+  for (int i = 0; i < n; ++i) {
     a[i] = NULL;
     gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(1), &a[i]);
   }
-  gmr_free(rt, a[0]);
-  gmr_free(rt, a[2]); /* 1 MiB kept: the cap */
-  gmr_free(rt, a[4]); /* over it: a[0] and a[2] go back, a[4] is kept */
-  for (int k = 0; k < 3; ++k) {
+  for (int i = 0; i <= 2 * kept; i += 2)
+    gmr_free(rt, a[i]); /* the last is over the cap: the others go back, it is kept */
+  for (int k = 0; k <= kept; ++k) {
     p[k] = NULL;
     gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(2), &p[k]);
   }
-  ok(p[0] == a[0] && p[1] == a[2], "  stream 2 gets the two chunks given back");
-  ok((char *)p[2] > (char *)a[5], "  then new memory: a[4] stays with stream 1");
+  bool given_back = true;
+  for (int k = 0; k < kept; ++k)
+    given_back = given_back && p[k] == a[2 * k];
+  ok(given_back, "  stream 2 gets the %d chunks given back", kept);
+  ok((char *)p[kept] > (char *)a[n - 1], "  then new memory: the last stays with stream 1");
   gmr_alloc(rt, 512 << 10, GMR_SIM_STREAM(1), &q);
-  ok(q == a[4], "  stream 1 gets the chunk it kept");
+  ok(q == a[2 * kept], "  stream 1 gets the chunk it kept");
   gmr_free(rt, q);
-  for (int i = 1; i < 6; i += 2)
+  for (int i = 1; i < n; i += 2)
     gmr_free(rt, a[i]);
-  for (int k = 0; k < 3; ++k)
+  for (int k = 0; k <= kept; ++k)
     gmr_free(rt, p[k]);
   gmr_stats_t st;
   gmr_stats(rt, &st);
@@ -456,6 +467,12 @@ int main(void) {
       seed + 10, true, false, 1 * MiB);
   front_caches_and_streams();
   front_caches_spill_a_full_bin();
-  front_caches_byte_cap();
+  front_caches_byte_cap("front caches: the byte cap, max(limit / 256, 1 MiB)",
+                        "policy: {name: bfc, memory_limit: 64MiB, allow_retry_on_failure: false}\n",
+                        2);
+  front_caches_byte_cap("front caches: front_cache_bytes 3MiB",
+                        "policy: {name: bfc, memory_limit: 64MiB, front_cache_bytes: 3MiB, "
+                        "allow_retry_on_failure: false}\n",
+                        6);
   return done_testing();
 }

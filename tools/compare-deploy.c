@@ -119,6 +119,9 @@ static void deploy_bfc(FILE *out, const char *yaml, uint64_t capacity) {
             "#   (fragmentation_fraction: %s has no TensorFlow or JAX switch: gmr's bfc "
             "only)\n",
             v);
+  if (deploy_value(yaml, "front_cache_bytes", v, sizeof v))
+    fprintf(out, "#   (front_cache_bytes: %s has no TensorFlow or JAX switch: gmr's bfc only)\n",
+            v);
   if ((growth = deploy_value(yaml, "vmm", v, sizeof v)) && strcmp(growth, "true") == 0)
     fputs("#   (vmm: TensorFlow's GpuVirtualMemAllocator has no user switch: gmr's bfc "
           "only)\n",

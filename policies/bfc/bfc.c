@@ -1297,6 +1297,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   if (b->curr_region_bytes == 0) b->curr_region_bytes = BFC_MIN_ALLOC;
   b->front_cap = (size_t)(limit / BFC_FRONT_CAP_SHARE);
   if (b->front_cap < BFC_FRONT_CAP_MIN) b->front_cap = BFC_FRONT_CAP_MIN;
+  if (o.front_cache_bytes != 0) b->front_cap = (size_t)o.front_cache_bytes;
   err = GMR_ENOMEM;
   if (gmr__lock_init(&b->lock) != 0) goto fail_lock;
   if (b->vmm) {

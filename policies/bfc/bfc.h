@@ -28,10 +28,10 @@
 #define BFC_MAX_FAILURE_LOGS 10
 #define BFC_INVALID_HANDLE   ((uint64_t)SIZE_MAX) /* printed as 18446744073709551615 */
 #define BFC_SLAB             256                  /* chunk records per host allocation */
-#define BFC_FRONT_PER_BIN    8                    /* chunks one front cache keeps per bin (even) */
+#define BFC_FRONT_PER_BIN    32                   /* chunks one front cache keeps per bin (even) */
 #define BFC_FRONT_MAX        (BFC_NUM_BINS * BFC_FRONT_PER_BIN) /* chunks one keeps in all */
 #define BFC_FRONT_STREAMS    256               /* streams with a front cache (a power of two) */
-#define BFC_FRONT_CAP_SHARE  256               /* a front cache keeps <= limit / this bytes */
+#define BFC_FRONT_CAP_SHARE  256               /* by default a front cache keeps <= limit / this */
 #define BFC_FRONT_CAP_MIN    ((size_t)1 << 20) /* ... or this, whichever is larger */
 
 /* ---- options (options.c) ------------------------------------------------------ */
@@ -46,6 +46,7 @@ typedef struct bfc_opts_s {
   bool allow_retry_on_failure;   /* wait for frees before failing */
   double retry_timeout;          /* seconds to wait for frees */
   double fragmentation_fraction; /* > 0: split cap = fraction * limit; 0: 128 MiB */
+  uint64_t front_cache_bytes;    /* bytes one front cache may keep; 0: max(limit / 256, 1 MiB) */
   bool vmm;                      /* one virtual range, pages mapped as it grows */
   bool coalesce_regions;         /* merge regions the backend returns contiguously */
   char *name;                    /* allocator name in messages; NULL: GPU_<dev>_bfc */

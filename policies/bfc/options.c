@@ -218,6 +218,15 @@ const gmr_opt_desc_t gmr__bfc_opts_desc[] = {
      .help = "When > 0, a chunk is split if the waste would reach this fraction of the limit "
              "(instead of 128 MiB).",
      .tune = (const char *const[]){"0.001", "0.01", "0.05", "0.1", NULL}},
+    {.key = "front_cache_bytes",
+     .type = GMR_OPT_SIZE,
+     .offset = offsetof(bfc_opts_t, front_cache_bytes),
+     .min = 0,
+     .default_text = "0",
+     .help = "gmr only, several threads: the bytes each stream's front cache may keep (freed "
+             "chunks it reuses without the allocator's lock, docs/bfc.md); 0 is max(limit / "
+             "256, 1 MiB). More buys speed under threads with memory other streams cannot "
+             "use until a flush."},
     {.key = "vmm",
      .type = GMR_OPT_BOOL,
      .offset = offsetof(bfc_opts_t, vmm),
