@@ -13,8 +13,9 @@
  * TF would not split it); such a chunk lies in the request's bin or the next
  * one, so two short arrays are scanned, and no chunk record is read until
  * one is taken.  A free into a full bin (or past the byte cap) keeps the
- * chunk and gives back the bin's older half (then whole bins, largest
- * first, while still over the cap): the caller frees them all under one
+ * chunk and gives back the bin's older half (then, while still over the
+ * cap, the older half of the largest bin that holds any): the caller frees
+ * them all under one
  * acquisition of the lock, not one per free (their frees are counted then,
  * not when the cache took them: see front_spill_bin).
  *
@@ -173,8 +174,13 @@ size_t gmr__bfc_front_free_spilling(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bf
   } else {
     if (f->count[i] == BFC_FRONT_PER_BIN)
       n += front_spill_bin(f, i, BFC_FRONT_PER_BIN / 2, spill + n);
-    for (int j = BFC_NUM_BINS; f->bytes + size > b->front_cap && j-- > 0;)
-      if (f->count[j] > 0) n += front_spill_bin(f, j, f->count[j], spill + n);
+    /* Over the byte cap: the older half of the largest bin that holds
+     * anything, again while still over (a bin of one gives it up). */
+    for (int j = BFC_NUM_BINS - 1; f->bytes + size > b->front_cap && j >= 0;)
+      if (f->count[j] > 0)
+        n += front_spill_bin(f, j, (f->count[j] + 1) / 2, spill + n);
+      else
+        --j;
     front_keep(f, i, c, size);
   }
   gmr__unlock(&f->lock);
