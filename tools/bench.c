@@ -56,6 +56,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,6 +260,8 @@ typedef struct worker_s {
   int cpu;    /* the CPU to run on, -1: anywhere */
   int ran_on; /* the CPU it was on at the end of its loop (sched_getcpu) */
   pthread_barrier_t *barrier;
+  atomic_int *running; /* threads past the barrier (start_together) */
+  int threads;
   void *stream;
   size_t size;              /* WL_PAIR: bytes */
   const churn_spec_t *spec; /* churn workloads: the live set; NULL: pairs */
@@ -267,6 +270,19 @@ typedef struct worker_s {
   uint64_t t0, t1;          /* ns, the timed loop's start and end */
   const char *error;        /* NULL: fine */
 } worker_t;
+
+/* Start the timed loops together: a thread woken from the barrier may run
+ * milliseconds after the others (its CPU was idle), which the aggregate
+ * (first start to last end) would count as time.  So after the barrier each
+ * thread says it is running and spins until all are, yielding now and then
+ * in case threads share CPUs. */
+static void start_together(worker_t *w) {
+  pthread_barrier_wait(w->barrier);
+  atomic_fetch_add_explicit(w->running, 1, memory_order_acq_rel);
+  for (unsigned spins = 1; atomic_load_explicit(w->running, memory_order_acquire) < w->threads;
+       ++spins)
+    if (spins % 1024 == 0) sched_yield();
+}
 
 static void count_pairs(contender_t *c, uint64_t n) {
   pthread_mutex_lock(&c->count_lock);
@@ -373,7 +389,7 @@ static void *worker_main(void *arg) {
     /* A churn workload: the live set is built once (untimed) and kept. */
     if (w->churn->ptrs == NULL)
       w->error = churn_setup(c, w->stream, w->churn, w->spec, (int)(w->churn - c->churn));
-    pthread_barrier_wait(w->barrier);
+    start_together(w);
     if (w->error != NULL) return NULL;
     w->t0 = now_ns();
     w->error = churn_steps(c, w->stream, w->churn, w->pairs);
@@ -386,7 +402,7 @@ static void *worker_main(void *arg) {
   /* One untimed pair first: it primes this stream's cache (a cached pair is
    * what is measured) and makes the thread's first-touch costs untimed. */
   w->error = c->pairs(c, w->stream, w->size, 1);
-  pthread_barrier_wait(w->barrier);
+  start_together(w);
   if (w->error != NULL) return NULL;
   w->t0 = now_ns();
   w->error = c->pairs(c, w->stream, w->size, w->pairs);
@@ -406,11 +422,14 @@ static int run_threads(contender_t *c, size_t size, const churn_spec_t *spec, in
     fprintf(stderr, "gmr-bench: cannot create a barrier\n");
     return 1;
   }
+  atomic_int running = 0;
   int started = 0;
   for (int t = 0; t < threads; ++t) {
     w[t] = (worker_t){.c = c,
                       .cpu = pin && bench_n_cpus > 0 ? bench_cpus[t % bench_n_cpus] : -1,
                       .barrier = &barrier,
+                      .running = &running,
+                      .threads = threads,
                       .stream = c->streams[t],
                       .size = size,
                       .spec = spec,
