@@ -6,7 +6,8 @@
  *                 cached range still maps the page, so a stitch takes pages
  *                 that no cached range needs first
  *   suffix[c]   ⇔ only the tail slot owned and c = (P - tail_end) / G
- *   prefix[c]   ⇔ only the head slot owned and c = head_start / G
+ *   prefix[c]   ⇔ only the head slot owned and c = head_start / G;
+ *                 open_bytes = Σ c × G over both (a page's open slot)
  *   CLOSED      ⇔ both slots owned; dead_bytes = Σ (head_start - tail_end)
  *   FULL        ⇔ a full owner
  * The class indexes are two-level bitmaps, so "the smallest open slot of at
@@ -200,10 +201,13 @@ void st_page_unindex(stitch_t *t, uint32_t id) {
       t->pages[p->next].prev = p->prev;
     else if (p->where == ST_W_FREE)
       t->free_tail[p->cls] = p->prev;
-    if (p->where == ST_W_FREE)
+    if (p->where == ST_W_FREE) {
       --t->nfree;
-    else if (*head == ST_NIL)
-      st_classes_mark(p->where == ST_W_SUFFIX ? &t->suffix : &t->prefix, p->cls, false);
+    } else {
+      t->open_bytes -= (uint64_t)p->cls * ST_G;
+      if (*head == ST_NIL)
+        st_classes_mark(p->where == ST_W_SUFFIX ? &t->suffix : &t->prefix, p->cls, false);
+    }
     break;
   }
   case ST_W_CLOSED:
@@ -276,6 +280,7 @@ void st_page_reindex(stitch_t *t, uint32_t id) {
     bool was_empty = *head == ST_NIL;
     list_push(t, id, head);
     if (was_empty) st_classes_mark(c, p->cls, true);
+    t->open_bytes += (uint64_t)p->cls * ST_G;
   }
 }
 

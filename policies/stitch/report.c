@@ -32,25 +32,26 @@
 /* ---- figures ----------------------------------------------------------------------------------
  */
 
-static uint64_t open_bytes(const stitch_t *t, const st_page_t *p) {
-  if (p->where == ST_W_SUFFIX) return t->P - p->tail_end;
-  if (p->where == ST_W_PREFIX) return p->head_start;
-  return 0;
-}
-
 static uint32_t shared_pages(const stitch_t *t) {
   return t->nclosed; /* a closed page holds the tail of one block and the head of another */
 }
 
+/* The largest open slot: the highest non-empty class of either index, a
+ * page's open bytes being its class times G. */
+static uint64_t largest_open(const stitch_t *t) {
+  uint32_t n = (uint32_t)(t->P / ST_G), s = st_classes_find_last(&t->suffix, n - 1),
+           p = st_classes_find_last(&t->prefix, n - 1);
+  uint64_t best = s != ST_NIL ? (uint64_t)s * ST_G : 0;
+  if (p != ST_NIL && (uint64_t)p * ST_G > best) best = (uint64_t)p * ST_G;
+  return best;
+}
+
+/* O(P / G / 64) whatever the number of pages: gmr-compare asks after every
+ * event. */
 void st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest) {
-  uint64_t open = 0, best = 0;
-  for (uint32_t id = 0; id < t->npages; ++id) {
-    uint64_t o = open_bytes(t, &t->pages[id]);
-    open += o;
-    if (o > best) best = o;
-  }
+  uint64_t best = largest_open(t);
   uint64_t whole = (uint64_t)(t->nfree + t->nparked) * t->P; /* parked pages are free too */
-  *free_bytes = whole + open + t->small_free_bytes;
+  *free_bytes = whole + t->open_bytes + t->small_free_bytes;
   /* The largest block served without growing: every FREE or parked page plus
    * the best open slot (FREE pages can be stitched in any order). */
   *largest = whole + best;
@@ -388,7 +389,7 @@ static bool classes_counted(const st_classes_t *c) {
 
 static int check_pages(stitch_t *t, uint64_t *free_b) {
   uint32_t P = (uint32_t)t->P, nfree = 0, nclosed = 0, nfull = 0, live = 0, nparked = 0;
-  uint64_t dead = 0, open = 0, maps = 0;
+  uint64_t dead = 0, open = 0, best_open = 0, maps = 0;
   for (uint32_t id = 0; id < t->npages; ++id) {
     st_page_t *p = &t->pages[id];
     if (p->where == ST_W_DEAD) continue;
@@ -424,7 +425,9 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
             p->where);
       uint32_t cls = (suffix ? P - p->tail_end : p->head_start) / ST_G;
       CHECK(p->cls == cls, "page %u: in class %u, not %u", id, p->cls, cls);
-      open += suffix ? P - p->tail_end : p->head_start;
+      uint64_t o = suffix ? P - p->tail_end : p->head_start;
+      open += o;
+      if (o > best_open) best_open = o;
     }
     if (p->tail_owner && (err = check_owner(t, id, p->tail_owner, "tail")) != 0) return err;
     if (p->head_owner && (err = check_owner(t, id, p->head_owner, "head")) != 0) return err;
@@ -444,6 +447,9 @@ static int check_pages(stitch_t *t, uint64_t *free_b) {
         t->nfree, nclosed, t->nclosed, nfull, t->nfull);
   CHECK(nparked == t->nparked, "parked pages %u != %u", nparked, t->nparked);
   CHECK(dead == t->dead_bytes, "dead gaps %" PRIu64 " != %" PRIu64, dead, t->dead_bytes);
+  CHECK(open == t->open_bytes, "open slots %" PRIu64 " != %" PRIu64, open, t->open_bytes);
+  CHECK(best_open == largest_open(t), "largest open slot %" PRIu64 " != %" PRIu64, best_open,
+        largest_open(t));
   CHECK(maps == t->nmappings && (int64_t)maps == t->st.mappings.current,
         "mappings %" PRIu64 " != %u", maps, t->nmappings);
   /* Index lists: every listed page is filed there; bits mirror the lists. */

@@ -302,6 +302,7 @@ typedef struct stitch_s {
   uint32_t nclosed, nfull;
   uint32_t nparked; /* whole pages parked under cached ranges (counted in nfull too) */
   uint64_t dead_bytes;
+  uint64_t open_bytes; /* Σ open slot bytes of SUFFIX and PREFIX pages = Σ cls × G */
 
   st_stream_t *streams;
   uint32_t nstreams, capstreams, last_stream;
