@@ -900,7 +900,53 @@ static void test_fronts_threads(void) {
   gmr_runtime_free(rt);
 }
 
+/* The class bitmaps (pages.c): st_classes_find (the first non-empty class
+ * >= k) and st_classes_find_last (the last <= k) against a plain array,
+ * over random marks, at sizes that leave the last words partial and that
+ * need a second word of the words' bitmap. */
+static uint32_t naive_find(const bool *on, uint32_t n, uint32_t k) {
+  for (uint32_t i = k; i < n; ++i)
+    if (on[i]) return i;
+  return ST_NIL;
+}
+static uint32_t naive_find_last(const bool *on, uint32_t n, uint32_t k) {
+  for (int64_t i = k < n ? k : n - 1; i >= 0; --i)
+    if (on[i]) return (uint32_t)i;
+  return ST_NIL;
+}
+static void test_class_bitmaps(void) {
+  static const uint32_t sizes[] = {1, 63, 64, 65, 4096, 4100, 5000};
+  uint64_t rng = 0x243F6A8885A308D3ull;
+  for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; ++z) {
+    uint32_t n = sizes[z];
+    st_classes_t c;
+    bool *on = calloc(n, sizeof *on);
+    if (!ok(on != NULL && st_classes_init(&c, n) == 0, "class bitmaps of %u classes", n)) {
+      free(on);
+      continue;
+    }
+    uint32_t bad = 0, count = 0;
+    for (int step = 0; step < 4000; ++step) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      uint32_t k = (uint32_t)(rng >> 33) % n;
+      /* Mostly few classes set (sparse), now and then many. */
+      bool set = ((rng >> 20) & 7) < (step % 1000 < 500 ? 1u : 6u);
+      if (on[k] != set) count += set ? 1 : (uint32_t)-1;
+      on[k] = set;
+      st_classes_mark(&c, k, set);
+      uint32_t q = (uint32_t)(rng >> 7) % (n + 2);
+      bad += st_classes_find(&c, q) != (q < n ? naive_find(on, n, q) : ST_NIL);
+      bad += st_classes_find_last(&c, q) != naive_find_last(on, n, q);
+      bad += c.nonempty != count;
+    }
+    is_int((int)bad, 0, "  find and find_last agree with a plain scan over 4000 random marks");
+    st_classes_free(&c);
+    free(on);
+  }
+}
+
 int main(void) {
+  test_class_bitmaps();
   test_layout();
   test_cache_hit();
   test_streams();

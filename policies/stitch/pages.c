@@ -81,12 +81,25 @@ uint32_t st_classes_find(const st_classes_t *c, uint32_t k) {
   return ST_NIL;
 }
 
+/* The bits of m at positions <= i (i < 64). */
+static inline uint64_t bits_upto(uint64_t m, uint32_t i) {
+  return i == 63 ? m : m & (((uint64_t)1 << (i + 1)) - 1);
+}
+
 uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k) {
   if (k >= c->n) k = c->n - 1;
-  for (int64_t w = k / 64; w >= 0; --w) {
-    uint64_t bits = c->l1[w];
-    if ((uint32_t)w == k / 64 && k % 64 != 63) bits &= ((uint64_t)1 << (k % 64 + 1)) - 1;
-    if (bits != 0) return (uint32_t)w * 64 + 63 - (uint32_t)__builtin_clzll(bits);
+  uint32_t w = k / 64;
+  uint64_t bits = bits_upto(c->l1[w], k % 64);
+  if (bits != 0) return w * 64 + 63 - (uint32_t)__builtin_clzll(bits);
+  if (w == 0) return ST_NIL;
+  /* The last non-empty word before w, from the words' bitmap. */
+  uint32_t w1 = w - 1;
+  for (int64_t z = w1 / 64; z >= 0; --z) {
+    uint64_t m = (uint32_t)z == w1 / 64 ? bits_upto(c->l0[z], w1 % 64) : c->l0[z];
+    if (m != 0) {
+      uint32_t ww = (uint32_t)z * 64 + 63 - (uint32_t)__builtin_clzll(m);
+      return ww * 64 + 63 - (uint32_t)__builtin_clzll(c->l1[ww]);
+    }
   }
   return ST_NIL;
 }
