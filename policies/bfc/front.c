@@ -15,9 +15,9 @@
  * one is taken.  A free into a full bin (or past the byte cap) keeps the
  * chunk and gives back the bin's older half (then, while still over the
  * cap, the older half of the largest bin that holds any): the caller frees
- * them all under one
- * acquisition of the lock, not one per free (their frees are counted then,
- * not when the cache took them: see front_spill_bin).
+ * them all under one acquisition of the lock, not one per free (their
+ * frees are counted then, not when the cache took them: see
+ * front_spill_bin).
  *
  * Sharing.  Each cache is 64-byte aligned and guarded by its own lock;
  * `id` is immutable once published.  What one stream's cached pair touches:
