@@ -425,6 +425,54 @@ static void front_caches_byte_cap(const char *label, const char *yaml, int kept)
   gmr_runtime_free(rt);
 }
 
+/* Over the byte cap with several bins, the largest bin gives back its older
+ * half, again while still over: with a 3 MiB cap and two 256 KiB and two
+ * 1 MiB chunks kept (2.5 MiB), the free of a third 1 MiB chunk gives back
+ * the oldest 1 MiB chunk only (1.5 + 1 MiB is under the cap); the 256 KiB
+ * chunks and the newer 1 MiB chunks stay.  4 KiB blocks between them stay
+ * allocated, so nothing given back merges. */
+static void front_caches_byte_cap_bins(void) {
+  const char *label = "front caches: over the cap, the largest bin gives back first";
+  gmr_runtime_t *rt = front_runtime("policy: {name: bfc, memory_limit: 64MiB, front_cache_bytes: "
+                                    "3MiB, allow_retry_on_failure: false}\n",
+                                    label);
+  if (rt == NULL) return;
+  enum { N = 5 };
+  static const size_t sizes[N] = {256 << 10, 256 << 10, 1 << 20, 1 << 20, 1 << 20};
+  void *a[N], *pad[N], *p[2] = {NULL, NULL}, *q = NULL;
+  for (int i = 0; i < N; ++i) {
+    a[i] = pad[i] = NULL;
+    gmr_alloc(rt, sizes[i], GMR_SIM_STREAM(1), &a[i]);
+    gmr_alloc(rt, 4096, GMR_SIM_STREAM(1), &pad[i]);
+  }
+  for (int i = 0; i < N; ++i)
+    gmr_free(rt, a[i]); /* the last is over the cap: a[2] goes back */
+  for (int k = 0; k < 2; ++k)
+    gmr_alloc(rt, 1 << 20, GMR_SIM_STREAM(2), &p[k]);
+  ok(p[0] == a[2], "  stream 2 gets the oldest 1 MiB chunk, given back");
+  ok((char *)p[1] > (char *)pad[N - 1], "  then new memory: the other two stay with stream 1");
+  bool kept = true;
+  for (int i = N - 1; i >= 0; --i) { /* each size newest first */
+    if (i == 2) continue;
+    q = NULL;
+    gmr_alloc(rt, sizes[i], GMR_SIM_STREAM(1), &q);
+    kept = kept && q == a[i];
+  }
+  ok(kept, "  stream 1 gets its two 256 KiB and two 1 MiB chunks back, newest first");
+  for (int i = 0; i < N; ++i) {
+    if (i != 2) gmr_free(rt, a[i]);
+    gmr_free(rt, pad[i]);
+  }
+  gmr_free(rt, p[0]);
+  gmr_free(rt, p[1]);
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 0, "  everything freed");
+  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   const char *env = getenv("GMR_SEED");
   uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
@@ -485,5 +533,6 @@ int main(void) {
                         "policy: {name: bfc, memory_limit: 64MiB, front_cache_bytes: 3MiB, "
                         "allow_retry_on_failure: false}\n",
                         6);
+  front_caches_byte_cap_bins();
   return done_testing();
 }
