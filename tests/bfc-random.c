@@ -473,6 +473,33 @@ static void front_caches_byte_cap_bins(void) {
   gmr_runtime_free(rt);
 }
 
+/* front_cache_bytes: 1 keeps nothing in the front caches: after threads
+ * have met at the lock, a freed 1 KiB chunk is merged by TF's path and 768
+ * bytes asked next are split from it (front_cache_on is false). */
+static void front_caches_off(void) {
+  gmr_runtime_t *rt = make("policy: {name: bfc, memory_limit: 32MiB, front_cache_bytes: 1, "
+                           "allow_retry_on_failure: false}\n");
+  if (!ok(rt != NULL, "front_cache_bytes 1: runtime")) return;
+  bool on = false;
+  for (int round = 0; round < 3 && !on; ++round) {
+    hammer_t h[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; ++i) {
+      h[i] = (hammer_t){rt, GMR_SIM_STREAM(i + 1)};
+      pthread_create(&th[i], NULL, hammer, &h[i]);
+    }
+    for (int i = 0; i < 4; ++i)
+      pthread_join(th[i], NULL);
+    on = front_cache_on(rt);
+  }
+  ok(!on, "  after threads on 4 streams, a freed chunk still goes back to TF's bins");
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 0, "  everything freed");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   const char *env = getenv("GMR_SEED");
   uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
@@ -534,5 +561,6 @@ int main(void) {
                         "allow_retry_on_failure: false}\n",
                         6);
   front_caches_byte_cap_bins();
+  front_caches_off();
   return done_testing();
 }

@@ -225,8 +225,8 @@ const gmr_opt_desc_t gmr__bfc_opts_desc[] = {
      .default_text = "0",
      .help = "gmr only, several threads: the bytes each stream's front cache may keep (freed "
              "chunks it reuses without the allocator's lock, docs/bfc.md); 0 is max(limit / "
-             "256, 1 MiB). More buys speed under threads with memory other streams cannot "
-             "use until a flush."},
+             "256, 1 MiB); 1 turns the caches off (TF's lock for every call). More buys "
+             "speed under threads with memory other streams cannot use until a flush."},
     {.key = "vmm",
      .type = GMR_OPT_BOOL,
      .offset = offsetof(bfc_opts_t, vmm),
