@@ -252,12 +252,11 @@ static bool front_cache_on(gmr_runtime_t *rt) {
   return b == a && got == 1024;
 }
 
-static void front_caches_and_streams(void) {
-  gmr_runtime_t *rt =
-      make("policy: {name: bfc, memory_limit: 32MiB, allow_retry_on_failure: false}\n");
-  if (!ok(rt != NULL, "front caches and record_stream: runtime")) return;
+/* Up to `rounds` rounds of 4 threads hammering streams 1 to 4, until the
+ * front caches are on; whether they are. */
+static bool hammer_until_on(gmr_runtime_t *rt, int rounds) {
   bool on = false;
-  for (int round = 0; round < 50 && !on; ++round) {
+  for (int round = 0; round < rounds && !on; ++round) {
     hammer_t h[4];
     pthread_t th[4];
     for (int i = 0; i < 4; ++i) {
@@ -268,6 +267,14 @@ static void front_caches_and_streams(void) {
       pthread_join(th[i], NULL);
     on = front_cache_on(rt);
   }
+  return on;
+}
+
+static void front_caches_and_streams(void) {
+  gmr_runtime_t *rt =
+      make("policy: {name: bfc, memory_limit: 32MiB, allow_retry_on_failure: false}\n");
+  if (!ok(rt != NULL, "front caches and record_stream: runtime")) return;
+  bool on = hammer_until_on(rt, 50);
   if (!ok(on, "front caches and record_stream: the threads turned the front caches on")) {
     gmr_runtime_free(rt);
     return;
@@ -296,24 +303,24 @@ static void front_caches_and_streams(void) {
   gmr_runtime_free(rt);
 }
 
+/* The end of a front-cache case: nothing live, every allocation freed,
+ * the invariants hold; then the runtime goes. */
+static void end_all_freed(gmr_runtime_t *rt) {
+  gmr_stats_t st;
+  gmr_stats(rt, &st);
+  is_u64(st.allocations, 0, "  everything freed");
+  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_runtime_free(rt);
+}
+
 /* A runtime whose front caches are on: threads hammered it until a chunk
  * freed on stream 1 comes back whole (front_cache_on); then everything is
  * flushed (gmr_stats), so the region is one free chunk again. */
 static gmr_runtime_t *front_runtime(const char *yaml, const char *label) {
   gmr_runtime_t *rt = make(yaml);
   if (!ok(rt != NULL, "%s: runtime", label)) return NULL;
-  bool on = false;
-  for (int round = 0; round < 50 && !on; ++round) {
-    hammer_t h[4];
-    pthread_t th[4];
-    for (int i = 0; i < 4; ++i) {
-      h[i] = (hammer_t){rt, GMR_SIM_STREAM(i + 1)};
-      pthread_create(&th[i], NULL, hammer, &h[i]);
-    }
-    for (int i = 0; i < 4; ++i)
-      pthread_join(th[i], NULL);
-    on = front_cache_on(rt);
-  }
+  bool on = hammer_until_on(rt, 50);
   if (!ok(on, "%s: the threads turned the front caches on", label)) {
     gmr_runtime_free(rt);
     return NULL;
@@ -366,12 +373,7 @@ static void front_caches_spill_a_full_bin(void) {
     gmr_free(rt, a[i]);
   for (int k = 0; k <= HALF; ++k)
     gmr_free(rt, p[k]);
-  gmr_stats_t st;
-  gmr_stats(rt, &st);
-  is_u64(st.allocations, 0, "  everything freed");
-  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
-  is_int(gmr_check(rt), 0, "  invariants hold");
-  gmr_runtime_free(rt);
+  end_all_freed(rt);
 }
 
 /* A front cache keeps at most front_cache_bytes, by default max(limit / 256,
@@ -417,12 +419,7 @@ static void front_caches_byte_cap(const char *label, const char *yaml, int kept)
     gmr_free(rt, a[i]);
   for (int k = 0; k <= back; ++k)
     gmr_free(rt, p[k]);
-  gmr_stats_t st;
-  gmr_stats(rt, &st);
-  is_u64(st.allocations, 0, "  everything freed");
-  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
-  is_int(gmr_check(rt), 0, "  invariants hold");
-  gmr_runtime_free(rt);
+  end_all_freed(rt);
 }
 
 /* Over the byte cap with several bins, the largest bin gives back its older
@@ -465,12 +462,7 @@ static void front_caches_byte_cap_bins(void) {
   }
   gmr_free(rt, p[0]);
   gmr_free(rt, p[1]);
-  gmr_stats_t st;
-  gmr_stats(rt, &st);
-  is_u64(st.allocations, 0, "  everything freed");
-  is_u64(st.num_allocs, st.num_frees, "  as many frees as allocations");
-  is_int(gmr_check(rt), 0, "  invariants hold");
-  gmr_runtime_free(rt);
+  end_all_freed(rt);
 }
 
 /* front_cache_bytes: 1 keeps nothing in the front caches: after threads
@@ -480,24 +472,9 @@ static void front_caches_off(void) {
   gmr_runtime_t *rt = make("policy: {name: bfc, memory_limit: 32MiB, front_cache_bytes: 1, "
                            "allow_retry_on_failure: false}\n");
   if (!ok(rt != NULL, "front_cache_bytes 1: runtime")) return;
-  bool on = false;
-  for (int round = 0; round < 3 && !on; ++round) {
-    hammer_t h[4];
-    pthread_t th[4];
-    for (int i = 0; i < 4; ++i) {
-      h[i] = (hammer_t){rt, GMR_SIM_STREAM(i + 1)};
-      pthread_create(&th[i], NULL, hammer, &h[i]);
-    }
-    for (int i = 0; i < 4; ++i)
-      pthread_join(th[i], NULL);
-    on = front_cache_on(rt);
-  }
+  bool on = hammer_until_on(rt, 3);
   ok(!on, "  after threads on 4 streams, a freed chunk still goes back to TF's bins");
-  gmr_stats_t st;
-  gmr_stats(rt, &st);
-  is_u64(st.allocations, 0, "  everything freed");
-  is_int(gmr_check(rt), 0, "  invariants hold");
-  gmr_runtime_free(rt);
+  end_all_freed(rt);
 }
 
 int main(void) {
