@@ -39,8 +39,8 @@ static uint32_t shared_pages(const stitch_t *t) {
 /* The largest open slot: the highest non-empty class of either index, a
  * page's open bytes being its class times G. */
 static uint64_t largest_open(const stitch_t *t) {
-  uint32_t n = (uint32_t)(t->P / ST_G), s = st_classes_find_last(&t->suffix, n - 1),
-           p = st_classes_find_last(&t->prefix, n - 1);
+  uint32_t s = st_classes_find_last(&t->suffix, t->suffix.n - 1),
+           p = st_classes_find_last(&t->prefix, t->prefix.n - 1);
   uint64_t best = s != ST_NIL ? (uint64_t)s * ST_G : 0;
   if (p != ST_NIL && (uint64_t)p * ST_G > best) best = (uint64_t)p * ST_G;
   return best;
