@@ -2,12 +2,15 @@
 """sweep-svg.py: draw gmr-bench's live-blocks sweep as an SVG picture.
 
     gmr-bench --workloads sweep --json-file sweep.json CONFIG...
-    scripts/sweep-svg.py sweep.json docs/live-blocks.svg "simulated device, 2-core build host"
+    scripts/sweep-svg.py sweep.json [more.json ...] OUT.svg ["simulated device, 2-core build host"]
 
-Reads the "sweep" records of a gmr-bench JSON file (docs/benchmarks.md) and
-writes one line per configuration: ns per operation (an alloc or a free)
-against the number of live blocks, both axes logarithmic, with the growth
-(largest figure over the first) in the legend.  Standard library only.
+Reads the "sweep" records of one or more gmr-bench JSON files
+(docs/benchmarks.md: the arguments ending in .json; the one ending in .svg
+is the picture, any other the line under the title) and writes one line per
+contender: ns per operation (an alloc or a free) against the number of live
+blocks, both axes logarithmic, with the growth (largest figure over the
+first) and the cost added from the fewest to the most live blocks in the
+legend.  Standard library only.
 """
 import json
 import math
@@ -17,13 +20,19 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17
 
 
 def main():
-    if len(sys.argv) not in (3, 4):
-        sys.exit(__doc__.strip().splitlines()[2].strip())
-    rows = [r for r in json.load(open(sys.argv[1])) if r.get("workload") == "sweep"]
+    ins = [a for a in sys.argv[1:] if a.endswith(".json")]
+    outs = [a for a in sys.argv[1:] if a.endswith(".svg")]
+    rest = [a for a in sys.argv[1:] if a not in ins and a not in outs]
+    if not ins or len(outs) != 1 or len(rest) > 1:
+        sys.exit("usage: " + __doc__.strip().splitlines()[3].strip())
+    rows = [r for f in ins for r in json.load(open(f)) if r.get("workload") == "sweep"]
     if not rows:
-        sys.exit("sweep-svg.py: %s has no sweep records (gmr-bench --workloads sweep)" % sys.argv[1])
-    where = sys.argv[3] if len(sys.argv) == 4 else rows[0]["backend"] + " device"
-    W, H, L, R, T, B = 760, 440, 70, 250, 50, 50
+        sys.exit("sweep-svg.py: %s: no sweep records (gmr-bench --workloads sweep)" % ", ".join(ins))
+    where = rest[0] if rest else rows[0]["backend"] + " device"
+    labels = [legend(r) for r in rows]
+    W, H, L, T, B = 760, 440, 70, 50, 50
+    R = max(250, 50 + int(6.3 * max(len(t) for t in labels)))  # the legend: ~6.3 px a character
+    W += R - 250
     xs = sorted({p["live_blocks"] for r in rows for p in r["points"]})
     ys = [p["ns_per_op"] for r in rows for p in r["points"] if p["ns_per_op"] > 0]
     x0, x1 = math.log10(xs[0]), math.log10(xs[-1]) if xs[-1] > xs[0] else math.log10(xs[0]) + 1
@@ -65,10 +74,15 @@ def main():
         ly = T + 14 + 18 * k
         o.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/>'
                  % (W - R + 12, ly - 4, W - R + 32, ly - 4, c))
-        o.append('<text x="%d" y="%d">%s (%s): %.2fx</text>'
-                 % (W - R + 38, ly, esc(r["contender"]), esc(r["policy"]), r["growth"]))
+        o.append('<text x="%d" y="%d">%s</text>' % (W - R + 38, ly, esc(labels[k])))
     o.append("</svg>")
-    open(sys.argv[2], "w").write("\n".join(o) + "\n")
+    open(outs[0], "w").write("\n".join(o) + "\n")
+
+
+def legend(r):
+    """contender (policy): growth, +ns added from the first point to the last."""
+    p = [q["ns_per_op"] for q in r["points"]]
+    return "%s (%s): %.2fx, %+.0f ns" % (r["contender"], r["policy"], r["growth"], p[-1] - p[0])
 
 
 def fmt(v):

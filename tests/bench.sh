@@ -99,6 +99,11 @@ EOF
   python3 "$src/scripts/sweep-svg.py" "$tmp/churn.json" "$tmp/sweep.svg" "test" &&
     grep -q "<polyline" "$tmp/sweep.svg" && grep -q "tf-greedy (bfc)" "$tmp/sweep.svg"
   ok $? "scripts/sweep-svg.py draws the sweep with one line per configuration"
+  cp "$tmp/churn.json" "$tmp/churn2.json"
+  python3 "$src/scripts/sweep-svg.py" "$tmp/churn.json" "$tmp/churn2.json" "$tmp/sweep2.svg" &&
+    test "$(grep -c "<polyline" "$tmp/sweep2.svg")" = 4 &&
+    grep -q 'tf-greedy (bfc): [0-9.]*x, [+-][0-9]* ns' "$tmp/sweep2.svg"
+  ok $? "scripts/sweep-svg.py draws the sweeps of two JSON files, with the cost added"
 else
   grep -c '"workload": "sweep"' "$tmp/churn.json" | grep -qx 2
   ok $? "2 sweep records (python3 absent: counted only)"

@@ -23,8 +23,9 @@
 #   bench                host cost of an allocation + free through torch, native vs gmr
 #   bench-all            gmr-bench with every contender, threads pinned (the
 #                        H200 run of docs/benchmarks.md): PyTorch's own allocator
-#                        (its shim built here), cudaMallocAsync, cudaMalloc and
-#                        gmr's caching and bfc (pair, random, sweep), stitch (pair),
+#                        (its shim built here), cudaMallocAsync, cudaMalloc (pair,
+#                        random; the first two also sweep), gmr's caching and bfc
+#                        (pair, random, sweep), stitch (pair, sweep),
 #                        and the same pairs on the simulated device (THREADS: the
 #                        thread counts, default 1,2,4,8,16)
 #   cuda-test            tests/cuda (the backend and the policies on the device)
@@ -127,8 +128,8 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
       --threads "${THREADS:-1,2,4,8,16}" --workloads pair,random,sweep --torch "$shim" \
       --json-file "$results/bench-all.json" "$dir/config/pytorch.yaml" \
       "$dir/config/tf-greedy.yaml" || status=1
-    timeout 120 "$dir/bin/gmr-bench" --device cuda --pin --reps "${REPS:-7}" --min-time 20 \
-      --threads "${THREADS:-1,2,4,8,16}" --workloads pair --no-baselines \
+    timeout 240 "$dir/bin/gmr-bench" --device cuda --pin --reps "${REPS:-7}" --min-time 20 \
+      --threads "${THREADS:-1,2,4,8,16}" --workloads pair,sweep --no-baselines \
       --json-file "$results/bench-stitch.json" "$dir/config/stitch.yaml" || status=1
     # The same pairs on the simulated device, on the same host: what the
     # backend adds to the host's cost (a cached pair makes no device call).
