@@ -94,6 +94,13 @@ typedef struct map_shard_s {
   void *slots_raw;                      /* what the host returned (slots are aligned in it) */
 } map_shard_t;
 
+/* Layout, checked where it is built (runtime_build, map_grow) and here:
+ *   sizeof(map_shard_t) == CACHE_LINE,  (uintptr_t)&rt->shards[i] % CACHE_LINE == 0,
+ *   (uintptr_t)sh->slots % CACHE_LINE == 0,  capacity x 40 % CACHE_LINE == 0. */
+_Static_assert(sizeof(map_shard_t) == CACHE_LINE, "a shard fills one cache line");
+_Static_assert(MAP_FIRST_SLOTS * sizeof(gmr_block_t) % CACHE_LINE == 0,
+               "a shard's table ends on a cache line");
+
 /* The table of a shard that never held an entry: one empty slot (mask 0,
  * grow_at 0), so a lookup needs no test for a missing table. */
 static gmr_block_t map_none[1];
@@ -168,6 +175,7 @@ static int map_grow(map_shard_t *sh) {
   void *raw = gmr__calloc(1, cap * sizeof(gmr_block_t) + CACHE_LINE - 1);
   if (raw == NULL) return GMR_ENOMEM;
   gmr_block_t *slots = gmr__align_ptr(raw, CACHE_LINE);
+  gmr_assert_internal((uintptr_t)slots % CACHE_LINE == 0);
   for (size_t i = 0; i <= sh->mask; ++i) {
     if (sh->slots[i].ptr == NULL) continue;
     size_t j = map_hash(sh->slots[i].ptr) & (cap - 1);
@@ -299,6 +307,8 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
     return gmr__error_set(GMR_ENOMEM, "out of host memory for a runtime");
   }
   gmr_runtime_t *rt = gmr__align_ptr(raw, CACHE_LINE);
+  gmr_assert_internal((uintptr_t)&rt->shards[0] % CACHE_LINE == 0 &&
+                      (uintptr_t)&rt->lock % CACHE_LINE == 0);
   rt->raw = raw;
   rt->backend = be;
   rt->dev = dev;
