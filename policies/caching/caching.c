@@ -1617,10 +1617,6 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_spin_lock(&cs->lock);
   if (GMR_UNLIKELY(b->n_uses != 0 || !c->defer || c->n_streams != 1 || cs->deferred != NULL))
     return cache_free_rest(c, cs, b);
-  /* The stream's next operation reads b's neighbours (the take-back's test,
-   * or the merge): start loading their lines now. */
-  __builtin_prefetch(b->prev);
-  __builtin_prefetch(b->next);
   cs->deferred = b;
   cache_spin_unlock(&cs->lock);
   gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
