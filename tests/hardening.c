@@ -277,7 +277,10 @@ static void sim_many_ranges(void) {
     bad += gmr_free(rt, p[i]) != 0;
   double took = now_s() - t0;
   is_int(bad, 0, "%zu ranges reserved and released", n);
-  ok(took < 3.0, "  in %.3f s (< 3 s)", took);
+  /* O(log n) takes well under a second; the sorted array it replaced took
+   * minutes (it moved every range behind the one removed), so a bound that a
+   * loaded or instrumented host cannot reach by accident. */
+  ok(took < 30.0, "  in %.3f s (< 30 s)", took);
   free(p);
   gmr_runtime_free(rt);
 }
@@ -396,7 +399,7 @@ static void config_limits(void) {
   is_int(rc, GMR_ECONFIG, "YAML nested %zu deep is refused", depth);
   like(err.message, "<string>:2:", "  at its line");
   like(err.message, "nested more than 32 deep", "  saying why");
-  ok(took < 1.0, "  in %.3f s (< 1 s)", took);
+  ok(took < 5.0, "  in %.3f s (< 5 s; 47 s before the limit)", took);
   free(deep);
 
   size_t big = (size_t)2 << 20;
@@ -736,7 +739,7 @@ static void fuzz_findings(void) {
   is_int(rc, GMR_ENOMEM, "stitch: 1 PiB on a 1 GiB device is an OOM");
   ok(strstr(gmr_last_error(rt), "larger than the device") != NULL, "  saying why: %s",
      gmr_last_error(rt));
-  ok(took < 0.5, "  at once (%.3f s)", took);
+  ok(took < 5.0, "  at once (%.3f s; mapping its pages would never end)", took);
   rc = gmr_alloc(rt, SIZE_MAX, NULL, &p);
   is_int(rc, GMR_ENOMEM, "  so is SIZE_MAX bytes (its rounding would wrap)");
   is_int(gmr_check(rt), 0, "  invariants hold");

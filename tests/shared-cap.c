@@ -685,7 +685,7 @@ static void test_stopped(void) {
   int rc = gmr__scap_reserve(me, MiB);
   double dt = now_s() - t0;
   is_int(rc, GMR_EBUSY, "a reservation gives up with GMR_EBUSY");
-  ok(dt >= 0.19 && dt < 2.0, "after the 0.2 s timeout (%.3f s)", dt);
+  ok(dt >= 0.19 && dt < 10.0, "after the 0.2 s timeout (%.3f s; < 10: it does not hang)", dt);
   char pidtext[32];
   snprintf(pidtext, sizeof pidtext, "held by process %d", (int)pid);
   like(gmr__error_last(), pidtext, "the error names the holder");
