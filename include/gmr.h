@@ -11,7 +11,10 @@
  *  - the library never aborts and never prints unless asked (gmr_set_log);
  *  - every *_free accepts NULL;
  *  - all runtime calls are thread-safe: any number of threads may allocate
- *    and free on one runtime.
+ *    and free on one runtime;
+ *  - no call is async-signal-safe: a signal handler must not call gmr (as
+ *    with malloc), since the call it interrupted may hold the runtime's
+ *    locks.
  */
 #ifndef GMR_H
 #define GMR_H
