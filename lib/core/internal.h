@@ -94,6 +94,20 @@ static inline void *gmr__align_ptr(void *p, size_t a) {
 static inline bool gmr__is_pow2(uint64_t x) {
   return x != 0 && (x & (x - 1)) == 0;
 }
+
+/* ---- Hashing. ------------------------------------------------------------- */
+/* Fibonacci hashing (Knuth, TAOCP 6.4): multiply by 2^64 / phi, the golden
+ * ratio, and take the top bits, which mix every bit of the key.  The one
+ * constant of every hash table keyed by a pointer, a stream or a length:
+ *     gmr__hash_bits(x, b) = floor(x * GMR_HASH_GOLDEN mod 2^64 / 2^(64 - b)),
+ * a value in [0, 2^b), for 1 <= b <= 63. */
+#define GMR_HASH_GOLDEN 0x9E3779B97F4A7C15ull
+static inline uint64_t gmr__hash_mul(uint64_t x) {
+  return x * GMR_HASH_GOLDEN;
+}
+static inline size_t gmr__hash_bits(uint64_t x, unsigned bits) {
+  return (size_t)(gmr__hash_mul(x) >> (64 - bits));
+}
 /* The one parser of scalars (util.c), for YAML values, PyTorch-style option
  * strings and environment variables alike.  Each takes the whole string
  * and returns 0, or GMR_EINVAL and leaves *out untouched. */
