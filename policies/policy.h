@@ -9,7 +9,7 @@
  * Rules:
  *  1. Ops are called only through the gmr__policy_* wrappers below (as
  *     devices are reached only through the gmr__backend_* ones): by the
- *     runtime (lib/core/runtime.c), which owns the pointer -> block map and
+ *     runtime (lib/runtime/runtime.c), which owns the pointer -> block map and
  *     passes the block back at free time, and by decorators, for their
  *     upstream.
  *  2. `self` comes first; out-parameters come last and are never NULL.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""check-layers.py: fail on a cycle between the C files of gmr.
+"""check-layers.py: fail on a cycle between the C files of gmr, or on an
+arrow that points up the layers.
 
 Three graphs are built over the files of the source tree (include/, lib/,
 policies/, tools/, tests/):
@@ -16,6 +17,16 @@ policies/, tools/, tests/):
             circle that goes through a header and its source.  Reported, not
             failed: a header shared by several sources (one declaring the
             functions of two files) makes circles here that no file has.
+
+Layers.  Each folder has a rank (RANKS below, docs/design.md "The tree"):
+
+  include 0   lib/core 0   lib/backend 1   lib/observe 2   policies 3
+  lib/runtime 4   lib/replay 5   lib/adapters 5   tools 6   tests 7
+
+An include or a call from a file to a file of a higher rank fails: the base
+never reaches up into what is built on it.  The public headers (include/)
+are rank 0: every layer may include them, and they include nothing of ours.
+Inside one rank anything goes, as long as it makes no cycle.
 
 Any cycle in the includes or calls graph fails, except one listed in
 scripts/layers-known-cycles.txt (a cycle being removed on another line of
@@ -34,7 +45,8 @@ Usage: check-layers.py [--srcdir DIR] [--builddir DIR] [--tap] [--graph]
                [--require-objects]
   --tap    write the result as a TAP stream (for `make check`)
   --graph  print the edges of the module graph (for docs and reviews)
-Exit status: 0 no cycle, 1 a cycle (each cycle printed), 2 bad usage.
+Exit status: 0 no cycle and no upward arrow, 1 either (each printed), 2 bad
+usage.
 """
 
 import argparse
@@ -46,6 +58,19 @@ import sys
 SOURCE_DIRS = ("include", "lib", "policies", "tools", "tests")
 INTERPOSERS = ("lib/adapters/interpose.c",)
 KNOWN_CYCLES = "scripts/layers-known-cycles.txt"
+# The longest matching folder prefix gives a file's rank.
+RANKS = (
+    ("include/", 0),
+    ("lib/core/", 0),
+    ("lib/backend/", 1),
+    ("lib/observe/", 2),
+    ("policies/", 3),
+    ("lib/runtime/", 4),
+    ("lib/replay/", 5),
+    ("lib/adapters/", 5),
+    ("tools/", 6),
+    ("tests/", 7),
+)
 SEARCH_DIRS = ("include", "lib", "policies", "tools", ".")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
@@ -154,6 +179,28 @@ def call_graph(builddir, files):
                 owners = near
             graph[src].update(owners)
     return graph, n_objects
+
+
+def rank_of(f):
+    """(rank, folder) of a file, by the longest folder of RANKS it is in;
+    (None, None) for a file outside every ranked folder."""
+    best = (None, None)
+    for folder, rank in RANKS:
+        if f.startswith(folder) and (best[1] is None or len(folder) > len(best[1])):
+            best = (rank, folder)
+    return best
+
+
+def upward_arrows(graph):
+    """[(a, b)]: the edges a -> b where b's layer is above a's."""
+    out = []
+    for a in sorted(graph):
+        ra, _ = rank_of(a)
+        for b in sorted(graph[a]):
+            rb, _ = rank_of(b)
+            if ra is not None and rb is not None and rb > ra:
+                out.append((a, b))
+    return out
 
 
 def module_of(f):
@@ -313,6 +360,12 @@ def main():
         if name == "calls" and n_objects == 0:
             desc += " # SKIP no object files under %s: run make first" % builddir
         report(unknown == 0, desc)
+        up = upward_arrows(graph)
+        for a, b in up:
+            report(False, "an arrow up the layers in the %s graph: %s (%s, rank %d) -> %s (%s, rank %d)"
+                   % ((name, a) + rank_of(a)[::-1] + (b,) + rank_of(b)[::-1]))
+        if not up:
+            report(True, "no arrow up the layers in the %s graph" % name)
     for comp, path in cycles(mods):
         lines.append("# note: x.c and x.h as one node: %s%s" % (
             " -> ".join(path),

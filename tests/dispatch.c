@@ -1,4 +1,4 @@
-/* dispatch.c: tests of the dispatcher's hot paths (lib/core/runtime.c).
+/* dispatch.c: tests of the dispatcher's hot paths (lib/runtime/runtime.c).
  *
  * What gmr_alloc and gmr_free promise whatever the policy: argument checks
  * with their exact errors and out-parameters untouched; double frees and
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "gmr.h"
 #include "tap.h"
 

@@ -1,8 +1,9 @@
 #!/bin/sh
-# layers.sh: no cycle of includes or calls between the files of gmr
-# (scripts/check-layers.py on the source tree and the objects just built),
-# and the checker itself finds a cycle of each kind in a small tree made
-# for it, so a checker that sees nothing cannot pass.
+# layers.sh: no cycle of includes or calls between the files of gmr and no
+# arrow up the layers (scripts/check-layers.py on the source tree and the
+# objects just built), and the checker itself finds a cycle of each kind and
+# an upward arrow in small trees made for it, so a checker that sees nothing
+# cannot pass.
 set -u
 src=${GMR_SRCDIR:-${srcdir:-.}}
 b=${GMR_BUILDDIR:-.}
@@ -45,5 +46,18 @@ else
   n=$((n + 1))
   echo "ok $n # SKIP no C compiler for the call-graph self-test"
 fi
+# An arrow up the layers fails although it makes no cycle: the base
+# (lib/core) including a header of the runtime above it.
+u="$t/up"
+mkdir -p "$u/lib/core" "$u/lib/runtime" "$u/include"
+printf 'int r(void);\n' >"$u/lib/runtime/r.h"
+printf '#include "runtime/r.h"\nint b(void);\n' >"$u/lib/core/b.h"
+python3 "$src/scripts/check-layers.py" --srcdir "$u" >"$u/out" 2>&1
+check $([ $? -eq 1 ] && grep -q "arrow up the layers in the includes graph: lib/core/b.h" "$u/out"; echo $?) \
+  "self-test: the base including the runtime is an arrow up the layers"
+printf 'int b(void);\n' >"$u/lib/core/b.h"
+printf '#include "core/b.h"\nint r(void);\n' >"$u/lib/runtime/r.h"
+python3 "$src/scripts/check-layers.py" --srcdir "$u" >"$u/out" 2>&1
+check $? "self-test: the runtime including the base is not"
 echo "1..$n"
 exit $fail

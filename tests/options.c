@@ -1,5 +1,5 @@
 /* options.c: tests of gmr_policy_options and gmr_policy_name, the public view
- * of the policies' option tables (lib/core/options.c).
+ * of the policies' option tables (lib/runtime/options.c).
  *
  * Every policy of the registry is listed; its options come in table order
  * with their types and ranges; the values to tune that gmr-compare --suggest

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "gmr.h"
 #include "sim-runtime.h"
 #include "stitch/stitch.h"

@@ -16,8 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/config.h" /* the hook test builds a configuration around its own policy */
-#include "core/runtime.h"
+#include "runtime/config.h" /* the hook test builds a configuration around its own policy */
+#include "runtime/runtime.h"
 #include "gmr.h"
 #include "observe/history.h"
 #include "observe/recording.h"

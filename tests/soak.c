@@ -29,7 +29,7 @@
 #include <time.h>
 
 #include "core/avl.h"
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "gmr.h"
 #include "sim-runtime.h"
 #include "tap.h"

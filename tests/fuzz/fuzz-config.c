@@ -8,7 +8,7 @@
  * that runtime allocates, frees, empties its cache, walks, summarizes and
  * passes gmr_check.  A configuration that names a trace file is parsed but
  * not run (the fuzzer must not write files). */
-#include "core/config.h"
+#include "runtime/config.h"
 #include "fuzz.h"
 
 static FILE *devnull;

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 #include "gmr.h"
 
 /* Every policy, alone and under both kinds of limit. */

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "observe/replay-formats.h"
+#include "replay/replay-formats.h"
 
 static bool all_digits(const char *s, size_t n) {
   if (n == 0) return false;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "core/stats.h"
+#include "runtime/stats.h"
 
 void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
   st->reserved_bytes = atomic_load(&be->counters.reserved_bytes);

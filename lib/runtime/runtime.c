@@ -47,11 +47,11 @@
 #include <string.h>
 
 #include "core/config-env.h"
-#include "core/config.h"
+#include "runtime/config.h"
 #include "core/internal.h"
 #include "core/lock.h"
-#include "core/runtime.h"
-#include "core/stats.h"
+#include "runtime/runtime.h"
+#include "runtime/stats.h"
 #include "observe/history.h"
 #include "observe/recording.h"
 #include "observe/snapshot.h"

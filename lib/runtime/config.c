@@ -19,7 +19,7 @@
 #include <yaml.h>
 
 #include "core/config-env.h"
-#include "core/config.h"
+#include "runtime/config.h"
 #include "core/internal.h"
 #include "policy.h"
 

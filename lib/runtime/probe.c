@@ -15,7 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
-#include "core/runtime.h"
+#include "runtime/runtime.h"
 
 #define PROBE_SPAN_PAGES 32 /* granules in the virtual range tried */
 

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "observe/replay-formats.h"
+#include "replay/replay-formats.h"
 
 /* ---- values ----------------------------------------------------------------------- */
 
