@@ -14,8 +14,8 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "runtime/runtime.h"
 #include "gmr.h"
+#include "runtime/runtime.h"
 #include "tap.h"
 
 static gmr_runtime_t *new_runtime(const char *yaml) {

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/runtime.h"
 #include "gmr.h"
+#include "runtime/runtime.h"
 #include "sim-runtime.h"
 #include "stitch/stitch.h"
 #include "tap.h"

@@ -16,12 +16,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "runtime/config.h" /* the hook test builds a configuration around its own policy */
-#include "runtime/runtime.h"
 #include "gmr.h"
 #include "observe/history.h"
 #include "observe/recording.h"
 #include "policy.h"
+#include "runtime/config.h" /* the hook test builds a configuration around its own policy */
+#include "runtime/runtime.h"
 #include "tap.h"
 
 #define MiB  ((size_t)1 << 20)

@@ -29,8 +29,8 @@
 #include <time.h>
 
 #include "core/avl.h"
-#include "runtime/runtime.h"
 #include "gmr.h"
+#include "runtime/runtime.h"
 #include "sim-runtime.h"
 #include "tap.h"
 

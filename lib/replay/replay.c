@@ -24,9 +24,9 @@
 
 #include "core/avl.h"
 #include "core/internal.h"
-#include "runtime/runtime.h"
 #include "gmr_replay.h"
 #include "replay/replay-formats.h"
+#include "runtime/runtime.h"
 
 /* ---- live pointer -> id map ------------------------------------------------
  * An AVL tree (core/avl.h): recorded pointers are chosen by whoever wrote the

@@ -19,9 +19,9 @@
 #include <yaml.h>
 
 #include "core/config-env.h"
-#include "runtime/config.h"
 #include "core/internal.h"
 #include "policy.h"
+#include "runtime/config.h"
 
 /* ---- the device section's table ---------------------------------------- */
 

@@ -47,16 +47,16 @@
 #include <string.h>
 
 #include "core/config-env.h"
-#include "runtime/config.h"
 #include "core/internal.h"
 #include "core/lock.h"
-#include "runtime/runtime.h"
-#include "runtime/stats.h"
 #include "observe/history.h"
 #include "observe/recording.h"
 #include "observe/snapshot.h"
 #include "observe/trace.h"
 #include "policy.h"
+#include "runtime/config.h"
+#include "runtime/runtime.h"
+#include "runtime/stats.h"
 
 /* Out of line: the refusals and the history's recording paths; inline: the
  * helpers of the hot path, so it stays as it is without the history. */

@@ -8,8 +8,8 @@
  * that runtime allocates, frees, empties its cache, walks, summarizes and
  * passes gmr_check.  A configuration that names a trace file is parsed but
  * not run (the fuzzer must not write files). */
-#include "runtime/config.h"
 #include "fuzz.h"
+#include "runtime/config.h"
 
 static FILE *devnull;
 

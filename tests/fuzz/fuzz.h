@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/runtime.h"
 #include "gmr.h"
+#include "runtime/runtime.h"
 
 /* Every policy, alone and under both kinds of limit. */
 static const char *const fuzz_stacks[] = {
