@@ -588,10 +588,17 @@ static RUNTIME_COLD gmr_runtime_t *route_find(gmr_runtime_t *rt, gmr_stream_t s)
   return found;
 }
 
-/* gmr_alloc in a busy child; the child's failure text is the parent's too. */
+static int pools_trim(gmr_runtime_t *rt);
+
+/* gmr_alloc in a busy child; the child's failure text is the parent's too.
+ * Out of memory, the parent's cache and the released pools' go back to the
+ * device and the allocation is tried once more, as PyTorch frees every
+ * pool's cached blocks before it gives up on a private pool's request. */
 static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
   int err = gmr_alloc(child, size, s, out_ptr);
+  if (err == GMR_ENOMEM && gmr__policy_trim(rt->policy) == 0 && pools_trim(rt) == 0)
+    err = gmr_alloc(child, size, s, out_ptr);
   atomic_fetch_sub(&child->busy, 1);
   return err != 0 ? fail(rt, err) : 0;
 }
@@ -635,6 +642,8 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
+  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt) == 0) /* released pools' cache */
+    err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
     gmr__backend_mem_info(rt->backend, &free_b, &total);
