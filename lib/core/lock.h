@@ -195,8 +195,8 @@ static inline uintptr_t gmr__thread_id(void) {
  * Biased to its first thread.  Most of these locks are only ever taken by
  * one thread (a shard or a stream used by one thread), and the exchange is
  * most of what an uncontended lock costs (some 20 cycles on x86).  Where
- * the sleepers' barrier of gmr_lock_t exists (membarrier, see Note [The
- * light unlock]), a spin lock starts UNCLAIMED; the first thread to take it
+ * the sleepers' barrier of gmr_lock_t exists (membarrier, see
+ * Note [The light unlock]), a spin lock starts UNCLAIMED; the first thread to take it
  * becomes its `owner`, and from then on takes and releases it without an
  * atomic read-modify-write: it stores its identity in `inside`, then reads
  * `locked`, and holds the lock if that still says BIASED (releasing it

@@ -53,8 +53,8 @@ static int trace_error(const gmr_trace_t *t) {
                         strerror(t->failed));
 }
 
-/* Note a failed write (lock held): the first one is logged.  See Note
- * [Failed writes]. */
+/* Note a failed write (lock held): the first one is logged.  See
+ * Note [Failed writes]. */
 static int trace_fail(gmr_trace_t *t, int err) {
   if (t->failed == 0) {
     t->failed = err ? err : EIO;
