@@ -43,7 +43,7 @@ static int direct_create(const void *opts, gmr_backend_t *be, const gmr_policy_c
                          gmr_policy_t **out) {
   direct_t *d = gmr__calloc(1, sizeof *d);
   if (d == NULL) return gmr__error_set(GMR_ENOMEM, "direct: out of host memory");
-  d->base.ops = &gmr_direct_policy_ops;
+  d->base.ops = &gmr__direct_policy;
   d->base.backend = be;
   *out = &d->base;
   return 0;
@@ -210,7 +210,7 @@ static int direct_check(gmr_policy_t *self) {
 
 static const gmr_opt_desc_t direct_opts_desc[] = {{.key = NULL}};
 
-const gmr_policy_ops_t gmr_direct_policy_ops = {
+const gmr_policy_ops_t gmr__direct_policy = {
     .name = "direct",
     .help = "Every allocation is one device reservation (cudaMalloc), every free gives it back "
             "(cudaFree): the baseline with no cache, like JAX's `platform` allocator.",

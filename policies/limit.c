@@ -367,7 +367,7 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
   limit_t *l = gmr__align_ptr(raw, 64);
   l->raw = raw;
-  l->base.ops = &gmr_limit_policy_ops;
+  l->base.ops = &gmr__limit_policy;
   l->base.backend = be;
   l->cap = cap;
   l->counts = opts->counts;
@@ -758,7 +758,7 @@ static const gmr_opt_desc_t limit_opts_desc[] = {
     {.key = NULL},
 };
 
-const gmr_policy_ops_t gmr_limit_policy_ops = {
+const gmr_policy_ops_t gmr__limit_policy = {
     .name = "limit",
     .help = "A hard memory cap stacked on any policy: an allocation that would pass it fails "
             "with GMR_ENOMEM and a message naming the cap, the request and the bytes in use.",

@@ -1,10 +1,16 @@
 /* policy.h: the contract of allocation policies (strategy only).
  *
  * A policy decides which bytes to hand out; it obtains device memory only
- * through the gmr__backend_* wrappers.  One file per policy in policies/,
- * ending with its table, the file's only non-static symbol.  A new policy is
- * one file, one table, one line in gmr__policies (registry.c), one option
- * table and one tests/policy-NAME.c: nothing else changes.
+ * through the gmr__backend_* wrappers.  A small policy is one file in
+ * policies/ (direct.c, limit.c) ending with its table, gmr__NAME_policy, the
+ * file's only non-static symbol.  A larger one is a folder policies/NAME/
+ * with one skeleton: internal.h (what its files share), NAME.c (alloc,
+ * free, the ops table), options.c, report.c (statistics, summary, OOM text)
+ * and check.c (walk and invariants), plus rooms of its own named in its
+ * internal.h; names crossing its files are gmr__NAME_* (nm shows no bare
+ * name: tests/nm-internal.sh).  A new policy adds one line to gmr__policies
+ * (registry.c), one option table and one tests/policy-NAME.c: nothing else
+ * changes.
  *
  * Rules:
  *  1. Ops are called only through the gmr__policy_* wrappers below (as
@@ -226,10 +232,10 @@ int gmr__policy_walk(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
 int gmr__policy_check(gmr_policy_t *p);
 
 /* The tables. */
-extern const gmr_policy_ops_t gmr_direct_policy_ops;
-extern const gmr_policy_ops_t gmr_limit_policy_ops;
-extern const gmr_policy_ops_t gmr_caching_policy_ops;
-extern const gmr_policy_ops_t gmr_bfc_policy_ops;
-extern const gmr_policy_ops_t gmr_stitch_policy_ops;
+extern const gmr_policy_ops_t gmr__direct_policy;
+extern const gmr_policy_ops_t gmr__limit_policy;
+extern const gmr_policy_ops_t gmr__caching_policy;
+extern const gmr_policy_ops_t gmr__bfc_policy;
+extern const gmr_policy_ops_t gmr__stitch_policy;
 
 #endif /* GMR_POLICY_H */

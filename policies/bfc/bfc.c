@@ -91,7 +91,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "bfc.h"
+#include "bfc/internal.h"
 #include "bins.h"
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
@@ -537,13 +537,11 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   return NULL;
 }
 
-static int bfc_check_locked(bfc_t *b);
-
 /* The invariant walk of gmr_assert_expensive (--enable-debug=3) after an op:
  * only while no front cache can hold chunks or uncounted figures (none
  * exists, or all are frozen, hence flushed); gmr_check flushes them first. */
 static int bfc_check_settled(bfc_t *b) {
-  return b->n_fronts == 0 || b->freezes > 0 ? bfc_check_locked(b) : 0;
+  return b->n_fronts == 0 || b->freezes > 0 ? gmr__bfc_check_locked(b) : 0;
 }
 
 /* ---- the lock and the front caches ---------------------------------------------------
@@ -969,240 +967,41 @@ static int bfc_trim(gmr_policy_t *self) {
 }
 
 static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  st->allocated_bytes = (uint64_t)(b->bytes_in_use - b->pending_bytes);
-  st->active_bytes = (uint64_t)b->bytes_in_use; /* pending frees included */
-  st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
-  st->requested_bytes = (uint64_t)b->requested.current;
-  st->peak_requested_bytes = (uint64_t)b->requested.peak;
-  st->allocations = (uint64_t)b->allocations.current;
-  st->peak_allocations = (uint64_t)b->allocations.peak;
-  st->num_allocs = (uint64_t)b->num_allocs;
-  st->num_frees = b->num_frees;
-  st->ooms = b->ooms;
-  st->alloc_retries = b->retries;
-  st->largest_free_block = bfc_largest_free(b);
-  st->limit_bytes = b->limit;
-  bfc_unlock_all(b);
+  bfc_lock_all((bfc_t *)self);
+  gmr__bfc_stats(self, st);
+  bfc_unlock_all((bfc_t *)self);
 }
 
-/* ClearStats() is reset_peak + reset_accumulated. */
 static void bfc_reset_peak(gmr_policy_t *self) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  b->peak_bytes_in_use = b->bytes_in_use;
-  b->largest_alloc_size = 0;
-  b->peak_pool_bytes = b->pool_bytes;
-  b->requested.peak = b->requested.current;
-  b->allocations.peak = b->allocations.current;
-  bfc_unlock_all(b);
+  bfc_lock_all((bfc_t *)self);
+  gmr__bfc_reset_peak(self);
+  bfc_unlock_all((bfc_t *)self);
 }
 
 static void bfc_reset_accumulated(gmr_policy_t *self) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  b->num_allocs = 0;
-  b->num_frees = b->ooms = b->retries = 0;
-  bfc_unlock_all(b);
+  bfc_lock_all((bfc_t *)self);
+  gmr__bfc_reset_accumulated(self);
+  bfc_unlock_all((bfc_t *)self);
 }
 
-enum { BFC_N_KEYS = 16 };
-typedef struct bfc_kv_s {
-  const char *key;
-  int64_t value;
-} bfc_kv_t;
-
 static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_kv_t kv[BFC_N_KEYS];
-  int n = 0;
-  bfc_lock_all(b);
-  int64_t largest = (int64_t)bfc_largest_free(b), free_b = b->pool_bytes - b->bytes_in_use;
-#define KV(k, v) kv[n++] = (bfc_kv_t){k, (int64_t)(v)}
-  KV("num_allocs", b->num_allocs);
-  KV("bytes_in_use", b->bytes_in_use);
-  KV("peak_bytes_in_use", b->peak_bytes_in_use);
-  KV("largest_alloc_size", b->largest_alloc_size);
-  KV("bytes_limit", b->limit);
-  KV("bytes_reserved", 0);
-  KV("peak_bytes_reserved", 0);
-  KV("largest_free_block_bytes", largest);
-  KV("pool_bytes", b->pool_bytes);
-  KV("peak_pool_bytes", b->peak_pool_bytes);
-  /* GetFragmentation() in parts per million; 0 when nothing is free. */
-  KV("fragmentation_metric_ppm",
-     free_b > 0 ? llround(1e6 * (double)(free_b - largest) / (double)free_b) : 0);
-  KV("curr_region_allocation_bytes", b->curr_region_bytes);
-  KV("regions", b->n_regions);
-  KV("free_chunks", b->free_chunks);
-  KV("num_frees", b->num_frees);
-  KV("ooms", b->ooms);
-#undef KV
-  bfc_unlock_all(b);
-  for (int i = 0; i < n; ++i)
-    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
-  return 0;
+  bfc_lock_all((bfc_t *)self);
+  int err = gmr__bfc_stats_foreach(self, cb, ud);
+  bfc_unlock_all((bfc_t *)self);
+  return err;
 }
 
 static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  int stop = 0;
-  for (size_t i = 0; i < b->n_regions && !stop; ++i) {
-    const bfc_region_t *r = b->regions[i];
-    gmr_walk_entry_t e = {.is_segment = 1,
-                          .address = r->ptr,
-                          .size = r->size,
-                          .pool = "region",
-                          .is_expandable = b->vmm};
-    stop = cb(&e, ud);
-    for (const bfc_chunk_t *c = bfc_first(r); c != bfc_end(r) && !stop; c = c->next) {
-      bool used = c->in_use;
-      gmr_walk_entry_t k = {.address = c->ptr,
-                            .size = c->size,
-                            .requested = used ? c->requested : 0,
-                            .state = c->pending ? GMR_BLOCK_PENDING_FREE
-                                     : used     ? GMR_BLOCK_ALLOCATED
-                                                : GMR_BLOCK_FREE,
-                            .pool = "region"};
-      stop = cb(&k, ud);
-    }
-  }
-  bfc_unlock_all(b);
-  return 0;
-}
-
-/* ---- invariant walker -------------------------------------------------------------- */
-
-#define BFC_CHECK(cond, ...)                                                                       \
-  do {                                                                                             \
-    if (!(cond)) return gmr__error_set(GMR_EINVAL, __VA_ARGS__);                                   \
-  } while (0)
-
-/* In-order walk of one bin: sorted, balanced, in its size class. */
-static int bfc_check_tree(const bfc_chunk_t *n, int bin, const bfc_chunk_t **prev, size_t *count,
-                          int *height) {
-  if (n == NULL) return (*height = 0), 0;
-  int hl, hr, err;
-  if ((err = bfc_check_tree(n->left, bin, prev, count, &hl)) != 0) return err;
-  BFC_CHECK(*prev == NULL || bfc_less(*prev, n), "bfc: bin %d is not sorted at chunk %#llx", bin,
-            (unsigned long long)n->ptr);
-  BFC_CHECK(!n->in_use && n->bin == bin && bfc_bin_for(n->size) == bin,
-            "bfc: chunk %#llx of %zu bytes is in bin %d but belongs to bin %d (in use: %d)",
-            (unsigned long long)n->ptr, n->size, bin, bfc_bin_for(n->size), n->in_use);
-  BFC_CHECK((n->left == NULL || n->left->up == n) && (n->right == NULL || n->right->up == n),
-            "bfc: bin %d has a broken parent link under chunk %#llx", bin,
-            (unsigned long long)n->ptr);
-  *prev = n;
-  ++*count;
-  if ((err = bfc_check_tree(n->right, bin, prev, count, &hr)) != 0) return err;
-  BFC_CHECK(hl - hr <= 1 && hr - hl <= 1 && n->height == 1 + (hl > hr ? hl : hr),
-            "bfc: bin %d tree is unbalanced at chunk %#llx", bin, (unsigned long long)n->ptr);
-  *height = n->height;
-  return 0;
-}
-
-static int bfc_check_locked(bfc_t *b) {
-  size_t binned = 0;
-  for (int i = 0; i < BFC_NUM_BINS; ++i) {
-    const bfc_chunk_t *prev = NULL;
-    size_t count = 0;
-    int h, err = bfc_check_tree(b->bins[i].root, i, &prev, &count, &h);
-    if (err != 0) return err;
-    BFC_CHECK(b->bins[i].root == NULL || b->bins[i].root->up == NULL,
-              "bfc: the root of bin %d has a parent", i);
-    BFC_CHECK(count == b->bins[i].count, "bfc: bin %d holds %zu chunks but counts %zu", i, count,
-              b->bins[i].count);
-    BFC_CHECK(((b->nonempty >> i) & 1) == (count > 0),
-              "bfc: the non-empty mask is wrong for bin %d", i);
-    binned += count;
-  }
-  BFC_CHECK(binned == b->free_chunks, "bfc: %zu chunks in bins, %zu counted", binned,
-            b->free_chunks);
-  int64_t pool = 0, in_use = 0, n_used = 0, req = 0, pend = 0;
-  size_t n_pend = 0;
-  size_t n_free = 0;
-  for (size_t i = 0; i < b->n_regions; ++i) {
-    const bfc_region_t *r = b->regions[i];
-    BFC_CHECK(i == 0 || b->regions[i - 1]->ptr + b->regions[i - 1]->size <= r->ptr,
-              "bfc: regions %zu and %zu overlap or are out of order", i - 1, i);
-    BFC_CHECK(r->head.in_use && r->tail.in_use && r->head.size == 0 && r->tail.size == 0 &&
-                  bfc_first(r) != bfc_end(r) && bfc_first(r)->ptr == r->ptr &&
-                  bfc_first(r)->prev == &r->head && r->tail.prev->next == &r->tail,
-              "bfc: region %#llx does not start with its first chunk", (unsigned long long)r->ptr);
-    size_t sum = 0, pieces = 0;
-    for (size_t k = 0; k < r->n_pieces; ++k)
-      pieces += r->pieces[k].size;
-    BFC_CHECK(pieces == r->size, "bfc: region %#llx is %zu bytes but its pieces add to %zu",
-              (unsigned long long)r->ptr, r->size, pieces);
-    const bfc_chunk_t *c = bfc_first(r), *last = NULL;
-    for (; c != bfc_end(r); last = c, c = c->next) {
-      BFC_CHECK(c->size > 0 && c->size % BFC_MIN_ALLOC == 0, "bfc: chunk %#llx has a bad size %zu",
-                (unsigned long long)c->ptr, c->size);
-      BFC_CHECK(c->ptr == r->ptr + sum, "bfc: chunk %#llx is not at region offset %zu",
-                (unsigned long long)c->ptr, sum);
-      BFC_CHECK(c->next->prev == c, "bfc: broken links after chunk %#llx",
-                (unsigned long long)c->ptr);
-      bool used = c->in_use;
-      BFC_CHECK(used || c->next->in_use, "bfc: adjacent free chunks at %#llx and %#llx",
-                (unsigned long long)c->ptr, (unsigned long long)c->next->ptr);
-      BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
-                "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
-                c->bin);
-      BFC_CHECK(c->elsewhere == (c->uses != NULL || c->sync_on_free) && (used || !c->elsewhere),
-                "bfc: chunk %#llx has a stale stream-use flag", (unsigned long long)c->ptr);
-      if (used && c->pending) {
-        ++n_pend;
-        pend += (int64_t)c->size;
-        in_use += (int64_t)c->size;
-      } else if (used) {
-        BFC_CHECK(c->uses == NULL || c->uses->n <= c->uses->cap,
-                  "bfc: chunk %#llx has a bad stream list", (unsigned long long)c->ptr);
-        ++n_used;
-        in_use += (int64_t)c->size;
-        req += (int64_t)c->requested;
-        BFC_CHECK(c->requested > 0 && c->requested <= c->size,
-                  "bfc: chunk %#llx holds %zu requested bytes in %zu", (unsigned long long)c->ptr,
-                  c->requested, c->size);
-      } else {
-        ++n_free;
-      }
-      sum += c->size;
-    }
-    BFC_CHECK(sum == r->size && last == r->tail.prev,
-              "bfc: the chunks of region %#llx add to %zu bytes, not %zu",
-              (unsigned long long)r->ptr, sum, r->size);
-    pool += (int64_t)r->size;
-  }
-  BFC_CHECK(n_free == binned, "bfc: %zu free chunks in regions, %zu in bins", n_free, binned);
-  BFC_CHECK(pool == b->pool_bytes, "bfc: regions add to %lld bytes, pool_bytes is %lld",
-            (long long)pool, (long long)b->pool_bytes);
-  BFC_CHECK(in_use == b->bytes_in_use && n_used == b->allocations.current &&
-                req == b->requested.current,
-            "bfc: %lld chunks of %lld bytes (%lld requested) in use, stats say %lld of %lld (%lld)",
-            (long long)n_used, (long long)in_use, (long long)req, (long long)b->allocations.current,
-            (long long)b->bytes_in_use, (long long)b->requested.current);
-  BFC_CHECK(b->peak_bytes_in_use >= b->bytes_in_use, "bfc: peak below current");
-  size_t listed = 0;
-  for (const bfc_pending_t *e = b->pending; e; e = e->next, ++listed)
-    BFC_CHECK(e->chunk->pending && e->chunk->in_use && e->n > 0,
-              "bfc: pending entry %zu names chunk %#llx, which is not pending", listed,
-              (unsigned long long)e->chunk->ptr);
-  BFC_CHECK(listed == n_pend && n_pend == b->n_pending && pend == b->pending_bytes,
-            "bfc: %zu pending chunks of %lld bytes, %zu listed, counts say %zu of %lld", n_pend,
-            (long long)pend, listed, b->n_pending, (long long)b->pending_bytes);
-  if (b->vmm)
-    BFC_CHECK(b->n_regions <= 1 && (b->n_regions == 0 || (b->regions[0]->ptr == b->va_base &&
-                                                          b->regions[0]->size == b->va_used)),
-              "bfc: the VMM range is not one region at its base");
-  return 0;
+  bfc_lock_all((bfc_t *)self);
+  int err = gmr__bfc_walk(self, cb, ud);
+  bfc_unlock_all((bfc_t *)self);
+  return err;
 }
 
 static int bfc_check(gmr_policy_t *self) {
   bfc_t *b = (bfc_t *)self;
   bfc_lock_all(b);
-  int err = bfc_check_locked(b);
+  int err = gmr__bfc_check_locked(b);
   bfc_unlock_all(b);
   return err;
 }
@@ -1280,7 +1079,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
   bfc_t *b = gmr__align_ptr(raw, 64);
   b->raw = raw;
-  b->base.ops = &gmr_bfc_policy_ops;
+  b->base.ops = &gmr__bfc_policy;
   b->base.backend = be;
   snprintf(b->name, sizeof b->name, "%s", name);
   b->limit = limit;
@@ -1322,7 +1121,7 @@ fail_lock:
   return err;
 }
 
-const gmr_policy_ops_t gmr_bfc_policy_ops = {
+const gmr_policy_ops_t gmr__bfc_policy = {
     .name = "bfc",
     .help = "TensorFlow's best-fit-with-coalescing allocator (GPU_0_bfc): 256-byte chunks in "
             "21 bins, greedy or growing regions, garbage collection and retry at OOM.",

@@ -8,7 +8,7 @@
  * level or two, where a recursive insert or remove rebalances every level
  * of the path).  Inline: the cached allocation and free run on these.
  *
- * Invariants (checked by bfc_check_tree in bfc.c), for every bin i:
+ * Invariants (checked by bfc_check_tree in check.c), for every bin i:
  *   in-order walk = the bin's chunks sorted by (size, ptr), every chunk c in
  *     it has c.bin = i = bfc_bin_for(c.size), and c is free;
  *   c.left.up = c.right.up = c,  root.up = NULL;
@@ -17,12 +17,7 @@
 #ifndef GMR_POLICIES_BFC_BINS_H
 #define GMR_POLICIES_BFC_BINS_H
 
-#include "bfc.h"
-
-/* (size, ptr) order. */
-static inline bool bfc_less(const bfc_chunk_t *a, const bfc_chunk_t *b) {
-  return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
-}
+#include "bfc/internal.h"
 
 static inline int avl_h(const bfc_chunk_t *n) {
   return n ? n->height : 0;

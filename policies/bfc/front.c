@@ -35,7 +35,7 @@
  */
 #include <string.h>
 
-#include "bfc.h"
+#include "bfc/internal.h"
 
 typedef struct bfc_front_slot_s {
   size_t size;        /* = chunk->size, kept here so a lookup reads no record */

@@ -25,7 +25,7 @@
  * Otherwise every holder of memory is waiting for memory itself: nobody
  * will free anything, and the waiters fail at once instead of sleeping.
  */
-#include "bfc.h"
+#include "bfc/internal.h"
 
 /* ---- stream uses -------------------------------------------------------------------- */
 

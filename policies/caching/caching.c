@@ -15,12 +15,12 @@
  * memory_summary() (byte for byte) and the OOM message.  This file holds the
  * allocator, its alloc and free paths and the ops (with their locking); the
  * options and the PYTORCH_CUDA_ALLOC_CONF parser are in options.c,
- * memory_stats() and memory_summary() in stats.c, the walk and the check in
- * walk.c (caching.h).
+ * memory_stats() and memory_summary() in report.c, the walk and the check in
+ * check.c (internal.h).
  *
  * Structures.  A segment (cache_seg_t) is a doubly linked list of blocks in
  * address order (prev/next).  Free blocks live in their (stream, pool)'s
- * bins (caching.h: 64 treaps cut by size, a bitmap of the non-empty ones),
+ * bins (internal.h: 64 treaps cut by size, a bitmap of the non-empty ones),
  * ordered by (size, address); since PyTorch's one std::set is ordered by
  * (stream, size, address) and a search never leaves its stream, per-stream
  * trees give the identical best fit.  Unmapped ranges of expandable segments
@@ -28,7 +28,7 @@
  * recycled, so the hot path (a cached alloc and free) does no host
  * allocation.
  *
- * Invariants (checked by gmr__cache_check_locked in walk.c):
+ * Invariants (checked by gmr__cache_check_locked in check.c):
  *   for every segment: Σ block sizes = segment size, blocks contiguous,
  *     no two neighbours both free (not allocated, no pending events, same
  *     mapping state);
@@ -60,7 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "caching.h"
+#include "caching/internal.h"
 
 /* The hot path (a cached alloc and its free) is inlined whole into the ops,
  * once with direct statistics (j == NULL) and once with a journal. */
@@ -207,7 +207,7 @@ static inline uint16_t cache_prio(cache_stream_t *cs) {
   return (uint16_t)(cs->prio_state >> 48);
 }
 
-/* ---- a pool's bins (caching.h): the free tree in pieces ------------------------- */
+/* ---- a pool's bins (internal.h): the free tree in pieces ------------------------- */
 
 /* BlockPool::insert_into_blocks' stamp of the GC clock.  The clock runs
  * only with GC on (cache_find_free_block); off, it stays 0, as every
@@ -649,18 +649,6 @@ static size_t cache_allocation_size(const cache_t *c, size_t size) {
   return gmr__align_up(size, CACHE_ROUND_LARGE);
 }
 
-/* c10's format_size, for the OOM message. */
-static void cache_format_size(uint64_t size, char *buf, size_t len) {
-  if (size <= 1024)
-    snprintf(buf, len, "%llu bytes", (unsigned long long)size);
-  else if (size <= 1048576)
-    snprintf(buf, len, "%.2f KiB", (double)size / 1024.0);
-  else if (size <= 1073741824ull)
-    snprintf(buf, len, "%.2f MiB", (double)size / 1048576.0);
-  else
-    snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
-}
-
 /* ---- segments ----------------------------------------------------------------------- */
 
 static void seg_link(cache_t *c, cache_seg_t *s) {
@@ -682,7 +670,7 @@ static void seg_unlink(cache_t *c, cache_seg_t *s) {
 
 /* try_merge_blocks' test: may `src` merge into the freed block `dst`?
  * PyTorch's also asks for no recorded streams, which a block that is not
- * allocated never has (caching.h): the test reads src's first line only. */
+ * allocated never has (internal.h): the test reads src's first line only. */
 static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
   gmr_assert_internal(src == NULL || src->allocated || src->n_uses == 0);
   return src != NULL && !src->allocated && src->event_count == 0 && dst->mapped == src->mapped;
@@ -747,7 +735,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
     host->next = b->next;
     if (host->next) host->next->prev = host;
   }
-  host->size = size; /* its `requested` is not b's: a free block's is never read (walk.c) */
+  host->size = size; /* its `requested` is not b's: a free block's is never read (check.c) */
   if (stays)
     cache_gc_stamp(c, p, host); /* insert_into_blocks' */
   else
@@ -1294,36 +1282,6 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_pool_t *p, c
   return b;
 }
 
-/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc). */
-static int cache_oom(cache_t *c, size_t alloc_size) {
-  size_t dev_free = 0, dev_total = 0;
-  gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
-  ++c->st.num_ooms;
-  char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
-  cache_format_size(alloc_size, want, sizeof want);
-  cache_format_size(dev_total, total, sizeof total);
-  cache_format_size(dev_free, fr, sizeof fr);
-  if (c->fraction_set) {
-    cache_format_size(c->allowed_max, cap, sizeof cap);
-    snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
-  }
-  cache_sync_all(&c->st); /* the aggregates, as of now */
-  int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
-  int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
-  cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
-  cache_format_size((uint64_t)(reserved - allocated), unalloc, sizeof unalloc);
-  return gmr__error_set(
-      GMR_ENOMEM,
-      "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
-      "is free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
-      "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
-      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-      "documentation for Memory Management  "
-      "(https://docs.pytorch.org/docs/stable/notes/"
-      "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-      want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
-}
-
 /* The whole of PyTorch's malloc; global path (every lock held). */
 static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   int err;
@@ -1350,7 +1308,7 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
       if ((err = cache_release_cached(c)) != 0) return err;
       if ((err = cache_alloc_block(c, p, size, alloc_size, true, &b)) != 0) return err;
     }
-    if (b == NULL) return cache_oom(c, alloc_size);
+    if (b == NULL) return gmr__cache_oom(c, alloc_size);
   }
   /* The releases and maps above may have used the records reserved at the
    * top (an expandable segment unmapped, then mapped again); a split needs
@@ -1720,7 +1678,7 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
     return gmr__error_set(GMR_ECONFIG, "caching: %s", why);
   cache_t *c = gmr__calloc(1, sizeof *c);
   if (c == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
-  c->base.ops = &gmr_caching_policy_ops;
+  c->base.ops = &gmr__caching_policy;
   c->base.backend = be;
   c->conf = conf;
   c->st.max_split_size = (int64_t)conf.max_split_size; /* -1 when unlimited, as PyTorch */
@@ -1831,7 +1789,7 @@ static int cache_check(gmr_policy_t *self) {
   return err;
 }
 
-const gmr_policy_ops_t gmr_caching_policy_ops = {
+const gmr_policy_ops_t gmr__caching_policy = {
     .name = "caching",
     .help = "PyTorch's CUDA caching allocator, behaviour for behaviour: 512-byte rounding, "
             "small and large pools, best fit per stream, split and merge, max_split_size, "

@@ -25,13 +25,13 @@
  */
 #include <string.h>
 
-#include "stitch/stitch.h"
+#include "stitch/internal.h"
 
 static inline size_t front_home(gmr_stream_t s) {
   return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 58) & (ST_FRONTS - 1);
 }
 
-st_front_t *st_front_find(stitch_t *t, gmr_stream_t s) {
+st_front_t *gmr__st_front_find(stitch_t *t, gmr_stream_t s) {
   for (size_t i = front_home(s), n = 0; n < ST_FRONTS; i = (i + 1) & (ST_FRONTS - 1), ++n) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_acquire);
     if (f == NULL || f->s == s) return f;
@@ -39,8 +39,8 @@ st_front_t *st_front_find(stitch_t *t, gmr_stream_t s) {
   return NULL;
 }
 
-void st_front_new(stitch_t *t, gmr_stream_t s) {
-  if (t->nfronts >= ST_FRONTS / 2 || st_front_find(t, s) != NULL) return;
+void gmr__st_front_new(stitch_t *t, gmr_stream_t s) {
+  if (t->nfronts >= ST_FRONTS / 2 || gmr__st_front_find(t, s) != NULL) return;
   void *raw = gmr__malloc(sizeof(st_front_t) + 63);
   if (raw == NULL) return;
   st_front_t *f = gmr__align_ptr(raw, 64);
@@ -55,8 +55,8 @@ void st_front_new(stitch_t *t, gmr_stream_t s) {
   ++t->nfronts;
 }
 
-bool st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
-                   st_range_t **old_r) {
+bool gmr__st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
+                        st_range_t **old_r) {
   gmr__spin_lock(&f->lock);
   if (f->frozen) {
     gmr__spin_unlock(&f->lock);
@@ -70,7 +70,7 @@ bool st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old
   return true;
 }
 
-bool st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out) {
+bool gmr__st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out) {
   uint64_t len = gmr__align_up(size, ST_G);
   gmr__spin_lock(&f->lock);
   st_small_t *b = f->b;
@@ -118,7 +118,7 @@ static void front_fold(stitch_t *t, st_front_t *f) {
   }
 }
 
-void st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr) {
+void gmr__st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr) {
   for (size_t i = 0; i < ST_FRONTS; ++i) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_relaxed);
     kb[i] = NULL;
@@ -135,7 +135,7 @@ void st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr)
   }
 }
 
-void st_fronts_thaw(stitch_t *t) {
+void gmr__st_fronts_thaw(stitch_t *t) {
   for (size_t i = 0; i < ST_FRONTS; ++i) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_relaxed);
     if (f == NULL) continue;
@@ -145,7 +145,7 @@ void st_fronts_thaw(stitch_t *t) {
   }
 }
 
-void st_fronts_fini(stitch_t *t) {
+void gmr__st_fronts_fini(stitch_t *t) {
   for (size_t i = 0; i < ST_FRONTS; ++i) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_relaxed);
     if (f != NULL) gmr__free(f->raw);

@@ -1,18 +1,19 @@
-/* caching.h: what the files of the caching policy share (private to policies/caching/).
+/* internal.h: what the files of the caching policy share (private to policies/caching/).
  *
- * The policy (PyTorch's CUDA caching allocator) is cut by concern into four
- * files: caching.c, the allocator itself (blocks, pools, streams, segments,
- * events, the alloc and free paths and everything they call, kept in one
- * translation unit so the hot path inlines as before); options.c, the option
- * table, the PYTORCH_CUDA_ALLOC_CONF tokenizer and the merging of keys and
- * string into the options in force (PyTorch keeps this in
- * CUDAAllocatorConfig); stats.c, torch.cuda.memory_stats() and
- * memory_summary(); walk.c, the walk and the invariant check.  This header
- * holds the data model they share, the small inline predicates on it, and
- * the few functions that cross files.  Calls go one way: caching.c (which
- * also holds every op that takes the locks) calls into the other three, and
- * they call nothing back.  Invariants and locking are written
- * at the top of caching.c.
+ * The policy (PyTorch's CUDA caching allocator) keeps the rooms every policy
+ * folder has:
+ *   internal.h this header: the data model, small inline predicates on it,
+ *              and the few functions that cross files
+ *   caching.c  the allocator: blocks, pools, streams, segments, events, the
+ *              alloc and free paths and everything they call (one
+ *              translation unit, so the hot path inlines), quiesce/resume
+ *              and the ops table
+ *   options.c  the option table, the PYTORCH_CUDA_ALLOC_CONF tokenizer and
+ *              the merging of keys and string (PyTorch's CUDAAllocatorConfig)
+ *   report.c   torch.cuda.memory_stats(), memory_summary(), the OOM text
+ *   check.c    the walk and the invariant check
+ * Calls go one way: caching.c calls into the others, which call nothing
+ * back.  Invariants and locking are written at the top of caching.c.
  */
 #ifndef GMR_POLICIES_CACHING_H
 #define GMR_POLICIES_CACHING_H
@@ -324,7 +325,7 @@ int gmr__cache_resolve(const cache_opts_t *o, cache_conf_t *conf, char *err, siz
 int gmr__cache_validate(void *opts, char *err, size_t errlen);
 void gmr__cache_opts_release(void *opts);
 
-/* stats.c, called on the global path (glock and every stream lock held,
+/* report.c, called on the global path (glock and every stream lock held,
  * the fast paths' deltas folded in) by the ops at the end of caching.c.
  * gmr__cache_all_stats fills `kv` (CACHE_N_KEYS entries) and returns the
  * count; gmr__cache_summary_write prints memory_summary() of a snapshot `st`
@@ -334,8 +335,10 @@ void gmr__cache_reset_peak_locked(gmr_policy_t *self);
 void gmr__cache_reset_accumulated_locked(gmr_policy_t *self);
 size_t gmr__cache_all_stats(const cache_t *c, cache_kv_t *kv);
 int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out);
+/* The OOM error in PyTorch's words (CUDACachingAllocator.cpp, malloc); counts the OOM. */
+int gmr__cache_oom(cache_t *c, size_t alloc_size);
 
-/* walk.c, called on the global path by the ops at the end of caching.c. */
+/* check.c, called on the global path by the ops at the end of caching.c. */
 int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
 int gmr__cache_check_locked(gmr_policy_t *self);
 

@@ -1,4 +1,4 @@
-/* stats.c: the caching policy's statistics: memory_stats() and memory_summary().
+/* report.c: the caching policy's statistics: memory_stats() and memory_summary().
  *
  * The gmr_stats_t figures, peak and accumulated resets, the 122 keys of
  * torch.cuda.memory_stats() (c10's DeviceStats: [all, small_pool,
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "caching.h"
+#include "caching/internal.h"
 
 /* The largest free block of a pool: the last of its last bin. */
 static cache_block_t *pool_last(const cache_pool_t *p) {
@@ -222,4 +222,48 @@ int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *ou
                     cache_fmt_count);
   fputs(eq, out);
   return ferror(out) ? GMR_EIO : 0;
+}
+
+/* ---- the OOM message ----------------------------------------------------------------- */
+
+/* c10's format_size, for the OOM message. */
+static void cache_format_size(uint64_t size, char *buf, size_t len) {
+  if (size <= 1024)
+    snprintf(buf, len, "%llu bytes", (unsigned long long)size);
+  else if (size <= 1048576)
+    snprintf(buf, len, "%.2f KiB", (double)size / 1024.0);
+  else if (size <= 1073741824ull)
+    snprintf(buf, len, "%.2f MiB", (double)size / 1048576.0);
+  else
+    snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
+}
+
+/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc). */
+int gmr__cache_oom(cache_t *c, size_t alloc_size) {
+  size_t dev_free = 0, dev_total = 0;
+  gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
+  ++c->st.num_ooms;
+  char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
+  cache_format_size(alloc_size, want, sizeof want);
+  cache_format_size(dev_total, total, sizeof total);
+  cache_format_size(dev_free, fr, sizeof fr);
+  if (c->fraction_set) {
+    cache_format_size(c->allowed_max, cap, sizeof cap);
+    snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
+  }
+  cache_sync_all(&c->st); /* the aggregates, as of now */
+  int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
+  int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
+  cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
+  cache_format_size((uint64_t)(reserved - allocated), unalloc, sizeof unalloc);
+  return gmr__error_set(
+      GMR_ENOMEM,
+      "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
+      "is free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
+      "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+      "documentation for Memory Management  "
+      "(https://docs.pytorch.org/docs/stable/notes/"
+      "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+      want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
 }

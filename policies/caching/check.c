@@ -1,4 +1,4 @@
-/* walk.c: the caching policy's walk and invariant check.
+/* check.c: the caching policy's walk and invariant check.
  *
  * The walk lists segments in address order, each followed by its blocks, as
  * PyTorch's memory snapshot shows them.  The check recounts every segment,
@@ -15,7 +15,7 @@
  */
 #include <stdlib.h>
 
-#include "caching.h"
+#include "caching/internal.h"
 
 /* ---- walk and check ----------------------------------------------------------------------- */
 
