@@ -49,7 +49,8 @@
  * reserved count are atomics; `pool` and the drain change only under
  * `pool_lock`.  The upstream is called through the policy.h wrappers, which
  * take its own lock when it is not concurrent and supply its empty slots'
- * defaults.
+ * defaults; the whole-state ops run with the upstream quiesced
+ * (limit_quiesce) and call its *_locked forms.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -602,26 +603,37 @@ static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_s
   return gmr__policy_record_stream(self->upstream, blk, s);
 }
 
+/* Quiesced (policy.h, rule 5): the upstream quiesced, so that the
+ * whole-state ops below see it at one moment; they call its *_locked forms.
+ * The limit's own figures are atomic counters. */
+static void limit_quiesce(gmr_policy_t *self) {
+  gmr__policy_quiesce(self->upstream);
+}
+
+static void limit_resume(gmr_policy_t *self) {
+  gmr__policy_resume(self->upstream);
+}
+
 static int limit_trim(gmr_policy_t *self) {
-  return gmr__policy_trim(self->upstream);
+  return gmr__policy_trim_locked(self->upstream);
 }
 
 static void limit_stats(gmr_policy_t *self, gmr_stats_t *st) {
   limit_t *l = (limit_t *)self;
-  gmr__policy_stats(self->upstream, st);
+  gmr__policy_stats_locked(self->upstream, st);
   st->limit_bytes = l->cap;
   /* Refusals by the capped backend are counted by the upstream as its OOMs. */
   if (l->counts == LIMIT_COUNTS_ALLOCATED) st->ooms += atomic_load(&l->refused);
 }
 
 static void limit_reset_peak(gmr_policy_t *self) {
-  gmr__policy_reset_peak(self->upstream);
+  gmr__policy_reset_peak_locked(self->upstream);
 }
 
 static void limit_reset_accumulated(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   atomic_store(&l->refused, 0);
-  gmr__policy_reset_accumulated(self->upstream);
+  gmr__policy_reset_accumulated_locked(self->upstream);
 }
 
 static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
@@ -641,7 +653,7 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
     if (cb("limit_shared_committed_bytes", (int64_t)v.committed, ud) != 0) return 0;
     if (cb("limit_shared_free_bytes", (int64_t)v.room, ud) != 0) return 0;
   }
-  int err = gmr__policy_stats_foreach(self->upstream, cb, ud);
+  int err = gmr__policy_stats_foreach_locked(self->upstream, cb, ud);
   return err == GMR_POLICY_NONE ? 0 : err;
 }
 
@@ -665,12 +677,12 @@ static int limit_summary(gmr_policy_t *self, FILE *out) {
     fprintf(out, "shared cap: %s committed of %s by all processes, %s left to this one (%s)\n", sm,
             sc, sr, gmr__scap_path(l->lbe->shared));
   }
-  int err = gmr__policy_summary(self->upstream, out);
+  int err = gmr__policy_summary_locked(self->upstream, out);
   return err == GMR_POLICY_NONE ? 0 : err;
 }
 
 static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  return gmr__policy_walk(self->upstream, cb, ud);
+  return gmr__policy_walk_locked(self->upstream, cb, ud);
 }
 
 static int limit_check(gmr_policy_t *self) {
@@ -686,7 +698,7 @@ static int limit_check(gmr_policy_t *self) {
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);
-  return gmr__policy_check(self->upstream);
+  return gmr__policy_check_locked(self->upstream);
 }
 
 static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};
@@ -767,6 +779,8 @@ const gmr_policy_ops_t gmr__limit_policy = {
     .opts_desc = limit_opts_desc,
     .is_decorator = true,
     .concurrent = true,
+    .quiesce = limit_quiesce,
+    .resume = limit_resume,
     .validate = limit_validate,
     .opts_release = limit_opts_release,
     .create = limit_create,

@@ -29,7 +29,18 @@
  *     instance's own lock held (one op at a time): the wrappers take it, or
  *     the caller holds it (gmr__policy_lock) around the *_locked ones.  A
  *     policy that sets `concurrent` does its own locking and may be called
- *     from any number of threads at once.
+ *     from any number of threads at once; policy.c holds no lock for it.
+ *     Its whole-state ops (trim, stats, reset_peak, reset_accumulated,
+ *     stats_foreach, summary, walk, check) run quiesced instead: between its
+ *     `quiesce` op, which returns once no other op runs and none can start
+ *     (every lock taken, fronts flushed, whatever it owes the state
+ *     applied), and its `resume` op, which lets them go again.  The
+ *     wrappers call both around the op; a caller that wants several ops at
+ *     one moment (a snapshot) calls gmr__policy_quiesce / _resume around
+ *     the *_locked ones.  For a policy that is not concurrent, quiescing is
+ *     taking its lock.  So *_locked means one thing: the caller holds the
+ *     policy quiesced.  Whole-state ops never quiesce themselves, and
+ *     nothing called while quiesced may call the policy again.
  */
 #ifndef GMR_POLICY_H
 #define GMR_POLICY_H
@@ -96,6 +107,11 @@ typedef struct gmr_policy_ops_s {
   int (*walk)(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
   /* Walk every invariant; on failure gmr__error_set(GMR_EINVAL, why). */
   int (*check)(gmr_policy_t *self);
+  /* Concurrent policies only (rule 5): stop every other op until resume,
+   * so that the whole-state ops above see one consistent moment.  Both
+   * NULL: the policy's whole-state ops need nothing stopped. */
+  void (*quiesce)(gmr_policy_t *self);
+  void (*resume)(gmr_policy_t *self);
 } gmr_policy_ops_t;
 
 /* The first member of every policy instance.  The policy's create sets
@@ -207,12 +223,21 @@ GMR_POLICY_INLINE int gmr__policy_record_stream(gmr_policy_t *p, const gmr_block
   return gmr__policy_tag(p, err);
 }
 
-/* Empty slot: nothing to release (0). */
-int gmr__policy_trim(gmr_policy_t *p);
 /* Empty slot: nothing to enforce, every charge is accepted (0). */
 int gmr__policy_charge(gmr_policy_t *p, int64_t bytes);
 /* Empty slot: the policy never waits for other threads. */
 void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive);
+
+/* The whole-state ops (rule 5).  gmr__policy_quiesce(p) stops every other
+ * op of p until gmr__policy_resume(p): p's lock when p is not concurrent,
+ * else p's quiesce op (nothing when it has none).  Each wrapper below runs
+ * its op quiesced; its *_locked form is for a caller that holds p quiesced
+ * across several (the runtime's snapshot, a decorator's own quiesce). */
+void gmr__policy_quiesce(gmr_policy_t *p);
+void gmr__policy_resume(gmr_policy_t *p);
+/* Empty slot: nothing to release (0). */
+int gmr__policy_trim_locked(gmr_policy_t *p);
+int gmr__policy_trim(gmr_policy_t *p);
 /* Empty slot: the fields stay as the caller set them. */
 void gmr__policy_stats_locked(gmr_policy_t *p, gmr_stats_t *st);
 void gmr__policy_stats(gmr_policy_t *p, gmr_stats_t *st);
@@ -223,12 +248,15 @@ void gmr__policy_reset_accumulated_locked(gmr_policy_t *p);
 void gmr__policy_reset_accumulated(gmr_policy_t *p);
 /* Empty slots: GMR_POLICY_NONE, nothing written.  Otherwise the op's result
  * as is (a callback's stop value, GMR_EIO), untagged. */
+int gmr__policy_stats_foreach_locked(gmr_policy_t *p, gmr_stat_cb cb, void *ud);
 int gmr__policy_stats_foreach(gmr_policy_t *p, gmr_stat_cb cb, void *ud);
+int gmr__policy_summary_locked(gmr_policy_t *p, FILE *out);
 int gmr__policy_summary(gmr_policy_t *p, FILE *out);
 /* Empty slot: GMR_ENOTSUP, "policy NAME keeps no segments to walk". */
 int gmr__policy_walk_locked(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
 int gmr__policy_walk(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
 /* Empty slot: no invariant to check (0). */
+int gmr__policy_check_locked(gmr_policy_t *p);
 int gmr__policy_check(gmr_policy_t *p);
 
 /* The tables. */

@@ -605,16 +605,17 @@ static void bfc_front_thaw(bfc_t *b) {
   }
 }
 
-/* The lock for an operation that reads or changes everything (statistics,
- * walks, checks, trim): front caches flushed and bypassed meanwhile. */
-static void bfc_lock_all(bfc_t *b) {
-  bfc_lock(b);
-  bfc_front_freeze(b);
+/* Quiesced (policy.h, rule 5), for the ops that read or change everything
+ * (statistics, walks, checks, trim): the lock, the front caches flushed and
+ * bypassed meanwhile. */
+static void bfc_quiesce(gmr_policy_t *self) {
+  bfc_lock((bfc_t *)self);
+  bfc_front_freeze((bfc_t *)self);
 }
 
-static void bfc_unlock_all(bfc_t *b) {
-  bfc_front_thaw(b);
-  bfc_unlock(b);
+static void bfc_resume(gmr_policy_t *self) {
+  bfc_front_thaw((bfc_t *)self);
+  bfc_unlock((bfc_t *)self);
 }
 
 /* ---- policy ops ----------------------------------------------------------------------- */
@@ -957,64 +958,11 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   return bfc_unlock_done(b);
 }
 
-static int bfc_trim(gmr_policy_t *self) {
+static int bfc_trim(gmr_policy_t *self) { /* quiesced */
   bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
   if (b->pending != NULL) bfc_release_pending(b, true); /* as PyTorch's empty_cache */
   bfc_free_regions(b, 0, true);
-  bfc_unlock_all(b);
   return 0;
-}
-
-static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
-  bfc_lock_all((bfc_t *)self);
-  gmr__bfc_stats(self, st);
-  bfc_unlock_all((bfc_t *)self);
-}
-
-static void bfc_reset_peak(gmr_policy_t *self) {
-  bfc_lock_all((bfc_t *)self);
-  gmr__bfc_reset_peak(self);
-  bfc_unlock_all((bfc_t *)self);
-}
-
-static void bfc_reset_accumulated(gmr_policy_t *self) {
-  bfc_lock_all((bfc_t *)self);
-  gmr__bfc_reset_accumulated(self);
-  bfc_unlock_all((bfc_t *)self);
-}
-
-static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  bfc_lock_all((bfc_t *)self);
-  int err = gmr__bfc_stats_foreach(self, cb, ud);
-  bfc_unlock_all((bfc_t *)self);
-  return err;
-}
-
-static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  bfc_lock_all((bfc_t *)self);
-  int err = gmr__bfc_walk(self, cb, ud);
-  bfc_unlock_all((bfc_t *)self);
-  return err;
-}
-
-static int bfc_check(gmr_policy_t *self) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  int err = gmr__bfc_check_locked(b);
-  bfc_unlock_all(b);
-  return err;
-}
-
-static int bfc_summary(gmr_policy_t *self, FILE *out) {
-  bfc_t *b = (bfc_t *)self;
-  gmr_strbuf_t sb = {0};
-  bfc_lock_all(b);
-  gmr__bfc_summary_locked(b, &sb);
-  bfc_unlock_all(b);
-  fprintf(out, "%s\n", gmr__sb_str(&sb));
-  gmr__sb_free(&sb);
-  return ferror(out) ? GMR_EIO : 0;
 }
 
 /* ---- construction ---------------------------------------------------------------- */
@@ -1138,11 +1086,13 @@ const gmr_policy_ops_t gmr__bfc_policy = {
     .record_stream = bfc_record_stream,
     .set_exclusive = bfc_set_exclusive,
     .trim = bfc_trim,
-    .stats = bfc_stats,
-    .reset_peak = bfc_reset_peak,
-    .reset_accumulated = bfc_reset_accumulated,
-    .stats_foreach = bfc_stats_foreach,
-    .summary = bfc_summary,
-    .walk = bfc_walk,
-    .check = bfc_check,
+    .stats = gmr__bfc_stats,
+    .reset_peak = gmr__bfc_reset_peak,
+    .reset_accumulated = gmr__bfc_reset_accumulated,
+    .stats_foreach = gmr__bfc_stats_foreach,
+    .summary = gmr__bfc_summary,
+    .walk = gmr__bfc_walk,
+    .check = gmr__bfc_check,
+    .quiesce = bfc_quiesce,
+    .resume = bfc_resume,
 };

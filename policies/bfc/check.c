@@ -156,3 +156,7 @@ int gmr__bfc_check_locked(bfc_t *b) {
               "bfc: the VMM range is not one region at its base");
   return 0;
 }
+
+int gmr__bfc_check(gmr_policy_t *self) {
+  return gmr__bfc_check_locked((bfc_t *)self);
+}

@@ -273,7 +273,7 @@ static inline uintptr_t bfc_thread_id(void) {
 /* ---- across files -------------------------------------------------------------- */
 
 /* report.c, all called with the policy's lock held (and the front caches
- * flushed) except gmr__bfc_hr. */
+ * flushed: quiesced, policy.h rule 5) except gmr__bfc_hr. */
 void gmr__bfc_hr(int64_t n, char *buf, size_t len);
 int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded);
 void gmr__bfc_summary_locked(bfc_t *b, gmr_strbuf_t *sb);
@@ -282,11 +282,13 @@ void gmr__bfc_stats(gmr_policy_t *self, gmr_stats_t *st);
 void gmr__bfc_reset_peak(gmr_policy_t *self);
 void gmr__bfc_reset_accumulated(gmr_policy_t *self);
 int gmr__bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
+int gmr__bfc_summary(gmr_policy_t *self, FILE *out);
 
 /* check.c, called with the policy's lock held and the front caches flushed:
  * the walk's body, and every invariant (GMR_EINVAL and why on failure). */
 int gmr__bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
 int gmr__bfc_check_locked(bfc_t *b);
+int gmr__bfc_check(gmr_policy_t *self);
 
 /* options.c: the defaults, the option table (with the environment
  * variables each option honours), the check that at most one limit option

@@ -294,3 +294,11 @@ int gmr__bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
     if (cb(kv[i].key, kv[i].value, ud) != 0) break;
   return 0;
 }
+
+int gmr__bfc_summary(gmr_policy_t *self, FILE *out) {
+  gmr_strbuf_t sb = {0};
+  gmr__bfc_summary_locked((bfc_t *)self, &sb);
+  fprintf(out, "%s\n", gmr__sb_str(&sb));
+  gmr__sb_free(&sb);
+  return ferror(out) ? GMR_EIO : 0;
+}

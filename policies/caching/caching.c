@@ -28,7 +28,7 @@
  * recycled, so the hot path (a cached alloc and free) does no host
  * allocation.
  *
- * Invariants (checked by gmr__cache_check_locked in check.c):
+ * Invariants (checked by gmr__cache_check in check.c):
  *   for every segment: Σ block sizes = segment size, blocks contiguous,
  *     no two neighbours both free (not allocated, no pending events, same
  *     mapping state);
@@ -455,8 +455,7 @@ static void cache_lock_all_as_is(cache_t *c) {
 }
 
 static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j);
-static void cache_lock_all(cache_t *c) {
-  cache_lock_all_as_is(c);
+static void cache_apply_deferred(cache_t *c) {
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
     cache_block_t *b = cs->deferred;
@@ -471,11 +470,23 @@ static void cache_lock_all(cache_t *c) {
     cache_sync_all(st);
   }
 }
+static void cache_lock_all(cache_t *c) {
+  cache_lock_all_as_is(c);
+  cache_apply_deferred(c);
+}
 
 static void cache_unlock_all(cache_t *c) {
   for (size_t i = c->n_streams; i-- > 0;)
     cache_spin_unlock(&c->streams[i]->lock);
   pthread_mutex_unlock(&c->glock);
+}
+
+/* The invariant check between two ops (gmr_assert_expensive). */
+static __attribute__((unused)) int cache_check_now(cache_t *c) {
+  cache_lock_all_as_is(c);
+  int err = gmr__cache_check(&c->base);
+  cache_unlock_all(c);
+  return err;
 }
 
 /* ---- statistic journals ------------------------------------------------------------
@@ -1469,7 +1480,7 @@ static CACHE_NOINLINE int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t
   cache_lock_all(c);
   int err = cache_alloc_global(c, orig, s, out);
   cache_unlock_all(c);
-  gmr_assert_expensive(err != 0 || c->base.ops->check(&c->base) != GMR_EINVAL);
+  gmr_assert_expensive(err != 0 || cache_check_now(c) != GMR_EINVAL);
   return err;
 }
 
@@ -1498,7 +1509,7 @@ static CACHE_HOT int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t s
   out->ptr = (void *)b->ptr; /* requested and stream: the runtime's */
   out->size = b->size;
   out->handle = b;
-  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 slow:
   cache_spin_unlock(&cs->lock);
@@ -1530,7 +1541,7 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
   out->ptr = (void *)d->ptr;
   out->size = d->size;
   out->handle = d;
-  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1564,7 +1575,7 @@ static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_
     cache_free_locked(c, b, NULL);
     cache_unlock_all(c);
   }
-  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1577,7 +1588,7 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
     return cache_free_rest(c, cs, b);
   cs->deferred = b;
   cache_spin_unlock(&cs->lock);
-  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1721,7 +1732,7 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
   return 0;
 }
 
-/* ---- the ops the runtime calls: the global path around the bodies (here, stats.c, walk.c) */
+/* ---- the global path as ops: record_stream, quiesce and resume ---------------------------- */
 
 static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
   cache_lock_all((cache_t *)self);
@@ -1730,63 +1741,43 @@ static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_s
   return err;
 }
 
-static int cache_trim(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
-  int err = cache_trim_locked(self);
-  cache_unlock_all((cache_t *)self);
-  return err;
-}
-
-static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  cache_lock_all((cache_t *)self);
-  gmr__cache_stats_locked(self, out);
-  cache_unlock_all((cache_t *)self);
-}
-
-static void cache_reset_peak(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
-  gmr__cache_reset_peak_locked(self);
-  cache_unlock_all((cache_t *)self);
-}
-
-static void cache_reset_accumulated(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
-  gmr__cache_reset_accumulated_locked(self);
-  cache_unlock_all((cache_t *)self);
-}
-
-static int cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  cache_t *c = (cache_t *)self;
-  cache_kv_t kv[CACHE_N_KEYS];
-  cache_lock_all(c);
-  size_t n = gmr__cache_all_stats(c, kv);
-  cache_unlock_all(c);
-  for (size_t i = 0; i < n; ++i)
-    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
-  return 0;
-}
-
-static int cache_summary(gmr_policy_t *self, FILE *out) {
-  cache_t *c = (cache_t *)self;
-  cache_stats_t snap;
-  cache_lock_all(c);
-  snap = c->st;
-  cache_unlock_all(c);
-  return gmr__cache_summary_write(c, &snap, out);
-}
-
-static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  cache_lock_all((cache_t *)self);
-  int err = gmr__cache_walk_locked(self, cb, ud);
-  cache_unlock_all((cache_t *)self);
-  return err;
-}
-
-static int cache_check(gmr_policy_t *self) {
+/* Quiesced (policy.h, rule 5): every lock held and the fast paths' deltas
+ * folded, the deferred frees not applied: the check looks at the state as
+ * it stands; every other whole-state op applies them first, below. */
+static void cache_quiesce(gmr_policy_t *self) {
   cache_lock_all_as_is((cache_t *)self);
-  int err = gmr__cache_check_locked(self);
+}
+static void cache_resume(gmr_policy_t *self) {
   cache_unlock_all((cache_t *)self);
-  return err;
+}
+
+static int cache_trim(gmr_policy_t *self) {
+  cache_apply_deferred((cache_t *)self);
+  return cache_trim_locked(self);
+}
+static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
+  cache_apply_deferred((cache_t *)self);
+  gmr__cache_stats(self, out);
+}
+static void cache_reset_peak(gmr_policy_t *self) {
+  cache_apply_deferred((cache_t *)self);
+  gmr__cache_reset_peak(self);
+}
+static void cache_reset_accumulated(gmr_policy_t *self) {
+  cache_apply_deferred((cache_t *)self);
+  gmr__cache_reset_accumulated(self);
+}
+static int cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  cache_apply_deferred((cache_t *)self);
+  return gmr__cache_stats_foreach(self, cb, ud);
+}
+static int cache_summary(gmr_policy_t *self, FILE *out) {
+  cache_apply_deferred((cache_t *)self);
+  return gmr__cache_summary(self, out);
+}
+static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  cache_apply_deferred((cache_t *)self);
+  return gmr__cache_walk(self, cb, ud);
 }
 
 const gmr_policy_ops_t gmr__caching_policy = {
@@ -1812,5 +1803,7 @@ const gmr_policy_ops_t gmr__caching_policy = {
     .stats_foreach = cache_stats_foreach,
     .summary = cache_summary,
     .walk = cache_walk,
-    .check = cache_check,
+    .check = gmr__cache_check,
+    .quiesce = cache_quiesce,
+    .resume = cache_resume,
 };

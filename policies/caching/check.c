@@ -11,7 +11,7 @@
  *                                  + Σ mapped bytes of expandable segments;
  *   reserved >= active >= allocated (bytes, every pool);
  *   total_allocated = reserved[small] + reserved[large].
- * Both run on the global path (the ops in caching.c take every lock).
+ * Both run quiesced (policy.h, rule 5: every lock held, deltas folded).
  */
 #include <stdlib.h>
 
@@ -44,7 +44,7 @@ static gmr_block_state_t cache_state(const cache_block_t *b) {
 /* Segments in address order, each followed by its blocks.  An expandable
  * segment is shown as one segment per contiguous mapped range, as PyTorch's
  * snapshot shows it. */
-int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+int gmr__cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **v = cache_sorted_segs(c);
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
@@ -108,7 +108,7 @@ static size_t treap_check(const cache_pool_t *p, cache_block_t *t, bool by_addr,
          treap_check(p, t->right, by_addr, t, hi, bin, ok);
 }
 
-int gmr__cache_check_locked(gmr_policy_t *self) {
+int gmr__cache_check(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **segs = cache_sorted_segs(c);
   if (segs == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");

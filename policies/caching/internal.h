@@ -325,21 +325,21 @@ int gmr__cache_resolve(const cache_opts_t *o, cache_conf_t *conf, char *err, siz
 int gmr__cache_validate(void *opts, char *err, size_t errlen);
 void gmr__cache_opts_release(void *opts);
 
-/* report.c, called on the global path (glock and every stream lock held,
- * the fast paths' deltas folded in) by the ops at the end of caching.c.
- * gmr__cache_all_stats fills `kv` (CACHE_N_KEYS entries) and returns the
- * count; gmr__cache_summary_write prints memory_summary() of a snapshot `st`
- * of c->st and needs no lock. */
-void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out);
-void gmr__cache_reset_peak_locked(gmr_policy_t *self);
-void gmr__cache_reset_accumulated_locked(gmr_policy_t *self);
-size_t gmr__cache_all_stats(const cache_t *c, cache_kv_t *kv);
-int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out);
-/* The OOM error in PyTorch's words (CUDACachingAllocator.cpp, malloc); counts the OOM. */
+/* report.c: the statistics ops, run quiesced (policy.h, rule 5: glock and
+ * every stream lock held, the fast paths' deltas folded in) and the
+ * deferred frees applied (caching.c calls them so); and the OOM
+ * error in PyTorch's words (CUDACachingAllocator.cpp, malloc), which counts
+ * the OOM. */
+void gmr__cache_stats(gmr_policy_t *self, gmr_stats_t *out);
+void gmr__cache_reset_peak(gmr_policy_t *self);
+void gmr__cache_reset_accumulated(gmr_policy_t *self);
+int gmr__cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
+int gmr__cache_summary(gmr_policy_t *self, FILE *out);
 int gmr__cache_oom(cache_t *c, size_t alloc_size);
 
-/* check.c, called on the global path by the ops at the end of caching.c. */
-int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
-int gmr__cache_check_locked(gmr_policy_t *self);
+/* check.c: the walk (deferred frees applied first, as above) and the
+ * invariant check (the state as it stands), run quiesced. */
+int gmr__cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
+int gmr__cache_check(gmr_policy_t *self);
 
 #endif /* GMR_POLICIES_CACHING_H */

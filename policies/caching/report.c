@@ -4,8 +4,8 @@
  * torch.cuda.memory_stats() (c10's DeviceStats: [all, small_pool,
  * large_pool] x {current, peak, allocated, freed} and the event counters,
  * sorted as Python sorts them), and memory_summary() byte for byte.  They
- * run on the global path (the ops at the end of caching.c take every lock,
- * which folds the fast paths' deltas in first), so for every record
+ * run quiesced (policy.h, rule 5: every lock held, the fast paths' deltas
+ * folded in, the deferred frees applied: caching.c), so for every record
  *   current = allocated - freed,  peak >= current,
  *   stat[all] = stat[small_pool] + stat[large_pool].
  */
@@ -36,7 +36,7 @@ static uint64_t cache_largest_free(const cache_t *c) {
   return best;
 }
 
-void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out) {
+void gmr__cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
   cache_t *c = (cache_t *)self;
   const cache_stats_t *st = &c->st;
   out->reserved_bytes = (uint64_t)st->reserved_bytes[CS_ALL].current;
@@ -68,7 +68,7 @@ void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out) {
   X(inactive_split)                                                                                \
   X(allocated_bytes) X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
 
-void gmr__cache_reset_peak_locked(gmr_policy_t *self) {
+void gmr__cache_reset_peak(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   for (int t = 0; t < 3; ++t) {
 #define RESET(name) gmr__stat_reset_peak(&c->st.name[t]);
@@ -79,7 +79,7 @@ void gmr__cache_reset_peak_locked(gmr_policy_t *self) {
   gmr__stat_reset_peak(&c->st.oversize_segments);
 }
 
-void gmr__cache_reset_accumulated_locked(gmr_policy_t *self) {
+void gmr__cache_reset_accumulated(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   for (int t = 0; t < 3; ++t) {
 #define RESET(name) gmr__stat_reset_accumulated(&c->st.name[t]);
@@ -106,7 +106,7 @@ static size_t cache_put_stat(cache_kv_t *kv, size_t n, const char *prefix, const
   return n;
 }
 
-size_t gmr__cache_all_stats(const cache_t *c, cache_kv_t *kv) {
+static size_t cache_all_stats(const cache_t *c, cache_kv_t *kv) {
   static const char *const pool[] = {"all", "small_pool", "large_pool"};
   size_t n = 0;
   char prefix[40];
@@ -177,7 +177,7 @@ static void cache_summary_row(FILE *out, const char *name, const gmr_stat_t *s,
 }
 
 /* memory_summary() of `st`, a snapshot of c->st. */
-int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out) {
+static int cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out) {
   static const char eq[] = "|==========================================================="
                            "================|\n";
   static const char dash[] = "|-----------------------------------------------------------"
@@ -222,6 +222,21 @@ int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *ou
                     cache_fmt_count);
   fputs(eq, out);
   return ferror(out) ? GMR_EIO : 0;
+}
+
+int gmr__cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  cache_t *c = (cache_t *)self;
+  cache_kv_t kv[CACHE_N_KEYS];
+  size_t n = cache_all_stats(c, kv);
+  for (size_t i = 0; i < n; ++i)
+    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
+  return 0;
+}
+
+int gmr__cache_summary(gmr_policy_t *self, FILE *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stats_t snap = c->st;
+  return cache_summary_write(c, &snap, out);
 }
 
 /* ---- the OOM message ----------------------------------------------------------------- */

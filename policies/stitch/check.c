@@ -101,7 +101,8 @@ static int range_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-int gmr__st_walk(stitch_t *t, gmr_walk_cb cb, void *ud) {
+int gmr__st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  stitch_t *t = (stitch_t *)self;
   size_t n = 0;
   for (st_range_t *r = t->all; r != NULL; r = r->all_next)
     n += r->state != ST_R_BROKEN;
@@ -346,7 +347,8 @@ static int check_small(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *f
   return 0;
 }
 
-int gmr__st_check(stitch_t *t) {
+int gmr__st_check(gmr_policy_t *self) {
+  stitch_t *t = (stitch_t *)self;
   uint64_t page_free = 0, live_b = 0, pend_b = 0, small_free = 0;
   int err = check_pages(t, &page_free);
   if (err != 0) return err;

@@ -647,9 +647,12 @@ typedef struct st_figures_s {
   gmr_stat_t allocated[3], requested[3], active[3], allocation[3], segment[3];
 } st_figures_t;
 void gmr__st_report_figures(const stitch_t *t, st_figures_t *f);
-void gmr__st_report_stats(stitch_t *t, gmr_stats_t *out);
-int gmr__st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud);
-int gmr__st_report_summary(stitch_t *t, FILE *out);
+/* The statistics ops, run quiesced (policy.h, rule 5). */
+void gmr__st_stats(gmr_policy_t *self, gmr_stats_t *out);
+void gmr__st_reset_peak(gmr_policy_t *self);
+void gmr__st_reset_accumulated(gmr_policy_t *self);
+int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
+int gmr__st_summary(gmr_policy_t *self, FILE *out);
 int gmr__st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why);
 void gmr__st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest);
 /* The largest open slot of a partial page, in bytes (0: none). */
@@ -658,10 +661,10 @@ uint64_t gmr__st_largest_open(const stitch_t *t);
 /* ---- check.c -----------------------------------------------------------------------------------
  */
 
-/* Every range in address order, each followed by its blocks. */
-int gmr__st_walk(stitch_t *t, gmr_walk_cb cb, void *ud);
-/* Every invariant (check.c's list); GMR_EINVAL and why on failure. */
-int gmr__st_check(stitch_t *t);
+/* Run quiesced: every range in address order, each followed by its
+ * blocks; every invariant (check.c's list), GMR_EINVAL and why on failure. */
+int gmr__st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
+int gmr__st_check(gmr_policy_t *self);
 
 /* ---- options.c ---------------------------------------------------------------------------------
  */

@@ -59,7 +59,8 @@ void gmr__st_report_figures(const stitch_t *t, st_figures_t *f) {
   }
 }
 
-void gmr__st_report_stats(stitch_t *t, gmr_stats_t *out) {
+void gmr__st_stats(gmr_policy_t *self, gmr_stats_t *out) {
+  stitch_t *t = (stitch_t *)self;
   st_figures_t fig, *s = &fig;
   gmr__st_report_figures(t, &fig);
   const st_stats_t *st = &t->st;
@@ -96,7 +97,8 @@ static int emit_stat(gmr_stat_cb cb, void *ud, char *buf, size_t len, const char
   return 0;
 }
 
-int gmr__st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
+int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  stitch_t *t = (stitch_t *)self;
   static const char *const pools[] = {"all", "small_pool", "large_pool"};
   char buf[96];
   st_stats_t *s = &t->st;
@@ -168,7 +170,8 @@ int gmr__st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud) {
   return 0;
 }
 
-int gmr__st_report_summary(stitch_t *t, FILE *out) {
+int gmr__st_summary(gmr_policy_t *self, FILE *out) {
+  stitch_t *t = (stitch_t *)self;
   char a[32], b[32], c[32], d[32];
   st_stats_t *s = &t->st;
   uint64_t fr, largest;
@@ -213,6 +216,41 @@ int gmr__st_report_summary(stitch_t *t, FILE *out) {
           " recorded / %" PRId64 " queried, syncs %" PRId64 ", OOMs %" PRId64 "\n",
           s->evictions, s->small_reclaims, s->event_records, s->event_queries, s->syncs, s->ooms);
   return ferror(out) ? GMR_EIO : 0;
+}
+
+void gmr__st_reset_peak(gmr_policy_t *self) {
+  stitch_t *t = (stitch_t *)self;
+  for (int i = 0; i < 3; ++i) {
+    gmr__stat_reset_peak(&t->st.allocated[i]);
+    gmr__stat_reset_peak(&t->st.requested[i]);
+    t->st.active_peak[i] = t->st.allocated[i].current + t->st.pend[i];
+    gmr__stat_reset_peak(&t->st.allocation[i]);
+    gmr__stat_reset_peak(&t->st.reserved[i]);
+    gmr__stat_reset_peak(&t->st.segment[i]);
+  }
+  gmr__stat_reset_peak(&t->st.mappings);
+  gmr__stat_reset_peak(&t->st.dead_gap);
+  gmr__stat_reset_peak(&t->st.va);
+}
+
+void gmr__st_reset_accumulated(gmr_policy_t *self) {
+  stitch_t *t = (stitch_t *)self;
+  st_stats_t *s = &t->st;
+  for (int i = 0; i < 3; ++i) {
+    gmr__stat_reset_accumulated(&s->allocated[i]);
+    gmr__stat_reset_accumulated(&s->requested[i]);
+    s->pend_at_reset[i] = s->pend[i];
+    gmr__stat_reset_accumulated(&s->allocation[i]);
+    gmr__stat_reset_accumulated(&s->reserved[i]);
+    gmr__stat_reset_accumulated(&s->segment[i]);
+  }
+  gmr__stat_reset_accumulated(&s->mappings);
+  gmr__stat_reset_accumulated(&s->va);
+  s->ooms = s->retries = 0;
+  s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
+  s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
+  s->syncs = s->small_reclaims = 0;
+  s->map_ns = 0;
 }
 
 /* ---- OOM --------------------------------------------------------------------------------------

@@ -604,14 +604,15 @@ static void fronts_flush(stitch_t *t, bool freeze) {
   deferred_apply(t);
 }
 
-/* The ops that read or change the whole state: the lock, the fronts
- * flushed and frozen, the waiting free applied; st_leave_all undoes it. */
-static inline stitch_t *st_enter_all(gmr_policy_t *self) {
+/* Quiesced (policy.h, rule 5), for the ops that read or change the whole
+ * state: the lock, the fronts flushed and frozen, the waiting free
+ * applied; st_resume undoes it. */
+static void st_quiesce(gmr_policy_t *self) {
   stitch_t *t = st_enter(self);
   fronts_flush(t, true);
-  return t;
 }
-static inline void st_leave_all(stitch_t *t) {
+static void st_resume(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
   if (t->nfronts != 0) gmr__st_fronts_thaw(t);
   gmr__unlock(&t->lock);
 }
@@ -706,11 +707,8 @@ static int trim_locked(stitch_t *t) {
   return err;
 }
 
-static int st_trim(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  int err = trim_locked(t);
-  st_leave_all(t);
-  return err;
+static int st_trim(gmr_policy_t *self) { /* quiesced */
+  return trim_locked(st_of(self));
 }
 
 /* ---- creation ---------------------------------------------------------------------------------
@@ -779,79 +777,6 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   return 0;
 }
 
-/* ---- statistics and introspection (report.c) --------------------------------------------------
- */
-
-static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  stitch_t *t = st_enter_all(self);
-  gmr__st_report_stats(t, out);
-  st_leave_all(t);
-}
-
-static void st_reset_peak(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  for (int i = 0; i < 3; ++i) {
-    gmr__stat_reset_peak(&t->st.allocated[i]);
-    gmr__stat_reset_peak(&t->st.requested[i]);
-    t->st.active_peak[i] = t->st.allocated[i].current + t->st.pend[i];
-    gmr__stat_reset_peak(&t->st.allocation[i]);
-    gmr__stat_reset_peak(&t->st.reserved[i]);
-    gmr__stat_reset_peak(&t->st.segment[i]);
-  }
-  gmr__stat_reset_peak(&t->st.mappings);
-  gmr__stat_reset_peak(&t->st.dead_gap);
-  gmr__stat_reset_peak(&t->st.va);
-  st_leave_all(t);
-}
-
-static void st_reset_accumulated(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  st_stats_t *s = &t->st;
-  for (int i = 0; i < 3; ++i) {
-    gmr__stat_reset_accumulated(&s->allocated[i]);
-    gmr__stat_reset_accumulated(&s->requested[i]);
-    s->pend_at_reset[i] = s->pend[i];
-    gmr__stat_reset_accumulated(&s->allocation[i]);
-    gmr__stat_reset_accumulated(&s->reserved[i]);
-    gmr__stat_reset_accumulated(&s->segment[i]);
-  }
-  gmr__stat_reset_accumulated(&s->mappings);
-  gmr__stat_reset_accumulated(&s->va);
-  s->ooms = s->retries = 0;
-  s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
-  s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
-  s->syncs = s->small_reclaims = 0;
-  s->map_ns = 0;
-  st_leave_all(t);
-}
-
-/* The output ops: the runtime's collectors are the callbacks (see the top
- * of the file), so they run under the lock. */
-static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  stitch_t *t = st_enter_all(self);
-  int err = gmr__st_report_foreach(t, cb, ud);
-  st_leave_all(t);
-  return err;
-}
-static int st_summary(gmr_policy_t *self, FILE *out) {
-  stitch_t *t = st_enter_all(self);
-  int err = gmr__st_report_summary(t, out);
-  st_leave_all(t);
-  return err;
-}
-static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  stitch_t *t = st_enter_all(self);
-  int err = gmr__st_walk(t, cb, ud);
-  st_leave_all(t);
-  return err;
-}
-static int st_check(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  int err = gmr__st_check(t);
-  st_leave_all(t);
-  return err;
-}
-
 /* ---- the table --------------------------------------------------------------------------------
  */
 
@@ -872,11 +797,13 @@ const gmr_policy_ops_t gmr__stitch_policy = {
     .free = st_free,
     .record_stream = st_record_stream,
     .trim = st_trim,
-    .stats = st_stats,
-    .reset_peak = st_reset_peak,
-    .reset_accumulated = st_reset_accumulated,
-    .stats_foreach = st_stats_foreach,
-    .summary = st_summary,
-    .walk = st_walk,
-    .check = st_check,
+    .stats = gmr__st_stats,
+    .reset_peak = gmr__st_reset_peak,
+    .reset_accumulated = gmr__st_reset_accumulated,
+    .stats_foreach = gmr__st_stats_foreach,
+    .summary = gmr__st_summary,
+    .walk = gmr__st_walk,
+    .check = gmr__st_check,
+    .quiesce = st_quiesce,
+    .resume = st_resume,
 };
