@@ -7,7 +7,14 @@
  *
  * Records of freed blocks are kept for reuse (up to DIRECT_SPARE_MAX), so
  * the host allocator stays off the path of an allocation.
- *
+ * Map: Note [Invariants].
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy.h"
+
+/* Note [Invariants]
  * Invariants:
  *   allocated_bytes.current = requested_bytes.current = Σ live sizes
  *   allocations.current = number of records in the live list
@@ -15,10 +22,6 @@
  * Synchronization: not concurrent; every op runs under the instance's lock,
  * taken by the policy.h wrappers (one op at a time).
  */
-#include <stdlib.h>
-#include <string.h>
-
-#include "policy.h"
 
 #define DIRECT_SPARE_MAX 4096 /* records kept for reuse, at most */
 
@@ -81,6 +84,7 @@ static void direct_rec_release(direct_t *d, direct_rec_t *r) {
   ++d->n_spare;
 }
 
+/* see Note [Invariants] */
 static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   direct_t *d = (direct_t *)self;
   direct_rec_t *r = direct_rec_new(d);

@@ -9,15 +9,18 @@
  * variables of an option table (`env`) reach a policy's options: on a copy,
  * when the policy is created (gmr__config_apply_env reads them).  The runtime and every
  * decorator call policies through these, never through the table.
- *
- * Invariant: for every instance p of a built stack,
- *     p->serialize == !p->ops->concurrent,  p->lock initialized,
- *     p->owner == the owner of the stack's top (NULL until it is set).
+ * Map: Note [Stack invariant].
  */
 #include <string.h>
 
 #include "core/config-env.h"
 #include "policy.h"
+
+/* Note [Stack invariant]
+ * Invariant: for every instance p of a built stack,
+ *     p->serialize == !p->ops->concurrent,  p->lock initialized,
+ *     p->owner == the owner of the stack's top (NULL until it is set).
+ */
 
 static bool has_env(const gmr_opt_desc_t *desc) {
   for (const gmr_opt_desc_t *d = desc; d != NULL && d->key != NULL; ++d)

@@ -1,17 +1,29 @@
 /* policy.h: the contract of allocation policies (strategy only).
  *
  * A policy decides which bytes to hand out; it obtains device memory only
- * through the gmr__backend_* wrappers.  A small policy is one file in
- * policies/ (direct.c, limit.c) ending with its table, gmr__NAME_policy, the
- * file's only non-static symbol.  A larger one is a folder policies/NAME/
- * with one skeleton: internal.h (what its files share), NAME.c (alloc,
- * free, the ops table), options.c, report.c (statistics, summary, OOM text)
- * and check.c (walk and invariants), plus rooms of its own named in its
- * internal.h; names crossing its files are gmr__NAME_* (nm shows no bare
- * name: tests/nm-internal.sh).  A new policy adds one line to gmr__policies
- * (registry.c), one option table and one tests/policy-NAME.c: nothing else
- * changes.
- *
+ * through the gmr__backend_* wrappers.  A new policy adds one line to
+ * gmr__policies (registry.c), one option table and one tests/policy-NAME.c:
+ * nothing else changes.
+ * Map: Note [Policy files], [Policy rules].
+ */
+#ifndef GMR_POLICY_H
+#define GMR_POLICY_H
+
+#include "backend/backend.h"
+#include "core/internal.h"
+#include "core/lock.h"
+
+/* Note [Policy files]
+ * A small policy is one file in policies/ (direct.c, limit.c) ending with its
+ * table, gmr__NAME_policy, the file's only non-static symbol.  A larger one
+ * is a folder policies/NAME/ with one skeleton: internal.h (what its files
+ * share), NAME.c (alloc, free, the ops table), options.c, report.c
+ * (statistics, summary, OOM text) and check.c (walk and invariants), plus
+ * rooms of its own named in its internal.h; names crossing its files are
+ * gmr__NAME_* (nm shows no bare name: tests/nm-internal.sh).
+ */
+
+/* Note [Policy rules]
  * Rules:
  *  1. Ops are called only through the gmr__policy_* wrappers below (as
  *     devices are reached only through the gmr__backend_* ones): by the
@@ -42,12 +54,6 @@
  *     policy quiesced.  Whole-state ops never quiesce themselves, and
  *     nothing called while quiesced may call the policy again.
  */
-#ifndef GMR_POLICY_H
-#define GMR_POLICY_H
-
-#include "backend/backend.h"
-#include "core/internal.h"
-#include "core/lock.h"
 
 typedef struct gmr_policy_s gmr_policy_t;
 typedef struct gmr_policy_cfg_s gmr_policy_cfg_t;

@@ -2,88 +2,12 @@
  *
  * A faithful C version of tsl::BFCAllocator as TF 2.15-2.16 ships it (the
  * [TSL-M] reference of docs/bfc.md), wrapped the way GPUBFCAllocator and
- * XLA's CreateBFCAllocator build it.  Device memory is taken in regions from
- * the backend: greedy mode takes the whole limit in one region at the first
- * allocation; growth mode takes a 2 MiB region, then regions that double.
- * Each region is cut into chunks (multiples of 256 bytes) kept in address
- * order; free chunks live in 21 bins by size class, each bin an AVL tree
- * ordered by (size, address) (bins.h), so best fit with the lowest-address
- * tie-break is one O(log n) descent.  Freed chunks merge with free
- * neighbours at once.
- *
- * When a request fits no free chunk: Extend (a new region, backpedalling by
- * 0.9x while the device refuses, with XLA's strict-progress fix), then
- * garbage collection of wholly free regions and Extend again, then, when
- * allowed, a bounded wait for frees by other threads (10 s by default) and a
- * last attempt that writes TensorFlow's OOM report (report.c, with the summary).
- *
- * Invariants (checked by bfc_check):
- *   for every region R with chunks c_1..c_k (prev/next links, between the
- *   sentinels R.head and R.tail, which are in use and of size 0):
- *     c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,  Σ c_i.size = R.size
- *     no two linked neighbours are both free
- *   a chunk is free  <=>  it is in bin bfc_bin_for(size), and in no other
- *   bins[i] is a balanced tree sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
- *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
- *   VMM mode: at most one region, at va_base, of va_used bytes
- *   pending chunks are in use:  pending_bytes = Σ their sizes,
- *   allocations.current = in-use chunks - pending ones (likewise requested)
- *   a record in chunk_pool: !in_use, !pending, !elsewhere, uses = NULL, bin = -1
- *
- * The hot paths.  A cached allocation by one thread (bfc_alloc) is one
- * inline function: the lock's one atomic, best fit, the split in place (the
- * free chunk keeps its tree node as the remainder: "Records and handles"
- * below, and bins.h), the statistics, and the unlock; a free (bfc_free)
- * likewise, with the merge in place.  Everything else (Extend, the wait,
- * the report, pending stream frees, the front caches, a split or merge that
- * moves a chunk between bins, bad pointers) is out of line, taken before
- * anything changes.
- *
- * Streams (gmr's addition; TensorFlow's BFC has one stream).  gmr_record_stream
- * adds a stream to an in-use chunk; its free then records one event per such
- * stream and keeps the chunk in use (`pending`) until every event completes,
- * so no other allocation gets the memory while that work may still touch it,
- * as gmr.h promises and PyTorch's caching allocator does.  Pending chunks are
- * released when an allocation finds their events complete, and synchronized
- * when memory runs out and by empty_cache.  A chunk never given a stream
- * takes none of these paths: single-stream behaviour is TensorFlow's.
- *
- * The retry waits only when waiting can help (streams.c says when: a free on
- * its way, chunks that change hands between threads, or an in-use chunk of a
- * thread that is not itself waiting).  When every in-use chunk belongs to a
- * waiting thread and each thread frees its own, nothing can be freed, and
- * every waiter makes its last try at once instead of sleeping retry_timeout.
- * Front caches: a chunk with stream uses never enters one (its free always
- * takes the lock), and they are frozen during the wait, so the waiters see
- * every free and every chunk's owner.
- *
- * Synchronization: concurrent.  One lock (`lock`, a gmr_lock_t) guards
- * everything in bfc_t except the immutable configuration and the front
- * caches; an allocation that waits for frees sleeps on `freed_seq`, which
- * every free bumps while `waiters` > 0, and the wait releases `lock`.
- *
- * Concurrency: front caches (front.c).  As long as one thread at a time
- * calls the allocator, nothing else exists: every call takes `lock` and runs
- * TF's code, so single-threaded behaviour is TensorFlow's exactly.  The
- * first time a thread finds `lock` held, `contended` is set (for good) and
- * each stream gets a front cache: a free on that stream keeps the chunk
- * there instead of taking `lock`, and an allocation on the stream takes a
- * kept chunk that TF would hand out whole before it takes `lock`.  So
- * threads on different streams that reuse their sizes share no lock and no
- * written cache line.  Invariants:
- *   a chunk in a front cache is in use for the core (in_use, counted in
- *     bytes_in_use) and freed for its user;
- *   num_allocs, num_frees, requested and allocations of the core plus the
- *     caches' unfolded counts are TF's figures;
- * an allocation that finds no chunk first tries to grow the pool (Extend,
- * no backpedal), as TF's would with the cached chunks in use; and every
- * operation that reads or changes the whole state (statistics, walks,
- * checks, summary, trim, and an allocation that finds no chunk once the pool
- * cannot grow: TF's Extend, the wait, the report) first freezes the caches:
- * their chunks go back to the bins through TF's free, their counts are
- * folded in, and they are bypassed until it ends (bfc_front_freeze / thaw,
- * nested by a count), so nothing outside `lock` writes a chunk while the
- * whole state is read.
+ * XLA's CreateBFCAllocator build it: regions from the backend, cut into
+ * chunks of 256-byte multiples, free chunks in 21 bins of AVL trees (bins.h)
+ * for best fit, freed chunks merged at once.  Single-threaded behaviour is
+ * TensorFlow's exactly; streams and front caches are gmr's additions.
+ * Map: Note [Regions and chunks], [Invariants], [Hot paths],
+ * [Records and handles], [Locking], [Fronts], [Streams], [Retry].
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -96,9 +20,42 @@
 
 static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
 
+/* Note [Regions and chunks]
+ * Device memory is taken in regions from the backend: greedy mode takes the
+ * whole limit in one region at the first allocation; growth mode takes a
+ * 2 MiB region, then regions that double.  Each region is cut into chunks
+ * (multiples of 256 bytes) kept in address order; free chunks live in 21
+ * bins by size class, each bin an AVL tree ordered by (size, address)
+ * (bins.h), so best fit with the lowest-address tie-break is one O(log n)
+ * descent.  Freed chunks merge with free neighbours at once.
+ *
+ * Note [Invariants] (checked by gmr__bfc_check_locked, check.c)
+ *   for every region R with chunks c_1..c_k (prev/next links, between the
+ *   sentinels R.head and R.tail, which are in use and of size 0):
+ *     c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,  Σ c_i.size = R.size
+ *     no two linked neighbours are both free
+ *   a chunk is free  <=>  it is in bin bfc_bin_for(size), and in no other
+ *   bins[i] is a balanced tree sorted by (size, ptr); bit i of nonempty <=> bins[i] has chunks
+ *   bytes_in_use = Σ sizes of in-use chunks;  pool_bytes = Σ region sizes
+ *   VMM mode: at most one region, at va_base, of va_used bytes
+ *   pending chunks are in use:  pending_bytes = Σ their sizes,
+ *   allocations.current = in-use chunks - pending ones (likewise requested)
+ *   a record in chunk_pool: !in_use, !pending, !elsewhere, uses = NULL, bin = -1
+ *
+ * Note [Hot paths]
+ * A cached allocation by one thread (bfc_alloc) is one inline function: the
+ * lock's one atomic, best fit, the split in place (the free chunk keeps its
+ * tree node as the remainder: Note [Records and handles], and bins.h), the
+ * statistics, and the unlock; a free (bfc_free) likewise, with the merge in
+ * place.  Everything else (Extend, the wait, the report, pending stream
+ * frees, the front caches, a split or merge that moves a chunk between
+ * bins, bad pointers) is out of line, taken before anything changes.
+ */
+
 /* ---- chunk records ------------------------------------------------------------- */
 
-/* Records and handles.  A handle is TF's ChunkHandle: the record's number,
+/* Note [Records and handles]
+ * A handle is TF's ChunkHandle: the record's number,
  * recycled LIFO (AllocateChunk pops the free list, DeallocateChunk pushes).
  * TF's SplitChunk keeps the lower piece in the split chunk's record and
  * takes a fresh one for the remainder; Merge(h1, h2) keeps h1 and frees
@@ -539,13 +496,45 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
 
 /* The invariant walk of gmr_assert_expensive (--enable-debug=3) after an op:
  * only while no front cache can hold chunks or uncounted figures (none
- * exists, or all are frozen, hence flushed); gmr_check flushes them first. */
+ * exists, or all are frozen, hence flushed); gmr_check flushes them first
+ * (see Note [Fronts]). */
 static int bfc_check_settled(bfc_t *b) {
   return b->n_fronts == 0 || b->freezes > 0 ? gmr__bfc_check_locked(b) : 0;
 }
 
-/* ---- the lock and the front caches ---------------------------------------------------
- * See "Concurrency" at the top of the file. */
+/* ---- the lock and the front caches --------------------------------------------------- */
+
+/* Note [Locking]
+ * The policy is concurrent (policy.h, rule 5).  One lock (`lock`, a
+ * gmr_lock_t) guards everything in bfc_t except the immutable configuration
+ * and the front caches; an allocation that waits for frees sleeps on
+ * `freed_seq`, which every free bumps while `waiters` > 0, and the wait
+ * releases `lock`.
+ *
+ * Note [Fronts] (front.c)
+ * As long as one thread at a time calls the allocator, nothing else exists:
+ * every call takes `lock` and runs TF's code, so single-threaded behaviour
+ * is TensorFlow's exactly.  The first time a thread finds `lock` held,
+ * `contended` is set (for good) and each stream gets a front cache: a free
+ * on that stream keeps the chunk there instead of taking `lock`, and an
+ * allocation on the stream takes a kept chunk that TF would hand out whole
+ * before it takes `lock`.  So threads on different streams that reuse their
+ * sizes share no lock and no written cache line.  Invariants:
+ *   a chunk in a front cache is in use for the core (in_use, counted in
+ *     bytes_in_use) and freed for its user;
+ *   num_allocs, num_frees, requested and allocations of the core plus the
+ *     caches' unfolded counts are TF's figures.
+ * An allocation that finds no chunk first tries to grow the pool (Extend,
+ * no backpedal), as TF's would with the cached chunks in use.  Every
+ * operation that reads or changes the whole state (the quiesced ops:
+ * statistics, walks, checks, summary, trim; and an allocation that finds no
+ * chunk once the pool cannot grow: TF's Extend, the wait, the report) first
+ * freezes the caches: their chunks go back to the bins through TF's free,
+ * their counts are folded in, and they are bypassed until it ends
+ * (bfc_front_freeze / thaw, nested by a count), so nothing outside `lock`
+ * writes a chunk while the whole state is read.  A chunk with stream uses
+ * never enters a front cache (its free always takes the lock).
+ */
 
 /* Try the allocator's lock once; a thread that finds it held turns the front
  * caches on for good (and then takes the shared path, which waits). */
@@ -607,7 +596,7 @@ static void bfc_front_thaw(bfc_t *b) {
 
 /* Quiesced (policy.h, rule 5), for the ops that read or change everything
  * (statistics, walks, checks, trim): the lock, the front caches flushed and
- * bypassed meanwhile. */
+ * bypassed meanwhile (see Note [Fronts]). */
 static void bfc_quiesce(gmr_policy_t *self) {
   bfc_lock((bfc_t *)self);
   bfc_front_freeze((bfc_t *)self);
@@ -626,8 +615,20 @@ static uint64_t bfc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Note [Streams]
+ * gmr's addition; TensorFlow's BFC has one stream.  gmr_record_stream adds a
+ * stream to an in-use chunk; its free then records one event per such
+ * stream and keeps the chunk in use (`pending`) until every event
+ * completes, so no other allocation gets the memory while that work may
+ * still touch it, as gmr.h promises and PyTorch's caching allocator does.
+ * Pending chunks are released when an allocation finds their events
+ * complete, and synchronized when memory runs out and by empty_cache.  A
+ * chunk never given a stream takes none of these paths: single-stream
+ * behaviour is TensorFlow's.
+ */
+
 /* Release the pending chunks whose streams' work is done (after waiting for
- * it when `sync`).  Under lock; true when one was released. */
+ * it when `sync`).  Under lock; true when one was released (see Note [Streams]). */
 static bool bfc_release_pending(bfc_t *b, bool sync) {
   bfc_pending_t *e = gmr__bfc_pending_take(b, sync);
   bool released = e != NULL;
@@ -640,7 +641,22 @@ static bool bfc_release_pending(bfc_t *b, bool sync) {
   return released;
 }
 
-/* AllocatorRetry: wait for frees until the deadline, then a last try.  Every
+/* Note [Retry]
+ * When a request fits no free chunk: Extend (a new region, backpedalling by
+ * 0.9x while the device refuses, with XLA's strict-progress fix), then
+ * garbage collection of wholly free regions and Extend again, then, when
+ * allowed, a bounded wait for frees by other threads (10 s by default) and
+ * a last attempt that writes TensorFlow's OOM report (report.c, with the
+ * summary).  The retry waits only when waiting can help (streams.c says
+ * when: a free on its way, chunks that change hands between threads, or an
+ * in-use chunk of a thread that is not itself waiting).  When every in-use
+ * chunk belongs to a waiting thread and each thread frees its own, nothing
+ * can be freed, and every waiter makes its last try at once instead of
+ * sleeping retry_timeout.  The front caches are frozen during the wait, so
+ * the waiters see every free and every chunk's owner (Note [Fronts]).
+ */
+
+/* AllocatorRetry (see Note [Retry]): wait for frees until the deadline, then a last try.  Every
  * wake-up tries again (after waiting for other streams' work on pending
  * chunks).  The caller has frozen the front caches (under concurrency), so
  * every free meanwhile goes to the lock and wakes the waiters.
@@ -784,7 +800,7 @@ static BFC_OUTLINE int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, siz
 
 /* The fast path: one thread, no contention, no pending stream frees, and a
  * best fit that splits in place; anything else goes out of line (each
- * branch is taken before anything changes). */
+ * branch is taken before anything changes; see Note [Hot paths]). */
 static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   bfc_t *b = (bfc_t *)self;
   size_t rounded = bfc_rounded(size);
@@ -940,7 +956,7 @@ static BFC_OUTLINE int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
  * other stream's work on it and no contention: TF's free under the lock,
  * merged in place when it can be.  Waiters are looked at under the lock
  * (they register under it); anything else goes out of line before anything
- * changes. */
+ * changes (see Note [Hot paths]). */
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;

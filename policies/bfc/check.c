@@ -2,7 +2,7 @@
  *
  * The walk lists regions in address order, each followed by its chunks.
  * The walker recounts every bin, region, chunk and figure from scratch and
- * compares them with the invariants written at the top of bfc.c and in
+ * compares them with Note [Invariants] (bfc.c) and the invariants in
  * bins.h.  Both run quiesced (policy.h, rule 5).
  */
 #include "bfc/internal.h"

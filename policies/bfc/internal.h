@@ -1,5 +1,16 @@
 /* internal.h: what the files of the bfc policy share (private to policies/bfc/).
- *
+ * Map: Note [Rooms].
+ */
+#ifndef GMR_POLICIES_BFC_H
+#define GMR_POLICIES_BFC_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/lock.h"
+#include "policy.h"
+
+/* Note [Rooms]
  * The policy (TensorFlow's BFCAllocator) keeps the rooms every policy folder
  * has, and three of its own:
  *   internal.h this header: the data model, the small inline functions on
@@ -15,16 +26,8 @@
  *   bins.h     the free chunks' AVL trees that bfc.c runs on
  *   streams.c  gmr's stream uses and the retry's rule
  *   front.c    the per-stream front caches that exist only under concurrency
- * Invariants and locking are written at the top of bfc.c.
+ * Invariants and locking: Note [Invariants], [Locking] and [Fronts] in bfc.c.
  */
-#ifndef GMR_POLICIES_BFC_H
-#define GMR_POLICIES_BFC_H
-
-#include <pthread.h>
-#include <stdatomic.h>
-
-#include "core/lock.h"
-#include "policy.h"
 
 #define BFC_MIN_ALLOC_BITS   8
 #define BFC_MIN_ALLOC        ((size_t)1 << BFC_MIN_ALLOC_BITS) /* 256 bytes */
@@ -103,7 +106,7 @@ typedef struct bfc_chunk_s {
   _Alignas(64) size_t requested; /* bytes the user asked for (kept after free, as TF) */
   uintptr_t owner;               /* while in use: the allocating thread (bfc_thread_id) */
   struct bfc_uses_s *uses;       /* streams recorded besides the allocation's; NULL: none */
-  uint32_t handle; /* TF's chunk handle, for the dump (bfc.c, "Records and handles") */
+  uint32_t handle; /* TF's chunk handle, for the dump (see Note [Records and handles], bfc.c) */
 } bfc_chunk_t;
 
 /* gmr_record_stream's streams of an in-use chunk (its allocation stream

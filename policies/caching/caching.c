@@ -2,56 +2,12 @@
  *
  * A re-implementation, behaviour for behaviour, of
  * c10/cuda/CUDACachingAllocator.cpp's DeviceCachingAllocator (see
- * docs/caching.md and the specification it follows): requests are rounded
- * to 512 bytes (or to power-of-two divisions), go to the small pool
- * (<= 1 MiB) or the large pool, are served best fit by (stream, size,
- * address) from cached free blocks, and otherwise from a new segment of
- * 2 MiB, 20 MiB or the request rounded to 2 MiB (or from pages mapped into
- * one growing virtual range per stream and pool: expandable segments).
- * Blocks are split and merged exactly as PyTorch does; max_split_size,
- * max_non_split_rounding, garbage_collection_threshold, the memory fraction,
- * record_stream with events, release-and-retry before OOM and empty_cache
- * follow PyTorch, as do torch.cuda.memory_stats() (every key, same name),
- * memory_summary() (byte for byte) and the OOM message.  This file holds the
- * allocator, its alloc and free paths and the ops (with their locking); the
- * options and the PYTORCH_CUDA_ALLOC_CONF parser are in options.c,
- * memory_stats() and memory_summary() in report.c, the walk and the check in
- * check.c (internal.h).
- *
- * Structures.  A segment (cache_seg_t) is a doubly linked list of blocks in
- * address order (prev/next).  Free blocks live in their (stream, pool)'s
- * bins (internal.h: 64 treaps cut by size, a bitmap of the non-empty ones),
- * ordered by (size, address); since PyTorch's one std::set is ordered by
- * (stream, size, address) and a search never leaves its stream, per-stream
- * trees give the identical best fit.  Unmapped ranges of expandable segments
- * live in a second treap per pool, ordered by address.  Block records are
- * recycled, so the hot path (a cached alloc and free) does no host
- * allocation.
- *
- * Invariants (checked by gmr__cache_check in check.c):
- *   for every segment: Σ block sizes = segment size, blocks contiguous,
- *     no two neighbours both free (not allocated, no pending events, same
- *     mapping state);
- *   a block is in its pool's free tree iff it is free and mapped;
- *   reserved_bytes.all.current = Σ non-expandable segment sizes
- *                                + Σ mapped bytes of expandable segments
- *   reserved >= active >= allocated (bytes, every pool).
- *
- * Locking (the policy is `concurrent`).  Blocks never cross streams, so
- * each stream has its own lock over its pools and blocks.  The fast path (an
- * alloc served from the stream's cache, a free without recorded streams)
- * takes only that lock.  Everything else (new segments, releasing, events,
- * record_stream, statistics, walks) takes the global path: `glock`, then
- * every stream lock in creation order, which excludes all fast paths.
- * Statistics: with one stream, the fast path changes the policy's figures
- * under the stream's lock alone (nothing else can touch them); with more,
- * under `slock` when that lock is free (always, with one thread, so every
- * figure and every peak is PyTorch's, exactly); once a fast path finds it
- * busy, fast paths journal their changes into a per-stream delta, folded in
- * by the next global path.  Then current, allocated and freed figures stay
- * exact and peaks are those seen at the folds.  With one stream a fast free
- * is deferred to the stream's next operation, which may take the block back
- * ("The deferred free" below).
+ * docs/caching.md and the specification it follows).  This file holds the
+ * allocator, its alloc and free paths, quiesce/resume and the ops table;
+ * options.c the options and the PYTORCH_CUDA_ALLOC_CONF parser, report.c
+ * memory_stats(), memory_summary() and the OOM text, check.c the walk and
+ * the check (internal.h).  Map: Note [What PyTorch does], [Structures],
+ * [Invariants], [Locking], [Deferred free].
  */
 #include <math.h>
 #include <pthread.h>
@@ -71,6 +27,56 @@
 #define CACHE_HOT inline
 #define CACHE_NOINLINE
 #endif
+
+/* Note [What PyTorch does]
+ * Requests are rounded to 512 bytes (or to power-of-two divisions), go to
+ * the small pool (<= 1 MiB) or the large pool, are served best fit by
+ * (stream, size, address) from cached free blocks, and otherwise from a new
+ * segment of 2 MiB, 20 MiB or the request rounded to 2 MiB (or from pages
+ * mapped into one growing virtual range per stream and pool: expandable
+ * segments).  Blocks are split and merged exactly as PyTorch does;
+ * max_split_size, max_non_split_rounding, garbage_collection_threshold, the
+ * memory fraction, record_stream with events, release-and-retry before OOM
+ * and empty_cache follow PyTorch, as do torch.cuda.memory_stats() (every
+ * key, same name), memory_summary() (byte for byte) and the OOM message.
+ *
+ * Note [Structures]
+ * A segment (cache_seg_t) is a doubly linked list of blocks in address order
+ * (prev/next).  Free blocks live in their (stream, pool)'s bins (internal.h:
+ * 64 treaps cut by size, a bitmap of the non-empty ones), ordered by (size,
+ * address); since PyTorch's one std::set is ordered by (stream, size,
+ * address) and a search never leaves its stream, per-stream trees give the
+ * identical best fit.  Unmapped ranges of expandable segments live in a
+ * second treap per pool, ordered by address.  Block records are recycled,
+ * so the hot path (a cached alloc and free) does no host allocation.
+ *
+ * Note [Invariants] (checked by gmr__cache_check in check.c)
+ *   for every segment: Σ block sizes = segment size, blocks contiguous,
+ *     no two neighbours both free (not allocated, no pending events, same
+ *     mapping state);
+ *   a block is in its pool's free tree iff it is free and mapped;
+ *   reserved_bytes.all.current = Σ non-expandable segment sizes
+ *                                + Σ mapped bytes of expandable segments
+ *   reserved >= active >= allocated (bytes, every pool).
+ *
+ * Note [Locking]
+ * The policy is `concurrent` (policy.h, rule 5).  Blocks never cross
+ * streams, so each stream has its own lock over its pools and blocks.  The
+ * fast path (an alloc served from the stream's cache, a free without
+ * recorded streams) takes only that lock.  Everything else (new segments,
+ * releasing, events, record_stream, and the quiesced ops: statistics,
+ * walks) takes the global path: `glock`, then every stream lock in creation
+ * order, which excludes all fast paths.  Statistics: with one stream, the
+ * fast path changes the policy's figures under the stream's lock alone
+ * (nothing else can touch them); with more, under `slock` when that lock is
+ * free (always, with one thread, so every figure and every peak is
+ * PyTorch's, exactly); once a fast path finds it busy, fast paths journal
+ * their changes into a per-stream delta, folded in by the next global path.
+ * Then current, allocated and freed figures stay exact and peaks are those
+ * seen at the folds.  With one stream a fast free is deferred to the
+ * stream's next operation, which may take the block back
+ * (Note [Deferred free]).
+ */
 
 /* ---- treaps ---------------------------------------------------------------------
  * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
@@ -441,7 +447,7 @@ nomem:
 
 /* The global path: glock, then every stream's lock in creation order; the
  * fast paths' stat deltas are folded in first.  cache_lock_all then applies
- * every stream's deferred free (see "The deferred free"), so the global
+ * every stream's deferred free (see Note [Deferred free]), so the global
  * path sees the state PyTorch would have; the check alone looks at the
  * state as it stands (a deferred block is still allocated there, and every
  * invariant holds). */
@@ -491,7 +497,7 @@ static __attribute__((unused)) int cache_check_now(cache_t *c) {
 
 /* ---- statistic journals ------------------------------------------------------------
  * A fast path that found slock busy records its stat changes and keeps them
- * in its stream's delta (see "Locking" at the top); otherwise changes are
+ * in its stream's delta (see Note [Locking]); otherwise changes are
  * applied directly (j NULL).
  * t < 0: a single record (oversize_*) rather than an [all, small, large]
  * array.  A stat changes at most once per op, so a journal gives the same
@@ -1331,7 +1337,9 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
   return 0;
 }
 
-/* ---- the deferred free ---------------------------------------------------------------
+/* ---- the deferred free --------------------------------------------------------------- */
+
+/* Note [Deferred free]
  * While the policy has one stream, a fast free is not applied at once: the
  * block waits in the stream's `deferred` slot, still allocated as far as
  * the policy's structures and figures go (the runtime's map no longer has
@@ -1521,6 +1529,7 @@ slow:
  * (no fitting block, events pending, a new stream, GC on) takes the global
  * path, which runs the search again: a failed search changes nothing, so
  * the answers are PyTorch's either way. */
+/* see Note [Locking], Note [Deferred free] */
 static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   cache_t *c = (cache_t *)self;
   cache_stream_t *cs;
@@ -1579,6 +1588,7 @@ static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_
   return 0;
 }
 
+/* see Note [Deferred free] */
 static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_t *c = (cache_t *)self;
   cache_block_t *b = blk->handle;
@@ -1741,7 +1751,7 @@ static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_s
   return err;
 }
 
-/* Quiesced (policy.h, rule 5): every lock held and the fast paths' deltas
+/* Quiesced (policy.h, rule 5; see Note [Locking]): every lock held and the fast paths' deltas
  * folded, the deferred frees not applied: the check looks at the state as
  * it stands; every other whole-state op applies them first, below. */
 static void cache_quiesce(gmr_policy_t *self) {

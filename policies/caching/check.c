@@ -1,9 +1,16 @@
 /* check.c: the caching policy's walk and invariant check.
  *
  * The walk lists segments in address order, each followed by its blocks, as
- * PyTorch's memory snapshot shows them.  The check recounts every segment,
- * block, tree and statistic from scratch and compares (the invariants
- * written at the top of caching.c):
+ * PyTorch's memory snapshot shows them; the check recounts the state and
+ * compares.  Map: Note [Caching check].
+ */
+#include <stdlib.h>
+
+#include "caching/internal.h"
+
+/* Note [Caching check]
+ * The check recounts every segment, block, tree and statistic from scratch and
+ * compares (the invariants of Note [Invariants] in caching.c):
  *   for every segment: Σ block sizes = segment size, blocks contiguous,
  *     no two neighbours both free with the same mapping state;
  *   a block is in its pool's free tree  <=>  it is free and mapped;
@@ -13,9 +20,6 @@
  *   total_allocated = reserved[small] + reserved[large].
  * Both run quiesced (policy.h, rule 5: every lock held, deltas folded).
  */
-#include <stdlib.h>
-
-#include "caching/internal.h"
 
 /* ---- walk and check ----------------------------------------------------------------------- */
 
@@ -108,6 +112,7 @@ static size_t treap_check(const cache_pool_t *p, cache_block_t *t, bool by_addr,
          treap_check(p, t->right, by_addr, t, hi, bin, ok);
 }
 
+/* see Note [Caching check] */
 int gmr__cache_check(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **segs = cache_sorted_segs(c);

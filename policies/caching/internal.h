@@ -1,5 +1,16 @@
 /* internal.h: what the files of the caching policy share (private to policies/caching/).
- *
+ * Map: Note [Rooms].
+ */
+#ifndef GMR_POLICIES_CACHING_H
+#define GMR_POLICIES_CACHING_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "policy.h"
+
+/* Note [Rooms]
  * The policy (PyTorch's CUDA caching allocator) keeps the rooms every policy
  * folder has:
  *   internal.h this header: the data model, small inline predicates on it,
@@ -13,16 +24,8 @@
  *   report.c   torch.cuda.memory_stats(), memory_summary(), the OOM text
  *   check.c    the walk and the invariant check
  * Calls go one way: caching.c calls into the others, which call nothing
- * back.  Invariants and locking are written at the top of caching.c.
+ * back.  Invariants and locking: Note [Invariants], [Locking] in caching.c.
  */
-#ifndef GMR_POLICIES_CACHING_H
-#define GMR_POLICIES_CACHING_H
-
-#include <pthread.h>
-#include <stdatomic.h>
-#include <string.h>
-
-#include "policy.h"
 
 #define CACHE_MIB             ((size_t)1 << 20)
 #define CACHE_MIN_BLOCK       ((size_t)512)    /* kMinBlockSize */
@@ -106,7 +109,7 @@ struct cache_block_s {
   int64_t gc_count_base;     /* the pool's GC clock when it became free (GC on only) */
 };
 
-/* What take-backs (caching.c, "The deferred free") add to the figures'
+/* What take-backs (caching.c, Note [Deferred free]) add to the figures'
  * totals, kept per stream and pool until the next global path counts it:
  * each of them added `n` to the allocated and freed totals of allocation
  * and active, `bytes` to those of allocated_bytes and active_bytes, and so
@@ -186,7 +189,7 @@ struct cache_stream_s {
   void *chunks;          /* the records' memory: chunks of CACHE_CHUNK, linked (caching.c) */
   size_t n_spare;
   uint64_t prio_state;              /* treap priorities (an LCG) */
-  cache_block_t *deferred;          /* a free not yet applied (caching.c, "The deferred free") */
+  cache_block_t *deferred;          /* a free not yet applied (caching.c, Note [Deferred free]) */
   bool dirty;                       /* delta holds something */
   bool backed;                      /* a pool's `back` holds something */
   cache_stats_t delta;              /* stat changes not yet folded into the policy's */
@@ -227,7 +230,7 @@ typedef struct cache_s {
    * (both change at the same moments by the same amounts): the hot paths
    * count the latter only, and cache_fold copies them (global path). */
   bool events_seen;
-  pthread_mutex_t glock; /* the global lock (see "Locking" above) */
+  pthread_mutex_t glock; /* the global lock (caching.c, Note [Locking]) */
   atomic_flag slock;     /* guards `st` for the fast path's commits (try only) */
   _Atomic bool sharded;  /* a commit found slock busy: fast paths keep deltas */
   _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */

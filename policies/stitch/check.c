@@ -1,6 +1,16 @@
 /* check.c: the stitch policy's walk and invariant checker.
  *
- * The walk lists ranges in address order, each followed by its blocks.
+ * The walk lists ranges in address order, each followed by its blocks; the
+ * checker recounts the state and compares it with the design's invariants.
+ * Map: Note [Stitch invariants].
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stitch/internal.h"
+
+/* Note [Stitch invariants]
  * The checker walks the design's invariants (internal.h):
  *  1. page partition: tail_end <= head_start, both multiples of G; FREE ⇔ no
  *     owner with tail_end = 0, head_start = P; every owner is a LIVE,
@@ -22,11 +32,6 @@
  * are enforced where the decisions are made (pages.c gmr__st_stamp_ready,
  * ranges.c gmr__st_evict, stitch.c alloc_large) rather than logged.
  */
-#include <inttypes.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "stitch/internal.h"
 
 /* ---- walk -------------------------------------------------------------------------------------
  */
@@ -347,6 +352,7 @@ static int check_small(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *f
   return 0;
 }
 
+/* see Note [Stitch invariants] */
 int gmr__st_check(gmr_policy_t *self) {
   stitch_t *t = (stitch_t *)self;
   uint64_t page_free = 0, live_b = 0, pend_b = 0, small_free = 0;

@@ -1,17 +1,29 @@
-/* internal.h: the stitch policy's shared state (policies/stitch/).
- *
+/* internal.h: the stitch policy's shared state (policies/stitch/): device
+ * pages stitched into contiguous virtual ranges, a page shared by the tail
+ * of one block and the head of the next.
+ * Map: Note [Stitch pages], [Rooms], [Slot terms], [Stream stamps].
+ */
+#ifndef GMR_STITCH_INTERNAL_H
+#define GMR_STITCH_INTERNAL_H
+
+#include "observe/recording.h"
+#include "policy.h"
+
+/* Note [Stitch pages]
  * Physical memory is a pool of device pages of P bytes (the backend's
  * granularity, queried).  A large block is [the free head slot of one page]
- * [whole pages] or [whole pages][the free tail slot of one page], mapped
- * into one contiguous virtual range; a page whose tail and head slots belong
- * to two blocks is mapped twice, at the end of one range and the start of
- * the other, so no page is lost to rounding.  Requests of at most
- * `small_size` go to a small pool of one-page segments with PyTorch's rules.
- * A freed range keeps its mappings (CACHED) and serves a later request of
- * the same length with no device call; only a miss maps.  Of the cached
- * ranges of a length whose pages are free, the oldest serves (ranges.c
- * says why: a loop then makes no page map after it has run twice).
- *
+ * [whole pages] or [whole pages][the free tail slot of one page], mapped into
+ * one contiguous virtual range; a page whose tail and head slots belong to two
+ * blocks is mapped twice, at the end of one range and the start of the other,
+ * so no page is lost to rounding.  Requests of at most `small_size` go to a
+ * small pool of one-page segments with PyTorch's rules.  A freed range keeps
+ * its mappings (CACHED) and serves a later request of the same length with no
+ * device call; only a miss maps.  Of the cached ranges of a length whose pages
+ * are free, the oldest serves (ranges.c says why: a loop then makes no page
+ * map after it has run twice).
+ */
+
+/* Note [Rooms]
  * Rooms (the skeleton every policy folder shares, then stitch's own), each
  * calling only those listed before it (no cycles):
  *   internal.h this header: the data model the files share
@@ -26,10 +38,12 @@
  *   report.c   statistics, summary, OOM text
  *   check.c    the walk and the invariant checker
  *   stitch.c   alloc/free/record_stream/trim, quiescing and the ops table
- *
- * Terms.  A page's tail slot is [0, tail_end), owned by a block's last span;
- * its head slot [head_start, P), owned by a block's first span; a whole page
- * has a full owner (a large block's interior page or a small segment).
+ */
+
+/* Note [Slot terms]
+ * A page's tail slot is [0, tail_end), owned by a block's last span; its head
+ * slot [head_start, P), owned by a block's first span; a whole page has a full
+ * owner (a large block's interior page or a small segment).
  *   FREE    ⇔ no owner: tail_end = 0, head_start = P
  *   PARTIAL ⇔ no full owner and exactly one slot owned: the other is "open"
  *   CLOSED  ⇔ both slots owned: [tail_end, head_start) is a dead gap <= tau
@@ -37,20 +51,17 @@
  *             it: free memory, taken back by gmr__st_unpark_all; ranges.c)
  * Offsets are multiples of G = 512 bytes, so no 32-byte sector is ever
  * shared by two blocks.
- *
- * Streams.  Each stream counts its frees; a page keeps up to ST_STAMPS
- * (stream, count) stamps of releases on it.  A page may be used by stream s
- * once every stamp is of s or known complete (an event recorded after it,
- * queried without blocking, or waited on with cross_stream: sync).
- * Unmapping and remapping are not ordered with a stream's work: a range's
- * slot is unmapped or remapped only once the range's last free (last_use)
- * is known complete (gmr__st_stamp_ready with no stream of its own).
  */
-#ifndef GMR_STITCH_INTERNAL_H
-#define GMR_STITCH_INTERNAL_H
 
-#include "observe/recording.h"
-#include "policy.h"
+/* Note [Stream stamps]
+ * Each stream counts its frees; a page keeps up to ST_STAMPS (stream, count)
+ * stamps of releases on it.  A page may be used by stream s once every stamp
+ * is of s or known complete (an event recorded after it, queried without
+ * blocking, or waited on with cross_stream: sync).  Unmapping and remapping
+ * are not ordered with a stream's work: a range's slot is unmapped or remapped
+ * only once the range's last free (last_use) is known complete
+ * (gmr__st_stamp_ready with no stream of its own).
+ */
 
 #define ST_G      ((uint32_t)512)
 #define ST_NIL    UINT32_MAX
@@ -571,7 +582,7 @@ static inline uint32_t st_small_class(const st_small_index_t *x, uint32_t size) 
 }
 /* May the free of allocated block b wait for the next op, which takes it
  * back if it allocates b->size bytes on b's stream?  The conditions are
- * small.c's ("the take-back"): every class in [class(b), class(n)) empty,
+ * small.c's Note [Small take-back]: every class in [class(b), class(n)) empty,
  * i.e. the first non-empty class from class(b) is n's (with one non-empty
  * class, it is). */
 static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {

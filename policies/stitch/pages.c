@@ -1,6 +1,12 @@
 /* pages.c: the stitch policy's page table, slot ownership, page indexes,
  * streams and stamps.
- *
+ * Map: Note [Page indexes], [Stamps].
+ */
+#include <string.h>
+
+#include "stitch/internal.h"
+
+/* Note [Page indexes]
  * Every created page is in exactly one index, the one its fields imply:
  *   free[m]     ⇔ no owner (tail_end = 0, head_start = P); m = 1 when a
  *                 cached range still maps the page, so a stitch takes pages
@@ -12,15 +18,14 @@
  *   FULL        ⇔ a full owner
  * The class indexes are two-level bitmaps, so "the smallest open slot of at
  * least r bytes" costs a few word scans whatever the number of pages.
- *
+ */
+
+/* Note [Stamps]
  * A stamp (stream, n) says "the n-th free on that stream released bytes of
  * this page".  Stream s may use the page when every stamp is s's own or has
  * completed: stream->done >= n, learnt from events recorded lazily (only when
  * another stream wants the bytes) and queried without blocking.
  */
-#include <string.h>
-
-#include "stitch/internal.h"
 
 /* ---- class bitmaps ----------------------------------------------------------------------------
  */
@@ -267,6 +272,7 @@ static void free_push(stitch_t *t, uint32_t id) {
   t->free_tail[1] = id;
 }
 
+/* see Note [Page indexes] */
 void gmr__st_page_reindex(stitch_t *t, uint32_t id) {
   gmr__st_page_unindex(t, id);
   st_page_t *p = &t->pages[id];
@@ -441,6 +447,7 @@ static void stream_poll(stitch_t *t, st_stream_t *st) {
   }
 }
 
+/* see Note [Stamps] */
 bool gmr__st_stamp_ready(stitch_t *t, st_stamp_t s, uint32_t sidx, bool wait) {
   if (s.stream == 0 || s.stream - 1 == sidx) return true;
   st_stream_t *st = &t->streams[s.stream - 1];

@@ -1,50 +1,59 @@
 /* ranges.c: the stitch policy's virtual address arena, ranges and their
  * mapping records, the map transaction, the cache of freed ranges and
  * eviction.
- *
- * Arena: a few large virtual reservations (va_chunk each, halved until the
- * device accepts); free intervals are kept sorted by address and merged
- * only within one reservation, so
- *   Σ free intervals + Σ ranges' nslots × P == Σ reservations (tiling).
- *
- * Map transaction (gmr__st_map_range): take the VA, phys_map each slot, then one
- * set_access over the whole range.  A failure at any step unmaps exactly the
- * slots mapped so far and gives the VA back; the pages and the indexes are
- * untouched, since ownership is committed only after the device calls.
- *
- * Cache: every range is filed under its length in serial (creation) order;
- * CACHED ranges are also in an LRU list.  A request takes the OLDEST cached
- * range of its length that it can use now (its slots free, or parked under
- * other cached ranges, stream stamps complete, dead gaps <= tau); only if
- * there is none does it stitch a new range, which is younger than all.  In
- * a loop that repeats itself this converges: if an iteration hands out the
- * same ranges as the one before up to some request, the pages owned at that
- * request are the same, so the same older ranges are unusable and the same
- * one is the oldest usable (ranges made later in the last iteration are
- * younger and never preferred); where the last iteration missed and
- * stitched a range, that range is now the oldest usable one.  By induction
- * the iteration after one with a miss repeats it with none: no page map
- * once a loop has run twice.  (Preferring the most recently freed range, or
- * predicting each range's successor, permutes the pages that stay free
- * between allocations and keeps breaking the ranges of later blocks.)
- *
- * Parking: a freed range keeps its whole pages (full_owner = the CACHED
- * range, nparked counts them) and gives back only its partial end slots, so
- * a free and the next hit touch at most two pages whatever the length.
- * Parked pages are free memory: a cached range that maps a page parked
- * under another counts it free, and taking it unparks the other range
- * first; a FREE page wanted for a stitch or a small segment unparks every
- * cached range (gmr__st_unpark_all).  Unparking files a range's whole pages
- * FREE, stamped with the range's last free.
- *   parked(r) ⇒ r CACHED ∧ ∀ whole slot j: pages[j].full_owner = r
- *   nparked = Σ_{parked r} r.nwhole
- * Eviction unmaps a range only once the free that cached it has completed on
- * its stream (gmr__st_stamp_ready), least recently used first.
+ * Map: Note [Arena], [Map transaction], [Cache order], [Parking].
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "stitch/internal.h"
+
+/* Note [Arena]
+ * A few large virtual reservations (va_chunk each, halved until the device
+ * accepts); free intervals are kept sorted by address and merged only within
+ * one reservation, so
+ *   Σ free intervals + Σ ranges' nslots × P == Σ reservations (tiling).
+ */
+
+/* Note [Map transaction]
+ * Map transaction (gmr__st_map_range): take the VA, phys_map each slot, then
+ * one set_access over the whole range.  A failure at any step unmaps exactly
+ * the slots mapped so far and gives the VA back; the pages and the indexes are
+ * untouched, since ownership is committed only after the device calls.
+ */
+
+/* Note [Cache order]
+ * Every range is filed under its length in serial (creation) order; CACHED
+ * ranges are also in an LRU list.  A request takes the OLDEST cached range of
+ * its length that it can use now (its slots free, or parked under other cached
+ * ranges, stream stamps complete, dead gaps <= tau); only if there is none
+ * does it stitch a new range, which is younger than all.  In a loop that
+ * repeats itself this converges: if an iteration hands out the same ranges as
+ * the one before up to some request, the pages owned at that request are the
+ * same, so the same older ranges are unusable and the same one is the oldest
+ * usable (ranges made later in the last iteration are younger and never
+ * preferred); where the last iteration missed and stitched a range, that range
+ * is now the oldest usable one.  By induction the iteration after one with a
+ * miss repeats it with none: no page map once a loop has run twice.
+ * (Preferring the most recently freed range, or predicting each range's
+ * successor, permutes the pages that stay free between allocations and keeps
+ * breaking the ranges of later blocks.)
+ */
+
+/* Note [Parking]
+ * A freed range keeps its whole pages (full_owner = the CACHED range, nparked
+ * counts them) and gives back only its partial end slots, so a free and the
+ * next hit touch at most two pages whatever the length.  Parked pages are free
+ * memory: a cached range that maps a page parked under another counts it free,
+ * and taking it unparks the other range first; a FREE page wanted for a stitch
+ * or a small segment unparks every cached range (gmr__st_unpark_all).
+ * Unparking files a range's whole pages FREE, stamped with the range's last
+ * free.
+ *   parked(r) ⇒ r CACHED ∧ ∀ whole slot j: pages[j].full_owner = r
+ *   nparked = Σ_{parked r} r.nwhole
+ * Eviction unmaps a range only once the free that cached it has completed on
+ * its stream (gmr__st_stamp_ready), least recently used first.
+ */
 
 /* ---- the arena --------------------------------------------------------------------------------
  */
@@ -108,6 +117,7 @@ static int va_reserve_more(stitch_t *t, uint64_t size) {
   }
 }
 
+/* see Note [Arena] */
 int gmr__st_va_take(stitch_t *t, uint64_t size, uintptr_t *out) {
   for (int round = 0; round < 2; ++round) {
     for (uint32_t i = 0; i < t->nva; ++i) {
@@ -272,6 +282,7 @@ static void map_unlink(stitch_t *t, st_map_t *m) {
   if (p->where == ST_W_FREE && p->nmaps == 0) gmr__st_page_reindex(t, m->page);
 }
 
+/* see Note [Map transaction] */
 int gmr__st_map_range(stitch_t *t, st_range_t *r) {
   gmr_backend_t *be = t->base.backend;
   uint64_t bytes = (uint64_t)r->nslots * t->P;
@@ -379,6 +390,7 @@ bool gmr__st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
   return true;
 }
 
+/* see Note [Parking] */
 void gmr__st_unpark(stitch_t *t, st_range_t *r) {
   if (!r->parked) return;
   for (uint32_t j = 0; j < r->nslots; ++j)
@@ -387,11 +399,13 @@ void gmr__st_unpark(stitch_t *t, st_range_t *r) {
   t->nparked -= r->nwhole;
 }
 
+/* see Note [Parking] */
 void gmr__st_unpark_all(stitch_t *t) {
   for (st_range_t *r = t->lru_head; r != NULL && t->nparked > 0; r = r->lru_next)
     gmr__st_unpark(t, r);
 }
 
+/* see Note [Cache order] */
 st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   if (t->ncached == 0) return NULL;
   st_len_t *e = st_len_find(t, len);
@@ -499,6 +513,7 @@ static bool over_caps(const stitch_t *t, uint32_t need_maps, uint64_t need_va) {
   return (int64_t)(t->nmappings + need_maps) > t->o.max_mappings || t->va_used + need_va > budget;
 }
 
+/* see Note [Parking] */
 int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
   st_range_t *r = t->lru_tail;
   int err = 0;

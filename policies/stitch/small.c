@@ -1,24 +1,30 @@
-/* small.c: the stitch policy's small pool (requests <= small_size).
- *
- * PyTorch's small-pool rules: sizes rounded up to 512 bytes; blocks carved
- * from segments of one page (P bytes, 2 MiB on the H200, like kSmallBuffer);
- * best fit per stream (the smallest free block that holds the request); a
- * block is split when at least 512 bytes remain; a freed block merges with
- * its free neighbours.  What differs: a segment's page comes from the same
- * page pool as large blocks, and a wholly free segment gives its page back
- * to that pool (gmr__st_small_reclaim) before the policy grows, instead of being
- * held until empty_cache; so memory that small tensors used at one time
- * serves large ones at another.
- *
- * Index: per stream, free blocks by class size / G (the last class holds
- * every block of small_size bytes or more), a two-level bitmap over the
- * classes, LIFO within a class.
- *   Σ free block sizes == small_free_bytes
- *   Σ block sizes of a segment == P; neighbours are never both free.
+/* small.c: the stitch policy's small pool (requests <= small_size), with
+ * PyTorch's small-pool rules on pages shared with the large blocks.
+ * Map: Note [Small rules], [Small index].
  */
 #include <string.h>
 
 #include "stitch/internal.h"
+
+/* Note [Small rules]
+ * PyTorch's small-pool rules: sizes rounded up to 512 bytes; blocks carved
+ * from segments of one page (P bytes, 2 MiB on the H200, like kSmallBuffer);
+ * best fit per stream (the smallest free block that holds the request); a
+ * block is split when at least 512 bytes remain; a freed block merges with its
+ * free neighbours.  What differs: a segment's page comes from the same page
+ * pool as large blocks, and a wholly free segment gives its page back to that
+ * pool (gmr__st_small_reclaim) before the policy grows, instead of being held
+ * until empty_cache; so memory that small tensors used at one time serves
+ * large ones at another.
+ */
+
+/* Note [Small index]
+ * Per stream, free blocks by class size / G (the last class holds every block
+ * of small_size bytes or more), a two-level bitmap over the classes, LIFO
+ * within a class.
+ *   Σ free block sizes == small_free_bytes
+ *   Σ block sizes of a segment == P; neighbours are never both free.
+ */
 
 static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
   st_stream_t *st = &t->streams[sidx];
@@ -172,6 +178,7 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
   return 0;
 }
 
+/* see Note [Small index] */
 int gmr__st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx,
                         st_small_t **out) {
   st_small_index_t *x = index_of(t, sidx);
@@ -271,10 +278,12 @@ void gmr__st_small_free(stitch_t *t, st_small_t *b) {
 }
 
 /* ---- the take-back -----------------------------------------------------------------------------
- *
+ */
+
+/* Note [Small take-back] (stitch.c's Note [Deferred free], in the small pool)
  * The free of b may wait (stitch.c keeps it in t->deferred; every op but an
- * allocation that takes it back applies it first, with gmr__st_small_free) when
- * an allocation of b->size bytes on b's stream right after it would get b
+ * allocation that takes it back applies it first, with gmr__st_small_free)
+ * when an allocation of b->size bytes on b's stream right after it would get b
  * back with every record, list and bitmap as they are now:
  *   gmr__st_small_alloc(b->size) after gmr__st_small_free(b) = the state before the free
  * That holds iff b's previous block is allocated or none (a merge with it

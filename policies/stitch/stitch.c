@@ -1,6 +1,24 @@
-/* stitch.c: the stitch policy: options, allocation, free, record_stream,
- * empty_cache and the ops table (the design is in internal.h).
+/* stitch.c: the stitch policy: allocation, free, record_stream, empty_cache,
+ * quiesce/resume and the ops table (the design is in internal.h).
  *
+ * A large request is served from a cached range of its length (no device
+ * call) or stitched from whole FREE pages and the open slot of a PARTIAL
+ * page, mapped as one transaction at a fresh virtual range; a small one
+ * goes to the small pool.  A free keeps the range mapped as CACHED.
+ * Map: Note [Allocation], [Free], [Graph capture], [Locking], [Fronts],
+ * [Deferred free], [Callbacks].
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stitch/internal.h"
+
+static inline stitch_t *st_of(gmr_policy_t *p) {
+  return (stitch_t *)p;
+}
+
+/* Note [Allocation]
  * Allocation of `size` bytes on stream s:
  *   size <= small_size: the small pool (small.c);
  *   otherwise len = size rounded up to G, then
@@ -17,58 +35,57 @@
  *   3. on GMR_ENOMEM: wait for pending frees, give empty small segments back,
  *      evict cached ranges (address space), retry once;
  *   4. OOM, with live, free, dead-gap bytes, mappings and address space.
- * Free: a block's spans go back to their pages stamped (s, n) and its range
- * stays mapped as CACHED; no device call.  A block used on other streams
+ *
+ * Note [Free]
+ * A block's spans go back to their pages stamped (s, n) and its range stays
+ * mapped as CACHED; no device call.  A block used on other streams
  * (record_stream) waits for an event on each of them first.  A free may
  * also wait for the next op, which takes the block back when it is an
- * allocation that the free and it would serve with that very block ("the
- * take-back" below); any other op applies the free first.
+ * allocation that the free and it would serve with that very block (Note
+ * [Deferred free]); any other op applies the free first.
  *
+ * Note [Graph capture]
  * CUDA graph capture: refused on a miss.  A request that would map, grow or
  * record an event on a stream being captured fails with GMR_ENOTSUP and says
  * so; a cache hit makes no device call and is served.  Capture your graph
  * after a warm-up step, or use the caching policy for captured graphs.
  *
- * Synchronization: `concurrent` (policy.h, rule 5).  One lock, `lock` (a
- * gmr_lock_t), guards everything in stitch_t but the options and P, which
- * are set at creation, and the fronts: every op below takes it on entry and
- * releases it on return (destroy excepted: nobody else holds the policy
- * then), and calls nothing that takes it again.  So the runtime takes its
- * hot paths (the map under its shard's lock, no runtime lock) and an op runs
- * as it did when the runtime serialized them.
+ * Note [Locking]
+ * `concurrent` (policy.h, rule 5).  One lock, `lock` (a gmr_lock_t), guards
+ * everything in stitch_t but the options and P, which are set at creation,
+ * and the fronts: every op below takes it on entry and releases it on
+ * return (destroy excepted: nobody else holds the policy then), and calls
+ * nothing that takes it again; the whole-state ops run under quiesce, which
+ * holds it.  So the runtime takes its hot paths (the map under its shard's
+ * lock, no runtime lock) and an op runs as it did when the runtime
+ * serialized them.
  *
- * Under concurrency (front.c).  As long as one thread at a time calls the
- * policy, nothing else exists, and every decision is the one above.  The
- * first time a thread finds `lock` held, `contended` is set for good and
- * each stream that allocates gets a front: its user's last free is kept
- * there, still allocated for the pools, and the stream's next allocation of
- * the same length takes it back under the front's own lock; a free into an
- * occupied front frees the block it held under `lock`.  So threads on
- * their own streams that reuse their sizes share no lock.  Invariants:
+ * Note [Fronts] (front.c)
+ * As long as one thread at a time calls the policy, nothing else exists, and
+ * every decision is the one above.  The first time a thread finds `lock`
+ * held, `contended` is set for good and each stream that allocates gets a
+ * front: its user's last free is kept there, still allocated for the pools,
+ * and the stream's next allocation of the same length takes it back under
+ * the front's own lock; a free into an occupied front frees the block it
+ * held under `lock`.  So threads on their own streams that reuse their
+ * sizes share no lock.  Invariants:
  *   a block in a front is allocated for the pools and counted as allocated
  *     (its user freed it);
  *   the statistics plus the fronts' unfolded take-backs are the figures;
  * every op that reads or changes the whole state (statistics, walks, checks,
- * summary, trim) first flushes the fronts (their blocks freed, their counts
- * folded) and freezes them until it ends, and an allocation that finds no
- * memory flushes them before it retries.  Blocks with record_stream uses,
- * and every free while the history records, take the locked path.
+ * summary, trim: the quiesced ops) first flushes the fronts (their blocks
+ * freed, their counts folded) and freezes them until it ends, and an
+ * allocation that finds no memory flushes them before it retries.  Blocks
+ * with record_stream uses, and every free while the history records, take
+ * the locked path.
  *
+ * Note [Callbacks]
  * Walk, summary and statistics callbacks are the runtime's collectors,
  * which never call back into the policy (the caller's own callbacks run
  * after the op returned: runtime.c, "Re-entrance").  Waits under the lock
  * (cross_stream: sync, the OOM retry, empty_cache) hold it as the runtime's
  * lock did.
  */
-#include <stddef.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "stitch/internal.h"
-
-static inline stitch_t *st_of(gmr_policy_t *p) {
-  return (stitch_t *)p;
-}
 
 /* ---- pending frees (record_stream) ------------------------------------------------------------
  */
@@ -174,7 +191,7 @@ static int pending_add(stitch_t *t, st_range_t *r, st_small_t *b, uint32_t sidx,
 /* ---- large blocks -----------------------------------------------------------------------------
  */
 
-static void fronts_flush(stitch_t *t, bool freeze); /* the take-back's section */
+static void fronts_flush(stitch_t *t, bool freeze); /* see Note [Fronts] */
 
 /* The PARTIAL page whose open slot fits r best with a gap <= tau. */
 static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t sidx,
@@ -344,6 +361,7 @@ static inline void large_park(stitch_t *t, st_range_t *r) {
   st_cache_put(t, r);
 }
 
+/* see Note [Allocation] */
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   /* More than the device holds can never be mapped: refused before any page
    * table or range is sized by it (a 1 PB request wanted 18 GB of host
@@ -370,7 +388,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   if (r != NULL) {
     large_hit(t, r);
   } else {
-    if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
+    if (gmr__backend_stream_capturing(t->base.backend, s) != 0) { /* see Note [Graph capture] */
       char want[32];
       gmr__format_size(len, want, sizeof want);
       return gmr__error_set(GMR_ENOTSUP,
@@ -417,7 +435,9 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
 }
 
 /* ---- the take-back ----------------------------------------------------------------------------
- *
+ */
+
+/* Note [Deferred free] (the take-back)
  * A free may wait for the next op (t->deferred: a small block, t->deferred_r:
  * a large range; at most one of them set), which takes the block back when
  * it is an allocation that the free followed by it would serve with that
@@ -425,7 +445,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
  * first (st_enter), as it would have been applied at once: the figures, the
  * history's free_completed and the stream's free count are the free's own
  * at once or in that op, before anything else, so the stamps keep their
- * order.  The small pool's case: small.c, "the take-back".  A large range
+ * order.  The small pool's case: small.c, Note [Small take-back].  A large range
  * with no partial end slot, with no record_stream use and at least one whole
  * page (large_park would park it), none of whose older ranges of its length
  * is CACHED: the allocation of its length on its stream right after its
@@ -457,7 +477,8 @@ static inline void deferred_apply(stitch_t *t) {
   }
 }
 
-/* The lock; a thread that finds it held turns the fronts on for good. */
+/* The lock; a thread that finds it held turns the fronts on for good
+ * (see Note [Locking], Note [Fronts]). */
 static inline void st_lock(stitch_t *t) {
   if (GMR_LIKELY(gmr__lock_try(&t->lock))) return;
   if (!atomic_load_explicit(&t->contended, memory_order_relaxed))
@@ -590,7 +611,7 @@ static void free_kept(stitch_t *t, st_small_t *b, st_range_t *r) {
 }
 
 /* Under lock: every front emptied, its blocks freed (and the fronts
- * frozen when freeze, until gmr__st_fronts_thaw). */
+ * frozen when freeze, until gmr__st_fronts_thaw; see Note [Fronts]). */
 static void fronts_flush(stitch_t *t, bool freeze) {
   if (t->nfronts == 0) return;
   st_small_t *kb[ST_FRONTS];
@@ -606,7 +627,7 @@ static void fronts_flush(stitch_t *t, bool freeze) {
 
 /* Quiesced (policy.h, rule 5), for the ops that read or change the whole
  * state: the lock, the fronts flushed and frozen, the waiting free
- * applied; st_resume undoes it. */
+ * applied; st_resume undoes it (see Note [Locking], Note [Fronts]). */
 static void st_quiesce(gmr_policy_t *self) {
   stitch_t *t = st_enter(self);
   fronts_flush(t, true);
@@ -640,6 +661,7 @@ static __attribute__((noinline)) bool free_to_front(stitch_t *t, const gmr_block
   return true;
 }
 
+/* see Note [Free] */
 static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
   stitch_t *t = st_of(self);
   if (GMR_UNLIKELY(atomic_load_explicit(&t->contended, memory_order_relaxed)) &&

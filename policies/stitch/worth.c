@@ -1,6 +1,12 @@
 /* worth.c: the stitch policy's FREE mapped pages kept in the order a miss
  * takes them (ranges.c's gmr__st_collect_free).
- *
+ * Map: Note [Worth], [Worth heaps], [Worth invariants].
+ */
+#include <string.h>
+
+#include "stitch/internal.h"
+
+/* Note [Worth]
  * A miss takes the FREE mapped pages that the cached ranges will want last
  * first (Belady's rule: in a loop, the pages of the range handed out
  * longest ago are the ones the loop wants again soonest), in the order
@@ -10,7 +16,9 @@
  * Scanning every FREE page at each miss costs O(FREE pages); here they stay
  * ordered between misses, and a miss costs O(k log n) for the k pages it
  * looks at.
- *
+ */
+
+/* Note [Worth heaps]
  * The b term moves with T, so the pages are kept in heaps by keys that do
  * not:
  *   A: pages whose worth is wa from now on (wb = 0 or 2T + 2 - wb >= wa),
@@ -31,7 +39,9 @@
  *
  * A page leaving its heap only marks itself out (its entries are skipped
  * when met, dropped when the heap is rebuilt), so a touch costs O(1).
- *
+ */
+
+/* Note [Worth invariants]
  * Invariants, outside a miss (p in k: p has a live entry in heap k):
  *   p in A or B ∧ ¬dirty ⇒ p FREE ∧ mapped (cls 1) ∧ its entry's key current
  *   p FREE ∧ mapped ⇒ p in A or B, or dirty
@@ -41,9 +51,6 @@
  * pages' mappings, as a sort at the start would give it.  The pages touched
  * meanwhile stay in their heap, dirty, until their next touch or miss.
  */
-#include <string.h>
-
-#include "stitch/internal.h"
 
 enum { W_NONE = 0, W_A = 1, W_B = 2, W_M = 3 };
 
@@ -190,6 +197,7 @@ void gmr__st_worth_fini(stitch_t *t) {
   t->capw = 0;
 }
 
+/* see Note [Worth heaps] */
 void gmr__st_worth_touch(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   if (!t->wfrozen) w_leave(t, p);
@@ -226,6 +234,7 @@ static void file_dirty(stitch_t *t) {
 /* The invariants at the top of the file (outside a miss), and the heaps'
  * order.  A page in A stays there as T grows; one in B may be due to move
  * (the next miss moves it). */
+/* see Note [Worth invariants] */
 bool gmr__st_worth_holds(const stitch_t *t) {
   uint32_t listed = 0, filed = 0; /* FREE mapped pages not dirty; their live entries */
   for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next) {
@@ -304,6 +313,7 @@ static bool frontier_add(stitch_t *t, st_worth_iter_t *it, int k, uint32_t i) {
   return true;
 }
 
+/* see Note [Worth] */
 int gmr__st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want) {
   file_dirty(t);
   /* B's pages whose worth is now wa move to A; M's dead entries go. */
