@@ -7,7 +7,14 @@
  *
  * Records of freed blocks are kept for reuse (up to DIRECT_SPARE_MAX), so
  * the host allocator stays off the path of an allocation.
- *
+ * Map: Note [Invariants].
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy.h"
+
+/* Note [Invariants]
  * Invariants:
  *   allocated_bytes.current = requested_bytes.current = Σ live sizes
  *   allocations.current = number of records in the live list
@@ -15,10 +22,6 @@
  * Synchronization: not concurrent; every op runs under the instance's lock,
  * taken by the policy.h wrappers (one op at a time).
  */
-#include <stdlib.h>
-#include <string.h>
-
-#include "policy.h"
 
 #define DIRECT_SPARE_MAX 4096 /* records kept for reuse, at most */
 
@@ -43,7 +46,7 @@ static int direct_create(const void *opts, gmr_backend_t *be, const gmr_policy_c
                          gmr_policy_t **out) {
   direct_t *d = gmr__calloc(1, sizeof *d);
   if (d == NULL) return gmr__error_set(GMR_ENOMEM, "direct: out of host memory");
-  d->base.ops = &gmr_direct_policy_ops;
+  d->base.ops = &gmr__direct_policy;
   d->base.backend = be;
   *out = &d->base;
   return 0;
@@ -81,6 +84,7 @@ static void direct_rec_release(direct_t *d, direct_rec_t *r) {
   ++d->n_spare;
 }
 
+/* see Note [Invariants] */
 static int direct_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   direct_t *d = (direct_t *)self;
   direct_rec_t *r = direct_rec_new(d);
@@ -210,7 +214,7 @@ static int direct_check(gmr_policy_t *self) {
 
 static const gmr_opt_desc_t direct_opts_desc[] = {{.key = NULL}};
 
-const gmr_policy_ops_t gmr_direct_policy_ops = {
+const gmr_policy_ops_t gmr__direct_policy = {
     .name = "direct",
     .help = "Every allocation is one device reservation (cudaMalloc), every free gives it back "
             "(cudaFree): the baseline with no cache, like JAX's `platform` allocator.",

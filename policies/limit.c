@@ -1,9 +1,19 @@
 /* limit.c: the `limit` policy, a hard cap stacked on any other policy.
  *
  * A decorator (RMM's limiting_resource_adaptor, without exceptions).  The cap
- * is `bytes`, or `fraction` of the device's total memory.  Two things can be
- * counted against it:
- *
+ * is `bytes`, or `fraction` of the device's total memory, and counts the
+ * bytes allocated or the bytes the upstream reserved (Note [Counts]).  The
+ * cap is on this runtime, not a representation of the device.
+ * Map: Note [Counts], [Shared cap], [Credit], [Locking].
+ */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core/lock.h"
+#include "core/shared-cap.h"
+#include "policy.h"
+
+/* Note [Counts]
  *  - counts: allocated (default).  The bytes the user has asked for and not
  *    freed.  An allocation that would pass the cap fails with GMR_ENOMEM
  *    before the upstream policy, or the device, is touched:
@@ -15,27 +25,27 @@
  *        reserved + request > cap  =>  the reservation fails with GMR_ENOMEM
  *    This is the whole-process budget a serving stack wants: what the policy
  *    holds never passes the cap, cache included.
- *
- * The cap is on this runtime, not a representation of the device.
- *
- * Shared with other processes (counts: reserved only).  With `shared: {cap:
- * ...}` the capped backend also reserves every device byte through the
- * device's shared-cap file (lib/core/shared-cap.c, docs/shared-cap.md), after
- * this process's own cap and before the device:
+ */
+
+/* Note [Shared cap]
+ * With `shared: {cap: ...}` the capped backend also reserves every device byte
+ * through the device's shared-cap file (lib/core/shared-cap.c,
+ * docs/shared-cap.md), after this process's own cap and before the device:
  *     Σ over processes max(reserved_p, guaranteed_p) <= shared cap
  * A refusal there is an out-of-memory of the backend like the local one, so
  * the upstream frees its cache and retries, then reports its framework's
  * OOM.  Only reservations and page maps pass there: an allocation the
  * upstream serves from its cache never does.  A lock held past the timeout
  * by a stopped process is reported the same way, with its own text.
- *
- * Counting allocated bytes without one shared counter.  A counter that every
- * allocation and free of every thread updates is one cache line bouncing
- * between cores: with 16 threads it caps the aggregate rate at the line's
- * transfer time, whatever the upstream policy can do.  So the cap is split
- * into credit: `pool` holds the bytes of the cap that no shard holds, and
- * each of LIMIT_SHARDS shards (chosen by the block's stream) holds `credit`,
- * bytes it may hand out without asking anyone:
+ */
+
+/* Note [Credit]
+ * A counter that every allocation and free of every thread updates is one
+ * cache line bouncing between cores: with 16 threads it caps the aggregate
+ * rate at the line's transfer time, whatever the upstream policy can do.  So
+ * the cap is split into credit: `pool` holds the bytes of the cap that no
+ * shard holds, and each of LIMIT_SHARDS shards (chosen by the block's stream)
+ * holds `credit`, bytes it may hand out without asking anyone:
  *     pool + Σ shard credit + in_use = cap,   in_use = Σ requested of live blocks
  * An allocation takes its size from its shard's credit (one atomic on the
  * shard's own line); a free gives it back there.  A shard short of credit
@@ -44,19 +54,15 @@
  * exactly, and the request fails only if in_use + size > cap: the same
  * answer as one counter, at the same moment.  A shard holding more than
  * 4 chunks after a free returns the excess to the pool.
- *
- * Synchronization: concurrent.  Shard credit, `pool`, `refused` and the
- * reserved count are atomics; `pool` and the drain change only under
- * `pool_lock`.  The upstream is called through the policy.h wrappers, which
- * take its own lock when it is not concurrent and supply its empty slots'
- * defaults.
  */
-#include <stdatomic.h>
-#include <string.h>
 
-#include "core/lock.h"
-#include "core/shared-cap.h"
-#include "policy.h"
+/* Note [Locking]
+ * Concurrent.  Shard credit, `pool`, `refused` and the reserved count are
+ * atomics; `pool` and the drain change only under `pool_lock`.  The upstream
+ * is called through the policy.h wrappers, which take its own lock when it is
+ * not concurrent and supply its empty slots' defaults; the whole-state ops run
+ * with the upstream quiesced (limit_quiesce) and call its *_locked forms.
+ */
 
 typedef struct limit_shared_opts_s {
   uint64_t cap;        /* bytes for all processes on the device; 0: not shared */
@@ -154,6 +160,7 @@ static void lbe_give(limit_backend_t *l, uint64_t n) {
   if (l->shared != NULL) gmr__scap_release(l->shared, n);
 }
 
+/* see Note [Counts] */
 static int lbe_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out) {
   limit_backend_t *l = lbe_of(be);
   int err = lbe_take(l, size);
@@ -334,6 +341,7 @@ static void limit_opts_release(void *o) {
 }
 
 /* Attach the capped backend to the device's shared cap. */
+/* see Note [Shared cap] */
 static int limit_share(limit_backend_t *lbe, const limit_shared_opts_t *sh) {
   char id[128];
   int err = gmr__backend_device_id(lbe->real, id, sizeof id);
@@ -367,7 +375,7 @@ static int limit_create(const void *o, gmr_backend_t *be, const gmr_policy_cfg_t
   if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "limit: out of host memory");
   limit_t *l = gmr__align_ptr(raw, 64);
   l->raw = raw;
-  l->base.ops = &gmr_limit_policy_ops;
+  l->base.ops = &gmr__limit_policy;
   l->base.backend = be;
   l->cap = cap;
   l->counts = opts->counts;
@@ -464,6 +472,7 @@ static uint64_t limit_in_use(limit_t *l) {
  * During the drain every shard is frozen, so once all are drained
  *     pool = cap - in_use   exactly;
  * false, with in_use in *seen, when in_use + n > cap.  Caller: no lock held. */
+/* see Note [Credit] */
 static bool limit_refill(limit_t *l, limit_shard_t *sh, uint64_t n, uint64_t *seen) {
   gmr__lock(&l->pool_lock);
   uint64_t pool = atomic_load(&l->pool);
@@ -515,6 +524,7 @@ static inline void limit_give(limit_t *l, limit_shard_t *sh, uint64_t n) {
   limit_give_slow(l, sh, n);
 }
 
+/* see Note [Credit] */
 static int limit_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   limit_t *l = (limit_t *)self;
   limit_shard_t *sh = NULL;
@@ -602,26 +612,37 @@ static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_s
   return gmr__policy_record_stream(self->upstream, blk, s);
 }
 
+/* Quiesced (policy.h, rule 5; see Note [Locking]): the upstream quiesced, so that the
+ * whole-state ops below see it at one moment; they call its *_locked forms.
+ * The limit's own figures are atomic counters. */
+static void limit_quiesce(gmr_policy_t *self) {
+  gmr__policy_quiesce(self->upstream);
+}
+
+static void limit_resume(gmr_policy_t *self) {
+  gmr__policy_resume(self->upstream);
+}
+
 static int limit_trim(gmr_policy_t *self) {
-  return gmr__policy_trim(self->upstream);
+  return gmr__policy_trim_locked(self->upstream);
 }
 
 static void limit_stats(gmr_policy_t *self, gmr_stats_t *st) {
   limit_t *l = (limit_t *)self;
-  gmr__policy_stats(self->upstream, st);
+  gmr__policy_stats_locked(self->upstream, st);
   st->limit_bytes = l->cap;
   /* Refusals by the capped backend are counted by the upstream as its OOMs. */
   if (l->counts == LIMIT_COUNTS_ALLOCATED) st->ooms += atomic_load(&l->refused);
 }
 
 static void limit_reset_peak(gmr_policy_t *self) {
-  gmr__policy_reset_peak(self->upstream);
+  gmr__policy_reset_peak_locked(self->upstream);
 }
 
 static void limit_reset_accumulated(gmr_policy_t *self) {
   limit_t *l = (limit_t *)self;
   atomic_store(&l->refused, 0);
-  gmr__policy_reset_accumulated(self->upstream);
+  gmr__policy_reset_accumulated_locked(self->upstream);
 }
 
 static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
@@ -641,7 +662,7 @@ static int limit_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
     if (cb("limit_shared_committed_bytes", (int64_t)v.committed, ud) != 0) return 0;
     if (cb("limit_shared_free_bytes", (int64_t)v.room, ud) != 0) return 0;
   }
-  int err = gmr__policy_stats_foreach(self->upstream, cb, ud);
+  int err = gmr__policy_stats_foreach_locked(self->upstream, cb, ud);
   return err == GMR_POLICY_NONE ? 0 : err;
 }
 
@@ -665,12 +686,12 @@ static int limit_summary(gmr_policy_t *self, FILE *out) {
     fprintf(out, "shared cap: %s committed of %s by all processes, %s left to this one (%s)\n", sm,
             sc, sr, gmr__scap_path(l->lbe->shared));
   }
-  int err = gmr__policy_summary(self->upstream, out);
+  int err = gmr__policy_summary_locked(self->upstream, out);
   return err == GMR_POLICY_NONE ? 0 : err;
 }
 
 static int limit_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  return gmr__policy_walk(self->upstream, cb, ud);
+  return gmr__policy_walk_locked(self->upstream, cb, ud);
 }
 
 static int limit_check(gmr_policy_t *self) {
@@ -686,7 +707,7 @@ static int limit_check(gmr_policy_t *self) {
   if (used > l->cap)
     return gmr__error_set(GMR_EINVAL, "limit: %llu bytes in use pass the cap of %llu",
                           (unsigned long long)used, (unsigned long long)l->cap);
-  return gmr__policy_check(self->upstream);
+  return gmr__policy_check_locked(self->upstream);
 }
 
 static const limit_opts_t limit_defaults = {.bytes = 0, .fraction = 0, .counts = 0};
@@ -758,7 +779,7 @@ static const gmr_opt_desc_t limit_opts_desc[] = {
     {.key = NULL},
 };
 
-const gmr_policy_ops_t gmr_limit_policy_ops = {
+const gmr_policy_ops_t gmr__limit_policy = {
     .name = "limit",
     .help = "A hard memory cap stacked on any policy: an allocation that would pass it fails "
             "with GMR_ENOMEM and a message naming the cap, the request and the bytes in use.",
@@ -767,6 +788,8 @@ const gmr_policy_ops_t gmr_limit_policy_ops = {
     .opts_desc = limit_opts_desc,
     .is_decorator = true,
     .concurrent = true,
+    .quiesce = limit_quiesce,
+    .resume = limit_resume,
     .validate = limit_validate,
     .opts_release = limit_opts_release,
     .create = limit_create,

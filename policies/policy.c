@@ -3,20 +3,24 @@
  *
  * The one place that knows what an empty slot means (the default written at
  * each wrapper in policy.h), which lock a call needs (the instance's own,
- * when the policy is not `concurrent`) and whom a failure belongs to (the
+ * when the policy is not `concurrent`; a concurrent one's quiesce and
+ * resume around the whole-state ops: rule 5) and whom a failure belongs to (the
  * runtime in `owner`, set for the whole stack), and where the environment
  * variables of an option table (`env`) reach a policy's options: on a copy,
  * when the policy is created (gmr__config_apply_env reads them).  The runtime and every
  * decorator call policies through these, never through the table.
- *
- * Invariant: for every instance p of a built stack,
- *     p->serialize == !p->ops->concurrent,  p->lock initialized,
- *     p->owner == the owner of the stack's top (NULL until it is set).
+ * Map: Note [Stack invariant].
  */
 #include <string.h>
 
 #include "core/config-env.h"
 #include "policy.h"
+
+/* Note [Stack invariant]
+ * Invariant: for every instance p of a built stack,
+ *     p->serialize == !p->ops->concurrent,  p->lock initialized,
+ *     p->owner == the owner of the stack's top (NULL until it is set).
+ */
 
 static bool has_env(const gmr_opt_desc_t *desc) {
   for (const gmr_opt_desc_t *d = desc; d != NULL && d->key != NULL; ++d)
@@ -73,14 +77,6 @@ int gmr__policy_failed(const gmr_policy_t *p, int err) {
   return err;
 }
 
-int gmr__policy_trim(gmr_policy_t *p) {
-  if (p->ops->trim == NULL) return 0;
-  gmr__policy_lock(p);
-  int err = p->ops->trim(p);
-  gmr__policy_unlock(p);
-  return gmr__policy_tag(p, err);
-}
-
 int gmr__policy_charge(gmr_policy_t *p, int64_t bytes) {
   if (p->ops->charge == NULL) return 0;
   gmr__policy_lock(p);
@@ -96,15 +92,44 @@ void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive) {
   gmr__policy_unlock(p);
 }
 
+/* ---- the whole-state ops, quiesced (policy.h, rule 5) ---------------------- */
+
+void gmr__policy_quiesce(gmr_policy_t *p) {
+  if (p->serialize)
+    gmr__lock(&p->lock);
+  else if (p->ops->quiesce != NULL)
+    p->ops->quiesce(p);
+}
+
+void gmr__policy_resume(gmr_policy_t *p) {
+  if (p->serialize)
+    gmr__unlock(&p->lock);
+  else if (p->ops->resume != NULL)
+    p->ops->resume(p);
+}
+
+int gmr__policy_trim_locked(gmr_policy_t *p) {
+  if (p->ops->trim == NULL) return 0;
+  return gmr__policy_tag(p, p->ops->trim(p));
+}
+
+int gmr__policy_trim(gmr_policy_t *p) {
+  if (p->ops->trim == NULL) return 0;
+  gmr__policy_quiesce(p);
+  int err = p->ops->trim(p);
+  gmr__policy_resume(p);
+  return gmr__policy_tag(p, err);
+}
+
 void gmr__policy_stats_locked(gmr_policy_t *p, gmr_stats_t *st) {
   if (p->ops->stats != NULL) p->ops->stats(p, st);
 }
 
 void gmr__policy_stats(gmr_policy_t *p, gmr_stats_t *st) {
   if (p->ops->stats == NULL) return;
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   p->ops->stats(p, st);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
 }
 
 void gmr__policy_reset_peak_locked(gmr_policy_t *p) {
@@ -113,9 +138,9 @@ void gmr__policy_reset_peak_locked(gmr_policy_t *p) {
 
 void gmr__policy_reset_peak(gmr_policy_t *p) {
   if (p->ops->reset_peak == NULL) return;
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   p->ops->reset_peak(p);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
 }
 
 void gmr__policy_reset_accumulated_locked(gmr_policy_t *p) {
@@ -124,24 +149,34 @@ void gmr__policy_reset_accumulated_locked(gmr_policy_t *p) {
 
 void gmr__policy_reset_accumulated(gmr_policy_t *p) {
   if (p->ops->reset_accumulated == NULL) return;
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   p->ops->reset_accumulated(p);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
+}
+
+int gmr__policy_stats_foreach_locked(gmr_policy_t *p, gmr_stat_cb cb, void *ud) {
+  if (p->ops->stats_foreach == NULL) return GMR_POLICY_NONE;
+  return p->ops->stats_foreach(p, cb, ud);
 }
 
 int gmr__policy_stats_foreach(gmr_policy_t *p, gmr_stat_cb cb, void *ud) {
   if (p->ops->stats_foreach == NULL) return GMR_POLICY_NONE;
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   int err = p->ops->stats_foreach(p, cb, ud);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
   return err;
+}
+
+int gmr__policy_summary_locked(gmr_policy_t *p, FILE *out) {
+  if (p->ops->summary == NULL) return GMR_POLICY_NONE;
+  return p->ops->summary(p, out);
 }
 
 int gmr__policy_summary(gmr_policy_t *p, FILE *out) {
   if (p->ops->summary == NULL) return GMR_POLICY_NONE;
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   int err = p->ops->summary(p, out);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
   return err;
 }
 
@@ -153,16 +188,21 @@ int gmr__policy_walk_locked(gmr_policy_t *p, gmr_walk_cb cb, void *ud) {
 }
 
 int gmr__policy_walk(gmr_policy_t *p, gmr_walk_cb cb, void *ud) {
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   int err = gmr__policy_walk_locked(p, cb, ud);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
   return err;
+}
+
+int gmr__policy_check_locked(gmr_policy_t *p) {
+  if (p->ops->check == NULL) return 0;
+  return gmr__policy_tag(p, p->ops->check(p));
 }
 
 int gmr__policy_check(gmr_policy_t *p) {
   if (p->ops->check == NULL) return 0;
-  gmr__policy_lock(p);
+  gmr__policy_quiesce(p);
   int err = p->ops->check(p);
-  gmr__policy_unlock(p);
+  gmr__policy_resume(p);
   return gmr__policy_tag(p, err);
 }

@@ -1,11 +1,29 @@
 /* policy.h: the contract of allocation policies (strategy only).
  *
  * A policy decides which bytes to hand out; it obtains device memory only
- * through the gmr__backend_* wrappers.  One file per policy in policies/,
- * ending with its table, the file's only non-static symbol.  A new policy is
- * one file, one table, one line in gmr__policies (registry.c), one option
- * table and one tests/policy-NAME.c: nothing else changes.
- *
+ * through the gmr__backend_* wrappers.  A new policy adds one line to
+ * gmr__policies (registry.c), one option table and one tests/policy-NAME.c:
+ * nothing else changes.
+ * Map: Note [Policy files], [Policy rules].
+ */
+#ifndef GMR_POLICY_H
+#define GMR_POLICY_H
+
+#include "backend/backend.h"
+#include "core/internal.h"
+#include "core/lock.h"
+
+/* Note [Policy files]
+ * A small policy is one file in policies/ (direct.c, limit.c) ending with its
+ * table, gmr__NAME_policy, the file's only non-static symbol.  A larger one
+ * is a folder policies/NAME/ with one skeleton: internal.h (what its files
+ * share), NAME.c (alloc, free, the ops table), options.c, report.c
+ * (statistics, summary, OOM text) and check.c (walk and invariants), plus
+ * rooms of its own named in its internal.h; names crossing its files are
+ * gmr__NAME_* (nm shows no bare name: tests/nm-internal.sh).
+ */
+
+/* Note [Policy rules]
  * Rules:
  *  1. Ops are called only through the gmr__policy_* wrappers below (as
  *     devices are reached only through the gmr__backend_* ones): by the
@@ -23,14 +41,19 @@
  *     instance's own lock held (one op at a time): the wrappers take it, or
  *     the caller holds it (gmr__policy_lock) around the *_locked ones.  A
  *     policy that sets `concurrent` does its own locking and may be called
- *     from any number of threads at once.
+ *     from any number of threads at once; policy.c holds no lock for it.
+ *     Its whole-state ops (trim, stats, reset_peak, reset_accumulated,
+ *     stats_foreach, summary, walk, check) run quiesced instead: between its
+ *     `quiesce` op, which returns once no other op runs and none can start
+ *     (every lock taken, fronts flushed, whatever it owes the state
+ *     applied), and its `resume` op, which lets them go again.  The
+ *     wrappers call both around the op; a caller that wants several ops at
+ *     one moment (a snapshot) calls gmr__policy_quiesce / _resume around
+ *     the *_locked ones.  For a policy that is not concurrent, quiescing is
+ *     taking its lock.  So *_locked means one thing: the caller holds the
+ *     policy quiesced.  Whole-state ops never quiesce themselves, and
+ *     nothing called while quiesced may call the policy again.
  */
-#ifndef GMR_POLICY_H
-#define GMR_POLICY_H
-
-#include "backend/backend.h"
-#include "core/internal.h"
-#include "core/lock.h"
 
 typedef struct gmr_policy_s gmr_policy_t;
 typedef struct gmr_policy_cfg_s gmr_policy_cfg_t;
@@ -90,6 +113,11 @@ typedef struct gmr_policy_ops_s {
   int (*walk)(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
   /* Walk every invariant; on failure gmr__error_set(GMR_EINVAL, why). */
   int (*check)(gmr_policy_t *self);
+  /* Concurrent policies only (rule 5): stop every other op until resume,
+   * so that the whole-state ops above see one consistent moment.  Both
+   * NULL: the policy's whole-state ops need nothing stopped. */
+  void (*quiesce)(gmr_policy_t *self);
+  void (*resume)(gmr_policy_t *self);
 } gmr_policy_ops_t;
 
 /* The first member of every policy instance.  The policy's create sets
@@ -201,12 +229,21 @@ GMR_POLICY_INLINE int gmr__policy_record_stream(gmr_policy_t *p, const gmr_block
   return gmr__policy_tag(p, err);
 }
 
-/* Empty slot: nothing to release (0). */
-int gmr__policy_trim(gmr_policy_t *p);
 /* Empty slot: nothing to enforce, every charge is accepted (0). */
 int gmr__policy_charge(gmr_policy_t *p, int64_t bytes);
 /* Empty slot: the policy never waits for other threads. */
 void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive);
+
+/* The whole-state ops (rule 5).  gmr__policy_quiesce(p) stops every other
+ * op of p until gmr__policy_resume(p): p's lock when p is not concurrent,
+ * else p's quiesce op (nothing when it has none).  Each wrapper below runs
+ * its op quiesced; its *_locked form is for a caller that holds p quiesced
+ * across several (the runtime's snapshot, a decorator's own quiesce). */
+void gmr__policy_quiesce(gmr_policy_t *p);
+void gmr__policy_resume(gmr_policy_t *p);
+/* Empty slot: nothing to release (0). */
+int gmr__policy_trim_locked(gmr_policy_t *p);
+int gmr__policy_trim(gmr_policy_t *p);
 /* Empty slot: the fields stay as the caller set them. */
 void gmr__policy_stats_locked(gmr_policy_t *p, gmr_stats_t *st);
 void gmr__policy_stats(gmr_policy_t *p, gmr_stats_t *st);
@@ -217,19 +254,22 @@ void gmr__policy_reset_accumulated_locked(gmr_policy_t *p);
 void gmr__policy_reset_accumulated(gmr_policy_t *p);
 /* Empty slots: GMR_POLICY_NONE, nothing written.  Otherwise the op's result
  * as is (a callback's stop value, GMR_EIO), untagged. */
+int gmr__policy_stats_foreach_locked(gmr_policy_t *p, gmr_stat_cb cb, void *ud);
 int gmr__policy_stats_foreach(gmr_policy_t *p, gmr_stat_cb cb, void *ud);
+int gmr__policy_summary_locked(gmr_policy_t *p, FILE *out);
 int gmr__policy_summary(gmr_policy_t *p, FILE *out);
 /* Empty slot: GMR_ENOTSUP, "policy NAME keeps no segments to walk". */
 int gmr__policy_walk_locked(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
 int gmr__policy_walk(gmr_policy_t *p, gmr_walk_cb cb, void *ud);
 /* Empty slot: no invariant to check (0). */
+int gmr__policy_check_locked(gmr_policy_t *p);
 int gmr__policy_check(gmr_policy_t *p);
 
 /* The tables. */
-extern const gmr_policy_ops_t gmr_direct_policy_ops;
-extern const gmr_policy_ops_t gmr_limit_policy_ops;
-extern const gmr_policy_ops_t gmr_caching_policy_ops;
-extern const gmr_policy_ops_t gmr_bfc_policy_ops;
-extern const gmr_policy_ops_t gmr_stitch_policy_ops;
+extern const gmr_policy_ops_t gmr__direct_policy;
+extern const gmr_policy_ops_t gmr__limit_policy;
+extern const gmr_policy_ops_t gmr__caching_policy;
+extern const gmr_policy_ops_t gmr__bfc_policy;
+extern const gmr_policy_ops_t gmr__stitch_policy;
 
 #endif /* GMR_POLICY_H */

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "bfc/bfc.h"
+#include "bfc/internal.h"
 #include "gmr.h"
 
 gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt);

@@ -7,15 +7,23 @@
  * threads, each on its own stream, can allocate and free on one runtime with
  * exact counts, for a policy the runtime serializes (direct) and for one that
  * locks itself (limit).  Also the records the direct policy reuses, and the
- * limit policy's cap, through the new locks.
+ * limit policy's cap, through the new locks.  And a snapshot of a
+ * concurrent policy taken while other threads allocate is one consistent
+ * moment (policy.h, rule 5: the policy quiesced around stats and walk).
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/internal.h"
 #include "gmr.h"
+#include "policy.h"
 #include "runtime/runtime.h"
+#include "runtime/stats.h"
 #include "tap.h"
 
 static gmr_runtime_t *new_runtime(const char *yaml) {
@@ -342,6 +350,136 @@ static void test_limit_exact_under_threads(void) {
   gmr_runtime_free(rt);
 }
 
+/* ---- a snapshot while other threads allocate ---------------------------------- */
+
+typedef struct snap_worker_s {
+  gmr_runtime_t *rt;
+  int id;
+  _Atomic int *stop;
+  _Atomic long *ops; /* all workers' */
+  int errors;
+} snap_worker_t;
+
+/* Allocations of many sizes on the thread's own stream, small and large (so
+ * that segments come and go), some kept live a while. */
+static void *snap_churn(void *arg) {
+  snap_worker_t *w = arg;
+  gmr_stream_t s = GMR_SIM_STREAM(w->id + 1);
+  enum { LIVE = 24 };
+  void *live[LIVE] = {NULL};
+  uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
+  while (!atomic_load_explicit(w->stop, memory_order_relaxed)) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int k = (int)(x % LIVE);
+    if (live[k] != NULL) {
+      w->errors += gmr_free(w->rt, live[k]) != 0;
+      live[k] = NULL;
+    } else {
+      size_t size = (x >> 8) % 4 == 0 ? ((size_t)1 << 20) + (size_t)((x >> 16) % (12u << 20))
+                                      : 512 + (size_t)((x >> 16) % 8192) * 64;
+      w->errors += gmr_alloc(w->rt, size, s, &live[k]) != 0;
+    }
+    atomic_fetch_add_explicit(w->ops, 1, memory_order_relaxed);
+  }
+  for (int k = 0; k < LIVE; ++k)
+    if (live[k] != NULL) w->errors += gmr_free(w->rt, live[k]) != 0;
+  return NULL;
+}
+
+typedef struct snap_sums_s {
+  uint64_t segments, allocated;
+  uint64_t seg_size, seg_blocks; /* the segment being walked */
+  int untiled;                   /* segments whose blocks do not tile them */
+} snap_sums_t;
+
+static void snap_seg_end(snap_sums_t *m) {
+  if (m->seg_size != 0 && m->seg_blocks != m->seg_size) ++m->untiled;
+  m->seg_size = m->seg_blocks = 0;
+}
+
+static int snap_walk(const gmr_walk_entry_t *e, void *ud) {
+  snap_sums_t *m = ud;
+  if (e->is_segment) {
+    snap_seg_end(m);
+    m->segments += e->size;
+    m->seg_size = e->size;
+    return 0;
+  }
+  m->seg_blocks += e->size;
+  if (e->state == GMR_BLOCK_ALLOCATED) m->allocated += e->size;
+  return 0;
+}
+
+/* One capture as runtime_capture makes it: the policy quiesced once around
+ * its statistics (with the device's figures) and its walk. */
+static int snap_capture(gmr_runtime_t *rt, gmr_stats_t *st, snap_sums_t *m) {
+  gmr_policy_t *p = gmr__runtime_policy(rt);
+  memset(st, 0, sizeof *st);
+  memset(m, 0, sizeof *m);
+  gmr__policy_quiesce(p);
+  gmr__policy_stats_locked(p, st);
+  gmr__stats_fill_device(gmr__runtime_backend(rt), st);
+  int err = gmr__policy_walk_locked(p, snap_walk, m);
+  gmr__policy_resume(p);
+  snap_seg_end(m);
+  return err;
+}
+
+/* tiles: each segment is its blocks; reserved: the segments are the
+ * reserved bytes (not for stitch, whose shared pages are in two ranges). */
+static void test_snapshot_while_allocating(const char *name, const char *yaml, bool reserved) {
+  enum { SNAPS = 300, WORKERS = 4, OPS = 40000 };
+  gmr_runtime_t *rt = new_runtime(yaml);
+  _Atomic int stop = 0;
+  _Atomic long ops = 0;
+  pthread_t t[WORKERS];
+  snap_worker_t w[WORKERS];
+  for (int i = 0; i < WORKERS; ++i) {
+    w[i] = (snap_worker_t){rt, i, &stop, &ops, 0};
+    pthread_create(&t[i], NULL, snap_churn, &w[i]);
+  }
+  int bad_alloc = 0, bad_reserved = 0, untiled = 0, errs = 0, bad_snap = 0;
+  char *buf = NULL;
+  size_t len = 0;
+  while (atomic_load(&ops) < WORKERS) /* every worker under way */
+    sched_yield();
+  int snaps = 0;
+  for (int i = 0; i < SNAPS || atomic_load(&ops) < OPS; ++i, ++snaps) {
+    gmr_stats_t st;
+    snap_sums_t m;
+    errs += snap_capture(rt, &st, &m) != 0;
+    if (m.allocated != st.allocated_bytes && bad_alloc++ == 0)
+      diag("%s: walked %llu allocated bytes, the statistics %llu", name,
+           (unsigned long long)m.allocated, (unsigned long long)st.allocated_bytes);
+    if (reserved && m.segments != st.reserved_bytes && bad_reserved++ == 0)
+      diag("%s: walked %llu bytes of segments, %llu reserved", name, (unsigned long long)m.segments,
+           (unsigned long long)st.reserved_bytes);
+    untiled += m.untiled;
+    if (i % 10 == 0) { /* the public snapshot, the trim and the check meanwhile */
+      FILE *f = open_memstream(&buf, &len);
+      bad_snap += f == NULL || gmr_snapshot_write(rt, f) != 0;
+      if (f != NULL) fclose(f);
+      errs += gmr_empty_cache(rt) != 0;
+      errs += gmr_check(rt) != 0;
+    }
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < WORKERS; ++i) {
+    pthread_join(t[i], NULL);
+    errs += w[i].errors;
+  }
+  free(buf);
+  is_int(errs, 0, "%s: %d snapshots while %d threads allocate (%ld ops), no error", name, snaps,
+         WORKERS, atomic_load(&ops));
+  is_int(bad_alloc, 0, "%s: in each, the walked allocated bytes are the statistics'", name);
+  if (reserved)
+    is_int(bad_reserved, 0, "%s: in each, the walked segments are the reserved bytes", name);
+  is_int(untiled, 0, "%s: in each, every segment is tiled by its blocks", name);
+  is_int(bad_snap, 0, "%s: gmr_snapshot_write meanwhile succeeds", name);
+  is_int(gmr_check(rt), 0, "%s: the invariants hold after", name);
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   test_arguments();
   test_map_probes();
@@ -353,5 +491,10 @@ int main(void) {
   test_limit();
   test_limit_streams();
   test_limit_exact_under_threads();
+  test_snapshot_while_allocating("caching", "policy: caching\n", true);
+  test_snapshot_while_allocating("bfc", "policy: {name: bfc, allow_growth: true}\n", true);
+  test_snapshot_while_allocating("stitch", "policy: stitch\n", false);
+  test_snapshot_while_allocating(
+      "limit(caching)", "policy: {name: limit, bytes: 64GiB, upstream: {name: caching}}\n", true);
   return done_testing();
 }

@@ -19,7 +19,7 @@
 #include "gmr.h"
 #include "runtime/runtime.h"
 #include "sim-runtime.h"
-#include "stitch/stitch.h"
+#include "stitch/internal.h"
 #include "tap.h"
 
 #define KiB  (1ull << 10)
@@ -900,8 +900,8 @@ static void test_fronts_threads(void) {
   gmr_runtime_free(rt);
 }
 
-/* The class bitmaps (pages.c): st_classes_find (the first non-empty class
- * >= k) and st_classes_find_last (the last <= k) against a plain array,
+/* The class bitmaps (pages.c): gmr__st_classes_find (the first non-empty class
+ * >= k) and gmr__st_classes_find_last (the last <= k) against a plain array,
  * over random marks, at sizes that leave the last words partial and that
  * need a second word of the words' bitmap. */
 static uint32_t naive_find(const bool *on, uint32_t n, uint32_t k) {
@@ -921,7 +921,7 @@ static void test_class_bitmaps(void) {
     uint32_t n = sizes[z];
     st_classes_t c;
     bool *on = calloc(n, sizeof *on);
-    if (!ok(on != NULL && st_classes_init(&c, n) == 0, "class bitmaps of %u classes", n)) {
+    if (!ok(on != NULL && gmr__st_classes_init(&c, n) == 0, "class bitmaps of %u classes", n)) {
       free(on);
       continue;
     }
@@ -933,14 +933,14 @@ static void test_class_bitmaps(void) {
       bool set = ((rng >> 20) & 7) < (step % 1000 < 500 ? 1u : 6u);
       if (on[k] != set) count += set ? 1 : (uint32_t)-1;
       on[k] = set;
-      st_classes_mark(&c, k, set);
+      gmr__st_classes_mark(&c, k, set);
       uint32_t q = (uint32_t)(rng >> 7) % (n + 2);
-      bad += st_classes_find(&c, q) != (q < n ? naive_find(on, n, q) : ST_NIL);
-      bad += st_classes_find_last(&c, q) != naive_find_last(on, n, q);
+      bad += gmr__st_classes_find(&c, q) != (q < n ? naive_find(on, n, q) : ST_NIL);
+      bad += gmr__st_classes_find_last(&c, q) != naive_find_last(on, n, q);
       bad += c.nonempty != count;
     }
     is_int((int)bad, 0, "  find and find_last agree with a plain scan over 4000 random marks");
-    st_classes_free(&c);
+    gmr__st_classes_free(&c);
     free(on);
   }
 }

@@ -404,10 +404,10 @@ static int parse_document(parse_t *ps, gmr_config_t *cfg) {
     if (limit->type != YAML_MAPPING_NODE)
       return fail_at(ps, limit, "'limit' is a mapping such as {bytes: 8GiB} or {fraction: 0.5}");
     gmr_policy_cfg_t *pc;
-    if (policy_cfg_new(&gmr_limit_policy_ops, &pc) != 0) return fail_at(ps, limit, "out of memory");
+    if (policy_cfg_new(&gmr__limit_policy, &pc) != 0) return fail_at(ps, limit, "out of memory");
     pc->upstream = cfg->policy;
     cfg->policy = pc;
-    if (parse_options(ps, limit, gmr_limit_policy_ops.opts_desc, pc->opts, "'limit'", NULL) != 0)
+    if (parse_options(ps, limit, gmr__limit_policy.opts_desc, pc->opts, "'limit'", NULL) != 0)
       return GMR_ECONFIG;
     if (run_validate(ps, limit, pc) != 0) return GMR_ECONFIG;
   }

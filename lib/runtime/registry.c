@@ -9,8 +9,8 @@
 #include "policy.h"
 
 const gmr_policy_ops_t *const gmr__policies[] = {
-    &gmr_direct_policy_ops, &gmr_limit_policy_ops,  &gmr_caching_policy_ops,
-    &gmr_bfc_policy_ops,    &gmr_stitch_policy_ops, NULL,
+    &gmr__direct_policy, &gmr__limit_policy,  &gmr__caching_policy,
+    &gmr__bfc_policy,    &gmr__stitch_policy, NULL,
 };
 
 const gmr_policy_ops_t *gmr__policy_lookup(const char *name) {

@@ -1080,8 +1080,10 @@ int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
   if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats: NULL argument");
   gmr_stats_t st;
   memset(&st, 0, sizeof st);
-  gmr__policy_stats(rt->policy, &st);
+  gmr__policy_quiesce(rt->policy); /* the device's figures of the policy's moment */
+  gmr__policy_stats_locked(rt->policy, &st);
   gmr__stats_fill_device(rt->backend, &st);
+  gmr__policy_resume(rt->policy);
   if (has_pools(rt)) {
     gmr__lock(&rt->lock);
     for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child) {
@@ -1097,10 +1099,10 @@ int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
 
 void gmr_stats_reset_peak(gmr_runtime_t *rt) {
   if (rt == NULL) return;
-  gmr__policy_lock(rt->policy); /* the device's peak with the policy's */
+  gmr__policy_quiesce(rt->policy); /* the device's peak with the policy's */
   gmr__policy_reset_peak_locked(rt->policy);
   gmr__backend_counters_reset_peak(rt->backend);
-  gmr__policy_unlock(rt->policy);
+  gmr__policy_resume(rt->policy);
   if (!has_pools(rt)) return;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
@@ -1110,10 +1112,10 @@ void gmr_stats_reset_peak(gmr_runtime_t *rt) {
 
 void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
   if (rt == NULL) return;
-  gmr__policy_lock(rt->policy);
+  gmr__policy_quiesce(rt->policy);
   gmr__policy_reset_accumulated_locked(rt->policy);
   gmr__backend_counters_reset_accumulated(rt->backend);
-  gmr__policy_unlock(rt->policy);
+  gmr__policy_resume(rt->policy);
   if (!has_pools(rt)) return;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
@@ -1315,11 +1317,13 @@ int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   return err;
 }
 
-/* The snapshot source's capture (snapshot.h). */
+/* The snapshot source's capture (snapshot.h): the history's snapshot entry,
+ * its active bytes and the walk are of one moment, the policy quiesced once
+ * around all three (policy.h, rule 5). */
 static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_capture_t *out) {
   gmr_runtime_t *rt = ctx;
   int err = 0;
-  gmr__policy_lock(rt->policy);
+  gmr__policy_quiesce(rt->policy);
   gmr_history_t *hist = history_of(rt);
   if (hist != NULL) {
     gmr_stats_t st;
@@ -1333,7 +1337,7 @@ static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_cap
     pthread_mutex_unlock(&hist->lock);
   }
   out->walk_err = err == 0 ? gmr__policy_walk_locked(rt->policy, cb, ud) : GMR_ENOTSUP;
-  gmr__policy_unlock(rt->policy);
+  gmr__policy_resume(rt->policy);
   if (out->walk_err == 0 && has_pools(rt)) {
     gmr__lock(&rt->lock); /* the pools' segments follow, each stamped with its pool */
     for (gmr_runtime_t *c = rt->children; c != NULL && out->walk_err == 0; c = c->next_child)

@@ -2,22 +2,34 @@
  *
  * A faithful C version of tsl::BFCAllocator as TF 2.15-2.16 ships it (the
  * [TSL-M] reference of docs/bfc.md), wrapped the way GPUBFCAllocator and
- * XLA's CreateBFCAllocator build it.  Device memory is taken in regions from
- * the backend: greedy mode takes the whole limit in one region at the first
- * allocation; growth mode takes a 2 MiB region, then regions that double.
- * Each region is cut into chunks (multiples of 256 bytes) kept in address
- * order; free chunks live in 21 bins by size class, each bin an AVL tree
- * ordered by (size, address) (bins.h), so best fit with the lowest-address
- * tie-break is one O(log n) descent.  Freed chunks merge with free
- * neighbours at once.
+ * XLA's CreateBFCAllocator build it: regions from the backend, cut into
+ * chunks of 256-byte multiples, free chunks in 21 bins of AVL trees (bins.h)
+ * for best fit, freed chunks merged at once.  Single-threaded behaviour is
+ * TensorFlow's exactly; streams and front caches are gmr's additions.
+ * Map: Note [Regions and chunks], [Invariants], [Hot paths],
+ * [Records and handles], [Locking], [Fronts], [Streams], [Retry].
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bfc/internal.h"
+#include "bins.h"
+
+static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
+
+/* Note [Regions and chunks]
+ * Device memory is taken in regions from the backend: greedy mode takes the
+ * whole limit in one region at the first allocation; growth mode takes a
+ * 2 MiB region, then regions that double.  Each region is cut into chunks
+ * (multiples of 256 bytes) kept in address order; free chunks live in 21
+ * bins by size class, each bin an AVL tree ordered by (size, address)
+ * (bins.h), so best fit with the lowest-address tie-break is one O(log n)
+ * descent.  Freed chunks merge with free neighbours at once.
  *
- * When a request fits no free chunk: Extend (a new region, backpedalling by
- * 0.9x while the device refuses, with XLA's strict-progress fix), then
- * garbage collection of wholly free regions and Extend again, then, when
- * allowed, a bounded wait for frees by other threads (10 s by default) and a
- * last attempt that writes TensorFlow's OOM report (report.c, with the summary).
- *
- * Invariants (checked by bfc_check):
+ * Note [Invariants] (checked by gmr__bfc_check_locked, check.c)
  *   for every region R with chunks c_1..c_k (prev/next links, between the
  *   sentinels R.head and R.tail, which are in use and of size 0):
  *     c_1.ptr = R.ptr,  c_i.ptr + c_i.size = c_{i+1}.ptr,  Σ c_i.size = R.size
@@ -30,75 +42,20 @@
  *   allocations.current = in-use chunks - pending ones (likewise requested)
  *   a record in chunk_pool: !in_use, !pending, !elsewhere, uses = NULL, bin = -1
  *
- * The hot paths.  A cached allocation by one thread (bfc_alloc) is one
- * inline function: the lock's one atomic, best fit, the split in place (the
- * free chunk keeps its tree node as the remainder: "Records and handles"
- * below, and bins.h), the statistics, and the unlock; a free (bfc_free)
- * likewise, with the merge in place.  Everything else (Extend, the wait,
- * the report, pending stream frees, the front caches, a split or merge that
- * moves a chunk between bins, bad pointers) is out of line, taken before
- * anything changes.
- *
- * Streams (gmr's addition; TensorFlow's BFC has one stream).  gmr_record_stream
- * adds a stream to an in-use chunk; its free then records one event per such
- * stream and keeps the chunk in use (`pending`) until every event completes,
- * so no other allocation gets the memory while that work may still touch it,
- * as gmr.h promises and PyTorch's caching allocator does.  Pending chunks are
- * released when an allocation finds their events complete, and synchronized
- * when memory runs out and by empty_cache.  A chunk never given a stream
- * takes none of these paths: single-stream behaviour is TensorFlow's.
- *
- * The retry waits only when waiting can help (streams.c says when: a free on
- * its way, chunks that change hands between threads, or an in-use chunk of a
- * thread that is not itself waiting).  When every in-use chunk belongs to a
- * waiting thread and each thread frees its own, nothing can be freed, and
- * every waiter makes its last try at once instead of sleeping retry_timeout.
- * Front caches: a chunk with stream uses never enters one (its free always
- * takes the lock), and they are frozen during the wait, so the waiters see
- * every free and every chunk's owner.
- *
- * Synchronization: concurrent.  One lock (`lock`, a gmr_lock_t) guards
- * everything in bfc_t except the immutable configuration and the front
- * caches; an allocation that waits for frees sleeps on `freed_seq`, which
- * every free bumps while `waiters` > 0, and the wait releases `lock`.
- *
- * Concurrency: front caches (front.c).  As long as one thread at a time
- * calls the allocator, nothing else exists: every call takes `lock` and runs
- * TF's code, so single-threaded behaviour is TensorFlow's exactly.  The
- * first time a thread finds `lock` held, `contended` is set (for good) and
- * each stream gets a front cache: a free on that stream keeps the chunk
- * there instead of taking `lock`, and an allocation on the stream takes a
- * kept chunk that TF would hand out whole before it takes `lock`.  So
- * threads on different streams that reuse their sizes share no lock and no
- * written cache line.  Invariants:
- *   a chunk in a front cache is in use for the core (in_use, counted in
- *     bytes_in_use) and freed for its user;
- *   num_allocs, num_frees, requested and allocations of the core plus the
- *     caches' unfolded counts are TF's figures;
- * an allocation that finds no chunk first tries to grow the pool (Extend,
- * no backpedal), as TF's would with the cached chunks in use; and every
- * operation that reads or changes the whole state (statistics, walks,
- * checks, summary, trim, and an allocation that finds no chunk once the pool
- * cannot grow: TF's Extend, the wait, the report) first freezes the caches:
- * their chunks go back to the bins through TF's free, their counts are
- * folded in, and they are bypassed until it ends (bfc_front_freeze / thaw,
- * nested by a count), so nothing outside `lock` writes a chunk while the
- * whole state is read.
+ * Note [Hot paths]
+ * A cached allocation by one thread (bfc_alloc) is one inline function: the
+ * lock's one atomic, best fit, the split in place (the free chunk keeps its
+ * tree node as the remainder: Note [Records and handles], and bins.h), the
+ * statistics, and the unlock; a free (bfc_free) likewise, with the merge in
+ * place.  Everything else (Extend, the wait, the report, pending stream
+ * frees, the front caches, a split or merge that moves a chunk between
+ * bins, bad pointers) is out of line, taken before anything changes.
  */
-#include <math.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#include "bfc.h"
-#include "bins.h"
-
-static atomic_int bfc_failure_logs; /* TF's process-wide kMaxFailureLogs counter */
 
 /* ---- chunk records ------------------------------------------------------------- */
 
-/* Records and handles.  A handle is TF's ChunkHandle: the record's number,
+/* Note [Records and handles]
+ * A handle is TF's ChunkHandle: the record's number,
  * recycled LIFO (AllocateChunk pops the free list, DeallocateChunk pushes).
  * TF's SplitChunk keeps the lower piece in the split chunk's record and
  * takes a fresh one for the remainder; Merge(h1, h2) keeps h1 and frees
@@ -537,17 +494,47 @@ static bfc_chunk_t *bfc_try(bfc_t *b, size_t num_bytes, size_t rounded, int *err
   return NULL;
 }
 
-static int bfc_check_locked(bfc_t *b);
-
 /* The invariant walk of gmr_assert_expensive (--enable-debug=3) after an op:
  * only while no front cache can hold chunks or uncounted figures (none
- * exists, or all are frozen, hence flushed); gmr_check flushes them first. */
+ * exists, or all are frozen, hence flushed); gmr_check flushes them first
+ * (see Note [Fronts]). */
 static int bfc_check_settled(bfc_t *b) {
-  return b->n_fronts == 0 || b->freezes > 0 ? bfc_check_locked(b) : 0;
+  return b->n_fronts == 0 || b->freezes > 0 ? gmr__bfc_check_locked(b) : 0;
 }
 
-/* ---- the lock and the front caches ---------------------------------------------------
- * See "Concurrency" at the top of the file. */
+/* ---- the lock and the front caches --------------------------------------------------- */
+
+/* Note [Locking]
+ * The policy is concurrent (policy.h, rule 5).  One lock (`lock`, a
+ * gmr_lock_t) guards everything in bfc_t except the immutable configuration
+ * and the front caches; an allocation that waits for frees sleeps on
+ * `freed_seq`, which every free bumps while `waiters` > 0, and the wait
+ * releases `lock`.
+ *
+ * Note [Fronts] (front.c)
+ * As long as one thread at a time calls the allocator, nothing else exists:
+ * every call takes `lock` and runs TF's code, so single-threaded behaviour
+ * is TensorFlow's exactly.  The first time a thread finds `lock` held,
+ * `contended` is set (for good) and each stream gets a front cache: a free
+ * on that stream keeps the chunk there instead of taking `lock`, and an
+ * allocation on the stream takes a kept chunk that TF would hand out whole
+ * before it takes `lock`.  So threads on different streams that reuse their
+ * sizes share no lock and no written cache line.  Invariants:
+ *   a chunk in a front cache is in use for the core (in_use, counted in
+ *     bytes_in_use) and freed for its user;
+ *   num_allocs, num_frees, requested and allocations of the core plus the
+ *     caches' unfolded counts are TF's figures.
+ * An allocation that finds no chunk first tries to grow the pool (Extend,
+ * no backpedal), as TF's would with the cached chunks in use.  Every
+ * operation that reads or changes the whole state (the quiesced ops:
+ * statistics, walks, checks, summary, trim; and an allocation that finds no
+ * chunk once the pool cannot grow: TF's Extend, the wait, the report) first
+ * freezes the caches: their chunks go back to the bins through TF's free,
+ * their counts are folded in, and they are bypassed until it ends
+ * (bfc_front_freeze / thaw, nested by a count), so nothing outside `lock`
+ * writes a chunk while the whole state is read.  A chunk with stream uses
+ * never enters a front cache (its free always takes the lock).
+ */
 
 /* Try the allocator's lock once; a thread that finds it held turns the front
  * caches on for good (and then takes the shared path, which waits). */
@@ -607,16 +594,17 @@ static void bfc_front_thaw(bfc_t *b) {
   }
 }
 
-/* The lock for an operation that reads or changes everything (statistics,
- * walks, checks, trim): front caches flushed and bypassed meanwhile. */
-static void bfc_lock_all(bfc_t *b) {
-  bfc_lock(b);
-  bfc_front_freeze(b);
+/* Quiesced (policy.h, rule 5), for the ops that read or change everything
+ * (statistics, walks, checks, trim): the lock, the front caches flushed and
+ * bypassed meanwhile (see Note [Fronts]). */
+static void bfc_quiesce(gmr_policy_t *self) {
+  bfc_lock((bfc_t *)self);
+  bfc_front_freeze((bfc_t *)self);
 }
 
-static void bfc_unlock_all(bfc_t *b) {
-  bfc_front_thaw(b);
-  bfc_unlock(b);
+static void bfc_resume(gmr_policy_t *self) {
+  bfc_front_thaw((bfc_t *)self);
+  bfc_unlock((bfc_t *)self);
 }
 
 /* ---- policy ops ----------------------------------------------------------------------- */
@@ -627,8 +615,20 @@ static uint64_t bfc_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Note [Streams]
+ * gmr's addition; TensorFlow's BFC has one stream.  gmr_record_stream adds a
+ * stream to an in-use chunk; its free then records one event per such
+ * stream and keeps the chunk in use (`pending`) until every event
+ * completes, so no other allocation gets the memory while that work may
+ * still touch it, as gmr.h promises and PyTorch's caching allocator does.
+ * Pending chunks are released when an allocation finds their events
+ * complete, and synchronized when memory runs out and by empty_cache.  A
+ * chunk never given a stream takes none of these paths: single-stream
+ * behaviour is TensorFlow's.
+ */
+
 /* Release the pending chunks whose streams' work is done (after waiting for
- * it when `sync`).  Under lock; true when one was released. */
+ * it when `sync`).  Under lock; true when one was released (see Note [Streams]). */
 static bool bfc_release_pending(bfc_t *b, bool sync) {
   bfc_pending_t *e = gmr__bfc_pending_take(b, sync);
   bool released = e != NULL;
@@ -641,7 +641,22 @@ static bool bfc_release_pending(bfc_t *b, bool sync) {
   return released;
 }
 
-/* AllocatorRetry: wait for frees until the deadline, then a last try.  Every
+/* Note [Retry]
+ * When a request fits no free chunk: Extend (a new region, backpedalling by
+ * 0.9x while the device refuses, with XLA's strict-progress fix), then
+ * garbage collection of wholly free regions and Extend again, then, when
+ * allowed, a bounded wait for frees by other threads (10 s by default) and
+ * a last attempt that writes TensorFlow's OOM report (report.c, with the
+ * summary).  The retry waits only when waiting can help (streams.c says
+ * when: a free on its way, chunks that change hands between threads, or an
+ * in-use chunk of a thread that is not itself waiting).  When every in-use
+ * chunk belongs to a waiting thread and each thread frees its own, nothing
+ * can be freed, and every waiter makes its last try at once instead of
+ * sleeping retry_timeout.  The front caches are frozen during the wait, so
+ * the waiters see every free and every chunk's owner (Note [Fronts]).
+ */
+
+/* AllocatorRetry (see Note [Retry]): wait for frees until the deadline, then a last try.  Every
  * wake-up tries again (after waiting for other streams' work on pending
  * chunks).  The caller has frozen the front caches (under concurrency), so
  * every free meanwhile goes to the lock and wakes the waiters.
@@ -785,7 +800,7 @@ static BFC_OUTLINE int bfc_alloc_take(bfc_t *b, bfc_chunk_t *c, size_t size, siz
 
 /* The fast path: one thread, no contention, no pending stream frees, and a
  * best fit that splits in place; anything else goes out of line (each
- * branch is taken before anything changes). */
+ * branch is taken before anything changes; see Note [Hot paths]). */
 static int bfc_alloc(gmr_policy_t *self, size_t size, gmr_stream_t s, gmr_block_t *out) {
   bfc_t *b = (bfc_t *)self;
   size_t rounded = bfc_rounded(size);
@@ -941,7 +956,7 @@ static BFC_OUTLINE int bfc_free_finish(bfc_t *b, bfc_chunk_t *c) {
  * other stream's work on it and no contention: TF's free under the lock,
  * merged in place when it can be.  Waiters are looked at under the lock
  * (they register under it); anything else goes out of line before anything
- * changes. */
+ * changes (see Note [Hot paths]). */
 static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   bfc_t *b = (bfc_t *)self;
   bfc_chunk_t *c = blk->handle;
@@ -959,263 +974,11 @@ static int bfc_free(gmr_policy_t *self, const gmr_block_t *blk) {
   return bfc_unlock_done(b);
 }
 
-static int bfc_trim(gmr_policy_t *self) {
+static int bfc_trim(gmr_policy_t *self) { /* quiesced */
   bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
   if (b->pending != NULL) bfc_release_pending(b, true); /* as PyTorch's empty_cache */
   bfc_free_regions(b, 0, true);
-  bfc_unlock_all(b);
   return 0;
-}
-
-static void bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  st->allocated_bytes = (uint64_t)(b->bytes_in_use - b->pending_bytes);
-  st->active_bytes = (uint64_t)b->bytes_in_use; /* pending frees included */
-  st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
-  st->requested_bytes = (uint64_t)b->requested.current;
-  st->peak_requested_bytes = (uint64_t)b->requested.peak;
-  st->allocations = (uint64_t)b->allocations.current;
-  st->peak_allocations = (uint64_t)b->allocations.peak;
-  st->num_allocs = (uint64_t)b->num_allocs;
-  st->num_frees = b->num_frees;
-  st->ooms = b->ooms;
-  st->alloc_retries = b->retries;
-  st->largest_free_block = bfc_largest_free(b);
-  st->limit_bytes = b->limit;
-  bfc_unlock_all(b);
-}
-
-/* ClearStats() is reset_peak + reset_accumulated. */
-static void bfc_reset_peak(gmr_policy_t *self) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  b->peak_bytes_in_use = b->bytes_in_use;
-  b->largest_alloc_size = 0;
-  b->peak_pool_bytes = b->pool_bytes;
-  b->requested.peak = b->requested.current;
-  b->allocations.peak = b->allocations.current;
-  bfc_unlock_all(b);
-}
-
-static void bfc_reset_accumulated(gmr_policy_t *self) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  b->num_allocs = 0;
-  b->num_frees = b->ooms = b->retries = 0;
-  bfc_unlock_all(b);
-}
-
-enum { BFC_N_KEYS = 16 };
-typedef struct bfc_kv_s {
-  const char *key;
-  int64_t value;
-} bfc_kv_t;
-
-static int bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_kv_t kv[BFC_N_KEYS];
-  int n = 0;
-  bfc_lock_all(b);
-  int64_t largest = (int64_t)bfc_largest_free(b), free_b = b->pool_bytes - b->bytes_in_use;
-#define KV(k, v) kv[n++] = (bfc_kv_t){k, (int64_t)(v)}
-  KV("num_allocs", b->num_allocs);
-  KV("bytes_in_use", b->bytes_in_use);
-  KV("peak_bytes_in_use", b->peak_bytes_in_use);
-  KV("largest_alloc_size", b->largest_alloc_size);
-  KV("bytes_limit", b->limit);
-  KV("bytes_reserved", 0);
-  KV("peak_bytes_reserved", 0);
-  KV("largest_free_block_bytes", largest);
-  KV("pool_bytes", b->pool_bytes);
-  KV("peak_pool_bytes", b->peak_pool_bytes);
-  /* GetFragmentation() in parts per million; 0 when nothing is free. */
-  KV("fragmentation_metric_ppm",
-     free_b > 0 ? llround(1e6 * (double)(free_b - largest) / (double)free_b) : 0);
-  KV("curr_region_allocation_bytes", b->curr_region_bytes);
-  KV("regions", b->n_regions);
-  KV("free_chunks", b->free_chunks);
-  KV("num_frees", b->num_frees);
-  KV("ooms", b->ooms);
-#undef KV
-  bfc_unlock_all(b);
-  for (int i = 0; i < n; ++i)
-    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
-  return 0;
-}
-
-static int bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  int stop = 0;
-  for (size_t i = 0; i < b->n_regions && !stop; ++i) {
-    const bfc_region_t *r = b->regions[i];
-    gmr_walk_entry_t e = {.is_segment = 1,
-                          .address = r->ptr,
-                          .size = r->size,
-                          .pool = "region",
-                          .is_expandable = b->vmm};
-    stop = cb(&e, ud);
-    for (const bfc_chunk_t *c = bfc_first(r); c != bfc_end(r) && !stop; c = c->next) {
-      bool used = c->in_use;
-      gmr_walk_entry_t k = {.address = c->ptr,
-                            .size = c->size,
-                            .requested = used ? c->requested : 0,
-                            .state = c->pending ? GMR_BLOCK_PENDING_FREE
-                                     : used     ? GMR_BLOCK_ALLOCATED
-                                                : GMR_BLOCK_FREE,
-                            .pool = "region"};
-      stop = cb(&k, ud);
-    }
-  }
-  bfc_unlock_all(b);
-  return 0;
-}
-
-/* ---- invariant walker -------------------------------------------------------------- */
-
-#define BFC_CHECK(cond, ...)                                                                       \
-  do {                                                                                             \
-    if (!(cond)) return gmr__error_set(GMR_EINVAL, __VA_ARGS__);                                   \
-  } while (0)
-
-/* In-order walk of one bin: sorted, balanced, in its size class. */
-static int bfc_check_tree(const bfc_chunk_t *n, int bin, const bfc_chunk_t **prev, size_t *count,
-                          int *height) {
-  if (n == NULL) return (*height = 0), 0;
-  int hl, hr, err;
-  if ((err = bfc_check_tree(n->left, bin, prev, count, &hl)) != 0) return err;
-  BFC_CHECK(*prev == NULL || bfc_less(*prev, n), "bfc: bin %d is not sorted at chunk %#llx", bin,
-            (unsigned long long)n->ptr);
-  BFC_CHECK(!n->in_use && n->bin == bin && bfc_bin_for(n->size) == bin,
-            "bfc: chunk %#llx of %zu bytes is in bin %d but belongs to bin %d (in use: %d)",
-            (unsigned long long)n->ptr, n->size, bin, bfc_bin_for(n->size), n->in_use);
-  BFC_CHECK((n->left == NULL || n->left->up == n) && (n->right == NULL || n->right->up == n),
-            "bfc: bin %d has a broken parent link under chunk %#llx", bin,
-            (unsigned long long)n->ptr);
-  *prev = n;
-  ++*count;
-  if ((err = bfc_check_tree(n->right, bin, prev, count, &hr)) != 0) return err;
-  BFC_CHECK(hl - hr <= 1 && hr - hl <= 1 && n->height == 1 + (hl > hr ? hl : hr),
-            "bfc: bin %d tree is unbalanced at chunk %#llx", bin, (unsigned long long)n->ptr);
-  *height = n->height;
-  return 0;
-}
-
-static int bfc_check_locked(bfc_t *b) {
-  size_t binned = 0;
-  for (int i = 0; i < BFC_NUM_BINS; ++i) {
-    const bfc_chunk_t *prev = NULL;
-    size_t count = 0;
-    int h, err = bfc_check_tree(b->bins[i].root, i, &prev, &count, &h);
-    if (err != 0) return err;
-    BFC_CHECK(b->bins[i].root == NULL || b->bins[i].root->up == NULL,
-              "bfc: the root of bin %d has a parent", i);
-    BFC_CHECK(count == b->bins[i].count, "bfc: bin %d holds %zu chunks but counts %zu", i, count,
-              b->bins[i].count);
-    BFC_CHECK(((b->nonempty >> i) & 1) == (count > 0),
-              "bfc: the non-empty mask is wrong for bin %d", i);
-    binned += count;
-  }
-  BFC_CHECK(binned == b->free_chunks, "bfc: %zu chunks in bins, %zu counted", binned,
-            b->free_chunks);
-  int64_t pool = 0, in_use = 0, n_used = 0, req = 0, pend = 0;
-  size_t n_pend = 0;
-  size_t n_free = 0;
-  for (size_t i = 0; i < b->n_regions; ++i) {
-    const bfc_region_t *r = b->regions[i];
-    BFC_CHECK(i == 0 || b->regions[i - 1]->ptr + b->regions[i - 1]->size <= r->ptr,
-              "bfc: regions %zu and %zu overlap or are out of order", i - 1, i);
-    BFC_CHECK(r->head.in_use && r->tail.in_use && r->head.size == 0 && r->tail.size == 0 &&
-                  bfc_first(r) != bfc_end(r) && bfc_first(r)->ptr == r->ptr &&
-                  bfc_first(r)->prev == &r->head && r->tail.prev->next == &r->tail,
-              "bfc: region %#llx does not start with its first chunk", (unsigned long long)r->ptr);
-    size_t sum = 0, pieces = 0;
-    for (size_t k = 0; k < r->n_pieces; ++k)
-      pieces += r->pieces[k].size;
-    BFC_CHECK(pieces == r->size, "bfc: region %#llx is %zu bytes but its pieces add to %zu",
-              (unsigned long long)r->ptr, r->size, pieces);
-    const bfc_chunk_t *c = bfc_first(r), *last = NULL;
-    for (; c != bfc_end(r); last = c, c = c->next) {
-      BFC_CHECK(c->size > 0 && c->size % BFC_MIN_ALLOC == 0, "bfc: chunk %#llx has a bad size %zu",
-                (unsigned long long)c->ptr, c->size);
-      BFC_CHECK(c->ptr == r->ptr + sum, "bfc: chunk %#llx is not at region offset %zu",
-                (unsigned long long)c->ptr, sum);
-      BFC_CHECK(c->next->prev == c, "bfc: broken links after chunk %#llx",
-                (unsigned long long)c->ptr);
-      bool used = c->in_use;
-      BFC_CHECK(used || c->next->in_use, "bfc: adjacent free chunks at %#llx and %#llx",
-                (unsigned long long)c->ptr, (unsigned long long)c->next->ptr);
-      BFC_CHECK(used ? c->bin == -1 : c->bin == bfc_bin_for(c->size),
-                "bfc: chunk %#llx (in use: %d) has bin %d", (unsigned long long)c->ptr, used,
-                c->bin);
-      BFC_CHECK(c->elsewhere == (c->uses != NULL || c->sync_on_free) && (used || !c->elsewhere),
-                "bfc: chunk %#llx has a stale stream-use flag", (unsigned long long)c->ptr);
-      if (used && c->pending) {
-        ++n_pend;
-        pend += (int64_t)c->size;
-        in_use += (int64_t)c->size;
-      } else if (used) {
-        BFC_CHECK(c->uses == NULL || c->uses->n <= c->uses->cap,
-                  "bfc: chunk %#llx has a bad stream list", (unsigned long long)c->ptr);
-        ++n_used;
-        in_use += (int64_t)c->size;
-        req += (int64_t)c->requested;
-        BFC_CHECK(c->requested > 0 && c->requested <= c->size,
-                  "bfc: chunk %#llx holds %zu requested bytes in %zu", (unsigned long long)c->ptr,
-                  c->requested, c->size);
-      } else {
-        ++n_free;
-      }
-      sum += c->size;
-    }
-    BFC_CHECK(sum == r->size && last == r->tail.prev,
-              "bfc: the chunks of region %#llx add to %zu bytes, not %zu",
-              (unsigned long long)r->ptr, sum, r->size);
-    pool += (int64_t)r->size;
-  }
-  BFC_CHECK(n_free == binned, "bfc: %zu free chunks in regions, %zu in bins", n_free, binned);
-  BFC_CHECK(pool == b->pool_bytes, "bfc: regions add to %lld bytes, pool_bytes is %lld",
-            (long long)pool, (long long)b->pool_bytes);
-  BFC_CHECK(in_use == b->bytes_in_use && n_used == b->allocations.current &&
-                req == b->requested.current,
-            "bfc: %lld chunks of %lld bytes (%lld requested) in use, stats say %lld of %lld (%lld)",
-            (long long)n_used, (long long)in_use, (long long)req, (long long)b->allocations.current,
-            (long long)b->bytes_in_use, (long long)b->requested.current);
-  BFC_CHECK(b->peak_bytes_in_use >= b->bytes_in_use, "bfc: peak below current");
-  size_t listed = 0;
-  for (const bfc_pending_t *e = b->pending; e; e = e->next, ++listed)
-    BFC_CHECK(e->chunk->pending && e->chunk->in_use && e->n > 0,
-              "bfc: pending entry %zu names chunk %#llx, which is not pending", listed,
-              (unsigned long long)e->chunk->ptr);
-  BFC_CHECK(listed == n_pend && n_pend == b->n_pending && pend == b->pending_bytes,
-            "bfc: %zu pending chunks of %lld bytes, %zu listed, counts say %zu of %lld", n_pend,
-            (long long)pend, listed, b->n_pending, (long long)b->pending_bytes);
-  if (b->vmm)
-    BFC_CHECK(b->n_regions <= 1 && (b->n_regions == 0 || (b->regions[0]->ptr == b->va_base &&
-                                                          b->regions[0]->size == b->va_used)),
-              "bfc: the VMM range is not one region at its base");
-  return 0;
-}
-
-static int bfc_check(gmr_policy_t *self) {
-  bfc_t *b = (bfc_t *)self;
-  bfc_lock_all(b);
-  int err = bfc_check_locked(b);
-  bfc_unlock_all(b);
-  return err;
-}
-
-static int bfc_summary(gmr_policy_t *self, FILE *out) {
-  bfc_t *b = (bfc_t *)self;
-  gmr_strbuf_t sb = {0};
-  bfc_lock_all(b);
-  gmr__bfc_summary_locked(b, &sb);
-  bfc_unlock_all(b);
-  fprintf(out, "%s\n", gmr__sb_str(&sb));
-  gmr__sb_free(&sb);
-  return ferror(out) ? GMR_EIO : 0;
 }
 
 /* ---- construction ---------------------------------------------------------------- */
@@ -1280,7 +1043,7 @@ static int bfc_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_
   if (raw == NULL) return gmr__error_set(GMR_ENOMEM, "%s: out of host memory", name);
   bfc_t *b = gmr__align_ptr(raw, 64);
   b->raw = raw;
-  b->base.ops = &gmr_bfc_policy_ops;
+  b->base.ops = &gmr__bfc_policy;
   b->base.backend = be;
   snprintf(b->name, sizeof b->name, "%s", name);
   b->limit = limit;
@@ -1322,7 +1085,7 @@ fail_lock:
   return err;
 }
 
-const gmr_policy_ops_t gmr_bfc_policy_ops = {
+const gmr_policy_ops_t gmr__bfc_policy = {
     .name = "bfc",
     .help = "TensorFlow's best-fit-with-coalescing allocator (GPU_0_bfc): 256-byte chunks in "
             "21 bins, greedy or growing regions, garbage collection and retry at OOM.",
@@ -1339,11 +1102,13 @@ const gmr_policy_ops_t gmr_bfc_policy_ops = {
     .record_stream = bfc_record_stream,
     .set_exclusive = bfc_set_exclusive,
     .trim = bfc_trim,
-    .stats = bfc_stats,
-    .reset_peak = bfc_reset_peak,
-    .reset_accumulated = bfc_reset_accumulated,
-    .stats_foreach = bfc_stats_foreach,
-    .summary = bfc_summary,
-    .walk = bfc_walk,
-    .check = bfc_check,
+    .stats = gmr__bfc_stats,
+    .reset_peak = gmr__bfc_reset_peak,
+    .reset_accumulated = gmr__bfc_reset_accumulated,
+    .stats_foreach = gmr__bfc_stats_foreach,
+    .summary = gmr__bfc_summary,
+    .walk = gmr__bfc_walk,
+    .check = gmr__bfc_check,
+    .quiesce = bfc_quiesce,
+    .resume = bfc_resume,
 };

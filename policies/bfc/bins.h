@@ -7,22 +7,20 @@
  * insertion rebalance bottom-up only as far as heights change (amortized a
  * level or two, where a recursive insert or remove rebalances every level
  * of the path).  Inline: the cached allocation and free run on these.
- *
- * Invariants (checked by bfc_check_tree in bfc.c), for every bin i:
+ * Map: Note [Bin invariants].
+ */
+#ifndef GMR_POLICIES_BFC_BINS_H
+#define GMR_POLICIES_BFC_BINS_H
+
+#include "bfc/internal.h"
+
+/* Note [Bin invariants]
+ * Invariants (checked by bfc_check_tree in check.c), for every bin i:
  *   in-order walk = the bin's chunks sorted by (size, ptr), every chunk c in
  *     it has c.bin = i = bfc_bin_for(c.size), and c is free;
  *   c.left.up = c.right.up = c,  root.up = NULL;
  *   c.height = 1 + max(height(c.left), height(c.right)), |balance| <= 1.
  */
-#ifndef GMR_POLICIES_BFC_BINS_H
-#define GMR_POLICIES_BFC_BINS_H
-
-#include "bfc.h"
-
-/* (size, ptr) order. */
-static inline bool bfc_less(const bfc_chunk_t *a, const bfc_chunk_t *b) {
-  return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
-}
 
 static inline int avl_h(const bfc_chunk_t *n) {
   return n ? n->height : 0;

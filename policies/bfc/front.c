@@ -2,40 +2,45 @@
  * threads; docs/bfc.md, "Under concurrency").  bfc.c calls these; they call
  * nothing of bfc.c: chunks a cache gives up are handed back to the caller,
  * which frees them under the allocator's lock.
- *
- * Once two threads have met at the allocator's lock (`contended`), each
- * stream that allocates gets a front cache: chunks its user freed, still in
- * use for the allocator, kept for the stream's next allocations.  A cache
- * keeps up to BFC_FRONT_PER_BIN chunks per bin (TF's 21 size classes) with
- * their sizes, oldest first, and at most `front_cap` bytes.  An allocation
- * takes the smallest kept chunk that TF would hand out whole for the request
- * (rounded <= size < 2 rounded and size - rounded < max_internal_fragmentation:
- * TF would not split it); such a chunk lies in the request's bin or the next
- * one, so two short arrays are scanned, and no chunk record is read until
- * one is taken.  A free into a full bin (or past the byte cap) keeps the
- * chunk and gives back the bin's older half (then, while still over the
- * cap, the older half of the largest bin that holds any): the caller frees
- * them all under one acquisition of the lock, not one per free (their
- * frees are counted then, not when the cache took them: see
- * front_spill_bin).
- *
- * Sharing.  Each cache is 64-byte aligned and guarded by its own lock;
- * `id` is immutable once published.  What one stream's cached pair touches:
- * its cache (written), the policy's read-mostly line (`contended`,
- * `waiters`, `fronts`: read), and the chunk's second line (`requested` and
- * `owner`, written only when they change: a stream that reuses its sizes
- * writes nothing there).  Threads on different streams share no lock and no
- * written cache line.
- *
+ * Map: Note [Front caches], [Front sharing], [Front invariants].
+ */
+#include <string.h>
+
+#include "bfc/internal.h"
+
+/* Note [Front caches]
+ * Once two threads have met at the allocator's lock (`contended`), each stream
+ * that allocates gets a front cache: chunks its user freed, still in use for
+ * the allocator, kept for the stream's next allocations.  A cache keeps up to
+ * BFC_FRONT_PER_BIN chunks per bin (TF's 21 size classes) with their sizes,
+ * oldest first, and at most `front_cap` bytes.  An allocation takes the
+ * smallest kept chunk that TF would hand out whole for the request (rounded <=
+ * size < 2 rounded and size - rounded < max_internal_fragmentation:  TF would
+ * not split it); such a chunk lies in the request's bin or the next one, so
+ * two short arrays are scanned, and no chunk record is read until one is
+ * taken.  A free into a full bin (or past the byte cap) keeps the chunk and
+ * gives back the bin's older half (then, while still over the cap, the older
+ * half of the largest bin that holds any): the caller frees them all under one
+ * acquisition of the lock, not one per free (their frees are counted then, not
+ * when the cache took them: see front_spill_bin).
+ */
+
+/* Note [Front sharing]
+ * Each cache is 64-byte aligned and guarded by its own lock; `id` is immutable
+ * once published.  What one stream's cached pair touches: its cache (written),
+ * the policy's read-mostly line (`contended`, `waiters`, `fronts`: read), and
+ * the chunk's second line (`requested` and `owner`, written only when they
+ * change: a stream that reuses its sizes writes nothing there).  Threads on
+ * different streams share no lock and no written cache line.
+ */
+
+/* Note [Front invariants]
  * Invariants (f.lock held):
  *   bytes = Σ slot sizes,  Σ count[i] chunks kept, count[i] <= BFC_FRONT_PER_BIN,
  *   every kept chunk c: c.in_use, !c.pending, !c.elsewhere, bfc_bin_for(c.size) = i;
  *   allocs, frees, req_in, req_out: what the cache served since its last
  *     flush (folded into the allocator's figures by gmr__bfc_front_drain).
  */
-#include <string.h>
-
-#include "bfc.h"
 
 typedef struct bfc_front_slot_s {
   size_t size;        /* = chunk->size, kept here so a lookup reads no record */
@@ -93,6 +98,7 @@ static void front_take(bfc_front_t *f, int i, int k) {
     f->slot[i][k] = f->slot[i][k + 1];
 }
 
+/* see Note [Front caches] */
 bfc_chunk_t *gmr__bfc_front_alloc(bfc_t *b, bfc_front_t *f, size_t num_bytes, size_t rounded,
                                   uintptr_t me) {
   int lo = bfc_bin_for(rounded), hi = lo + 1 < BFC_NUM_BINS ? lo + 1 : lo;
@@ -151,6 +157,7 @@ static void front_keep(bfc_front_t *f, int i, bfc_chunk_t *c, size_t size) {
   f->req_out += (int64_t)c->requested;
 }
 
+/* see Note [Front caches] */
 int gmr__bfc_front_free(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c) {
   size_t size = c->size;
   if (size > b->front_cap) return BFC_FRONT_REFUSED;
@@ -187,6 +194,7 @@ size_t gmr__bfc_front_free_spilling(bfc_t *b, bfc_front_t *f, bfc_chunk_t *c, bf
   return n;
 }
 
+/* see Note [Front invariants] */
 size_t gmr__bfc_front_drain(bfc_t *b, bfc_front_t *f, bfc_chunk_t **out) {
   size_t n = 0;
   gmr__lock(&f->lock);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bfc.h"
+#include "bfc/internal.h"
 
 static const char *const bfc_env_names[] = {"none", "tensorflow", "jax", NULL};
 

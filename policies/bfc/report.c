@@ -10,11 +10,12 @@
  *   bytes_in_bin = Σ sizes of chunks c with bfc_bin_for(c.size) = i,
  *   bytes_in_use = the same sum over in-use chunks, requested_in_use <= bytes_in_use.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bfc.h"
+#include "bfc/internal.h"
 
 /* HumanReadableNumBytes of tsl/platform/numbers.cc: "512B", "3.0KiB", "34.10MiB". */
 void gmr__bfc_hr(int64_t n, char *buf, size_t len) {
@@ -221,4 +222,83 @@ int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded) {
 void gmr__bfc_summary_locked(bfc_t *b, gmr_strbuf_t *sb) {
   bfc_dump(b, 0, sb);
   bfc_render(b, sb);
+}
+
+/* ---- statistics (quiesced: policy.h, rule 5) ------------------------------------------ */
+
+void gmr__bfc_stats(gmr_policy_t *self, gmr_stats_t *st) {
+  bfc_t *b = (bfc_t *)self;
+  st->allocated_bytes = (uint64_t)(b->bytes_in_use - b->pending_bytes);
+  st->active_bytes = (uint64_t)b->bytes_in_use; /* pending frees included */
+  st->peak_allocated_bytes = st->peak_active_bytes = (uint64_t)b->peak_bytes_in_use;
+  st->requested_bytes = (uint64_t)b->requested.current;
+  st->peak_requested_bytes = (uint64_t)b->requested.peak;
+  st->allocations = (uint64_t)b->allocations.current;
+  st->peak_allocations = (uint64_t)b->allocations.peak;
+  st->num_allocs = (uint64_t)b->num_allocs;
+  st->num_frees = b->num_frees;
+  st->ooms = b->ooms;
+  st->alloc_retries = b->retries;
+  st->largest_free_block = bfc_largest_free(b);
+  st->limit_bytes = b->limit;
+}
+
+/* ClearStats() is reset_peak + reset_accumulated. */
+void gmr__bfc_reset_peak(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  b->peak_bytes_in_use = b->bytes_in_use;
+  b->largest_alloc_size = 0;
+  b->peak_pool_bytes = b->pool_bytes;
+  b->requested.peak = b->requested.current;
+  b->allocations.peak = b->allocations.current;
+}
+
+void gmr__bfc_reset_accumulated(gmr_policy_t *self) {
+  bfc_t *b = (bfc_t *)self;
+  b->num_allocs = 0;
+  b->num_frees = b->ooms = b->retries = 0;
+}
+
+enum { BFC_N_KEYS = 16 };
+typedef struct bfc_kv_s {
+  const char *key;
+  int64_t value;
+} bfc_kv_t;
+
+int gmr__bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  bfc_t *b = (bfc_t *)self;
+  bfc_kv_t kv[BFC_N_KEYS];
+  int n = 0;
+  int64_t largest = (int64_t)bfc_largest_free(b), free_b = b->pool_bytes - b->bytes_in_use;
+#define KV(k, v) kv[n++] = (bfc_kv_t){k, (int64_t)(v)}
+  KV("num_allocs", b->num_allocs);
+  KV("bytes_in_use", b->bytes_in_use);
+  KV("peak_bytes_in_use", b->peak_bytes_in_use);
+  KV("largest_alloc_size", b->largest_alloc_size);
+  KV("bytes_limit", b->limit);
+  KV("bytes_reserved", 0);
+  KV("peak_bytes_reserved", 0);
+  KV("largest_free_block_bytes", largest);
+  KV("pool_bytes", b->pool_bytes);
+  KV("peak_pool_bytes", b->peak_pool_bytes);
+  /* GetFragmentation() in parts per million; 0 when nothing is free. */
+  KV("fragmentation_metric_ppm",
+     free_b > 0 ? llround(1e6 * (double)(free_b - largest) / (double)free_b) : 0);
+  KV("curr_region_allocation_bytes", b->curr_region_bytes);
+  KV("regions", b->n_regions);
+  KV("free_chunks", b->free_chunks);
+  KV("num_frees", b->num_frees);
+  KV("ooms", b->ooms);
+#undef KV
+  for (int i = 0; i < n; ++i)
+    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
+  return 0;
+}
+
+int gmr__bfc_summary(gmr_policy_t *self, FILE *out) {
+  gmr_strbuf_t sb = {0};
+  gmr__bfc_summary_locked((bfc_t *)self, &sb);
+  fprintf(out, "%s\n", gmr__sb_str(&sb));
+  gmr__sb_free(&sb);
+  return ferror(out) ? GMR_EIO : 0;
 }

@@ -1,21 +1,27 @@
 /* streams.c: what the bfc policy adds to TensorFlow's BFC for several streams
  * and several threads (gmr's additions; bfc.c calls these, they call nothing
  * of bfc.c).
- *
- * Stream uses.  gmr_record_stream adds a stream to an in-use chunk
- * (`uses`).  The user's free of such a chunk records one event per stream
- * and keeps the chunk in use (`pending`, on the FIFO list `pending`) until
- * every event completes, so no allocation gets the memory while that work
- * may still touch it.  bfc.c gives the chunks back to the bins once
- * gmr__bfc_pending_take hands them over.  Invariants (under the lock):
+ * Map: Note [Stream uses], [Waiting for frees].
+ */
+#include "bfc/internal.h"
+
+/* Note [Stream uses]
+ * Gmr_record_stream adds a stream to an in-use chunk (`uses`).  The user's
+ * free of such a chunk records one event per stream and keeps the chunk in use
+ * (`pending`, on the FIFO list `pending`) until every event completes, so no
+ * allocation gets the memory while that work may still touch it. bfc.c gives
+ * the chunks back to the bins once gmr__bfc_pending_take hands them over.
+ * Invariants (under the lock):
  *   c.pending  <=>  c is named by exactly one entry of b.pending
  *   n_pending = |b.pending|,  pending_bytes = Σ sizes of pending chunks
  *   every entry has n >= 1 events, one per stream recorded on its chunk
  *   (a stream whose event could not be recorded was synchronized instead)
- *
- * Waiting for frees.  The threads in the retry wait are listed in
- * `waiting` (by pthread_self, as chunk owners are).  Waiting can help
- * (TF's wait) unless the runtime has one caller, and then only when
+ */
+
+/* Note [Waiting for frees]
+ * The threads in the retry wait are listed in `waiting` (by pthread_self, as
+ * chunk owners are).  Waiting can help (TF's wait) unless the runtime has one
+ * caller, and then only when
  *   a free is on its way to the lock (arriving > 0), or
  *   chunks change hands: some chunk was freed by a thread other than the
  *     one that allocated it (handoff; then any thread may free anything,
@@ -25,7 +31,6 @@
  * Otherwise every holder of memory is waiting for memory itself: nobody
  * will free anything, and the waiters fail at once instead of sleeping.
  */
-#include "bfc.h"
 
 /* ---- stream uses -------------------------------------------------------------------- */
 
@@ -47,6 +52,7 @@ void gmr__bfc_use_add(bfc_chunk_t *c, gmr_stream_t s) {
   u->streams[u->n++] = s;
 }
 
+/* see Note [Stream uses] */
 bool gmr__bfc_hold(bfc_t *b, bfc_chunk_t *c) {
   gmr_backend_t *be = b->base.backend;
   bfc_uses_t *u = c->uses;
@@ -81,6 +87,7 @@ bool gmr__bfc_hold(bfc_t *b, bfc_chunk_t *c) {
   return true;
 }
 
+/* see Note [Stream uses] */
 bfc_pending_t *gmr__bfc_pending_take(bfc_t *b, bool sync) {
   gmr_backend_t *be = b->base.backend;
   bfc_pending_t *done = NULL, **done_tail = &done;
@@ -150,6 +157,7 @@ void gmr__bfc_waiting_remove(bfc_t *b, uintptr_t me) {
     }
 }
 
+/* see Note [Waiting for frees] */
 bool gmr__bfc_wait_can_help(const bfc_t *b) {
   if (b->exclusive) return false;
   if (atomic_load_explicit(&b->arriving, memory_order_seq_cst) > 0 ||

@@ -2,56 +2,12 @@
  *
  * A re-implementation, behaviour for behaviour, of
  * c10/cuda/CUDACachingAllocator.cpp's DeviceCachingAllocator (see
- * docs/caching.md and the specification it follows): requests are rounded
- * to 512 bytes (or to power-of-two divisions), go to the small pool
- * (<= 1 MiB) or the large pool, are served best fit by (stream, size,
- * address) from cached free blocks, and otherwise from a new segment of
- * 2 MiB, 20 MiB or the request rounded to 2 MiB (or from pages mapped into
- * one growing virtual range per stream and pool: expandable segments).
- * Blocks are split and merged exactly as PyTorch does; max_split_size,
- * max_non_split_rounding, garbage_collection_threshold, the memory fraction,
- * record_stream with events, release-and-retry before OOM and empty_cache
- * follow PyTorch, as do torch.cuda.memory_stats() (every key, same name),
- * memory_summary() (byte for byte) and the OOM message.  This file holds the
- * allocator, its alloc and free paths and the ops (with their locking); the
- * options and the PYTORCH_CUDA_ALLOC_CONF parser are in options.c,
- * memory_stats() and memory_summary() in stats.c, the walk and the check in
- * walk.c (caching.h).
- *
- * Structures.  A segment (cache_seg_t) is a doubly linked list of blocks in
- * address order (prev/next).  Free blocks live in their (stream, pool)'s
- * bins (caching.h: 64 treaps cut by size, a bitmap of the non-empty ones),
- * ordered by (size, address); since PyTorch's one std::set is ordered by
- * (stream, size, address) and a search never leaves its stream, per-stream
- * trees give the identical best fit.  Unmapped ranges of expandable segments
- * live in a second treap per pool, ordered by address.  Block records are
- * recycled, so the hot path (a cached alloc and free) does no host
- * allocation.
- *
- * Invariants (checked by gmr__cache_check_locked in walk.c):
- *   for every segment: Σ block sizes = segment size, blocks contiguous,
- *     no two neighbours both free (not allocated, no pending events, same
- *     mapping state);
- *   a block is in its pool's free tree iff it is free and mapped;
- *   reserved_bytes.all.current = Σ non-expandable segment sizes
- *                                + Σ mapped bytes of expandable segments
- *   reserved >= active >= allocated (bytes, every pool).
- *
- * Locking (the policy is `concurrent`).  Blocks never cross streams, so
- * each stream has its own lock over its pools and blocks.  The fast path (an
- * alloc served from the stream's cache, a free without recorded streams)
- * takes only that lock.  Everything else (new segments, releasing, events,
- * record_stream, statistics, walks) takes the global path: `glock`, then
- * every stream lock in creation order, which excludes all fast paths.
- * Statistics: with one stream, the fast path changes the policy's figures
- * under the stream's lock alone (nothing else can touch them); with more,
- * under `slock` when that lock is free (always, with one thread, so every
- * figure and every peak is PyTorch's, exactly); once a fast path finds it
- * busy, fast paths journal their changes into a per-stream delta, folded in
- * by the next global path.  Then current, allocated and freed figures stay
- * exact and peaks are those seen at the folds.  With one stream a fast free
- * is deferred to the stream's next operation, which may take the block back
- * ("The deferred free" below).
+ * docs/caching.md and the specification it follows).  This file holds the
+ * allocator, its alloc and free paths, quiesce/resume and the ops table;
+ * options.c the options and the PYTORCH_CUDA_ALLOC_CONF parser, report.c
+ * memory_stats(), memory_summary() and the OOM text, check.c the walk and
+ * the check (internal.h).  Map: Note [What PyTorch does], [Structures],
+ * [Invariants], [Locking], [Deferred free].
  */
 #include <math.h>
 #include <pthread.h>
@@ -60,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "caching.h"
+#include "caching/internal.h"
 
 /* The hot path (a cached alloc and its free) is inlined whole into the ops,
  * once with direct statistics (j == NULL) and once with a journal. */
@@ -71,6 +27,56 @@
 #define CACHE_HOT inline
 #define CACHE_NOINLINE
 #endif
+
+/* Note [What PyTorch does]
+ * Requests are rounded to 512 bytes (or to power-of-two divisions), go to
+ * the small pool (<= 1 MiB) or the large pool, are served best fit by
+ * (stream, size, address) from cached free blocks, and otherwise from a new
+ * segment of 2 MiB, 20 MiB or the request rounded to 2 MiB (or from pages
+ * mapped into one growing virtual range per stream and pool: expandable
+ * segments).  Blocks are split and merged exactly as PyTorch does;
+ * max_split_size, max_non_split_rounding, garbage_collection_threshold, the
+ * memory fraction, record_stream with events, release-and-retry before OOM
+ * and empty_cache follow PyTorch, as do torch.cuda.memory_stats() (every
+ * key, same name), memory_summary() (byte for byte) and the OOM message.
+ *
+ * Note [Structures]
+ * A segment (cache_seg_t) is a doubly linked list of blocks in address order
+ * (prev/next).  Free blocks live in their (stream, pool)'s bins (internal.h:
+ * 64 treaps cut by size, a bitmap of the non-empty ones), ordered by (size,
+ * address); since PyTorch's one std::set is ordered by (stream, size,
+ * address) and a search never leaves its stream, per-stream trees give the
+ * identical best fit.  Unmapped ranges of expandable segments live in a
+ * second treap per pool, ordered by address.  Block records are recycled,
+ * so the hot path (a cached alloc and free) does no host allocation.
+ *
+ * Note [Invariants] (checked by gmr__cache_check in check.c)
+ *   for every segment: Σ block sizes = segment size, blocks contiguous,
+ *     no two neighbours both free (not allocated, no pending events, same
+ *     mapping state);
+ *   a block is in its pool's free tree iff it is free and mapped;
+ *   reserved_bytes.all.current = Σ non-expandable segment sizes
+ *                                + Σ mapped bytes of expandable segments
+ *   reserved >= active >= allocated (bytes, every pool).
+ *
+ * Note [Locking]
+ * The policy is `concurrent` (policy.h, rule 5).  Blocks never cross
+ * streams, so each stream has its own lock over its pools and blocks.  The
+ * fast path (an alloc served from the stream's cache, a free without
+ * recorded streams) takes only that lock.  Everything else (new segments,
+ * releasing, events, record_stream, and the quiesced ops: statistics,
+ * walks) takes the global path: `glock`, then every stream lock in creation
+ * order, which excludes all fast paths.  Statistics: with one stream, the
+ * fast path changes the policy's figures under the stream's lock alone
+ * (nothing else can touch them); with more, under `slock` when that lock is
+ * free (always, with one thread, so every figure and every peak is
+ * PyTorch's, exactly); once a fast path finds it busy, fast paths journal
+ * their changes into a per-stream delta, folded in by the next global path.
+ * Then current, allocated and freed figures stay exact and peaks are those
+ * seen at the folds.  With one stream a fast free is deferred to the
+ * stream's next operation, which may take the block back
+ * (Note [Deferred free]).
+ */
 
 /* ---- treaps ---------------------------------------------------------------------
  * Free trees are ordered by (size, ptr); unmapped trees by ptr.  A block's key
@@ -207,7 +213,7 @@ static inline uint16_t cache_prio(cache_stream_t *cs) {
   return (uint16_t)(cs->prio_state >> 48);
 }
 
-/* ---- a pool's bins (caching.h): the free tree in pieces ------------------------- */
+/* ---- a pool's bins (internal.h): the free tree in pieces ------------------------- */
 
 /* BlockPool::insert_into_blocks' stamp of the GC clock.  The clock runs
  * only with GC on (cache_find_free_block); off, it stays 0, as every
@@ -441,7 +447,7 @@ nomem:
 
 /* The global path: glock, then every stream's lock in creation order; the
  * fast paths' stat deltas are folded in first.  cache_lock_all then applies
- * every stream's deferred free (see "The deferred free"), so the global
+ * every stream's deferred free (see Note [Deferred free]), so the global
  * path sees the state PyTorch would have; the check alone looks at the
  * state as it stands (a deferred block is still allocated there, and every
  * invariant holds). */
@@ -455,8 +461,7 @@ static void cache_lock_all_as_is(cache_t *c) {
 }
 
 static void cache_free_locked(cache_t *c, cache_block_t *b, cache_journal_t *j);
-static void cache_lock_all(cache_t *c) {
-  cache_lock_all_as_is(c);
+static void cache_apply_deferred(cache_t *c) {
   for (size_t i = 0; i < c->n_streams; ++i) {
     cache_stream_t *cs = c->streams[i];
     cache_block_t *b = cs->deferred;
@@ -471,6 +476,10 @@ static void cache_lock_all(cache_t *c) {
     cache_sync_all(st);
   }
 }
+static void cache_lock_all(cache_t *c) {
+  cache_lock_all_as_is(c);
+  cache_apply_deferred(c);
+}
 
 static void cache_unlock_all(cache_t *c) {
   for (size_t i = c->n_streams; i-- > 0;)
@@ -478,9 +487,17 @@ static void cache_unlock_all(cache_t *c) {
   pthread_mutex_unlock(&c->glock);
 }
 
+/* The invariant check between two ops (gmr_assert_expensive). */
+static __attribute__((unused)) int cache_check_now(cache_t *c) {
+  cache_lock_all_as_is(c);
+  int err = gmr__cache_check(&c->base);
+  cache_unlock_all(c);
+  return err;
+}
+
 /* ---- statistic journals ------------------------------------------------------------
  * A fast path that found slock busy records its stat changes and keeps them
- * in its stream's delta (see "Locking" at the top); otherwise changes are
+ * in its stream's delta (see Note [Locking]); otherwise changes are
  * applied directly (j NULL).
  * t < 0: a single record (oversize_*) rather than an [all, small, large]
  * array.  A stat changes at most once per op, so a journal gives the same
@@ -649,18 +666,6 @@ static size_t cache_allocation_size(const cache_t *c, size_t size) {
   return gmr__align_up(size, CACHE_ROUND_LARGE);
 }
 
-/* c10's format_size, for the OOM message. */
-static void cache_format_size(uint64_t size, char *buf, size_t len) {
-  if (size <= 1024)
-    snprintf(buf, len, "%llu bytes", (unsigned long long)size);
-  else if (size <= 1048576)
-    snprintf(buf, len, "%.2f KiB", (double)size / 1024.0);
-  else if (size <= 1073741824ull)
-    snprintf(buf, len, "%.2f MiB", (double)size / 1048576.0);
-  else
-    snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
-}
-
 /* ---- segments ----------------------------------------------------------------------- */
 
 static void seg_link(cache_t *c, cache_seg_t *s) {
@@ -682,7 +687,7 @@ static void seg_unlink(cache_t *c, cache_seg_t *s) {
 
 /* try_merge_blocks' test: may `src` merge into the freed block `dst`?
  * PyTorch's also asks for no recorded streams, which a block that is not
- * allocated never has (caching.h): the test reads src's first line only. */
+ * allocated never has (internal.h): the test reads src's first line only. */
 static inline bool cache_mergeable(const cache_block_t *dst, const cache_block_t *src) {
   gmr_assert_internal(src == NULL || src->allocated || src->n_uses == 0);
   return src != NULL && !src->allocated && src->event_count == 0 && dst->mapped == src->mapped;
@@ -747,7 +752,7 @@ static CACHE_HOT cache_block_t *cache_merge_in_place(cache_t *c, cache_block_t *
     host->next = b->next;
     if (host->next) host->next->prev = host;
   }
-  host->size = size; /* its `requested` is not b's: a free block's is never read (walk.c) */
+  host->size = size; /* its `requested` is not b's: a free block's is never read (check.c) */
   if (stays)
     cache_gc_stamp(c, p, host); /* insert_into_blocks' */
   else
@@ -1294,36 +1299,6 @@ static CACHE_HOT cache_block_t *cache_alloc_found(cache_t *c, cache_pool_t *p, c
   return b;
 }
 
-/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc). */
-static int cache_oom(cache_t *c, size_t alloc_size) {
-  size_t dev_free = 0, dev_total = 0;
-  gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
-  ++c->st.num_ooms;
-  char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
-  cache_format_size(alloc_size, want, sizeof want);
-  cache_format_size(dev_total, total, sizeof total);
-  cache_format_size(dev_free, fr, sizeof fr);
-  if (c->fraction_set) {
-    cache_format_size(c->allowed_max, cap, sizeof cap);
-    snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
-  }
-  cache_sync_all(&c->st); /* the aggregates, as of now */
-  int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
-  int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
-  cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
-  cache_format_size((uint64_t)(reserved - allocated), unalloc, sizeof unalloc);
-  return gmr__error_set(
-      GMR_ENOMEM,
-      "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
-      "is free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
-      "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
-      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-      "documentation for Memory Management  "
-      "(https://docs.pytorch.org/docs/stable/notes/"
-      "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-      want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
-}
-
 /* The whole of PyTorch's malloc; global path (every lock held). */
 static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   int err;
@@ -1350,7 +1325,7 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
       if ((err = cache_release_cached(c)) != 0) return err;
       if ((err = cache_alloc_block(c, p, size, alloc_size, true, &b)) != 0) return err;
     }
-    if (b == NULL) return cache_oom(c, alloc_size);
+    if (b == NULL) return gmr__cache_oom(c, alloc_size);
   }
   /* The releases and maps above may have used the records reserved at the
    * top (an expandable segment unmapped, then mapped again); a split needs
@@ -1362,7 +1337,9 @@ static int cache_alloc_global(cache_t *c, size_t orig, gmr_stream_t s, gmr_block
   return 0;
 }
 
-/* ---- the deferred free ---------------------------------------------------------------
+/* ---- the deferred free --------------------------------------------------------------- */
+
+/* Note [Deferred free]
  * While the policy has one stream, a fast free is not applied at once: the
  * block waits in the stream's `deferred` slot, still allocated as far as
  * the policy's structures and figures go (the runtime's map no longer has
@@ -1511,7 +1488,7 @@ static CACHE_NOINLINE int cache_alloc_slow(cache_t *c, size_t orig, gmr_stream_t
   cache_lock_all(c);
   int err = cache_alloc_global(c, orig, s, out);
   cache_unlock_all(c);
-  gmr_assert_expensive(err != 0 || c->base.ops->check(&c->base) != GMR_EINVAL);
+  gmr_assert_expensive(err != 0 || cache_check_now(c) != GMR_EINVAL);
   return err;
 }
 
@@ -1540,7 +1517,7 @@ static CACHE_HOT int cache_alloc_cached(cache_t *c, cache_stream_t *cs, size_t s
   out->ptr = (void *)b->ptr; /* requested and stream: the runtime's */
   out->size = b->size;
   out->handle = b;
-  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 slow:
   cache_spin_unlock(&cs->lock);
@@ -1552,6 +1529,7 @@ slow:
  * (no fitting block, events pending, a new stream, GC on) takes the global
  * path, which runs the search again: a failed search changes nothing, so
  * the answers are PyTorch's either way. */
+/* see Note [Locking], Note [Deferred free] */
 static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   cache_t *c = (cache_t *)self;
   cache_stream_t *cs;
@@ -1572,7 +1550,7 @@ static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_bloc
   out->ptr = (void *)d->ptr;
   out->size = d->size;
   out->handle = d;
-  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1606,10 +1584,11 @@ static CACHE_NOINLINE int cache_free_rest(cache_t *c, cache_stream_t *cs, cache_
     cache_free_locked(c, b, NULL);
     cache_unlock_all(c);
   }
-  gmr_assert_expensive(c->base.ops->check(&c->base) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
+/* see Note [Deferred free] */
 static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
   cache_t *c = (cache_t *)self;
   cache_block_t *b = blk->handle;
@@ -1619,7 +1598,7 @@ static int cache_free(gmr_policy_t *self, const gmr_block_t *blk) {
     return cache_free_rest(c, cs, b);
   cs->deferred = b;
   cache_spin_unlock(&cs->lock);
-  gmr_assert_expensive(self->ops->check(self) != GMR_EINVAL); /* ENOMEM: host */
+  gmr_assert_expensive(cache_check_now(c) != GMR_EINVAL); /* ENOMEM: host */
   return 0;
 }
 
@@ -1720,7 +1699,7 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
     return gmr__error_set(GMR_ECONFIG, "caching: %s", why);
   cache_t *c = gmr__calloc(1, sizeof *c);
   if (c == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
-  c->base.ops = &gmr_caching_policy_ops;
+  c->base.ops = &gmr__caching_policy;
   c->base.backend = be;
   c->conf = conf;
   c->st.max_split_size = (int64_t)conf.max_split_size; /* -1 when unlimited, as PyTorch */
@@ -1763,7 +1742,7 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
   return 0;
 }
 
-/* ---- the ops the runtime calls: the global path around the bodies (here, stats.c, walk.c) */
+/* ---- the global path as ops: record_stream, quiesce and resume ---------------------------- */
 
 static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
   cache_lock_all((cache_t *)self);
@@ -1772,66 +1751,46 @@ static int cache_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_s
   return err;
 }
 
-static int cache_trim(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
-  int err = cache_trim_locked(self);
-  cache_unlock_all((cache_t *)self);
-  return err;
-}
-
-static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  cache_lock_all((cache_t *)self);
-  gmr__cache_stats_locked(self, out);
-  cache_unlock_all((cache_t *)self);
-}
-
-static void cache_reset_peak(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
-  gmr__cache_reset_peak_locked(self);
-  cache_unlock_all((cache_t *)self);
-}
-
-static void cache_reset_accumulated(gmr_policy_t *self) {
-  cache_lock_all((cache_t *)self);
-  gmr__cache_reset_accumulated_locked(self);
-  cache_unlock_all((cache_t *)self);
-}
-
-static int cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  cache_t *c = (cache_t *)self;
-  cache_kv_t kv[CACHE_N_KEYS];
-  cache_lock_all(c);
-  size_t n = gmr__cache_all_stats(c, kv);
-  cache_unlock_all(c);
-  for (size_t i = 0; i < n; ++i)
-    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
-  return 0;
-}
-
-static int cache_summary(gmr_policy_t *self, FILE *out) {
-  cache_t *c = (cache_t *)self;
-  cache_stats_t snap;
-  cache_lock_all(c);
-  snap = c->st;
-  cache_unlock_all(c);
-  return gmr__cache_summary_write(c, &snap, out);
-}
-
-static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  cache_lock_all((cache_t *)self);
-  int err = gmr__cache_walk_locked(self, cb, ud);
-  cache_unlock_all((cache_t *)self);
-  return err;
-}
-
-static int cache_check(gmr_policy_t *self) {
+/* Quiesced (policy.h, rule 5; see Note [Locking]): every lock held and the fast paths' deltas
+ * folded, the deferred frees not applied: the check looks at the state as
+ * it stands; every other whole-state op applies them first, below. */
+static void cache_quiesce(gmr_policy_t *self) {
   cache_lock_all_as_is((cache_t *)self);
-  int err = gmr__cache_check_locked(self);
+}
+static void cache_resume(gmr_policy_t *self) {
   cache_unlock_all((cache_t *)self);
-  return err;
 }
 
-const gmr_policy_ops_t gmr_caching_policy_ops = {
+static int cache_trim(gmr_policy_t *self) {
+  cache_apply_deferred((cache_t *)self);
+  return cache_trim_locked(self);
+}
+static void cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
+  cache_apply_deferred((cache_t *)self);
+  gmr__cache_stats(self, out);
+}
+static void cache_reset_peak(gmr_policy_t *self) {
+  cache_apply_deferred((cache_t *)self);
+  gmr__cache_reset_peak(self);
+}
+static void cache_reset_accumulated(gmr_policy_t *self) {
+  cache_apply_deferred((cache_t *)self);
+  gmr__cache_reset_accumulated(self);
+}
+static int cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  cache_apply_deferred((cache_t *)self);
+  return gmr__cache_stats_foreach(self, cb, ud);
+}
+static int cache_summary(gmr_policy_t *self, FILE *out) {
+  cache_apply_deferred((cache_t *)self);
+  return gmr__cache_summary(self, out);
+}
+static int cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+  cache_apply_deferred((cache_t *)self);
+  return gmr__cache_walk(self, cb, ud);
+}
+
+const gmr_policy_ops_t gmr__caching_policy = {
     .name = "caching",
     .help = "PyTorch's CUDA caching allocator, behaviour for behaviour: 512-byte rounding, "
             "small and large pools, best fit per stream, split and merge, max_split_size, "
@@ -1854,5 +1813,7 @@ const gmr_policy_ops_t gmr_caching_policy_ops = {
     .stats_foreach = cache_stats_foreach,
     .summary = cache_summary,
     .walk = cache_walk,
-    .check = cache_check,
+    .check = gmr__cache_check,
+    .quiesce = cache_quiesce,
+    .resume = cache_resume,
 };

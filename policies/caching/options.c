@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "caching.h"
+#include "caching/internal.h"
 
 const cache_opts_t gmr__cache_opts_default = {
     .expandable_segments = -1,

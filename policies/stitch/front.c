@@ -1,37 +1,44 @@
 /* front.c: the front slots of the stitch policy, its path for several
- * threads (stitch.c, "Under concurrency"; docs/stitch.md).  stitch.c calls
+ * threads (stitch.c, Note [Fronts]; docs/stitch.md).  stitch.c calls
  * these; they call nothing of stitch.c: a block a front gives up goes back
  * to the caller, which frees it under the policy's lock.
- *
- * Once two threads have met at the policy's lock (`contended`), each
- * stream that allocates gets a front: one slot holding the last block its
- * user freed on the stream, still allocated for the pools, and kept for the
- * stream's next allocation of the same length (rounded to 512 bytes) in the
- * same pool, which takes it back with no other lock and no device call.
- * Work ordered on one stream makes that reuse safe, as for the caching
- * policy's blocks.  A free into an occupied front keeps the new block and
- * hands the old one to the caller.
- *
- * Figures.  A take-back counts an allocation and a free of the block's
- * length in the front (`pairs`, `bytes`, `req_in`, `req_out`), folded into
- * the policy's statistics when the front is drained; the block kept stays
- * counted as allocated until then, as it stays allocated for the pools.
- *
+ * Map: Note [Front slots], [Front figures], [Front invariants].
+ */
+#include <string.h>
+
+#include "stitch/internal.h"
+
+/* Note [Front slots]
+ * Once two threads have met at the policy's lock (`contended`), each stream
+ * that allocates gets a front: one slot holding the last block its user freed
+ * on the stream, still allocated for the pools, and kept for the stream's next
+ * allocation of the same length (rounded to 512 bytes) in the same pool, which
+ * takes it back with no other lock and no device call.  Work ordered on one
+ * stream makes that reuse safe, as for the caching policy's blocks.  A free
+ * into an occupied front keeps the new block and hands the old one to the
+ * caller.
+ */
+
+/* Note [Front figures]
+ * A take-back counts an allocation and a free of the block's length in the
+ * front (`pairs`, `bytes`, `req_in`, `req_out`), folded into the policy's
+ * statistics when the front is drained; the block kept stays counted as
+ * allocated until then, as it stays allocated for the pools.
+ */
+
+/* Note [Front invariants]
  * Invariants (f.lock held):
  *   at most one of f.b, f.r is set; the block kept was allocated on f.s,
  *     has no record_stream use, and is allocated for the pools;
  *   f.frozen: f.b = f.r = NULL, nothing kept or taken;
  *   pairs, bytes, req_in, req_out: the take-backs since the last drain.
  */
-#include <string.h>
-
-#include "stitch/stitch.h"
 
 static inline size_t front_home(gmr_stream_t s) {
   return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 58) & (ST_FRONTS - 1);
 }
 
-st_front_t *st_front_find(stitch_t *t, gmr_stream_t s) {
+st_front_t *gmr__st_front_find(stitch_t *t, gmr_stream_t s) {
   for (size_t i = front_home(s), n = 0; n < ST_FRONTS; i = (i + 1) & (ST_FRONTS - 1), ++n) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_acquire);
     if (f == NULL || f->s == s) return f;
@@ -39,8 +46,8 @@ st_front_t *st_front_find(stitch_t *t, gmr_stream_t s) {
   return NULL;
 }
 
-void st_front_new(stitch_t *t, gmr_stream_t s) {
-  if (t->nfronts >= ST_FRONTS / 2 || st_front_find(t, s) != NULL) return;
+void gmr__st_front_new(stitch_t *t, gmr_stream_t s) {
+  if (t->nfronts >= ST_FRONTS / 2 || gmr__st_front_find(t, s) != NULL) return;
   void *raw = gmr__malloc(sizeof(st_front_t) + 63);
   if (raw == NULL) return;
   st_front_t *f = gmr__align_ptr(raw, 64);
@@ -55,8 +62,9 @@ void st_front_new(stitch_t *t, gmr_stream_t s) {
   ++t->nfronts;
 }
 
-bool st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
-                   st_range_t **old_r) {
+/* see Note [Front slots] */
+bool gmr__st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
+                        st_range_t **old_r) {
   gmr__spin_lock(&f->lock);
   if (f->frozen) {
     gmr__spin_unlock(&f->lock);
@@ -70,7 +78,8 @@ bool st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old
   return true;
 }
 
-bool st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out) {
+/* see Note [Front figures] */
+bool gmr__st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out) {
   uint64_t len = gmr__align_up(size, ST_G);
   gmr__spin_lock(&f->lock);
   st_small_t *b = f->b;
@@ -118,7 +127,7 @@ static void front_fold(stitch_t *t, st_front_t *f) {
   }
 }
 
-void st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr) {
+void gmr__st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr) {
   for (size_t i = 0; i < ST_FRONTS; ++i) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_relaxed);
     kb[i] = NULL;
@@ -135,7 +144,7 @@ void st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr)
   }
 }
 
-void st_fronts_thaw(stitch_t *t) {
+void gmr__st_fronts_thaw(stitch_t *t) {
   for (size_t i = 0; i < ST_FRONTS; ++i) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_relaxed);
     if (f == NULL) continue;
@@ -145,7 +154,7 @@ void st_fronts_thaw(stitch_t *t) {
   }
 }
 
-void st_fronts_fini(stitch_t *t) {
+void gmr__st_fronts_fini(stitch_t *t) {
   for (size_t i = 0; i < ST_FRONTS; ++i) {
     st_front_t *f = atomic_load_explicit(&t->fronts[i], memory_order_relaxed);
     if (f != NULL) gmr__free(f->raw);

@@ -1,6 +1,12 @@
 /* pages.c: the stitch policy's page table, slot ownership, page indexes,
  * streams and stamps.
- *
+ * Map: Note [Page indexes], [Stamps].
+ */
+#include <string.h>
+
+#include "stitch/internal.h"
+
+/* Note [Page indexes]
  * Every created page is in exactly one index, the one its fields imply:
  *   free[m]     ⇔ no owner (tail_end = 0, head_start = P); m = 1 when a
  *                 cached range still maps the page, so a stitch takes pages
@@ -12,20 +18,19 @@
  *   FULL        ⇔ a full owner
  * The class indexes are two-level bitmaps, so "the smallest open slot of at
  * least r bytes" costs a few word scans whatever the number of pages.
- *
+ */
+
+/* Note [Stamps]
  * A stamp (stream, n) says "the n-th free on that stream released bytes of
  * this page".  Stream s may use the page when every stamp is s's own or has
  * completed: stream->done >= n, learnt from events recorded lazily (only when
  * another stream wants the bytes) and queried without blocking.
  */
-#include <string.h>
-
-#include "stitch/stitch.h"
 
 /* ---- class bitmaps ----------------------------------------------------------------------------
  */
 
-int st_classes_init(st_classes_t *c, uint32_t n) {
+int gmr__st_classes_init(st_classes_t *c, uint32_t n) {
   memset(c, 0, sizeof *c);
   c->n = n;
   c->n1 = (n + 63) / 64;
@@ -34,7 +39,7 @@ int st_classes_init(st_classes_t *c, uint32_t n) {
   c->l1 = gmr__calloc(c->n1, sizeof *c->l1);
   c->l0 = gmr__calloc(c->n0, sizeof *c->l0);
   if (c->head == NULL || c->l1 == NULL || c->l0 == NULL) {
-    st_classes_free(c);
+    gmr__st_classes_free(c);
     return GMR_ENOMEM;
   }
   for (uint32_t i = 0; i < n; ++i)
@@ -42,14 +47,14 @@ int st_classes_init(st_classes_t *c, uint32_t n) {
   return 0;
 }
 
-void st_classes_free(st_classes_t *c) {
+void gmr__st_classes_free(st_classes_t *c) {
   gmr__free(c->head);
   gmr__free(c->l1);
   gmr__free(c->l0);
   memset(c, 0, sizeof *c);
 }
 
-void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty) {
+void gmr__st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty) {
   uint32_t w = k / 64;
   uint64_t bit = (uint64_t)1 << (k % 64);
   if (nonempty) {
@@ -63,7 +68,7 @@ void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty) {
   }
 }
 
-uint32_t st_classes_find(const st_classes_t *c, uint32_t k) {
+uint32_t gmr__st_classes_find(const st_classes_t *c, uint32_t k) {
   if (k >= c->n) return ST_NIL;
   uint32_t w = k / 64;
   uint64_t bits = c->l1[w] & (~(uint64_t)0 << (k % 64));
@@ -86,7 +91,7 @@ static inline uint64_t bits_upto(uint64_t m, uint32_t i) {
   return i == 63 ? m : m & (((uint64_t)1 << (i + 1)) - 1);
 }
 
-uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k) {
+uint32_t gmr__st_classes_find_last(const st_classes_t *c, uint32_t k) {
   if (k >= c->n) k = c->n - 1;
   uint32_t w = k / 64;
   uint64_t bits = bits_upto(c->l1[w], k % 64);
@@ -107,25 +112,26 @@ uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k) {
 /* ---- page table -------------------------------------------------------------------------------
  */
 
-int st_pages_init(stitch_t *t) {
+int gmr__st_pages_init(stitch_t *t) {
   uint32_t n = (uint32_t)(t->P / ST_G);
   t->dead_head = ST_NIL;
   t->free_head[0] = t->free_head[1] = t->free_tail[0] = t->free_tail[1] = ST_NIL;
-  st_worth_init(t);
-  int err = st_classes_init(&t->suffix, n);
-  if (err == 0 && (err = st_classes_init(&t->prefix, n)) != 0) st_classes_free(&t->suffix);
+  gmr__st_worth_init(t);
+  int err = gmr__st_classes_init(&t->suffix, n);
+  if (err == 0 && (err = gmr__st_classes_init(&t->prefix, n)) != 0)
+    gmr__st_classes_free(&t->suffix);
   return err;
 }
 
-void st_pages_fini(stitch_t *t) {
-  st_classes_free(&t->suffix);
-  st_classes_free(&t->prefix);
-  st_worth_fini(t);
+void gmr__st_pages_fini(stitch_t *t) {
+  gmr__st_classes_free(&t->suffix);
+  gmr__st_classes_free(&t->prefix);
+  gmr__st_worth_fini(t);
   gmr__free(t->pages);
   t->pages = NULL;
 }
 
-int st_pages_reserve(stitch_t *t, uint32_t n) {
+int gmr__st_pages_reserve(stitch_t *t, uint32_t n) {
   uint32_t spare = 0;
   for (uint32_t d = t->dead_head; d != ST_NIL && spare < n; d = t->pages[d].next)
     ++spare;
@@ -133,7 +139,7 @@ int st_pages_reserve(stitch_t *t, uint32_t n) {
   uint32_t cap = t->cappages ? t->cappages : 64;
   while (cap < t->npages + (n - spare))
     cap *= 2;
-  if (st_worth_reserve(t, cap) != 0) return GMR_ENOMEM;
+  if (gmr__st_worth_reserve(t, cap) != 0) return GMR_ENOMEM;
   st_page_t *p = gmr__realloc(t->pages, (size_t)cap * sizeof *p);
   if (p == NULL) return GMR_ENOMEM;
   t->pages = p;
@@ -141,7 +147,7 @@ int st_pages_reserve(stitch_t *t, uint32_t n) {
   return 0;
 }
 
-uint32_t st_page_new(stitch_t *t, gmr_phys_t h) {
+uint32_t gmr__st_page_new(stitch_t *t, gmr_phys_t h) {
   uint32_t id;
   bool recycled = t->dead_head != ST_NIL;
   if (recycled) {
@@ -174,12 +180,12 @@ uint32_t st_page_new(stitch_t *t, gmr_phys_t h) {
   return id;
 }
 
-int st_page_release(stitch_t *t, uint32_t id) {
+int gmr__st_page_release(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   gmr_assert(p->where == ST_W_FREE && p->nmaps == 0);
   int err = gmr__backend_phys_release(t->base.backend, p->h, t->P);
   if (err != 0) return err;
-  st_page_unindex(t, id);
+  gmr__st_page_unindex(t, id);
   p->where = ST_W_DEAD;
   p->next = t->dead_head;
   t->dead_head = id;
@@ -197,11 +203,11 @@ static uint32_t *list_head(stitch_t *t, uint8_t where, uint32_t cls) {
   return &t->prefix.head[cls];
 }
 
-void st_page_unindex(stitch_t *t, uint32_t id) {
+void gmr__st_page_unindex(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   switch (p->where) {
   case ST_W_FREE:
-    st_worth_touch(t, id);
+    gmr__st_worth_touch(t, id);
     /* fall through */
   case ST_W_SUFFIX:
   case ST_W_PREFIX: {
@@ -219,7 +225,7 @@ void st_page_unindex(stitch_t *t, uint32_t id) {
     } else {
       t->open_bytes -= (uint64_t)p->cls * ST_G;
       if (*head == ST_NIL)
-        st_classes_mark(p->where == ST_W_SUFFIX ? &t->suffix : &t->prefix, p->cls, false);
+        gmr__st_classes_mark(p->where == ST_W_SUFFIX ? &t->suffix : &t->prefix, p->cls, false);
     }
     break;
   }
@@ -250,7 +256,7 @@ static void list_push(stitch_t *t, uint32_t id, uint32_t *head) {
  * cached ranges were used longest ago is taken first). */
 static void free_push(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
-  st_worth_touch(t, id);
+  gmr__st_worth_touch(t, id);
   p->cls = p->nmaps != 0;
   if (p->cls == 0) {
     list_push(t, id, &t->free_head[0]);
@@ -266,8 +272,9 @@ static void free_push(stitch_t *t, uint32_t id) {
   t->free_tail[1] = id;
 }
 
-void st_page_reindex(stitch_t *t, uint32_t id) {
-  st_page_unindex(t, id);
+/* see Note [Page indexes] */
+void gmr__st_page_reindex(stitch_t *t, uint32_t id) {
+  gmr__st_page_unindex(t, id);
   st_page_t *p = &t->pages[id];
   uint32_t P = (uint32_t)t->P;
   if (p->full_owner != NULL) {
@@ -292,7 +299,7 @@ void st_page_reindex(stitch_t *t, uint32_t id) {
     uint32_t *head = &c->head[p->cls];
     bool was_empty = *head == ST_NIL;
     list_push(t, id, head);
-    if (was_empty) st_classes_mark(c, p->cls, true);
+    if (was_empty) gmr__st_classes_mark(c, p->cls, true);
     t->open_bytes += (uint64_t)p->cls * ST_G;
   }
 }
@@ -300,7 +307,7 @@ void st_page_reindex(stitch_t *t, uint32_t id) {
 /* ---- spans ------------------------------------------------------------------------------------
  */
 
-bool st_span_usable(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, uint32_t sidx) {
+bool gmr__st_span_usable(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, uint32_t sidx) {
   st_page_t *p = &t->pages[id];
   uint32_t P = (uint32_t)t->P;
   if (p->where == ST_W_DEAD || p->full_owner != NULL) return false;
@@ -329,10 +336,10 @@ static void free_unlink(stitch_t *t, uint32_t id) {
     t->free_tail[p->cls] = p->prev;
   p->prev = p->next = ST_NIL;
   --t->nfree;
-  st_worth_touch(t, id);
+  gmr__st_worth_touch(t, id);
 }
 
-void st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner) {
+void gmr__st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner) {
   st_page_t *p = &t->pages[id];
   uint32_t P = (uint32_t)t->P;
   if (a == 0 && b == P) {
@@ -350,7 +357,7 @@ void st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *
     p->head_owner = owner;
     p->head_start = a;
   }
-  st_page_reindex(t, id);
+  gmr__st_page_reindex(t, id);
 }
 
 static void stamp_add(stitch_t *t, st_page_t *p, st_stamp_t s) {
@@ -372,11 +379,11 @@ static void stamp_add(stitch_t *t, st_page_t *p, st_stamp_t s) {
   int old = 0;
   for (int i = 1; i < ST_STAMPS; ++i)
     if (p->stamp[i].seq < p->stamp[old].seq) old = i;
-  st_stamp_ready(t, p->stamp[old], UINT32_MAX, true);
+  gmr__st_stamp_ready(t, p->stamp[old], UINT32_MAX, true);
   p->stamp[old] = s;
 }
 
-void st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t stamp) {
+void gmr__st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t stamp) {
   st_page_t *p = &t->pages[id];
   uint32_t P = (uint32_t)t->P;
   if (a == 0 && b == P) {
@@ -395,13 +402,13 @@ void st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t s
     p->head_start = P;
   }
   stamp_add(t, p, stamp);
-  st_page_reindex(t, id);
+  gmr__st_page_reindex(t, id);
 }
 
 /* ---- streams ----------------------------------------------------------------------------------
  */
 
-int st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out) {
+int gmr__st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out) {
   if (t->last_stream < t->nstreams && t->streams[t->last_stream].s == s) {
     *out = t->last_stream;
     return 0;
@@ -440,7 +447,8 @@ static void stream_poll(stitch_t *t, st_stream_t *st) {
   }
 }
 
-bool st_stamp_ready(stitch_t *t, st_stamp_t s, uint32_t sidx, bool wait) {
+/* see Note [Stamps] */
+bool gmr__st_stamp_ready(stitch_t *t, st_stamp_t s, uint32_t sidx, bool wait) {
   if (s.stream == 0 || s.stream - 1 == sidx) return true;
   st_stream_t *st = &t->streams[s.stream - 1];
   if (st->done >= s.seq) return true;
@@ -474,18 +482,18 @@ bool st_stamp_ready(stitch_t *t, st_stamp_t s, uint32_t sidx, bool wait) {
   return st->done >= s.seq;
 }
 
-bool st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx) {
+bool gmr__st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx) {
   st_page_t *p = &t->pages[id];
   for (int i = 0; i < ST_STAMPS; ++i) {
     st_stamp_t s = p->stamp[i];
     if (s.stream == 0 || s.stream - 1 == sidx) continue;
-    if (!st_stamp_ready(t, s, sidx, false)) return false;
+    if (!gmr__st_stamp_ready(t, s, sidx, false)) return false;
     p->stamp[i].stream = 0; /* complete for every stream */
   }
   return true;
 }
 
-void st_streams_fini(stitch_t *t) {
+void gmr__st_streams_fini(stitch_t *t) {
   for (uint32_t i = 0; i < t->nstreams; ++i) {
     st_stream_t *st = &t->streams[i];
     for (uint32_t k = 0; k < st->nev; ++k)

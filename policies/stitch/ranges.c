@@ -1,50 +1,59 @@
 /* ranges.c: the stitch policy's virtual address arena, ranges and their
  * mapping records, the map transaction, the cache of freed ranges and
  * eviction.
- *
- * Arena: a few large virtual reservations (va_chunk each, halved until the
- * device accepts); free intervals are kept sorted by address and merged
- * only within one reservation, so
- *   Σ free intervals + Σ ranges' nslots × P == Σ reservations (tiling).
- *
- * Map transaction (st_map_range): take the VA, phys_map each slot, then one
- * set_access over the whole range.  A failure at any step unmaps exactly the
- * slots mapped so far and gives the VA back; the pages and the indexes are
- * untouched, since ownership is committed only after the device calls.
- *
- * Cache: every range is filed under its length in serial (creation) order;
- * CACHED ranges are also in an LRU list.  A request takes the OLDEST cached
- * range of its length that it can use now (its slots free, or parked under
- * other cached ranges, stream stamps complete, dead gaps <= tau); only if
- * there is none does it stitch a new range, which is younger than all.  In
- * a loop that repeats itself this converges: if an iteration hands out the
- * same ranges as the one before up to some request, the pages owned at that
- * request are the same, so the same older ranges are unusable and the same
- * one is the oldest usable (ranges made later in the last iteration are
- * younger and never preferred); where the last iteration missed and
- * stitched a range, that range is now the oldest usable one.  By induction
- * the iteration after one with a miss repeats it with none: no page map
- * once a loop has run twice.  (Preferring the most recently freed range, or
- * predicting each range's successor, permutes the pages that stay free
- * between allocations and keeps breaking the ranges of later blocks.)
- *
- * Parking: a freed range keeps its whole pages (full_owner = the CACHED
- * range, nparked counts them) and gives back only its partial end slots, so
- * a free and the next hit touch at most two pages whatever the length.
- * Parked pages are free memory: a cached range that maps a page parked
- * under another counts it free, and taking it unparks the other range
- * first; a FREE page wanted for a stitch or a small segment unparks every
- * cached range (st_unpark_all).  Unparking files a range's whole pages
- * FREE, stamped with the range's last free.
- *   parked(r) ⇒ r CACHED ∧ ∀ whole slot j: pages[j].full_owner = r
- *   nparked = Σ_{parked r} r.nwhole
- * Eviction unmaps a range only once the free that cached it has completed on
- * its stream (st_stamp_ready), least recently used first.
+ * Map: Note [Arena], [Map transaction], [Cache order], [Parking].
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "stitch/stitch.h"
+#include "stitch/internal.h"
+
+/* Note [Arena]
+ * A few large virtual reservations (va_chunk each, halved until the device
+ * accepts); free intervals are kept sorted by address and merged only within
+ * one reservation, so
+ *   Σ free intervals + Σ ranges' nslots × P == Σ reservations (tiling).
+ */
+
+/* Note [Map transaction]
+ * Map transaction (gmr__st_map_range): take the VA, phys_map each slot, then
+ * one set_access over the whole range.  A failure at any step unmaps exactly
+ * the slots mapped so far and gives the VA back; the pages and the indexes are
+ * untouched, since ownership is committed only after the device calls.
+ */
+
+/* Note [Cache order]
+ * Every range is filed under its length in serial (creation) order; CACHED
+ * ranges are also in an LRU list.  A request takes the OLDEST cached range of
+ * its length that it can use now (its slots free, or parked under other cached
+ * ranges, stream stamps complete, dead gaps <= tau); only if there is none
+ * does it stitch a new range, which is younger than all.  In a loop that
+ * repeats itself this converges: if an iteration hands out the same ranges as
+ * the one before up to some request, the pages owned at that request are the
+ * same, so the same older ranges are unusable and the same one is the oldest
+ * usable (ranges made later in the last iteration are younger and never
+ * preferred); where the last iteration missed and stitched a range, that range
+ * is now the oldest usable one.  By induction the iteration after one with a
+ * miss repeats it with none: no page map once a loop has run twice.
+ * (Preferring the most recently freed range, or predicting each range's
+ * successor, permutes the pages that stay free between allocations and keeps
+ * breaking the ranges of later blocks.)
+ */
+
+/* Note [Parking]
+ * A freed range keeps its whole pages (full_owner = the CACHED range, nparked
+ * counts them) and gives back only its partial end slots, so a free and the
+ * next hit touch at most two pages whatever the length.  Parked pages are free
+ * memory: a cached range that maps a page parked under another counts it free,
+ * and taking it unparks the other range first; a FREE page wanted for a stitch
+ * or a small segment unparks every cached range (gmr__st_unpark_all).
+ * Unparking files a range's whole pages FREE, stamped with the range's last
+ * free.
+ *   parked(r) ⇒ r CACHED ∧ ∀ whole slot j: pages[j].full_owner = r
+ *   nparked = Σ_{parked r} r.nwhole
+ * Eviction unmaps a range only once the free that cached it has completed on
+ * its stream (gmr__st_stamp_ready), least recently used first.
+ */
 
 /* ---- the arena --------------------------------------------------------------------------------
  */
@@ -108,7 +117,8 @@ static int va_reserve_more(stitch_t *t, uint64_t size) {
   }
 }
 
-int st_va_take(stitch_t *t, uint64_t size, uintptr_t *out) {
+/* see Note [Arena] */
+int gmr__st_va_take(stitch_t *t, uint64_t size, uintptr_t *out) {
   for (int round = 0; round < 2; ++round) {
     for (uint32_t i = 0; i < t->nva; ++i) {
       st_va_t *v = &t->va[i];
@@ -138,7 +148,7 @@ static uint32_t res_of(const stitch_t *t, uintptr_t a) {
   return ST_NIL;
 }
 
-void st_va_give(stitch_t *t, uintptr_t addr, uint64_t size) {
+void gmr__st_va_give(stitch_t *t, uintptr_t addr, uint64_t size) {
   uint32_t res = res_of(t, addr);
   gmr_assert(res != ST_NIL);
   t->va_used -= size;
@@ -160,7 +170,7 @@ void st_va_give(stitch_t *t, uintptr_t addr, uint64_t size) {
   }
 }
 
-void st_va_fini(stitch_t *t) {
+void gmr__st_va_fini(stitch_t *t) {
   for (uint32_t r = 0; r < t->nres; ++r)
     gmr__backend_va_release(t->base.backend, (void *)t->res[r].base, t->res[r].size);
   gmr__free(t->res);
@@ -173,7 +183,7 @@ void st_va_fini(stitch_t *t) {
 /* ---- ranges -----------------------------------------------------------------------------------
  */
 
-st_range_t *st_range_alloc(uint32_t nslots) {
+st_range_t *gmr__st_range_alloc(uint32_t nslots) {
   size_t sz = sizeof(st_range_t) + nslots * (sizeof(st_map_t) + sizeof(uint32_t));
   st_range_t *r = gmr__calloc(1, sz);
   if (r == NULL) return NULL;
@@ -217,7 +227,7 @@ static st_len_t *len_get(stitch_t *t, uint64_t len) {
   return e;
 }
 
-int st_range_link(stitch_t *t, st_range_t *r) {
+int gmr__st_range_link(stitch_t *t, st_range_t *r) {
   st_len_t *e = len_get(t, r->len);
   if (e == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
   r->serial = ++t->serials;
@@ -235,7 +245,7 @@ int st_range_link(stitch_t *t, st_range_t *r) {
   return 0;
 }
 
-void st_range_destroy(stitch_t *t, st_range_t *r) {
+void gmr__st_range_destroy(stitch_t *t, st_range_t *r) {
   if (r->serial != 0) { /* linked */
     st_len_t *e = st_len_find(t, r->len);
     gmr_assert(e != NULL);
@@ -259,7 +269,7 @@ void st_range_destroy(stitch_t *t, st_range_t *r) {
 
 static void map_unlink(stitch_t *t, st_map_t *m) {
   st_page_t *p = &t->pages[m->page];
-  st_worth_unmapped(t, m->page, m->r);
+  gmr__st_worth_unmapped(t, m->page, m->r);
   if (m->prev != NULL)
     m->prev->next = m->next;
   else
@@ -269,15 +279,16 @@ static void map_unlink(stitch_t *t, st_map_t *m) {
   --t->nmappings;
   gmr__stat_decrease(&t->st.mappings, 1);
   /* A FREE page that no range maps any more moves to the unmapped list. */
-  if (p->where == ST_W_FREE && p->nmaps == 0) st_page_reindex(t, m->page);
+  if (p->where == ST_W_FREE && p->nmaps == 0) gmr__st_page_reindex(t, m->page);
 }
 
-int st_map_range(stitch_t *t, st_range_t *r) {
+/* see Note [Map transaction] */
+int gmr__st_map_range(stitch_t *t, st_range_t *r) {
   gmr_backend_t *be = t->base.backend;
   uint64_t bytes = (uint64_t)r->nslots * t->P;
   uint64_t t0 = gmr__backend_now_ns(be);
   uintptr_t va = 0;
-  int err = st_va_take(t, bytes, &va);
+  int err = gmr__st_va_take(t, bytes, &va);
   if (err != 0) return err;
   uint32_t j = 0;
   for (; j < r->nslots; ++j) {
@@ -295,7 +306,7 @@ int st_map_range(stitch_t *t, st_range_t *r) {
       gmr__backend_phys_unmap(be, (void *)(va + j * t->P), t->P);
       ++t->st.unmap_calls;
     }
-    st_va_give(t, va, bytes);
+    gmr__st_va_give(t, va, bytes);
     t->st.map_ns += gmr__backend_now_ns(be) - t0;
     return err;
   }
@@ -316,7 +327,7 @@ int st_map_range(stitch_t *t, st_range_t *r) {
   return 0;
 }
 
-int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
+int gmr__st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
   int err = gmr__backend_phys_unmap(t->base.backend, (void *)(r->va + j * t->P), t->P);
   ++t->st.unmap_calls;
   if (err != 0) return err;
@@ -326,24 +337,24 @@ int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
   return 0;
 }
 
-int st_unmap_range(stitch_t *t, st_range_t *r) {
-  st_unpark(t, r);
+int gmr__st_unmap_range(stitch_t *t, st_range_t *r) {
+  gmr__st_unpark(t, r);
   for (uint32_t j = r->nslots; j > 0 && r->nmapped > 0; --j) {
     if (r->maps[j - 1].r == NULL) continue; /* unmapped by an earlier failed attempt */
-    int err = st_slot_unmap(t, r, j - 1);
+    int err = gmr__st_slot_unmap(t, r, j - 1);
     if (err != 0) {
       /* Keep the slots still mapped on record; the range is never used
        * again, so its pages' worths change. */
       r->state = ST_R_BROKEN;
       for (uint32_t i = 0; i < r->nslots; ++i)
-        if (r->maps[i].r != NULL) st_worth_touch(t, r->pages[i]);
+        if (r->maps[i].r != NULL) gmr__st_worth_touch(t, r->pages[i]);
       return err;
     }
   }
   uint64_t bytes = (uint64_t)r->nslots * t->P;
-  st_va_give(t, r->va, bytes);
+  gmr__st_va_give(t, r->va, bytes);
   gmr__stat_decrease(&t->st.va, (int64_t)bytes);
-  st_range_destroy(t, r);
+  gmr__st_range_destroy(t, r);
   return 0;
 }
 
@@ -363,13 +374,13 @@ static bool slot_free(stitch_t *t, const st_range_t *r, uint32_t j, uint32_t sid
   uint32_t a, b, id = r->pages[j];
   st_span(t, r, j, &a, &b);
   const st_range_t *q = t->pages[id].full_owner;
-  if (q == NULL) return st_span_usable(t, id, a, b, sidx);
+  if (q == NULL) return gmr__st_span_usable(t, id, a, b, sidx);
   if (q == r) return st_stamp_ready_now(t, r->last_use, sidx); /* parked under r */
   return q->state == ST_R_CACHED && st_stamp_ready_now(t, q->last_use, sidx) &&
          st_page_ready(t, id, sidx);
 }
 
-bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
+bool gmr__st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
   if (r->parked) /* its whole pages are its own: the stream and the partial end slots */
     return st_stamp_ready_now(t, r->last_use, sidx) &&
            (!(r->ends & 1) || slot_free(t, r, 0, sidx)) &&
@@ -379,20 +390,23 @@ bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx) {
   return true;
 }
 
-void st_unpark(stitch_t *t, st_range_t *r) {
+/* see Note [Parking] */
+void gmr__st_unpark(stitch_t *t, st_range_t *r) {
   if (!r->parked) return;
   for (uint32_t j = 0; j < r->nslots; ++j)
-    if (slot_whole(t, r, j)) st_span_give(t, r->pages[j], 0, (uint32_t)t->P, r->last_use);
+    if (slot_whole(t, r, j)) gmr__st_span_give(t, r->pages[j], 0, (uint32_t)t->P, r->last_use);
   r->parked = false;
   t->nparked -= r->nwhole;
 }
 
-void st_unpark_all(stitch_t *t) {
+/* see Note [Parking] */
+void gmr__st_unpark_all(stitch_t *t) {
   for (st_range_t *r = t->lru_head; r != NULL && t->nparked > 0; r = r->lru_next)
-    st_unpark(t, r);
+    gmr__st_unpark(t, r);
 }
 
-st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
+/* see Note [Cache order] */
+st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   if (t->ncached == 0) return NULL;
   st_len_t *e = st_len_find(t, len);
   if (e == NULL) return NULL;
@@ -400,12 +414,12 @@ st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
     if (r->state != ST_R_CACHED) continue;
     --tries;
-    if (st_range_usable(t, r, sidx)) return r;
+    if (gmr__st_range_usable(t, r, sidx)) return r;
   }
   return NULL;
 }
 
-void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
+void gmr__st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
   st_len_t *e = t->o.stale_misses > 0 ? st_len_find(t, len) : NULL;
   st_range_t *r = e != NULL ? e->first : NULL;
   while (r != NULL) {
@@ -413,12 +427,12 @@ void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
     /* A range that recurs (handed out every `gap` ticks) is not stale
      * before it is two periods overdue. */
     bool due = r->gap == 0 || t->tick >= r->tick + 2 * r->gap;
-    if (r->state == ST_R_CACHED && due && !st_range_usable(t, r, sidx) &&
+    if (r->state == ST_R_CACHED && due && !gmr__st_range_usable(t, r, sidx) &&
         ++r->stale >= (uint32_t)t->o.stale_misses &&
-        st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
+        gmr__st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
       st_cache_remove(t, r);
       ++t->st.evictions;
-      st_unmap_range(t, r);
+      gmr__st_unmap_range(t, r);
     }
     r = next;
   }
@@ -430,11 +444,11 @@ static void slot_take(stitch_t *t, st_range_t *r, uint32_t j) {
   uint32_t a, b;
   st_span(t, r, j, &a, &b);
   st_range_t *q = t->pages[r->pages[j]].full_owner;
-  if (q != NULL && q != r) st_unpark(t, q);
-  st_span_take(t, r->pages[j], a, b, r);
+  if (q != NULL && q != r) gmr__st_unpark(t, q);
+  gmr__st_span_take(t, r->pages[j], a, b, r);
 }
 
-void st_range_own(stitch_t *t, st_range_t *r) {
+void gmr__st_range_own(stitch_t *t, st_range_t *r) {
   if (r->parked) { /* only the partial end slots change hands */
     r->parked = false;
     t->nparked -= r->nwhole;
@@ -447,17 +461,17 @@ void st_range_own(stitch_t *t, st_range_t *r) {
   r->state = ST_R_LIVE;
 }
 
-void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp) {
+void gmr__st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp) {
   /* The partial end slots go back to their pages; the whole pages stay
    * parked under the range. */
   uint32_t a, b;
   if (r->ends & 1) {
     st_span(t, r, 0, &a, &b);
-    st_span_give(t, r->pages[0], a, b, stamp);
+    gmr__st_span_give(t, r->pages[0], a, b, stamp);
   }
   if ((r->ends & 2) && r->nslots > 1) {
     st_span(t, r, r->nslots - 1, &a, &b);
-    st_span_give(t, r->pages[r->nslots - 1], a, b, stamp);
+    gmr__st_span_give(t, r->pages[r->nslots - 1], a, b, stamp);
   }
   r->parked = r->nwhole > 0;
   t->nparked += r->nwhole;
@@ -473,21 +487,21 @@ void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp) {
  * first), as they were at the start: eviction changes other pages'
  * mappings as we go.  Eviction only moves FREE pages between the two FREE
  * lists, so the ids read stay FREE. */
-uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
+uint32_t gmr__st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out) {
   uint32_t got = 0;
   /* Unmapped pages are worth nothing: take them first, as they come. */
   for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
     if (st_page_ready(t, id, sidx)) out[got++] = id;
-  if (got < n) st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
+  if (got < n) gmr__st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
   if (got == n || t->free_head[1] == ST_NIL) return got;
   st_worth_iter_t it;
-  if (st_worth_begin(t, &it, n - got) != 0) return got;
+  if (gmr__st_worth_begin(t, &it, n - got) != 0) return got;
   uint32_t id;
-  while (got < n && st_worth_next(t, &it, &id))
+  while (got < n && gmr__st_worth_next(t, &it, &id))
     if (st_page_ready(t, id, sidx) &&
-        ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || st_evict_page(t, id)))
+        ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page || gmr__st_evict_page(t, id)))
       out[got++] = id;
-  st_worth_end(t, &it);
+  gmr__st_worth_end(t, &it);
   return got;
 }
 
@@ -499,15 +513,16 @@ static bool over_caps(const stitch_t *t, uint32_t need_maps, uint64_t need_va) {
   return (int64_t)(t->nmappings + need_maps) > t->o.max_mappings || t->va_used + need_va > budget;
 }
 
-int st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
+/* see Note [Parking] */
+int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
   st_range_t *r = t->lru_tail;
   int err = 0;
   while (r != NULL && (all || over_caps(t, need_maps, need_va))) {
     st_range_t *prev = r->lru_prev;
-    if (st_stamp_ready(t, r->last_use, UINT32_MAX, all)) {
+    if (gmr__st_stamp_ready(t, r->last_use, UINT32_MAX, all)) {
       st_cache_remove(t, r);
       ++t->st.evictions;
-      int e = st_unmap_range(t, r);
+      int e = gmr__st_unmap_range(t, r);
       if (e != 0 && err == 0) err = e;
     }
     r = prev;
@@ -515,18 +530,18 @@ int st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
   return err;
 }
 
-bool st_evict_page(stitch_t *t, uint32_t id) {
+bool gmr__st_evict_page(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   st_map_t *m = p->maps;
   while (m != NULL && (int64_t)p->nmaps >= t->o.max_maps_per_page) {
     st_map_t *next = m->next;
     st_range_t *r = m->r;
-    if (r->state == ST_R_CACHED && st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
+    if (r->state == ST_R_CACHED && gmr__st_stamp_ready(t, r->last_use, UINT32_MAX, false)) {
       /* The range's own records on this page go with it; restart the walk,
        * since `next` may belong to the range being unmapped. */
       st_cache_remove(t, r);
       ++t->st.evictions;
-      if (st_unmap_range(t, r) != 0) return false;
+      if (gmr__st_unmap_range(t, r) != 0) return false;
       m = p->maps;
       continue;
     }
@@ -535,12 +550,12 @@ bool st_evict_page(stitch_t *t, uint32_t id) {
   return (int64_t)p->nmaps < t->o.max_maps_per_page;
 }
 
-void st_ranges_fini(stitch_t *t) {
+void gmr__st_ranges_fini(stitch_t *t) {
   /* Every range, whatever its state: unmap and free. */
   while (t->all != NULL) {
     st_range_t *r = t->all;
     if (r->state == ST_R_CACHED) st_cache_remove(t, r);
-    if (st_unmap_range(t, r) != 0) st_range_destroy(t, r); /* device refused: forget it */
+    if (gmr__st_unmap_range(t, r) != 0) gmr__st_range_destroy(t, r); /* device refused: forget it */
   }
   gmr__free(t->lens);
   t->lens = NULL;

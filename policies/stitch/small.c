@@ -1,24 +1,30 @@
-/* small.c: the stitch policy's small pool (requests <= small_size).
- *
- * PyTorch's small-pool rules: sizes rounded up to 512 bytes; blocks carved
- * from segments of one page (P bytes, 2 MiB on the H200, like kSmallBuffer);
- * best fit per stream (the smallest free block that holds the request); a
- * block is split when at least 512 bytes remain; a freed block merges with
- * its free neighbours.  What differs: a segment's page comes from the same
- * page pool as large blocks, and a wholly free segment gives its page back
- * to that pool (st_small_reclaim) before the policy grows, instead of being
- * held until empty_cache; so memory that small tensors used at one time
- * serves large ones at another.
- *
- * Index: per stream, free blocks by class size / G (the last class holds
- * every block of small_size bytes or more), a two-level bitmap over the
- * classes, LIFO within a class.
- *   Σ free block sizes == small_free_bytes
- *   Σ block sizes of a segment == P; neighbours are never both free.
+/* small.c: the stitch policy's small pool (requests <= small_size), with
+ * PyTorch's small-pool rules on pages shared with the large blocks.
+ * Map: Note [Small rules], [Small index].
  */
 #include <string.h>
 
-#include "stitch/stitch.h"
+#include "stitch/internal.h"
+
+/* Note [Small rules]
+ * PyTorch's small-pool rules: sizes rounded up to 512 bytes; blocks carved
+ * from segments of one page (P bytes, 2 MiB on the H200, like kSmallBuffer);
+ * best fit per stream (the smallest free block that holds the request); a
+ * block is split when at least 512 bytes remain; a freed block merges with its
+ * free neighbours.  What differs: a segment's page comes from the same page
+ * pool as large blocks, and a wholly free segment gives its page back to that
+ * pool (gmr__st_small_reclaim) before the policy grows, instead of being held
+ * until empty_cache; so memory that small tensors used at one time serves
+ * large ones at another.
+ */
+
+/* Note [Small index]
+ * Per stream, free blocks by class size / G (the last class holds every block
+ * of small_size bytes or more), a two-level bitmap over the classes, LIFO
+ * within a class.
+ *   Σ free block sizes == small_free_bytes
+ *   Σ block sizes of a segment == P; neighbours are never both free.
+ */
 
 static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
   st_stream_t *st = &t->streams[sidx];
@@ -27,7 +33,7 @@ static st_small_index_t *index_of(stitch_t *t, uint32_t sidx) {
   if (x == NULL) return NULL;
   uint32_t n = (uint32_t)(t->small_max / ST_G) + 1;
   x->heads = gmr__calloc(n, sizeof *x->heads);
-  if (x->heads == NULL || st_classes_init(&x->cls, n) != 0) {
+  if (x->heads == NULL || gmr__st_classes_init(&x->cls, n) != 0) {
     gmr__free(x->heads);
     gmr__free(x);
     return NULL;
@@ -43,7 +49,7 @@ static void idx_push(stitch_t *t, st_small_index_t *x, st_small_t *b) {
   if (b->fnext != NULL)
     b->fnext->fprev = b;
   else
-    st_classes_mark(&x->cls, c, true);
+    gmr__st_classes_mark(&x->cls, c, true);
   x->heads[c] = b;
 }
 
@@ -54,7 +60,7 @@ static void idx_remove(stitch_t *t, st_small_index_t *x, st_small_t *b) {
   else
     x->heads[c] = b->fnext;
   if (b->fnext != NULL) b->fnext->fprev = b->fprev;
-  if (x->heads[c] == NULL) st_classes_mark(&x->cls, c, false);
+  if (x->heads[c] == NULL) gmr__st_classes_mark(&x->cls, c, false);
 }
 
 /* Free block nb takes free block b's place in b's class list (nb is of the
@@ -107,15 +113,15 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
   st_small_seg_t *g = gmr__calloc(1, sizeof *g);
   st_small_t *b = block_new(t);
   st_range_t *r = NULL;
-  int err = (g && b) ? st_pages_reserve(t, 1) : GMR_ENOMEM;
-  if (err == 0 && (r = st_cache_lookup(t, t->P, sidx)) != NULL) {
+  int err = (g && b) ? gmr__st_pages_reserve(t, 1) : GMR_ENOMEM;
+  if (err == 0 && (r = gmr__st_cache_lookup(t, t->P, sidx)) != NULL) {
     st_cache_remove(t, r);
-    st_range_own(t, r);
+    gmr__st_range_own(t, r);
     r->gap = t->tick + 1 - r->tick;
     r->tick = ++t->tick;
     ++t->st.small_reuses;
   } else if (err == 0) {
-    r = st_range_alloc(1);
+    r = gmr__st_range_alloc(1);
     if (r == NULL) err = GMR_ENOMEM;
   }
   if (err != 0) {
@@ -125,16 +131,16 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small segment");
   }
   if (r->serial == 0) { /* a new range */
-    st_evict(t, 1, t->P, false);
+    gmr__st_evict(t, 1, t->P, false);
     uint32_t id;
     bool created = false;
-    if (st_collect_free(t, 1, sidx, &id) == 0) {
+    if (gmr__st_collect_free(t, 1, sidx, &id) == 0) {
       gmr_phys_t h;
       err = gmr__backend_phys_create(t->base.backend, t->P, &h);
       if (err == 0) {
         ++t->st.pages_created;
-        id = st_page_new(t, h);
-        st_page_reindex(t, id);
+        id = gmr__st_page_new(t, h);
+        gmr__st_page_reindex(t, id);
         created = true;
       }
     }
@@ -142,17 +148,17 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
       r->pages[0] = id;
       r->len = t->P;
       r->nwhole = 1;
-      err = st_range_link(t, r);
-      if (err == 0) err = st_map_range(t, r);
-      if (err != 0 && created) st_page_release(t, id);
+      err = gmr__st_range_link(t, r);
+      if (err == 0) err = gmr__st_map_range(t, r);
+      if (err != 0 && created) gmr__st_page_release(t, id);
     }
     if (err != 0) {
       gmr__free(g);
       gmr__free(b);
-      st_range_destroy(t, r);
+      gmr__st_range_destroy(t, r);
       return err;
     }
-    st_span_take(t, id, 0, (uint32_t)t->P, r);
+    gmr__st_span_take(t, id, 0, (uint32_t)t->P, r);
     r->tick = ++t->tick;
   }
   r->sidx = sidx;
@@ -172,15 +178,16 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
   return 0;
 }
 
-int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx,
-                   st_small_t **out) {
+/* see Note [Small index] */
+int gmr__st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx,
+                        st_small_t **out) {
   st_small_index_t *x = index_of(t, sidx);
   if (x == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a stream");
-  uint32_t c = st_classes_find(&x->cls, st_small_class(x, size));
+  uint32_t c = gmr__st_classes_find(&x->cls, st_small_class(x, size));
   if (c == ST_NIL) {
     int err = segment_new(t, sidx, x);
     if (err != 0) return err;
-    c = st_classes_find(&x->cls, st_small_class(x, size));
+    c = gmr__st_classes_find(&x->cls, st_small_class(x, size));
   }
   st_small_t *b = x->heads[c];
   if (b->size - size >= ST_G) {
@@ -218,7 +225,7 @@ int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx
   return 0;
 }
 
-void st_small_free(stitch_t *t, st_small_t *b) {
+void gmr__st_small_free(stitch_t *t, st_small_t *b) {
   st_small_seg_t *g = b->seg;
   st_small_index_t *x = t->streams[g->sidx].small;
   b->allocated = false;
@@ -271,12 +278,14 @@ void st_small_free(stitch_t *t, st_small_t *b) {
 }
 
 /* ---- the take-back -----------------------------------------------------------------------------
- *
+ */
+
+/* Note [Small take-back] (stitch.c's Note [Deferred free], in the small pool)
  * The free of b may wait (stitch.c keeps it in t->deferred; every op but an
- * allocation that takes it back applies it first, with st_small_free) when
- * an allocation of b->size bytes on b's stream right after it would get b
+ * allocation that takes it back applies it first, with gmr__st_small_free)
+ * when an allocation of b->size bytes on b's stream right after it would get b
  * back with every record, list and bitmap as they are now:
- *   st_small_alloc(b->size) after st_small_free(b) = the state before the free
+ *   gmr__st_small_alloc(b->size) after gmr__st_small_free(b) = the state before the free
  * That holds iff b's previous block is allocated or none (a merge with it
  * would move b's start) and b's next block n is
  *   - allocated or none: the free files b at the head of class(b), the
@@ -288,13 +297,13 @@ void st_small_free(stitch_t *t, st_small_t *b) {
  * Left for good by the pair: the segment's stamp when it would have emptied
  * (st_small_take_back).  Fields that differ are never read on a free block:
  * n's requested bytes and its record_stream array (freed by the recycle).
- * Both tests are inline in stitch.h (st_small_deferrable, st_small_take_back). */
+ * Both tests are inline in internal.h (st_small_deferrable, st_small_take_back). */
 
-int st_small_reclaim(stitch_t *t, bool wait) {
+int gmr__st_small_reclaim(stitch_t *t, bool wait) {
   st_small_seg_t *g = t->empty_head;
   while (g != NULL) {
     st_small_seg_t *next = g->e_next;
-    if (st_stamp_ready(t, g->last_free, UINT32_MAX, wait)) {
+    if (gmr__st_stamp_ready(t, g->last_free, UINT32_MAX, wait)) {
       st_range_t *r = g->r;
       st_stamp_t last = g->last_free;
       st_small_index_t *x = t->streams[g->sidx].small;
@@ -308,15 +317,15 @@ int st_small_reclaim(stitch_t *t, bool wait) {
       st_dec(t->st.reserved, 1, (int64_t)t->P);
       ++t->st.small_reclaims;
       gmr__free(g);
-      st_range_release(t, r, last); /* cached, its page parked under it */
+      gmr__st_range_release(t, r, last); /* cached, its page parked under it */
     }
     g = next;
   }
   return 0;
 }
 
-void st_small_fini(stitch_t *t) {
-  /* Segments: free every block record; the ranges go with st_ranges_fini. */
+void gmr__st_small_fini(stitch_t *t) {
+  /* Segments: free every block record; the ranges go with gmr__st_ranges_fini. */
   for (st_range_t *r = t->all; r != NULL; r = r->all_next) {
     if (r->seg == NULL) continue;
     st_small_t *b = r->seg->first;
@@ -337,7 +346,7 @@ void st_small_fini(stitch_t *t) {
   for (uint32_t i = 0; i < t->nstreams; ++i) {
     st_small_index_t *x = t->streams[i].small;
     if (x == NULL) continue;
-    st_classes_free(&x->cls);
+    gmr__st_classes_free(&x->cls);
     gmr__free(x->heads);
     gmr__free(x);
     t->streams[i].small = NULL;

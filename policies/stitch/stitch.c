@@ -1,6 +1,24 @@
-/* stitch.c: the stitch policy: options, allocation, free, record_stream,
- * empty_cache and the ops table (the design is in stitch.h).
+/* stitch.c: the stitch policy: allocation, free, record_stream, empty_cache,
+ * quiesce/resume and the ops table (the design is in internal.h).
  *
+ * A large request is served from a cached range of its length (no device
+ * call) or stitched from whole FREE pages and the open slot of a PARTIAL
+ * page, mapped as one transaction at a fresh virtual range; a small one
+ * goes to the small pool.  A free keeps the range mapped as CACHED.
+ * Map: Note [Allocation], [Free], [Graph capture], [Locking], [Fronts],
+ * [Deferred free], [Callbacks].
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stitch/internal.h"
+
+static inline stitch_t *st_of(gmr_policy_t *p) {
+  return (stitch_t *)p;
+}
+
+/* Note [Allocation]
  * Allocation of `size` bytes on stream s:
  *   size <= small_size: the small pool (small.c);
  *   otherwise len = size rounded up to G, then
@@ -17,70 +35,57 @@
  *   3. on GMR_ENOMEM: wait for pending frees, give empty small segments back,
  *      evict cached ranges (address space), retry once;
  *   4. OOM, with live, free, dead-gap bytes, mappings and address space.
- * Free: a block's spans go back to their pages stamped (s, n) and its range
- * stays mapped as CACHED; no device call.  A block used on other streams
+ *
+ * Note [Free]
+ * A block's spans go back to their pages stamped (s, n) and its range stays
+ * mapped as CACHED; no device call.  A block used on other streams
  * (record_stream) waits for an event on each of them first.  A free may
  * also wait for the next op, which takes the block back when it is an
- * allocation that the free and it would serve with that very block ("the
- * take-back" below); any other op applies the free first.
+ * allocation that the free and it would serve with that very block (Note
+ * [Deferred free]); any other op applies the free first.
  *
+ * Note [Graph capture]
  * CUDA graph capture: refused on a miss.  A request that would map, grow or
  * record an event on a stream being captured fails with GMR_ENOTSUP and says
  * so; a cache hit makes no device call and is served.  Capture your graph
  * after a warm-up step, or use the caching policy for captured graphs.
  *
- * Synchronization: `concurrent` (policy.h, rule 5).  One lock, `lock` (a
- * gmr_lock_t), guards everything in stitch_t but the options and P, which
- * are set at creation, and the fronts: every op below takes it on entry and
- * releases it on return (destroy excepted: nobody else holds the policy
- * then), and calls nothing that takes it again.  So the runtime takes its
- * hot paths (the map under its shard's lock, no runtime lock) and an op runs
- * as it did when the runtime serialized them.
+ * Note [Locking]
+ * `concurrent` (policy.h, rule 5).  One lock, `lock` (a gmr_lock_t), guards
+ * everything in stitch_t but the options and P, which are set at creation,
+ * and the fronts: every op below takes it on entry and releases it on
+ * return (destroy excepted: nobody else holds the policy then), and calls
+ * nothing that takes it again; the whole-state ops run under quiesce, which
+ * holds it.  So the runtime takes its hot paths (the map under its shard's
+ * lock, no runtime lock) and an op runs as it did when the runtime
+ * serialized them.
  *
- * Under concurrency (front.c).  As long as one thread at a time calls the
- * policy, nothing else exists, and every decision is the one above.  The
- * first time a thread finds `lock` held, `contended` is set for good and
- * each stream that allocates gets a front: its user's last free is kept
- * there, still allocated for the pools, and the stream's next allocation of
- * the same length takes it back under the front's own lock; a free into an
- * occupied front frees the block it held under `lock`.  So threads on
- * their own streams that reuse their sizes share no lock.  Invariants:
+ * Note [Fronts] (front.c)
+ * As long as one thread at a time calls the policy, nothing else exists, and
+ * every decision is the one above.  The first time a thread finds `lock`
+ * held, `contended` is set for good and each stream that allocates gets a
+ * front: its user's last free is kept there, still allocated for the pools,
+ * and the stream's next allocation of the same length takes it back under
+ * the front's own lock; a free into an occupied front frees the block it
+ * held under `lock`.  So threads on their own streams that reuse their
+ * sizes share no lock.  Invariants:
  *   a block in a front is allocated for the pools and counted as allocated
  *     (its user freed it);
  *   the statistics plus the fronts' unfolded take-backs are the figures;
  * every op that reads or changes the whole state (statistics, walks, checks,
- * summary, trim) first flushes the fronts (their blocks freed, their counts
- * folded) and freezes them until it ends, and an allocation that finds no
- * memory flushes them before it retries.  Blocks with record_stream uses,
- * and every free while the history records, take the locked path.
+ * summary, trim: the quiesced ops) first flushes the fronts (their blocks
+ * freed, their counts folded) and freezes them until it ends, and an
+ * allocation that finds no memory flushes them before it retries.  Blocks
+ * with record_stream uses, and every free while the history records, take
+ * the locked path.
  *
+ * Note [Callbacks]
  * Walk, summary and statistics callbacks are the runtime's collectors,
  * which never call back into the policy (the caller's own callbacks run
  * after the op returned: runtime.c, "Re-entrance").  Waits under the lock
  * (cross_stream: sync, the OOM retry, empty_cache) hold it as the runtime's
  * lock did.
  */
-#include <stddef.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "stitch/stitch.h"
-
-static const st_opts_t st_opts_default = {
-    .tau = 64 * 1024,
-    .small_size = 1 << 20,
-    .max_mappings = 65536,
-    .max_maps_per_page = 64,
-    .va_budget = 0,
-    .va_chunk = 0,
-    .cache_candidates = 256,
-    .stale_misses = 0,
-    .cross_stream = ST_CROSS_QUERY,
-};
-
-static inline stitch_t *st_of(gmr_policy_t *p) {
-  return (stitch_t *)p;
-}
 
 /* ---- pending frees (record_stream) ------------------------------------------------------------
  */
@@ -95,7 +100,7 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     t->st.pend[0] -= (int64_t)r->len;
     gmr__history_free_completed_at(t->rec, (void *)(r->va + r->first_off), r->requested,
                                    t->streams[r->sidx].s);
-    st_range_release(t, r, q->stamp);
+    gmr__st_range_release(t, r, q->stamp);
   } else {
     st_small_t *b = q->b;
     t->st.pend[1] -= b->size;
@@ -104,7 +109,7 @@ static void pending_finish(stitch_t *t, st_pending_t *q) {
     b->nuses = 0;
     gmr__history_free_completed_at(t->rec, (void *)st_small_ptr(b), b->requested,
                                    t->streams[b->seg->sidx].s);
-    st_small_free(t, b);
+    gmr__st_small_free(t, b);
   }
   gmr__free(q->ev);
   gmr__free(q);
@@ -186,13 +191,14 @@ static int pending_add(stitch_t *t, st_range_t *r, st_small_t *b, uint32_t sidx,
 /* ---- large blocks -----------------------------------------------------------------------------
  */
 
-static void fronts_flush(stitch_t *t, bool freeze); /* the take-back's section */
+static void fronts_flush(stitch_t *t, bool freeze); /* see Note [Fronts] */
 
 /* The PARTIAL page whose open slot fits r best with a gap <= tau. */
 static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t sidx,
                              uint32_t *gap) {
   uint32_t want = r / ST_G;
-  for (uint32_t k = st_classes_find(c, want); k != ST_NIL; k = st_classes_find(c, k + 1)) {
+  for (uint32_t k = gmr__st_classes_find(c, want); k != ST_NIL;
+       k = gmr__st_classes_find(c, k + 1)) {
     if ((uint64_t)(k - want) * ST_G > t->o.tau) break;
     int tries = 8;
     for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
@@ -207,8 +213,8 @@ static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t 
 /* The page with the largest open suffix of more than `above` bytes. */
 static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) {
   st_classes_t *c = &t->suffix;
-  for (uint32_t k = st_classes_find_last(c, c->n - 1); k != ST_NIL && k * ST_G > above;
-       k = k ? st_classes_find_last(c, k - 1) : ST_NIL) {
+  for (uint32_t k = gmr__st_classes_find_last(c, c->n - 1); k != ST_NIL && k * ST_G > above;
+       k = k ? gmr__st_classes_find_last(c, k - 1) : ST_NIL) {
     int tries = 8;
     for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
       if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
@@ -266,29 +272,29 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
   uint64_t P = t->P;
   uint32_t k = (uint32_t)(len / P), rem = (uint32_t)(len % P);
   /* Make room for the new mappings and address space first. */
-  st_evict(t, k + 2, (k + 2) * P, false);
+  gmr__st_evict(t, k + 2, (k + 2) * P, false);
   plan_t pl = plan_of(t, k, rem, sidx);
   uint32_t nslots = pl.pool + (pl.head != ST_NIL) + (pl.tail != ST_NIL);
-  st_range_t *r = st_range_alloc(nslots);
+  st_range_t *r = gmr__st_range_alloc(nslots);
   if (r == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
   uint32_t need = pl.pool;
   uint32_t *whole = r->pages + (pl.head != ST_NIL);
-  uint32_t got = st_collect_free(t, need, sidx, whole);
+  uint32_t got = gmr__st_collect_free(t, need, sidx, whole);
   if (got < need && t->empty_head != NULL) {
     /* Empty small segments give their pages back before the pool grows. */
-    st_small_reclaim(t, false);
-    got = st_collect_free(t, need, sidx, whole);
+    gmr__st_small_reclaim(t, false);
+    got = gmr__st_collect_free(t, need, sidx, whole);
   }
   uint32_t nnew = need - got, made = 0;
-  int err = st_pages_reserve(t, nnew);
+  int err = gmr__st_pages_reserve(t, nnew);
   if (err != 0) err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
   for (; err == 0 && made < nnew; ++made) {
     gmr_phys_t h;
     err = gmr__backend_phys_create(t->base.backend, P, &h);
     if (err != 0) break;
     ++t->st.pages_created;
-    uint32_t id = st_page_new(t, h);
-    st_page_reindex(t, id);
+    uint32_t id = gmr__st_page_new(t, h);
+    gmr__st_page_reindex(t, id);
     whole[got + made] = id;
   }
   if (err == 0) {
@@ -304,17 +310,17 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
       r->nwhole += whole;
       if (!whole) r->ends |= j == 0 ? 1 : 2;
     }
-    err = st_range_link(t, r);
-    if (err == 0) err = st_map_range(t, r);
+    err = gmr__st_range_link(t, r);
+    if (err == 0) err = gmr__st_map_range(t, r);
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
     for (uint32_t i = 0; i < made; ++i)
-      st_page_release(t, whole[got + i]);
-    st_range_destroy(t, r);
+      gmr__st_page_release(t, whole[got + i]);
+    gmr__st_range_destroy(t, r);
     return err;
   }
   if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
-  st_range_own(t, r);
+  gmr__st_range_own(t, r);
   *out = r;
   return 0;
 }
@@ -345,7 +351,7 @@ static inline void large_out(stitch_t *t, st_range_t *r, size_t size, gmr_block_
   out->handle = r;
 }
 
-/* The free of a range with no partial end slot (st_range_release's case,
+/* The free of a range with no partial end slot (gmr__st_range_release's case,
  * inline): cached, its whole pages parked under it, stamped. */
 static inline void large_park(stitch_t *t, st_range_t *r) {
   r->parked = r->nwhole > 0;
@@ -355,16 +361,17 @@ static inline void large_park(stitch_t *t, st_range_t *r) {
   st_cache_put(t, r);
 }
 
+/* see Note [Allocation] */
 static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   /* More than the device holds can never be mapped: refused before any page
    * table or range is sized by it (a 1 PB request wanted 18 GB of host
    * memory), and so len / P fits the 32-bit page counts below. */
   if (size > t->device_total)
-    return st_report_oom(t, size, s, "the request is larger than the device's memory");
+    return gmr__st_report_oom(t, size, s, "the request is larger than the device's memory");
   uint64_t len = gmr__align_up(size, ST_G);
   /* The common hit, inline: the oldest cached range of len is parked under
    * itself with no partial end slot and its last free is complete for s
-   * (st_range_usable's first case); anything else takes the lookup. */
+   * (gmr__st_range_usable's first case); anything else takes the lookup. */
   st_len_t *e = st_len_find(t, len);
   st_range_t *r = e != NULL ? e->first : NULL;
   while (r != NULL && r->state != ST_R_CACHED)
@@ -374,14 +381,14 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     r->parked = false;
     t->nparked -= r->nwhole;
     r->state = ST_R_LIVE;
-  } else if (r != NULL && (r = st_cache_lookup(t, len, sidx)) != NULL) {
+  } else if (r != NULL && (r = gmr__st_cache_lookup(t, len, sidx)) != NULL) {
     st_cache_remove(t, r);
-    st_range_own(t, r);
+    gmr__st_range_own(t, r);
   }
   if (r != NULL) {
     large_hit(t, r);
   } else {
-    if (gmr__backend_stream_capturing(t->base.backend, s) != 0) {
+    if (gmr__backend_stream_capturing(t->base.backend, s) != 0) { /* see Note [Graph capture] */
       char want[32];
       gmr__format_size(len, want, sizeof want);
       return gmr__error_set(GMR_ENOTSUP,
@@ -391,18 +398,18 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
                             want, s);
     }
     ++t->st.misses;
-    st_cache_miss(t, len, sidx);
+    gmr__st_cache_miss(t, len, sidx);
     int err = large_stitch(t, len, sidx, &r);
     if (err == GMR_ENOMEM) {
       ++t->st.retries;
       fronts_flush(t, false);
       pending_process(t, true);
-      st_small_reclaim(t, true);
-      st_evict(t, 0, 0, true);
+      gmr__st_small_reclaim(t, true);
+      gmr__st_evict(t, 0, 0, true);
       err = large_stitch(t, len, sidx, &r);
     }
     if (err == 0) r->tick = ++t->tick;
-    if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
+    if (err == GMR_ENOMEM) return gmr__st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
   }
   large_out(t, r, size, out);
@@ -412,15 +419,15 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
 static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, gmr_block_t *out) {
   uint32_t len = (uint32_t)gmr__align_up(size, ST_G);
   st_small_t *b = NULL;
-  int err = st_small_alloc(t, len, size, sidx, &b);
+  int err = gmr__st_small_alloc(t, len, size, sidx, &b);
   if (err == GMR_ENOMEM) {
     ++t->st.retries;
     fronts_flush(t, false);
     pending_process(t, true);
-    st_small_reclaim(t, true);
-    st_evict(t, 0, 0, true);
-    err = st_small_alloc(t, len, size, sidx, &b);
-    if (err == GMR_ENOMEM) return st_report_oom(t, len, s, gmr__error_last());
+    gmr__st_small_reclaim(t, true);
+    gmr__st_evict(t, 0, 0, true);
+    err = gmr__st_small_alloc(t, len, size, sidx, &b);
+    if (err == GMR_ENOMEM) return gmr__st_report_oom(t, len, s, gmr__error_last());
   }
   if (err != 0) return err;
   small_out(t, b, size, out);
@@ -428,7 +435,9 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
 }
 
 /* ---- the take-back ----------------------------------------------------------------------------
- *
+ */
+
+/* Note [Deferred free] (the take-back)
  * A free may wait for the next op (t->deferred: a small block, t->deferred_r:
  * a large range; at most one of them set), which takes the block back when
  * it is an allocation that the free followed by it would serve with that
@@ -436,7 +445,7 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
  * first (st_enter), as it would have been applied at once: the figures, the
  * history's free_completed and the stream's free count are the free's own
  * at once or in that op, before anything else, so the stamps keep their
- * order.  The small pool's case: small.c, "the take-back".  A large range
+ * order.  The small pool's case: small.c, Note [Small take-back].  A large range
  * with no partial end slot, with no record_stream use and at least one whole
  * page (large_park would park it), none of whose older ranges of its length
  * is CACHED: the allocation of its length on its stream right after its
@@ -461,14 +470,15 @@ static inline void deferred_apply(stitch_t *t) {
   st_range_t *r = t->deferred_r;
   if (GMR_UNLIKELY(b != NULL)) {
     t->deferred = NULL;
-    st_small_free(t, b);
+    gmr__st_small_free(t, b);
   } else if (GMR_UNLIKELY(r != NULL)) {
     t->deferred_r = NULL;
     large_park(t, r);
   }
 }
 
-/* The lock; a thread that finds it held turns the fronts on for good. */
+/* The lock; a thread that finds it held turns the fronts on for good
+ * (see Note [Locking], Note [Fronts]). */
 static inline void st_lock(stitch_t *t) {
   if (GMR_LIKELY(gmr__lock_try(&t->lock))) return;
   if (!atomic_load_explicit(&t->contended, memory_order_relaxed))
@@ -538,11 +548,11 @@ static inline __attribute__((always_inline)) int alloc_locked(stitch_t *t, size_
  * locked path, which gives the stream a front if it has none. */
 static __attribute__((noinline)) int alloc_contended(stitch_t *t, size_t size, gmr_stream_t s,
                                                      gmr_block_t *out) {
-  st_front_t *f = st_front_find(t, s);
-  if (f != NULL && st_front_take(f, t->small_max, size, out)) return 0;
+  st_front_t *f = gmr__st_front_find(t, s);
+  if (f != NULL && gmr__st_front_take(f, t->small_max, size, out)) return 0;
   st_lock(t);
   int err = alloc_locked(t, size, s, out);
-  if (f == NULL) st_front_new(t, s);
+  if (f == NULL) gmr__st_front_new(t, s);
   gmr__unlock(&t->lock);
   return err;
 }
@@ -572,7 +582,7 @@ static inline __attribute__((always_inline)) void free_locked(stitch_t *t, const
     if (st_small_deferrable(t, b))
       t->deferred = b;
     else
-      st_small_free(t, b);
+      gmr__st_small_free(t, b);
     return;
   }
   st_range_t *r = blk->handle;
@@ -591,7 +601,7 @@ static inline __attribute__((always_inline)) void free_locked(stitch_t *t, const
       large_park(t, r);
     return;
   }
-  st_range_release(t, r, st_stamp_new(t, r->sidx));
+  gmr__st_range_release(t, r, st_stamp_new(t, r->sidx));
 }
 
 /* Under lock: the free of a block a front kept (its user freed it then). */
@@ -601,12 +611,12 @@ static void free_kept(stitch_t *t, st_small_t *b, st_range_t *r) {
 }
 
 /* Under lock: every front emptied, its blocks freed (and the fronts
- * frozen when freeze, until st_fronts_thaw). */
+ * frozen when freeze, until gmr__st_fronts_thaw; see Note [Fronts]). */
 static void fronts_flush(stitch_t *t, bool freeze) {
   if (t->nfronts == 0) return;
   st_small_t *kb[ST_FRONTS];
   st_range_t *kr[ST_FRONTS];
-  st_fronts_drain(t, freeze, kb, kr);
+  gmr__st_fronts_drain(t, freeze, kb, kr);
   for (size_t i = 0; i < ST_FRONTS; ++i)
     if (kb[i] != NULL || kr[i] != NULL) {
       deferred_apply(t);
@@ -615,15 +625,16 @@ static void fronts_flush(stitch_t *t, bool freeze) {
   deferred_apply(t);
 }
 
-/* The ops that read or change the whole state: the lock, the fronts
- * flushed and frozen, the waiting free applied; st_leave_all undoes it. */
-static inline stitch_t *st_enter_all(gmr_policy_t *self) {
+/* Quiesced (policy.h, rule 5), for the ops that read or change the whole
+ * state: the lock, the fronts flushed and frozen, the waiting free
+ * applied; st_resume undoes it (see Note [Locking], Note [Fronts]). */
+static void st_quiesce(gmr_policy_t *self) {
   stitch_t *t = st_enter(self);
   fronts_flush(t, true);
-  return t;
 }
-static inline void st_leave_all(stitch_t *t) {
-  if (t->nfronts != 0) st_fronts_thaw(t);
+static void st_resume(gmr_policy_t *self) {
+  stitch_t *t = st_of(self);
+  if (t->nfronts != 0) gmr__st_fronts_thaw(t);
   gmr__unlock(&t->lock);
 }
 
@@ -632,7 +643,7 @@ static inline void st_leave_all(stitch_t *t) {
  * the block has record_stream uses or the history is on (its
  * free_completed entry belongs at the free). */
 static __attribute__((noinline)) bool free_to_front(stitch_t *t, const gmr_block_t *blk) {
-  st_front_t *f = st_front_find(t, blk->stream);
+  st_front_t *f = gmr__st_front_find(t, blk->stream);
   if (f == NULL || gmr__recording_history_at(t->rec) != NULL) return false;
   st_small_t *b = NULL, *old_b;
   st_range_t *r = NULL, *old_r;
@@ -640,7 +651,7 @@ static __attribute__((noinline)) bool free_to_front(stitch_t *t, const gmr_block
     b = blk->handle;
   else
     r = blk->handle;
-  if ((b != NULL ? b->nuses : r->nuses) != 0 || !st_front_keep(f, b, r, &old_b, &old_r))
+  if ((b != NULL ? b->nuses : r->nuses) != 0 || !gmr__st_front_keep(f, b, r, &old_b, &old_r))
     return false;
   if (old_b != NULL || old_r != NULL) {
     st_enter(&t->base);
@@ -650,6 +661,7 @@ static __attribute__((noinline)) bool free_to_front(stitch_t *t, const gmr_block
   return true;
 }
 
+/* see Note [Free] */
 static int st_free(gmr_policy_t *self, const gmr_block_t *blk) {
   stitch_t *t = st_of(self);
   if (GMR_UNLIKELY(atomic_load_explicit(&t->contended, memory_order_relaxed)) &&
@@ -677,7 +689,7 @@ static int uses_add(uint32_t **uses, uint32_t *n, uint32_t *cap, uint32_t sidx) 
 
 static int record_stream_locked(stitch_t *t, const gmr_block_t *blk, gmr_stream_t s) {
   uint32_t sidx;
-  int err = st_stream_index(t, s, &sidx);
+  int err = gmr__st_stream_index(t, s, &sidx);
   if (err != 0) return err;
   if (blk->size <= t->small_max) {
     st_small_t *b = blk->handle;
@@ -700,15 +712,15 @@ static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stre
  * every cached range (waiting for its stream), release every FREE page. */
 static int trim_locked(stitch_t *t) {
   pending_process(t, true);
-  int err = st_small_reclaim(t, true);
-  int e = st_evict(t, 0, 0, true);
+  int err = gmr__st_small_reclaim(t, true);
+  int e = gmr__st_evict(t, 0, 0, true);
   if (err == 0) err = e;
   for (int m = 0; m < 2; ++m) {
     uint32_t id = t->free_head[m];
     while (id != ST_NIL) {
       uint32_t next = t->pages[id].next;
       if (t->pages[id].nmaps == 0) {
-        e = st_page_release(t, id);
+        e = gmr__st_page_release(t, id);
         if (err == 0) err = e;
       }
       id = next;
@@ -717,11 +729,8 @@ static int trim_locked(stitch_t *t) {
   return err;
 }
 
-static int st_trim(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  int err = trim_locked(t);
-  st_leave_all(t);
-  return err;
+static int st_trim(gmr_policy_t *self) { /* quiesced */
+  return trim_locked(st_of(self));
 }
 
 /* ---- creation ---------------------------------------------------------------------------------
@@ -730,7 +739,7 @@ static int st_trim(gmr_policy_t *self) {
 static void st_destroy(gmr_policy_t *self) {
   stitch_t *t = st_of(self);
   fronts_flush(t, false);
-  st_fronts_fini(t);
+  gmr__st_fronts_fini(t);
   deferred_apply(t);
   /* Unmapping is not ordered with the streams: wait for every free's work,
    * with one synchronisation of the device rather than an event on each
@@ -750,29 +759,16 @@ static void st_destroy(gmr_policy_t *self) {
     gmr__free(q->ev);
     gmr__free(q);
   }
-  st_small_fini(t);
-  st_ranges_fini(t);
+  gmr__st_small_fini(t);
+  gmr__st_ranges_fini(t);
   for (uint32_t id = 0; id < t->npages; ++id)
     if (t->pages[id].where != ST_W_DEAD)
       gmr__backend_phys_release(t->base.backend, t->pages[id].h, t->P);
-  st_va_fini(t);
-  st_pages_fini(t);
-  st_streams_fini(t);
+  gmr__st_va_fini(t);
+  gmr__st_pages_fini(t);
+  gmr__st_streams_fini(t);
   gmr__lock_destroy(&t->lock);
   gmr__free(t);
-}
-
-static int st_validate(void *opts, char *err, size_t errlen) {
-  st_opts_t *o = opts;
-  if (o->tau % ST_G != 0) {
-    snprintf(err, errlen, "tau must be a multiple of 512 bytes");
-    return GMR_ECONFIG;
-  }
-  if (o->small_size % ST_G != 0) {
-    snprintf(err, errlen, "small_size must be a multiple of 512 bytes");
-    return GMR_ECONFIG;
-  }
-  return 0;
 }
 
 static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t *upstream,
@@ -785,7 +781,7 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
                           be->ops->name);
   stitch_t *t = gmr__calloc(1, sizeof *t);
   if (t == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
-  t->base.ops = &gmr_stitch_policy_ops;
+  t->base.ops = &gmr__stitch_policy;
   t->base.backend = be;
   t->o = *(const st_opts_t *)opts;
   t->P = be->granularity;
@@ -795,7 +791,7 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
   t->device_total = gmr__align_up(dtotal, t->P);
   t->last_stream = UINT32_MAX;
-  if (gmr__lock_init(&t->lock) != 0 || st_pages_init(t) != 0) {
+  if (gmr__lock_init(&t->lock) != 0 || gmr__st_pages_init(t) != 0) {
     gmr__free(t);
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory");
   }
@@ -803,160 +799,18 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   return 0;
 }
 
-/* ---- statistics and introspection (report.c) --------------------------------------------------
- */
-
-static void st_stats(gmr_policy_t *self, gmr_stats_t *out) {
-  stitch_t *t = st_enter_all(self);
-  st_report_stats(t, out);
-  st_leave_all(t);
-}
-
-static void st_reset_peak(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  for (int i = 0; i < 3; ++i) {
-    gmr__stat_reset_peak(&t->st.allocated[i]);
-    gmr__stat_reset_peak(&t->st.requested[i]);
-    t->st.active_peak[i] = t->st.allocated[i].current + t->st.pend[i];
-    gmr__stat_reset_peak(&t->st.allocation[i]);
-    gmr__stat_reset_peak(&t->st.reserved[i]);
-    gmr__stat_reset_peak(&t->st.segment[i]);
-  }
-  gmr__stat_reset_peak(&t->st.mappings);
-  gmr__stat_reset_peak(&t->st.dead_gap);
-  gmr__stat_reset_peak(&t->st.va);
-  st_leave_all(t);
-}
-
-static void st_reset_accumulated(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  st_stats_t *s = &t->st;
-  for (int i = 0; i < 3; ++i) {
-    gmr__stat_reset_accumulated(&s->allocated[i]);
-    gmr__stat_reset_accumulated(&s->requested[i]);
-    s->pend_at_reset[i] = s->pend[i];
-    gmr__stat_reset_accumulated(&s->allocation[i]);
-    gmr__stat_reset_accumulated(&s->reserved[i]);
-    gmr__stat_reset_accumulated(&s->segment[i]);
-  }
-  gmr__stat_reset_accumulated(&s->mappings);
-  gmr__stat_reset_accumulated(&s->va);
-  s->ooms = s->retries = 0;
-  s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
-  s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
-  s->syncs = s->small_reclaims = 0;
-  s->map_ns = 0;
-  st_leave_all(t);
-}
-
-/* The output ops: the runtime's collectors are the callbacks (see the top
- * of the file), so they run under the lock. */
-static int st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
-  stitch_t *t = st_enter_all(self);
-  int err = st_report_foreach(t, cb, ud);
-  st_leave_all(t);
-  return err;
-}
-static int st_summary(gmr_policy_t *self, FILE *out) {
-  stitch_t *t = st_enter_all(self);
-  int err = st_report_summary(t, out);
-  st_leave_all(t);
-  return err;
-}
-static int st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
-  stitch_t *t = st_enter_all(self);
-  int err = st_report_walk(t, cb, ud);
-  st_leave_all(t);
-  return err;
-}
-static int st_check(gmr_policy_t *self) {
-  stitch_t *t = st_enter_all(self);
-  int err = st_report_check(t);
-  st_leave_all(t);
-  return err;
-}
-
 /* ---- the table --------------------------------------------------------------------------------
  */
 
-static const char *const st_cross_choices[] = {"query", "sync", NULL};
-
-static const gmr_opt_desc_t st_opts_desc[] = {
-    {.key = "tau",
-     .type = GMR_OPT_SIZE,
-     .offset = offsetof(st_opts_t, tau),
-     .default_text = "64KiB",
-     .help = "The largest dead gap a placement may leave between two blocks sharing a page "
-             "(a multiple of 512 bytes).",
-     .tune = (const char *const[]){"16KiB", "32KiB", "128KiB", "256KiB", NULL}},
-    {.key = "small_size",
-     .type = GMR_OPT_SIZE,
-     .offset = offsetof(st_opts_t, small_size),
-     .min = 512,
-     .default_text = "1MiB",
-     .help = "Requests of at most this many bytes go to the small pool (at most half a page).",
-     .tune = (const char *const[]){"256KiB", "512KiB", NULL}},
-    {.key = "max_mappings",
-     .type = GMR_OPT_INT,
-     .offset = offsetof(st_opts_t, max_mappings),
-     .min = 16,
-     .default_text = "65536",
-     .help = "Cap on page mappings; least recently used cached ranges are unmapped above it."},
-    {.key = "max_maps_per_page",
-     .type = GMR_OPT_INT,
-     .offset = offsetof(st_opts_t, max_maps_per_page),
-     .min = 2,
-     .default_text = "64",
-     .help = "Cap on the virtual addresses one page is mapped at."},
-    {.key = "va_budget",
-     .type = GMR_OPT_SIZE,
-     .offset = offsetof(st_opts_t, va_budget),
-     .default_text = "4 x device memory",
-     .help = "Cap on the address space held by mapped ranges; LRU cached ranges are unmapped "
-             "above it (0: four times the device's memory)."},
-    {.key = "va_chunk",
-     .type = GMR_OPT_SIZE,
-     .offset = offsetof(st_opts_t, va_chunk),
-     .default_text = "2 x device memory",
-     .help = "Address space reserved at a time (halved until the device accepts; 0: twice the "
-             "device's memory)."},
-    {.key = "cache_candidates",
-     .type = GMR_OPT_INT,
-     .offset = offsetof(st_opts_t, cache_candidates),
-     .min = 1,
-     .max = 1024,
-     .default_text = "256",
-     .help = "Cached ranges of the requested length tried, oldest first, before stitching a "
-             "new one.",
-     .tune = (const char *const[]){"16", "1024", NULL}},
-    {.key = "stale_misses",
-     .type = GMR_OPT_INT,
-     .offset = offsetof(st_opts_t, stale_misses),
-     .min = 0,
-     .default_text = "0",
-     .help = "Unmap a cached range once this many misses of its length in a row could not use "
-             "it (0: only the mapping caps unmap cached ranges).",
-     .tune = (const char *const[]){"4", NULL}},
-    {.key = "cross_stream",
-     .type = GMR_OPT_ENUM,
-     .offset = offsetof(st_opts_t, cross_stream),
-     .choices = st_cross_choices,
-     .default_text = "query",
-     .help = "Bytes freed on one stream are reused by another once an event shows that "
-             "stream's work done: query (never block; use other bytes meanwhile) or sync "
-             "(wait on the event)."},
-    {.key = NULL},
-};
-
-const gmr_policy_ops_t gmr_stitch_policy_ops = {
+const gmr_policy_ops_t gmr__stitch_policy = {
     .name = "stitch",
     .help = "Device pages stitched into contiguous virtual ranges, a page shared by the tail of "
             "one block and the head of the next; cached ranges served with no device call; a "
             "small pool with PyTorch's rules.",
     .opts_size = sizeof(st_opts_t),
-    .opts_default = &st_opts_default,
-    .opts_desc = st_opts_desc,
-    .validate = st_validate,
+    .opts_default = &gmr__st_opts_default,
+    .opts_desc = gmr__st_opts_desc,
+    .validate = gmr__st_validate,
     .concurrent = true,
     .reports_free_completed = true,
     .create = st_create,
@@ -965,11 +819,13 @@ const gmr_policy_ops_t gmr_stitch_policy_ops = {
     .free = st_free,
     .record_stream = st_record_stream,
     .trim = st_trim,
-    .stats = st_stats,
-    .reset_peak = st_reset_peak,
-    .reset_accumulated = st_reset_accumulated,
-    .stats_foreach = st_stats_foreach,
-    .summary = st_summary,
-    .walk = st_walk,
-    .check = st_check,
+    .stats = gmr__st_stats,
+    .reset_peak = gmr__st_reset_peak,
+    .reset_accumulated = gmr__st_reset_accumulated,
+    .stats_foreach = gmr__st_stats_foreach,
+    .summary = gmr__st_summary,
+    .walk = gmr__st_walk,
+    .check = gmr__st_check,
+    .quiesce = st_quiesce,
+    .resume = st_resume,
 };

@@ -1,6 +1,12 @@
 /* worth.c: the stitch policy's FREE mapped pages kept in the order a miss
- * takes them (ranges.c's st_collect_free).
- *
+ * takes them (ranges.c's gmr__st_collect_free).
+ * Map: Note [Worth], [Worth heaps], [Worth invariants].
+ */
+#include <string.h>
+
+#include "stitch/internal.h"
+
+/* Note [Worth]
  * A miss takes the FREE mapped pages that the cached ranges will want last
  * first (Belady's rule: in a loop, the pages of the range handed out
  * longest ago are the ones the loop wants again soonest), in the order
@@ -10,7 +16,9 @@
  * Scanning every FREE page at each miss costs O(FREE pages); here they stay
  * ordered between misses, and a miss costs O(k log n) for the k pages it
  * looks at.
- *
+ */
+
+/* Note [Worth heaps]
  * The b term moves with T, so the pages are kept in heaps by keys that do
  * not:
  *   A: pages whose worth is wa from now on (wb = 0 or 2T + 2 - wb >= wa),
@@ -23,7 +31,7 @@
  * that maps it is unmapped, and then only if that range set wa or wb (the
  * ranges that map a FREE page are all cached; one that is handed out takes
  * the page, and a new mapping is a new range's, not cached yet).  Those
- * places touch the page (st_worth_touch, st_worth_unmapped): it leaves its
+ * places touch the page (gmr__st_worth_touch, gmr__st_worth_unmapped): it leaves its
  * heap and goes on the dirty list.  A miss files the dirty pages, moves the
  * pages whose T* has come from B to A, then reads A and B in order through
  * a frontier: a heap of the candidates next in line, each popped one
@@ -31,7 +39,9 @@
  *
  * A page leaving its heap only marks itself out (its entries are skipped
  * when met, dropped when the heap is rebuilt), so a touch costs O(1).
- *
+ */
+
+/* Note [Worth invariants]
  * Invariants, outside a miss (p in k: p has a live entry in heap k):
  *   p in A or B ∧ ¬dirty ⇒ p FREE ∧ mapped (cls 1) ∧ its entry's key current
  *   p FREE ∧ mapped ⇒ p in A or B, or dirty
@@ -41,9 +51,6 @@
  * pages' mappings, as a sort at the start would give it.  The pages touched
  * meanwhile stay in their heap, dirty, until their next touch or miss.
  */
-#include <string.h>
-
-#include "stitch/stitch.h"
 
 enum { W_NONE = 0, W_A = 1, W_B = 2, W_M = 3 };
 
@@ -166,11 +173,11 @@ static void w_file(stitch_t *t, uint32_t id) {
 
 /* ---- upkeep ---------------------------------------------------------------------------------- */
 
-void st_worth_init(stitch_t *t) {
+void gmr__st_worth_init(stitch_t *t) {
   t->wdirty_head = ST_NIL;
 }
 
-int st_worth_reserve(stitch_t *t, uint32_t cap) {
+int gmr__st_worth_reserve(stitch_t *t, uint32_t cap) {
   if (cap <= t->capw) return 0;
   for (int k = W_A; k <= W_M; ++k) {
     st_went_t *h = gmr__realloc(t->wheap[k], 2 * (size_t)cap * sizeof *h);
@@ -181,7 +188,7 @@ int st_worth_reserve(stitch_t *t, uint32_t cap) {
   return 0;
 }
 
-void st_worth_fini(stitch_t *t) {
+void gmr__st_worth_fini(stitch_t *t) {
   for (int k = W_A; k <= W_M; ++k) {
     gmr__free(t->wheap[k]);
     t->wheap[k] = NULL;
@@ -190,7 +197,8 @@ void st_worth_fini(stitch_t *t) {
   t->capw = 0;
 }
 
-void st_worth_touch(stitch_t *t, uint32_t id) {
+/* see Note [Worth heaps] */
+void gmr__st_worth_touch(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   if (!t->wfrozen) w_leave(t, p);
   if (!p->wdirty) {
@@ -200,13 +208,13 @@ void st_worth_touch(stitch_t *t, uint32_t id) {
   }
 }
 
-void st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r) {
+void gmr__st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r) {
   const st_page_t *p = &t->pages[id];
   /* Only a filed page's terms are kept (a dirty one is filed again anyway,
    * and one in no heap is not FREE and mapped); they change only if r, a
    * cached range, set one. */
   if (p->wheap == W_NONE || p->wdirty || r->state != ST_R_CACHED) return;
-  if (r->gap != 0 ? r->tick + r->gap == p->wa : r->tick + 1 == p->wb) st_worth_touch(t, id);
+  if (r->gap != 0 ? r->tick + r->gap == p->wa : r->tick + 1 == p->wb) gmr__st_worth_touch(t, id);
 }
 
 /* Every dirty page out of its heap, and back in by its terms if it is a
@@ -226,7 +234,8 @@ static void file_dirty(stitch_t *t) {
 /* The invariants at the top of the file (outside a miss), and the heaps'
  * order.  A page in A stays there as T grows; one in B may be due to move
  * (the next miss moves it). */
-bool st_worth_holds(const stitch_t *t) {
+/* see Note [Worth invariants] */
+bool gmr__st_worth_holds(const stitch_t *t) {
   uint32_t listed = 0, filed = 0; /* FREE mapped pages not dirty; their live entries */
   for (uint32_t id = t->free_head[1]; id != ST_NIL; id = t->pages[id].next) {
     const st_page_t *p = &t->pages[id];
@@ -304,7 +313,8 @@ static bool frontier_add(stitch_t *t, st_worth_iter_t *it, int k, uint32_t i) {
   return true;
 }
 
-int st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want) {
+/* see Note [Worth] */
+int gmr__st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want) {
   file_dirty(t);
   /* B's pages whose worth is now wa move to A; M's dead entries go. */
   while (t->wn[W_M] > 0 && t->wheap[W_M][0].key <= t->tick) {
@@ -326,7 +336,7 @@ int st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want) {
   for (int k = W_A; k <= W_B; ++k)
     while (t->wn[k] > 0 && !w_live(t, k, t->wheap[k][0]))
       w_pop(t, k);
-  gmr_assert_expensive(t->wdirty_head == ST_NIL && st_worth_holds(t));
+  gmr_assert_expensive(t->wdirty_head == ST_NIL && gmr__st_worth_holds(t));
   it->T = t->tick;
   it->n = 0;
   it->cap = 2 * want + 8;
@@ -338,7 +348,7 @@ int st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want) {
   return 0;
 }
 
-bool st_worth_next(stitch_t *t, st_worth_iter_t *it, uint32_t *id) {
+bool gmr__st_worth_next(stitch_t *t, st_worth_iter_t *it, uint32_t *id) {
   while (it->n > 0) {
     cand_t x = it->f[0];
     it->f[0] = it->f[--it->n];
@@ -356,7 +366,7 @@ bool st_worth_next(stitch_t *t, st_worth_iter_t *it, uint32_t *id) {
 
 /* The pages touched meanwhile stay where they were, dirty: filed again at
  * the next miss, or out of their heap at their next touch. */
-void st_worth_end(stitch_t *t, st_worth_iter_t *it) {
+void gmr__st_worth_end(stitch_t *t, st_worth_iter_t *it) {
   gmr__free(it->f);
   it->f = NULL;
   t->wfrozen = false;

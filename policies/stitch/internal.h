@@ -1,51 +1,67 @@
-/* stitch.h: the stitch policy's shared state (policies/stitch/).
- *
+/* internal.h: the stitch policy's shared state (policies/stitch/): device
+ * pages stitched into contiguous virtual ranges, a page shared by the tail
+ * of one block and the head of the next.
+ * Map: Note [Stitch pages], [Rooms], [Slot terms], [Stream stamps].
+ */
+#ifndef GMR_STITCH_INTERNAL_H
+#define GMR_STITCH_INTERNAL_H
+
+#include "observe/recording.h"
+#include "policy.h"
+
+/* Note [Stitch pages]
  * Physical memory is a pool of device pages of P bytes (the backend's
  * granularity, queried).  A large block is [the free head slot of one page]
- * [whole pages] or [whole pages][the free tail slot of one page], mapped
- * into one contiguous virtual range; a page whose tail and head slots belong
- * to two blocks is mapped twice, at the end of one range and the start of
- * the other, so no page is lost to rounding.  Requests of at most
- * `small_size` go to a small pool of one-page segments with PyTorch's rules.
- * A freed range keeps its mappings (CACHED) and serves a later request of
- * the same length with no device call; only a miss maps.  Of the cached
- * ranges of a length whose pages are free, the oldest serves (ranges.c
- * says why: a loop then makes no page map after it has run twice).
- *
- * Files, each calling only those listed before it (no cycles):
- *   worth.c  the FREE mapped pages in the order a miss takes them
- *   pages.c  page table, slot ownership, the FREE lists and the prefix and
- *            suffix indexes of partial pages, streams and stamps
- *   ranges.c the virtual address arena, ranges and their mapping records,
- *            the map transaction, eviction, the cache index
- *   small.c  the small pool
- *   report.c statistics, summary, walk, the invariant checker, OOM text
- *   stitch.c options, alloc/free/record_stream/trim and the ops table
- *
- * Terms.  A page's tail slot is [0, tail_end), owned by a block's last span;
- * its head slot [head_start, P), owned by a block's first span; a whole page
- * has a full owner (a large block's interior page or a small segment).
+ * [whole pages] or [whole pages][the free tail slot of one page], mapped into
+ * one contiguous virtual range; a page whose tail and head slots belong to two
+ * blocks is mapped twice, at the end of one range and the start of the other,
+ * so no page is lost to rounding.  Requests of at most `small_size` go to a
+ * small pool of one-page segments with PyTorch's rules.  A freed range keeps
+ * its mappings (CACHED) and serves a later request of the same length with no
+ * device call; only a miss maps.  Of the cached ranges of a length whose pages
+ * are free, the oldest serves (ranges.c says why: a loop then makes no page
+ * map after it has run twice).
+ */
+
+/* Note [Rooms]
+ * Rooms (the skeleton every policy folder shares, then stitch's own), each
+ * calling only those listed before it (no cycles):
+ *   internal.h this header: the data model the files share
+ *   options.c  the option table, the defaults and the cross-field checks
+ *   worth.c    the FREE mapped pages in the order a miss takes them
+ *   pages.c    page table, slot ownership, the FREE lists and the prefix and
+ *              suffix indexes of partial pages, streams and stamps
+ *   ranges.c   the virtual address arena, ranges and their mapping records,
+ *              the map transaction, eviction, the cache index
+ *   small.c    the small pool
+ *   front.c    the per-stream fronts (the locked path's bypass)
+ *   report.c   statistics, summary, OOM text
+ *   check.c    the walk and the invariant checker
+ *   stitch.c   alloc/free/record_stream/trim, quiescing and the ops table
+ */
+
+/* Note [Slot terms]
+ * A page's tail slot is [0, tail_end), owned by a block's last span; its head
+ * slot [head_start, P), owned by a block's first span; a whole page has a full
+ * owner (a large block's interior page or a small segment).
  *   FREE    ⇔ no owner: tail_end = 0, head_start = P
  *   PARTIAL ⇔ no full owner and exactly one slot owned: the other is "open"
  *   CLOSED  ⇔ both slots owned: [tail_end, head_start) is a dead gap <= tau
  *   FULL    ⇔ a full owner (a CACHED range's whole page is "parked" under
- *             it: free memory, taken back by st_unpark_all; ranges.c)
+ *             it: free memory, taken back by gmr__st_unpark_all; ranges.c)
  * Offsets are multiples of G = 512 bytes, so no 32-byte sector is ever
  * shared by two blocks.
- *
- * Streams.  Each stream counts its frees; a page keeps up to ST_STAMPS
- * (stream, count) stamps of releases on it.  A page may be used by stream s
- * once every stamp is of s or known complete (an event recorded after it,
- * queried without blocking, or waited on with cross_stream: sync).
- * Unmapping and remapping are not ordered with a stream's work: a range's
- * slot is unmapped or remapped only once the range's last free (last_use)
- * is known complete (st_stamp_ready with no stream of its own).
  */
-#ifndef GMR_STITCH_H
-#define GMR_STITCH_H
 
-#include "observe/recording.h"
-#include "policy.h"
+/* Note [Stream stamps]
+ * Each stream counts its frees; a page keeps up to ST_STAMPS (stream, count)
+ * stamps of releases on it.  A page may be used by stream s once every stamp
+ * is of s or known complete (an event recorded after it, queried without
+ * blocking, or waited on with cross_stream: sync).  Unmapping and remapping
+ * are not ordered with a stream's work: a range's slot is unmapped or remapped
+ * only once the range's last free (last_use) is known complete
+ * (gmr__st_stamp_ready with no stream of its own).
+ */
 
 #define ST_G      ((uint32_t)512)
 #define ST_NIL    UINT32_MAX
@@ -235,7 +251,7 @@ typedef struct st_len_s {
 typedef struct st_stats_s {
   /* Per pool ([1] small, [2] large) whole; [0] ("all") keeps only its
    * current figure and peak as things happen, its accumulated counts are the
-   * pools' sums (st_report_figures).  Active bytes are not counted apart:
+   * pools' sums (gmr__st_report_figures).  Active bytes are not counted apart:
    *   active[p] = allocated[p] + pend[p]
    * (a freed block stays active while a record_stream use is pending); its
    * peak is max(allocated[p].peak, active_peak[p]), active_peak[p] raised
@@ -325,7 +341,7 @@ typedef struct stitch_s {
   uint32_t nsmall_segs;
   uint64_t small_free_bytes;
   st_small_t *small_recycle;
-  st_small_t *deferred;   /* a small block freed whose st_small_free waits (stitch.c) */
+  st_small_t *deferred;   /* a small block freed whose gmr__st_small_free waits (stitch.c) */
   st_range_t *deferred_r; /* a large range freed whose parking waits (stitch.c) */
 
   uint64_t serials; /* ranges made so far */
@@ -370,16 +386,16 @@ static inline void st_count_free(st_stats_t *s, int pool, int64_t len, int64_t s
 /* ---- worth.c ----------------------------------------------------------------------------------
  */
 
-void st_worth_init(stitch_t *t);
+void gmr__st_worth_init(stitch_t *t);
 /* Room in the heaps for cap pages. */
-int st_worth_reserve(stitch_t *t, uint32_t cap);
-void st_worth_fini(stitch_t *t);
+int gmr__st_worth_reserve(stitch_t *t, uint32_t cap);
+void gmr__st_worth_fini(stitch_t *t);
 /* Page id became FREE or stopped being FREE, or its worth changed: it is
  * filed again at the next miss. */
-void st_worth_touch(stitch_t *t, uint32_t id);
+void gmr__st_worth_touch(stitch_t *t, uint32_t id);
 /* Page id is about to lose cached range r's mapping: touched if that
  * changes its worth. */
-void st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r);
+void gmr__st_worth_unmapped(stitch_t *t, uint32_t id, const st_range_t *r);
 /* A miss's reading of the FREE mapped pages, first to last (see worth.c):
  * begin (room for about `want` pages; GMR_ENOMEM: nothing to read), next
  * until it returns false or enough are taken, then end.  Between begin and
@@ -389,34 +405,34 @@ typedef struct st_worth_iter_s {
   uint32_t n, cap;
   uint64_t T; /* the tick at begin */
 } st_worth_iter_t;
-int st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want);
-bool st_worth_next(stitch_t *t, st_worth_iter_t *it, uint32_t *id);
-void st_worth_end(stitch_t *t, st_worth_iter_t *it);
+int gmr__st_worth_begin(stitch_t *t, st_worth_iter_t *it, uint32_t want);
+bool gmr__st_worth_next(stitch_t *t, st_worth_iter_t *it, uint32_t *id);
+void gmr__st_worth_end(stitch_t *t, st_worth_iter_t *it);
 /* The invariants of worth.c, outside a miss (for the checker). */
-bool st_worth_holds(const stitch_t *t);
+bool gmr__st_worth_holds(const stitch_t *t);
 
 /* ---- pages.c ----------------------------------------------------------------------------------
  */
 
-int st_classes_init(st_classes_t *c, uint32_t n);
-void st_classes_free(st_classes_t *c);
-void st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty);
+int gmr__st_classes_init(st_classes_t *c, uint32_t n);
+void gmr__st_classes_free(st_classes_t *c);
+void gmr__st_classes_mark(st_classes_t *c, uint32_t k, bool nonempty);
 /* The first non-empty class >= k, or ST_NIL. */
-uint32_t st_classes_find(const st_classes_t *c, uint32_t k);
+uint32_t gmr__st_classes_find(const st_classes_t *c, uint32_t k);
 /* The last non-empty class <= k, or ST_NIL. */
-uint32_t st_classes_find_last(const st_classes_t *c, uint32_t k);
+uint32_t gmr__st_classes_find_last(const st_classes_t *c, uint32_t k);
 
-int st_pages_init(stitch_t *t);
-void st_pages_fini(stitch_t *t);
+int gmr__st_pages_init(stitch_t *t);
+void gmr__st_pages_fini(stitch_t *t);
 /* Make room for n more page ids (no device call). */
-int st_pages_reserve(stitch_t *t, uint32_t n);
-/* A new page id for handle h (after st_pages_reserve); FREE, unindexed. */
-uint32_t st_page_new(stitch_t *t, gmr_phys_t h);
+int gmr__st_pages_reserve(stitch_t *t, uint32_t n);
+/* A new page id for handle h (after gmr__st_pages_reserve); FREE, unindexed. */
+uint32_t gmr__st_page_new(stitch_t *t, gmr_phys_t h);
 /* Release a FREE, unmapped page's handle and recycle its id. */
-int st_page_release(stitch_t *t, uint32_t id);
+int gmr__st_page_release(stitch_t *t, uint32_t id);
 /* Re-file a page in the index its fields imply; keeps dead_bytes and counts. */
-void st_page_reindex(stitch_t *t, uint32_t id);
-void st_page_unindex(stitch_t *t, uint32_t id);
+void gmr__st_page_reindex(stitch_t *t, uint32_t id);
+void gmr__st_page_unindex(stitch_t *t, uint32_t id);
 
 /* Span of slot j of r: [*a, *b). */
 static inline void st_span(const stitch_t *t, const st_range_t *r, uint32_t j, uint32_t *a,
@@ -428,21 +444,21 @@ static inline void st_span(const stitch_t *t, const st_range_t *r, uint32_t j, u
 /* Is [a, b) of page id free and can stream sidx use it now (no device call
  * unless a cross-stream stamp needs an event)?  gap_ok: the dead gap the
  * span would leave is <= tau. */
-bool st_span_usable(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, uint32_t sidx);
-void st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner);
-void st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t stamp);
+bool gmr__st_span_usable(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, uint32_t sidx);
+void gmr__st_span_take(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_range_t *owner);
+void gmr__st_span_give(stitch_t *t, uint32_t id, uint32_t a, uint32_t b, st_stamp_t stamp);
 
 /* Streams. */
-int st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out);
+int gmr__st_stream_index(stitch_t *t, gmr_stream_t s, uint32_t *out);
 /* Has the stamp completed (from stream sidx's view: its own stamps always
  * have)?  May record or query an event; never blocks unless wait. */
-bool st_stamp_ready(stitch_t *t, st_stamp_t st, uint32_t sidx, bool wait);
-/* st_stamp_ready without waiting, inline for the common case of no stamp
+bool gmr__st_stamp_ready(stitch_t *t, st_stamp_t st, uint32_t sidx, bool wait);
+/* gmr__st_stamp_ready without waiting, inline for the common case of no stamp
  * or one of sidx's own. */
 static inline bool st_stamp_ready_now(stitch_t *t, st_stamp_t st, uint32_t sidx) {
-  return st.stream == 0 || st.stream - 1 == sidx || st_stamp_ready(t, st, sidx, false);
+  return st.stream == 0 || st.stream - 1 == sidx || gmr__st_stamp_ready(t, st, sidx, false);
 }
-bool st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx);
+bool gmr__st_page_ready_slow(stitch_t *t, uint32_t id, uint32_t sidx);
 /* May stream sidx use page id now?  Inline when every stamp is sidx's own
  * or none (one stream: always). */
 static inline bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx) {
@@ -451,41 +467,41 @@ static inline bool st_page_ready(stitch_t *t, uint32_t id, uint32_t sidx) {
   if ((p->stamp[0].stream == 0 || p->stamp[0].stream == own) &&
       (p->stamp[1].stream == 0 || p->stamp[1].stream == own))
     return true;
-  return st_page_ready_slow(t, id, sidx);
+  return gmr__st_page_ready_slow(t, id, sidx);
 }
 /* The stamp of a free on stream sidx: its free count, raised. */
 static inline st_stamp_t st_stamp_new(stitch_t *t, uint32_t sidx) {
   return (st_stamp_t){sidx + 1, ++t->streams[sidx].frees};
 }
-/* st_stream_index, inline when s is the stream of the last call. */
+/* gmr__st_stream_index, inline when s is the stream of the last call. */
 static inline int st_stream_of(stitch_t *t, gmr_stream_t s, uint32_t *out) {
   if (GMR_LIKELY(t->last_stream < t->nstreams && t->streams[t->last_stream].s == s)) {
     *out = t->last_stream;
     return 0;
   }
-  return st_stream_index(t, s, out);
+  return gmr__st_stream_index(t, s, out);
 }
-void st_streams_fini(stitch_t *t);
+void gmr__st_streams_fini(stitch_t *t);
 
 /* ---- ranges.c ----------------------------------------------------------------------------------
  */
 
-int st_va_take(stitch_t *t, uint64_t size, uintptr_t *out);
-void st_va_give(stitch_t *t, uintptr_t addr, uint64_t size);
-void st_va_fini(stitch_t *t);
+int gmr__st_va_take(stitch_t *t, uint64_t size, uintptr_t *out);
+void gmr__st_va_give(stitch_t *t, uintptr_t addr, uint64_t size);
+void gmr__st_va_fini(stitch_t *t);
 
-st_range_t *st_range_alloc(uint32_t nslots);
+st_range_t *gmr__st_range_alloc(uint32_t nslots);
 /* Give r its serial and file it under its length (before it is mapped, so
  * that nothing can fail after the device calls). */
-int st_range_link(stitch_t *t, st_range_t *r);
-void st_range_destroy(stitch_t *t, st_range_t *r);
+int gmr__st_range_link(stitch_t *t, st_range_t *r);
+void gmr__st_range_destroy(stitch_t *t, st_range_t *r);
 /* Map pages[0..n) at a fresh address range as one transaction: on failure
  * everything done is undone (no mapping record, no VA, pages untouched). */
-int st_map_range(stitch_t *t, st_range_t *r);
+int gmr__st_map_range(stitch_t *t, st_range_t *r);
 /* Unmap one slot; an unmapped slot has maps[j].r == NULL. */
-int st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
+int gmr__st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
 /* Unmap every mapped slot of a range, give back its VA and free it. */
-int st_unmap_range(stitch_t *t, st_range_t *r);
+int gmr__st_unmap_range(stitch_t *t, st_range_t *r);
 
 /* The entry of len in the table of lengths, or NULL. */
 static inline st_len_t *st_len_slot(const stitch_t *t, uint64_t len) {
@@ -499,8 +515,8 @@ static inline st_len_t *st_len_find(const stitch_t *t, uint64_t len) {
   return e->len == len ? e : NULL;
 }
 
-/* Every range is filed under its length from st_range_link to
- * st_range_destroy, in serial order; a CACHED one is also on the LRU list
+/* Every range is filed under its length from gmr__st_range_link to
+ * gmr__st_range_destroy, in serial order; a CACHED one is also on the LRU list
  * (most recent first). */
 static inline void st_cache_put(stitch_t *t, st_range_t *r) {
   r->state = ST_R_CACHED;
@@ -527,37 +543,38 @@ static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
 }
 /* The oldest cached range of len that stream sidx can take now (its pages
  * free, or parked under cached ranges; stamps complete), or NULL. */
-st_range_t *st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
+st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
 /* A miss of len: cached ranges of that length that could not serve it
  * stale_misses times in a row are unmapped (the loop that used them has
  * moved on). */
-void st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
-/* Take a range st_cache_lookup found (or a new one) for its block: cached
+void gmr__st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx);
+/* Take a range gmr__st_cache_lookup found (or a new one) for its block: cached
  * ranges whose parked pages it maps are unparked first. */
-void st_range_own(stitch_t *t, st_range_t *r);
-void st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp);
-bool st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx);
+void gmr__st_range_own(stitch_t *t, st_range_t *r);
+void gmr__st_range_release(stitch_t *t, st_range_t *r, st_stamp_t stamp);
+bool gmr__st_range_usable(stitch_t *t, const st_range_t *r, uint32_t sidx);
 /* Give a parked range's whole pages back to the FREE lists (stamped with
  * its last free); every parked range. */
-void st_unpark(stitch_t *t, st_range_t *r);
-void st_unpark_all(stitch_t *t);
+void gmr__st_unpark(stitch_t *t, st_range_t *r);
+void gmr__st_unpark_all(stitch_t *t);
 /* Up to n FREE pages usable by sidx into out[] (every cached range
  * unparked first if the unmapped ones do not suffice), those the cached
  * ranges will want last first; returns how many.  Pages at the per-page
  * mapping cap are taken after evicting cached ranges on them. */
-uint32_t st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out);
+uint32_t gmr__st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *out);
 /* Evict LRU cached ranges whose last use completed until the caps hold
  * (need_maps more mappings and need_va more bytes fit); all: every one. */
-int st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all);
+int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all);
 /* Evict cached ranges that map page id (to respect max_maps_per_page). */
-bool st_evict_page(stitch_t *t, uint32_t id);
-void st_ranges_fini(stitch_t *t);
+bool gmr__st_evict_page(stitch_t *t, uint32_t id);
+void gmr__st_ranges_fini(stitch_t *t);
 
 /* ---- small.c ----------------------------------------------------------------------------------
  */
 
-int st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx, st_small_t **out);
-void st_small_free(stitch_t *t, st_small_t *b);
+int gmr__st_small_alloc(stitch_t *t, uint32_t size, uint64_t requested, uint32_t sidx,
+                        st_small_t **out);
+void gmr__st_small_free(stitch_t *t, st_small_t *b);
 /* A small block's class in its stream's index: size / G, capped at n - 1. */
 static inline uint32_t st_small_class(const st_small_index_t *x, uint32_t size) {
   uint32_t c = size / ST_G;
@@ -565,7 +582,7 @@ static inline uint32_t st_small_class(const st_small_index_t *x, uint32_t size) 
 }
 /* May the free of allocated block b wait for the next op, which takes it
  * back if it allocates b->size bytes on b's stream?  The conditions are
- * small.c's ("the take-back"): every class in [class(b), class(n)) empty,
+ * small.c's Note [Small take-back]: every class in [class(b), class(n)) empty,
  * i.e. the first non-empty class from class(b) is n's (with one non-empty
  * class, it is). */
 static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
@@ -575,7 +592,7 @@ static inline bool st_small_deferrable(const stitch_t *t, const st_small_t *b) {
   const st_small_index_t *x = t->streams[b->seg->sidx].small;
   uint32_t cn = st_small_class(x, n->size);
   return st_small_class(x, b->size + n->size) == cn && x->heads[cn] == n &&
-         (x->cls.nonempty == 1 || st_classes_find(&x->cls, st_small_class(x, b->size)) == cn);
+         (x->cls.nonempty == 1 || gmr__st_classes_find(&x->cls, st_small_class(x, b->size)) == cn);
 }
 /* The take-back: what the free and that allocation change for good (the
  * segment's stamp, when it would have emptied). */
@@ -588,8 +605,8 @@ static inline void st_small_take_back(stitch_t *t, st_small_t *b, uint64_t reque
  * one-page range stays mapped, its page parked under it, so the next
  * segment or a 2 MiB block reuses it with no device call); wait:
  * synchronise when not complete. */
-int st_small_reclaim(stitch_t *t, bool wait);
-void st_small_fini(stitch_t *t);
+int gmr__st_small_reclaim(stitch_t *t, bool wait);
+void gmr__st_small_fini(stitch_t *t);
 static inline uintptr_t st_small_ptr(const st_small_t *b) {
   return b->seg->r->va + b->off;
 }
@@ -613,24 +630,24 @@ static inline gmr_block_t st_block_of(st_small_t *b, st_range_t *r, gmr_stream_t
  */
 
 /* The front of stream s, or NULL (no lock: fronts are published once). */
-st_front_t *st_front_find(stitch_t *t, gmr_stream_t s);
+st_front_t *gmr__st_front_find(stitch_t *t, gmr_stream_t s);
 /* Give stream s a front (under lock; nothing when the table is half full
  * or the host refuses: the stream stays on the locked path). */
-void st_front_new(stitch_t *t, gmr_stream_t s);
+void gmr__st_front_new(stitch_t *t, gmr_stream_t s);
 /* Keep the block of b or r, freed by its user, in f: false when f is
  * frozen; else the block kept before, if any, in *old_b or *old_r, for the
  * caller to free under lock. */
-bool st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
-                   st_range_t **old_r);
+bool gmr__st_front_keep(st_front_t *f, st_small_t *b, st_range_t *r, st_small_t **old_b,
+                        st_range_t **old_r);
 /* An allocation of size bytes on f's stream served by the block kept, when
  * it has size's length in size's pool: true, *out written. */
-bool st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out);
+bool gmr__st_front_take(st_front_t *f, uint64_t small_max, size_t size, gmr_block_t *out);
 /* Under lock: empty every front into kb[] / kr[] (ST_FRONTS entries each,
  * NULL where none), fold their take-backs into t->st, and, when freeze,
- * leave them frozen until st_fronts_thaw. */
-void st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr);
-void st_fronts_thaw(stitch_t *t);
-void st_fronts_fini(stitch_t *t);
+ * leave them frozen until gmr__st_fronts_thaw. */
+void gmr__st_fronts_drain(stitch_t *t, bool freeze, st_small_t **kb, st_range_t **kr);
+void gmr__st_fronts_thaw(stitch_t *t);
+void gmr__st_fronts_fini(stitch_t *t);
 
 /* ---- report.c ----------------------------------------------------------------------------------
  */
@@ -640,13 +657,31 @@ void st_fronts_fini(stitch_t *t);
 typedef struct st_figures_s {
   gmr_stat_t allocated[3], requested[3], active[3], allocation[3], segment[3];
 } st_figures_t;
-void st_report_figures(const stitch_t *t, st_figures_t *f);
-void st_report_stats(stitch_t *t, gmr_stats_t *out);
-int st_report_foreach(stitch_t *t, gmr_stat_cb cb, void *ud);
-int st_report_summary(stitch_t *t, FILE *out);
-int st_report_walk(stitch_t *t, gmr_walk_cb cb, void *ud);
-int st_report_check(stitch_t *t);
-int st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why);
-void st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest);
+void gmr__st_report_figures(const stitch_t *t, st_figures_t *f);
+/* The statistics ops, run quiesced (policy.h, rule 5). */
+void gmr__st_stats(gmr_policy_t *self, gmr_stats_t *out);
+void gmr__st_reset_peak(gmr_policy_t *self);
+void gmr__st_reset_accumulated(gmr_policy_t *self);
+int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
+int gmr__st_summary(gmr_policy_t *self, FILE *out);
+int gmr__st_report_oom(stitch_t *t, uint64_t size, gmr_stream_t s, const char *why);
+void gmr__st_report_free_bytes(stitch_t *t, uint64_t *free_bytes, uint64_t *largest);
+/* The largest open slot of a partial page, in bytes (0: none). */
+uint64_t gmr__st_largest_open(const stitch_t *t);
 
-#endif /* GMR_STITCH_H */
+/* ---- check.c -----------------------------------------------------------------------------------
+ */
+
+/* Run quiesced: every range in address order, each followed by its
+ * blocks; every invariant (check.c's list), GMR_EINVAL and why on failure. */
+int gmr__st_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
+int gmr__st_check(gmr_policy_t *self);
+
+/* ---- options.c ---------------------------------------------------------------------------------
+ */
+
+extern const st_opts_t gmr__st_opts_default;
+extern const gmr_opt_desc_t gmr__st_opts_desc[];
+int gmr__st_validate(void *opts, char *err, size_t errlen);
+
+#endif /* GMR_STITCH_INTERNAL_H */

@@ -1,11 +1,11 @@
-/* stats.c: the caching policy's statistics: memory_stats() and memory_summary().
+/* report.c: the caching policy's statistics: memory_stats() and memory_summary().
  *
  * The gmr_stats_t figures, peak and accumulated resets, the 122 keys of
  * torch.cuda.memory_stats() (c10's DeviceStats: [all, small_pool,
  * large_pool] x {current, peak, allocated, freed} and the event counters,
  * sorted as Python sorts them), and memory_summary() byte for byte.  They
- * run on the global path (the ops at the end of caching.c take every lock,
- * which folds the fast paths' deltas in first), so for every record
+ * run quiesced (policy.h, rule 5: every lock held, the fast paths' deltas
+ * folded in, the deferred frees applied: caching.c), so for every record
  *   current = allocated - freed,  peak >= current,
  *   stat[all] = stat[small_pool] + stat[large_pool].
  */
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "caching.h"
+#include "caching/internal.h"
 
 /* The largest free block of a pool: the last of its last bin. */
 static cache_block_t *pool_last(const cache_pool_t *p) {
@@ -36,7 +36,7 @@ static uint64_t cache_largest_free(const cache_t *c) {
   return best;
 }
 
-void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out) {
+void gmr__cache_stats(gmr_policy_t *self, gmr_stats_t *out) {
   cache_t *c = (cache_t *)self;
   const cache_stats_t *st = &c->st;
   out->reserved_bytes = (uint64_t)st->reserved_bytes[CS_ALL].current;
@@ -68,7 +68,7 @@ void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out) {
   X(inactive_split)                                                                                \
   X(allocated_bytes) X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
 
-void gmr__cache_reset_peak_locked(gmr_policy_t *self) {
+void gmr__cache_reset_peak(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   for (int t = 0; t < 3; ++t) {
 #define RESET(name) gmr__stat_reset_peak(&c->st.name[t]);
@@ -79,7 +79,7 @@ void gmr__cache_reset_peak_locked(gmr_policy_t *self) {
   gmr__stat_reset_peak(&c->st.oversize_segments);
 }
 
-void gmr__cache_reset_accumulated_locked(gmr_policy_t *self) {
+void gmr__cache_reset_accumulated(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   for (int t = 0; t < 3; ++t) {
 #define RESET(name) gmr__stat_reset_accumulated(&c->st.name[t]);
@@ -106,7 +106,7 @@ static size_t cache_put_stat(cache_kv_t *kv, size_t n, const char *prefix, const
   return n;
 }
 
-size_t gmr__cache_all_stats(const cache_t *c, cache_kv_t *kv) {
+static size_t cache_all_stats(const cache_t *c, cache_kv_t *kv) {
   static const char *const pool[] = {"all", "small_pool", "large_pool"};
   size_t n = 0;
   char prefix[40];
@@ -177,7 +177,7 @@ static void cache_summary_row(FILE *out, const char *name, const gmr_stat_t *s,
 }
 
 /* memory_summary() of `st`, a snapshot of c->st. */
-int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out) {
+static int cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out) {
   static const char eq[] = "|==========================================================="
                            "================|\n";
   static const char dash[] = "|-----------------------------------------------------------"
@@ -222,4 +222,63 @@ int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *ou
                     cache_fmt_count);
   fputs(eq, out);
   return ferror(out) ? GMR_EIO : 0;
+}
+
+int gmr__cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
+  cache_t *c = (cache_t *)self;
+  cache_kv_t kv[CACHE_N_KEYS];
+  size_t n = cache_all_stats(c, kv);
+  for (size_t i = 0; i < n; ++i)
+    if (cb(kv[i].key, kv[i].value, ud) != 0) break;
+  return 0;
+}
+
+int gmr__cache_summary(gmr_policy_t *self, FILE *out) {
+  cache_t *c = (cache_t *)self;
+  cache_stats_t snap = c->st;
+  return cache_summary_write(c, &snap, out);
+}
+
+/* ---- the OOM message ----------------------------------------------------------------- */
+
+/* c10's format_size, for the OOM message. */
+static void cache_format_size(uint64_t size, char *buf, size_t len) {
+  if (size <= 1024)
+    snprintf(buf, len, "%llu bytes", (unsigned long long)size);
+  else if (size <= 1048576)
+    snprintf(buf, len, "%.2f KiB", (double)size / 1024.0);
+  else if (size <= 1073741824ull)
+    snprintf(buf, len, "%.2f MiB", (double)size / 1048576.0);
+  else
+    snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
+}
+
+/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc). */
+int gmr__cache_oom(cache_t *c, size_t alloc_size) {
+  size_t dev_free = 0, dev_total = 0;
+  gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
+  ++c->st.num_ooms;
+  char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
+  cache_format_size(alloc_size, want, sizeof want);
+  cache_format_size(dev_total, total, sizeof total);
+  cache_format_size(dev_free, fr, sizeof fr);
+  if (c->fraction_set) {
+    cache_format_size(c->allowed_max, cap, sizeof cap);
+    snprintf(allowed, sizeof allowed, "%s allowed; ", cap);
+  }
+  cache_sync_all(&c->st); /* the aggregates, as of now */
+  int64_t allocated = c->st.allocated_bytes[CS_ALL].current;
+  int64_t reserved = c->st.reserved_bytes[CS_ALL].current;
+  cache_format_size((uint64_t)allocated, alloc, sizeof alloc);
+  cache_format_size((uint64_t)(reserved - allocated), unalloc, sizeof unalloc);
+  return gmr__error_set(
+      GMR_ENOMEM,
+      "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
+      "is free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
+      "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+      "documentation for Memory Management  "
+      "(https://docs.pytorch.org/docs/stable/notes/"
+      "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+      want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
 }

@@ -1,9 +1,16 @@
-/* walk.c: the caching policy's walk and invariant check.
+/* check.c: the caching policy's walk and invariant check.
  *
  * The walk lists segments in address order, each followed by its blocks, as
- * PyTorch's memory snapshot shows them.  The check recounts every segment,
- * block, tree and statistic from scratch and compares (the invariants
- * written at the top of caching.c):
+ * PyTorch's memory snapshot shows them; the check recounts the state and
+ * compares.  Map: Note [Caching check].
+ */
+#include <stdlib.h>
+
+#include "caching/internal.h"
+
+/* Note [Caching check]
+ * The check recounts every segment, block, tree and statistic from scratch and
+ * compares (the invariants of Note [Invariants] in caching.c):
  *   for every segment: Σ block sizes = segment size, blocks contiguous,
  *     no two neighbours both free with the same mapping state;
  *   a block is in its pool's free tree  <=>  it is free and mapped;
@@ -11,11 +18,8 @@
  *                                  + Σ mapped bytes of expandable segments;
  *   reserved >= active >= allocated (bytes, every pool);
  *   total_allocated = reserved[small] + reserved[large].
- * Both run on the global path (the ops in caching.c take every lock).
+ * Both run quiesced (policy.h, rule 5: every lock held, deltas folded).
  */
-#include <stdlib.h>
-
-#include "caching.h"
 
 /* ---- walk and check ----------------------------------------------------------------------- */
 
@@ -44,7 +48,7 @@ static gmr_block_state_t cache_state(const cache_block_t *b) {
 /* Segments in address order, each followed by its blocks.  An expandable
  * segment is shown as one segment per contiguous mapped range, as PyTorch's
  * snapshot shows it. */
-int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
+int gmr__cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **v = cache_sorted_segs(c);
   if (v == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");
@@ -108,7 +112,8 @@ static size_t treap_check(const cache_pool_t *p, cache_block_t *t, bool by_addr,
          treap_check(p, t->right, by_addr, t, hi, bin, ok);
 }
 
-int gmr__cache_check_locked(gmr_policy_t *self) {
+/* see Note [Caching check] */
+int gmr__cache_check(gmr_policy_t *self) {
   cache_t *c = (cache_t *)self;
   cache_seg_t **segs = cache_sorted_segs(c);
   if (segs == NULL) return gmr__error_set(GMR_ENOMEM, "caching: out of host memory");

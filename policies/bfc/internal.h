@@ -1,15 +1,5 @@
-/* bfc.h: what the files of the bfc policy share (private to policies/bfc/).
- *
- * The policy (TensorFlow's BFCAllocator) is cut in five: bfc.c, the
- * allocator (regions, chunks, the alloc and free paths, construction);
- * bins.h, the free chunks' AVL trees that bfc.c runs on; report.c,
- * TensorFlow's words about it (the OOM report: AllocateRawInternal's
- * banner, DumpMemoryLog, RenderOccupancy; the summary built from the same
- * dump; HumanReadableNumBytes); streams.c, gmr's stream uses and the
- * retry's rule; front.c, the per-stream front caches that exist only under
- * concurrency; options.c, the options.  This header holds the data model
- * they share, the small inline functions on it, and the functions that
- * cross files.  Invariants and locking are written at the top of bfc.c.
+/* internal.h: what the files of the bfc policy share (private to policies/bfc/).
+ * Map: Note [Rooms].
  */
 #ifndef GMR_POLICIES_BFC_H
 #define GMR_POLICIES_BFC_H
@@ -19,6 +9,25 @@
 
 #include "core/lock.h"
 #include "policy.h"
+
+/* Note [Rooms]
+ * The policy (TensorFlow's BFCAllocator) keeps the rooms every policy folder
+ * has, and three of its own:
+ *   internal.h this header: the data model, the small inline functions on
+ *              it, and the functions that cross files
+ *   bfc.c      the allocator: regions, chunks, the alloc and free paths,
+ *              construction, quiesce/resume and the ops table
+ *   options.c  the options
+ *   report.c   TensorFlow's words: the statistics, the OOM report
+ *              (AllocateRawInternal's banner, DumpMemoryLog,
+ *              RenderOccupancy), the summary built from the same dump,
+ *              HumanReadableNumBytes
+ *   check.c    the walk and the invariant walker
+ *   bins.h     the free chunks' AVL trees that bfc.c runs on
+ *   streams.c  gmr's stream uses and the retry's rule
+ *   front.c    the per-stream front caches that exist only under concurrency
+ * Invariants and locking: Note [Invariants], [Locking] and [Fronts] in bfc.c.
+ */
 
 #define BFC_MIN_ALLOC_BITS   8
 #define BFC_MIN_ALLOC        ((size_t)1 << BFC_MIN_ALLOC_BITS) /* 256 bytes */
@@ -97,7 +106,7 @@ typedef struct bfc_chunk_s {
   _Alignas(64) size_t requested; /* bytes the user asked for (kept after free, as TF) */
   uintptr_t owner;               /* while in use: the allocating thread (bfc_thread_id) */
   struct bfc_uses_s *uses;       /* streams recorded besides the allocation's; NULL: none */
-  uint32_t handle; /* TF's chunk handle, for the dump (bfc.c, "Records and handles") */
+  uint32_t handle; /* TF's chunk handle, for the dump (see Note [Records and handles], bfc.c) */
 } bfc_chunk_t;
 
 /* gmr_record_stream's streams of an in-use chunk (its allocation stream
@@ -231,6 +240,11 @@ static inline size_t bfc_rounded(size_t n) {
   return (n + BFC_MIN_ALLOC - 1) / BFC_MIN_ALLOC * BFC_MIN_ALLOC;
 }
 /* BinNumForSize: floor(log2(size / 256)), at most 20 (sizes below 256 are bin 0). */
+/* (size, ptr) order. */
+static inline bool bfc_less(const bfc_chunk_t *a, const bfc_chunk_t *b) {
+  return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
+}
+
 static inline int bfc_bin_for(size_t size) {
   int b = 63 - __builtin_clzll((unsigned long long)(size >> BFC_MIN_ALLOC_BITS) | 1);
   return b < BFC_NUM_BINS - 1 ? b : BFC_NUM_BINS - 1;
@@ -262,10 +276,22 @@ static inline uintptr_t bfc_thread_id(void) {
 /* ---- across files -------------------------------------------------------------- */
 
 /* report.c, all called with the policy's lock held (and the front caches
- * flushed) except gmr__bfc_hr. */
+ * flushed: quiesced, policy.h rule 5) except gmr__bfc_hr. */
 void gmr__bfc_hr(int64_t n, char *buf, size_t len);
 int gmr__bfc_oom(bfc_t *b, size_t num_bytes, size_t rounded);
 void gmr__bfc_summary_locked(bfc_t *b, gmr_strbuf_t *sb);
+/* The statistics ops' bodies (ClearStats() is reset_peak + reset_accumulated). */
+void gmr__bfc_stats(gmr_policy_t *self, gmr_stats_t *st);
+void gmr__bfc_reset_peak(gmr_policy_t *self);
+void gmr__bfc_reset_accumulated(gmr_policy_t *self);
+int gmr__bfc_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
+int gmr__bfc_summary(gmr_policy_t *self, FILE *out);
+
+/* check.c, called with the policy's lock held and the front caches flushed:
+ * the walk's body, and every invariant (GMR_EINVAL and why on failure). */
+int gmr__bfc_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
+int gmr__bfc_check_locked(bfc_t *b);
+int gmr__bfc_check(gmr_policy_t *self);
 
 /* options.c: the defaults, the option table (with the environment
  * variables each option honours), the check that at most one limit option

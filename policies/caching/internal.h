@@ -1,18 +1,5 @@
-/* caching.h: what the files of the caching policy share (private to policies/caching/).
- *
- * The policy (PyTorch's CUDA caching allocator) is cut by concern into four
- * files: caching.c, the allocator itself (blocks, pools, streams, segments,
- * events, the alloc and free paths and everything they call, kept in one
- * translation unit so the hot path inlines as before); options.c, the option
- * table, the PYTORCH_CUDA_ALLOC_CONF tokenizer and the merging of keys and
- * string into the options in force (PyTorch keeps this in
- * CUDAAllocatorConfig); stats.c, torch.cuda.memory_stats() and
- * memory_summary(); walk.c, the walk and the invariant check.  This header
- * holds the data model they share, the small inline predicates on it, and
- * the few functions that cross files.  Calls go one way: caching.c (which
- * also holds every op that takes the locks) calls into the other three, and
- * they call nothing back.  Invariants and locking are written
- * at the top of caching.c.
+/* internal.h: what the files of the caching policy share (private to policies/caching/).
+ * Map: Note [Rooms].
  */
 #ifndef GMR_POLICIES_CACHING_H
 #define GMR_POLICIES_CACHING_H
@@ -22,6 +9,23 @@
 #include <string.h>
 
 #include "policy.h"
+
+/* Note [Rooms]
+ * The policy (PyTorch's CUDA caching allocator) keeps the rooms every policy
+ * folder has:
+ *   internal.h this header: the data model, small inline predicates on it,
+ *              and the few functions that cross files
+ *   caching.c  the allocator: blocks, pools, streams, segments, events, the
+ *              alloc and free paths and everything they call (one
+ *              translation unit, so the hot path inlines), quiesce/resume
+ *              and the ops table
+ *   options.c  the option table, the PYTORCH_CUDA_ALLOC_CONF tokenizer and
+ *              the merging of keys and string (PyTorch's CUDAAllocatorConfig)
+ *   report.c   torch.cuda.memory_stats(), memory_summary(), the OOM text
+ *   check.c    the walk and the invariant check
+ * Calls go one way: caching.c calls into the others, which call nothing
+ * back.  Invariants and locking: Note [Invariants], [Locking] in caching.c.
+ */
 
 #define CACHE_MIB             ((size_t)1 << 20)
 #define CACHE_MIN_BLOCK       ((size_t)512)    /* kMinBlockSize */
@@ -105,7 +109,7 @@ struct cache_block_s {
   int64_t gc_count_base;     /* the pool's GC clock when it became free (GC on only) */
 };
 
-/* What take-backs (caching.c, "The deferred free") add to the figures'
+/* What take-backs (caching.c, Note [Deferred free]) add to the figures'
  * totals, kept per stream and pool until the next global path counts it:
  * each of them added `n` to the allocated and freed totals of allocation
  * and active, `bytes` to those of allocated_bytes and active_bytes, and so
@@ -185,7 +189,7 @@ struct cache_stream_s {
   void *chunks;          /* the records' memory: chunks of CACHE_CHUNK, linked (caching.c) */
   size_t n_spare;
   uint64_t prio_state;              /* treap priorities (an LCG) */
-  cache_block_t *deferred;          /* a free not yet applied (caching.c, "The deferred free") */
+  cache_block_t *deferred;          /* a free not yet applied (caching.c, Note [Deferred free]) */
   bool dirty;                       /* delta holds something */
   bool backed;                      /* a pool's `back` holds something */
   cache_stats_t delta;              /* stat changes not yet folded into the policy's */
@@ -226,7 +230,7 @@ typedef struct cache_s {
    * (both change at the same moments by the same amounts): the hot paths
    * count the latter only, and cache_fold copies them (global path). */
   bool events_seen;
-  pthread_mutex_t glock; /* the global lock (see "Locking" above) */
+  pthread_mutex_t glock; /* the global lock (caching.c, Note [Locking]) */
   atomic_flag slock;     /* guards `st` for the fast path's commits (try only) */
   _Atomic bool sharded;  /* a commit found slock busy: fast paths keep deltas */
   _Atomic(cache_stream_t *) stab[CACHE_STAB]; /* stream lookup, lock-free */
@@ -324,19 +328,21 @@ int gmr__cache_resolve(const cache_opts_t *o, cache_conf_t *conf, char *err, siz
 int gmr__cache_validate(void *opts, char *err, size_t errlen);
 void gmr__cache_opts_release(void *opts);
 
-/* stats.c, called on the global path (glock and every stream lock held,
- * the fast paths' deltas folded in) by the ops at the end of caching.c.
- * gmr__cache_all_stats fills `kv` (CACHE_N_KEYS entries) and returns the
- * count; gmr__cache_summary_write prints memory_summary() of a snapshot `st`
- * of c->st and needs no lock. */
-void gmr__cache_stats_locked(gmr_policy_t *self, gmr_stats_t *out);
-void gmr__cache_reset_peak_locked(gmr_policy_t *self);
-void gmr__cache_reset_accumulated_locked(gmr_policy_t *self);
-size_t gmr__cache_all_stats(const cache_t *c, cache_kv_t *kv);
-int gmr__cache_summary_write(const cache_t *c, const cache_stats_t *st, FILE *out);
+/* report.c: the statistics ops, run quiesced (policy.h, rule 5: glock and
+ * every stream lock held, the fast paths' deltas folded in) and the
+ * deferred frees applied (caching.c calls them so); and the OOM
+ * error in PyTorch's words (CUDACachingAllocator.cpp, malloc), which counts
+ * the OOM. */
+void gmr__cache_stats(gmr_policy_t *self, gmr_stats_t *out);
+void gmr__cache_reset_peak(gmr_policy_t *self);
+void gmr__cache_reset_accumulated(gmr_policy_t *self);
+int gmr__cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
+int gmr__cache_summary(gmr_policy_t *self, FILE *out);
+int gmr__cache_oom(cache_t *c, size_t alloc_size);
 
-/* walk.c, called on the global path by the ops at the end of caching.c. */
-int gmr__cache_walk_locked(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
-int gmr__cache_check_locked(gmr_policy_t *self);
+/* check.c: the walk (deferred frees applied first, as above) and the
+ * invariant check (the state as it stands), run quiesced. */
+int gmr__cache_walk(gmr_policy_t *self, gmr_walk_cb cb, void *ud);
+int gmr__cache_check(gmr_policy_t *self);
 
 #endif /* GMR_POLICIES_CACHING_H */
