@@ -1,19 +1,27 @@
 /* replay-pickle.c: PyTorch memory snapshots as traces.
  *
- * torch.cuda.memory._dump_snapshot writes a pickle of builtin types:
+ * torch.cuda.memory._dump_snapshot writes a pickle of builtin types (Note
+ * [Snapshot layout]).  This file reads it with a small stack machine that
+ * knows only the opcodes of plain data (protocols 2 to 5), one reader per
+ * opcode family, and writes the busiest device's history as trace CSV for
+ * gmr_trace_parse: alloc -> allocate (the requested size; the call site from
+ * the innermost frame outside torch), free_completed -> free, oom -> a failure
+ * (counted, not replayed), anything else -> a comment, so that CSV line N is
+ * trace entry N.  The input may be hostile (Note [Hostile pickles]).
+ */
+
+/* Note [Snapshot layout]
+ * ~~~~~~~~~~~~~~~~~~~~~~
  *   {"segments": [...], "device_traces": [[entry, ...] per device], ...}
  *   entry = {"action": "alloc" | "free_requested" | "free_completed" |
  *            "segment_alloc" | "segment_free" | "segment_map" | "segment_unmap" |
  *            "oom" | "snapshot", "addr": int, "size": int, "stream": int,
  *            "time_us": int, "frames": [{"filename", "line", "name"}, ...]}
- * This file reads such a pickle with a small stack machine that knows only
- * the opcodes of plain data (protocols 2 to 5), and writes the busiest
- * device's history as trace CSV for gmr_trace_parse: alloc -> allocate (the
- * requested size; the call site from the innermost frame outside torch),
- * free_completed -> free, oom -> a failure (counted, not replayed), anything
- * else -> a comment, so that CSV line N is trace entry N.
- *
- * Hostile input: nothing is executed (globals and their calls become inert
+ */
+
+/* Note [Hostile pickles]
+ * ~~~~~~~~~~~~~~~~~~~~~~
+ * Nothing is executed (globals and their calls become inert
  * placeholders), every read is bounds-checked, and memory is bounded by the
  * input: every value, stack slot and container entry comes from at least one
  * opcode byte, memo indices are below the input length, and the walk of the
@@ -238,10 +246,20 @@ static int pk_memo_get(pk_t *k, uint64_t idx) {
   return pk_push(k, k->memo[idx]);
 }
 
-/* One opcode; 1 at STOP, 0 to go on, GMR_EINVAL on error. */
-static int pk_step(pk_t *k, size_t *memo_next) {
-  unsigned char op = *k->p++;
-  pk_val_t *v, *w, *c;
+/* An opcode family's reader: op was read (k->p is past it); 1 at STOP, 0
+ * to go on, GMR_EINVAL on error.  memo_next: MEMOIZE's next index. */
+typedef int pk_op_fn(pk_t *k, unsigned char op, size_t *memo_next);
+
+static int pk_unknown(pk_t *k, unsigned char op) {
+  return pk_fail(k,
+                 "unsupported pickle opcode 0x%02x at byte %zu: not a memory snapshot of "
+                 "plain data",
+                 op, (size_t)(k->p - 1 - (k->end - k->len)));
+}
+
+/* PROTO, FRAME, STOP and MARK: the framing. */
+static int pk_op_control(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
   switch (op) {
   case 0x80: /* PROTO */
     if (!pk_need(k, 1)) return pk_fail(k, "truncated pickle");
@@ -258,6 +276,16 @@ static int pk_step(pk_t *k, size_t *memo_next) {
       return pk_fail(k, "out of host memory reading the snapshot");
     k->marks[k->n_marks++] = k->n_stack;
     return 0;
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* The containers made whole: empty ones, and tuples and frozensets of the stack. */
+static int pk_op_container(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  pk_val_t *c;
+  switch (op) {
   case '}': /* EMPTY_DICT */
     return pk_push(k, pk_new(k, PK_DICT));
   case ']':  /* EMPTY_LIST */
@@ -283,6 +311,16 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     k->n_stack -= n;
     return pk_push(k, c);
   }
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* Items into the container below them: APPEND(S), ADDITEMS, SETITEM(S). */
+static int pk_op_fill(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  pk_val_t *v, *w, *c;
+  switch (op) {
   case 'a': /* APPEND */
     v = pk_pop(k);
     if (v == NULL || k->n_stack <= pk_base(k)) return pk_fail(k, "malformed pickle: short stack");
@@ -321,6 +359,16 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     k->n_stack = base;
     return 0;
   }
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* None, booleans, integers and floats. */
+static int pk_op_scalar(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  pk_val_t *v;
+  switch (op) {
   case 'N':
     return pk_push(k, pk_new(k, PK_NONE));
   case 0x88: /* NEWTRUE */
@@ -353,6 +401,15 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     if (v) memcpy(&v->f, &u, sizeof v->f);
     return pk_push(k, v);
   }
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* Text and bytes, by the width of their length. */
+static int pk_op_string(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  switch (op) {
   case 0x8c: /* SHORT_BINUNICODE */
   case 'C':  /* SHORT_BINBYTES */
   case 'U':  /* SHORT_BINSTRING */
@@ -365,6 +422,14 @@ static int pk_step(pk_t *k, size_t *memo_next) {
   case 0x8e: /* BINBYTES8 */
   case 0x96: /* BYTEARRAY8 */
     return pk_string(k, 8);
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* The memo: MEMOIZE, (LONG_)BINPUT and (LONG_)BINGET. */
+static int pk_op_memo(pk_t *k, unsigned char op, size_t *memo_next) {
+  switch (op) {
   case 0x94: /* MEMOIZE */
     return pk_memo_put(k, (*memo_next)++);
   case 'q': /* BINPUT */
@@ -381,6 +446,15 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     if (!pk_need(k, 4)) return pk_fail(k, "truncated pickle");
     k->p += 4;
     return pk_memo_get(k, pk_le(k->p - 4, 4));
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* The stack itself: POP, POP_MARK, DUP. */
+static int pk_op_stack(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  switch (op) {
   case '0': /* POP */
     if (pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
     return 0;
@@ -391,6 +465,15 @@ static int pk_step(pk_t *k, size_t *memo_next) {
   case '2': /* DUP */
     if (k->n_stack <= pk_base(k)) return pk_fail(k, "malformed pickle: short stack");
     return pk_push(k, k->stack[k->n_stack - 1]);
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* Globals, calls and BUILD: inert placeholders (Note [Hostile pickles]). */
+static int pk_op_object(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  switch (op) {
   case 'c': { /* GLOBAL "module\nname\n": an inert placeholder */
     for (int line = 0; line < 2; ++line) {
       const unsigned char *nl = memchr(k->p, '\n', (size_t)(k->end - k->p));
@@ -415,11 +498,36 @@ static int pk_step(pk_t *k, size_t *memo_next) {
       return pk_fail(k, "malformed pickle: short stack");
     return 0;
   default:
-    return pk_fail(k,
-                   "unsupported pickle opcode 0x%02x at byte %zu: not a memory snapshot of "
-                   "plain data",
-                   op, (size_t)(k->p - 1 - (k->end - k->len)));
+    return pk_unknown(k, op);
   }
+}
+
+/* The reader of each opcode of plain data (protocols 2 to 5), by family;
+ * NULL: not one (Note [Hostile pickles]). */
+static pk_op_fn *const pk_ops[256] = {
+    [0x80] = pk_op_control,   [0x95] = pk_op_control,   ['.'] = pk_op_control,
+    ['('] = pk_op_control,    ['}'] = pk_op_container,  [']'] = pk_op_container,
+    [0x8f] = pk_op_container, [')'] = pk_op_container,  ['t'] = pk_op_container,
+    [0x91] = pk_op_container, [0x85] = pk_op_container, [0x86] = pk_op_container,
+    [0x87] = pk_op_container, ['a'] = pk_op_fill,       ['e'] = pk_op_fill,
+    [0x90] = pk_op_fill,      ['s'] = pk_op_fill,       ['u'] = pk_op_fill,
+    ['N'] = pk_op_scalar,     [0x88] = pk_op_scalar,    [0x89] = pk_op_scalar,
+    ['K'] = pk_op_scalar,     ['M'] = pk_op_scalar,     ['J'] = pk_op_scalar,
+    [0x8a] = pk_op_scalar,    [0x8b] = pk_op_scalar,    ['G'] = pk_op_scalar,
+    [0x8c] = pk_op_string,    ['C'] = pk_op_string,     ['U'] = pk_op_string,
+    ['X'] = pk_op_string,     ['B'] = pk_op_string,     ['T'] = pk_op_string,
+    [0x8d] = pk_op_string,    [0x8e] = pk_op_string,    [0x96] = pk_op_string,
+    [0x94] = pk_op_memo,      ['q'] = pk_op_memo,       ['r'] = pk_op_memo,
+    ['h'] = pk_op_memo,       ['j'] = pk_op_memo,       ['0'] = pk_op_stack,
+    ['1'] = pk_op_stack,      ['2'] = pk_op_stack,      ['c'] = pk_op_object,
+    [0x93] = pk_op_object,    ['R'] = pk_op_object,     [0x81] = pk_op_object,
+    [0x92] = pk_op_object,    ['b'] = pk_op_object};
+
+/* One opcode; 1 at STOP, 0 to go on, GMR_EINVAL on error. */
+static int pk_step(pk_t *k, size_t *memo_next) {
+  unsigned char op = *k->p++;
+  pk_op_fn *f = pk_ops[op];
+  return f != NULL ? f(k, op, memo_next) : pk_unknown(k, op);
 }
 
 /* Run the machine; the root value, or NULL with the error set. */
@@ -625,6 +733,7 @@ static int64_t snap_stream(int64_t *seen, size_t *n, int64_t s) {
   return (int64_t)*n;
 }
 
+/* The snapshot as trace CSV (Note [Snapshot layout]). */
 int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **out_csv,
                          size_t *out_len, char **out_note, size_t *failures,
                          uint64_t *failure_bytes, uint32_t *first_failure, char *err,
