@@ -641,7 +641,7 @@ typedef struct live_s {
 } live_t;
 
 static size_t live_home(const live_t *l, int64_t a) {
-  return (size_t)(((uint64_t)a >> 4) * 0x9E3779B97F4A7C15ull >> 17) & l->mask;
+  return (size_t)(gmr__hash_mul((uint64_t)a >> 4) >> 17) & l->mask;
 }
 
 static bool live_has(const live_t *l, int64_t a) {

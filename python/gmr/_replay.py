@@ -23,7 +23,9 @@ from ._lib import GmrError, Stats
 MiB = 1 << 20
 TOP_SITES = 5  # call sites listed at the peak, as gmr-compare lists them
 ALLOC, FREE = 0, 1  # gmr_trace_action_t
-DEFAULT_CAPACITY = 143771 * MiB  # an H200 as CUDA reports it; the tools' default too
+# GMR_SIM_DEFAULT_CAPACITY of include/gmr.h (ctypes cannot read a #define): an
+# H200 as CUDA reports it, the tools' default too.
+DEFAULT_CAPACITY = 143771 * MiB
 
 
 class TraceEvent(ctypes.Structure):  # gmr_trace_event_t
