@@ -733,6 +733,71 @@ static int64_t snap_stream(int64_t *seen, size_t *n, int64_t s) {
   return (int64_t)*n;
 }
 
+/* The root of the snapshot and the history of its busiest device (*dev,
+ * with *allocs allocations; *busy devices have some); NULL with the error
+ * set when the pickle holds no such history. */
+static const pk_val_t *snap_history(pk_t *k, size_t *allocs, int *busy, int *dev) {
+  const pk_val_t *root = pk_load(k);
+  if (root == NULL) return NULL;
+  if (root->type == PK_LIST) {
+    pk_fail(k, "this pickle is a list (torch.cuda.memory_snapshot()'s segments), which has no "
+               "history; dump the snapshot with torch.cuda.memory._dump_snapshot() after "
+               "torch.cuda.memory._record_memory_history(max_entries=N)");
+    return NULL;
+  }
+  if (root->type != PK_DICT) {
+    pk_fail(k, "not a memory snapshot: the pickle does not hold a dict");
+    return NULL;
+  }
+  const pk_val_t *traces = pk_get(root, "device_traces");
+  if (traces == NULL || traces->type != PK_LIST) {
+    pk_fail(k, "the snapshot has no device_traces: the history was not recorded; call "
+               "torch.cuda.memory._record_memory_history(max_entries=N) before the program "
+               "allocates, then torch.cuda.memory._dump_snapshot()");
+    return NULL;
+  }
+  *dev = snap_busiest(traces, allocs, busy);
+  if (*dev < 0) {
+    pk_fail(k,
+            "the snapshot's device_traces hold no alloc entry (%zu device%s): the history was "
+            "not recording while the program allocated (record it with "
+            "torch.cuda.memory._record_memory_history before the first allocation)",
+            traces->n, traces->n == 1 ? "" : "s");
+    return NULL;
+  }
+  return traces->items[*dev];
+}
+
+/* What the reader left out or assumed, as one note (NULL when nothing was;
+ * *oom when it could not be kept). */
+static char *snap_note(int busy, int dev, size_t allocs, size_t unknown, size_t supplied,
+                       bool *oom) {
+  char note[1024] = "";
+  size_t off = 0;
+  if (busy > 1)
+    off += (size_t)snprintf(note + off, sizeof note - off,
+                            "%d devices have allocations; device %d has the most (%zu) and is "
+                            "the one replayed. ",
+                            busy, dev, allocs);
+  if (unknown)
+    off += (size_t)snprintf(
+        note + off, sizeof note - off,
+        "The history starts in the middle of the run: %zu free%s of allocations made before "
+        "it began %s left out (PyTorch's ring buffer dropped the beginning; record with a "
+        "larger _record_memory_history(max_entries=N), or convert with snapshot2csv.py "
+        "--reconstruct). ",
+        unknown, unknown == 1 ? "" : "s", unknown == 1 ? "is" : "are");
+  if (supplied && off < sizeof note)
+    off += (size_t)snprintf(note + off, sizeof note - off,
+                            "%zu allocation%s of an address still live had no free_completed "
+                            "before %s: one was supplied. ",
+                            supplied, supplied == 1 ? "" : "s", supplied == 1 ? "it" : "them");
+  if (off > 0 && off < sizeof note) note[off - 1] = '\0'; /* the last space */
+  char *out = note[0] ? gmr__strdup(note) : NULL;
+  *oom = note[0] && out == NULL;
+  return out;
+}
+
 /* The snapshot as trace CSV (Note [Snapshot layout]). */
 int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **out_csv,
                          size_t *out_len, char **out_note, size_t *failures,
@@ -753,36 +818,10 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
     pk_fail(&k, "out of host memory reading the snapshot");
     goto done;
   }
-  const pk_val_t *root = pk_load(&k);
-  if (root == NULL) goto done;
-  if (root->type == PK_LIST) {
-    pk_fail(&k, "this pickle is a list (torch.cuda.memory_snapshot()'s segments), which has no "
-                "history; dump the snapshot with torch.cuda.memory._dump_snapshot() after "
-                "torch.cuda.memory._record_memory_history(max_entries=N)");
-    goto done;
-  }
-  if (root->type != PK_DICT) {
-    pk_fail(&k, "not a memory snapshot: the pickle does not hold a dict");
-    goto done;
-  }
-  const pk_val_t *traces = pk_get(root, "device_traces");
-  if (traces == NULL || traces->type != PK_LIST) {
-    pk_fail(&k, "the snapshot has no device_traces: the history was not recorded; call "
-                "torch.cuda.memory._record_memory_history(max_entries=N) before the program "
-                "allocates, then torch.cuda.memory._dump_snapshot()");
-    goto done;
-  }
   size_t allocs = 0;
-  int busy = 0, dev = snap_busiest(traces, &allocs, &busy);
-  if (dev < 0) {
-    pk_fail(&k,
-            "the snapshot's device_traces hold no alloc entry (%zu device%s): the history was "
-            "not recording while the program allocated (record it with "
-            "torch.cuda.memory._record_memory_history before the first allocation)",
-            traces->n, traces->n == 1 ? "" : "s");
-    goto done;
-  }
-  const pk_val_t *tr = traces->items[dev];
+  int busy = 0, dev = 0;
+  const pk_val_t *tr = snap_history(&k, &allocs, &busy, &dev);
+  if (tr == NULL) goto done;
   size_t unknown = 0, supplied = 0;
   *failures = 0, *failure_bytes = 0, *first_failure = 0;
   for (size_t i = 0; i < tr->n && !b.oom; ++i) {
@@ -833,30 +872,10 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
     pk_fail(&k, "out of host memory converting the snapshot");
     goto done;
   }
-  char note[1024] = "";
-  size_t off = 0;
-  if (busy > 1)
-    off += (size_t)snprintf(note + off, sizeof note - off,
-                            "%d devices have allocations; device %d has the most (%zu) and is "
-                            "the one replayed. ",
-                            busy, dev, allocs);
-  if (unknown)
-    off += (size_t)snprintf(
-        note + off, sizeof note - off,
-        "The history starts in the middle of the run: %zu free%s of allocations made before "
-        "it began %s left out (PyTorch's ring buffer dropped the beginning; record with a "
-        "larger _record_memory_history(max_entries=N), or convert with snapshot2csv.py "
-        "--reconstruct). ",
-        unknown, unknown == 1 ? "" : "s", unknown == 1 ? "is" : "are");
-  if (supplied && off < sizeof note)
-    off += (size_t)snprintf(note + off, sizeof note - off,
-                            "%zu allocation%s of an address still live had no free_completed "
-                            "before %s: one was supplied. ",
-                            supplied, supplied == 1 ? "" : "s", supplied == 1 ? "it" : "them");
-  if (off > 0 && off < sizeof note) note[off - 1] = '\0'; /* the last space */
-  *out_note = note[0] ? gmr__strdup(note) : NULL;
+  bool note_oom = false;
+  *out_note = snap_note(busy, dev, allocs, unknown, supplied, &note_oom);
   bprintf(&b, "%s", "");
-  if (b.oom || (note[0] && *out_note == NULL)) {
+  if (b.oom || note_oom) {
     gmr__free(*out_note);
     *out_note = NULL;
     pk_fail(&k, "out of host memory converting the snapshot");
