@@ -98,6 +98,37 @@ GMR_EXTERN int gmr_trace_parse(const char *text, size_t len, const char *name,
                                gmr_trace_data_t **out, char *err, size_t errlen);
 GMR_EXTERN void gmr_trace_data_free(gmr_trace_data_t *t);
 
+/* A PyTorch memory snapshot as a trace CSV to keep (tools/snapshot2csv.py's):
+ * one device's allocations and frees, each free with its allocation's size
+ * and stream, streams numbered 0 (the default), 1, 2... by first use.
+ * gmr_trace_read reads snapshots without this step. */
+typedef struct gmr_snapshot_csv_options_s {
+  int has_device;  /* 0: the device with the most allocations */
+  int device;      /* with has_device: the device whose history to convert */
+  int reconstruct; /* allocate at the start what was allocated before the history starts */
+  int sites;       /* add the call-site column (needs a snapshot recorded with stacks) */
+} gmr_snapshot_csv_options_t;
+
+typedef struct gmr_snapshot_csv_s {
+  char *csv; /* the CSV text, NUL-terminated */
+  size_t csv_len;
+  char *warnings; /* what was assumed or left out, one sentence a line, or NULL */
+  int device;     /* the device converted */
+  size_t allocations, frees, live_at_end;
+  size_t unknown_frees;    /* frees of addresses the history never allocated */
+  size_t reconstructed;    /* allocations put at the start (reconstruct) */
+  uint64_t peak_requested; /* bytes */
+} gmr_snapshot_csv_t;
+
+/** Convert the snapshot pickle data[0, len) (`name` in messages); opts may be
+ * NULL.  0 and *out (free with gmr_snapshot_csv_free), or GMR_EINVAL (not a
+ * usable snapshot; a global outside torch and the builtin containers is
+ * refused, never called) or GMR_ENOMEM, with a sentence in `err`. */
+GMR_EXTERN int gmr_snapshot_csv(const void *data, size_t len, const char *name,
+                                const gmr_snapshot_csv_options_t *opts, gmr_snapshot_csv_t **out,
+                                char *err, size_t errlen);
+GMR_EXTERN void gmr_snapshot_csv_free(gmr_snapshot_csv_t *s);
+
 /* Called after every event of a replay (for progress bars, invariant walks
  * and timelines).  `index` is the event's index; return nonzero to stop. */
 typedef int (*gmr_replay_cb)(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,

@@ -124,9 +124,13 @@ is "$?" 1 "variants: a bad clock time is an error"
 has "$W/bt.err" "badtime.log:2: Time '12:61:00.5' is not a time" "variants: it names the line"
 
 # ---- 3. PyTorch snapshots ---------------------------------------------------------
-if "$PY" -c 'import pickle' >/dev/null 2>&1; then
+. "$SRC/tests/snapshot2csv-env.sh"
+s2c_env "$SRC" "$BLD"
+if [ -n "$S2C_SKIP" ]; then
+  echo "# snapshot2csv.py cannot run here ($S2C_SKIP): no snapshots"
+elif "$PY" -c 'import pickle' >/dev/null 2>&1; then
   for fx in pytorch-2.11-snapshot pytorch-2.11-snapshot-expandable; do
-    "$PY" "$SRC/tools/snapshot2csv.py" -q --sites -o "$W/$fx.csv" "$FX/$fx.pickle"
+    gpy "$SRC/tools/snapshot2csv.py" -q --sites -o "$W/$fx.csv" "$FX/$fx.pickle"
     "$B" --json "$FX/$fx.pickle" "$CF/direct.yaml" "$CF/pytorch.yaml" >"$W/$fx.p.json" 2>"$W/$fx.err"
     is "$?" 0 "$fx.pickle: read directly (exit status 0)"
     "$B" --json "$W/$fx.csv" "$CF/direct.yaml" "$CF/pytorch.yaml" >"$W/$fx.c.json" 2>/dev/null
@@ -181,7 +185,7 @@ open(os.path.join(w, "getnone.pickle"), "wb").write(b"\x80\x04h\x05.")
 open(os.path.join(w, "deep.pickle"), "wb").write(b"\x80\x04" + b"]" * 100000 + b"a" * 99999 + b".")
 EOF2
   ok $? "build synthetic and hostile snapshots with python3"
-  "$PY" "$SRC/tools/snapshot2csv.py" -q --sites -o "$W/ring.csv" "$W/ring.pickle" 2>/dev/null
+  gpy "$SRC/tools/snapshot2csv.py" -q --sites -o "$W/ring.csv" "$W/ring.pickle" 2>/dev/null
   "$B" --json "$W/ring.pickle" "$CF/direct.yaml" >"$W/ring.json" 2>"$W/ring.err"
   is "$?" 0 "ring: a history that lost its beginning still replays"
   "$B" --json "$W/ring.csv" "$CF/direct.yaml" >"$W/ringc.json" 2>/dev/null

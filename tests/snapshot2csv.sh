@@ -1,6 +1,7 @@
 #!/bin/sh
 # snapshot2csv.sh: TAP tests of tools/snapshot2csv.py (PyTorch memory snapshot
-# -> gmr trace CSV), replaying what it writes with the library
+# -> gmr trace CSV, converted by libgmr's gmr_snapshot_csv through python/gmr),
+# replaying what it writes with the library
 # (tests/snapshot-replay, and gmr-compare when it is built).
 #
 #  1. A synthetic snapshot shaped like PyTorch's (dicts of builtins, frames,
@@ -37,6 +38,12 @@ if [ ! -x "$replay" ]; then
   exit 0
 fi
 conv="$srcdir/tools/snapshot2csv.py"
+. "$srcdir/tests/snapshot2csv-env.sh"
+s2c_env "$srcdir" "$builddir"
+if [ -n "$S2C_SKIP" ]; then
+  echo "1..0 # SKIP $S2C_SKIP"
+  exit 0
+fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-s2c.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 
@@ -114,7 +121,7 @@ with open(os.path.join(tmp, "torch.pickle"), "wb") as f:
 EOF
 ok $? "build synthetic PyTorch-shaped snapshots with python3"
 
-"$PY" "$conv" -o "$tmp/synthetic.csv" "$tmp/synthetic.pickle" 2>"$tmp/err"
+gpy "$conv" -o "$tmp/synthetic.csv" "$tmp/synthetic.pickle" 2>"$tmp/err"
 ok $? "snapshot2csv.py converts the synthetic snapshot"
 grep -q "1 frees of addresses the history never allocated: the ring buffer dropped the beginning" \
   "$tmp/err"
@@ -140,11 +147,11 @@ got=$("$replay" "$tmp/synthetic.csv" 2>&1)
 is "$got" "events 8 allocations 5 frees 3 live 2 peak_requested 7700500 ooms 0" \
   "the library replays it: 5 allocations, peak requested 7700500 bytes"
 
-"$PY" "$conv" "$tmp/synthetic.pickle" 2>/dev/null | cmp -s - "$tmp/want.csv"
+gpy "$conv" "$tmp/synthetic.pickle" 2>/dev/null | cmp -s - "$tmp/want.csv"
 ok $? "without -o the CSV goes to standard output"
 
 # ---- 2. --reconstruct --------------------------------------------------------------
-"$PY" "$conv" --reconstruct -o "$tmp/rec.csv" "$tmp/synthetic.pickle" 2>"$tmp/err"
+gpy "$conv" --reconstruct -o "$tmp/rec.csv" "$tmp/synthetic.pickle" 2>"$tmp/err"
 ok $? "--reconstruct converts"
 got=$(sed -n '2,3p' "$tmp/rec.csv" | tr '\n' ' ')
 is "$got" "0,1700000000000001,allocate,0x7f3a00100000,512,0 0,1700000000000001,allocate,0x7f3a40600000,2048,0 " \
@@ -154,33 +161,33 @@ is "$got" "events 11 allocations 7 frees 4 live 3 peak_requested 7702548 ooms 0"
   "the reconstructed trace replays: 7 allocations, peak requested 7702548 bytes"
 
 # ---- 3. bad input ------------------------------------------------------------------
-"$PY" "$conv" "$tmp/want.csv" >/dev/null 2>"$tmp/err"
+gpy "$conv" "$tmp/want.csv" >/dev/null 2>"$tmp/err"
 st=$?
 ok $((st != 1)) "a CSV is not a snapshot: exit status 1"
 grep -q "not a readable memory snapshot pickle" "$tmp/err"
 ok $? "  and the message says so"
-"$PY" "$conv" "$tmp/empty.pickle" >/dev/null 2>"$tmp/err"
+gpy "$conv" "$tmp/empty.pickle" >/dev/null 2>"$tmp/err"
 ok $(($? != 1)) "a snapshot without device_traces: exit status 1"
 grep -q "_record_memory_history" "$tmp/err"
 ok $? "  and the message says how to record the history"
-"$PY" "$conv" "$tmp/list.pickle" >/dev/null 2>"$tmp/err"
+gpy "$conv" "$tmp/list.pickle" >/dev/null 2>"$tmp/err"
 ok $(($? != 1)) "a pickle of a list: exit status 1"
-"$PY" "$conv" "$tmp/evil.pickle" >/dev/null 2>"$tmp/err"
+gpy "$conv" "$tmp/evil.pickle" >/dev/null 2>"$tmp/err"
 ok $(($? != 1)) "a pickle calling os.system is refused"
 grep -q "refusing to load posix.system\|refusing to load os.system\|refusing to load nt.system" "$tmp/err"
 ok $? "  and the message names the global"
 test ! -e "$tmp/pwned"
 ok $? "  and nothing ran"
-"$PY" "$conv" "$tmp/torch.pickle" 2>"$tmp/err" >"$tmp/torch.csv"
+gpy "$conv" "$tmp/torch.pickle" 2>"$tmp/err" >"$tmp/torch.csv"
 ok $? "torch globals are read as placeholders"
 is "$(wc -l <"$tmp/torch.csv" | tr -d ' ')" "4" "  and its 3 allocations are converted"
-"$PY" "$conv" --device 1 "$tmp/synthetic.pickle" >/dev/null 2>"$tmp/err"
+gpy "$conv" --device 1 "$tmp/synthetic.pickle" >/dev/null 2>"$tmp/err"
 ok $? "--device 1 (empty) converts to an empty trace"
-"$PY" "$conv" --device 5 "$tmp/synthetic.pickle" >/dev/null 2>"$tmp/err"
+gpy "$conv" --device 5 "$tmp/synthetic.pickle" >/dev/null 2>"$tmp/err"
 ok $(($? != 1)) "--device 5 is refused"
 grep -q "devices 0..1" "$tmp/err"
 ok $? "  and the message gives the devices there are"
-"$PY" "$conv" "$tmp/missing.pickle" >/dev/null 2>"$tmp/err"
+gpy "$conv" "$tmp/missing.pickle" >/dev/null 2>"$tmp/err"
 ok $(($? != 1)) "a missing file: exit status 1"
 
 # ---- 3b. real PyTorch snapshots ---------------------------------------------------------
@@ -191,7 +198,7 @@ ok $(($? != 1)) "a missing file: exit status 1"
 # empty_cache, _dump_snapshot; the second with expandable_segments:True.  That
 # run's memory_stats()["requested_bytes.all.peak"] was 10490760.
 for fx in pytorch-2.11-snapshot pytorch-2.11-snapshot-expandable; do
-  "$PY" "$conv" -q -o "$tmp/$fx.csv" "$srcdir/tests/fixtures/$fx.pickle"
+  gpy "$conv" -q -o "$tmp/$fx.csv" "$srcdir/tests/fixtures/$fx.pickle"
   ok $? "$fx.pickle (real PyTorch) converts"
   got=$(cut -d, -f3,5,6 "$tmp/$fx.csv" | tail -n +2 | tr '\n' ' ')
   is "$got" "allocate,1000,0 allocate,3145728,0 allocate,5000,1 free,1000,0 allocate,7340032,0 free,3145728,0 " \
@@ -219,7 +226,7 @@ def keys(s):
 sys.exit(0 if keys(g) == keys(t) else 1)
 PYEOF
   ok $? "gmr's snapshot has the keys of PyTorch 2.11's: top level, segments, blocks, trace entries"
-  "$PY" "$conv" -q -o "$tmp/back.csv" "$tmp/gmr.pickle"
+  gpy "$conv" -q -o "$tmp/back.csv" "$tmp/gmr.pickle"
   ok $? "snapshot2csv.py converts gmr's own snapshot"
   second=$("$replay" "$tmp/back.csv" 2>&1)
   is "$second" "$first" "the converted trace replays to the same counts and peak"
@@ -337,7 +344,7 @@ c = torch.empty(300)
 os.chdir("/")
 sys.exit(int(sys.argv[1]))
 PYEOF
-(cd "$tmp/run" && PYTHONPATH="$tmp/fake" "$PY" "$rec" --max-entries 5000 --snapshot s.pickle \
+(cd "$tmp/run" && PYTHONPATH="$tmp/fake" gpy "$rec" --max-entries 5000 --snapshot s.pickle \
   user.py 3 --flag >"$tmp/out" 2>"$tmp/err")
 is "$?" "3" "gmr-record returns the program's exit status"
 is "$(cat "$tmp/out")" "argv:3 --flag" "the program runs with its own arguments"
@@ -349,17 +356,17 @@ is "$got" "Action,Size allocate,1000 allocate,2000 free,1000 allocate,300 " "the
 got=$("$PY" -c 'import pickle,sys; print(pickle.load(open(sys.argv[1],"rb"))["calls"])' "$tmp/run/s.pickle")
 is "$got" "['record all None 5000', 'synchronize', 'empty_cache']" \
   "recording was on (max_entries 5000, no stacks) before the program; synchronize, empty_cache, dump"
-(cd "$tmp/run" && PYTHONPATH="$tmp/fake" "$PY" "$rec" -o "$tmp/m.csv" --stacks \
+(cd "$tmp/run" && PYTHONPATH="$tmp/fake" gpy "$rec" -o "$tmp/m.csv" --stacks \
   -m user 0 >/dev/null 2>"$tmp/err")
 is "$?" "0" "gmr-record -m runs a module"
-"$PY" "$rec" >/dev/null 2>&1
+gpy "$rec" >/dev/null 2>&1
 is "$?" "2" "gmr-record without a program is a usage error"
-(cd "$tmp/run" && PYTHONPATH="$tmp/fake" "$PY" "$rec" nosuch.py >/dev/null 2>"$tmp/err")
+(cd "$tmp/run" && PYTHONPATH="$tmp/fake" gpy "$rec" nosuch.py >/dev/null 2>"$tmp/err")
 ok $(($? == 0)) "gmr-record of a missing script fails"
 grep -q "nosuch.py: no such script" "$tmp/err"
 ok $? "  and says so"
 if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-  (cd "$tmp/run" && "$PY" "$rec" user.py 0 >/dev/null 2>"$tmp/err")
+  (cd "$tmp/run" && gpy "$rec" user.py 0 >/dev/null 2>"$tmp/err")
   ok $(($? == 0)) "gmr-record without PyTorch fails"
   grep -q "PyTorch is needed" "$tmp/err"
   ok $? "  and says PyTorch is needed"

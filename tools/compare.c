@@ -377,7 +377,7 @@ static int cmp_parse_options(int argc, char **argv, cmp_args_t *a, int *timing) 
  * more traces, then the CONFIGs; CMP_RUN, or the exit status.  Every usage
  * error is found here, before any trace is read. */
 static int cmp_parse_args(int argc, char **argv, cmp_args_t *a) {
-  *a = (cmp_args_t){.o = {.capacity = COMPARE_DEFAULT_CAPACITY}};
+  *a = (cmp_args_t){.o = {.capacity = GMR_SIM_DEFAULT_CAPACITY}};
   compare_opts_t *o = &a->o;
   int timing = -1; /* -1: the default (on, off in --html) */
   int st = cmp_parse_options(argc, argv, a, &timing);

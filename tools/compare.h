@@ -16,8 +16,6 @@
 #include "gmr.h"
 #include "gmr_replay.h"
 
-/* 141 GiB, the H200's 143771 MiB as CUDA reports it. */
-#define COMPARE_DEFAULT_CAPACITY ((uint64_t)143771 << 20)
 /* The HTML timeline keeps at most this many points per configuration. */
 #define COMPARE_TIMELINE_POINTS 2000
 

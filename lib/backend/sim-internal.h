@@ -18,7 +18,6 @@
 #define SIM_SPACE_MIN           ((uintptr_t)1 << 46)           /* 64 TiB of fake addresses */
 #define SIM_SPACE_PER_BYTE      64                             /* addresses per byte of capacity */
 #define SIM_MAX_CAPACITY        ((uint64_t)1 << 52)            /* 4 PiB */
-#define SIM_DEFAULT_CAPACITY    GMR_SIM_DEFAULT_CAPACITY
 #define SIM_DEFAULT_GRANULARITY ((uint64_t)2 << 20)
 #define SIM_RESERVE_ALIGN       512                  /* cudaMalloc's minimum */
 #define SIM_DEVICE_STRIDE       ((uintptr_t)1 << 58) /* fake addresses per device ordinal */

@@ -648,7 +648,7 @@ int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
                           "simulated device: granularity %llu is not a power of two "
                           "in [4096, 1 GiB]",
                           (unsigned long long)granularity);
-  uint64_t capacity = opts && opts->capacity ? opts->capacity : SIM_DEFAULT_CAPACITY;
+  uint64_t capacity = opts && opts->capacity ? opts->capacity : GMR_SIM_DEFAULT_CAPACITY;
   if (capacity > SIM_MAX_CAPACITY) {
     char c[32];
     gmr__format_size(capacity, c, sizeof c);

@@ -1,19 +1,27 @@
 /* replay-pickle.c: PyTorch memory snapshots as traces.
  *
- * torch.cuda.memory._dump_snapshot writes a pickle of builtin types:
+ * torch.cuda.memory._dump_snapshot writes a pickle of builtin types (Note
+ * [Snapshot layout]).  This file reads it with a small stack machine that
+ * knows only the opcodes of plain data (protocols 2 to 5), one reader per
+ * opcode family, and writes the busiest device's history as trace CSV for
+ * gmr_trace_parse: alloc -> allocate (the requested size; the call site from
+ * the innermost frame outside torch), free_completed -> free, oom -> a failure
+ * (counted, not replayed), anything else -> a comment, so that CSV line N is
+ * trace entry N.  The input may be hostile (Note [Hostile pickles]).
+ */
+
+/* Note [Snapshot layout]
+ * ~~~~~~~~~~~~~~~~~~~~~~
  *   {"segments": [...], "device_traces": [[entry, ...] per device], ...}
  *   entry = {"action": "alloc" | "free_requested" | "free_completed" |
  *            "segment_alloc" | "segment_free" | "segment_map" | "segment_unmap" |
  *            "oom" | "snapshot", "addr": int, "size": int, "stream": int,
  *            "time_us": int, "frames": [{"filename", "line", "name"}, ...]}
- * This file reads such a pickle with a small stack machine that knows only
- * the opcodes of plain data (protocols 2 to 5), and writes the busiest
- * device's history as trace CSV for gmr_trace_parse: alloc -> allocate (the
- * requested size; the call site from the innermost frame outside torch),
- * free_completed -> free, oom -> a failure (counted, not replayed), anything
- * else -> a comment, so that CSV line N is trace entry N.
- *
- * Hostile input: nothing is executed (globals and their calls become inert
+ */
+
+/* Note [Hostile pickles]
+ * ~~~~~~~~~~~~~~~~~~~~~~
+ * Nothing is executed (globals and their calls become inert
  * placeholders), every read is bounds-checked, and memory is bounded by the
  * input: every value, stack slot and container entry comes from at least one
  * opcode byte, memo indices are below the input length, and the walk of the
@@ -26,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/avl.h"
 #include "core/internal.h"
 #include "replay/replay-formats.h"
 
@@ -71,6 +80,7 @@ typedef struct pk_s {
   char *err;
   size_t errlen;
   const char *name;
+  bool strict; /* refuse globals outside torch and a few builtins (gmr_snapshot_csv) */
 } pk_t;
 
 static int pk_fail(pk_t *k, const char *fmt, ...) GMR_PRINTF(2, 3);
@@ -238,10 +248,20 @@ static int pk_memo_get(pk_t *k, uint64_t idx) {
   return pk_push(k, k->memo[idx]);
 }
 
-/* One opcode; 1 at STOP, 0 to go on, GMR_EINVAL on error. */
-static int pk_step(pk_t *k, size_t *memo_next) {
-  unsigned char op = *k->p++;
-  pk_val_t *v, *w, *c;
+/* An opcode family's reader: op was read (k->p is past it); 1 at STOP, 0
+ * to go on, GMR_EINVAL on error.  memo_next: MEMOIZE's next index. */
+typedef int pk_op_fn(pk_t *k, unsigned char op, size_t *memo_next);
+
+static int pk_unknown(pk_t *k, unsigned char op) {
+  return pk_fail(k,
+                 "unsupported pickle opcode 0x%02x at byte %zu: not a memory snapshot of "
+                 "plain data",
+                 op, (size_t)(k->p - 1 - (k->end - k->len)));
+}
+
+/* PROTO, FRAME, STOP and MARK: the framing. */
+static int pk_op_control(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
   switch (op) {
   case 0x80: /* PROTO */
     if (!pk_need(k, 1)) return pk_fail(k, "truncated pickle");
@@ -258,6 +278,16 @@ static int pk_step(pk_t *k, size_t *memo_next) {
       return pk_fail(k, "out of host memory reading the snapshot");
     k->marks[k->n_marks++] = k->n_stack;
     return 0;
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* The containers made whole: empty ones, and tuples and frozensets of the stack. */
+static int pk_op_container(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  pk_val_t *c;
+  switch (op) {
   case '}': /* EMPTY_DICT */
     return pk_push(k, pk_new(k, PK_DICT));
   case ']':  /* EMPTY_LIST */
@@ -283,6 +313,16 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     k->n_stack -= n;
     return pk_push(k, c);
   }
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* Items into the container below them: APPEND(S), ADDITEMS, SETITEM(S). */
+static int pk_op_fill(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  pk_val_t *v, *w, *c;
+  switch (op) {
   case 'a': /* APPEND */
     v = pk_pop(k);
     if (v == NULL || k->n_stack <= pk_base(k)) return pk_fail(k, "malformed pickle: short stack");
@@ -321,6 +361,16 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     k->n_stack = base;
     return 0;
   }
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* None, booleans, integers and floats. */
+static int pk_op_scalar(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  pk_val_t *v;
+  switch (op) {
   case 'N':
     return pk_push(k, pk_new(k, PK_NONE));
   case 0x88: /* NEWTRUE */
@@ -353,6 +403,15 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     if (v) memcpy(&v->f, &u, sizeof v->f);
     return pk_push(k, v);
   }
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* Text and bytes, by the width of their length. */
+static int pk_op_string(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  switch (op) {
   case 0x8c: /* SHORT_BINUNICODE */
   case 'C':  /* SHORT_BINBYTES */
   case 'U':  /* SHORT_BINSTRING */
@@ -365,6 +424,14 @@ static int pk_step(pk_t *k, size_t *memo_next) {
   case 0x8e: /* BINBYTES8 */
   case 0x96: /* BYTEARRAY8 */
     return pk_string(k, 8);
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* The memo: MEMOIZE, (LONG_)BINPUT and (LONG_)BINGET. */
+static int pk_op_memo(pk_t *k, unsigned char op, size_t *memo_next) {
+  switch (op) {
   case 0x94: /* MEMOIZE */
     return pk_memo_put(k, (*memo_next)++);
   case 'q': /* BINPUT */
@@ -381,6 +448,15 @@ static int pk_step(pk_t *k, size_t *memo_next) {
     if (!pk_need(k, 4)) return pk_fail(k, "truncated pickle");
     k->p += 4;
     return pk_memo_get(k, pk_le(k->p - 4, 4));
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+/* The stack itself: POP, POP_MARK, DUP. */
+static int pk_op_stack(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  switch (op) {
   case '0': /* POP */
     if (pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
     return 0;
@@ -391,17 +467,55 @@ static int pk_step(pk_t *k, size_t *memo_next) {
   case '2': /* DUP */
     if (k->n_stack <= pk_base(k)) return pk_fail(k, "malformed pickle: short stack");
     return pk_push(k, k->stack[k->n_stack - 1]);
+  default:
+    return pk_unknown(k, op);
+  }
+}
+
+static bool pk_is(const pk_val_t *v, const char *s);
+
+/* Strict reading (gmr_snapshot_csv): a global outside torch and the
+ * builtin containers is refused, with the error set, as snapshot2csv.py's
+ * unpickler always did.  Either way no global is ever called. */
+static bool pk_global_refused(pk_t *k, const pk_val_t *mod, const pk_val_t *name) {
+  static const char *const safe[][2] = {{"builtins", "set"},   {"builtins", "frozenset"},
+                                        {"builtins", "tuple"}, {"builtins", "list"},
+                                        {"builtins", "dict"},  {"collections", "OrderedDict"}};
+  if (mod->type == PK_STR && name->type == PK_STR) {
+    if (pk_is(mod, "torch") || (mod->len > 6 && memcmp(mod->s, "torch.", 6) == 0)) return false;
+    for (size_t i = 0; i < sizeof safe / sizeof *safe; ++i)
+      if (pk_is(mod, safe[i][0]) && pk_is(name, safe[i][1])) return false;
+  }
+  bool text = mod->type == PK_STR && name->type == PK_STR;
+  pk_fail(k, "refusing to load %.*s.%.*s: a memory snapshot holds only builtin types",
+          text ? (int)(mod->len > 200 ? 200 : mod->len) : 1, text ? mod->s : "?",
+          text ? (int)(name->len > 200 ? 200 : name->len) : 1, text ? name->s : "?");
+  return true;
+}
+
+/* Globals, calls and BUILD: inert placeholders (Note [Hostile pickles]). */
+static int pk_op_object(pk_t *k, unsigned char op, size_t *memo_next) {
+  (void)memo_next;
+  switch (op) {
   case 'c': { /* GLOBAL "module\nname\n": an inert placeholder */
+    const unsigned char *at[3] = {k->p};
     for (int line = 0; line < 2; ++line) {
       const unsigned char *nl = memchr(k->p, '\n', (size_t)(k->end - k->p));
       if (nl == NULL) return pk_fail(k, "truncated pickle");
       k->p = nl + 1;
+      at[line + 1] = k->p;
     }
+    pk_val_t mod = {.type = PK_STR, .s = (const char *)at[0], .len = (size_t)(at[1] - at[0] - 1)};
+    pk_val_t name = {.type = PK_STR, .s = (const char *)at[1], .len = (size_t)(at[2] - at[1] - 1)};
+    if (k->strict && pk_global_refused(k, &mod, &name)) return GMR_EINVAL;
     return pk_push(k, pk_new(k, PK_OBJ));
   }
-  case 0x93: /* STACK_GLOBAL */
-    if (pk_pop(k) == NULL || pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
+  case 0x93: { /* STACK_GLOBAL */
+    pk_val_t *name = pk_pop(k), *mod = pk_pop(k);
+    if (name == NULL || mod == NULL) return pk_fail(k, "malformed pickle: short stack");
+    if (k->strict && pk_global_refused(k, mod, name)) return GMR_EINVAL;
     return pk_push(k, pk_new(k, PK_OBJ));
+  }
   case 'R':  /* REDUCE */
   case 0x81: /* NEWOBJ */
     if (pk_pop(k) == NULL || pk_pop(k) == NULL) return pk_fail(k, "malformed pickle: short stack");
@@ -415,11 +529,36 @@ static int pk_step(pk_t *k, size_t *memo_next) {
       return pk_fail(k, "malformed pickle: short stack");
     return 0;
   default:
-    return pk_fail(k,
-                   "unsupported pickle opcode 0x%02x at byte %zu: not a memory snapshot of "
-                   "plain data",
-                   op, (size_t)(k->p - 1 - (k->end - k->len)));
+    return pk_unknown(k, op);
   }
+}
+
+/* The reader of each opcode of plain data (protocols 2 to 5), by family;
+ * NULL: not one (Note [Hostile pickles]). */
+static pk_op_fn *const pk_ops[256] = {
+    [0x80] = pk_op_control,   [0x95] = pk_op_control,   ['.'] = pk_op_control,
+    ['('] = pk_op_control,    ['}'] = pk_op_container,  [']'] = pk_op_container,
+    [0x8f] = pk_op_container, [')'] = pk_op_container,  ['t'] = pk_op_container,
+    [0x91] = pk_op_container, [0x85] = pk_op_container, [0x86] = pk_op_container,
+    [0x87] = pk_op_container, ['a'] = pk_op_fill,       ['e'] = pk_op_fill,
+    [0x90] = pk_op_fill,      ['s'] = pk_op_fill,       ['u'] = pk_op_fill,
+    ['N'] = pk_op_scalar,     [0x88] = pk_op_scalar,    [0x89] = pk_op_scalar,
+    ['K'] = pk_op_scalar,     ['M'] = pk_op_scalar,     ['J'] = pk_op_scalar,
+    [0x8a] = pk_op_scalar,    [0x8b] = pk_op_scalar,    ['G'] = pk_op_scalar,
+    [0x8c] = pk_op_string,    ['C'] = pk_op_string,     ['U'] = pk_op_string,
+    ['X'] = pk_op_string,     ['B'] = pk_op_string,     ['T'] = pk_op_string,
+    [0x8d] = pk_op_string,    [0x8e] = pk_op_string,    [0x96] = pk_op_string,
+    [0x94] = pk_op_memo,      ['q'] = pk_op_memo,       ['r'] = pk_op_memo,
+    ['h'] = pk_op_memo,       ['j'] = pk_op_memo,       ['0'] = pk_op_stack,
+    ['1'] = pk_op_stack,      ['2'] = pk_op_stack,      ['c'] = pk_op_object,
+    [0x93] = pk_op_object,    ['R'] = pk_op_object,     [0x81] = pk_op_object,
+    [0x92] = pk_op_object,    ['b'] = pk_op_object};
+
+/* One opcode; 1 at STOP, 0 to go on, GMR_EINVAL on error. */
+static int pk_step(pk_t *k, size_t *memo_next) {
+  unsigned char op = *k->p++;
+  pk_op_fn *f = pk_ops[op];
+  return f != NULL ? f(k, op, memo_next) : pk_unknown(k, op);
 }
 
 /* Run the machine; the root value, or NULL with the error set. */
@@ -533,7 +672,7 @@ typedef struct live_s {
 } live_t;
 
 static size_t live_home(const live_t *l, int64_t a) {
-  return (size_t)(((uint64_t)a >> 4) * 0x9E3779B97F4A7C15ull >> 17) & l->mask;
+  return (size_t)(gmr__hash_mul((uint64_t)a >> 4) >> 17) & l->mask;
 }
 
 static bool live_has(const live_t *l, int64_t a) {
@@ -625,6 +764,72 @@ static int64_t snap_stream(int64_t *seen, size_t *n, int64_t s) {
   return (int64_t)*n;
 }
 
+/* The root of the snapshot and the history of its busiest device (*dev,
+ * with *allocs allocations; *busy devices have some); NULL with the error
+ * set when the pickle holds no such history. */
+static const pk_val_t *snap_history(pk_t *k, size_t *allocs, int *busy, int *dev) {
+  const pk_val_t *root = pk_load(k);
+  if (root == NULL) return NULL;
+  if (root->type == PK_LIST) {
+    pk_fail(k, "this pickle is a list (torch.cuda.memory_snapshot()'s segments), which has no "
+               "history; dump the snapshot with torch.cuda.memory._dump_snapshot() after "
+               "torch.cuda.memory._record_memory_history(max_entries=N)");
+    return NULL;
+  }
+  if (root->type != PK_DICT) {
+    pk_fail(k, "not a memory snapshot: the pickle does not hold a dict");
+    return NULL;
+  }
+  const pk_val_t *traces = pk_get(root, "device_traces");
+  if (traces == NULL || traces->type != PK_LIST) {
+    pk_fail(k, "the snapshot has no device_traces: the history was not recorded; call "
+               "torch.cuda.memory._record_memory_history(max_entries=N) before the program "
+               "allocates, then torch.cuda.memory._dump_snapshot()");
+    return NULL;
+  }
+  *dev = snap_busiest(traces, allocs, busy);
+  if (*dev < 0) {
+    pk_fail(k,
+            "the snapshot's device_traces hold no alloc entry (%zu device%s): the history was "
+            "not recording while the program allocated (record it with "
+            "torch.cuda.memory._record_memory_history before the first allocation)",
+            traces->n, traces->n == 1 ? "" : "s");
+    return NULL;
+  }
+  return traces->items[*dev];
+}
+
+/* What the reader left out or assumed, as one note (NULL when nothing was;
+ * *oom when it could not be kept). */
+static char *snap_note(int busy, int dev, size_t allocs, size_t unknown, size_t supplied,
+                       bool *oom) {
+  char note[1024] = "";
+  size_t off = 0;
+  if (busy > 1)
+    off += (size_t)snprintf(note + off, sizeof note - off,
+                            "%d devices have allocations; device %d has the most (%zu) and is "
+                            "the one replayed. ",
+                            busy, dev, allocs);
+  if (unknown)
+    off += (size_t)snprintf(
+        note + off, sizeof note - off,
+        "The history starts in the middle of the run: %zu free%s of allocations made before "
+        "it began %s left out (PyTorch's ring buffer dropped the beginning; record with a "
+        "larger _record_memory_history(max_entries=N), or convert with snapshot2csv.py "
+        "--reconstruct). ",
+        unknown, unknown == 1 ? "" : "s", unknown == 1 ? "is" : "are");
+  if (supplied && off < sizeof note)
+    off += (size_t)snprintf(note + off, sizeof note - off,
+                            "%zu allocation%s of an address still live had no free_completed "
+                            "before %s: one was supplied. ",
+                            supplied, supplied == 1 ? "" : "s", supplied == 1 ? "it" : "them");
+  if (off > 0 && off < sizeof note) note[off - 1] = '\0'; /* the last space */
+  char *out = note[0] ? gmr__strdup(note) : NULL;
+  *oom = note[0] && out == NULL;
+  return out;
+}
+
+/* The snapshot as trace CSV (Note [Snapshot layout]). */
 int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **out_csv,
                          size_t *out_len, char **out_note, size_t *failures,
                          uint64_t *failure_bytes, uint32_t *first_failure, char *err,
@@ -644,36 +849,10 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
     pk_fail(&k, "out of host memory reading the snapshot");
     goto done;
   }
-  const pk_val_t *root = pk_load(&k);
-  if (root == NULL) goto done;
-  if (root->type == PK_LIST) {
-    pk_fail(&k, "this pickle is a list (torch.cuda.memory_snapshot()'s segments), which has no "
-                "history; dump the snapshot with torch.cuda.memory._dump_snapshot() after "
-                "torch.cuda.memory._record_memory_history(max_entries=N)");
-    goto done;
-  }
-  if (root->type != PK_DICT) {
-    pk_fail(&k, "not a memory snapshot: the pickle does not hold a dict");
-    goto done;
-  }
-  const pk_val_t *traces = pk_get(root, "device_traces");
-  if (traces == NULL || traces->type != PK_LIST) {
-    pk_fail(&k, "the snapshot has no device_traces: the history was not recorded; call "
-                "torch.cuda.memory._record_memory_history(max_entries=N) before the program "
-                "allocates, then torch.cuda.memory._dump_snapshot()");
-    goto done;
-  }
   size_t allocs = 0;
-  int busy = 0, dev = snap_busiest(traces, &allocs, &busy);
-  if (dev < 0) {
-    pk_fail(&k,
-            "the snapshot's device_traces hold no alloc entry (%zu device%s): the history was "
-            "not recording while the program allocated (record it with "
-            "torch.cuda.memory._record_memory_history before the first allocation)",
-            traces->n, traces->n == 1 ? "" : "s");
-    goto done;
-  }
-  const pk_val_t *tr = traces->items[dev];
+  int busy = 0, dev = 0;
+  const pk_val_t *tr = snap_history(&k, &allocs, &busy, &dev);
+  if (tr == NULL) goto done;
   size_t unknown = 0, supplied = 0;
   *failures = 0, *failure_bytes = 0, *first_failure = 0;
   for (size_t i = 0; i < tr->n && !b.oom; ++i) {
@@ -724,30 +903,10 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
     pk_fail(&k, "out of host memory converting the snapshot");
     goto done;
   }
-  char note[1024] = "";
-  size_t off = 0;
-  if (busy > 1)
-    off += (size_t)snprintf(note + off, sizeof note - off,
-                            "%d devices have allocations; device %d has the most (%zu) and is "
-                            "the one replayed. ",
-                            busy, dev, allocs);
-  if (unknown)
-    off += (size_t)snprintf(
-        note + off, sizeof note - off,
-        "The history starts in the middle of the run: %zu free%s of allocations made before "
-        "it began %s left out (PyTorch's ring buffer dropped the beginning; record with a "
-        "larger _record_memory_history(max_entries=N), or convert with snapshot2csv.py "
-        "--reconstruct). ",
-        unknown, unknown == 1 ? "" : "s", unknown == 1 ? "is" : "are");
-  if (supplied && off < sizeof note)
-    off += (size_t)snprintf(note + off, sizeof note - off,
-                            "%zu allocation%s of an address still live had no free_completed "
-                            "before %s: one was supplied. ",
-                            supplied, supplied == 1 ? "" : "s", supplied == 1 ? "it" : "them");
-  if (off > 0 && off < sizeof note) note[off - 1] = '\0'; /* the last space */
-  *out_note = note[0] ? gmr__strdup(note) : NULL;
+  bool note_oom = false;
+  *out_note = snap_note(busy, dev, allocs, unknown, supplied, &note_oom);
   bprintf(&b, "%s", "");
-  if (b.oom || (note[0] && *out_note == NULL)) {
+  if (b.oom || note_oom) {
     gmr__free(*out_note);
     *out_note = NULL;
     pk_fail(&k, "out of host memory converting the snapshot");
@@ -763,4 +922,323 @@ done:
   gmr__free(streams);
   pk_release(&k);
   return rc;
+}
+
+/* ---- snapshot2csv's CSV (gmr_snapshot_csv) --------------------------------------- */
+
+/* Note [Two CSVs of a snapshot]
+ * ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+ * gmr_trace_read's CSV (gmr__snapshot_to_csv above) keeps CSV line N = trace
+ * entry N, with a comment for each entry it skips, so that messages can
+ * name entries.  gmr_snapshot_csv writes the CSV of tools/snapshot2csv.py
+ * for people to keep: one chosen device, allocations and frees only (a free
+ * carries its allocation's size and stream), the call sites on request,
+ * and, with reconstruct, an allocation at the start for each free of an
+ * address the history never allocated and each block the snapshot shows
+ * allocated that the history never allocated (in address order, at the
+ * first entry's time).  Its reader is strict (Note [Hostile pickles],
+ * pk_global_refused), and its messages and warnings are snapshot2csv's. */
+
+typedef struct sx_s {
+  const gmr_snapshot_csv_options_t *o;
+  buf_t csv, warn;
+  gmr_avl_t live;   /* address -> val: size, aux: index into sizes of the stream number */
+  int64_t *streams; /* raw stream ids, numbered 1, 2... by first use (0 stays 0) */
+  size_t n_streams, cap_streams;
+  uint64_t requested;
+  gmr_snapshot_csv_t *out;
+  bool oom;
+} sx_t;
+
+static int64_t sx_stream(sx_t *x, int64_t s) {
+  if (s == 0) return 0;
+  for (size_t i = 0; i < x->n_streams; ++i)
+    if (x->streams[i] == s) return (int64_t)i + 1;
+  if (x->n_streams == x->cap_streams) {
+    size_t cap = x->cap_streams ? x->cap_streams * 2 : 16;
+    int64_t *p = gmr__realloc(x->streams, cap * sizeof *p);
+    if (p == NULL) {
+      x->oom = true;
+      return 0;
+    }
+    x->streams = p, x->cap_streams = cap;
+  }
+  x->streams[x->n_streams++] = s;
+  return (int64_t)x->n_streams;
+}
+
+static void sx_allocate(sx_t *x, int64_t t, int64_t a, int64_t size, int64_t stream,
+                        const char *site) {
+  bprintf(&x->csv, "0,%" PRId64 ",allocate,%#" PRIx64 ",%" PRId64 ",%" PRId64 "%s%s\n", t,
+          (uint64_t)a, size, stream, site[0] ? "," : "", site);
+  if (gmr__avl_insert(&x->live, (uint64_t)a, (uint64_t)size, (uint32_t)stream) != 0) x->oom = true;
+  x->requested += (uint64_t)size;
+  if (x->requested > x->out->peak_requested) x->out->peak_requested = x->requested;
+  ++x->out->allocations;
+}
+
+/* The free of live address a (its node n). */
+static void sx_free(sx_t *x, int64_t t, gmr_avl_node_t *n) {
+  int64_t a = (int64_t)n->key, size = (int64_t)n->val, stream = (int64_t)n->aux;
+  bprintf(&x->csv, "0,%" PRId64 ",free,%#" PRIx64 ",%" PRId64 ",%" PRId64 "\n", t, (uint64_t)a,
+          size, stream);
+  gmr__avl_erase(&x->live, (uint64_t)a);
+  x->requested -= (uint64_t)size;
+  ++x->out->frees;
+}
+
+static int64_t sx_int(const pk_val_t *v, int64_t dflt) {
+  int64_t i = dflt;
+  return pk_int_of(v, &i) ? i : dflt;
+}
+
+/* The device to convert: the one asked for, or the one with the most
+ * allocations (a warning when several have some); -1 with err set. */
+static int sx_device(sx_t *x, const pk_val_t *traces, char *err, size_t errlen) {
+  int best = -1;
+  size_t most = 0, busy = 0;
+  char list[512] = "";
+  size_t off = 0;
+  for (size_t d = 0; d < traces->n; ++d) {
+    const pk_val_t *tr = traces->items[d];
+    size_t n = 0;
+    for (size_t i = 0; i < tr->n; ++i)
+      n += pk_is(pk_get(tr->items[i], "action"), "alloc");
+    if (n > 0 && off < sizeof list)
+      off += (size_t)snprintf(list + off, sizeof list - off, "%s%zu", busy ? ", " : "", d);
+    busy += n > 0;
+    if (n > most) most = n, best = (int)d;
+  }
+  if (x->o && x->o->has_device) {
+    if (x->o->device < 0 || (size_t)x->o->device >= traces->n) {
+      snprintf(err, errlen, "device %d: the snapshot has traces for devices 0..%d", x->o->device,
+               (int)traces->n - 1);
+      return -1;
+    }
+    return x->o->device;
+  }
+  if (best < 0) {
+    snprintf(err, errlen,
+             "no device has any alloc entry: was the history recorded "
+             "(_record_memory_history) while the program allocated?");
+    return -1;
+  }
+  if (busy > 1)
+    bprintf(&x->warn,
+            "devices [%s] have allocations; converting device %d (the most: %zu); choose "
+            "another with --device\n",
+            list, best, most);
+  return best;
+}
+
+/* An allocation at the start for each (address, size, raw stream) in
+ * `start`, in address order. */
+static void sx_start_walk(sx_t *x, const gmr_avl_node_t *n, int64_t t0, const int64_t *raw) {
+  if (n == NULL) return;
+  sx_start_walk(x, n->child[0], t0, raw);
+  sx_allocate(x, t0, (int64_t)n->key, (int64_t)n->val, sx_stream(x, raw[n->aux]), "");
+  sx_start_walk(x, n->child[1], t0, raw);
+}
+
+/* Reconstruct: what the history missed, allocated at its start (Note [Two
+ * CSVs of a snapshot]). */
+static void sx_reconstruct(sx_t *x, const pk_val_t *root, const pk_val_t *tr, int64_t device) {
+  gmr_avl_t seen = {0}, allocated = {0}, start = {0};
+  int64_t *raw = gmr__malloc((tr->n + 1) * sizeof *raw);
+  size_t n_raw = 0;
+  if (raw == NULL) x->oom = true;
+  for (size_t i = 0; raw && i < tr->n; ++i) {
+    const pk_val_t *e = tr->items[i], *act = pk_get(e, "action");
+    uint64_t a = (uint64_t)sx_int(pk_get(e, "addr"), 0);
+    if (pk_is(act, "alloc")) {
+      if (gmr__avl_find(&seen, a) == NULL && gmr__avl_insert(&seen, a, 0, 0) != 0) x->oom = true;
+      if (gmr__avl_find(&allocated, a) == NULL && gmr__avl_insert(&allocated, a, 0, 0) != 0)
+        x->oom = true;
+    } else if (pk_is(act, "free_completed") || pk_is(act, "free")) {
+      if (gmr__avl_find(&seen, a) != NULL) {
+        gmr__avl_erase(&seen, a);
+      } else if (gmr__avl_find(&start, a) == NULL) {
+        raw[n_raw] = sx_int(pk_get(e, "stream"), 0);
+        if (gmr__avl_insert(&start, a, (uint64_t)sx_int(pk_get(e, "size"), 0), (uint32_t)n_raw++) !=
+            0)
+          x->oom = true;
+      }
+    }
+  }
+  /* Blocks the snapshot shows allocated that the history never allocated. */
+  const pk_val_t *segs = pk_get(root, "segments");
+  size_t n_blocks = 0;
+  for (size_t s = 0; segs && segs->type == PK_LIST && s < segs->n; ++s) {
+    const pk_val_t *blocks = pk_get(segs->items[s], "blocks");
+    n_blocks += blocks && blocks->type == PK_LIST ? blocks->n : 0;
+  }
+  int64_t *more = raw ? gmr__realloc(raw, (tr->n + n_blocks + 1) * sizeof *raw) : NULL;
+  if (more == NULL) x->oom = true;
+  raw = more ? more : raw;
+  for (size_t s = 0; more && segs && segs->type == PK_LIST && s < segs->n; ++s) {
+    const pk_val_t *seg = segs->items[s], *blocks = pk_get(seg, "blocks");
+    if (sx_int(pk_get(seg, "device"), device) != device) continue;
+    int64_t addr = sx_int(pk_get(seg, "address"), 0);
+    for (size_t b = 0; blocks && blocks->type == PK_LIST && b < blocks->n; ++b) {
+      const pk_val_t *blk = blocks->items[b];
+      int64_t a = sx_int(pk_get(blk, "address"), addr), size = sx_int(pk_get(blk, "size"), 0);
+      int64_t req = sx_int(pk_get(blk, "requested_size"), 0);
+      if (pk_is(pk_get(blk, "state"), "active_allocated") &&
+          gmr__avl_find(&allocated, (uint64_t)a) == NULL &&
+          gmr__avl_find(&start, (uint64_t)a) == NULL) {
+        raw[n_raw] = sx_int(pk_get(seg, "stream"), 0);
+        if (gmr__avl_insert(&start, (uint64_t)a, (uint64_t)(req ? req : size), (uint32_t)n_raw++))
+          x->oom = true;
+      }
+      addr = a + size;
+    }
+  }
+  int64_t t0 = tr->n ? sx_int(pk_get(tr->items[0], "time_us"), 0) : 0;
+  if (!x->oom) sx_start_walk(x, start.root, t0, raw);
+  x->out->reconstructed = start.count;
+  gmr__avl_clear(&seen, NULL, NULL);
+  gmr__avl_clear(&allocated, NULL, NULL);
+  gmr__avl_clear(&start, NULL, NULL);
+  gmr__free(raw);
+}
+
+/* The history's entries as rows (Note [Two CSVs of a snapshot]); GMR_EINVAL
+ * with err set on an alloc it cannot write. */
+static int sx_entries(sx_t *x, const pk_val_t *tr, char *err, size_t errlen) {
+  bool sites = x->o && x->o->sites;
+  for (size_t i = 0; i < tr->n && !x->oom && !x->csv.oom; ++i) {
+    const pk_val_t *e = tr->items[i], *act = pk_get(e, "action");
+    int64_t t = sx_int(pk_get(e, "time_us"), (int64_t)i), a = sx_int(pk_get(e, "addr"), 0);
+    if (pk_is(act, "alloc")) {
+      int64_t size = sx_int(pk_get(e, "size"), 0);
+      if (a <= 0 || size <= 0) {
+        snprintf(err, errlen, "trace entry %zu: an alloc without a positive addr and size", i);
+        return GMR_EINVAL;
+      }
+      gmr_avl_node_t *n = gmr__avl_find(&x->live, (uint64_t)a);
+      if (n != NULL) { /* its free was never recorded: free it here */
+        bprintf(&x->warn,
+                "entry %zu: alloc of %#" PRIx64 ", which is still live: a free_completed is "
+                "missing; freeing it first\n",
+                i, (uint64_t)a);
+        sx_free(x, t, n);
+      }
+      char site[400] = "";
+      if (sites) snap_site(pk_get(e, "frames"), site, sizeof site);
+      sx_allocate(x, t, a, size, sx_stream(x, sx_int(pk_get(e, "stream"), 0)), site);
+    } else if (pk_is(act, "free_completed") || pk_is(act, "free")) {
+      gmr_avl_node_t *n = a > 0 ? gmr__avl_find(&x->live, (uint64_t)a) : NULL;
+      if (n != NULL)
+        sx_free(x, t, n);
+      else
+        ++x->out->unknown_frees;
+    }
+  }
+  return 0;
+}
+
+/* The root's checks, in snapshot2csv's words; the trace list, or NULL with
+ * err set. */
+static const pk_val_t *sx_traces(const pk_val_t *root, const char *name, char *err, size_t errlen) {
+  static const char *const type_names[] = {"NoneType", "bool", "int",  "int",   "float",
+                                           "str",      "list", "dict", "tuple", "object"};
+  if (root->type != PK_DICT) {
+    snprintf(err, errlen, "%s: a memory snapshot is a dict, this pickle holds a %s", name,
+             type_names[root->type]);
+    return NULL;
+  }
+  const pk_val_t *traces = pk_get(root, "device_traces");
+  if (traces == NULL) {
+    snprintf(err, errlen,
+             "%s: the snapshot has no device_traces: record the history before dumping it, "
+             "with torch.cuda.memory._record_memory_history(max_entries=N)",
+             name);
+    return NULL;
+  }
+  bool lists = traces->type == PK_LIST;
+  for (size_t d = 0; lists && d < traces->n; ++d)
+    lists = traces->items[d]->type == PK_LIST;
+  if (!lists) snprintf(err, errlen, "device_traces is not a list of lists of trace entries");
+  return lists ? traces : NULL;
+}
+
+int gmr_snapshot_csv(const void *data, size_t len, const char *name,
+                     const gmr_snapshot_csv_options_t *opts, gmr_snapshot_csv_t **out, char *err,
+                     size_t errlen) {
+  char why[1024] = "";
+  if (err == NULL || errlen == 0) err = why, errlen = sizeof why;
+  err[0] = '\0';
+  if (name == NULL) name = "snapshot";
+  *out = NULL;
+  pk_t k = {.p = data,
+            .end = (const unsigned char *)data + len,
+            .len = len,
+            .err = why,
+            .errlen = sizeof why,
+            .name = name,
+            .strict = true};
+  sx_t x = {.o = opts, .out = gmr__calloc(1, sizeof *x.out)};
+  int rc = GMR_EINVAL;
+  const pk_val_t *root = NULL, *traces = NULL;
+  if (x.out == NULL) {
+    snprintf(err, errlen, "%s: out of host memory reading the snapshot", name);
+    rc = GMR_ENOMEM;
+  } else if (!gmr__is_pickle(data, len)) {
+    snprintf(err, errlen, "%s: not a readable memory snapshot pickle (it does not start like one)",
+             name);
+  } else if ((root = pk_load(&k)) == NULL) {
+    size_t skip = strlen(name) + 2; /* pk_fail's "NAME: " */
+    snprintf(err, errlen, "%s: not a readable memory snapshot pickle (%s)", name,
+             strlen(why) > skip ? why + skip : why);
+  } else if ((traces = sx_traces(root, name, err, errlen)) != NULL) {
+    int device = sx_device(&x, traces, err, errlen);
+    if (device >= 0) {
+      const pk_val_t *tr = traces->items[device];
+      x.out->device = device;
+      bprintf(&x.csv, "Thread,Time,Action,Pointer,Size,Stream%s\n",
+              opts && opts->sites ? ",Site" : "");
+      if (opts && opts->reconstruct) sx_reconstruct(&x, root, tr, device);
+      rc = sx_entries(&x, tr, err, errlen);
+    }
+  }
+  if (rc == 0) {
+    if (x.out->unknown_frees && !(opts && opts->reconstruct))
+      bprintf(&x.warn,
+              "%zu frees of addresses the history never allocated: the ring buffer dropped the "
+              "beginning of the run (record with a larger max_entries, or pass --reconstruct "
+              "to allocate them at the start); those frees are left out\n",
+              x.out->unknown_frees);
+    else if (x.out->unknown_frees)
+      bprintf(&x.warn,
+              "the ring buffer dropped the beginning of the run: %zu allocations made before "
+              "the history starts were put at its start\n",
+              x.out->reconstructed);
+    bprintf(&x.csv, "%s", "");
+    bprintf(&x.warn, "%s", "");
+    if (x.oom || x.csv.oom || x.warn.oom) {
+      snprintf(err, errlen, "%s: out of host memory converting the snapshot", name);
+      rc = GMR_ENOMEM;
+    }
+  }
+  if (rc == 0) {
+    x.out->live_at_end = x.live.count;
+    x.out->csv = x.csv.p, x.out->csv_len = x.csv.n, x.out->warnings = x.warn.p;
+    x.csv.p = x.warn.p = NULL;
+    *out = x.out;
+    x.out = NULL;
+  }
+  gmr_snapshot_csv_free(x.out);
+  gmr__free(x.csv.p);
+  gmr__free(x.warn.p);
+  gmr__free(x.streams);
+  gmr__avl_clear(&x.live, NULL, NULL);
+  pk_release(&k);
+  return rc;
+}
+
+void gmr_snapshot_csv_free(gmr_snapshot_csv_t *s) {
+  if (s == NULL) return;
+  gmr__free(s->csv);
+  gmr__free(s->warnings);
+  gmr__free(s);
 }

@@ -176,7 +176,7 @@ struct gmr_runtime_s {
  * a plain product would carry into the slot index and pile every block of a
  * shard into one probe chain. */
 static inline uint64_t map_hash(const void *p) {
-  uint64_t h = ((uint64_t)(uintptr_t)p >> 8) * 0x9E3779B97F4A7C15ull;
+  uint64_t h = gmr__hash_mul((uint64_t)(uintptr_t)p >> 8);
   return h ^ (h >> 32);
 }
 

@@ -48,6 +48,7 @@ __all__ = [
     "library_path",
     "policy",
     "snapshot",
+    "snapshot_to_csv",
     "stats",
     "summary",
     "use_in_cupy",
@@ -291,3 +292,16 @@ def snapshot(path, device=0):
     pickle (what torch.cuda.memory._dump_snapshot writes; open it at
     https://pytorch.org/memory_viz).  Needs a libgmr with gmr_snapshot_write."""
     _write_with(_library().gmr_snapshot_write, _runtime(device), path, "gmr_snapshot_write")
+
+
+def snapshot_to_csv(data, name="snapshot", device=None, reconstruct=False, sites=False):
+    """A PyTorch memory snapshot (the pickle's bytes; `name` in messages) as
+    the trace CSV tools/snapshot2csv.py writes: returns (csv, warnings,
+    counts), counts a dict of device, allocations, frees, live_at_end,
+    unknown_frees, reconstructed and peak_requested.  The pickle is read by
+    libgmr, strictly: nothing in it runs.  ValueError with a sentence when it
+    is not a usable snapshot."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("gmr: snapshot_to_csv takes the snapshot's bytes, not %s"
+                        % type(data).__name__)
+    return _replay.snapshot_csv(_library(), data, name, device, reconstruct, sites)

@@ -23,7 +23,9 @@ from ._lib import GmrError, Stats
 MiB = 1 << 20
 TOP_SITES = 5  # call sites listed at the peak, as gmr-compare lists them
 ALLOC, FREE = 0, 1  # gmr_trace_action_t
-DEFAULT_CAPACITY = 143771 * MiB  # an H200 as CUDA reports it; the tools' default too
+# GMR_SIM_DEFAULT_CAPACITY of include/gmr.h (ctypes cannot read a #define): an
+# H200 as CUDA reports it, the tools' default too.
+DEFAULT_CAPACITY = 143771 * MiB
 
 
 class TraceEvent(ctypes.Structure):  # gmr_trace_event_t
@@ -42,6 +44,19 @@ class TraceData(ctypes.Structure):  # gmr_trace_data_t
                 ("alloc_failure_bytes", ctypes.c_uint64),
                 ("first_alloc_failure_line", ctypes.c_uint32), ("format", ctypes.c_int),
                 ("note", ctypes.c_char_p)]
+
+
+class SnapshotCsvOptions(ctypes.Structure):  # gmr_snapshot_csv_options_t
+    _fields_ = [("has_device", ctypes.c_int), ("device", ctypes.c_int),
+                ("reconstruct", ctypes.c_int), ("sites", ctypes.c_int)]
+
+
+class SnapshotCsv(ctypes.Structure):  # gmr_snapshot_csv_t
+    _fields_ = [("csv", ctypes.c_void_p), ("csv_len", ctypes.c_size_t),
+                ("warnings", ctypes.c_char_p), ("device", ctypes.c_int),
+                ("allocations", ctypes.c_size_t), ("frees", ctypes.c_size_t),
+                ("live_at_end", ctypes.c_size_t), ("unknown_frees", ctypes.c_size_t),
+                ("reconstructed", ctypes.c_size_t), ("peak_requested", ctypes.c_uint64)]
 
 
 REPLAY_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(TraceData),
@@ -73,6 +88,9 @@ def declare(lib):
     sig = {
         "gmr_trace_read": (i, [cp, ctypes.POINTER(ctypes.POINTER(TraceData)), cp, sz]),
         "gmr_trace_data_free": (None, [ctypes.POINTER(TraceData)]),
+        "gmr_snapshot_csv": (i, [ctypes.c_char_p, sz, cp, ctypes.POINTER(SnapshotCsvOptions),
+                                 ctypes.POINTER(ctypes.POINTER(SnapshotCsv)), cp, sz]),
+        "gmr_snapshot_csv_free": (None, [ctypes.POINTER(SnapshotCsv)]),
         "gmr_runtime_new_sim": (i, [vp, ctypes.POINTER(SimOptions), ctypes.POINTER(vp)]),
         "gmr_replay": (i, [vp, ctypes.POINTER(TraceData), ctypes.POINTER(ReplayOptions),
                            ctypes.POINTER(ReplayResult)]),
@@ -81,6 +99,29 @@ def declare(lib):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+
+
+def snapshot_csv(lib, data, name, device=None, reconstruct=False, sites=False):
+    """gmr_snapshot_csv: (csv text, [warnings], {counts}), or ValueError with
+    the library's sentence (MemoryError when out of host memory)."""
+    opts = SnapshotCsvOptions(device is not None, device if device is not None else 0,
+                              bool(reconstruct), bool(sites))
+    out = ctypes.POINTER(SnapshotCsv)()
+    msg = ctypes.create_string_buffer(2048)
+    rc = lib.gmr_snapshot_csv(bytes(data), len(data), os.fsencode(name), ctypes.byref(opts),
+                              ctypes.byref(out), msg, len(msg))
+    if rc != 0:
+        text = msg.value.decode(errors="replace") or lib.gmr_strerror(rc).decode()
+        raise (MemoryError if rc == -1 else ValueError)(text)  # GMR_ENOMEM
+    try:
+        s = out.contents
+        csv = ctypes.string_at(s.csv, s.csv_len).decode(errors="surrogateescape")
+        warnings = (s.warnings or b"").decode(errors="replace").splitlines()
+        counts = {k: getattr(s, k) for k in ("device", "allocations", "frees", "live_at_end",
+                                             "unknown_frees", "reconstructed", "peak_requested")}
+    finally:
+        lib.gmr_snapshot_csv_free(out)
+    return csv, warnings, counts
 
 
 def fspath_bytes(value, what):
