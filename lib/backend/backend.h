@@ -5,8 +5,9 @@
  * creates physical pages as handles that may be mapped at several virtual
  * addresses at once (the stitch policy's aliasing), tells whether a stream
  * is being captured into a CUDA graph, reports memory info, records and
- * queries events on streams, and keeps a clock.  Implementations: sim.c (simulated device), cuda.c (the only file
- * with CUDA calls).  A NULL slot means "unsupported".
+ * queries events on streams, and keeps a clock.  Implementations: sim.c
+ * (simulated device), cuda.c (the only file with CUDA calls).  A NULL slot
+ * means "unsupported".
  *
  * Rules and synchronization: see Note [Backend rules].
  */
