@@ -75,7 +75,12 @@ struct gmr_history_s {
   uint64_t dropped;        /* entries overwritten by newer ones, accumulated */
   gmr_backend_t *clock;    /* the runtime's backend, whose clock times entries */
   int64_t epoch_offset_ns; /* epoch ns - backend clock ns, taken at creation */
+  gmr_history_cb observer; /* called with each entry as it is recorded (lock held); NULL: none */
+  void *observer_ud;
 };
+
+/* Call cb (NULL: none) with every entry recorded from now on. */
+void gmr__history_set_observer(gmr_history_t *h, gmr_history_cb cb, void *ud);
 
 /* PyTorch's name of an action ("alloc", "segment_map"...). */
 const char *gmr__history_action_name(int action);

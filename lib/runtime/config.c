@@ -515,6 +515,7 @@ static int load(const char *text, size_t len, const char *file, gmr_config_t **o
   if (cfg == NULL) {
     rc = fail_at(&ps, NULL, "out of host memory");
   } else {
+    atomic_init(&cfg->refs, 1);
     cfg->source = gmr__strdup(file);
     rc = cfg->source ? parse_document(&ps, cfg) : fail_at(&ps, NULL, "out of host memory");
   }
@@ -574,8 +575,15 @@ int gmr_config_load_file(const char *path, gmr_config_t **out, gmr_error_t *err)
   return rc;
 }
 
+gmr_config_t *gmr__config_retain(const gmr_config_t *cfg) {
+  gmr_config_t *c = (gmr_config_t *)cfg; /* the count is the one mutable field */
+  atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+  return c;
+}
+
 void gmr_config_free(gmr_config_t *cfg) {
   if (cfg == NULL) return;
+  if (atomic_fetch_sub_explicit(&cfg->refs, 1, memory_order_acq_rel) > 1) return;
   gmr__policy_cfg_free(cfg->policy);
   gmr__free(cfg->source);
   gmr__free(cfg->trace_path);
