@@ -24,6 +24,9 @@
  *               from outside: liveness does not depend on pids (skipped
  *               where unshare(CLONE_NEWPID) is not allowed)
  *   threads     4 threads on one handle
+ *   untrusted   files another user could control: writable by others, a
+ *               symbolic link, a FIFO, a hard link, another owner, in a
+ *               folder others can write: refused, never followed or blocked
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -801,6 +804,98 @@ static void test_pid_namespace(void) {
   close(pids[0]), close(oks[0]);
 }
 
+/* ---- files not to be trusted ------------------------------------------------------------ */
+
+/* An attach to p that must be refused with a message containing `want`. */
+static void refused(const char *p, bool group, const char *want, const char *what) {
+  gmr_scap_opts_t o = opts(p, GiB, 0, 0, "victim");
+  o.group = group;
+  gmr_scap_t *h = NULL;
+  double t0 = now_s();
+  int rc = gmr__scap_attach(&o, &h);
+  ok(rc == GMR_ECONFIG && h == NULL && now_s() - t0 < 5, "%s: refused (%d)", what, rc);
+  like(gmr__error_last(), want, "  the message says why");
+  if (h) gmr__scap_detach(h);
+}
+
+static void test_untrusted(void) {
+  char p[640], q[300], sub[300], text[64];
+  /* Writable by every user: another user could have planted it. */
+  path_of("untrusted-0666", p, sizeof p);
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "maker");
+  gmr__scap_detach(a);
+  struct stat st;
+  int src = stat(p, &st);
+  ok(src == 0 && (st.st_mode & 077) == 0, "a new file is made 0600 (0%o)",
+     (unsigned)(st.st_mode & 0777));
+  ok(chmod(p, 0666) == 0, "chmod 0666");
+  snprintf(text, sizeof text, "owned by uid %u", (unsigned)geteuid());
+  refused(p, false, "mode 0666: every user may write it", "a file every user may write");
+  like(gmr__error_last(), text, "  and names the owner");
+  refused(p, true, "every user may write it", "  even with shared_by: group");
+  /* Group-writable. */
+  ok(chmod(p, 0660) == 0, "chmod 0660");
+  refused(p, false, "its group may write it", "a group-writable file");
+  gmr_scap_opts_t o = opts(p, GiB, 0, 0, "grouped");
+  o.group = true;
+  gmr_scap_t *h = NULL;
+  is_int(gmr__scap_attach(&o, &h), 0, "with shared_by: group and our group, it is used");
+  gmr__scap_detach(h);
+  ok(chmod(p, 0640) == 0, "chmod 0640");
+  h = attach(p, GiB, 0, 0, "readable");
+  ok(h != NULL, "readable by the group but not writable: used");
+  gmr__scap_detach(h);
+  /* A symbolic link planted at the path: never followed, its target untouched. */
+  path_of("untrusted-target", q, sizeof q);
+  path_of("untrusted-link", p, sizeof p);
+  int fd = open(q, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  close(fd);
+  ok(symlink(q, p) == 0, "a symbolic link at the path");
+  refused(p, false, "refusing a symbolic link", "a symbolic link");
+  ok(stat(q, &st) == 0 && st.st_size == 0, "  its target is not written");
+  unlink(q);
+  refused(p, false, "refusing a symbolic link", "a dangling symbolic link (would create)");
+  ok(access(q, F_OK) != 0, "  its target is not created");
+  /* A FIFO: no hang in open. */
+  path_of("untrusted-fifo", p, sizeof p);
+  ok(mkfifo(p, 0600) == 0, "a FIFO at the path");
+  refused(p, false, "refusing a FIFO", "a FIFO (at once, no hang)");
+  /* A hard link to another file of this user. */
+  path_of("untrusted-hard", p, sizeof p);
+  path_of("untrusted-other", q, sizeof q);
+  fd = open(q, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  close(fd);
+  ok(link(q, p) == 0, "a hard link at the path");
+  refused(p, false, "more than one name", "a file with two names");
+  ok(stat(q, &st) == 0 && st.st_size == 0, "  the other file is not written");
+  /* A folder every user may write, not sticky. */
+  path_of("untrusted-dir", sub, sizeof sub);
+  mkdir(sub, 0700);
+  snprintf(p, sizeof p, "%s/cap", sub);
+  ok(chmod(sub, 0777) == 0, "a folder of mode 0777");
+  refused(p, false, "writable by every user and not sticky", "a file in it");
+  ok(access(p, F_OK) != 0, "  not created");
+  ok(chmod(sub, 01777) == 0, "made sticky (like /dev/shm)");
+  h = attach(p, GiB, 0, 0, "sticky");
+  ok(h != NULL, "a file in a sticky folder is used");
+  gmr__scap_detach(h);
+  if (geteuid() == 0) {
+    /* Another user's file (root can make one). */
+    ok(chown(p, 65534, 65534) == 0, "the file now belongs to uid 65534");
+    refused(p, false, "owned by uid 65534", "another user's file");
+    like(gmr__error_last(), "it belongs to another user", "  ...");
+    refused(p, true, "not to one of this process's groups", "  and with shared_by: group");
+    /* A symbolic link to a folder, owned by another user. */
+    path_of("untrusted-dirlink", q, sizeof q);
+    ok(symlink(sub, q) == 0 && lchown(q, 65534, 65534) == 0,
+       "a symbolic link to a folder, owned by uid 65534");
+    snprintf(p, sizeof p, "%s/cap2", q);
+    refused(p, false, "is a symbolic link owned by uid 65534", "a file through it");
+  } else {
+    skip("another user's file and link: needs root");
+  }
+}
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 static gmr_scap_t *thread_h;
@@ -851,6 +946,7 @@ int main(void) {
   test_unlinked();
   test_pid_namespace();
   test_threads();
+  test_untrusted();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) diag("could not remove %s", dir);

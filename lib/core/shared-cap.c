@@ -399,6 +399,171 @@ static void unclaim(gmr_scap_t *h) {
   ofd_lock(h->lockfd, SCAP_LOCK_BASE + (off_t)mine, F_UNLCK);
 }
 
+/* ---- trusting the file ------------------------------------------------------------------ */
+
+/* Note [Trusting the file]
+ * The default path is guessable (uid and GPU UUID are public) and lives in
+ * /dev/shm, where every user may create names.  Whoever can write the file
+ * or replace it can make the cap fail or split it, so a process uses a file
+ * only when no one outside its trust domain can:
+ *   - the folder: reached with its symbolic links followed, but a symbolic
+ *     link at the folder's own name must belong to root or this user; the
+ *     folder must belong to root or this user, and if others (or a group not
+ *     trusted) may write it, it must be sticky (/dev/shm, /tmp), where no one
+ *     can rename or remove a name they do not own;
+ *   - the file: opened with O_NOFOLLOW (a planted symbolic link, which would
+ *     make root create or overwrite the file it names, is refused) and
+ *     O_NONBLOCK (a FIFO never blocks the open), looked at first with
+ *     fstatat so that a device is never opened; then, through the open
+ *     descriptor, it must be a regular file with one link (no hard link to
+ *     another file of this user), owned by this user (effective uid), with
+ *     no write permission for group or others.
+ * With `shared_by: group` (opts.group) the trust domain is a group: the file
+ * and the folder may be owned by another user and be group-writable, when
+ * their group is one of this process's groups; never writable by others.
+ * Refusals are GMR_ECONFIG with a message naming the path, owner and mode.
+ * What the file's writers can still do is in docs/shared-cap.md ("Trust").
+ */
+
+static bool gid_ours(gid_t g) {
+  if (g == getegid()) return true;
+  gid_t list[256];
+  int n = getgroups(256, list);
+  for (int i = 0; i < n; ++i)
+    if (list[i] == g) return true;
+  return false;
+}
+
+static const char *file_kind(mode_t m) {
+  return S_ISLNK(m)    ? "a symbolic link"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISDIR(m)  ? "a folder"
+                       : "not a regular file";
+}
+
+static int distrust(const gmr_scap_t *h, const char *what, const struct stat *st, const char *why) {
+  return gmr__error_set(GMR_ECONFIG,
+                        "shared cap: refusing %s %s: it is owned by uid %u, group %u, mode 0%03o: "
+                        "%s (this process is uid %u; see 'Trust' in docs/shared-cap.md%s)",
+                        what, h->path, (unsigned)st->st_uid, (unsigned)st->st_gid,
+                        (unsigned)(st->st_mode & 07777), why, (unsigned)geteuid(),
+                        h->o.group ? "" : "; `shared_by: group` shares with a group");
+}
+
+/* The folder of h->path, opened and checked; its descriptor or < 0 with the
+ * error set (*err).  *base: the file's name in it. */
+static int open_dir(const gmr_scap_t *h, const char **base, int *err) {
+  char dir[sizeof h->path];
+  const char *slash = strrchr(h->path, '/');
+  if (slash == NULL) {
+    snprintf(dir, sizeof dir, ".");
+    *base = h->path;
+  } else {
+    snprintf(dir, sizeof dir, "%.*s", slash == h->path ? 1 : (int)(slash - h->path), h->path);
+    *base = slash + 1;
+  }
+  if (**base == '\0') {
+    *err = gmr__error_set(GMR_ECONFIG, "shared cap: %s names a folder, not a file", h->path);
+    return -1;
+  }
+  struct stat st;
+  uid_t me = geteuid();
+  if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != 0 && st.st_uid != me) {
+    *err = gmr__error_set(GMR_ECONFIG,
+                          "shared cap: refusing %s: its folder %s is a symbolic link owned by uid "
+                          "%u, neither root nor this user (uid %u)",
+                          h->path, dir, (unsigned)st.st_uid, (unsigned)me);
+    return -1;
+  }
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    *err = sys_fail("cannot open the folder of", h->path);
+    return -1;
+  }
+  if (fstat(dfd, &st) != 0) {
+    *err = sys_fail("cannot stat the folder of", h->path);
+    close(dfd);
+    return -1;
+  }
+  bool group_ok = h->o.group && gid_ours(st.st_gid);
+  bool owner_ok = st.st_uid == 0 || st.st_uid == me || group_ok;
+  bool sticky = (st.st_mode & S_ISVTX) != 0;
+  const char *why = NULL;
+  if (!owner_ok)
+    why = "its folder belongs to another user";
+  else if ((st.st_mode & S_IWOTH) && !sticky)
+    why = "its folder is writable by every user and not sticky";
+  else if ((st.st_mode & S_IWGRP) && !sticky && !group_ok && st.st_uid != me)
+    why = "its folder is writable by a group and not sticky";
+  if (why) {
+    *err = gmr__error_set(GMR_ECONFIG,
+                          "shared cap: refusing %s: its folder %s is owned by uid %u, group %u, "
+                          "mode 0%03o: %s (this process is uid %u; see 'Trust' in "
+                          "docs/shared-cap.md)",
+                          h->path, dir, (unsigned)st.st_uid, (unsigned)st.st_gid,
+                          (unsigned)(st.st_mode & 07777), why, (unsigned)me);
+    close(dfd);
+    return -1;
+  }
+  return dfd;
+}
+
+/* Open h->path (creating it if `create`) as Note [Trusting the file] says:
+ * a descriptor, or < 0 with the error set (*err). */
+static int open_trusted(const gmr_scap_t *h, bool create, int *err) {
+  const char *base;
+  int dfd = open_dir(h, &base, err);
+  if (dfd < 0) return -1;
+  struct stat st;
+  if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+    *err = distrust(h, file_kind(st.st_mode), &st, "a shared-cap file must be a regular file");
+    close(dfd);
+    return -1;
+  }
+  int flags = O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT : 0);
+  int fd = openat(dfd, base, flags, h->o.group ? 0660 : 0600);
+  if (fd < 0) {
+    int e = errno;
+    if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (e == ELOOP || e == EACCES || e == EPERM || e == ENXIO))
+      *err =
+          distrust(h, S_ISREG(st.st_mode) ? "the file" : file_kind(st.st_mode), &st, strerror(e));
+    else
+      *err = (errno = e), sys_fail("cannot open", h->path);
+    close(dfd);
+    return -1;
+  }
+  close(dfd);
+  const char *why = NULL;
+  if (fstat(fd, &st) != 0) {
+    *err = sys_fail("cannot stat", h->path);
+    close(fd);
+    return -1;
+  }
+  bool group_ok = h->o.group && gid_ours(st.st_gid);
+  if (!S_ISREG(st.st_mode))
+    why = "a shared-cap file must be a regular file";
+  else if (st.st_uid != geteuid() && !group_ok)
+    why = h->o.group ? "it belongs to another user and not to one of this process's groups"
+                     : "it belongs to another user";
+  else if (st.st_mode & S_IWOTH)
+    why = "every user may write it";
+  else if ((st.st_mode & S_IWGRP) && !group_ok)
+    why = h->o.group ? "its group, not one of this process's, may write it"
+                     : "its group may write it";
+  else if (st.st_nlink > 1)
+    why = "it has more than one name (a hard link)";
+  if (why) {
+    *err = distrust(h, S_ISREG(st.st_mode) ? "the file" : file_kind(st.st_mode), &st, why);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 /* ---- opening the file ---------------------------------------------------------------------- */
 
 static int check_header(gmr_scap_t *h, const scap_header_t *hd) {
@@ -463,9 +628,10 @@ static int init_file(gmr_scap_t *h, scap_file_t *f) {
 static int open_file(gmr_scap_t *h, bool *created) {
   *created = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    int mfd = open(h->path, O_RDWR | O_CREAT | O_CLOEXEC, 0660);
-    if (mfd < 0) return sys_fail("cannot open", h->path);
-    int lfd = open(h->path, O_RDWR | O_CLOEXEC);
+    int err = 0;
+    int mfd = open_trusted(h, true, &err);
+    if (mfd < 0) return err;
+    int lfd = open_trusted(h, false, &err);
     struct stat a, b;
     if (lfd < 0 || fstat(mfd, &a) != 0 || fstat(lfd, &b) != 0 || a.st_ino != b.st_ino ||
         a.st_dev != b.st_dev) {
@@ -473,7 +639,7 @@ static int open_file(gmr_scap_t *h, bool *created) {
       int e = errno;
       if (lfd >= 0) close(lfd);
       close(mfd);
-      if (lfd < 0 && e != ENOENT) return (errno = e), sys_fail("cannot open", h->path);
+      if (lfd < 0 && e != ENOENT) return err;
       continue;
     }
     /* Serialize making and checking the header. */
@@ -494,7 +660,6 @@ static int open_file(gmr_scap_t *h, bool *created) {
       struct timespec ms = {0, 1000000};
       nanosleep(&ms, NULL);
     }
-    int err = 0;
     if (fstat(mfd, &a) != 0) err = sys_fail("cannot stat", h->path);
     if (err == 0 && a.st_nlink == 0) { /* unlinked meanwhile */
       close(lfd), close(mfd);
@@ -722,7 +887,8 @@ int gmr__scap_check_link(gmr_scap_t *h) {
 /* A forked child: open our own lock descriptor on the mapped file and claim
  * a slot.  Caller: holds local. */
 static int reclaim(gmr_scap_t *h) {
-  int lfd = open(h->path, O_RDWR | O_CLOEXEC);
+  int ignored;
+  int lfd = open_trusted(h, false, &ignored);
   struct stat a, b;
   if (lfd >= 0 && fstat(lfd, &a) == 0 && fstat(h->mapfd, &b) == 0 &&
       (a.st_ino != b.st_ino || a.st_dev != b.st_dev)) {

@@ -33,13 +33,17 @@ typedef struct gmr_scap_opts_s {
   uint64_t guaranteed;   /* bytes no other process can take from this one */
   const char *label;     /* shown by gmr-top; NULL: none */
   double timeout_s;      /* longest wait for the file's lock; 0: 1 s */
+  bool group;            /* shared_by: group: the file and its folder may be
+                            writable by their group when it is one of this
+                            process's groups (Note [Trusting the file]) */
 } gmr_scap_opts_t;
 
 /* Attach to (or create) the file and claim a slot.  GMR_ECONFIG when the
- * file disagrees (cap, version, layout, device) or the guaranteed bytes do
- * not fit; GMR_EBUSY when its lock stays held past the timeout; GMR_EIO for
- * a system error; GMR_ENOMEM when every slot is taken.  The text is in the
- * thread's last error. */
+ * file disagrees (cap, version, layout, device), is not to be trusted (not a
+ * regular file, a symbolic link, another owner, writable by others, in a
+ * folder others can write) or the guaranteed bytes do not fit; GMR_EBUSY when its lock stays held
+ * past the timeout; GMR_EIO for a system error; GMR_ENOMEM when every slot is taken.  The text is
+ * in the thread's last error. */
 int gmr__scap_attach(const gmr_scap_opts_t *opts, gmr_scap_t **out);
 /* Give the slot back and unmap (NULL: no-op). */
 void gmr__scap_detach(gmr_scap_t *h);
