@@ -5,10 +5,11 @@
  * reserves device bytes through it before it asks the device for them:
  *     committed = Σ over live slots of max(used_i, guaranteed_i) <= cap
  *     used_i <= quota_i  (0: no quota)
- * The check-and-add is one step under a robust process-shared mutex; a
- * process's liveness is an OFD lock on a byte of the file that the kernel
- * drops when the process dies, and the committed total is rebuilt from the
- * slots whenever a dead process is noticed.  The limit policy calls this
+ * The check-and-add is one step under the file's lock, an OFD lock on a byte
+ * of the file that the kernel holds (nothing in the mapping to corrupt); a
+ * process's liveness is an OFD lock on another byte, dropped by the kernel
+ * when the process dies, and the committed total is rebuilt from the slots
+ * whenever a dead process or a corrupt file is noticed.  The limit policy calls this
  * from its capped backend (counts: reserved), so only device reservations
  * pass here, never allocations served from a cache.
  *
@@ -80,10 +81,10 @@ int gmr__scap_check_link(gmr_scap_t *h);
 int gmr__scap_debug_hold(gmr_scap_t *h, uint64_t n);
 void gmr__scap_debug_unhold(gmr_scap_t *h);
 typedef struct gmr_scap_debug_s {
-  uint64_t sweeps, repairs, timeouts, ops, freed; /* the file's counters */
-  uint64_t held;                                  /* Σ used over live slots */
-  int slot;                                       /* this process's slot, -1: none */
-  bool created;                                   /* this handle made the file */
+  uint64_t sweeps, repairs, timeouts, ops, freed, corrupt; /* the file's counters */
+  uint64_t held;                                           /* Σ used over live slots */
+  int slot;                                                /* this process's slot, -1: none */
+  bool created;                                            /* this handle made the file */
 } gmr_scap_debug_t;
 void gmr__scap_debug(gmr_scap_t *h, gmr_scap_debug_t *out);
 
