@@ -2,7 +2,8 @@
  * runtimes of this process hold slots in: --json and --once show the cap, the
  * committed total and each process's label, pid, quota, guarantee and bytes
  * held; --count redraws; --help, --version, a bad option and a missing file
- * give their exit statuses. */
+ * give their exit statuses; a FIFO named like a cap file never hangs it. */
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +17,7 @@ static char out[65536];
 static int top(const char *args) {
   const char *b = getenv("GMR_BUILDDIR");
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s/tools/gmr-top %s 2>&1", b && *b ? b : ".", args);
+  snprintf(cmd, sizeof cmd, "timeout 10 %s/tools/gmr-top %s 2>&1", b && *b ? b : ".", args);
   FILE *p = popen(cmd, "r");
   if (p == NULL) return -1;
   size_t n = fread(out, 1, sizeof out - 1, p);
@@ -26,7 +27,7 @@ static int top(const char *args) {
 }
 
 int main(void) {
-  char dir[256] = "/tmp/gmr-top-XXXXXX", file[300], yaml[1024], args[600];
+  char dir[256] = "/tmp/gmr-top-XXXXXX", file[300], yaml[1024], args[1024];
   if (mkdtemp(dir) == NULL) skip_all("cannot make a temporary folder");
   snprintf(file, sizeof file, "%s/cap", dir);
   snprintf(yaml, sizeof yaml,
@@ -78,6 +79,16 @@ int main(void) {
   snprintf(args, sizeof args, "--json '%s/none'", dir);
   is_int(top(args), 1, "a missing file: exit 1");
   like(out, "cannot open", "with the reason");
+
+  /* A FIFO named like a cap file (anyone can make one in /dev/shm). */
+  char fifo[320];
+  snprintf(fifo, sizeof fifo, "%s/gmr-cap-fifo", dir);
+  ok(mkfifo(fifo, 0666) == 0, "a FIFO named like a cap file");
+  snprintf(args, sizeof args, "--json '%s' '%s'", fifo, file);
+  is_int(top(args), 1, "gmr-top on it and a real file: exit 1 at once (124: it hung)");
+  like(out, "it is a FIFO", "  naming the FIFO");
+  like(out, "\"cap\": 1048576000", "  and the real file is still shown");
+  unlink(fifo);
 
   gmr_free(a, pa);
   gmr_free(b, pb);

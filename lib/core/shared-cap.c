@@ -1306,31 +1306,48 @@ int gmr_shared_cap_read(const char *path, gmr_shared_cap_info_t *info, gmr_share
                         size_t max_slots, size_t *out_n) {
   if (path == NULL || info == NULL || out_n == NULL || (slots == NULL && max_slots != 0))
     return gmr__error_set(GMR_EINVAL, "gmr_shared_cap_read: NULL argument");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sys_fail("cannot open", path);
+  /* Note [A file that shrinks]: never mapped, never a device opened, never
+   * a FIFO waited for (gmr-top scans /dev/shm, where anyone makes names). */
   struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return gmr__error_set(GMR_EINVAL, "%s is not a shared-cap file: it is %s", path,
+                          file_kind(st.st_mode));
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return sys_fail("cannot open", path);
   if (fstat(fd, &st) != 0) {
     int err = sys_fail("cannot stat", path);
     close(fd);
     return err;
   }
-  if (st.st_size != (off_t)SCAP_FILE_SIZE) {
+  if (!S_ISREG(st.st_mode) || st.st_size != (off_t)SCAP_FILE_SIZE) {
     close(fd);
+    if (!S_ISREG(st.st_mode))
+      return gmr__error_set(GMR_EINVAL, "%s is not a shared-cap file: it is %s", path,
+                            file_kind(st.st_mode));
     return gmr__error_set(GMR_EINVAL,
                           "%s is not a shared-cap file of this version of gmr (%lld bytes, "
                           "expected %u)",
                           path, (long long)st.st_size, SCAP_FILE_SIZE);
   }
-  scap_file_t *f = mmap(NULL, SCAP_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
-  if (f == MAP_FAILED) {
-    int err = sys_fail("cannot map", path);
+  scap_file_t *f = gmr__malloc(sizeof *f);
+  if (f == NULL) {
     close(fd);
-    return err;
+    return gmr__error_set(GMR_ENOMEM, "gmr_shared_cap_read: out of host memory");
+  }
+  size_t got = 0;
+  while (got < sizeof *f) {
+    ssize_t r = pread(fd, (char *)f + got, sizeof *f - got, (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (size_t)r;
   }
   int err = 0;
   const scap_header_t *hd = &f->h;
-  if (atomic_load(&hd->magic) != SCAP_MAGIC || hd->version != SCAP_VERSION ||
-      hd->nslots != SCAP_SLOTS || hd->slot_size != SCAP_SLOT_SIZE) {
+  if (got != sizeof *f) {
+    err = gmr__error_set(GMR_EINVAL, "%s shrank while being read (%zu of %u bytes)", path, got,
+                         SCAP_FILE_SIZE);
+  } else if (atomic_load(&hd->magic) != SCAP_MAGIC || hd->version != SCAP_VERSION ||
+             hd->nslots != SCAP_SLOTS || hd->slot_size != SCAP_SLOT_SIZE) {
     err = gmr__error_set(GMR_EINVAL, "%s is not a shared-cap file of this version of gmr", path);
   } else {
     memset(info, 0, sizeof *info);
@@ -1348,32 +1365,30 @@ int gmr_shared_cap_read(const char *path, gmr_shared_cap_info_t *info, gmr_share
     size_t n = 0;
     for (unsigned i = 0; i < SCAP_SLOTS; ++i) {
       const scap_slot_t *s = &f->slot[i];
-      uint32_t gen = atomic_load_explicit(&s->gen, memory_order_acquire);
-      if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_LIVE) continue;
+      if (atomic_load_explicit(&s->state, memory_order_relaxed) != SLOT_LIVE) continue;
       gmr_shared_cap_slot_t e;
       memset(&e, 0, sizeof e);
       e.index = (int)i;
-      e.generation = gen;
+      e.generation = atomic_load(&s->gen);
       e.pid = atomic_load(&s->pid);
       e.quota = atomic_load(&s->quota);
       e.guaranteed = atomic_load(&s->guaranteed);
       e.held = atomic_load(&s->used);
       e.operations = atomic_load(&s->ops);
       e.since = atomic_load(&s->claimed_at);
-      memcpy(e.label, s->label, sizeof e.label - 1);
+      memcpy(e.label, s->label, sizeof e.label - 1); /* the copy's last byte stays 0 */
       /* Alive: its owner still holds the liveness byte. */
       struct flock fl = {.l_type = F_WRLCK,
                          .l_whence = SEEK_SET,
                          .l_start = SCAP_LOCK_BASE + (off_t)i,
                          .l_len = 1};
       e.alive = fcntl(fd, F_OFD_GETLK, &fl) == 0 ? fl.l_type != F_UNLCK : 1;
-      if (atomic_load_explicit(&s->gen, memory_order_acquire) != gen) continue; /* reclaimed */
       ++info->live;
       if (n < max_slots) slots[n++] = e;
     }
     *out_n = n;
   }
-  munmap(f, SCAP_FILE_SIZE);
+  gmr__free(f);
   close(fd);
   return err;
 }
