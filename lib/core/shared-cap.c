@@ -461,10 +461,34 @@ static void file_unlock(scap_file_t *f, int fd) {
   ofd_lock(fd, SCAP_LOCK_MU, F_UNLCK);
 }
 
+/* Note [A timeout reaches the caller]
+ * A reservation that gives up on the lock is an out-of-memory to the policy
+ * (so frameworks raise their OOM), which then frees its cache, retries, and
+ * writes its own OOM text over the reason.  So (1) the thread keeps the
+ * timeout's sentence (scap_note) until a reservation succeeds, and the
+ * runtime puts it first in the allocation's error (gmr__scap_take_note);
+ * (2) a thread that gave up less than a timeout ago does not wait again, it
+ * only tries: the policy's retry inside the same allocation, and the
+ * allocations right after it, fail at once while the holder stays stalled.
+ */
+static _Thread_local char scap_note[640];
+static _Thread_local uint64_t scap_gave_up_at; /* mono_ns; 0: never */
+
+const char *gmr__scap_take_note(void) {
+  if (scap_note[0] == '\0') return NULL;
+  static _Thread_local char taken[sizeof scap_note];
+  memcpy(taken, scap_note, sizeof taken);
+  scap_note[0] = '\0';
+  return taken;
+}
+
 /* Take the handle's op, then its file's lock, up to the timeout (wait) or
  * only if both are free at once. */
 static int scap_lock_wait(gmr_scap_t *h, bool wait) {
-  uint64_t deadline = mono_ns() + (uint64_t)(h->o.timeout_s * 1e9);
+  uint64_t now = mono_ns(), timeout_ns = (uint64_t)(h->o.timeout_s * 1e9);
+  uint64_t deadline = now + timeout_ns;
+  if (GMR_UNLIKELY(scap_gave_up_at != 0) && now - scap_gave_up_at < timeout_ns)
+    deadline = now; /* Note [A timeout reaches the caller] */
   int r = pthread_mutex_trylock(&h->op);
   if (GMR_UNLIKELY(r == EBUSY)) {
     if (!wait) return GMR_EBUSY;
@@ -474,7 +498,8 @@ static int scap_lock_wait(gmr_scap_t *h, bool wait) {
     ts.tv_sec += (time_t)t;
     ts.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
     if (ts.tv_nsec >= 1000000000L) ts.tv_sec += 1, ts.tv_nsec -= 1000000000L;
-    r = pthread_mutex_timedlock(&h->op, &ts);
+    r = deadline == now ? EBUSY : pthread_mutex_timedlock(&h->op, &ts);
+    if (r == EBUSY) r = ETIMEDOUT;
     if (r == ETIMEDOUT)
       return gmr__error_set(GMR_EBUSY,
                             "shared cap: waited %.3g s for the lock of %s, held by another thread "
@@ -1173,7 +1198,15 @@ static int refusal(gmr_scap_t *h, uint64_t n, uint64_t committed, uint64_t held,
 
 int gmr__scap_reserve(gmr_scap_t *h, uint64_t n) {
   int err = enter(h);
-  if (GMR_UNLIKELY(err != 0)) return err;
+  if (GMR_UNLIKELY(err != 0)) {
+    if (err == GMR_EBUSY) { /* Note [A timeout reaches the caller] */
+      snprintf(scap_note, sizeof scap_note, "%s", gmr__error_last());
+      scap_gave_up_at = mono_ns();
+    }
+    return err;
+  }
+  if (GMR_UNLIKELY(scap_note[0] != '\0')) scap_note[0] = '\0';
+  scap_gave_up_at = 0;
   err = slot_check(h);
   uint64_t owed = atomic_load_explicit(&h->owed, memory_order_relaxed);
   if (GMR_UNLIKELY(owed != 0) && err == 0) {

@@ -53,6 +53,10 @@ void gmr__scap_detach(gmr_scap_t *h);
  * would be passed; nothing changes), GMR_EBUSY (the lock stayed held past
  * the timeout), GMR_EIO. */
 int gmr__scap_reserve(gmr_scap_t *h, uint64_t n);
+/* The sentence of this thread's last reservation that gave up on the lock,
+ * once (then NULL), if no reservation succeeded since; the runtime puts it
+ * first in a failed allocation's error (Note [A timeout reaches the caller]). */
+const char *gmr__scap_take_note(void);
 /* Give n bytes back.  Never fails: when the lock cannot be had in time the
  * bytes are owed and given back at the next call that gets it. */
 void gmr__scap_release(gmr_scap_t *h, uint64_t n);
