@@ -530,7 +530,7 @@ static int claim(gmr_scap_t *h) {
   sweep(h);
   uint64_t g = h->o.guaranteed, cap = h->o.cap;
   uint64_t gsum = atomic_load_explicit(&f->h.guaranteed_sum, memory_order_relaxed);
-  if (gsum > cap || g > cap - gsum) {
+  if (g > 0 && (gsum > cap || g > cap - gsum)) {
     char a[32], b[32], c[32];
     fmt_size(g, a, sizeof a);
     fmt_size(gsum, b, sizeof b);
