@@ -88,7 +88,8 @@ typedef struct gmr_error_s {
  * @param[in]  path  file to read
  * @param[out] out   the new configuration; free with gmr_config_free
  * @param[out] err   filled on failure (may be NULL)
- * @return 0, GMR_EIO (unreadable file), GMR_ECONFIG (invalid content) */
+ * @return 0, GMR_EIO (unreadable file), GMR_ECONFIG (invalid content, or not
+ * a regular file: a FIFO or device is refused without blocking) */
 GMR_EXTERN int gmr_config_load_file(const char *path, gmr_config_t **out, gmr_error_t *err);
 /** Parse a YAML configuration held in a NUL-terminated string. */
 GMR_EXTERN int gmr_config_load_string(const char *yaml, gmr_config_t **out, gmr_error_t *err);
@@ -613,9 +614,11 @@ typedef struct gmr_shared_cap_info_s {
 /** Read a shared-cap file without changing it or taking its lock: the header
  * into *info, and up to `max_slots` attached processes into `slots` (their
  * count in *out_n; info->live counts them all).  A snapshot: figures may be
- * mid-update.  Errors are in gmr_last_error(NULL).
- * @return 0, GMR_EIO (cannot open or map it), GMR_EINVAL (not a shared-cap
- * file of this version) */
+ * mid-update.  The file is read into memory, never mapped, and never waited
+ * for: a FIFO, a device or a file that shrinks is an error, not a hang or a
+ * crash.  Errors are in gmr_last_error(NULL).
+ * @return 0, GMR_EIO (cannot open or read it), GMR_EINVAL (not a regular
+ * file, or not a shared-cap file of this version), GMR_ENOMEM */
 GMR_EXTERN int gmr_shared_cap_read(const char *path, gmr_shared_cap_info_t *info,
                                    gmr_shared_cap_slot_t *slots, size_t max_slots, size_t *out_n);
 /** The default file of a device, "/dev/shm/gmr-cap-<uid>-<device_id>" (with

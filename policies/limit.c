@@ -70,6 +70,7 @@ typedef struct limit_shared_opts_s {
   char *label;         /* for gmr-top; NULL: none */
   char *path;          /* the file; NULL: one per user and device in /dev/shm */
   double timeout;      /* seconds to wait for the file's lock; 0: 1 s */
+  int shared_by;       /* LIMIT_SHARED_BY_*: whom the file may be writable by */
 } limit_shared_opts_t;
 
 typedef struct limit_opts_s {
@@ -81,6 +82,8 @@ typedef struct limit_opts_s {
 
 enum { LIMIT_COUNTS_ALLOCATED = 0, LIMIT_COUNTS_RESERVED = 1 };
 static const char *const limit_counts_names[] = {"allocated", "reserved", NULL};
+enum { LIMIT_SHARED_BY_USER = 0, LIMIT_SHARED_BY_GROUP = 1 };
+static const char *const limit_shared_by_names[] = {"user", "group", NULL};
 
 /* A backend that forwards to the real one and refuses memory past the cap. */
 typedef struct limit_backend_s {
@@ -304,7 +307,7 @@ static int limit_validate(void *o, char *err, size_t len) {
     return GMR_ECONFIG;
   }
   const limit_shared_opts_t *sh = &opts->shared;
-  bool shared = sh->guaranteed || sh->label || sh->path || sh->timeout != 0;
+  bool shared = sh->guaranteed || sh->label || sh->path || sh->timeout != 0 || sh->shared_by;
   if (sh->cap == 0 && shared) {
     snprintf(err, len, "'shared' needs 'cap': the bytes all processes on the device may hold");
     return GMR_ECONFIG;
@@ -357,7 +360,8 @@ static int limit_share(limit_backend_t *lbe, const limit_shared_opts_t *sh) {
                         .quota = lbe->cap,
                         .guaranteed = sh->guaranteed,
                         .label = sh->label,
-                        .timeout_s = sh->timeout};
+                        .timeout_s = sh->timeout,
+                        .group = sh->shared_by == LIMIT_SHARED_BY_GROUP};
   return gmr__scap_attach(&so, &lbe->shared);
 }
 
@@ -744,6 +748,14 @@ static const gmr_opt_desc_t limit_shared_desc[] = {
      .min_exclusive = true,
      .default_text = "1",
      .help = "Seconds to wait for the file's lock before a reservation fails (a stopped holder)."},
+    {.key = "shared_by",
+     .type = GMR_OPT_ENUM,
+     .offset = offsetof(limit_shared_opts_t, shared_by),
+     .choices = limit_shared_by_names,
+     .default_text = "user",
+     .help = "user: the file and its folder must be this user's, writable by no one else; "
+             "group: they may be group-writable when their group is one of this process's "
+             "(processes of several users; docs/shared-cap.md, 'Trust')."},
     {.key = NULL},
 };
 

@@ -429,7 +429,30 @@ static void config_limits(void) {
 
   rc = gmr_config_load_file("/dev/zero", &cfg, &err);
   is_int(rc, GMR_ECONFIG, "/dev/zero as a configuration (GMR_CONFIG=/dev/zero) is refused");
-  like(err.message, "larger than 1 MiB", "  after reading at most 1 MiB");
+  like(err.message, "must be a regular file, not a character device", "  without reading it");
+
+  /* A FIFO (GMR_CONFIG read at the first allocation): open() blocked forever. */
+  char fifo[] = "/tmp/gmr-fifo-XXXXXX";
+  if (mkdtemp(fifo) != NULL) {
+    char fp[64];
+    snprintf(fp, sizeof fp, "%s/config", fifo);
+    mkfifo(fp, 0600);
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(5);
+      gmr_config_t *c2 = NULL;
+      gmr_error_t e2;
+      int r2 = gmr_config_load_file(fp, &c2, &e2);
+      _exit(r2 == GMR_ECONFIG && strstr(e2.message, "not a FIFO") ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+       "a FIFO as a configuration is refused at once (%s %d; SIGALRM 14: it blocked)",
+       WIFSIGNALED(st) ? "signal" : "exit", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    unlink(fp);
+    rmdir(fifo);
+  }
 
   static const char nul[] = "policy: direct\n\0limit: {bytes: 1}\n";
   FILE *f = tmpfile();

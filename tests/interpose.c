@@ -9,11 +9,14 @@
  * (dlsym on the driver's handle as JAX does, cuGetProcAddress(_v2) as cudart
  * does, plain symbols) lands in gmr, that memory info reports the limit, that
  * pointers gmr does not own reach the real driver, and that other lookups,
- * RTLD_NEXT included, resolve as without the interposer.
+ * RTLD_NEXT included, resolve as without the interposer.  With
+ * GMR_TEST_DOUBLE_FREE=1 (tests/interpose-free.sh) it checks double frees.
  */
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gmr.h"
 #include "tap.h"
@@ -53,6 +56,56 @@ static gmr_stats_t stats(void) {
   return st;
 }
 
+/* GMR_TEST_DOUBLE_FREE=1 (tests/interpose-free.sh, `policy: caching`): a
+ * second free of a block gmr cached, or a free of an address inside one of
+ * its segments, is an error and a log line, and never reaches the driver. */
+static int double_free(void *cu, fake_cuda_state_t *fake) {
+  alloc_fn alloc = (alloc_fn)dlsym(cu, "cuMemAlloc_v2");
+  free_fn dfree = (free_fn)dlsym(cu, "cuMemFree_v2");
+  free_async_fn fa = (free_async_fn)dlsym(cu, "cuMemFreeAsync");
+  rt_alloc_fn cm = (rt_alloc_fn)dlsym(RTLD_DEFAULT, "cudaMalloc");
+  rt_free_fn cf = (rt_free_fn)dlsym(RTLD_DEFAULT, "cudaFree");
+  /* The interposer's log (GMR_INTERPOSE_LOG=1) goes to fd 2: catch it. */
+  char logp[] = "/tmp/gmr-interpose-log-XXXXXX";
+  int logfd = mkstemp(logp), saved = dup(2);
+  dup2(logfd, 2);
+  unsigned long long d = 0;
+  int a1 = alloc(&d, 1 * MiB);
+  int f1 = dfree(d);
+  unsigned long frees = fake->frees, async_frees = fake->async_frees;
+  int f2 = dfree(d);
+  int f3 = dfree(d + 4096);
+  int f4 = fa(d, NULL);
+  void *p = NULL;
+  int a2 = cm(&p, 1 * MiB);
+  int f5 = cf(p);
+  int f6 = cf(p);
+  unsigned long frees_after = fake->frees, async_after = fake->async_frees;
+  int f7 = dfree(0x7f0000000ull);
+  dup2(saved, 2);
+  close(saved);
+  char log[8192] = "";
+  ssize_t n = pread(logfd, log, sizeof log - 1, 0);
+  log[n > 0 ? n : 0] = '\0';
+  close(logfd);
+  unlink(logp);
+  ok(a1 == 0 && f1 == 0, "cuMemAlloc_v2(1 MiB), cuMemFree_v2: cached by gmr");
+  is_int(f2, 1, "a second cuMemFree_v2 of it: CUDA_ERROR_INVALID_VALUE");
+  is_int(f3, 1, "a cuMemFree_v2 inside its segment, never handed out: CUDA_ERROR_INVALID_VALUE");
+  is_int(f4, 1, "a cuMemFreeAsync of it: CUDA_ERROR_INVALID_VALUE");
+  is_u64(frees_after, frees, "  none reached the driver's cuMemFree");
+  is_u64(async_after, async_frees, "  nor its cuMemFreeAsync");
+  ok(a2 == 0 && f5 == 0, "cudaMalloc(1 MiB), cudaFree");
+  is_int(f6, 1, "a second cudaFree: cudaErrorInvalidValue");
+  like(log, "inside a segment gmr holds but no live block (freed already?): refused",
+       "  each logged under GMR_INTERPOSE_LOG");
+  is_int(f7, 0, "a pointer outside gmr's segments still goes to the driver");
+  is_u64(fake->frees, frees_after + 1, "  which frees it");
+  gmr_stats_t st = stats();
+  is_u64(st.allocated_bytes, 0, "gmr's figures are intact: nothing allocated");
+  return done_testing();
+}
+
 int main(void) {
   if (getenv("LD_PRELOAD") == NULL || strstr(getenv("LD_PRELOAD"), "libgmr-preload") == NULL) {
     printf("1..0 # SKIP run through tests/interpose.sh (needs LD_PRELOAD)\n");
@@ -66,6 +119,7 @@ int main(void) {
   fake_cuda_state_t *fake = dlsym(cu, "fake_cuda_state");
   ok(fake != NULL, "a name the interposer does not hook resolves as usual");
   if (fake == NULL) return 1;
+  if (getenv("GMR_TEST_DOUBLE_FREE")) return double_free(cu, fake);
 
   /* ---- dlsym on the driver's handle, as JAX's plugin does ---- */
   alloc_fn alloc = (alloc_fn)dlsym(cu, "cuMemAlloc_v2");

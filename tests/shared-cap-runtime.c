@@ -4,9 +4,14 @@
  * served from a cache never reaching the shared file, stitch's pages
  * counted there, the statistics the
  * interposer reports from, gmr_shared_cap_read, and a refused mismatch at
- * runtime creation.  Runtimes of one process stand for processes here: each
+ * runtime creation, and a lock timeout's message reaching the caller after
+ * one wait.  Runtimes of one process stand for processes here: each
  * has its own slot in the file (tests/shared-cap.c uses real processes).
  */
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sim-runtime.h"
@@ -14,6 +19,12 @@
 #define MiB ((uint64_t)1 << 20)
 
 static char dir[256];
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 static char file[300];
 
 static gmr_runtime_t *rt_with(const char *policy, const char *quota, const char *cap,
@@ -225,6 +236,46 @@ static void test_mismatch(void) {
   gmr_runtime_free(a);
 }
 
+/* A stalled lock holder: the caller reads the timeout, and waits once. */
+static void test_lock_timeout(void) {
+  gmr_runtime_t *a = rt_with("caching", "600MiB", "800MiB", ", label: A, timeout: 0.3");
+  ok(a != NULL, "a caching runtime with a 0.3 s lock timeout");
+  if (!a) return;
+  void *p;
+  is_int(gmr_alloc(a, 100 * MiB, NULL, &p), 0, "A: 100 MiB");
+  is_int(gmr_free(a, p), 0, "freed into the cache");
+  int fds[2];
+  if (pipe(fds)) return;
+  pid_t holder = fork();
+  if (holder == 0) { /* another process takes the file's lock and stalls */
+    int fd = open(file, O_RDWR);
+    struct flock fl = {
+        .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (1 << 30) - 2, .l_len = 1};
+    char c = fd >= 0 && fcntl(fd, F_OFD_SETLK, &fl) == 0;
+    ssize_t w = write(fds[1], &c, 1);
+    (void)w;
+    for (;;)
+      pause();
+  }
+  char c = 0;
+  ok(read(fds[0], &c, 1) == 1 && c == 1, "another process holds the file's lock");
+  double t0 = now_s();
+  int rc = gmr_alloc(a, 300 * MiB, NULL, &p); /* a new segment: a reservation */
+  double took = now_s() - t0;
+  is_int(rc, GMR_ENOMEM, "A: 300 MiB is an out-of-memory");
+  like(gmr_last_error(a), "waited 0.3 s for the lock of", "  the caller reads the lock timeout");
+  like(gmr_last_error(a), "held by process", "  and the holder");
+  like(gmr_last_error(a), "CUDA out of memory", "  then the policy's words");
+  ok(took >= 0.29 && took < 0.55, "  it waited once, not once more for the retry (%.3f s)", took);
+  kill(holder, SIGKILL);
+  waitpid(holder, NULL, 0);
+  close(fds[0]), close(fds[1]);
+  usleep(310000);
+  is_int(gmr_alloc(a, 300 * MiB, NULL, &p), 0, "the holder is gone: A gets its 300 MiB");
+  gmr_free(a, p);
+  gmr_runtime_free(a);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/gmr-scap-rt-XXXXXX");
   const char *t = getenv("TMPDIR");
@@ -239,6 +290,8 @@ int main(void) {
   test_stitch();
   unlink(file);
   test_mismatch();
+  unlink(file);
+  test_lock_timeout();
   unlink(file);
   rmdir(dir);
   return done_testing();

@@ -24,6 +24,13 @@
  *               from outside: liveness does not depend on pids (skipped
  *               where unshare(CLONE_NEWPID) is not allowed)
  *   threads     4 threads on one handle
+ *   corrupt     a hostile writer: garbage over the header's lock and totals,
+ *               the cap rewritten, slots in unknown states, sums that
+ *               overflow, the file cut short while mapped: no crash or hang,
+ *               the file is rebuilt from the live members
+ *   untrusted   files another user could control: writable by others, a
+ *               symbolic link, a FIFO, a hard link, another owner, in a
+ *               folder others can write: refused, never followed or blocked
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -232,16 +239,16 @@ static void test_basic(void) {
   int in = open(p, O_RDONLY), out = open(q, O_RDWR | O_CREAT | O_TRUNC, 0600);
   char buf[65536];
   ssize_t len = read(in, buf, sizeof buf);
-  uint32_t v2 = 2;
+  uint32_t v2 = 3;
   memcpy(buf + 8, &v2, 4); /* magic (8 bytes), then version */
-  ok(len > 0 && write(out, buf, (size_t)len) == len, "a copy with version 2");
+  ok(len > 0 && write(out, buf, (size_t)len) == len, "a copy with version 3");
   close(in), close(out);
   o = opts(q, 100 * MiB, 0, 0, "wrong");
   is_int(gmr__scap_attach(&o, &d), GMR_ECONFIG, "another version: refused");
-  like(gmr__error_last(), "another version of gmr (version 2", "the refusal names the versions");
+  like(gmr__error_last(), "another version of gmr (version 3", "the refusal names the versions");
   int fd = open(q, O_RDONLY);
   uint32_t ver = 0;
-  ok(pread(fd, &ver, 4, 8) == 4 && ver == 2, "and the file keeps version 2");
+  ok(pread(fd, &ver, 4, 8) == 4 && ver == 3, "and the file keeps version 3");
   close(fd);
   /* Not a shared-cap file at all. */
   path_of("basic-junk", q, sizeof q);
@@ -373,7 +380,7 @@ static void test_dead_lock_holder(void) {
     uint64_t before;
     gmr__scap_debug(me, &d1);
     before = d1.repairs;
-    if (gmr__scap_reserve(me, MiB) != 0) ++bad_rc; /* EOWNERDEAD here */
+    if (gmr__scap_reserve(me, MiB) != 0) ++bad_rc; /* the dead holder's busy mark: a repair */
     gmr__scap_debug(me, &d1);
     if (d1.repairs != before + 1) ++bad_repairs;
     uint64_t held;
@@ -390,7 +397,7 @@ static void test_dead_lock_holder(void) {
          "%ld times: the victim held the lock mid-update when killed, and the next "
          "reservation succeeded",
          kills);
-  is_int(bad_repairs, 0, "each time the next locker saw EOWNERDEAD and repaired");
+  is_int(bad_repairs, 0, "each time the next locker saw the dead holder's mark and repaired");
   is_int(bad_totals, 0,
          "each time committed = held = Σ over live slots = 1 MiB (the victim's "
          "150 MiB, half-counted, are gone)");
@@ -399,7 +406,7 @@ static void test_dead_lock_holder(void) {
   gmr__scap_release(me, 10 * GiB - MiB);
 
   /* Once more with this process already waiting for the lock when the
-   * holder dies (EOWNERDEAD from pthread_mutex_timedlock). */
+   * holder dies (the kernel drops its lock). */
   int held;
   pid_t holder = spawn_holder(p, "victim", gmr__scap_debug_hold, 50 * MiB, &held);
   if (holder > 0) {
@@ -801,6 +808,318 @@ static void test_pid_namespace(void) {
   close(pids[0]), close(oks[0]);
 }
 
+/* ---- files not to be trusted ------------------------------------------------------------ */
+
+/* An attach to p that must be refused with a message containing `want`. */
+static void refused(const char *p, bool group, const char *want, const char *what) {
+  gmr_scap_opts_t o = opts(p, GiB, 0, 0, "victim");
+  o.group = group;
+  gmr_scap_t *h = NULL;
+  double t0 = now_s();
+  int rc = gmr__scap_attach(&o, &h);
+  ok(rc == GMR_ECONFIG && h == NULL && now_s() - t0 < 5, "%s: refused (%d)", what, rc);
+  like(gmr__error_last(), want, "  the message says why");
+  if (h) gmr__scap_detach(h);
+}
+
+static void test_untrusted(void) {
+  char p[640], q[300], sub[300], text[64];
+  /* Writable by every user: another user could have planted it. */
+  path_of("untrusted-0666", p, sizeof p);
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "maker");
+  gmr__scap_detach(a);
+  struct stat st;
+  int src = stat(p, &st);
+  ok(src == 0 && (st.st_mode & 077) == 0, "a new file is made 0600 (0%o)",
+     (unsigned)(st.st_mode & 0777));
+  ok(chmod(p, 0666) == 0, "chmod 0666");
+  snprintf(text, sizeof text, "owned by uid %u", (unsigned)geteuid());
+  refused(p, false, "mode 0666: every user may write it", "a file every user may write");
+  like(gmr__error_last(), text, "  and names the owner");
+  refused(p, true, "every user may write it", "  even with shared_by: group");
+  /* Group-writable. */
+  ok(chmod(p, 0660) == 0, "chmod 0660");
+  refused(p, false, "its group may write it", "a group-writable file");
+  gmr_scap_opts_t o = opts(p, GiB, 0, 0, "grouped");
+  o.group = true;
+  gmr_scap_t *h = NULL;
+  is_int(gmr__scap_attach(&o, &h), 0, "with shared_by: group and our group, it is used");
+  gmr__scap_detach(h);
+  ok(chmod(p, 0640) == 0, "chmod 0640");
+  h = attach(p, GiB, 0, 0, "readable");
+  ok(h != NULL, "readable by the group but not writable: used");
+  gmr__scap_detach(h);
+  /* A symbolic link planted at the path: never followed, its target untouched. */
+  path_of("untrusted-target", q, sizeof q);
+  path_of("untrusted-link", p, sizeof p);
+  int fd = open(q, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  close(fd);
+  ok(symlink(q, p) == 0, "a symbolic link at the path");
+  refused(p, false, "refusing a symbolic link", "a symbolic link");
+  ok(stat(q, &st) == 0 && st.st_size == 0, "  its target is not written");
+  unlink(q);
+  refused(p, false, "refusing a symbolic link", "a dangling symbolic link (would create)");
+  ok(access(q, F_OK) != 0, "  its target is not created");
+  /* A FIFO: no hang in open. */
+  path_of("untrusted-fifo", p, sizeof p);
+  ok(mkfifo(p, 0600) == 0, "a FIFO at the path");
+  refused(p, false, "refusing a FIFO", "a FIFO (at once, no hang)");
+  /* A hard link to another file of this user. */
+  path_of("untrusted-hard", p, sizeof p);
+  path_of("untrusted-other", q, sizeof q);
+  fd = open(q, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  close(fd);
+  ok(link(q, p) == 0, "a hard link at the path");
+  refused(p, false, "more than one name", "a file with two names");
+  ok(stat(q, &st) == 0 && st.st_size == 0, "  the other file is not written");
+  /* A folder every user may write, not sticky. */
+  path_of("untrusted-dir", sub, sizeof sub);
+  mkdir(sub, 0700);
+  snprintf(p, sizeof p, "%s/cap", sub);
+  ok(chmod(sub, 0777) == 0, "a folder of mode 0777");
+  refused(p, false, "writable by every user and not sticky", "a file in it");
+  ok(access(p, F_OK) != 0, "  not created");
+  ok(chmod(sub, 01777) == 0, "made sticky (like /dev/shm)");
+  h = attach(p, GiB, 0, 0, "sticky");
+  ok(h != NULL, "a file in a sticky folder is used");
+  gmr__scap_detach(h);
+  if (geteuid() == 0) {
+    /* Another user's file (root can make one). */
+    ok(chown(p, 65534, 65534) == 0, "the file now belongs to uid 65534");
+    refused(p, false, "owned by uid 65534", "another user's file");
+    like(gmr__error_last(), "it belongs to another user", "  ...");
+    refused(p, true, "not to one of this process's groups", "  and with shared_by: group");
+    /* A symbolic link to a folder, owned by another user. */
+    path_of("untrusted-dirlink", q, sizeof q);
+    ok(symlink(sub, q) == 0 && lchown(q, 65534, 65534) == 0,
+       "a symbolic link to a folder, owned by uid 65534");
+    snprintf(p, sizeof p, "%s/cap2", q);
+    refused(p, false, "is a symbolic link owned by uid 65534", "a file through it");
+  } else {
+    skip("another user's file and link: needs root");
+  }
+}
+
+/* ---- a hostile writer of the file --------------------------------------------------------- */
+
+/* The file's layout, as a writer sees it (lib/core/shared-cap.c). */
+#define F_VERSION 8
+#define F_CAP     32
+#define F_DYNAMIC 136 /* after the device id: the lock's old place, the totals */
+#define F_SLOT(i) (4096 + 128 * (i))
+#define F_STATE   0
+#define F_USED    24
+#define F_SIZE    (4096 + 256 * 128)
+
+typedef struct corrupt_res_s {
+  int step;         /* steps done (a crash or hang shows where) */
+  int rc[8];        /* return codes */
+  uint64_t v[8];    /* figures */
+  uint64_t corrupt; /* the file's corruption counter */
+} corrupt_res_t;
+
+static void poke(const char *p, off_t at, const void *bytes, size_t n) {
+  int fd = open(p, O_WRONLY);
+  if (fd < 0 || pwrite(fd, bytes, n, at) != (ssize_t)n)
+    diag("poke %s at %lld failed", p, (long long)at);
+  close(fd);
+}
+
+static void poke64(const char *p, off_t at, uint64_t v) {
+  poke(p, at, &v, sizeof v);
+}
+
+/* Run body(p, res) in a child with a 20 s alarm; its exit status. */
+static int isolated(void (*body)(const char *, corrupt_res_t *), const char *p,
+                    corrupt_res_t *res) {
+  memset(res, 0, sizeof *res);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(20);
+    body(p, res);
+    _exit(0);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return st;
+}
+
+static void report(int st, const corrupt_res_t *r, const char *what) {
+  ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: no crash, no hang (%s %d, after step %d)", what,
+     WIFSIGNALED(st) ? "signal" : "exit", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st),
+     r->step);
+}
+
+/* Garbage over everything after the device id: the lock's old place, the totals. */
+static void body_header(const char *p, corrupt_res_t *r) {
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "a"), *b = attach(p, GiB, 0, 0, "b");
+  if (!a || !b) return;
+  r->rc[0] = gmr__scap_reserve(a, 100 * MiB) | gmr__scap_reserve(b, 50 * MiB);
+  r->step = 1;
+  unsigned char junk[4096 - F_DYNAMIC];
+  memset(junk, 0xa5, sizeof junk);
+  poke(p, F_DYNAMIC, junk, sizeof junk);
+  r->step = 2;
+  r->rc[1] = gmr__scap_reserve(a, 10 * MiB);
+  r->step = 3;
+  gmr__scap_release(b, 50 * MiB);
+  r->step = 4;
+  gmr_scap_view_t v;
+  gmr__scap_view(a, &v);
+  r->v[0] = v.committed;
+  gmr_scap_debug_t d;
+  gmr__scap_debug(a, &d);
+  r->corrupt = d.corrupt;
+  r->v[1] = d.held;
+  r->step = 5;
+}
+
+/* The cap and version rewritten: this process's configured cap holds. */
+static void body_cap(const char *p, corrupt_res_t *r) {
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "a");
+  if (!a) return;
+  poke64(p, F_CAP, (uint64_t)1 << 60);
+  uint32_t v9 = 9;
+  poke(p, F_VERSION, &v9, sizeof v9);
+  r->step = 1;
+  r->rc[0] = gmr__scap_reserve(a, 2 * GiB);
+  r->rc[1] = gmr__scap_reserve(a, GiB);
+  r->step = 2;
+  gmr_shared_cap_info_t info;
+  size_t n;
+  r->rc[2] = gmr_shared_cap_read(p, &info, NULL, 0, &n);
+  r->v[0] = info.cap;
+  gmr_scap_debug_t d;
+  gmr__scap_debug(a, &d);
+  r->corrupt = d.corrupt;
+  r->step = 3;
+}
+
+/* Every slot in an unknown state, the members' too. */
+static void body_states(const char *p, corrupt_res_t *r) {
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "a"), *b = attach(p, GiB, 0, 0, "b");
+  if (!a || !b) return;
+  r->rc[0] = gmr__scap_reserve(a, 100 * MiB) | gmr__scap_reserve(b, 50 * MiB);
+  for (int i = 0; i < 256; ++i) {
+    uint32_t junk = 0xdeadbeefu + (uint32_t)i;
+    poke(p, F_SLOT(i) + F_STATE, &junk, sizeof junk);
+  }
+  r->step = 1;
+  gmr_scap_t *c = attach(p, GiB, 0, 0, "c");
+  r->rc[1] = c ? 0 : -1;
+  r->step = 2;
+  r->rc[2] = gmr__scap_reserve(a, MiB) | gmr__scap_reserve(b, MiB);
+  gmr_scap_view_t v;
+  gmr__scap_view(a, &v);
+  r->v[0] = v.committed; /* a 101 + b 51 */
+  gmr_scap_debug_t d;
+  gmr__scap_debug(a, &d);
+  r->corrupt = d.corrupt;
+  r->step = 3;
+}
+
+/* A slot whose bytes make the sums overflow. */
+static void body_overflow(const char *p, corrupt_res_t *r) {
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "a"), *b = attach(p, GiB, 0, 0, "b");
+  if (!a || !b) return;
+  r->rc[0] = gmr__scap_reserve(a, 100 * MiB) | gmr__scap_reserve(b, 50 * MiB);
+  gmr_scap_debug_t d;
+  gmr__scap_debug(b, &d);
+  poke64(p, F_SLOT(d.slot) + F_USED, UINT64_MAX - 50 * MiB + 1); /* + a's 100 MiB wraps to 50 */
+  r->step = 1;
+  r->rc[1] = gmr__scap_reserve(a, 800 * MiB); /* 100 + 800 + b's 50 fits; the wrap would too */
+  r->rc[2] = gmr__scap_reserve(b, MiB);       /* b rewrites its slot */
+  r->rc[3] = gmr__scap_reserve(a, 100 * MiB); /* 900 + 51 + 100 > 1024: refused */
+  gmr_scap_view_t v;
+  gmr__scap_view(a, &v);
+  r->v[0] = v.committed; /* a 900 + b 51 */
+  gmr__scap_debug(a, &d);
+  r->corrupt = d.corrupt;
+  r->step = 2;
+}
+
+/* The file cut to nothing while mapped (SIGBUS unless the size is checked). */
+static void body_truncated(const char *p, corrupt_res_t *r) {
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "a"), *b = attach(p, GiB, 0, 0, "b");
+  if (!a || !b) return;
+  r->rc[0] = gmr__scap_reserve(a, 100 * MiB) | gmr__scap_reserve(b, 50 * MiB);
+  r->step = 1;
+  if (truncate(p, 0) != 0) return;
+  r->step = 2;
+  r->rc[1] = gmr__scap_reserve(a, MiB);
+  r->step = 3;
+  r->rc[2] = gmr__scap_reserve(b, MiB);
+  gmr_scap_view_t v;
+  gmr__scap_view(a, &v);
+  r->v[0] = v.committed; /* a 101 + b 51 */
+  struct stat st;
+  r->v[1] = stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
+  gmr_scap_debug_t d;
+  gmr__scap_debug(a, &d);
+  r->corrupt = d.corrupt;
+  r->step = 4;
+}
+
+static void test_corrupt(void) {
+  corrupt_res_t *r =
+      mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  char p[300];
+  char log_path[320];
+  path_of("corrupt-log", log_path, sizeof log_path);
+
+  path_of("corrupt-header", p, sizeof p);
+  int st = isolated(body_header, p, r);
+  report(st, r, "garbage over the header's lock and totals");
+  ok(r->step == 5 && r->rc[0] == 0 && r->rc[1] == 0, "  the next reservation works");
+  is_u64(r->v[0], 110 * MiB, "  committed rebuilt from the live members: a's 110 MiB");
+  is_u64(r->v[1], 110 * MiB, "  held too");
+  ok(r->corrupt >= 1, "  the corruption is counted (%llu)", (unsigned long long)r->corrupt);
+
+  path_of("corrupt-cap", p, sizeof p);
+  st = isolated(body_cap, p, r);
+  report(st, r, "the file's cap and version rewritten");
+  is_int(r->rc[0], GMR_ENOMEM, "  2 GiB is still refused: the cap is this process's 1 GiB");
+  is_int(r->rc[1], 0, "  1 GiB fits");
+  ok(r->rc[2] == 0 && r->v[0] == GiB, "  the header was rebuilt (cap %llu)",
+     (unsigned long long)r->v[0]);
+
+  path_of("corrupt-states", p, sizeof p);
+  st = isolated(body_states, p, r);
+  report(st, r, "every slot in an unknown state");
+  is_int(r->rc[1], 0, "  they are swept: a newcomer finds a slot");
+  is_int(r->rc[2], 0, "  the members go on");
+  is_u64(r->v[0], 152 * MiB, "  and rewrite their slots: committed = 101 + 51 MiB");
+  ok(r->corrupt >= 1, "  the corruption is counted");
+
+  path_of("corrupt-overflow", p, sizeof p);
+  st = isolated(body_overflow, p, r);
+  report(st, r, "a slot whose bytes overflow the sums");
+  is_int(r->rc[2], 0, "  its owner goes on");
+  is_int(r->rc[3], GMR_ENOMEM, "  the cap holds once it rewrote its slot");
+  is_u64(r->v[0], 951 * MiB, "  committed exact: max of the real shares (a %s, b 51 MiB)",
+         r->rc[1] == 0 ? "900" : "100");
+
+  path_of("corrupt-truncated", p, sizeof p);
+  st = isolated(body_truncated, p, r);
+  report(st, r, "the file cut to 0 bytes while mapped");
+  ok(r->rc[1] == 0 && r->rc[2] == 0, "  both members go on");
+  is_u64(r->v[1], F_SIZE, "  the file is sized back");
+  is_u64(r->v[0], 152 * MiB, "  and rebuilt from the live members: 101 + 51 MiB");
+  ok(r->corrupt >= 1, "  the corruption is counted");
+
+  /* A file of the old format (a mutex in the file) is refused clearly. */
+  path_of("corrupt-v1", p, sizeof p);
+  gmr_scap_t *a = attach(p, GiB, 0, 0, "a");
+  gmr__scap_detach(a);
+  uint32_t v1 = 1;
+  poke(p, F_VERSION, &v1, sizeof v1);
+  gmr_scap_opts_t o = opts(p, GiB, 0, 0, "v2");
+  is_int(gmr__scap_attach(&o, &a), GMR_ECONFIG, "a file of version 1 is refused");
+  like(gmr__error_last(), "version 1 keeps a pthread mutex in the file", "  saying why");
+  munmap(r, sizeof *r);
+}
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 static gmr_scap_t *thread_h;
@@ -851,6 +1170,8 @@ int main(void) {
   test_unlinked();
   test_pid_namespace();
   test_threads();
+  test_untrusted();
+  test_corrupt();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) diag("could not remove %s", dir);

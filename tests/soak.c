@@ -18,8 +18,10 @@
  * N = GMR_SOAK_OPS per thread (default 2000, so `make check` stays fast);
  * GMR_SOAK_SECONDS, when set, also ends each stack's run after that many
  * seconds (the report gives the operations made); GMR_SEED fixes the seed;
- * GMR_SOAK_STACKS picks stacks (see main).  The history toggling makes
+ * GMR_SOAK_STACKS picks stacks (see main).  The last stack shares a cap with
+ * other processes through a file that a hostile writer keeps rewriting.  The history toggling makes
  * this the regression test of the history's publication under ThreadSanitizer (GMR_TSAN_TESTS). */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/avl.h"
 #include "gmr.h"
@@ -50,6 +53,9 @@ static const char *const stacks[] = {
     "policy: {name: bfc, memory_limit: 512MiB}\nlimit: {bytes: 256MiB}\n",
     "policy: stitch\n",
     "policy: stitch\nlimit: {bytes: 512MiB, counts: reserved}\n",
+    /* A shared cap whose file a hostile writer keeps rewriting (see hostile). */
+    "policy: caching\nlimit: {bytes: 512MiB, counts: reserved, shared: {cap: 640MiB, path: '%s', "
+    "timeout: 0.2}}\n",
     NULL,
 };
 
@@ -212,6 +218,53 @@ typedef struct churn_s {
   long rounds;
 } churn_t;
 
+/* A writer of the shared-cap file beside its members: random bytes at random
+ * offsets (header and slots alike), a busy mark forged, the file grown; and,
+ * holding the file's lock as the trust model requires of a writer that cuts
+ * it (Note [A file that shrinks]), the file cut short.  The members must
+ * never crash or hang, and heal the file (Note [Validating the file]). */
+typedef struct hostile_s {
+  const char *path;
+  uint64_t seed;
+  long writes, cuts;
+} hostile_t;
+
+#define SCAP_FILE_BYTES (4096 + 256 * 128)
+
+static void *hostile(void *arg) {
+  hostile_t *h = arg;
+  int fd = open(h->path, O_RDWR);
+  if (fd < 0) return NULL;
+  uint64_t s = h->seed;
+  while (atomic_load(&workers_running) > 0) {
+    uint64_t r = next(&s);
+    if (r % 64 == 0) {
+      struct flock fl = {
+          .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (1 << 30) - 2, .l_len = 1};
+      if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+        if (ftruncate(fd, (off_t)(next(&s) % SCAP_FILE_BYTES)) == 0) ++h->cuts;
+        fl.l_type = F_UNLCK;
+        fcntl(fd, F_OFD_SETLK, &fl);
+      }
+    } else if (r % 64 == 1) {
+      if (ftruncate(fd, SCAP_FILE_BYTES + 4096) == 0) ++h->writes;
+    } else {
+      unsigned char junk[16];
+      uint64_t v = next(&s);
+      memcpy(junk, &v, 8);
+      v = next(&s);
+      memcpy(junk + 8, &v, 8);
+      size_t n = 1 + (size_t)(next(&s) % 16);
+      off_t at = (off_t)(next(&s) % 3 == 0 ? next(&s) % 256 : next(&s) % SCAP_FILE_BYTES);
+      if (pwrite(fd, junk, n, at) == (ssize_t)n) ++h->writes;
+    }
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  close(fd);
+  return NULL;
+}
+
 static void *churn(void *arg) {
   churn_t *c = arg;
   while (atomic_load(&workers_running) > 0) {
@@ -265,14 +318,25 @@ int main(void) {
     if (number != 0 ? (i + 1 == number) == invert
                     : only != NULL && *only != '\0' && (strstr(stacks[i], only) != NULL) == invert)
       continue;
-    gmr_runtime_t *rt = sim_runtime(stacks[i], 1ull << 30, 1);
+    char yaml[512], dir[64] = "";
+    const char *stack = stacks[i];
+    bool shared = strstr(stack, "%s") != NULL;
+    if (shared) {
+      snprintf(dir, sizeof dir, "/tmp/gmr-soak-XXXXXX");
+      if (mkdtemp(dir) == NULL) continue;
+      char file[96];
+      snprintf(file, sizeof file, "%s/cap", dir);
+      snprintf(yaml, sizeof yaml, stack, file);
+      stack = yaml;
+    }
+    gmr_runtime_t *rt = sim_runtime(stack, 1ull << 30, 1);
     if (rt == NULL) {
-      ok(0, "%s: a runtime", stacks[i]);
+      ok(0, "%s: a runtime", stack);
       continue;
     }
     const char *name = gmr_runtime_policy(rt);
     gmr_sim_t *sim = gmr__sim_of(gmr__runtime_device_backend(rt));
-    is_int(gmr__sim_host_reuse(sim), 0, "%s: the simulator reuses host pages", stacks[i]);
+    is_int(gmr__sim_host_reuse(sim), 0, "%s: the simulator reuses host pages", stack);
     worker_t w[THREADS];
     pthread_t th[THREADS], ct;
     struct timespec t0, t1;
@@ -289,6 +353,11 @@ int main(void) {
       pthread_create(&th[t], NULL, work, &w[t]);
     }
     pthread_create(&ct, NULL, churn, &c);
+    char capfile[96];
+    snprintf(capfile, sizeof capfile, "%s/cap", dir);
+    hostile_t hw = {.path = capfile, .seed = seed ^ 0x5eedull};
+    pthread_t ht;
+    if (shared) pthread_create(&ht, NULL, hostile, &hw);
     long corrupt = 0, overlaps = 0, outside = 0, errors = 0, ooms = 0;
     uint64_t done = 0;
     for (int t = 0; t < THREADS; ++t) {
@@ -297,13 +366,14 @@ int main(void) {
       overlaps += w[t].overlaps, outside += w[t].outside;
     }
     pthread_join(ct, NULL);
+    if (shared) pthread_join(ht, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     gmr_empty_cache(rt);
     gmr_stats_t st;
     gmr_stats(rt, &st);
-    char conf[128];
-    snprintf(conf, sizeof conf, "%s", stacks[i]);
+    char conf[512];
+    snprintf(conf, sizeof conf, "%s", stack);
     for (char *p = conf; *p; ++p)
       if (*p == '\n') *p = ' ';
     diag("%s[ %s]: %llu operations in %.2f s, %ld OOMs, %ld churn rounds", name, conf,
@@ -314,7 +384,24 @@ int main(void) {
     is_int(errors + c.errors, 0, "  no unexpected error");
     is_int(gmr_check(rt), 0, "  invariants hold %s", gmr_last_error(rt));
     is_u64(st.allocations, 0, "  nothing left allocated");
+    if (shared) {
+      diag("  a hostile writer made %ld writes and %ld cuts of the shared-cap file", hw.writes,
+           hw.cuts);
+      int64_t committed = -1;
+      gmr_stat_get(rt, "limit_shared_committed_bytes", &committed); /* a sweep */
+      gmr_shared_cap_info_t info;
+      size_t n = 0;
+      int rc = gmr_shared_cap_read(capfile, &info, NULL, 0, &n);
+      ok(committed == 0 && rc == 0 && info.committed == 0 && info.live == 1 &&
+             info.cap == 640ull << 20,
+         "  the file, healed: committed %lld (0), %u live (1), cap %llu", (long long)committed,
+         info.live, (unsigned long long)info.cap);
+    }
     gmr_runtime_free(rt);
+    if (shared) {
+      unlink(capfile);
+      rmdir(dir);
+    }
   }
   gmr__avl_clear(&live, NULL, NULL);
   return done_testing();

@@ -2,7 +2,10 @@
  * runtimes of this process hold slots in: --json and --once show the cap, the
  * committed total and each process's label, pid, quota, guarantee and bytes
  * held; --count redraws; --help, --version, a bad option and a missing file
- * give their exit statuses. */
+ * give their exit statuses; a FIFO named like a cap file never hangs it; hostile
+ * label bytes are escaped in the table and the JSON stays valid UTF-8. */
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +19,7 @@ static char out[65536];
 static int top(const char *args) {
   const char *b = getenv("GMR_BUILDDIR");
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s/tools/gmr-top %s 2>&1", b && *b ? b : ".", args);
+  snprintf(cmd, sizeof cmd, "timeout 10 %s/tools/gmr-top %s 2>&1", b && *b ? b : ".", args);
   FILE *p = popen(cmd, "r");
   if (p == NULL) return -1;
   size_t n = fread(out, 1, sizeof out - 1, p);
@@ -25,8 +28,28 @@ static int top(const char *args) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Every byte sequence of s is valid UTF-8 (no overlong forms or surrogates). */
+static int utf8_valid(const char *str) {
+  const unsigned char *s = (const unsigned char *)str;
+  while (*s) {
+    unsigned c = *s;
+    int n = c < 0x80                 ? 1
+            : c >= 0xc2 && c <= 0xdf ? 2
+            : c >= 0xe0 && c <= 0xef ? 3
+            : c >= 0xf0 && c <= 0xf4 ? 4
+                                     : 0;
+    if (n == 0) return 0;
+    for (int i = 1; i < n; ++i)
+      if ((s[i] & 0xc0) != 0x80) return 0;
+    if (n == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0))) return 0;
+    if (n == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))) return 0;
+    s += n;
+  }
+  return 1;
+}
+
 int main(void) {
-  char dir[256] = "/tmp/gmr-top-XXXXXX", file[300], yaml[1024], args[600];
+  char dir[256] = "/tmp/gmr-top-XXXXXX", file[300], yaml[1024], args[1024];
   if (mkdtemp(dir) == NULL) skip_all("cannot make a temporary folder");
   snprintf(file, sizeof file, "%s/cap", dir);
   snprintf(yaml, sizeof yaml,
@@ -78,6 +101,41 @@ int main(void) {
   snprintf(args, sizeof args, "--json '%s/none'", dir);
   is_int(top(args), 1, "a missing file: exit 1");
   like(out, "cannot open", "with the reason");
+
+  /* A label rewritten with terminal escapes and bytes that are not UTF-8. */
+  gmr_shared_cap_info_t info;
+  gmr_shared_cap_slot_t sl[4];
+  size_t n = 0;
+  int idx = -1;
+  if (gmr_shared_cap_read(file, &info, sl, 4, &n) == 0)
+    for (size_t i = 0; i < n; ++i)
+      if (strcmp(sl[i].label, "batch") == 0) idx = sl[i].index;
+  static const char evil[] = "\x1b[2J\xff\xc0"
+                             "evil\xc2\x9b\xe2\x82";
+  int fd = open(file, O_WRONLY);
+  ok(idx >= 0 && fd >= 0 && pwrite(fd, evil, sizeof evil, 4096 + 128 * idx + 64) == sizeof evil,
+     "a writer puts escapes and invalid UTF-8 into a label");
+  close(fd);
+  snprintf(args, sizeof args, "--once '%s'", file);
+  is_int(top(args), 0, "gmr-top --once");
+  ok(strchr(out, 0x1b) == NULL && strchr(out, (char)0x9b) == NULL,
+     "  no escape byte reaches the terminal");
+  like(out, "\\x1b[2J\\xff\\xc0evil", "  the label is shown escaped (to 24 columns)");
+  snprintf(args, sizeof args, "--json '%s'", file);
+  is_int(top(args), 0, "gmr-top --json");
+  ok(utf8_valid(out), "  the document is valid UTF-8");
+  like(out, "\"label\": \"\\u001b[2J\\u00ff\\u00c0evil\xc2\x9b\\u00e2\\u0082\"",
+       "  with the bytes escaped (a valid sequence kept)");
+
+  /* A FIFO named like a cap file (anyone can make one in /dev/shm). */
+  char fifo[320];
+  snprintf(fifo, sizeof fifo, "%s/gmr-cap-fifo", dir);
+  ok(mkfifo(fifo, 0666) == 0, "a FIFO named like a cap file");
+  snprintf(args, sizeof args, "--json '%s' '%s'", fifo, file);
+  is_int(top(args), 1, "gmr-top on it and a real file: exit 1 at once (124: it hung)");
+  like(out, "it is a FIFO", "  naming the FIFO");
+  like(out, "\"cap\": 1048576000", "  and the real file is still shown");
+  unlink(fifo);
 
   gmr_free(a, pa);
   gmr_free(b, pb);

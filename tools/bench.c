@@ -77,6 +77,7 @@
 #include "cli.h"
 #include "gmr.h"
 #include "json.h"
+#include "outfile.h"
 
 #ifdef GMR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -1354,15 +1355,26 @@ int main(int argc, char **argv) {
   bench_opts_t o;
   int first_config = 0;
   if (parse_args(argc, argv, &o, &first_config) != 0) return CLI_USAGE_ERROR;
-  if (o.json_path != NULL && (o.json_file = fopen(o.json_path, "w")) == NULL) {
-    fprintf(stderr, "gmr-bench: --json-file %s: %s\n", o.json_path, strerror(errno));
-    return 1;
+  tool_out_t json_out; /* tools/outfile.h: never over a CONFIG, renamed into place */
+  if (o.json_path != NULL) {
+    char why[4200];
+    if (tool_out_input(o.json_path, (const char *const *)&argv[first_config],
+                       (size_t)(argc - first_config)) >= 0) {
+      fprintf(stderr, "gmr-bench: --json-file %s: refusing to write over an input\n", o.json_path);
+      return 1;
+    }
+    if (tool_out_open(&json_out, o.json_path, why, sizeof why) != 0) {
+      fprintf(stderr, "gmr-bench: --json-file %s: %s\n", o.json_path, why);
+      return 1;
+    }
+    o.json_file = json_out.f;
   }
   bool first = true;
 #ifdef GMR_HAVE_CUDA
   int devices = 0;
   if (o.cuda && (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)) {
     fprintf(stderr, "gmr-bench: --device cuda: no CUDA device\n");
+    if (o.json_file != NULL) tool_out_abort(&json_out);
     return 1;
   }
 #endif
@@ -1402,8 +1414,9 @@ int main(int argc, char **argv) {
   if (o.json) printf("\n]\n");
   if (o.json_file != NULL) {
     fprintf(o.json_file, "\n]\n");
-    if (fclose(o.json_file) != 0) {
-      fprintf(stderr, "gmr-bench: --json-file: %s\n", strerror(errno));
+    char why[4200];
+    if (tool_out_commit(&json_out, why, sizeof why) != 0) {
+      fprintf(stderr, "gmr-bench: --json-file %s: %s\n", o.json_path, why);
       rc = 1;
     }
   }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "outfile.h"
 
 enum {
   HTML_W = 960, /* px, chart width */
@@ -713,17 +714,35 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
 
 int compare_write_html(const char *path, const gmr_trace_data_t *t, const compare_run_t *runs,
                        size_t n, const compare_opts_t *o) {
-  FILE *out = fopen(path, "w");
-  if (out == NULL) {
-    fprintf(stderr, "gmr-compare: --html: cannot write %s\n", path);
+  /* Never over an input (tools/outfile.h): the traces and the configurations. */
+  const char **inputs = calloc(2 * n + 1, sizeof *inputs);
+  if (inputs == NULL) return -1;
+  size_t n_in = 0;
+  inputs[n_in++] = t->source;
+  for (size_t k = 0; k < n; ++k) {
+    inputs[n_in++] = runs[k].source;
+    if (runs[k].trace != NULL) inputs[n_in++] = runs[k].trace->source;
+  }
+  long same = tool_out_input(path, inputs, n_in);
+  free(inputs);
+  if (same >= 0) {
+    fprintf(stderr, "gmr-compare: --html %s: refusing to write over an input (%s)\n", path,
+            same == 0 ? "the trace" : "one of the traces or configurations");
     return -1;
   }
+  tool_out_t to;
+  char why[4200];
+  if (tool_out_open(&to, path, why, sizeof why) != 0) {
+    fprintf(stderr, "gmr-compare: --html: cannot write %s: %s\n", path, why);
+    return -1;
+  }
+  FILE *out = to.f;
   uint64_t *peaks = calloc(n ? n : 1, sizeof *peaks);
   uint64_t *totals = calloc(n ? n : 1, sizeof *totals);
   if (peaks == NULL || totals == NULL) {
     free(peaks);
     free(totals);
-    fclose(out);
+    tool_out_abort(&to);
     return -1;
   }
   const compare_run_t *least = NULL;
@@ -773,9 +792,8 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
           "this line only; the charts are plain SVG.</p>\n</main>\n<script>\n%s</script>\n"
           "</body>\n</html>\n",
           n, html_js);
-  int bad = ferror(out);
-  if (fclose(out) != 0 || bad) {
-    fprintf(stderr, "gmr-compare: --html: cannot write %s\n", path);
+  if (tool_out_commit(&to, why, sizeof why) != 0) {
+    fprintf(stderr, "gmr-compare: --html: %s: %s\n", path, why);
     return -1;
   }
   return 0;

@@ -10,6 +10,10 @@
  * reservation of another).  Without FILE it reads every file of this user in
  * the default place (/dev/shm/gmr-cap-<uid>-*).
  *
+ * Labels, device ids and names come from files, so they are escaped: in
+ * the table every byte but printable ASCII is \xHH (no escape sequence
+ * reaches the terminal), and the JSON document stays valid UTF-8.
+ *
  * Live by default: the screen is redrawn every --interval seconds (1) until
  * interrupted or --count redraws; --once prints the table once, --json prints
  * one JSON document once.  Exit status: 0, 1 when a file cannot be read (the
@@ -84,18 +88,57 @@ static void fmt(uint64_t b, char *buf, size_t len) {
     snprintf(buf, len, "%.2f %s", v, unit[u]);
 }
 
-static void json_str(FILE *f, const char *s) {
+/* The length of the valid UTF-8 sequence at s (1 to 4), or 0 if it is not
+ * one (overlong forms, surrogates and code points past U+10FFFF are not). */
+static int utf8_len(const unsigned char *s) {
+  unsigned c = s[0];
+  int n = c < 0x80                 ? 1
+          : c >= 0xc2 && c <= 0xdf ? 2
+          : c >= 0xe0 && c <= 0xef ? 3
+          : c >= 0xf0 && c <= 0xf4 ? 4
+                                   : 0;
+  for (int i = 1; i < n; ++i)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  if (n == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0))) return 0;
+  if (n == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))) return 0;
+  return n;
+}
+
+/* A JSON string that stays valid UTF-8 whatever the bytes (labels, device
+ * ids and names come from files anyone of the domain can write): controls
+ * and DEL as \u00XX, and a byte that starts no valid UTF-8 sequence as
+ * \u00XX too (its Latin-1 reading), so the document always parses. */
+static void json_str(FILE *f, const char *str) {
+  const unsigned char *s = (const unsigned char *)str;
   fputc('"', f);
-  for (; *s; ++s) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
+  while (*s) {
+    unsigned char c = *s;
+    int n = utf8_len(s);
+    if (c == '"' || c == '\\') {
       fprintf(f, "\\%c", c);
-    else if (c < 0x20)
+    } else if (c < 0x20 || c == 0x7f || n == 0) {
       fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
+      n = 1;
+    } else {
+      fwrite(s, 1, (size_t)n, f);
+    }
+    s += n;
   }
   fputc('"', f);
+}
+
+/* For the table: printable ASCII as it is, every other byte as \xHH, so a
+ * label cannot send escape sequences (or C1 controls) to the terminal. */
+static const char *text_str(const char *str, char *buf, size_t len) {
+  size_t o = 0;
+  for (const unsigned char *s = (const unsigned char *)str; *s && o + 5 < len; ++s) {
+    if (*s >= 0x20 && *s < 0x7f && *s != '\\')
+      buf[o++] = (char)*s;
+    else
+      o += (size_t)snprintf(buf + o, len - o, "\\x%02x", *s);
+  }
+  buf[o] = '\0';
+  return buf;
 }
 
 /* The default files: <dir>/<prefix>* for this user, sorted by name. */
@@ -141,7 +184,8 @@ static int show_file(FILE *out, const char *path, const top_opts_t *o, int first
   size_t n = 0;
   int rc = gmr_shared_cap_read(path, &info, slots, TOP_MAX_SLOTS, &n);
   if (rc != 0) {
-    fprintf(stderr, "gmr-top: %s\n", gmr_last_error(NULL));
+    char msg[4096];
+    fprintf(stderr, "gmr-top: %s\n", text_str(gmr_last_error(NULL), msg, sizeof msg));
     return 1;
   }
   if (o->json) {
@@ -178,8 +222,10 @@ static int show_file(FILE *out, const char *path, const top_opts_t *o, int first
   fmt(info.held, held, sizeof held);
   fmt(info.guaranteed, g, sizeof g);
   double pct = info.cap ? 100.0 * (double)info.committed / (double)info.cap : 0;
-  fprintf(out, "%s\n  device %s  cap %s  committed %s (%.1f%%)  held %s  guaranteed %s\n", path,
-          info.device_id, cap, com, pct, held, g);
+  char tpath[2048], tdev[512];
+  fprintf(out, "%s\n  device %s  cap %s  committed %s (%.1f%%)  held %s  guaranteed %s\n",
+          text_str(path, tpath, sizeof tpath), text_str(info.device_id, tdev, sizeof tdev), cap,
+          com, pct, held, g);
   fprintf(out,
           "  %u of %u slots live; %llu sweeps, %llu repairs after a death in the lock, %llu "
           "lock timeouts\n",
@@ -199,8 +245,10 @@ static int show_file(FILE *out, const char *path, const top_opts_t *o, int first
     time_t t = (time_t)s->since;
     struct tm tm;
     if (s->since && localtime_r(&t, &tm) != NULL) strftime(since, sizeof since, "%H:%M:%S", &tm);
-    fprintf(out, "  %-24.24s %8d %12s %12s %12s %6s %10s\n", s->label[0] ? s->label : "-", s->pid,
-            q, gg, h, s->alive ? "alive" : "dead", since);
+    char tl[sizeof s->label * 4 + 1];
+    fprintf(out, "  %-24.24s %8d %12s %12s %12s %6s %10s\n",
+            s->label[0] ? text_str(s->label, tl, sizeof tl) : "-", s->pid, q, gg, h,
+            s->alive ? "alive" : "dead", since);
   }
   return 0;
 }

@@ -296,24 +296,51 @@ static int ip_alloc(int device, size_t size, stream_t s, void **out) {
   return gmr_alloc(rt, size, s, out);
 }
 
-/* 0 when gmr owned and freed ptr; GMR_EBADPTR when it is not gmr's. */
+/* Is ptr inside one of the segments gmr holds (cached ones included)?  Asked
+ * only of pointers that are no live block of gmr's: a free of one of those
+ * is a second free (or a free of an address gmr never handed out), which
+ * must never reach the driver: on a GPU it would free a live gmr segment,
+ * whose addresses gmr later hands out again. */
+typedef struct ip_probe_s {
+  uintptr_t p;
+  bool inside;
+} ip_probe_t;
+static int ip_probe_cb(const gmr_walk_entry_t *e, void *ud) {
+  ip_probe_t *q = ud;
+  if (e->is_segment && q->p >= e->address && q->p - e->address < e->size) q->inside = true;
+  return q->inside;
+}
+static bool ip_in_segment(gmr_runtime_t *rt, void *ptr) {
+  ip_probe_t q = {(uintptr_t)ptr, false};
+  return gmr_walk(rt, ip_probe_cb, &q) == 0 && q.inside;
+}
+
+/* 0 when gmr owned and freed ptr; GMR_EBADPTR when it is not gmr's;
+ * GMR_EINVAL when it lies in a segment of gmr's but is no live block (a
+ * double free: an error, logged, never passed to the driver). */
 static int ip_free(int device, void *ptr, stream_t s, bool stream_ordered) {
   gmr_runtime_t *rt = ip_runtime(device);
   if (rt == NULL) return GMR_EBADPTR;
   if (stream_ordered) {
     /* On another stream than the allocation's, reuse must wait for that
      * stream's work (a no-op on the allocation's stream). */
-    if (gmr_record_stream(rt, ptr, s) == GMR_EBADPTR) return GMR_EBADPTR;
+    if (gmr_record_stream(rt, ptr, s) == GMR_EBADPTR) goto not_live;
   } else {
     /* cudaFree and cuMemFree wait for the device, and callers rely on it (any
      * stream may still read the block): so does this free, once the pointer
      * is known to be gmr's. */
     size_t req, got;
-    if (gmr_alloc_size(rt, ptr, &req, &got) != 0) return GMR_EBADPTR;
+    if (gmr_alloc_size(rt, ptr, &req, &got) != 0) goto not_live;
     const ip_driver_t *d = ip_driver();
     if (d->ctx_synchronize != NULL) d->ctx_synchronize();
   }
   return gmr_free(rt, ptr);
+not_live:
+  if (!ip_in_segment(rt, ptr)) return GMR_EBADPTR;
+  IP_LOG("gmr-preload: free of %p: inside a segment gmr holds but no live block (freed "
+         "already?): refused, not passed to the driver",
+         ptr);
+  return GMR_EINVAL;
 }
 
 /* Note [Reported free memory]
@@ -376,9 +403,10 @@ IP_EXPORT CUresult_t cuMemAlloc_v2(CUdptr_t *dptr, size_t bytesize) {
 
 IP_EXPORT CUresult_t cuMemFree_v2(CUdptr_t dptr) {
   const ip_driver_t *d = ip_driver();
+  int err;
   if (!ip_from_gmr(IP_CALLER()) && dptr != 0 &&
-      ip_free(ip_driver_device(), (void *)(uintptr_t)dptr, NULL, false) != GMR_EBADPTR)
-    return IP_CUDA_SUCCESS;
+      (err = ip_free(ip_driver_device(), (void *)(uintptr_t)dptr, NULL, false)) != GMR_EBADPTR)
+    return ip_cu_status(err);
   return d->mem_free ? d->mem_free(dptr) : IP_CUDA_ERROR_NOT_INITIALIZED;
 }
 
@@ -409,18 +437,20 @@ IP_EXPORT CUresult_t cuMemAllocAsync_ptsz(CUdptr_t *dptr, size_t bytesize, strea
 
 IP_EXPORT CUresult_t cuMemFreeAsync(CUdptr_t dptr, stream_t s) {
   const ip_driver_t *d = ip_driver();
+  int err;
   if (!ip_from_gmr(IP_CALLER()) && dptr != 0 &&
-      ip_free(ip_driver_device(), (void *)(uintptr_t)dptr, s, true) != GMR_EBADPTR)
-    return IP_CUDA_SUCCESS;
+      (err = ip_free(ip_driver_device(), (void *)(uintptr_t)dptr, s, true)) != GMR_EBADPTR)
+    return ip_cu_status(err);
   return d->mem_free_async ? d->mem_free_async(dptr, s) : IP_CUDA_ERROR_NOT_INITIALIZED;
 }
 
 IP_EXPORT CUresult_t cuMemFreeAsync_ptsz(CUdptr_t dptr, stream_t s) {
   const ip_driver_t *d = ip_driver();
+  int err;
   if (!ip_from_gmr(IP_CALLER()) && dptr != 0 &&
-      ip_free(ip_driver_device(), (void *)(uintptr_t)dptr, s ? s : IP_cudaStreamPerThread, true) !=
-          GMR_EBADPTR)
-    return IP_CUDA_SUCCESS;
+      (err = ip_free(ip_driver_device(), (void *)(uintptr_t)dptr, s ? s : IP_cudaStreamPerThread,
+                     true)) != GMR_EBADPTR)
+    return ip_cu_status(err);
   return d->mem_free_async_ptsz ? d->mem_free_async_ptsz(dptr, s) : IP_CUDA_ERROR_NOT_INITIALIZED;
 }
 
@@ -618,9 +648,10 @@ IP_EXPORT cudaError_x cudaMalloc(void **devPtr, size_t size) {
 IP_EXPORT cudaError_x cudaFree(void *devPtr) {
   const void *caller = IP_CALLER();
   /* cudaFree(NULL) initializes the context: always the real one. */
+  int err;
   if (devPtr != NULL && !ip_from_gmr(caller) &&
-      ip_free(ip_runtime_device(caller), devPtr, NULL, false) != GMR_EBADPTR)
-    return IP_cudaSuccess;
+      (err = ip_free(ip_runtime_device(caller), devPtr, NULL, false)) != GMR_EBADPTR)
+    return ip_rt_status(err);
   cudaError_x (*real)(void *) = IP_REAL(cudaFree, caller);
   return real ? real(devPtr) : (devPtr ? IP_cudaErrorInvalidValue : IP_cudaSuccess);
 }
@@ -657,19 +688,21 @@ IP_EXPORT cudaError_x cudaMallocAsync_ptsz(void **devPtr, size_t size, stream_t 
 
 IP_EXPORT cudaError_x cudaFreeAsync(void *devPtr, stream_t s) {
   const void *caller = IP_CALLER();
+  int err;
   if (devPtr != NULL && !ip_from_gmr(caller) &&
-      ip_free(ip_runtime_device(caller), devPtr, s, true) != GMR_EBADPTR)
-    return IP_cudaSuccess;
+      (err = ip_free(ip_runtime_device(caller), devPtr, s, true)) != GMR_EBADPTR)
+    return ip_rt_status(err);
   cudaError_x (*real)(void *, stream_t) = IP_REAL(cudaFreeAsync, caller);
   return real ? real(devPtr, s) : IP_cudaErrorInvalidValue;
 }
 
 IP_EXPORT cudaError_x cudaFreeAsync_ptsz(void *devPtr, stream_t s) {
   const void *caller = IP_CALLER();
+  int err;
   if (devPtr != NULL && !ip_from_gmr(caller) &&
-      ip_free(ip_runtime_device(caller), devPtr, s ? s : IP_cudaStreamPerThread, true) !=
+      (err = ip_free(ip_runtime_device(caller), devPtr, s ? s : IP_cudaStreamPerThread, true)) !=
           GMR_EBADPTR)
-    return IP_cudaSuccess;
+    return ip_rt_status(err);
   cudaError_x (*real)(void *, stream_t) = IP_REAL(cudaFreeAsync_ptsz, caller);
   return real ? real(devPtr, s) : IP_cudaErrorInvalidValue;
 }

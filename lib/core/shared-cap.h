@@ -2,11 +2,19 @@
  * a daemon (lib/core/shared-cap.c; the design is in docs/shared-cap.md).
  *
  * Each process attaches to a mapped file per device, claims a slot there and
- * reserves device bytes through it before it asks the device for them
- * (see Note [Shared cap]).  The limit policy calls this from its capped
- * backend (counts: reserved), so only device reservations pass here, never
- * allocations served from a cache.  Every call is thread-safe; a handle may
- * be used by any number of threads at once.
+ * reserves device bytes through it before it asks the device for them:
+ *     committed = Σ over live slots of max(used_i, guaranteed_i) <= cap
+ *     used_i <= quota_i  (0: no quota)
+ * The check-and-add is one step under the file's lock, an OFD lock on a byte
+ * of the file that the kernel holds (nothing in the mapping to corrupt); a
+ * process's liveness is an OFD lock on another byte, dropped by the kernel
+ * when the process dies, and the committed total is rebuilt from the slots
+ * whenever a dead process or a corrupt file is noticed.  The limit policy calls this
+ * from its capped backend (counts: reserved), so only device reservations
+ * pass here, never allocations served from a cache.
+ *
+ * Synchronization: every call is thread-safe; a handle may be used by any
+ * number of threads at once.
  */
 #ifndef GMR_SHARED_CAP_H
 #define GMR_SHARED_CAP_H
@@ -16,14 +24,6 @@
 
 #include "core/internal.h"
 
-/* Note [Shared cap]
- *     committed = Σ over live slots of max(used_i, guaranteed_i) <= cap
- *     used_i <= quota_i  (0: no quota)
- * The check-and-add is one step under a robust process-shared mutex; a
- * process's liveness is an OFD lock on a byte of the file that the kernel
- * drops when the process dies, and the committed total is rebuilt from the
- * slots whenever a dead process is noticed.
- */
 typedef struct gmr_scap_s gmr_scap_t;
 
 typedef struct gmr_scap_opts_s {
@@ -34,13 +34,17 @@ typedef struct gmr_scap_opts_s {
   uint64_t guaranteed;   /* bytes no other process can take from this one */
   const char *label;     /* shown by gmr-top; NULL: none */
   double timeout_s;      /* longest wait for the file's lock; 0: 1 s */
+  bool group;            /* shared_by: group: the file and its folder may be
+                            writable by their group when it is one of this
+                            process's groups (Note [Trusting the file]) */
 } gmr_scap_opts_t;
 
 /* Attach to (or create) the file and claim a slot.  GMR_ECONFIG when the
- * file disagrees (cap, version, layout, device) or the guaranteed bytes do
- * not fit; GMR_EBUSY when its lock stays held past the timeout; GMR_EIO for
- * a system error; GMR_ENOMEM when every slot is taken.  The text is in the
- * thread's last error. */
+ * file disagrees (cap, version, layout, device), is not to be trusted (not a
+ * regular file, a symbolic link, another owner, writable by others, in a
+ * folder others can write) or the guaranteed bytes do not fit; GMR_EBUSY when its lock stays held
+ * past the timeout; GMR_EIO for a system error; GMR_ENOMEM when every slot is taken.  The text is
+ * in the thread's last error. */
 int gmr__scap_attach(const gmr_scap_opts_t *opts, gmr_scap_t **out);
 /* Give the slot back and unmap (NULL: no-op). */
 void gmr__scap_detach(gmr_scap_t *h);
@@ -49,6 +53,10 @@ void gmr__scap_detach(gmr_scap_t *h);
  * would be passed; nothing changes), GMR_EBUSY (the lock stayed held past
  * the timeout), GMR_EIO. */
 int gmr__scap_reserve(gmr_scap_t *h, uint64_t n);
+/* The sentence of this thread's last reservation that gave up on the lock,
+ * once (then NULL), if no reservation succeeded since; the runtime puts it
+ * first in a failed allocation's error (Note [A timeout reaches the caller]). */
+const char *gmr__scap_take_note(void);
 /* Give n bytes back.  Never fails: when the lock cannot be had in time the
  * bytes are owed and given back at the next call that gets it. */
 void gmr__scap_release(gmr_scap_t *h, uint64_t n);
@@ -77,10 +85,10 @@ int gmr__scap_check_link(gmr_scap_t *h);
 int gmr__scap_debug_hold(gmr_scap_t *h, uint64_t n);
 void gmr__scap_debug_unhold(gmr_scap_t *h);
 typedef struct gmr_scap_debug_s {
-  uint64_t sweeps, repairs, timeouts, ops, freed; /* the file's counters */
-  uint64_t held;                                  /* Σ used over live slots */
-  int slot;                                       /* this process's slot, -1: none */
-  bool created;                                   /* this handle made the file */
+  uint64_t sweeps, repairs, timeouts, ops, freed, corrupt; /* the file's counters */
+  uint64_t held;                                           /* Σ used over live slots */
+  int slot;                                                /* this process's slot, -1: none */
+  bool created;                                            /* this handle made the file */
 } gmr_scap_debug_t;
 void gmr__scap_debug(gmr_scap_t *h, gmr_scap_debug_t *out);
 

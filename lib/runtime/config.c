@@ -6,8 +6,11 @@
  * error names file:line:column and says what was expected.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "core/config-env.h"
@@ -557,12 +560,43 @@ static int file_error(const char *path, const char *what, int e, gmr_error_t *er
   return GMR_EIO;
 }
 
-/* Reads at most CONFIG_MAX_BYTES + 1 bytes, so a huge file (or /dev/zero, as
- * GMR_CONFIG may name at process start) costs no more than a small one. */
+/* Reads at most CONFIG_MAX_BYTES + 1 bytes, so a huge file costs no more
+ * than a small one.  Only a regular file is read: GMR_CONFIG is read at the
+ * first allocation of a process, where a FIFO would block forever in open()
+ * (so it is opened O_NONBLOCK) and a device could be read without end. */
 int gmr_config_load_file(const char *path, gmr_config_t **out, gmr_error_t *err) {
   if (path == NULL || out == NULL) return GMR_EINVAL;
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) return file_error(path, "open", errno, err);
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return file_error(path, "open", errno, err);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return file_error(path, "stat", e, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    if (err) {
+      err->code = GMR_ECONFIG;
+      err->line = err->column = 0;
+      snprintf(err->file, sizeof err->file, "%s", path);
+      snprintf(err->message, sizeof err->message,
+               "%s: a configuration must be a regular file, not %s", path,
+               S_ISFIFO(st.st_mode)   ? "a FIFO"
+               : S_ISCHR(st.st_mode)  ? "a character device"
+               : S_ISBLK(st.st_mode)  ? "a block device"
+               : S_ISSOCK(st.st_mode) ? "a socket"
+               : S_ISDIR(st.st_mode)  ? "a folder"
+                                      : "a special file");
+    }
+    return GMR_ECONFIG;
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (f == NULL) {
+    int e = errno;
+    close(fd);
+    return file_error(path, "open", e, err);
+  }
   char *text = gmr__malloc(CONFIG_MAX_BYTES + 1);
   if (text == NULL) {
     fclose(f);

@@ -18,6 +18,7 @@
 #include "core/config-env.h"
 #include "core/internal.h"
 #include "core/lock.h"
+#include "core/shared-cap.h"
 #include "observe/history.h"
 #include "observe/recording.h"
 #include "observe/snapshot.h"
@@ -543,6 +544,19 @@ static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
  * created.
  */
 
+/* A failed policy allocation: tagged with the policy, and an out-of-memory
+ * that a shared cap's lock timeout caused says so first (Note [A timeout
+ * reaches the caller] in lib/core/shared-cap.c). */
+static RUNTIME_COLD int alloc_failed(gmr_runtime_t *rt, int err) {
+  const char *note = err == GMR_ENOMEM ? gmr__scap_take_note() : NULL;
+  if (note != NULL) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gmr__error_last());
+    gmr__error_set(GMR_ENOMEM, "out of memory: %s. %s", note, why);
+  }
+  return gmr__policy_failed(rt->policy, err);
+}
+
 /* Acquire: pairs with the release of gmr_history_enable's store, so a thread
  * that sees the history also sees it initialized (its mutex, ring and clock),
  * on every memory model (aarch64 included), not only on x86. */
@@ -567,7 +581,7 @@ static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_
     if (pl == NULL) gmr__spin_unlock(&sh->lock);
     if (GMR_UNLIKELY(err != 0)) err = alloc_unmapped(rt, blk);
   } else {
-    err = gmr__policy_failed(rt->policy, err);
+    err = alloc_failed(rt, err);
   }
   if (pl != NULL) gmr__unlock(pl);
   return err;
@@ -693,7 +707,7 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
                                        void **out_ptr) {
   gmr_block_t blk;
   int err = gmr__policy_alloc_locked(rt->policy, size, s, &blk);
-  if (GMR_UNLIKELY(err != 0)) return gmr__policy_failed(rt->policy, err);
+  if (GMR_UNLIKELY(err != 0)) return alloc_failed(rt, err);
   gmr_assert(blk.ptr != NULL && blk.size >= size);
   blk.requested = size;
   blk.stream = s;

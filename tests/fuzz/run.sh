@@ -5,14 +5,14 @@
 # SECONDS per fuzzer (default 60); OUTDIR (default build-fuzz) receives the
 # binaries, the grown corpora (OUTDIR/corpus-NAME: the repo's seeds stay as
 # they are), logs and any crash input (OUTDIR/crash-NAME-*).  NAMES: config,
-# trace, api (default all).  Exit status: 0 when no fuzzer found anything.
+# trace, api, scap (default all).  Exit status: 0 when no fuzzer found anything.
 # FUZZ_JOBS=N runs N processes per fuzzer (-fork=N).
 set -eu
 top=$(cd "$(dirname "$0")/../.." && pwd)
 secs=${1:-60}
 out=${2:-build-fuzz}
 [ $# -ge 2 ] && shift 2 || shift $#
-names=${*:-config trace api}
+names=${*:-config trace api scap}
 "$top/tests/fuzz/build.sh" "$out" >/dev/null
 # CPU seconds of the children waited for so far: the second line of
 # `times`, run in this shell (in a subshell it would count none).
@@ -24,6 +24,7 @@ for n in $names; do
   case $n in
   config) max_len=4096 ;;
   trace) max_len=4096 ;;
+  scap) max_len=40960 ;; # up to the whole 36 KiB file
   *) max_len=2048 ;;
   esac
   fork=""
