@@ -235,7 +235,8 @@ static int cmp_is_trace_arg(const char *arg) {
 /* Read a trace and say on stderr what the reader noted; NULL on failure
  * (said on stderr). */
 static gmr_trace_data_t *cmp_read_trace(const char *path) {
-  char msg[1024] = "";
+  char found[4096], msg[1024] = "";
+  if (gmr_trace_find(path, found, sizeof found) == 0) path = found; /* a shipped trace's name */
   gmr_trace_data_t *t = NULL;
   cmp_read_ctx_t rctx = {.start = cmp_read_now(), .progress = isatty(STDERR_FILENO)};
   gmr_trace_read_options_t ropts = {
