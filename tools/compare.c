@@ -375,6 +375,7 @@ int main(int argc, char **argv) {
   if (o.suggest && n_traces > 1 && (n_cfg > 0 || o.html))
     return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
   if (o.suggest && cmp_check_suggest(o.suggest) != 0) return 2;
+  if (compare_check_configs(cfg_args, n_cfg) != 0) return 2; /* a typo, before any replay */
   o.timing = timing >= 0 ? timing : o.html == NULL;
   o.progress = isatty(STDERR_FILENO);
   if (o.columns == 0) o.columns = cmp_columns();
