@@ -29,7 +29,7 @@ if [ "$(peak "$W/csv.json")" = "$(peak "$W/path.json")" ]; then
 else
   echo "not ok 2 - gpt2_train.csv by name"
 fi
-(cd "$W" && "$B" no_such_trace_xyz direct) >"$W/none.out" 2>"$W/none.err"
+(cd "$W" && "$B" no_such_trace_xyz "$SRC/config/direct.yaml") >"$W/none.out" 2>"$W/none.err"
 rc=$?
 if [ $rc -eq 1 ] && grep -q 'no_such_trace_xyz' "$W/none.err"; then
   echo "ok 3 - a trace found nowhere: exit 1, named on stderr"
