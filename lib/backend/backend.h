@@ -5,8 +5,10 @@
  * creates physical pages as handles that may be mapped at several virtual
  * addresses at once (the stitch policy's aliasing), tells whether a stream
  * is being captured into a CUDA graph, reports memory info, records and
- * queries events on streams, and keeps a clock.  Implementations: sim.c (simulated device), cuda.c (the only file
- * with CUDA calls).  A NULL slot means "unsupported".
+ * queries events on streams, and keeps a clock.  Implementations: sim.c
+ * (the simulated device) and cuda.c (the only file with CUDA calls); gate.c
+ * is a decorator between a runtime's policies and its device.  A NULL slot
+ * means "unsupported".
  *
  * Rules and synchronization: see Note [Backend rules].
  */

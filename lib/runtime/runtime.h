@@ -37,4 +37,7 @@ int gmr__runtime_pool_trim(gmr_runtime_t *pool);
 /* The device gate (backend/gate.h), shared by the runtime and its pools. */
 gmr_backend_t *gmr__runtime_gate(gmr_runtime_t *rt);
 int gmr__runtime_history_observe(gmr_runtime_t *rt, gmr_history_cb cb, void *ud);
+/* GMR_SNAPSHOT or GMR_TRACE is set for rt; write both now (at exit). */
+bool gmr__runtime_has_outputs(gmr_runtime_t *rt);
+void gmr__runtime_write_outputs(gmr_runtime_t *rt);
 #endif /* GMR_RUNTIME_H */
