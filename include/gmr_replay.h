@@ -97,6 +97,18 @@ GMR_EXTERN int gmr_trace_read_with(const char *path, const gmr_trace_read_option
 GMR_EXTERN int gmr_trace_parse(const char *text, size_t len, const char *name,
                                gmr_trace_data_t **out, char *err, size_t errlen);
 GMR_EXTERN void gmr_trace_data_free(gmr_trace_data_t *t);
+/** Find a trace by file or by name, as the tools take them (configurations:
+ * gmr_config_find).  A `name` that is "-", contains a '/' or names an
+ * existing file is that file.  Otherwise NAME, then NAME.csv, is looked for
+ * in ./traces (a source tree) and then in the installed traces,
+ * gmr_trace_dir() (e.g. /usr/share/gmr/traces): "gpt2_train" finds
+ * traces/gpt2_train.csv, else /usr/share/gmr/traces/gpt2_train.csv.  The
+ * path is written to `out` (`len` bytes, NUL-terminated).
+ * @return 0, GMR_EINVAL (NULL or empty name, NULL out, or the path does not
+ *         fit in `len`), GMR_EIO (found nowhere) */
+GMR_EXTERN int gmr_trace_find(const char *name, char *out, size_t len);
+/** The directory of the installed traces (never NULL). */
+GMR_EXTERN const char *gmr_trace_dir(void);
 
 /* A PyTorch memory snapshot as a trace CSV to keep (tools/snapshot2csv.py's):
  * one device's allocations and frees, each free with its allocation's size

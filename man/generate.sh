@@ -7,8 +7,11 @@
 #   man/generate.sh BUILDDIR SRCDIR OUTDIR [PAGE...]
 #
 # GMR_PKGDATADIR (the build's installed-configurations directory, which a
-# --help may name) is written PREFIX/share/gmr, so the pages do not depend
-# on --prefix.
+# --help may name) is written /usr/share/gmr, the packages' directory, so
+# the pages do not depend on --prefix; `make install` under another prefix
+# writes that prefix's directory into the installed pages (install-data-hook).
+# A tool's man/NAME.extra (sections such as FILES and EXAMPLES, in --help's
+# layout under a "SECTION" line) follows its --help.
 set -eu
 b=$1 src=$2 out=$3
 shift 3
@@ -30,7 +33,8 @@ page() {
       "$AWK" -f "$src/man/mkman.awk" -v mode=markdown -v name="$name" -v section="$section" \
         -v summary="$summary" -v version="$version" -v seealso="$seealso" >"$tmp"
   else
-    "$@" --help | sed "s|${GMR_PKGDATADIR:-@pkgdatadir@}|PREFIX/share/gmr|g" |
+    { "$@" --help; if [ -f "$src/man/$name.extra" ]; then echo; cat "$src/man/$name.extra"; fi; } |
+      sed "s|${GMR_PKGDATADIR:-@pkgdatadir@}|/usr/share/gmr|g" |
       "$AWK" -f "$src/man/mkman.awk" -v mode=help -v name="$name" \
       -v section="$section" -v summary="$summary" -v version="$version" -v seealso="$seealso" >"$tmp"
   fi

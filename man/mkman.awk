@@ -11,6 +11,10 @@
 #   "Heading:" alone on a line before indented lines           -> a subsection
 #   "Exit status: ..." paragraph                               -> EXIT STATUS
 #   a paragraph whose lines are all indented by 4 or more      -> an example (.nf)
+#   "SECTION" (capitals) alone on a line                       -> .SH SECTION, and what
+#                                                              follows stays in it
+#                                                              (man/NAME.extra: FILES,
+#                                                              EXAMPLES after --help)
 # mode=markdown reads gmr_config_write_reference's Markdown: "## X" becomes a
 # section, "| a | b | c | d |" tables become .TP lists, `code` and **bold**
 # become bold.  Output is man(7) roff, deterministic (no date), so the
@@ -105,7 +109,12 @@ function help_paragraph(    i, all_indented, term, desc, l, m, first) {
     return
   }
   first = 1
-  if (para[1] ~ /^[A-Za-z][^:]*:$/ && np > 1) {  # "Heading:" then its lines
+  if (para[1] ~ /^[A-Z][A-Z ]*[A-Z]$/) {  # "SECTION" alone (man/NAME.extra): .SH SECTION
+    section_once(para[1])
+    in_extra = 1
+    if (np == 1) { np = 0; return }
+    first = 2
+  } else if (para[1] ~ /^[A-Za-z][^:]*:$/ && np > 1) {  # "Heading:" then its lines
     subsection(para[1])
     first = 2
   }
@@ -133,7 +142,7 @@ function help_paragraph(    i, all_indented, term, desc, l, m, first) {
   all_indented = 1
   for (i = first; i <= np; ++i) if (para[i] !~ /^    /) all_indented = 0
   # Text before the options describes the tool; text after them is notes.
-  if (first == 1)
+  if (first == 1 && !in_extra)
     section_once(cur_section == "" || cur_section == "DESCRIPTION" ? "DESCRIPTION" : "NOTES")
   if (all_indented) {
     print ".PP"

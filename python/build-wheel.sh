@@ -43,8 +43,9 @@ cp "$src/python/pyproject.toml" "$src/python/setup.py" "$src/python/README.md" "
 cp "$src"/python/gmr/*.py "$stage/gmr/"
 cp "$src"/config/*.yaml "$stage/gmr/config/"
 cp -L "$lib" "$stage/gmr/libgmr.so.0"
-# libyaml, for hosts without it (libgmr.so.0 has RUNPATH $ORIGIN; _lib.py
-# loads this copy only when the system has none), with its license.
+# libyaml, for hosts without it (the wheel's libgmr.so.0 gets RUNPATH
+# $ORIGIN below; _lib.py loads this copy only when the system has none),
+# with its license.
 yaml=$(ldd "$lib" 2>/dev/null | awk '/libyaml-0\.so\.2/ {print $3}')
 if [ -n "$yaml" ] && [ -f "$yaml" ]; then
   cp -L "$yaml" "$stage/gmr/libyaml-0.so.2"
@@ -60,13 +61,17 @@ if [ -f "$bld/lib/.libs/libgmr-preload.so" ]; then
   cp -L "$bld/lib/.libs/libgmr-preload.so" "$stage/gmr/libgmr-preload.so"
 fi
 chmod u+w "$stage"/gmr/*.so* "$stage"/* 2>/dev/null || true
-# The build's libgmr-preload.so searches the build tree before $ORIGIN
-# (libtool's uninstalled RUNPATH): in the wheel, $ORIGIN alone (with patchelf;
-# without it the build path stays first, harmless where it does not exist).
+# The build's libgmr.so.0 has no RUNPATH (the system's copy needs none), and
+# its libgmr-preload.so searches the build tree before $ORIGIN (libtool's
+# uninstalled RUNPATH): in the wheel, both get $ORIGIN alone (with patchelf;
+# without it libgmr.so.0 has none, and _lib.py's loading the bundled libyaml
+# first still serves hosts without libyaml).
 if command -v patchelf >/dev/null 2>&1; then
   for so in "$stage"/gmr/libgmr.so.0 "$stage"/gmr/libgmr-preload.so; do
     [ -f "$so" ] && patchelf --set-rpath '$ORIGIN' "$so"
   done
+else
+  echo "build-wheel.sh: no patchelf: the wheel's libgmr.so.0 gets no RUNPATH \$ORIGIN (apt-get install patchelf)" >&2
 fi
 
 want=$(sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' "$src/python/gmr/__init__.py")

@@ -512,7 +512,7 @@ is "$?" 2 "--width out of range: exit status 2"
 is "$(jget "$W/byname.json" direct peak_reserved)" 56623104 "config by name: ./config/direct.yaml"
 has "$W/byname.json" '"source": "config/direct.yaml"' "config by name: the path it found"
 (cd "$W" && "$B" --json "$FX/compare-small.csv" nosuchname) >"$W/noname.json" 2>"$W/noname.err"
-is "$?" 1 "config by name: an unknown name is a configuration that could not run"
+is "$?" 2 "config by name: an unknown name is a usage error (tests/compare-config.sh)"
 has "$W/noname.err" "no configuration named 'nosuchname': not a file, and neither ./config/nosuchname.yaml nor" \
   "config by name: says where it looked"
 

@@ -10,7 +10,8 @@ if [ ! -f "$bc" ]; then
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gmr-completion.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/work/config" "$tmp/share"
+mkdir -p "$tmp/work/config" "$tmp/share/traces"
+: >"$tmp/share/traces/shipped.csv"
 : >"$tmp/work/config/mine.yaml"
 : >"$tmp/share/theirs.yaml"
 : >"$tmp/work/run.csv"
@@ -52,7 +53,8 @@ check "--capacity= --check" "options by prefix" gmr-compare --c
 check "--no-timing" "--no-timing" gmr-compare --no
 check "120 160" "--width takes columns" gmr-compare --width 1
 check "--help --html=" "more options" gmr-compare --j --h
-check "- config run.csv" "the first argument is a trace (or -), or a folder on the way" gmr-compare ""
+check "- config run.csv shipped" "the first argument is a trace (or -, or a shipped trace's name), or a folder on the way" gmr-compare ""
+check "shipped" "a shipped trace by prefix" gmr-compare sh
 check "config mine theirs" "then configurations by name: ./config and the installed directory" gmr-compare run.csv ""
 check "mine" "names by prefix" gmr-compare run.csv mi
 check "bfc caching stitch" "--suggest takes a policy" gmr-compare --suggest ""

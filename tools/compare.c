@@ -236,7 +236,8 @@ static int cmp_is_trace_arg(const char *arg) {
 /* Read a trace and say on stderr what the reader noted; NULL on failure
  * (said on stderr). */
 static gmr_trace_data_t *cmp_read_trace(const char *path) {
-  char msg[1024] = "";
+  char found[4096], msg[1024] = "";
+  if (gmr_trace_find(path, found, sizeof found) == 0) path = found; /* a shipped trace's name */
   gmr_trace_data_t *t = NULL;
   cmp_read_ctx_t rctx = {.start = cmp_read_now(), .progress = isatty(STDERR_FILENO)};
   gmr_trace_read_options_t ropts = {
@@ -399,6 +400,7 @@ static int cmp_parse_args(int argc, char **argv, cmp_args_t *a) {
   if (o->suggest && a->n_traces > 1 && (a->n_cfg > 0 || o->html))
     return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
   if (o->suggest && cmp_check_suggest(o->suggest) != 0) return 2;
+  if (compare_check_configs(a->cfg_args, a->n_cfg) != 0) return 2; /* a typo, before any replay */
   o->timing = timing >= 0 ? timing : o->html == NULL;
   o->progress = isatty(STDERR_FILENO);
   if (o->columns == 0) o->columns = cmp_columns();

@@ -162,4 +162,9 @@ void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_dat
 /* compare-deploy.c: the winner's YAML in the framework's syntax, as comments. */
 void compare_print_deploy(FILE *out, const char *policy, const char *yaml, uint64_t capacity);
 
+/* compare-config.c: 0 when every CONFIG argument names a file (itself, or
+ * NAME.yaml where compare.c looks); else says which one on stderr, with the
+ * nearest shipped name ("did you mean pytorch?"), and returns 2. */
+int compare_check_configs(char *const *args, int n);
+
 #endif /* GMR_COMPARE_H */
