@@ -309,8 +309,17 @@ static int ip_alloc(int device, size_t size, stream_t s, void **out) {
   return gmr_alloc(rt, size, s, out);
 }
 
+/* The memory-pool API (interpose-pools.c, included below): Note [Memory pools]. */
+static int ip_pool_forget(const void *ptr);
+static bool ip_pool_current_foreign(int device);
+static int ip_pool_alloc_current(int device, size_t size, stream_t s, void **out);
+static void *ip_pool_proc_hook(const char *name, unsigned long long flags);
+static void *ip_pool_dlsym_hook(const char *name);
+
 /* 0 when gmr owned and freed ptr; GMR_EBADPTR when it is not gmr's. */
 static int ip_free(int device, void *ptr, stream_t s, bool stream_ordered) {
+  int pool_device = ip_pool_forget(ptr); /* allocated through a gmr pool: its device */
+  if (pool_device >= 0) device = pool_device;
   gmr_runtime_t *rt = ip_runtime(device);
   if (rt == NULL) return GMR_EBADPTR;
   if (stream_ordered) {
@@ -387,7 +396,7 @@ IP_EXPORT CUresult_t cuMemFree_v2(CUdptr_t dptr) {
 static CUresult_t ip_cu_alloc_async(CUdptr_t *dptr, size_t bytesize, stream_t s) {
   if (dptr == NULL || bytesize == 0) return IP_CUDA_ERROR_INVALID_VALUE;
   void *p = NULL;
-  int err = ip_alloc(ip_driver_device(), bytesize, s, &p);
+  int err = ip_pool_alloc_current(ip_driver_device(), bytesize, s, &p);
   IP_LOG("gmr-preload: cuMemAllocAsync(%zu, %p) -> %p (%d)", bytesize, s, p, err);
   if (err == 0) *dptr = (CUdptr_t)(uintptr_t)p;
   return ip_cu_status(err);
@@ -395,7 +404,7 @@ static CUresult_t ip_cu_alloc_async(CUdptr_t *dptr, size_t bytesize, stream_t s)
 
 IP_EXPORT CUresult_t cuMemAllocAsync(CUdptr_t *dptr, size_t bytesize, stream_t s) {
   const ip_driver_t *d = ip_driver();
-  if (ip_from_gmr(IP_CALLER()))
+  if (ip_from_gmr(IP_CALLER()) || ip_pool_current_foreign(ip_driver_device()))
     return d->mem_alloc_async ? d->mem_alloc_async(dptr, bytesize, s)
                               : IP_CUDA_ERROR_NOT_INITIALIZED;
   return ip_cu_alloc_async(dptr, bytesize, s);
@@ -403,7 +412,7 @@ IP_EXPORT CUresult_t cuMemAllocAsync(CUdptr_t *dptr, size_t bytesize, stream_t s
 
 IP_EXPORT CUresult_t cuMemAllocAsync_ptsz(CUdptr_t *dptr, size_t bytesize, stream_t s) {
   const ip_driver_t *d = ip_driver();
-  if (ip_from_gmr(IP_CALLER()))
+  if (ip_from_gmr(IP_CALLER()) || ip_pool_current_foreign(ip_driver_device()))
     return d->mem_alloc_async_ptsz ? d->mem_alloc_async_ptsz(dptr, bytesize, s)
                                    : IP_CUDA_ERROR_NOT_INITIALIZED;
   return ip_cu_alloc_async(dptr, bytesize, s ? s : IP_cudaStreamPerThread);
@@ -578,7 +587,7 @@ static void *ip_proc_hook(const char *name, int version, unsigned long long flag
   if (strcmp(name, "cuDeviceGetAttribute") == 0) return (void *)cuDeviceGetAttribute;
   if (strcmp(name, "cuMemCreate") == 0) return (void *)cuMemCreate;
   if (strcmp(name, "cuMemRelease") == 0) return (void *)cuMemRelease;
-  return NULL;
+  return ip_pool_proc_hook(name, flags);
 }
 
 /* ---- the runtime API -------------------------------------------------------------- */
@@ -624,14 +633,14 @@ static cudaError_x ip_rt_alloc_async(void **devPtr, size_t size, stream_t s, con
     return IP_cudaSuccess;
   }
   void *p = NULL;
-  int err = ip_alloc(ip_runtime_device(caller), size, s, &p);
+  int err = ip_pool_alloc_current(ip_runtime_device(caller), size, s, &p);
   if (err == 0) *devPtr = p;
   return ip_rt_status(err);
 }
 
 IP_EXPORT cudaError_x cudaMallocAsync(void **devPtr, size_t size, stream_t s) {
   const void *caller = IP_CALLER();
-  if (ip_from_gmr(caller)) {
+  if (ip_from_gmr(caller) || ip_pool_current_foreign(ip_runtime_device(caller))) {
     cudaError_x (*real)(void **, size_t, stream_t) = IP_REAL(cudaMallocAsync, caller);
     return real ? real(devPtr, size, s) : IP_cudaErrorInitializationError;
   }
@@ -640,7 +649,7 @@ IP_EXPORT cudaError_x cudaMallocAsync(void **devPtr, size_t size, stream_t s) {
 
 IP_EXPORT cudaError_x cudaMallocAsync_ptsz(void **devPtr, size_t size, stream_t s) {
   const void *caller = IP_CALLER();
-  if (ip_from_gmr(caller)) {
+  if (ip_from_gmr(caller) || ip_pool_current_foreign(ip_runtime_device(caller))) {
     cudaError_x (*real)(void **, size_t, stream_t) = IP_REAL(cudaMallocAsync_ptsz, caller);
     return real ? real(devPtr, size, s) : IP_cudaErrorInitializationError;
   }
@@ -686,6 +695,10 @@ IP_EXPORT cudaError_x cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
   return IP_cudaSuccess;
 }
 
+/* ---- the memory-pool API ----------------------------------------------------------- */
+
+#include "interpose-pools.c"
+
 /* ---- dlsym ------------------------------------------------------------------------- */
 
 /* Our function for a name looked up by dlsym, or NULL. */
@@ -717,7 +730,7 @@ IP_RAW static void *ip_dlsym_hook(const char *name) {
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i)
     if (strcmp(name, table[i].name) == 0) return table[i].fn;
-  return NULL;
+  return ip_pool_dlsym_hook(name);
 }
 
 /* Called by dlsym: our function when `name` is hooked and `handle` really
