@@ -417,6 +417,29 @@ int main(void) {
   ok(fp->destroys == 1 && p2 == pool, "  the driver destroyed it; gmr's default is current again");
   destroy(host_pool);
 
+  /* ---- many blocks: the pointer table grows and shrinks ---- */
+  enum { N_MANY = 3000 };
+  static dptr_t many[N_MANY];
+  int many_ok = 0, many_freed = 0;
+  unsigned long async_frees = fake->async_frees;
+  for (int i = 0; i < N_MANY; ++i)
+    many_ok += alloc_from(&many[i], 4096, pool, stream) == 0;
+  is_int(many_ok, N_MANY, "%d blocks of 4 KiB from the pool", N_MANY);
+  is_u64(attr64(get_attr, pool, USED_CURRENT), stats().allocated_bytes, "  all counted");
+  for (unsigned i = 0, x = 12345; i < N_MANY; ++i) { /* a shuffled order */
+    x = x * 1103515245u + 12345u;
+    unsigned j = i + (x >> 8) % (N_MANY - i);
+    dptr_t t = many[i];
+    many[i] = many[j];
+    many[j] = t;
+    many_freed += free_async(many[i], stream) == 0;
+  }
+  is_int(many_freed, N_MANY, "  freed in a shuffled order");
+  is_u64(attr64(get_attr, pool, USED_CURRENT), 0, "  USED_MEM_CURRENT = 0");
+  is_u64(stats().allocated_bytes, 0, "  gmr allocated 0");
+  is_u64(fake->async_frees, async_frees, "  none reached the driver");
+  trim(pool, 0);
+
   /* ---- the limit holds: out of memory after the policy freed its cache ---- */
   is_int(alloc_from(&a, 30 * MiB, pool, stream), 0, "30 MiB from the pool");
   is_int(free_async(a, stream), 0, "  freed: cached");

@@ -283,20 +283,23 @@ typedef struct ip_ptr_s {
 static pthread_mutex_t ip_ptrs_lock = PTHREAD_MUTEX_INITIALIZER;
 static ip_ptr_t *ip_ptrs; /* open addressing, linear probing; capacity a power of 2 */
 static size_t ip_ptrs_cap, ip_ptrs_n;
+static unsigned ip_ptrs_bits;       /* ip_ptrs_cap = 1 << ip_ptrs_bits */
 static _Atomic size_t ip_ptrs_live; /* = ip_ptrs_n, read without the lock */
 
-static inline size_t ip_ptr_slot(uintptr_t p, size_t cap) {
-  return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+/* Fibonacci hashing: the top `bits` bits of the product. */
+static inline size_t ip_ptr_slot(uintptr_t p, unsigned bits) {
+  return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> (64 - bits));
 }
 
 /* Under ip_ptrs_lock. */
 static bool ip_ptrs_grow(void) {
-  size_t cap = ip_ptrs_cap ? ip_ptrs_cap * 2 : 1024;
+  unsigned bits = ip_ptrs_cap ? ip_ptrs_bits + 1 : 10;
+  size_t cap = (size_t)1 << bits;
   ip_ptr_t *t = calloc(cap, sizeof *t);
   if (t == NULL) return false;
   for (size_t i = 0; i < ip_ptrs_cap; ++i) {
     if (ip_ptrs[i].ptr == 0) continue;
-    size_t j = ip_ptr_slot(ip_ptrs[i].ptr, cap);
+    size_t j = ip_ptr_slot(ip_ptrs[i].ptr, bits);
     while (t[j].ptr != 0)
       j = (j + 1) & (cap - 1);
     t[j] = ip_ptrs[i];
@@ -304,6 +307,7 @@ static bool ip_ptrs_grow(void) {
   free(ip_ptrs);
   ip_ptrs = t;
   ip_ptrs_cap = cap;
+  ip_ptrs_bits = bits;
   return true;
 }
 
@@ -311,7 +315,7 @@ static bool ip_ptr_add(const ip_ptr_t *e) {
   pthread_mutex_lock(&ip_ptrs_lock);
   bool ok = (ip_ptrs_n + 1) * 2 <= ip_ptrs_cap || ip_ptrs_grow();
   if (ok) {
-    size_t j = ip_ptr_slot(e->ptr, ip_ptrs_cap);
+    size_t j = ip_ptr_slot(e->ptr, ip_ptrs_bits);
     while (ip_ptrs[j].ptr != 0)
       j = (j + 1) & (ip_ptrs_cap - 1);
     ip_ptrs[j] = *e;
@@ -327,7 +331,7 @@ static bool ip_ptr_take(uintptr_t ptr, ip_ptr_t *out) {
   pthread_mutex_lock(&ip_ptrs_lock);
   bool found = false;
   if (ip_ptrs_cap != 0) {
-    size_t mask = ip_ptrs_cap - 1, i = ip_ptr_slot(ptr, ip_ptrs_cap);
+    size_t mask = ip_ptrs_cap - 1, i = ip_ptr_slot(ptr, ip_ptrs_bits);
     while (ip_ptrs[i].ptr != 0 && ip_ptrs[i].ptr != ptr)
       i = (i + 1) & mask;
     if (ip_ptrs[i].ptr == ptr) {
@@ -341,7 +345,7 @@ static bool ip_ptr_take(uintptr_t ptr, ip_ptr_t *out) {
         do {
           j = (j + 1) & mask;
           if (ip_ptrs[j].ptr == 0) goto out;
-          k = ip_ptr_slot(ip_ptrs[j].ptr, ip_ptrs_cap);
+          k = ip_ptr_slot(ip_ptrs[j].ptr, ip_ptrs_bits);
         } while (i <= j ? (i < k && k <= j) : (i < k || k <= j));
         ip_ptrs[i] = ip_ptrs[j];
         i = j;
@@ -359,7 +363,7 @@ static bool ip_ptr_known(uintptr_t ptr) {
   pthread_mutex_lock(&ip_ptrs_lock);
   bool found = false;
   if (ip_ptrs_cap != 0) {
-    size_t i = ip_ptr_slot(ptr, ip_ptrs_cap);
+    size_t i = ip_ptr_slot(ptr, ip_ptrs_bits);
     while (ip_ptrs[i].ptr != 0 && ip_ptrs[i].ptr != ptr)
       i = (i + 1) & (ip_ptrs_cap - 1);
     found = ip_ptrs[i].ptr == ptr;
