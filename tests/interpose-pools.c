@@ -13,6 +13,8 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gmr.h"
 #include "tap.h"
@@ -139,6 +141,34 @@ int main(void) {
   fake_pool_state_t *fp = dlsym(cu, "fake_pool_state");
   pool_fn_fn own = (pool_fn_fn)dlsym(cu, "fake_pool_fn");
   if (!ok(fake && fp && own, "the stand-in's state")) return 1;
+
+  /* ---- no gmr runtime (a bad GMR_CONFIG, in a child): no pool, not the driver's ---- */
+  {
+    int up[2];
+    if (pipe(up) != 0) return 1;
+    pid_t child = fork();
+    if (child == 0) {
+      setenv("GMR_CONFIG", "/nonexistent/gmr.yaml", 1);
+      get_default_fn gd = (get_default_fn)dlsym(cu, "cuDeviceGetDefaultMemPool");
+      create_fn cr = (create_fn)dlsym(cu, "cuMemPoolCreate");
+      props_t pr;
+      memset(&pr, 0, sizeof pr);
+      pr.alloc_type = 1;
+      pr.location = (loc_t){1, 0};
+      void *h = NULL;
+      int out[4] = {gd(&h, 0), cr(&h, &pr), (int)fp->get_default, (int)fp->creates};
+      _exit(write(up[1], out, sizeof out) == (ssize_t)sizeof out ? 0 : 1);
+    }
+    int res[4] = {-1, -1, -1, -1};
+    ok(read(up[0], res, sizeof res) == (ssize_t)sizeof res && waitpid(child, NULL, 0) == child,
+       "without a gmr runtime (GMR_CONFIG names no file):");
+    is_int(res[0], 999, "  cuDeviceGetDefaultMemPool is CUDA_ERROR_UNKNOWN");
+    is_int(res[1], 999, "  so is cuMemPoolCreate of device memory");
+    is_int(res[2], 2, "  after the driver said the device is valid");
+    is_int(res[3], 0, "  and the driver made no pool");
+    close(up[0]);
+    close(up[1]);
+  }
 
   /* ---- every way to reach every entry point ---- */
   proc_v2_fn gp2 = (proc_v2_fn)dlsym(cu, "cuGetProcAddress_v2");

@@ -33,12 +33,14 @@
  *
  * Which pools gmr makes.  cuMemPoolCreate with allocType PINNED, handleTypes
  * NONE, a device location, usage 0 and no win32 attributes: device memory
- * that gmr can serve.  Any other (IPC handle types, host or managed memory,
- * host NUMA, hardware decompression) goes to the driver as asked, and so do
- * its allocations.  cuMemPoolImportFromShareableHandle makes a driver pool.
- * Export and import calls on a gmr pool or a gmr pointer return
- * CUDA_ERROR_NOT_SUPPORTED (801): gmr's blocks are suballocations of larger
- * reservations that cannot be shared alone.
+ * that gmr can serve.  When gmr has no runtime for that device (a bad
+ * GMR_CONFIG), the call and cuDeviceGetDefaultMemPool fail (the driver's
+ * error for an invalid device, else CUDA_ERROR_UNKNOWN) rather than hand out
+ * the driver's pool, whose memory would escape the limit.  Any other (IPC handle types, host or
+ * managed memory, host NUMA, hardware decompression) goes to the driver as asked, and so do its
+ * allocations.  cuMemPoolImportFromShareableHandle makes a driver pool. Export and import calls on
+ * a gmr pool or a gmr pointer return CUDA_ERROR_NOT_SUPPORTED (801): gmr's blocks are
+ * suballocations of larger reservations that cannot be shared alone.
  *
  * Allocations.  cuMemAllocFromPoolAsync(pool, s) is gmr_alloc(rt, size, s)
  * and cuMemFreeAsync(p, s) is gmr_record_stream + gmr_free (ip_free): gmr's
@@ -432,8 +434,18 @@ static int ip_pool_forget(const void *ptr) {
 
 static CUresult_t ip_pool_get_default(mempool_t *out, int device) {
   if (out == NULL) return IP_CUDA_ERROR_INVALID_VALUE;
+  if (device < 0 || device >= IP_MAX_DEVICES) return IP_CUDA_ERROR_INVALID_DEVICE;
   ip_pool_t *p = ip_pool_default(device);
-  if (p == NULL) return IP_CUDA_ERROR_INVALID_DEVICE;
+  if (p == NULL) {
+    /* No gmr runtime for the device: the driver's error when the device is
+     * not valid, else CUDA_ERROR_UNKNOWN, as gmr's allocations would fail
+     * (never the driver's pool: its memory would escape the limit). */
+    mempool_t drv = NULL;
+    CUresult_t r = IP_PDRV(device_get_default, &drv, device);
+    IP_LOG("gmr-preload: cuDeviceGetDefaultMemPool(%d): gmr has no runtime: %s", device,
+           gmr_thread_last_error());
+    return r != IP_CUDA_SUCCESS ? r : IP_CUDA_ERROR_UNKNOWN;
+  }
   *out = p;
   return IP_CUDA_SUCCESS;
 }
@@ -461,10 +473,13 @@ static CUresult_t ip_pool_set_current(int device, ip_pool_t *p) {
 static bool ip_pool_servable(const ip_pool_props_t *pr) {
   return pr->alloc_type == IP_MEM_ALLOCATION_TYPE_PINNED && pr->handle_types == 0 &&
          pr->location.type == IP_MEM_LOCATION_TYPE_DEVICE && pr->usage == 0 &&
-         pr->win32_security_attributes == NULL && ip_pool_default(pr->location.id) != NULL;
+         pr->win32_security_attributes == NULL;
 }
 
 static CUresult_t ip_pool_create(mempool_t *out, const ip_pool_props_t *pr) {
+  mempool_t def = NULL;
+  CUresult_t r = ip_pool_get_default(&def, pr->location.id); /* the device is gmr's */
+  if (r != IP_CUDA_SUCCESS) return r;
   ip_pool_t *p = NULL;
   pthread_mutex_lock(&ip_pools_lock);
   for (size_t i = IP_MAX_DEVICES; i < IP_N_POOLS && p == NULL; ++i)
