@@ -246,6 +246,26 @@ static void observe_and_segments(void) {
   gmr_runtime_free(rt);
 }
 
+/* ---- out of memory: the other pools' caches go back first --------------------------- */
+
+static void oom_trims_others(const char *yaml) {
+  gmr_runtime_t *rt = sim_runtime(yaml, 1024ull * MiB, 0);
+  if (!ok(rt != NULL, "oom: %s", yaml)) return;
+  void *p = NULL, *q = NULL;
+  gmr_alloc(rt, 600 * MiB, NULL, &p);
+  gmr_free(rt, p); /* cached by the default pool */
+  gmr_pool_t *pool = NULL;
+  gmr_pool_create(rt, &pool);
+  ok(gmr_alloc_in(rt, pool, 600 * MiB, NULL, &q) == 0,
+     "  a pool's request that needs the default pool's cache gets it");
+  gmr_free(rt, q); /* cached by the pool, which is then released */
+  gmr_pool_release(pool);
+  ok(gmr_alloc(rt, 600 * MiB, NULL, &p) == 0,
+     "  and the default pool's request gets a released pool's cache");
+  gmr_free(rt, p);
+  gmr_runtime_free(rt);
+}
+
 /* ---- threads: pools and the default pool at once ------------------------------------- */
 
 typedef struct worker_s {
@@ -312,6 +332,10 @@ int main(void) {
   fraction_under("policy: stitch\n");
   fraction_under("policy: bfc\n");
   observe_and_segments();
+  oom_trims_others("policy: caching\n");
+  /* Not bfc: like TensorFlow's, a bfc instance's limit is the device's free
+   * memory when it is made, so a pool made beside a full cache has less. */
+  oom_trims_others("policy: stitch\n");
   threads_under("policy: caching\n");
   threads_under("policy: stitch\n");
   threads_under("policy: bfc\n");

@@ -8,16 +8,7 @@
  * machine with the toolkit but no driver: there gmr__cuda_available() says
  * 0 and the simulator still works.
  *
- * A CUDA failure becomes GMR_EDEVICE with CUDA's own error text in the
- * thread's last error; cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY
- * become GMR_ENOMEM, so policies can free their cache and retry.
- *
- * map() creates one physical allocation per call (cuMemCreate of the whole
- * range), maps it and grants read/write access to this device; unmap() finds
- * the handle again with cuMemRetainAllocationHandle, so no table is kept.
- * The stitch policy's pages are handles of their own (phys_create = one
- * cuMemCreate), mapped at one or more addresses each (phys_map = cuMemMap
- * with no access yet; set_access = one cuMemSetAccess over a whole range).
+ * See Note [CUDA failures] and Note [CUDA mappings].
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -67,6 +58,11 @@ static inline cuda_be_t *cuda_of(gmr_backend_t *be) {
   return (cuda_be_t *)be;
 }
 
+/* Note [CUDA failures]
+ * A CUDA failure becomes GMR_EDEVICE with CUDA's own error text in the
+ * thread's last error; cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY
+ * become GMR_ENOMEM, so policies can free their cache and retry.
+ */
 static int cuda_fail(cudaError_t e, const char *what) {
   cudaGetLastError(); /* clear the sticky-free error state */
   if (e == cudaErrorMemoryAllocation)
@@ -160,6 +156,14 @@ static int cuda_va_release(gmr_backend_t *be, void *base, size_t size) {
   return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemAddressFree");
 }
 
+/* Note [CUDA mappings]
+ * map() creates one physical allocation per call (cuMemCreate of the whole
+ * range), maps it and grants read/write access to this device; unmap() finds
+ * the handle again with cuMemRetainAllocationHandle, so no table is kept.
+ * The stitch policy's pages are handles of their own (phys_create = one
+ * cuMemCreate), mapped at one or more addresses each (phys_map = cuMemMap
+ * with no access yet; set_access = one cuMemSetAccess over a whole range).
+ */
 static void alloc_prop(cuda_be_t *c, CUmemAllocationProp *prop) {
   memset(prop, 0, sizeof *prop);
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -1,6 +1,6 @@
 /* history.c: the bounded ring buffer of trace entries behind
- * gmr_history_enable (see history.h for who records what, and the ring's
- * invariants).
+ * gmr_history_enable (see history.h: Note [Who records what], and
+ * Note [History ring] for the ring's invariants).
  *
  * The ring grows by doubling, from 1024 entries up to its bound, so a bound
  * as large as PyTorch's default (sys.maxsize) costs only what is recorded.

@@ -1,17 +1,9 @@
 /* config.c: YAML configuration (the only file that includes yaml.h).
  *
- * A configuration picks the device, the policy stack and its options:
- *
- *   device:   {backend: auto|sim|cuda, capacity: 143771MiB, granularity: 2MiB,
- *              host_backed: false}                       (optional)
- *   policy:   {name: caching, <options of caching>}      (required)
- *   limit:    {bytes: 8GiB} or {fraction: 0.5}           (optional: wraps policy)
- *   trace:    path of a trace to record                  (optional)
- *
- * A decorator policy (limit) takes `upstream: {name: ..., ...}`.  Options are
- * described by each policy's table (gmr_opt_desc_t), so this loader never
- * knows a policy by name.  Every error names file:line:column and says what
- * was expected.
+ * A configuration picks the device, the policy stack and its options (see
+ * Note [The document]).  Options are described by each policy's table
+ * (gmr_opt_desc_t), so this loader never knows a policy by name.  Every
+ * error names file:line:column and says what was expected.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -353,6 +345,18 @@ unknown_name : {
 }
 
 /* ---- the document ---------------------------------------------------------------- */
+
+/* Note [The document]
+ * A configuration picks the device, the policy stack and its options:
+ *
+ *   device:   {backend: auto|sim|cuda, capacity: 143771MiB, granularity: 2MiB,
+ *              host_backed: false}                       (optional)
+ *   policy:   {name: caching, <options of caching>}      (required)
+ *   limit:    {bytes: 8GiB} or {fraction: 0.5}           (optional: wraps policy)
+ *   trace:    path of a trace to record                  (optional)
+ *
+ * A decorator policy (limit) takes `upstream: {name: ..., ...}` (parse_policy).
+ */
 
 static int parse_document(parse_t *ps, gmr_config_t *cfg) {
   yaml_node_t *root = yaml_document_get_root_node(&ps->doc);

@@ -5,41 +5,8 @@
  * every argument before a policy sees it, so policies only ever get sizes in
  * (0, GMR_MAX_REQUEST] and blocks they handed out themselves.
  *
- * Locking.  Policies are called through the policy.h wrappers, which own
- * the lock of a policy that is not `concurrent` (one op at a time); the map
- * is then touched under that same lock, held across the op and the map
- * (gmr__policy_lock and the *_locked calls).  A concurrent policy locks
- * itself, and the map is touched under its shard's lock.  The policy lock
- * is a gmr_lock_t, a shard's a gmr_spin_t (lock.h): an uncontended lock and
- * unlock are one atomic instruction each, inline (a spin unlock is a plain
- * release store).
- *
- * Paths.  gmr_alloc and gmr_free check their arguments, then test one word,
- * `slow` (a serialized policy, the trace, the history): 0 jumps to the hot
- * path (alloc_fast, free_fast: the policy, the shard), anything else to the
- * general one (alloc_general, free_general), both before a frame is built.
- *
- * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
- * and not yet passed to gmr_free; so a double free or a foreign pointer is
- * found before any policy state is touched.
- *
- * Layout.  Each shard fills one cache line of its own, and the runtime lock
- * has one too, so threads working on different shards never write to a line
- * another thread reads (the runtime is allocated 64-byte aligned).
- *
- * Memory history (history.h).  While `history` is set, gmr_alloc records
- * alloc (or oom) once the block is in the map, and gmr_free records
- * free_requested (and free_completed, unless the policy stack reports it)
- * before the policy sees the block, so the address cannot be handed out again
- * before its free is in the history.  With no history, no trace and a
- * concurrent policy each entry point pays one load and one predictable
- * branch.  The device's entries (segment_*) are
- * recorded by the recording layer (observe/recording.h) that the runtime puts
- * between its policies and the device; snapshots are written by
- * observe/snapshot.c, which reads the runtime through a gmr_snapshot_source_t
- * and never calls back.  GMR_SNAPSHOT=path writes the memory
- * snapshot when the runtime is freed (at exit for the default runtimes), to
- * path, path.1, path.2... in the order the runtimes were created.
+ * See Note [Runtime locking], Note [Fast and general paths],
+ * Note [Map invariant], Note [Shard layout] and Note [Runtime history].
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -74,6 +41,12 @@
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
+/* Note [Map invariant]
+ * A pointer is in the map iff it was returned by gmr_alloc and not yet passed
+ * to gmr_free; so a double free or a foreign pointer is found before any
+ * policy state is touched.
+ */
+
 /* 1024 shards: the blocks that threads use at once are often neighbours
  * at one stride (a BFC region cut into equal chunks, one per stream), and
  * the hash below sends 16 blocks at a stride of 256 B, 768 B or 1280 B
@@ -96,6 +69,13 @@ typedef struct map_shard_s {
   void *slots_raw;                      /* what the host returned (slots are aligned in it) */
 } map_shard_t;
 
+/* Note [Shard layout]
+ * Each shard fills one cache line of its own, and the runtime lock has one
+ * too, so threads working on different shards never write to a line another
+ * thread reads (the runtime is allocated 64-byte aligned).  The layout is
+ * checked by the assertions below.
+ */
+
 /* Layout, checked where it is built (runtime_build, map_grow) and here:
  *   sizeof(map_shard_t) == CACHE_LINE,  (uintptr_t)&rt->shards[i] % CACHE_LINE == 0,
  *   (uintptr_t)sh->slots % CACHE_LINE == 0,  capacity x 40 % CACHE_LINE == 0. */
@@ -107,6 +87,12 @@ _Static_assert(MAP_FIRST_SLOTS * sizeof(gmr_block_t) % CACHE_LINE == 0,
  * grow_at 0), so a lookup needs no test for a missing table. */
 static gmr_block_t map_none[1];
 
+/* Note [Fast and general paths]
+ * gmr_alloc and gmr_free check their arguments, then test one word, `slow` (a
+ * serialized policy, the trace, the history): 0 jumps to the hot path
+ * (alloc_fast, free_fast: the policy, the shard), anything else to the general
+ * one (alloc_general, free_general), both before a frame is built.
+ */
 #define RUNTIME_SLOW_HISTORY 1u /* `history` is set */
 #define RUNTIME_SLOW_TRACE   2u /* `trace` is set */
 #define RUNTIME_SLOW_SERIAL  4u /* `policy_lock` is set: the policy is not concurrent */
@@ -132,6 +118,17 @@ typedef struct pool_route_s {
   gmr_runtime_t *child;
   gmr_stream_t stream; /* GMR_STREAM_ANY: every stream */
 } pool_route_t;
+
+/* Note [Runtime locking]
+ * Policies are called through the policy.h wrappers, which own the lock of a
+ * policy that is not `concurrent` (one op at a time); the map is then touched
+ * under that same lock, held across the op and the map (gmr__policy_lock and
+ * the *_locked calls).  A concurrent policy locks itself, and the map is
+ * touched under its shard's lock.  The policy lock is a gmr_lock_t, a shard's
+ * a gmr_spin_t (lock.h): an uncontended lock and unlock are one atomic
+ * instruction each, inline (a spin unlock is a plain release store).  Which
+ * lock guards what: the Synchronization comment of struct gmr_runtime_s below.
+ */
 
 /* Synchronization: `policy`, `policy_lock`, `backend`, `trace` and the names
  * are written once by runtime_build and only read afterwards; each shard's
@@ -293,7 +290,8 @@ static void describe_stack(gmr_runtime_t *rt) {
     b[off++] = ')', b[off] = '\0';
 }
 
-/* GMR_SNAPSHOT's file for the next runtime: path, then path.1, path.2... */
+/* GMR_SNAPSHOT's file for the next runtime: path, then path.1, path.2...
+ * (see Note [Runtime history]) */
 static int snapshot_path_new(const char *path, char **out) {
   static _Atomic unsigned snapshots_named;
   unsigned n = atomic_fetch_add(&snapshots_named, 1);
@@ -529,6 +527,22 @@ static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
   return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map"));
 }
 
+/* Note [Runtime history]
+ * See history.h.  While `history` is set, gmr_alloc records alloc (or oom)
+ * once the block is in the map, and gmr_free records free_requested (and
+ * free_completed, unless the policy stack reports it) before the policy sees
+ * the block, so the address cannot be handed out again before its free is in
+ * the history.  With no history, no trace and a concurrent policy each entry
+ * point pays one load and one predictable branch.  The device's entries
+ * (segment_*) are recorded by the recording layer (observe/recording.h) that
+ * the runtime puts between its policies and the device; snapshots are written
+ * by observe/snapshot.c, which reads the runtime through a
+ * gmr_snapshot_source_t and never calls back.  GMR_SNAPSHOT=path writes the
+ * memory snapshot when the runtime is freed (at exit for the default
+ * runtimes), to path, path.1, path.2... in the order the runtimes were
+ * created.
+ */
+
 /* Acquire: pairs with the release of gmr_history_enable's store, so a thread
  * that sees the history also sees it initialized (its mutex, ring and clock),
  * on every memory model (aarch64 included), not only on x86. */
@@ -588,10 +602,17 @@ static RUNTIME_COLD gmr_runtime_t *route_find(gmr_runtime_t *rt, gmr_stream_t s)
   return found;
 }
 
-/* gmr_alloc in a busy child; the child's failure text is the parent's too. */
+static int pools_trim(gmr_runtime_t *rt);
+
+/* gmr_alloc in a busy child; the child's failure text is the parent's too.
+ * Out of memory, the parent's cache and the released pools' go back to the
+ * device and the allocation is tried once more, as PyTorch frees every
+ * pool's cached blocks before it gives up on a private pool's request. */
 static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
   int err = gmr_alloc(child, size, s, out_ptr);
+  if (err == GMR_ENOMEM && gmr__policy_trim(rt->policy) == 0 && pools_trim(rt) == 0)
+    err = gmr_alloc(child, size, s, out_ptr);
   atomic_fetch_sub(&child->busy, 1);
   return err != 0 ? fail(rt, err) : 0;
 }
@@ -635,6 +656,8 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
+  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt) == 0) /* released pools' cache */
+    err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
     gmr__backend_mem_info(rt->backend, &free_b, &total);
@@ -688,6 +711,7 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
   return 0;
 }
 
+/* see Note [Fast and general paths] */
 int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
   if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size - 1 >= GMR_MAX_REQUEST - 1))
     return alloc_refused(rt, size, out_ptr);
@@ -778,6 +802,7 @@ static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
   return free_block(rt, &blk);
 }
 
+/* see Note [Fast and general paths] and Note [Map invariant] */
 int gmr_free(gmr_runtime_t *rt, void *ptr) {
   if (GMR_UNLIKELY(rt == NULL)) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
   if (GMR_UNLIKELY(ptr == NULL)) return 0;
