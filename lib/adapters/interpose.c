@@ -8,6 +8,8 @@
  *   not own go to the real driver or runtime.
  * - gmr's own CUDA calls pass straight through: see Note [Recursion].
  * - Also here: Note [Reported free memory], Note [VMM], Note [dlsym].
+ * - The stream-ordered pool API (cuMemPool*, cuMemAllocFromPoolAsync...):
+ *   interpose-pools.c, included below, Note [Memory pools].
  */
 #include <dlfcn.h>
 #include <link.h>
