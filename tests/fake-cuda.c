@@ -7,7 +7,9 @@
  * (fake_cuda_state.fn, cuGetProcAddress) are its own even when the preloaded
  * interposer defines the same names.  cuCtxSynchronize only counts.  Memory: cuMemGetInfo_v2
  * reports 80 GiB free of 80 GiB; cuMemAlloc_v2 hands out addresses from 1 TiB upwards with nothing
- * behind them.
+ * behind them.  The memory-pool entry points (cuMemPool*, cuDevice*MemPool...) count their calls in
+ * fake_pool_state and hand out handles into fake_pool_state.pools; fake_pool_fn(name) is the
+ * stand-in's own function of a pool name.
  */
 #include <stdint.h>
 #include <string.h>
@@ -77,8 +79,163 @@ static int fake_get_attribute(int *value, int attrib, int dev) {
   return 0;
 }
 
+/* ---- memory pools ---- */
+
+typedef struct fake_pool_state_s {
+  unsigned long get_default, get_current, set_current, creates, destroys, allocs_from,
+      allocs_from_ptsz, set_attr, get_attr, trims, set_access, get_access, exports, export_ptrs,
+      import_ptrs, mem_get_default, mem_get, mem_set;
+  void *current;  /* the pool cuDeviceSetMemPool set, NULL for the default */
+  char pools[16]; /* handles: &pools[0] the default pool, &pools[i] the i-th created */
+  int last_attr;  /* the attribute of the last Set/GetAttribute */
+} fake_pool_state_t;
+
+FAKE_EXPORT fake_pool_state_t fake_pool_state;
+
+static int fake_device_get_default_pool(void **pool, int dev) {
+  (void)dev;
+  ++fake_pool_state.get_default;
+  *pool = &fake_pool_state.pools[0];
+  return 0;
+}
+static int fake_device_get_pool(void **pool, int dev) {
+  (void)dev;
+  ++fake_pool_state.get_current;
+  *pool = fake_pool_state.current ? fake_pool_state.current : &fake_pool_state.pools[0];
+  return 0;
+}
+static int fake_device_set_pool(int dev, void *pool) {
+  (void)dev;
+  ++fake_pool_state.set_current;
+  fake_pool_state.current = pool;
+  return 0;
+}
+static int fake_mem_get_default_pool(void **pool, const void *loc, int type) {
+  (void)loc, (void)type;
+  ++fake_pool_state.mem_get_default;
+  *pool = &fake_pool_state.pools[0];
+  return 0;
+}
+static int fake_mem_get_pool(void **pool, const void *loc, int type) {
+  (void)loc, (void)type;
+  ++fake_pool_state.mem_get;
+  *pool = &fake_pool_state.pools[0];
+  return 0;
+}
+static int fake_mem_set_pool(const void *loc, int type, void *pool) {
+  (void)loc, (void)type, (void)pool;
+  ++fake_pool_state.mem_set;
+  return 0;
+}
+static int fake_pool_create(void **pool, const void *props) {
+  (void)props;
+  ++fake_pool_state.creates;
+  *pool = &fake_pool_state.pools[1 + fake_pool_state.creates % 15];
+  return 0;
+}
+static int fake_pool_destroy(void *pool) {
+  (void)pool;
+  ++fake_pool_state.destroys;
+  return 0;
+}
+static int fake_alloc_from_pool(unsigned long long *d, size_t n, void *pool, void *s) {
+  (void)pool, (void)s;
+  ++fake_pool_state.allocs_from;
+  *d = fake_cuda_state.next;
+  fake_cuda_state.next += (n + 0xfffff) & ~0xfffffull;
+  return 0;
+}
+static int fake_alloc_from_pool_ptsz(unsigned long long *d, size_t n, void *pool, void *s) {
+  ++fake_pool_state.allocs_from_ptsz;
+  return fake_alloc_from_pool(d, n, pool, s);
+}
+static int fake_pool_set_attr(void *pool, int attr, void *value) {
+  (void)pool, (void)value;
+  ++fake_pool_state.set_attr;
+  fake_pool_state.last_attr = attr;
+  return 0;
+}
+/* Every attribute reads 42 (an int for 1-3, a 64-bit count for the others). */
+static int fake_pool_get_attr(void *pool, int attr, void *value) {
+  (void)pool;
+  ++fake_pool_state.get_attr;
+  fake_pool_state.last_attr = attr;
+  if (attr >= 1 && attr <= 3)
+    *(int *)value = 42;
+  else
+    *(unsigned long long *)value = 42;
+  return 0;
+}
+static int fake_pool_trim(void *pool, size_t keep) {
+  (void)pool, (void)keep;
+  ++fake_pool_state.trims;
+  return 0;
+}
+static int fake_pool_set_access(void *pool, const void *map, size_t n) {
+  (void)pool, (void)map, (void)n;
+  ++fake_pool_state.set_access;
+  return 0;
+}
+static int fake_pool_get_access(int *flags, void *pool, const void *loc) {
+  (void)pool, (void)loc;
+  ++fake_pool_state.get_access;
+  *flags = 1;
+  return 0;
+}
+static int fake_pool_export(void *out, void *pool, int type, unsigned long long flags) {
+  (void)out, (void)pool, (void)type, (void)flags;
+  ++fake_pool_state.exports;
+  return 0;
+}
+static int fake_pool_export_ptr(void *out, unsigned long long ptr) {
+  (void)out, (void)ptr;
+  ++fake_pool_state.export_ptrs;
+  return 0;
+}
+static int fake_pool_import_ptr(unsigned long long *ptr, void *pool, void *data) {
+  (void)pool, (void)data;
+  ++fake_pool_state.import_ptrs;
+  *ptr = 0x5000000000ull;
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  void *fn;
+} fake_pool_table[] = {
+    {"cuDeviceGetDefaultMemPool", (void *)fake_device_get_default_pool},
+    {"cuDeviceGetMemPool", (void *)fake_device_get_pool},
+    {"cuDeviceSetMemPool", (void *)fake_device_set_pool},
+    {"cuMemGetDefaultMemPool", (void *)fake_mem_get_default_pool},
+    {"cuMemGetMemPool", (void *)fake_mem_get_pool},
+    {"cuMemSetMemPool", (void *)fake_mem_set_pool},
+    {"cuMemPoolCreate", (void *)fake_pool_create},
+    {"cuMemPoolDestroy", (void *)fake_pool_destroy},
+    {"cuMemAllocFromPoolAsync", (void *)fake_alloc_from_pool},
+    {"cuMemAllocFromPoolAsync_ptsz", (void *)fake_alloc_from_pool_ptsz},
+    {"cuMemPoolSetAttribute", (void *)fake_pool_set_attr},
+    {"cuMemPoolGetAttribute", (void *)fake_pool_get_attr},
+    {"cuMemPoolTrimTo", (void *)fake_pool_trim},
+    {"cuMemPoolSetAccess", (void *)fake_pool_set_access},
+    {"cuMemPoolGetAccess", (void *)fake_pool_get_access},
+    {"cuMemPoolExportToShareableHandle", (void *)fake_pool_export},
+    {"cuMemPoolExportPointer", (void *)fake_pool_export_ptr},
+    {"cuMemPoolImportPointer", (void *)fake_pool_import_ptr},
+};
+
+/* The stand-in's own function for a pool name, or NULL. */
+FAKE_EXPORT void *fake_pool_fn(const char *name) {
+  for (size_t i = 0; i < sizeof fake_pool_table / sizeof fake_pool_table[0]; ++i)
+    if (strcmp(name, fake_pool_table[i].name) == 0) return fake_pool_table[i].fn;
+  return NULL;
+}
+
 static void *fake_lookup(const char *name, unsigned long long flags) {
   const int ptds = (flags & 2) != 0;
+  if (strcmp(name, "cuMemAllocFromPoolAsync") == 0 && ptds)
+    return (void *)fake_alloc_from_pool_ptsz;
+  void *pool_fn = fake_pool_fn(name);
+  if (pool_fn != NULL) return pool_fn;
   if (strcmp(name, "cuInit") == 0) return (void *)fake_init;
   if (strcmp(name, "cuMemAlloc") == 0) return (void *)fake_alloc;
   if (strcmp(name, "cuMemFree") == 0) return (void *)fake_free;
@@ -146,6 +303,37 @@ FAKE_EXPORT int cuDeviceGetAttribute(int *, int, int) __attribute__((alias("fake
 FAKE_EXPORT int cuMemCreate(unsigned long long *, size_t, const void *, unsigned long long)
     __attribute__((alias("fake_mem_create")));
 FAKE_EXPORT int cuMemRelease(unsigned long long) __attribute__((alias("fake_mem_release")));
+FAKE_EXPORT int cuDeviceGetDefaultMemPool(void **, int)
+    __attribute__((alias("fake_device_get_default_pool")));
+FAKE_EXPORT int cuDeviceGetMemPool(void **, int) __attribute__((alias("fake_device_get_pool")));
+FAKE_EXPORT int cuDeviceSetMemPool(int, void *) __attribute__((alias("fake_device_set_pool")));
+FAKE_EXPORT int cuMemGetDefaultMemPool(void **, const void *, int)
+    __attribute__((alias("fake_mem_get_default_pool")));
+FAKE_EXPORT int cuMemGetMemPool(void **, const void *, int)
+    __attribute__((alias("fake_mem_get_pool")));
+FAKE_EXPORT int cuMemSetMemPool(const void *, int, void *)
+    __attribute__((alias("fake_mem_set_pool")));
+FAKE_EXPORT int cuMemPoolCreate(void **, const void *) __attribute__((alias("fake_pool_create")));
+FAKE_EXPORT int cuMemPoolDestroy(void *) __attribute__((alias("fake_pool_destroy")));
+FAKE_EXPORT int cuMemAllocFromPoolAsync(unsigned long long *, size_t, void *, void *)
+    __attribute__((alias("fake_alloc_from_pool")));
+FAKE_EXPORT int cuMemAllocFromPoolAsync_ptsz(unsigned long long *, size_t, void *, void *)
+    __attribute__((alias("fake_alloc_from_pool_ptsz")));
+FAKE_EXPORT int cuMemPoolSetAttribute(void *, int, void *)
+    __attribute__((alias("fake_pool_set_attr")));
+FAKE_EXPORT int cuMemPoolGetAttribute(void *, int, void *)
+    __attribute__((alias("fake_pool_get_attr")));
+FAKE_EXPORT int cuMemPoolTrimTo(void *, size_t) __attribute__((alias("fake_pool_trim")));
+FAKE_EXPORT int cuMemPoolSetAccess(void *, const void *, size_t)
+    __attribute__((alias("fake_pool_set_access")));
+FAKE_EXPORT int cuMemPoolGetAccess(int *, void *, const void *)
+    __attribute__((alias("fake_pool_get_access")));
+FAKE_EXPORT int cuMemPoolExportToShareableHandle(void *, void *, int, unsigned long long)
+    __attribute__((alias("fake_pool_export")));
+FAKE_EXPORT int cuMemPoolExportPointer(void *, unsigned long long)
+    __attribute__((alias("fake_pool_export_ptr")));
+FAKE_EXPORT int cuMemPoolImportPointer(unsigned long long *, void *, void *)
+    __attribute__((alias("fake_pool_import_ptr")));
 
 __attribute__((constructor)) static void fake_cuda_setup(void) {
   fake_cuda_state.fn.cuInit = (void *)fake_init;

@@ -8,6 +8,8 @@
  *   not own go to the real driver or runtime.
  * - gmr's own CUDA calls pass straight through: see Note [Recursion].
  * - Also here: Note [Reported free memory], Note [VMM], Note [dlsym].
+ * - The stream-ordered pool API (cuMemPool*, cuMemAllocFromPoolAsync...):
+ *   interpose-pools.c, included below, Note [Memory pools].
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -315,10 +317,19 @@ static bool ip_in_segment(gmr_runtime_t *rt, void *ptr) {
   return gmr_walk(rt, ip_probe_cb, &q) == 0 && q.inside;
 }
 
+/* The memory-pool API (interpose-pools.c, included below): Note [Memory pools]. */
+static int ip_pool_forget(const void *ptr);
+static bool ip_pool_current_foreign(int device);
+static int ip_pool_alloc_current(int device, size_t size, stream_t s, void **out);
+static void *ip_pool_proc_hook(const char *name, unsigned long long flags);
+static void *ip_pool_dlsym_hook(const char *name);
+
 /* 0 when gmr owned and freed ptr; GMR_EBADPTR when it is not gmr's;
  * GMR_EINVAL when it lies in a segment of gmr's but is no live block (a
  * double free: an error, logged, never passed to the driver). */
 static int ip_free(int device, void *ptr, stream_t s, bool stream_ordered) {
+  int pool_device = ip_pool_forget(ptr); /* allocated through a gmr pool: its device */
+  if (pool_device >= 0) device = pool_device;
   gmr_runtime_t *rt = ip_runtime(device);
   if (rt == NULL) return GMR_EBADPTR;
   if (stream_ordered) {
@@ -413,7 +424,7 @@ IP_EXPORT CUresult_t cuMemFree_v2(CUdptr_t dptr) {
 static CUresult_t ip_cu_alloc_async(CUdptr_t *dptr, size_t bytesize, stream_t s) {
   if (dptr == NULL || bytesize == 0) return IP_CUDA_ERROR_INVALID_VALUE;
   void *p = NULL;
-  int err = ip_alloc(ip_driver_device(), bytesize, s, &p);
+  int err = ip_pool_alloc_current(ip_driver_device(), bytesize, s, &p);
   IP_LOG("gmr-preload: cuMemAllocAsync(%zu, %p) -> %p (%d)", bytesize, s, p, err);
   if (err == 0) *dptr = (CUdptr_t)(uintptr_t)p;
   return ip_cu_status(err);
@@ -421,7 +432,7 @@ static CUresult_t ip_cu_alloc_async(CUdptr_t *dptr, size_t bytesize, stream_t s)
 
 IP_EXPORT CUresult_t cuMemAllocAsync(CUdptr_t *dptr, size_t bytesize, stream_t s) {
   const ip_driver_t *d = ip_driver();
-  if (ip_from_gmr(IP_CALLER()))
+  if (ip_from_gmr(IP_CALLER()) || ip_pool_current_foreign(ip_driver_device()))
     return d->mem_alloc_async ? d->mem_alloc_async(dptr, bytesize, s)
                               : IP_CUDA_ERROR_NOT_INITIALIZED;
   return ip_cu_alloc_async(dptr, bytesize, s);
@@ -429,7 +440,7 @@ IP_EXPORT CUresult_t cuMemAllocAsync(CUdptr_t *dptr, size_t bytesize, stream_t s
 
 IP_EXPORT CUresult_t cuMemAllocAsync_ptsz(CUdptr_t *dptr, size_t bytesize, stream_t s) {
   const ip_driver_t *d = ip_driver();
-  if (ip_from_gmr(IP_CALLER()))
+  if (ip_from_gmr(IP_CALLER()) || ip_pool_current_foreign(ip_driver_device()))
     return d->mem_alloc_async_ptsz ? d->mem_alloc_async_ptsz(dptr, bytesize, s)
                                    : IP_CUDA_ERROR_NOT_INITIALIZED;
   return ip_cu_alloc_async(dptr, bytesize, s ? s : IP_cudaStreamPerThread);
@@ -616,7 +627,7 @@ static void *ip_proc_hook(const char *name, int version, unsigned long long flag
   if (strcmp(name, "cuDeviceGetAttribute") == 0) return (void *)cuDeviceGetAttribute;
   if (strcmp(name, "cuMemCreate") == 0) return (void *)cuMemCreate;
   if (strcmp(name, "cuMemRelease") == 0) return (void *)cuMemRelease;
-  return NULL;
+  return ip_pool_proc_hook(name, flags);
 }
 
 /* ---- the runtime API -------------------------------------------------------------- */
@@ -663,14 +674,14 @@ static cudaError_x ip_rt_alloc_async(void **devPtr, size_t size, stream_t s, con
     return IP_cudaSuccess;
   }
   void *p = NULL;
-  int err = ip_alloc(ip_runtime_device(caller), size, s, &p);
+  int err = ip_pool_alloc_current(ip_runtime_device(caller), size, s, &p);
   if (err == 0) *devPtr = p;
   return ip_rt_status(err);
 }
 
 IP_EXPORT cudaError_x cudaMallocAsync(void **devPtr, size_t size, stream_t s) {
   const void *caller = IP_CALLER();
-  if (ip_from_gmr(caller)) {
+  if (ip_from_gmr(caller) || ip_pool_current_foreign(ip_runtime_device(caller))) {
     cudaError_x (*real)(void **, size_t, stream_t) = IP_REAL(cudaMallocAsync, caller);
     return real ? real(devPtr, size, s) : IP_cudaErrorInitializationError;
   }
@@ -679,7 +690,7 @@ IP_EXPORT cudaError_x cudaMallocAsync(void **devPtr, size_t size, stream_t s) {
 
 IP_EXPORT cudaError_x cudaMallocAsync_ptsz(void **devPtr, size_t size, stream_t s) {
   const void *caller = IP_CALLER();
-  if (ip_from_gmr(caller)) {
+  if (ip_from_gmr(caller) || ip_pool_current_foreign(ip_runtime_device(caller))) {
     cudaError_x (*real)(void **, size_t, stream_t) = IP_REAL(cudaMallocAsync_ptsz, caller);
     return real ? real(devPtr, size, s) : IP_cudaErrorInitializationError;
   }
@@ -728,6 +739,10 @@ IP_EXPORT cudaError_x cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
   return IP_cudaSuccess;
 }
 
+/* ---- the memory-pool API ----------------------------------------------------------- */
+
+#include "interpose-pools.c"
+
 /* ---- dlsym ------------------------------------------------------------------------- */
 
 /* Note [dlsym]
@@ -769,7 +784,7 @@ IP_RAW static void *ip_dlsym_hook(const char *name) {
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i)
     if (strcmp(name, table[i].name) == 0) return table[i].fn;
-  return NULL;
+  return ip_pool_dlsym_hook(name);
 }
 
 /* Called by dlsym: our function when `name` is hooked and `handle` really

@@ -11,6 +11,13 @@
 #   jaxdiag              JAX under GMR_INTERPOSE_LOG=1: which driver names it
 #                        looks up and which calls reach gmr
 #   all                  PyTorch + CuPy + JAX in one process (interposer too)
+#   jaxpool[:CONFIG]     JAX with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, its buffers
+#                        served from gmr's pool through the pool API (jax_pool.py):
+#                        JAX's own cuda_async run first (the baseline), then under
+#                        the interposer with CONFIG (a file under DIR/config,
+#                        default tf-growth.yaml), then the 4 GiB limit's cap test
+#   torchasync           PyTorch with backend:cudaMallocAsync under the interposer
+#                        and the 4 GiB limit (torch_async.py)
 #   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, native-expandable
 #                        (PyTorch's allocator with expandable_segments:True),
 #                        or gmr with CONFIG (a file under DIR/config, e.g.
@@ -93,6 +100,27 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     phase "PyTorch + CuPy + JAX in one process, $(tr '\n' ' ' <"$limit")"
     LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=platform GMR_CONFIG="$limit" \
       timeout 240 python3 "$here/shared_pool.py" torch cupy jax || status=1
+    ;;
+  jaxpool | jaxpool:*)
+    cfg=${p#jaxpool}
+    cfg=${cfg#:}
+    cfg="$dir/config/${cfg:-tf-growth.yaml}"
+    phase "JAX cuda_async, its own pool (the baseline)"
+    XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      timeout 300 python3 "$here/jax_pool.py" || status=1
+    phase "JAX cuda_async served by gmr, $cfg"
+    LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false GMR_CONFIG="$cfg" \
+      timeout 300 python3 "$here/jax_pool.py" || status=1
+    phase "JAX cuda_async served by gmr, cap test: $(tr '\n' ' ' <"$limit")"
+    LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false GMR_CONFIG="$limit" \
+      timeout 300 python3 "$here/jax_pool.py" --steps 3 || status=1
+    ;;
+  torchasync)
+    phase "PyTorch backend:cudaMallocAsync served by gmr, $(tr '\n' ' ' <"$limit")"
+    LD_PRELOAD="$preload" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync GMR_CONFIG="$limit" \
+      timeout 240 python3 "$here/torch_async.py" || status=1
     ;;
   gpt2:*)
     IFS=: read -r _ name cfg <<<"$p"
