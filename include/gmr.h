@@ -326,6 +326,7 @@ typedef struct gmr_walk_entry_s {
    * blocks of a page; 0 and 0 when nothing is shared). */
   uint64_t shared_head, shared_tail;
   uint64_t head_page, tail_page;
+  uint64_t pool_id; /* 0: the default pool; else gmr_pool_id of the private pool */
 } gmr_walk_entry_t;
 
 typedef int (*gmr_walk_cb)(const gmr_walk_entry_t *e, void *ud);
@@ -390,6 +391,139 @@ GMR_EXTERN int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries);
  * `out` must be open for binary writing.
  * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_EIO (a write failed) */
 GMR_EXTERN int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out);
+
+/** One entry of the memory history as it is recorded, for an observer
+ * (gmr_history_observe).  The actions are gmr_snapshot_write's: */
+typedef enum gmr_history_action_e {
+  GMR_HISTORY_ALLOC = 0,          /* a block handed out */
+  GMR_HISTORY_FREE_REQUESTED = 1, /* gmr_free called */
+  GMR_HISTORY_FREE_COMPLETED = 2, /* the block can be reused (stream work done) */
+  GMR_HISTORY_SEGMENT_ALLOC = 3,  /* memory reserved from the device */
+  GMR_HISTORY_SEGMENT_FREE = 4,   /* memory given back to the device */
+  GMR_HISTORY_SEGMENT_MAP = 5,    /* pages mapped into a reserved range */
+  GMR_HISTORY_SEGMENT_UNMAP = 6,  /* pages unmapped */
+  GMR_HISTORY_OOM = 7,            /* an allocation failed: addr is the device's free bytes */
+  GMR_HISTORY_SNAPSHOT = 8        /* a snapshot was taken */
+} gmr_history_action_t;
+
+typedef struct gmr_history_event_s {
+  gmr_history_action_t action;
+  uintptr_t address;   /* device address (oom: free bytes; snapshot: 0) */
+  uint64_t size;       /* bytes: requested (alloc, free_*), range (segment_*), request (oom) */
+  gmr_stream_t stream; /* the stream of the call */
+  uint64_t time_us;    /* microseconds since the epoch */
+} gmr_history_event_t;
+
+/** Called for every history entry as it is recorded, on the thread whose
+ * call caused it, with the runtime's history lock held: it must return
+ * quickly and must not call gmr. */
+typedef void (*gmr_history_cb)(const gmr_history_event_t *ev, void *ud);
+
+/** Call `cb` for every entry of rt's memory history from now on (a
+ * framework adapter that keeps its own trace, with its own frames, the way
+ * PyTorch's allocator does); NULL stops.  Observing turns the history on
+ * (gmr_history_enable(rt, 1) when it is off), and turning the history off
+ * (max_entries 0) stops the observer too.  One observer per runtime: a
+ * second call replaces the first.  @return 0, GMR_EINVAL, GMR_ENOMEM */
+GMR_EXTERN int gmr_history_observe(gmr_runtime_t *rt, gmr_history_cb cb, void *ud);
+
+/* ------------------------------------------------------------------------ */
+/* Private pools and CUDA graph capture (docs/pools.md)                      */
+
+/** A private pool: memory of its own inside a runtime, for CUDA graphs
+ * (PyTorch's graph pools, torch.cuda.MemPool).  A pool is a second instance
+ * of the runtime's policy stack, built from the same configuration, on the
+ * same device and under the same caps; its segments are its own:
+ *   - a block freed in a pool is reused only by allocations in that pool;
+ *   - no pool memory reaches an allocation outside the pool while the pool
+ *     lives (use count > 0 or live blocks);
+ *   - statistics, walks, snapshots and checks of the runtime cover every
+ *     pool (gmr_walk_entry_t.pool_id tells them apart).
+ * Under `caching` a pool follows PyTorch's PrivatePool: the same rounding,
+ * splitting and best fit as the default pool, on segments of its own. */
+typedef struct gmr_pool_s gmr_pool_t;
+
+/** Every stream, for gmr_pool_begin. */
+#define GMR_STREAM_ANY ((gmr_stream_t)(uintptr_t)-1)
+
+/** Create a pool in rt with use count 1.  @return 0, GMR_EINVAL, GMR_ENOMEM */
+GMR_EXTERN int gmr_pool_create(gmr_runtime_t *rt, gmr_pool_t **out);
+/** The pool's id: unique in the process, never 0 (0 is the default pool). */
+GMR_EXTERN uint64_t gmr_pool_id(const gmr_pool_t *pool);
+/** Add one use (a graph that shares the pool).  @return 0, GMR_EINVAL */
+GMR_EXTERN int gmr_pool_retain(gmr_pool_t *pool);
+/** Drop one use.  At 0 the pool takes no new allocations, its cached memory
+ * goes back at the next gmr_empty_cache, and it is destroyed once its last
+ * block is freed and its cache emptied (so `pool` must not be used after
+ * the call that drops its last use).  @return 0, GMR_EINVAL */
+GMR_EXTERN int gmr_pool_release(gmr_pool_t *pool);
+/** The pool's use count (0 after its last release). */
+GMR_EXTERN int gmr_pool_use_count(const gmr_pool_t *pool);
+/** Route gmr_alloc calls on stream `s` (GMR_STREAM_ANY: every stream) to
+ * `pool` until gmr_pool_end(pool, s).  The latest begin that matches a call
+ * wins.  @return 0, GMR_EINVAL (use count 0), GMR_ENOMEM */
+GMR_EXTERN int gmr_pool_begin(gmr_pool_t *pool, gmr_stream_t s);
+/** End a route made by gmr_pool_begin(pool, s).  @return 0, GMR_EINVAL (no such route) */
+GMR_EXTERN int gmr_pool_end(gmr_pool_t *pool, gmr_stream_t s);
+/** gmr_alloc in `pool` (NULL: the runtime's default pool), whatever the routes.
+ * @return as gmr_alloc; GMR_EINVAL for a pool of use count 0 */
+GMR_EXTERN int gmr_alloc_in(gmr_runtime_t *rt, gmr_pool_t *pool, size_t size, gmr_stream_t s,
+                            void **out_ptr);
+/** The pool of a live allocation: *out NULL for the default pool.
+ * @return 0, GMR_EBADPTR (not a live allocation of rt) */
+GMR_EXTERN int gmr_pool_of(gmr_runtime_t *rt, const void *ptr, gmr_pool_t **out);
+/** Return the pool's cached, wholly free memory to the device. */
+GMR_EXTERN int gmr_pool_empty_cache(gmr_pool_t *pool);
+/** Statistics of the pool alone (gmr_stats covers the runtime and every pool). */
+GMR_EXTERN int gmr_pool_stats(gmr_pool_t *pool, gmr_stats_t *out);
+/** Visit the pool's live allocations (pointer, requested size), in no order.
+ * The callback must not call gmr; it returns 0 to go on.  @return 0, GMR_EINVAL */
+typedef int (*gmr_ptr_cb)(void *ptr, size_t size, void *ud);
+GMR_EXTERN int gmr_pool_foreach_live(gmr_pool_t *pool, gmr_ptr_cb cb, void *ud);
+
+/** A CUDA graph capture is starting on rt's device (calls nest).  Until the
+ * matching gmr_capture_end, gmr makes no device call that would invalidate
+ * a capture, as PyTorch's allocator does: events are neither queried nor
+ * waited for (frees pending on streams complete after the capture), events
+ * that a free would record are recorded at the end, memory given back to
+ * the device is given back at the end, and device memory is reserved in
+ * relaxed capture mode (cudaThreadExchangeStreamCaptureMode).  Allocations
+ * are routed by gmr_pool_begin as usual.  @return 0, GMR_EINVAL */
+GMR_EXTERN int gmr_capture_begin(gmr_runtime_t *rt);
+/** End one gmr_capture_begin; the last end records the deferred events and
+ * gives back the deferred memory.  @return 0, GMR_EINVAL (no capture
+ * underway), GMR_EDEVICE (a deferred call failed; the rest were made) */
+GMR_EXTERN int gmr_capture_end(gmr_runtime_t *rt);
+
+/* ------------------------------------------------------------------------ */
+/* Segments and the memory fraction                                          */
+
+#define GMR_SEGMENT_EXPANDABLE 1 /* grows by mapping pages into a reserved range */
+
+/** The segment (device reservation, or mapped range) that holds `ptr`. */
+typedef struct gmr_segment_info_s {
+  uintptr_t base;   /* its first byte */
+  uint64_t size;    /* bytes */
+  uint64_t pool_id; /* 0: the default pool; else gmr_pool_id of its pool */
+  int flags;        /* GMR_SEGMENT_* */
+  gmr_stream_t stream;
+} gmr_segment_info_t;
+
+/** Find the segment that holds `ptr` (any address inside it), as PyTorch's
+ * getBaseAllocation and IPC sharing need.  Walks the segments: for tools and
+ * adapters, not the hot path.  @return 0, GMR_EBADPTR (in no segment),
+ * GMR_ENOTSUP (the policy keeps no segments) */
+GMR_EXTERN int gmr_segment_of(gmr_runtime_t *rt, const void *ptr, gmr_segment_info_t *out);
+
+/** Cap what rt holds from the device (every pool together) at `fraction` of
+ * the device's total memory, as torch.cuda.set_per_process_memory_fraction
+ * does: a reservation that would pass it fails as out of memory, after the
+ * policy freed its cache, with a message that names the fraction.  1.0 lifts
+ * it.  It stacks on every `limit` of the configuration.
+ * @return 0, GMR_EINVAL (fraction not in (0, 1]) */
+GMR_EXTERN int gmr_set_memory_fraction(gmr_runtime_t *rt, double fraction);
+/** The fraction in force (1.0 when none was set). */
+GMR_EXTERN double gmr_memory_fraction(gmr_runtime_t *rt);
 
 /* ------------------------------------------------------------------------ */
 /* Simulated device controls (tests and tools).  GMR_ENOTSUP on CUDA.        */
