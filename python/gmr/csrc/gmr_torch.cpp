@@ -43,10 +43,10 @@ namespace {
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
-using c10::CachingDeviceAllocator::DeviceStats;
-using c10::CachingDeviceAllocator::TraceEntry;
 using c10::CachingAllocator::Stat;
 using c10::CachingAllocator::StatArray;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::TraceEntry;
 
 constexpr int kMaxDevices = 64; /* as lib/adapters/hooks.c */
 
@@ -65,7 +65,9 @@ std::string gmr_error_text(gmr_runtime_t *rt, int rc) {
   return s;
 }
 
-bool is_default_pool(const MempoolId_t &id) { return id.first == 0 && id.second == 0; }
+bool is_default_pool(const MempoolId_t &id) {
+  return id.first == 0 && id.second == 0;
+}
 
 /* One private pool as PyTorch names it (MempoolId_t) and as gmr holds it. */
 struct PoolEntry {
@@ -111,7 +113,8 @@ struct TraceRing {
   std::vector<TraceEntry> ordered() const {
     std::vector<TraceEntry> out;
     out.reserve(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out.push_back(v[(next + i) % v.size()]);
+    for (size_t i = 0; i < v.size(); ++i)
+      out.push_back(v[(next + i) % v.size()]);
     return out;
   }
   void clear() {
@@ -141,7 +144,7 @@ thread_local std::vector<std::string> tls_compile_context;
 void gmr_native_delete(void *ptr);
 
 class GmrAllocator final : public CCA::CUDAAllocator {
- public:
+public:
   /* ---- runtimes ------------------------------------------------------- */
 
   gmr_runtime_t *runtime(int device) {
@@ -196,11 +199,28 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   /* Called by the DataPtr's deleter: never throws (a destructor calls it). */
   bool free_ptr(void *ptr) {
     if (C10_UNLIKELY(history_active_.load(std::memory_order_relaxed))) note_free(ptr);
+    bool profiling = c10::memoryProfilingEnabled();
     for (int d = 0; d < kMaxDevices; ++d) {
       gmr_runtime_t *rt = runtime_if_any(d);
-      if (rt != nullptr && gmr_free(rt, ptr) == 0) return true;
+      if (rt == nullptr) continue;
+      size_t req = 0, got = 0;
+      if (C10_UNLIKELY(profiling) && gmr_alloc_size(rt, ptr, &req, &got) != 0) continue;
+      if (gmr_free(rt, ptr) == 0) {
+        if (C10_UNLIKELY(profiling)) report_usage(rt, d, ptr, got, false);
+        return true;
+      }
     }
     return false;
+  }
+
+  /* torch.profiler(profile_memory=True), as PyTorch's allocator reports. */
+  void report_usage(gmr_runtime_t *rt, int device, void *ptr, size_t size, bool alloc) {
+    gmr_stats_t st;
+    if (gmr_stats(rt, &st) != 0) return;
+    int64_t n = static_cast<int64_t>(size);
+    c10::reportMemoryUsageToProfiler(
+        ptr, alloc ? n : -n, st.allocated_bytes, st.reserved_bytes,
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
   }
 
   void copy_data(void *dest, const void *src, std::size_t count) const override {
@@ -285,8 +305,7 @@ class GmrAllocator final : public CCA::CUDAAllocator {
 
   void *getBaseAllocation(void *ptr, size_t *size) override {
     gmr_segment_info_t seg = segment_of(ptr, "getBaseAllocation");
-    TORCH_CHECK(!(seg.flags & GMR_SEGMENT_EXPANDABLE),
-                "gmr: getBaseAllocation: ", ptr,
+    TORCH_CHECK(!(seg.flags & GMR_SEGMENT_EXPANDABLE), "gmr: getBaseAllocation: ", ptr,
                 " lies in a segment that grows by mapping pages (this policy's segments are not "
                 "cudaMalloc ranges), so it has no base allocation to share; use gmr's `caching` "
                 "policy for tensors shared between processes");
@@ -360,8 +379,8 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     gmr_runtime_t *rt = runtime(device);
     int rc = gmr_set_memory_fraction(rt, fraction);
-    TORCH_CHECK(rc == 0, "gmr: set_per_process_memory_fraction(", fraction, "): ",
-                gmr_error_text(rt, rc));
+    TORCH_CHECK(rc == 0, "gmr: set_per_process_memory_fraction(", fraction,
+                "): ", gmr_error_text(rt, rc));
   }
   double getMemoryFraction(c10::DeviceIndex device) override {
     return gmr_memory_fraction(runtime(device));
@@ -433,10 +452,9 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
     (void)device;
     (void)mempool_id;
-    TORCH_CHECK(false,
-                "gmr: MemPool(no_split=True) is not supported because a gmr pool splits its "
-                "segments as its policy does; use gmr's `direct` policy for one segment per "
-                "allocation, or a MemPool without no_split");
+    TORCH_CHECK(false, "gmr: MemPool(no_split=True) is not supported because a gmr pool splits its "
+                       "segments as its policy does; use gmr's `direct` policy for one segment per "
+                       "allocation, or a MemPool without no_split");
   }
 
   void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
@@ -562,7 +580,8 @@ class GmrAllocator final : public CCA::CUDAAllocator {
     if (!record_history_) return;
     c10::CachingDeviceAllocator::AnnotationEntry ae(c10::cuda::current_device(),
                                                     c10::getApproximateTime());
-    for (const auto &kv : md) ae.recordUserMetadata(kv.first, kv.second);
+    for (const auto &kv : md)
+      ae.recordUserMetadata(kv.first, kv.second);
     annotations_.push_back(std::move(ae));
   }
 
@@ -730,32 +749,32 @@ class GmrAllocator final : public CCA::CUDAAllocator {
     std::lock_guard<std::recursive_mutex> lock(hmu_);
     TraceEntry::Action a;
     switch (ev->action) {
-      case GMR_HISTORY_SEGMENT_ALLOC:
-        a = TraceEntry::SEGMENT_ALLOC;
-        break;
-      case GMR_HISTORY_SEGMENT_FREE:
-        a = TraceEntry::SEGMENT_FREE;
-        break;
-      case GMR_HISTORY_SEGMENT_MAP:
-        a = TraceEntry::SEGMENT_MAP;
-        break;
-      case GMR_HISTORY_SEGMENT_UNMAP:
-        a = TraceEntry::SEGMENT_UNMAP;
-        break;
-      case GMR_HISTORY_OOM:
-        a = TraceEntry::OOM;
-        break;
-      case GMR_HISTORY_FREE_COMPLETED: {
-        auto it = pending_free_.find(reinterpret_cast<void *>(ev->address));
-        if (it == pending_free_.end()) return;
-        BlockCtx b = std::move(it->second);
-        pending_free_.erase(it);
-        add_trace(device, TraceEntry::FREE_COMPLETED, ev->address, b.size, b.stream, b.pool,
-                  when_ >= CCA::RecordContext::ALL ? b.ctx : nullptr);
-        return;
-      }
-      default:
-        return; /* alloc and free_requested are the adapter's own; snapshot too */
+    case GMR_HISTORY_SEGMENT_ALLOC:
+      a = TraceEntry::SEGMENT_ALLOC;
+      break;
+    case GMR_HISTORY_SEGMENT_FREE:
+      a = TraceEntry::SEGMENT_FREE;
+      break;
+    case GMR_HISTORY_SEGMENT_MAP:
+      a = TraceEntry::SEGMENT_MAP;
+      break;
+    case GMR_HISTORY_SEGMENT_UNMAP:
+      a = TraceEntry::SEGMENT_UNMAP;
+      break;
+    case GMR_HISTORY_OOM:
+      a = TraceEntry::OOM;
+      break;
+    case GMR_HISTORY_FREE_COMPLETED: {
+      auto it = pending_free_.find(reinterpret_cast<void *>(ev->address));
+      if (it == pending_free_.end()) return;
+      BlockCtx b = std::move(it->second);
+      pending_free_.erase(it);
+      add_trace(device, TraceEntry::FREE_COMPLETED, ev->address, b.size, b.stream, b.pool,
+                when_ >= CCA::RecordContext::ALL ? b.ctx : nullptr);
+      return;
+    }
+    default:
+      return; /* alloc and free_requested are the adapter's own; snapshot too */
     }
     std::shared_ptr<c10::GatheredContext> ctx;
     if (tls_ctx != nullptr) ctx = *tls_ctx;
@@ -765,7 +784,7 @@ class GmrAllocator final : public CCA::CUDAAllocator {
               ctx);
   }
 
- private:
+private:
   struct StatFill {
     DeviceStats *s;
     bool caching;
@@ -807,10 +826,14 @@ class GmrAllocator final : public CCA::CUDAAllocator {
     if (dot1 == std::string::npos) return 0;
     std::string name = k.substr(0, dot1), rest = k.substr(dot1 + 1);
     auto metric = [&](Stat &st, const std::string &m) {
-      if (m == "current") st.current = value;
-      else if (m == "peak") st.peak = value;
-      else if (m == "allocated") st.allocated = value;
-      else if (m == "freed") st.freed = value;
+      if (m == "current")
+        st.current = value;
+      else if (m == "peak")
+        st.peak = value;
+      else if (m == "allocated")
+        st.allocated = value;
+      else if (m == "freed")
+        st.freed = value;
     };
     for (const auto &s : stats)
       if (name == s.first) {
@@ -856,6 +879,7 @@ class GmrAllocator final : public CCA::CUDAAllocator {
     tls_pool = {0, 0};
     if (C10_UNLIKELY(rc != 0)) fail_alloc(rt, device, size, rc);
     if (C10_UNLIKELY(hist)) note_alloc(device, p, size, stream, pid, std::move(ctx));
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_usage(rt, device, p, size, true);
     return p;
   }
 
@@ -889,14 +913,15 @@ class GmrAllocator final : public CCA::CUDAAllocator {
     size_t dev_free = 0, dev_total = 0;
     gmr_mem_info(rt, &dev_free, &dev_total);
     double frac = gmr_memory_fraction(rt);
-    size_t allowed = frac < 1.0 ? static_cast<size_t>(frac * static_cast<double>(dev_total))
-                                : dev_total;
+    size_t allowed =
+        frac < 1.0 ? static_cast<size_t>(frac * static_cast<double>(dev_total)) : dev_total;
     std::vector<CCA::OutOfMemoryObserver> obs;
     {
       std::lock_guard<std::recursive_mutex> lock(hmu_);
       obs = oom_observers_;
     }
-    for (const auto &o : obs) o(device, size, allowed, dev_free);
+    for (const auto &o : obs)
+      o(device, size, allowed, dev_free);
     gmr_stats_t st;
     if (gmr_stats(rt, &st) == 0)
       c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), st.allocated_bytes,
@@ -952,14 +977,15 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   }
 
   /* Called with hmu_ held. */
-  void add_trace(int device, TraceEntry::Action a, uintptr_t addr, size_t size,
-                 cudaStream_t stream, MempoolId_t pool, std::shared_ptr<c10::GatheredContext> ctx) {
+  void add_trace(int device, TraceEntry::Action a, uintptr_t addr, size_t size, cudaStream_t stream,
+                 MempoolId_t pool, std::shared_ptr<c10::GatheredContext> ctx) {
     if (!record_history_ && trackers_.empty()) return;
     if (skip_.count(a)) return;
     std::string cc = tls_compile_context.empty() ? std::string() : tls_compile_context.back();
     TraceEntry te(a, static_cast<c10::DeviceIndex>(device), addr, size, stream, pool,
                   c10::getApproximateTime(), std::move(ctx), cc, user_metadata_);
-    for (const auto &cb : trackers_) cb(te);
+    for (const auto &cb : trackers_)
+      cb(te);
     if (!record_history_) return;
     if (device >= static_cast<int>(rings_.size())) {
       rings_.resize(static_cast<size_t>(device) + 1);
@@ -1173,7 +1199,8 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   std::map<uint64_t, MempoolId_t> pool_ids() {
     std::lock_guard<std::mutex> lock(pmu_);
     std::map<uint64_t, MempoolId_t> m;
-    for (auto &kv : pools_) m[gmr_pool_id(kv.second.pool)] = kv.first;
+    for (auto &kv : pools_)
+      m[gmr_pool_id(kv.second.pool)] = kv.first;
     return m;
   }
 
@@ -1188,7 +1215,7 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   std::vector<Route> routes_;
   std::atomic<int> nroutes_{0};
 
-  std::mutex obs_mu_;    /* observing_: gmr's observer is set on every runtime */
+  std::mutex obs_mu_; /* observing_: gmr's observer is set on every runtime */
   bool observing_ = false;
   std::recursive_mutex hmu_; /* everything of the history below */
   std::atomic<bool> history_active_{false};
@@ -1214,7 +1241,8 @@ class GmrAllocator final : public CCA::CUDAAllocator {
   std::array<ObsUd, kMaxDevices> obs_ud_ = make_obs_ud();
   std::array<ObsUd, kMaxDevices> make_obs_ud() {
     std::array<ObsUd, kMaxDevices> u{};
-    for (int d = 0; d < kMaxDevices; ++d) u[d] = ObsUd{this, d};
+    for (int d = 0; d < kMaxDevices; ++d)
+      u[d] = ObsUd{this, d};
     return u;
   }
 
@@ -1263,9 +1291,7 @@ __attribute__((visibility("default"))) int gmr_torch_native_install(char *err, s
       for (int d = 0; d < n; ++d) {
         int64_t held = 0;
         try {
-          held = cur->getDeviceStats(static_cast<c10::DeviceIndex>(d))
-                     .reserved_bytes[0]
-                     .current;
+          held = cur->getDeviceStats(static_cast<c10::DeviceIndex>(d)).reserved_bytes[0].current;
         } catch (const c10::Error &) {
           fill_err(err, errlen,
                    "gmr: another CUDA allocator (" + cur->name() +
