@@ -2,8 +2,9 @@
  *
  * A runtime (gmr_runtime_t) is one stack of allocation policies on one device,
  * chosen by a YAML configuration (gmr_config_t).  Policies decide which bytes
- * to hand out (PyTorch-style caching, TensorFlow-style BFC, direct, limit);
- * backends reserve raw device ranges (CUDA, or a simulated device).
+ * to hand out (PyTorch-style caching, TensorFlow-style BFC, gmr's own stitch,
+ * direct, limit); backends reserve raw device ranges (CUDA, or a simulated
+ * device).
  *
  * Conventions:
  *  - every call returns 0 or a negative GMR_E* code; out-parameters come last,

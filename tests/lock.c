@@ -64,7 +64,7 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Every case, with the unlock `light` names (lock.h: "The light unlock"). */
+/* Every case, with the unlock `light` names (lock.h: Note [The light unlock]). */
 static void cases(const char *unlock) {
   pthread_t t[WORKERS];
   diag("unlocks: %s", unlock);

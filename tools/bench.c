@@ -3,20 +3,25 @@
  *   gmr-bench [--device sim|cuda] [--sizes LIST] [--threads LIST] [--reps N]
  *             [--min-time MS] [--torch SHIM.so] [--no-baselines] [--json] CONFIG...
  *
- * Options are read with getopt_long (tools/cli.h) before anything runs;
- * usage errors exit 2.  A CONFIG is a file or a name (gmr_config_find).
- *
- * For each configuration it measures, on one runtime:
- *  - the host time of one cached alloc+free pair on one stream: a warm-up
- *    pair primes the cache, then a loop of gmr_alloc + gmr_free of the same
- *    size is timed, repeated --reps times; the median is reported;
+ * For each configuration (a file or a name, gmr_config_find) it times cached
+ * alloc+free pairs on one thread and on N, and, on request, churn, sweep and
+ * miss workloads (Note [Bench workloads]), against the CUDA contenders with
+ * --device cuda (Note [Bench contenders]); every gmr figure is checked
+ * (Note [Bench self-check]).  Options come from one table, bench_options,
+ * which also makes --help; usage errors exit 2 before anything runs.
+ */
+
+/* Note [Bench workloads]
+ * ~~~~~~~~~~~~~~~~~~~~~~
+ *  - pair: the host time of one cached alloc+free pair on one stream: a
+ *    warm-up pair primes the cache, then a loop of gmr_alloc + gmr_free of
+ *    the same size is timed, repeated --reps times; the median is reported;
  *  - the aggregate rate with 1, 2, 4, 8, 16 threads, each allocating and
  *    freeing on its own stream: every thread runs the same number of pairs,
  *    and aggregate ns/pair = wall time / (threads x pairs per thread), where
  *    the wall time runs from the first thread's start to the last one's end.
  *    A rate that holds up under threads keeps this figure at or below the
  *    one-thread figure.
- *
  * Two more workloads (--workloads pair,random,sweep), each alloc and free
  * timed the same way for every contender (docs/benchmarks.md):
  *  - random: each thread keeps --live blocks (512) live on its stream, sizes
@@ -38,6 +43,8 @@
  * The steps (which block, which size) are drawn before the timed loop from
  * a fixed seed, so every contender makes the same requests.
  *
+ * Note [Bench contenders]
+ * ~~~~~~~~~~~~~~~~~~~~~~~
  * With --device cuda (a build with the CUDA backend, on a machine with a
  * GPU) it also measures the contenders gmr is judged against: cudaMalloc +
  * cudaFree, cudaMallocAsync + cudaFreeAsync on the device's default pool
@@ -47,6 +54,8 @@
  * includes the CUDA runtime header for those contenders only; gmr itself
  * reaches CUDA through lib/backend/cuda.c alone.
  *
+ * Note [Bench self-check]
+ * ~~~~~~~~~~~~~~~~~~~~~~~
  * Every gmr run checks itself afterwards: the runtime's statistics must show
  * exactly as many allocations and frees as the benchmark made, and none
  * live, or the figure is refused.
@@ -59,6 +68,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +88,7 @@
 #define BENCH_MAX_SWEEP   16
 #define BENCH_MAX_MISS    16
 
-/* The workloads (see the top of the file). */
+/* The workloads (Note [Bench workloads]). */
 typedef enum bench_kind_e { WL_PAIR, WL_RANDOM, WL_SWEEP, WL_MISS } bench_kind_t;
 
 /* A churn workload: `live` blocks per thread, sizes log-uniform in [lo, hi]. */
@@ -559,7 +569,7 @@ static int measure(contender_t *c, const bench_opts_t *o, size_t size, const chu
   return 0;
 }
 
-/* A gmr runtime must have seen exactly the pairs the benchmark made. */
+/* A gmr runtime must have seen exactly the pairs the benchmark made (Note [Bench self-check]). */
 static int gmr_self_check(contender_t *c) {
   gmr_stats_t st;
   if (gmr_stats(c->rt, &st) != 0) return 1;
@@ -932,6 +942,7 @@ static int bench_sizes(contender_t *c, const bench_opts_t *o, bench_kind_t kind,
   return 0;
 }
 
+/* The CUDA contenders of one workload (Note [Bench contenders]). */
 static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first) {
   static bool torch_ready; /* the shim is initialized once */
   contender_t c;
@@ -1006,41 +1017,17 @@ static int cuda_baselines(const bench_opts_t *o, bench_kind_t kind, bool *first)
 
 /* ---- command line ------------------------------------------------------------ */
 
-static const char bench_usage[] =
+/* The usage text is made from bench_options below: this, then one entry
+ * per option, then bench_usage_tail. */
+static const char bench_usage_head[] =
     "usage: gmr-bench [OPTIONS] CONFIG...\n"
     "\n"
     "Host time per cached alloc+free pair on one stream, and aggregate time per\n"
     "pair with N threads each on its own stream (median of the repetitions), for\n"
     "each CONFIG (a YAML file, or the name of a configuration in ./config or the\n"
     "installed ones, e.g. pytorch).\n"
-    "\n"
-    "  --device sim|cuda  where the runtimes run (default sim); cuda also measures\n"
-    "                     cudaMalloc, cudaMallocAsync and, with --torch, PyTorch\n"
-    "  --sizes LIST       request sizes, e.g. 4KiB,1MiB (the default)\n"
-    "  --threads LIST     thread counts (default 1,2,4,8,16)\n"
-    "  --reps N           repetitions, median reported (default 7)\n"
-    "  --min-time MS      one repetition on one thread lasts at least MS ms\n"
-    "                     (default 20)\n"
-    "  --pairs N          pairs per thread per repetition instead of --min-time\n"
-    "                     (for instruction counts: valgrind --tool=callgrind)\n"
-    "  --capacity SIZE    memory of the simulated device (default 143771MiB, an\n"
-    "                     H200, as every gmr tool)\n"
-    "  --torch SHIM.so    PyTorch's allocator through tools/bench-torch.cpp\n"
-    "  --no-baselines     with --device cuda, measure the configurations only\n"
-    "  --pin              run thread t on CPU t (mod the CPUs allowed): steadier\n"
-    "                     figures\n"
-    "  --json             one JSON array instead of the table\n"
-    "  --json-file PATH   the table, and the JSON array written to PATH\n"
-    "  --workloads LIST   pair, random, sweep, miss (default pair;\n"
-    "                     docs/benchmarks.md)\n"
-    "  --live N           random: blocks each thread keeps live (default 512)\n"
-    "  --random-range LO,HI  random: sizes, log-uniform (default 512,64MiB)\n"
-    "  --sweep-live LIST  sweep: live-block counts (default\n"
-    "                     10,100,1000,10000,100000)\n"
-    "  --sweep-range LO,HI   sweep: sizes, log-uniform (default 512,4MiB)\n"
-    "  --miss-pages LIST  miss: pages per miss (default 1,4,16,64,256)\n"
-    "  -h, --help         print this help and exit\n"
-    "  -V, --version      print the version and exit\n"
+    "\n";
+static const char bench_usage_tail[] =
     "\n"
     "Exit status: 0 when every measurement ran, 1 when one could not (a\n"
     "configuration that does not load, a runtime that miscounts), 2 for usage\n"
@@ -1130,9 +1117,185 @@ static int parse_int(const char *opt, const char *text, long lo, long hi, long *
   return 0;
 }
 
-/* The command line, with getopt_long: 0, or CLI_USAGE_ERROR with the message
- * printed.  Nothing is opened or measured here (--json-file is opened by
- * main once the whole line is known to be good). */
+/* What an option's value is, and how it is stored at its destination. */
+typedef enum bench_arg_e {
+  BA_SET,       /* no value: the bool becomes true */
+  BA_CLEAR,     /* no value: the bool becomes false */
+  BA_DEVICE,    /* sim or cuda: the bool (cuda) */
+  BA_SIZES,     /* a list of sizes (size_t[]; count: int at dest_n) */
+  BA_PAGES,     /* a list of page counts, each <= 65536 (size_t[]; count at dest_n) */
+  BA_THREADS,   /* a list of thread counts in [1, BENCH_MAX_THREADS] (int[]; count at dest_n) */
+  BA_INT,       /* an integer in [lo, hi] (int) */
+  BA_COUNT,     /* an integer in [lo, hi] (size_t) */
+  BA_COUNT64,   /* an integer in [lo, hi] (uint64_t) */
+  BA_MS,        /* milliseconds in [lo, hi] (double, in ns) */
+  BA_CAPACITY,  /* a size of 1MiB or more (uint64_t) */
+  BA_RANGE,     /* LO,HI: two sizes (size_t at dest, size_t at dest_n) */
+  BA_WORKLOADS, /* a list of workload names (the run_* bools) */
+  BA_TEXT,      /* kept as given (const char *) */
+  BA_HELP,      /* no value: the usage text, exit 0 */
+  BA_VERSION    /* no value: the version, exit 0 */
+} bench_arg_t;
+
+/* One option of the command line: its getopt_long entry, how its value is
+ * parsed and where it goes, and its lines of the usage text. */
+typedef struct bench_option_s {
+  const char *name;    /* the long option, without "--" */
+  char short_name;     /* its short option, or 0 */
+  bench_arg_t arg;     /* what its value is */
+  size_t dest, dest_n; /* offsetof(bench_opts_t, ...): the value; a list's count, a range's HI */
+  long lo, hi;         /* integers: the bounds; lists: hi = the most values */
+  const char *metavar; /* the value's name in the usage text; NULL: it takes none */
+  const char *help;    /* its usage text, lines apart by '\n' */
+} bench_option_t;
+
+#define BO(field) offsetof(bench_opts_t, field)
+static const bench_option_t bench_options[] = {
+    {"device", 0, BA_DEVICE, BO(cuda), 0, 0, 0, "sim|cuda",
+     "where the runtimes run (default sim); cuda also measures\n"
+     "cudaMalloc, cudaMallocAsync and, with --torch, PyTorch"},
+    {"sizes", 0, BA_SIZES, BO(sizes), BO(n_sizes), 0, BENCH_MAX_SIZES, "LIST",
+     "request sizes, e.g. 4KiB,1MiB (the default)"},
+    {"threads", 0, BA_THREADS, BO(threads), BO(n_threads), 0, BENCH_MAX_THREADS, "LIST",
+     "thread counts (default 1,2,4,8,16)"},
+    {"reps", 0, BA_INT, BO(reps), 0, 1, BENCH_MAX_REPS, "N",
+     "repetitions, median reported (default 7)"},
+    {"min-time", 0, BA_MS, BO(min_time_ns), 0, 1, 60000, "MS",
+     "one repetition on one thread lasts at least MS ms\n"
+     "(default 20)"},
+    {"pairs", 0, BA_COUNT64, BO(fixed_pairs), 0, 1, 1L << 40, "N",
+     "pairs per thread per repetition instead of --min-time\n"
+     "(for instruction counts: valgrind --tool=callgrind)"},
+    {"capacity", 0, BA_CAPACITY, BO(capacity), 0, 0, 0, "SIZE",
+     "memory of the simulated device (default 143771MiB, an\n"
+     "H200, as every gmr tool)"},
+    {"torch", 0, BA_TEXT, BO(torch_shim), 0, 0, 0, "SHIM.so",
+     "PyTorch's allocator through tools/bench-torch.cpp"},
+    {"no-baselines", 0, BA_CLEAR, BO(baselines), 0, 0, 0, NULL,
+     "with --device cuda, measure the configurations only"},
+    {"pin", 0, BA_SET, BO(pin), 0, 0, 0, NULL,
+     "run thread t on CPU t (mod the CPUs allowed): steadier\n"
+     "figures"},
+    {"json", 0, BA_SET, BO(json), 0, 0, 0, NULL, "one JSON array instead of the table"},
+    {"json-file", 0, BA_TEXT, BO(json_path), 0, 0, 0, "PATH",
+     "the table, and the JSON array written to PATH"},
+    {"workloads", 0, BA_WORKLOADS, 0, 0, 0, 0, "LIST",
+     "pair, random, sweep, miss (default pair;\n"
+     "docs/benchmarks.md)"},
+    {"live", 0, BA_COUNT, BO(random.live), 0, 1, 1L << 24, "N",
+     "random: blocks each thread keeps live (default 512)"},
+    {"random-range", 0, BA_RANGE, BO(random.lo), BO(random.hi), 0, 0, "LO,HI",
+     "random: sizes, log-uniform (default 512,64MiB)"},
+    {"sweep-live", 0, BA_SIZES, BO(sweep_live), BO(n_sweep), 0, BENCH_MAX_SWEEP, "LIST",
+     "sweep: live-block counts (default\n"
+     "10,100,1000,10000,100000)"},
+    {"sweep-range", 0, BA_RANGE, BO(sweep_lo), BO(sweep_hi), 0, 0, "LO,HI",
+     "sweep: sizes, log-uniform (default 512,4MiB)"},
+    {"miss-pages", 0, BA_PAGES, BO(miss_pages), BO(n_miss), 0, BENCH_MAX_MISS, "LIST",
+     "miss: pages per miss (default 1,4,16,64,256)"},
+    {"help", 'h', BA_HELP, 0, 0, 0, 0, NULL, "print this help and exit"},
+    {"version", 'V', BA_VERSION, 0, 0, 0, 0, NULL, "print the version and exit"},
+};
+#undef BO
+#define BENCH_N_OPTIONS (sizeof bench_options / sizeof *bench_options)
+#define BENCH_OPT_VAL   256 /* getopt_long's value for bench_options[i]: BENCH_OPT_VAL + i */
+
+/* The usage text: an option's first line starts at column 21 (24 when its
+ * name and value are too long for that), the others at column 21. */
+static void bench_usage(FILE *f) {
+  fputs(bench_usage_head, f);
+  for (size_t i = 0; i < BENCH_N_OPTIONS; ++i) {
+    const bench_option_t *d = &bench_options[i];
+    char left[64] = "";
+    if (d->short_name) snprintf(left, sizeof left, "-%c, ", d->short_name);
+    size_t len = strlen(left);
+    snprintf(left + len, sizeof left - len, "--%s%s%s", d->name, d->metavar ? " " : "",
+             d->metavar ? d->metavar : "");
+    const char *line = d->help;
+    size_t cut = strcspn(line, "\n");
+    fprintf(f, "  %-*s%.*s\n", strlen(left) <= 18 ? 19 : 22, left, (int)cut, line);
+    for (line += cut; *line == '\n'; line += cut) {
+      ++line;
+      cut = strcspn(line, "\n");
+      fprintf(f, "%21s%.*s\n", "", (int)cut, line);
+    }
+  }
+  fputs(bench_usage_tail, f);
+}
+
+/* The entry of bench_options that getopt_long's value c stands for; NULL
+ * for '?' and ':' (an unknown option, a missing value). */
+static const bench_option_t *bench_option_of(int c) {
+  if (c >= BENCH_OPT_VAL && c < BENCH_OPT_VAL + (int)BENCH_N_OPTIONS)
+    return &bench_options[c - BENCH_OPT_VAL];
+  for (size_t i = 0; i < BENCH_N_OPTIONS; ++i)
+    if (c != 0 && bench_options[i].short_name == c) return &bench_options[i];
+  return NULL;
+}
+
+/* One option's value into *o (bench_options[i]): 0, or CLI_USAGE_ERROR with
+ * the message printed; --help and --version exit here. */
+static int bench_apply(const bench_option_t *d, const char *v, bench_opts_t *o) {
+  char *at = (char *)o + d->dest, opt[32];
+  snprintf(opt, sizeof opt, "--%s", d->name);
+  long n = 0;
+  int bad = 0;
+  switch (d->arg) {
+  case BA_SET:
+  case BA_CLEAR:
+    *(bool *)at = d->arg == BA_SET;
+    break;
+  case BA_DEVICE:
+    if (strcmp(v, "sim") != 0 && strcmp(v, "cuda") != 0)
+      return cli_usage_error("gmr-bench", "--device: '%s' is neither sim nor cuda", v);
+    *(bool *)at = strcmp(v, "cuda") == 0;
+    break;
+  case BA_SIZES:
+  case BA_PAGES:
+  case BA_THREADS:
+    bad = parse_list(opt, v, d->arg != BA_THREADS, at, (int)d->hi, (int *)((char *)o + d->dest_n));
+    for (int k = 0; !bad && d->arg == BA_PAGES && k < *(int *)((char *)o + d->dest_n); ++k)
+      if (((size_t *)at)[k] > 65536) {
+        fprintf(stderr, "gmr-bench: %s: %zu is more than 65536 pages\n", opt, ((size_t *)at)[k]);
+        bad = 1;
+      }
+    break;
+  case BA_INT:
+  case BA_COUNT:
+  case BA_COUNT64:
+  case BA_MS:
+    if ((bad = parse_int(opt, v, d->lo, d->hi, &n)) != 0) break;
+    if (d->arg == BA_INT) *(int *)at = (int)n;
+    if (d->arg == BA_COUNT) *(size_t *)at = (size_t)n;
+    if (d->arg == BA_COUNT64) *(uint64_t *)at = (uint64_t)n;
+    if (d->arg == BA_MS) *(double *)at = (double)n * 1e6;
+    break;
+  case BA_CAPACITY:
+    if (gmr_parse_size(v, (uint64_t *)at) != 0 || *(uint64_t *)at < (1u << 20))
+      return cli_usage_error("gmr-bench", "--capacity: '%s' is not a size of 1MiB or more", v);
+    break;
+  case BA_RANGE:
+    bad = parse_range(opt, v, (size_t *)at, (size_t *)((char *)o + d->dest_n));
+    break;
+  case BA_WORKLOADS:
+    bad = parse_workloads(opt, v, o);
+    break;
+  case BA_TEXT:
+    *(const char **)at = v;
+    break;
+  case BA_HELP:
+    bench_usage(stdout);
+    exit(0);
+  case BA_VERSION:
+    exit(cli_version("gmr-bench"));
+  }
+  return bad ? CLI_USAGE_ERROR : 0;
+}
+
+/* The command line, with getopt_long over bench_options: 0, or
+ * CLI_USAGE_ERROR with the message printed.  Nothing is opened or measured
+ * here (--json-file is opened by main once the whole line is known to be
+ * good). */
 static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config) {
   *o = (bench_opts_t){.reps = 7,
                       .min_time_ns = 20e6,
@@ -1150,134 +1313,25 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
                       .sweep_hi = (size_t)4 << 20,
                       .miss_pages = {1, 4, 16, 64, 256},
                       .n_miss = 5};
-  enum {
-    OPT_DEVICE = 256,
-    OPT_SIZES,
-    OPT_THREADS,
-    OPT_REPS,
-    OPT_MIN_TIME,
-    OPT_PAIRS,
-    OPT_CAPACITY,
-    OPT_TORCH,
-    OPT_NO_BASELINES,
-    OPT_PIN,
-    OPT_JSON,
-    OPT_JSON_FILE,
-    OPT_WORKLOADS,
-    OPT_LIVE,
-    OPT_RANDOM_RANGE,
-    OPT_SWEEP_LIVE,
-    OPT_MISS_PAGES,
-    OPT_SWEEP_RANGE
-  };
-  static const struct option longopts[] = {
-      {"device", required_argument, NULL, OPT_DEVICE},
-      {"sizes", required_argument, NULL, OPT_SIZES},
-      {"threads", required_argument, NULL, OPT_THREADS},
-      {"reps", required_argument, NULL, OPT_REPS},
-      {"min-time", required_argument, NULL, OPT_MIN_TIME},
-      {"pairs", required_argument, NULL, OPT_PAIRS},
-      {"capacity", required_argument, NULL, OPT_CAPACITY},
-      {"torch", required_argument, NULL, OPT_TORCH},
-      {"no-baselines", no_argument, NULL, OPT_NO_BASELINES},
-      {"pin", no_argument, NULL, OPT_PIN},
-      {"json", no_argument, NULL, OPT_JSON},
-      {"json-file", required_argument, NULL, OPT_JSON_FILE},
-      {"workloads", required_argument, NULL, OPT_WORKLOADS},
-      {"live", required_argument, NULL, OPT_LIVE},
-      {"random-range", required_argument, NULL, OPT_RANDOM_RANGE},
-      {"sweep-live", required_argument, NULL, OPT_SWEEP_LIVE},
-      {"miss-pages", required_argument, NULL, OPT_MISS_PAGES},
-      {"sweep-range", required_argument, NULL, OPT_SWEEP_RANGE},
-      {"help", no_argument, NULL, 'h'},
-      {"version", no_argument, NULL, 'V'},
-      {NULL, 0, NULL, 0}};
+  struct option longopts[BENCH_N_OPTIONS + 1];
+  char shorts[2 * BENCH_N_OPTIONS + 2] = ":";
+  for (size_t i = 0; i < BENCH_N_OPTIONS; ++i) {
+    const bench_option_t *d = &bench_options[i];
+    longopts[i] = (struct option){d->name, d->metavar ? required_argument : no_argument, NULL,
+                                  BENCH_OPT_VAL + (int)i};
+    size_t len = strlen(shorts);
+    if (d->short_name) shorts[len++] = d->short_name;
+    if (d->short_name && d->metavar) shorts[len++] = ':';
+    shorts[len] = '\0';
+  }
+  longopts[BENCH_N_OPTIONS] = (struct option){NULL, 0, NULL, 0};
   int c;
-  long n;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
-    const char *v = optarg;
-    switch (c) {
-    case 'h':
-      fputs(bench_usage, stdout);
-      exit(0);
-    case 'V':
-      exit(cli_version("gmr-bench"));
-    case OPT_JSON:
-      o->json = true;
-      break;
-    case OPT_PIN:
-      o->pin = true;
-      break;
-    case OPT_NO_BASELINES:
-      o->baselines = false;
-      break;
-    case OPT_DEVICE:
-      if (strcmp(v, "sim") != 0 && strcmp(v, "cuda") != 0)
-        return cli_usage_error("gmr-bench", "--device: '%s' is neither sim nor cuda", v);
-      o->cuda = strcmp(v, "cuda") == 0;
-      break;
-    case OPT_SIZES:
-      if (parse_list("--sizes", v, true, o->sizes, BENCH_MAX_SIZES, &o->n_sizes) != 0)
-        return CLI_USAGE_ERROR;
-      break;
-    case OPT_THREADS:
-      if (parse_list("--threads", v, false, o->threads, BENCH_MAX_THREADS, &o->n_threads) != 0)
-        return CLI_USAGE_ERROR;
-      break;
-    case OPT_REPS:
-      if (parse_int("--reps", v, 1, BENCH_MAX_REPS, &n) != 0) return CLI_USAGE_ERROR;
-      o->reps = (int)n;
-      break;
-    case OPT_MIN_TIME:
-      if (parse_int("--min-time", v, 1, 60000, &n) != 0) return CLI_USAGE_ERROR;
-      o->min_time_ns = (double)n * 1e6;
-      break;
-    case OPT_PAIRS:
-      if (parse_int("--pairs", v, 1, 1L << 40, &n) != 0) return CLI_USAGE_ERROR;
-      o->fixed_pairs = (uint64_t)n;
-      break;
-    case OPT_CAPACITY:
-      if (gmr_parse_size(v, &o->capacity) != 0 || o->capacity < (1u << 20))
-        return cli_usage_error("gmr-bench", "--capacity: '%s' is not a size of 1MiB or more", v);
-      break;
-    case OPT_WORKLOADS:
-      if (parse_workloads("--workloads", v, o) != 0) return CLI_USAGE_ERROR;
-      break;
-    case OPT_LIVE:
-      if (parse_int("--live", v, 1, 1L << 24, &n) != 0) return CLI_USAGE_ERROR;
-      o->random.live = (size_t)n;
-      break;
-    case OPT_RANDOM_RANGE:
-      if (parse_range("--random-range", v, &o->random.lo, &o->random.hi) != 0)
-        return CLI_USAGE_ERROR;
-      break;
-    case OPT_MISS_PAGES:
-      if (parse_list("--miss-pages", v, true, o->miss_pages, BENCH_MAX_MISS, &o->n_miss) != 0)
-        return CLI_USAGE_ERROR;
-      for (int k = 0; k < o->n_miss; ++k)
-        if (o->miss_pages[k] > 65536) {
-          fprintf(stderr, "gmr-bench: --miss-pages: %zu is more than 65536 pages\n",
-                  o->miss_pages[k]);
-          return CLI_USAGE_ERROR;
-        }
-      break;
-    case OPT_SWEEP_LIVE:
-      if (parse_list("--sweep-live", v, true, o->sweep_live, BENCH_MAX_SWEEP, &o->n_sweep) != 0)
-        return CLI_USAGE_ERROR;
-      break;
-    case OPT_SWEEP_RANGE:
-      if (parse_range("--sweep-range", v, &o->sweep_lo, &o->sweep_hi) != 0) return CLI_USAGE_ERROR;
-      break;
-    case OPT_TORCH:
-      o->torch_shim = v;
-      break;
-    case OPT_JSON_FILE:
-      o->json_path = v;
-      break;
-    default:
-      return cli_bad_option("gmr-bench", argv, c, longopts);
-    }
+  while ((c = getopt_long(argc, argv, shorts, longopts, NULL)) != -1) {
+    const bench_option_t *d = bench_option_of(c);
+    if (d == NULL) return cli_bad_option("gmr-bench", argv, c, longopts);
+    int err = bench_apply(d, optarg, o);
+    if (err != 0) return err;
   }
   o->max_threads = 1;
   for (int k = 0; k < o->n_threads; ++k)

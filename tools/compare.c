@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -265,8 +266,22 @@ static gmr_trace_data_t *cmp_read_trace(const char *path) {
   return t;
 }
 
-int main(int argc, char **argv) {
-  compare_opts_t o = {.capacity = COMPARE_DEFAULT_CAPACITY};
+/* What the command line asks for: the options, the traces and the
+ * configurations. */
+typedef struct cmp_args_s {
+  compare_opts_t o;
+  const char **paths; /* n_traces of them */
+  size_t n_traces;
+  char **cfg_args; /* n_cfg of them */
+  int n_cfg;
+} cmp_args_t;
+
+#define CMP_RUN (-1) /* cmp_parse_args: go on (else the exit status) */
+
+/* The options, into a->o; CMP_RUN, or the exit status (help, version, a
+ * usage error).  *timing: -1 (the default), 0 or 1. */
+static int cmp_parse_options(int argc, char **argv, cmp_args_t *a, int *timing) {
+  compare_opts_t *o = &a->o;
   enum {
     OPT_JSON = 256,
     OPT_CHECK,
@@ -279,7 +294,6 @@ int main(int argc, char **argv) {
     OPT_TIMING,
     OPT_DIFF
   };
-  int timing = -1; /* -1: the default (on, off in --html) */
   static const struct option longs[] = {
       {"json", no_argument, NULL, OPT_JSON},
       {"check", no_argument, NULL, OPT_CHECK},
@@ -298,7 +312,7 @@ int main(int argc, char **argv) {
   opterr = 0; /* our own messages */
   int c;
   while ((c = getopt_long(argc, argv, ":hV", longs, NULL)) != -1) {
-    const char *a = argv[optind - 1];
+    const char *arg = argv[optind - 1];
     switch (c) {
     case 'h':
       fputs(cmp_usage, stdout);
@@ -308,34 +322,34 @@ int main(int argc, char **argv) {
              GMR_VERSION_PATCH);
       return fflush(stdout) == 0 ? 0 : 1;
     case OPT_JSON:
-      o.json = 1;
+      o->json = 1;
       break;
     case OPT_CHECK:
-      o.check = 1;
+      o->check = 1;
       break;
     case OPT_CAPACITY:
-      if (gmr_parse_size(optarg, &o.capacity) != 0 || o.capacity < ((uint64_t)2 << 20))
+      if (gmr_parse_size(optarg, &o->capacity) != 0 || o->capacity < ((uint64_t)2 << 20))
         return cmp_usage_error("--capacity: '%s' is not a size of at least 2MiB (e.g. 80GiB, "
                                "143771MiB)",
                                optarg);
       break;
     case OPT_HTML:
-      o.html = optarg;
+      o->html = optarg;
       break;
     case OPT_FIT:
-      o.fit = 1;
+      o->fit = 1;
       break;
     case OPT_NO_TIMING:
-      timing = 0;
+      *timing = 0;
       break;
     case OPT_TIMING:
-      timing = 1;
+      *timing = 1;
       break;
     case OPT_DIFF:
-      o.diff = 1;
+      o->diff = 1;
       break;
     case OPT_SUGGEST:
-      o.suggest = optarg;
+      o->suggest = optarg;
       break;
     case OPT_WIDTH: {
       char *end;
@@ -343,98 +357,113 @@ int main(int argc, char **argv) {
       long v = strtol(optarg, &end, 10);
       if (errno != 0 || end == optarg || *end != '\0' || v < 40 || v > 10000)
         return cmp_usage_error("--width: '%s' is not a number of columns in [40, 10000]", optarg);
-      o.columns = (size_t)v;
+      o->columns = (size_t)v;
       break;
     }
     case ':':
-      return cmp_usage_error("%s needs a value", a);
+      return cmp_usage_error("%s needs a value", arg);
     default:
       if (optopt != 0 && optopt < 256) {
         char opt[3] = {'-', (char)optopt, '\0'};
         return cmp_usage_error("unknown option '%s'", opt);
       }
-      return cmp_usage_error("unknown option '%s'", a);
+      return cmp_usage_error("unknown option '%s'", arg);
     }
   }
+  return CMP_RUN;
+}
+
+/* The whole command line: the options, then TRACE, then (with --suggest)
+ * more traces, then the CONFIGs; CMP_RUN, or the exit status.  Every usage
+ * error is found here, before any trace is read. */
+static int cmp_parse_args(int argc, char **argv, cmp_args_t *a) {
+  *a = (cmp_args_t){.o = {.capacity = COMPARE_DEFAULT_CAPACITY}};
+  compare_opts_t *o = &a->o;
+  int timing = -1; /* -1: the default (on, off in --html) */
+  int st = cmp_parse_options(argc, argv, a, &timing);
+  if (st != CMP_RUN) return st;
   int i = optind;
   if (i >= argc) return cmp_usage_error("%s", "no TRACE given");
-  /* TRACE, then (with --suggest) more traces, then the CONFIGs. */
-  const char **paths = (const char **)&argv[i];
-  size_t n_traces = o.diff ? 2 : 1;
-  if (o.diff && (o.suggest || o.html))
+  a->paths = (const char **)&argv[i];
+  a->n_traces = o->diff ? 2 : 1;
+  if (o->diff && (o->suggest || o->html))
     return cmp_usage_error("%s", "--diff takes no --suggest and no --html");
-  if (o.diff && argc - i < 3)
+  if (o->diff && argc - i < 3)
     return cmp_usage_error("%s", "--diff needs two traces and a CONFIG: --diff A B CONFIG...");
-  while (o.suggest && i + (int)n_traces < argc && cmp_is_trace_arg(argv[i + (int)n_traces]))
-    ++n_traces;
-  int n_cfg = argc - i - (int)n_traces;
-  char **cfg_args = &argv[i + (int)n_traces];
-  if (n_cfg == 0 && o.suggest == NULL)
+  while (o->suggest && i + (int)a->n_traces < argc && cmp_is_trace_arg(argv[i + (int)a->n_traces]))
+    ++a->n_traces;
+  a->n_cfg = argc - i - (int)a->n_traces;
+  a->cfg_args = &argv[i + (int)a->n_traces];
+  if (a->n_cfg == 0 && o->suggest == NULL)
     return cmp_usage_error("%s", "no CONFIG given (a YAML file or a name, or --suggest POLICY)");
-  if (o.suggest && n_traces > 1 && (n_cfg > 0 || o.html))
+  if (o->suggest && a->n_traces > 1 && (a->n_cfg > 0 || o->html))
     return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
-  if (o.suggest && cmp_check_suggest(o.suggest) != 0) return 2;
-  o.timing = timing >= 0 ? timing : o.html == NULL;
-  o.progress = isatty(STDERR_FILENO);
-  if (o.columns == 0) o.columns = cmp_columns();
+  if (o->suggest && cmp_check_suggest(o->suggest) != 0) return 2;
+  o->timing = timing >= 0 ? timing : o->html == NULL;
+  o->progress = isatty(STDERR_FILENO);
+  if (o->columns == 0) o->columns = cmp_columns();
+  return CMP_RUN;
+}
 
-  gmr_trace_data_t **traces = calloc(n_traces, sizeof *traces);
-  size_t n_runs = (size_t)n_cfg * (o.diff ? 2 : 1) + (o.suggest ? 2 * n_traces : 0);
-  compare_run_t *runs = calloc(n_runs ? n_runs : 1, sizeof *runs);
-  int rc = 0;
-  if (traces == NULL || runs == NULL) {
-    fprintf(stderr, "gmr-compare: out of memory\n");
-    rc = 1;
-    goto done;
+/* --diff: each CONFIG on both traces (runs: 2 x n_cfg), then the diff. */
+static int cmp_mode_diff(const cmp_args_t *a, gmr_trace_data_t **traces, compare_run_t *runs) {
+  for (int k = 0; k < 2 * a->n_cfg; ++k) {
+    runs[k].trace = traces[k % 2];
+    cmp_run_config(&runs[k], a->cfg_args[k / 2], traces[k % 2], &a->o);
   }
-  for (size_t k = 0; k < n_traces; ++k)
-    if ((traces[k] = cmp_read_trace(paths[k])) == NULL) {
-      rc = 1;
-      goto done;
-    }
+  if (a->o.json)
+    compare_print_diff_json(stdout, runs, (size_t)a->n_cfg);
+  else
+    compare_print_diff(stdout, runs, (size_t)a->n_cfg, &a->o);
+  return 0;
+}
+
+/* --suggest: the search over every trace, into sr (2 x n_traces runs);
+ * true when it found a suggestion (else sr is released). */
+static bool cmp_mode_suggest(const cmp_args_t *a, gmr_trace_data_t **traces, compare_run_t *sr) {
+  for (size_t k = 0; k < 2 * a->n_traces; ++k)
+    sr[k].trace = traces[k / 2];
+  if (compare_suggest(a->o.suggest, (const gmr_trace_data_t *const *)traces, a->n_traces, &a->o,
+                      sr) == 0)
+    return true;
+  for (size_t k = 0; k < 2 * a->n_traces; ++k)
+    compare_run_release(&sr[k]);
+  return false;
+}
+
+/* The plain comparison: each CONFIG on the trace, then (with --suggest) the
+ * search, then the table or JSON and the HTML page; the exit status so far.
+ * *n_runs drops to n_cfg when the search found nothing. */
+static int cmp_mode_compare(const cmp_args_t *a, gmr_trace_data_t **traces, compare_run_t *runs,
+                            size_t *n_runs) {
+  const compare_opts_t *o = &a->o;
   const gmr_trace_data_t *t = traces[0];
-  if (o.diff) {
-    for (int k = 0; k < 2 * n_cfg; ++k) {
-      runs[k].trace = traces[k % 2];
-      cmp_run_config(&runs[k], cfg_args[k / 2], traces[k % 2], &o);
-    }
-    if (o.json)
-      compare_print_diff_json(stdout, runs, (size_t)n_cfg);
-    else
-      compare_print_diff(stdout, runs, (size_t)n_cfg, &o);
-    goto report;
-  }
+  const int n_cfg = a->n_cfg;
+  int rc = 0;
   for (int k = 0; k < n_cfg; ++k) {
     runs[k].trace = t;
-    cmp_run_config(&runs[k], cfg_args[k], t, &o);
+    cmp_run_config(&runs[k], a->cfg_args[k], t, o);
   }
-  int suggested = 0;
-  if (o.suggest) {
-    compare_run_t *sr = &runs[n_cfg];
-    for (size_t k = 0; k < 2 * n_traces; ++k)
-      sr[k].trace = traces[k / 2];
-    suggested =
-        compare_suggest(o.suggest, (const gmr_trace_data_t *const *)traces, n_traces, &o, sr) == 0;
-    if (!suggested) {
-      for (size_t k = 0; k < 2 * n_traces; ++k)
-        compare_run_release(&sr[k]);
-      n_runs = (size_t)n_cfg;
-    }
-  }
-
-  if (o.json)
-    compare_print_json(stdout, t, runs, n_runs, &o);
+  bool suggested = o->suggest && cmp_mode_suggest(a, traces, &runs[n_cfg]);
+  if (o->suggest && !suggested) *n_runs = (size_t)n_cfg;
+  if (o->json)
+    compare_print_json(stdout, t, runs, *n_runs, o);
   else if (n_cfg > 0)
-    compare_print_table(stdout, t, runs, (size_t)n_cfg, &o);
-  if (suggested && !o.json) {
+    compare_print_table(stdout, t, runs, (size_t)n_cfg, o);
+  if (suggested && !o->json) {
     if (n_cfg > 0) fputc('\n', stdout);
-    compare_print_suggestion(stdout, o.suggest, (const gmr_trace_data_t *const *)traces, n_traces,
-                             &runs[n_cfg], &o);
+    compare_print_suggestion(stdout, o->suggest, (const gmr_trace_data_t *const *)traces,
+                             a->n_traces, &runs[n_cfg], o);
   }
-  if (o.html && compare_write_html(o.html, t, runs, n_runs, &o) != 0) rc = 1;
-  if (o.suggest && !suggested) rc = 1;
+  if (o->html && compare_write_html(o->html, t, runs, *n_runs, o) != 0) rc = 1;
+  if (o->suggest && !suggested) rc = 1;
+  return rc;
+}
 
-report:;
+/* The configurations that could not run, named on stderr, and the output
+ * flushed: 1 when either went wrong, else 0. */
+static int cmp_report_failures(const compare_run_t *runs, size_t n_runs) {
+  int rc = 0;
   size_t failed = 0;
   for (size_t k = 0; k < n_runs; ++k)
     if (runs[k].status != COMPARE_OK) {
@@ -453,6 +482,30 @@ report:;
     fprintf(stderr, "gmr-compare: cannot write the output: %s\n", strerror(errno));
     rc = 1;
   }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  cmp_args_t a;
+  int st = cmp_parse_args(argc, argv, &a);
+  if (st != CMP_RUN) return st;
+  const size_t n_traces = a.n_traces;
+  gmr_trace_data_t **traces = calloc(n_traces, sizeof *traces);
+  size_t n_runs = (size_t)a.n_cfg * (a.o.diff ? 2 : 1) + (a.o.suggest ? 2 * n_traces : 0);
+  compare_run_t *runs = calloc(n_runs ? n_runs : 1, sizeof *runs);
+  int rc = 0;
+  if (traces == NULL || runs == NULL) {
+    fprintf(stderr, "gmr-compare: out of memory\n");
+    rc = 1;
+    goto done;
+  }
+  for (size_t k = 0; k < n_traces; ++k)
+    if ((traces[k] = cmp_read_trace(a.paths[k])) == NULL) {
+      rc = 1;
+      goto done;
+    }
+  rc = a.o.diff ? cmp_mode_diff(&a, traces, runs) : cmp_mode_compare(&a, traces, runs, &n_runs);
+  if (cmp_report_failures(runs, n_runs) != 0) rc = 1;
 done:
   for (size_t k = 0; runs && k < n_runs; ++k)
     compare_run_release(&runs[k]);

@@ -3,26 +3,8 @@
  *
  * Each device's runtime is looked up once and kept in `hooks_rt`, so the hot
  * path is one atomic load and one gmr_alloc/gmr_free.  No CUDA header: streams
- * are void *.
- *
- * Torch out-of-memory.  PyTorch stores whatever alloc_fn returns without a
- * check, so returning NULL would hand a tensor address 0.  The C++ way out is
- * an exception; PyTorch translates c10::OutOfMemoryError into
- * torch.OutOfMemoryError.  hooks_torch_throw() builds that exception through
- * the Itanium C++ ABI with symbols libc10 exports:
- *     obj = __cxa_allocate_exception(HOOKS_EXC_BYTES)
- *     c10::Error::Error(obj, SourceLocation{func, file, line}, std::string msg)
- *     *(void **)obj = vtable(c10::OutOfMemoryError) + 2 words
- *     __cxa_throw(obj, typeinfo(c10::OutOfMemoryError), vtable slot 2 (~OutOfMemoryError))
- * c10::OutOfMemoryError adds no member to c10::Error (`using Error::Error`),
- * so Error's constructor and destructor are the right ones once the vtable
- * pointer is OutOfMemoryError's.  The std::string argument is laid out as
- * libstdc++'s (C++11 ABI) {char *p; size_t len; union {char buf[16]; size_t
- * cap;}}, its heap buffer from libstdc++'s operator new.  Any symbol missing:
- * c10::detail::torchCheckFail (RuntimeError with the same text); no libc10 in
- * the process (tests, other callers): NULL.  The throw happens after every
- * gmr lock is released; this file is compiled with -fexceptions so the
- * unwinder can cross its frames.
+ * are void *.  A failed torch allocation raises torch.OutOfMemoryError: see
+ * Note [Torch out-of-memory].
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -59,6 +41,27 @@ const char *gmr_hooks_last_error(void) {
 }
 
 /* ---- raising torch's OutOfMemoryError ------------------------------------- */
+
+/* Note [Torch out-of-memory]
+ * PyTorch stores whatever alloc_fn returns without a check, so returning NULL
+ * would hand a tensor address 0.  The C++ way out is an exception; PyTorch
+ * translates c10::OutOfMemoryError into torch.OutOfMemoryError.
+ * hooks_torch_throw() builds that exception through the Itanium C++ ABI with
+ * symbols libc10 exports:
+ *     obj = __cxa_allocate_exception(HOOKS_EXC_BYTES)
+ *     c10::Error::Error(obj, SourceLocation{func, file, line}, std::string msg)
+ *     *(void **)obj = vtable(c10::OutOfMemoryError) + 2 words
+ *     __cxa_throw(obj, typeinfo(c10::OutOfMemoryError), vtable slot 2 (~OutOfMemoryError))
+ * c10::OutOfMemoryError adds no member to c10::Error (`using Error::Error`),
+ * so Error's constructor and destructor are the right ones once the vtable
+ * pointer is OutOfMemoryError's.  The std::string argument is laid out as
+ * libstdc++'s (C++11 ABI) {char *p; size_t len; union {char buf[16]; size_t
+ * cap;}}, its heap buffer from libstdc++'s operator new.  Any symbol missing:
+ * c10::detail::torchCheckFail (RuntimeError with the same text); no libc10 in
+ * the process (tests, other callers): NULL.  The throw happens after every
+ * gmr lock is released; this file is compiled with -fexceptions so the
+ * unwinder can cross its frames.
+ */
 
 /* Room for a c10::Error (about 150 bytes in PyTorch 2.x); the exception
  * object's real size matters only to __cxa_allocate_exception. */
@@ -176,7 +179,7 @@ static void hooks_abi_load(void) {
 }
 
 /* Raise torch's OutOfMemoryError with `msg`; returns only when torch's
- * library is not in the process. */
+ * library is not in the process.  See Note [Torch out-of-memory]. */
 static void hooks_torch_throw(const char *msg) {
   pthread_once(&hooks_abi_once, hooks_abi_load);
   const hooks_torch_abi_t *a = &hooks_abi;

@@ -3,67 +3,11 @@
  *
  *   LD_PRELOAD=libgmr-preload.so GMR_CONFIG=limit.yaml python3 train.py
  *
- * What is routed (each to gmr_default_runtime(device), the one runtime per
- * device that gmr's PyTorch and CuPy hooks use too, so all share one pool):
- *   - the runtime API: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync
- *     (and their _ptsz forms), cudaMemGetInfo, by symbol interposition (a
- *     program or library linked against a shared libcudart binds to these);
- *   - the driver API: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync(_ptsz),
- *     cuMemFreeAsync(_ptsz), cuMemGetInfo_v2, whichever way they are reached:
- *       * by symbol (a program linked with -lcuda);
- *       * through cuGetProcAddress / cuGetProcAddress_v2, which current CUDA
- *         runtimes (static or shared) use for every driver call: both are
- *         hooked, call the driver, then swap in our function for the names
- *         above (and for cuGetProcAddress itself);
- *       * through dlsym(handle, name), which JAX's CUDA plugin uses after
- *         dlopen("libcuda.so.1"): this library defines dlsym.  (JAX 0.11
- *         itself maps its buffers with cuMemCreate/cuMemMap, which are not
- *         routed: see VMM below.)
- * VMM.  A framework that finds virtual memory management supported may map
- * its buffers itself (cuMemCreate/cuMemMap), which no allocator can serve from
- * its pool.  With GMR_INTERPOSE_HIDE_VMM=1, cuDeviceGetAttribute answers 0
- * for CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (102) to every
- * caller but gmr, so that frameworks which can fall back to cuMemAlloc do.
- * Off by default: XLA in JAX 0.11 cannot (it refuses the device: "VMM is
- * required for device memory allocation in XLA"), so its buffers bypass gmr.
- * cudaMemGetInfo and cuMemGetInfo_v2 report the configured limit: with a cap
- * of L bytes (gmr_stats().limit_bytes) and R bytes reserved by gmr,
- *     total = L,  free = min(driver's free, L - R)   (0 when R >= L);
- * under a cap shared with other processes (limit.shared), free is also no
- * more than what that cap leaves this process (limit_shared_free_bytes:
- * cap - committed by all, plus what is left of its own guarantee), so a
- * framework that sizes itself as a fraction of total or takes what is free
- * gets what it can really have.
- * Pointers gmr does not own (made before, or by the driver directly) are
- * freed by the real driver or runtime.  A synchronous free (cudaFree,
- * cuMemFree) of gmr's memory waits for the device (cuCtxSynchronize) as the
- * real one does, then returns the block to gmr's pool.
- *
- * Recursion.  gmr's CUDA backend (lib/backend/cuda.c, inside libgmr.so with
- * a static libcudart) calls cudaMalloc, which reaches the driver through the
- * hooked cuGetProcAddress table, that is, back here.  Every hook first looks
- * at its return address: a call from libgmr.so's own code (the range
- * [ip_gmr.lo, ip_gmr.hi) of its loaded segments) goes straight to the real
- * driver.  No flag has to be kept right across threads or callbacks.
- *
- * dlsym.  Our dlsym answers the hooked names itself and passes every other
- * lookup to the real dlsym (found with dlvsym(RTLD_NEXT, "dlsym",
- * "GLIBC_2.34"), or "GLIBC_2.2.5" before glibc 2.34).  The real dlsym
- * resolves RTLD_NEXT and RTLD_DEFAULT relative to its caller's return
- * address, so on x86-64 that pass-through is a tail jump (a few lines of
- * assembly): the real dlsym sees the original caller.  Elsewhere it is a C
- * call, and RTLD_NEXT from other libraries resolves as if asked from here.
- *
- * No CUDA header: the CUDA types are spelled with their ABI (CUresult and
- * cudaError_t are int enums, CUdeviceptr is unsigned long long, streams are
- * pointers, CUdevice is int).
- *
- * GMR_INTERPOSE_LOG=1 prints every lookup of a driver name (dlsym and
- * cuGetProcAddress, hooked or not) and every routed call to stderr: the way
- * to see how a framework reaches the driver.  Silent otherwise.
- *
- * Synchronization: the tables below are filled once under pthread_once; the
- * runtime cache ip_rt[] is written once per device (NULL -> runtime).
+ * - The runtime and driver APIs' allocs, frees and memory queries go to the
+ *   device's default runtime: see Note [What is routed].  Pointers gmr does
+ *   not own go to the real driver or runtime.
+ * - gmr's own CUDA calls pass straight through: see Note [Recursion].
+ * - Also here: Note [Reported free memory], Note [VMM], Note [dlsym].
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -85,6 +29,9 @@
 #define IP_RAW    __attribute__((no_sanitize("address", "thread", "undefined")))
 #define IP_HIDDEN __attribute__((visibility("hidden")))
 
+/* No CUDA header: the CUDA types are spelled with their ABI (CUresult and
+ * cudaError_t are int enums, CUdeviceptr is unsigned long long, streams are
+ * pointers, CUdevice is int). */
 typedef int CUresult_t;              /* CUresult */
 typedef int cudaError_x;             /* cudaError_t */
 typedef unsigned long long CUdptr_t; /* CUdeviceptr */
@@ -128,6 +75,8 @@ typedef struct ip_driver_s {
   CUresult_t (*mem_release)(unsigned long long);
 } ip_driver_t;
 
+/* Synchronization: the driver table is filled once under pthread_once; the
+ * runtime cache ip_rt[] below is written once per device (NULL -> runtime). */
 static ip_driver_t ip_drv;
 static pthread_once_t ip_drv_once = PTHREAD_ONCE_INIT;
 /* ip_init has run.  ip_init is idempotent (two threads racing write the same
@@ -140,11 +89,15 @@ typedef struct ip_range_s {
   uintptr_t probe; /* an address inside the object, to find it */
   uintptr_t lo, hi;
 } ip_range_t;
-static ip_range_t ip_gmr;  /* libgmr.so */
+static ip_range_t ip_gmr;  /* libgmr.so: see Note [Recursion] */
 static ip_range_t ip_self; /* this library */
 
 static bool ip_log_on;   /* GMR_INTERPOSE_LOG=1; set once by the constructor */
-static bool ip_hide_vmm; /* GMR_INTERPOSE_HIDE_VMM=1; set once by the constructor */
+static bool ip_hide_vmm; /* GMR_INTERPOSE_HIDE_VMM=1, see Note [VMM]; set once likewise */
+
+/* GMR_INTERPOSE_LOG=1 prints every lookup of a driver name (dlsym and
+ * cuGetProcAddress, hooked or not) and every routed call to stderr: the way
+ * to see how a framework reaches the driver.  Silent otherwise. */
 
 static void ip_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 IP_RAW static void ip_log(const char *fmt, ...) {
@@ -173,6 +126,7 @@ static void ip_read_env(void) {
   ip_hide_vmm = v != NULL && v[0] == '1';
 }
 
+/* Finds the real dlsym: see Note [dlsym]. */
 IP_RAW static void ip_init(void) {
   dlsym_fn d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (d == NULL) d = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
@@ -239,6 +193,15 @@ static void *ip_runtime_real(_Atomic(void *) *cache, const char *name, const voi
 
 /* ---- is the caller gmr itself? --------------------------------------------------- */
 
+/* Note [Recursion]
+ * gmr's CUDA backend (lib/backend/cuda.c, inside libgmr.so with a static
+ * libcudart) calls cudaMalloc, which reaches the driver through the hooked
+ * cuGetProcAddress table, that is, back here.  Every hook first looks at its
+ * return address: a call from libgmr.so's own code (the range
+ * [ip_gmr.lo, ip_gmr.hi) of its loaded segments) goes straight to the real
+ * driver.  No flag has to be kept right across threads or callbacks.
+ */
+
 static int ip_find_segments(struct dl_phdr_info *info, size_t size, void *ud) {
   (void)size;
   ip_range_t *r = ud;
@@ -265,6 +228,7 @@ __attribute__((constructor)) static void ip_constructor(void) {
   dl_iterate_phdr(ip_find_segments, &ip_self);
 }
 
+/* Whether a hook was called from libgmr.so: see Note [Recursion]. */
 static inline bool ip_from_gmr(const void *ret) {
   uintptr_t a = (uintptr_t)ret;
   return a >= ip_gmr.lo && a < ip_gmr.hi;
@@ -272,6 +236,29 @@ static inline bool ip_from_gmr(const void *ret) {
 #define IP_CALLER() __builtin_return_address(0)
 
 /* ---- gmr side -------------------------------------------------------------------- */
+
+/* Note [What is routed]
+ * Each routed call goes to gmr_default_runtime(device), the one runtime per
+ * device that gmr's PyTorch and CuPy hooks use too, so all share one pool:
+ *   - the runtime API: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync
+ *     (and their _ptsz forms), cudaMemGetInfo, by symbol interposition (a
+ *     program or library linked against a shared libcudart binds to these);
+ *   - the driver API: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync(_ptsz),
+ *     cuMemFreeAsync(_ptsz), cuMemGetInfo_v2, whichever way they are reached:
+ *       * by symbol (a program linked with -lcuda);
+ *       * through cuGetProcAddress / cuGetProcAddress_v2, which current CUDA
+ *         runtimes (static or shared) use for every driver call: both are
+ *         hooked, call the driver, then swap in our function for the names
+ *         above (and for cuGetProcAddress itself);
+ *       * through dlsym(handle, name), which JAX's CUDA plugin uses after
+ *         dlopen("libcuda.so.1"): this library defines dlsym (Note [dlsym]).
+ *         (JAX 0.11 itself maps its buffers with cuMemCreate/cuMemMap, which
+ *         are not routed: see Note [VMM].)
+ * Pointers gmr does not own (made before, or by the driver directly) are
+ * freed by the real driver or runtime.  A synchronous free (cudaFree,
+ * cuMemFree) of gmr's memory waits for the device (cuCtxSynchronize) as the
+ * real one does, then returns the block to gmr's pool.
+ */
 
 #define IP_MAX_DEVICES 64
 static _Atomic(gmr_runtime_t *) ip_rt[IP_MAX_DEVICES];
@@ -328,6 +315,17 @@ static int ip_free(int device, void *ptr, stream_t s, bool stream_ordered) {
   }
   return gmr_free(rt, ptr);
 }
+
+/* Note [Reported free memory]
+ * cudaMemGetInfo and cuMemGetInfo_v2 report the configured limit: with a cap
+ * of L bytes (gmr_stats().limit_bytes) and R bytes reserved by gmr,
+ *     total = L,  free = min(driver's free, L - R)   (0 when R >= L);
+ * under a cap shared with other processes (limit.shared), free is also no
+ * more than what that cap leaves this process (limit_shared_free_bytes:
+ * cap - committed by all, plus what is left of its own guarantee), so a
+ * framework that sizes itself as a fraction of total or takes what is free
+ * gets what it can really have.
+ */
 
 /* The limit in force on the device's gmr runtime, applied to the driver's
  * figures.  Returns false when gmr has no runtime or no limit. */
@@ -434,7 +432,7 @@ IP_EXPORT CUresult_t cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   size_t f = 0, t = 0;
   CUresult_t r = d->mem_get_info(&f, &t);
   if (r != IP_CUDA_SUCCESS) return r;
-  ip_limit_info(ip_driver_device(), &f, &t);
+  ip_limit_info(ip_driver_device(), &f, &t); /* see Note [Reported free memory] */
   *free_bytes = f;
   *total_bytes = t;
   return IP_CUDA_SUCCESS;
@@ -516,6 +514,16 @@ IP_EXPORT CUresult_t cuMemRelease(unsigned long long handle) {
   return r;
 }
 
+/* Note [VMM]
+ * A framework that finds virtual memory management supported may map its
+ * buffers itself (cuMemCreate/cuMemMap), which no allocator can serve from
+ * its pool.  With GMR_INTERPOSE_HIDE_VMM=1, cuDeviceGetAttribute answers 0
+ * for CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (102) to every
+ * caller but gmr, so that frameworks which can fall back to cuMemAlloc do.
+ * Off by default: XLA in JAX 0.11 cannot (it refuses the device: "VMM is
+ * required for device memory allocation in XLA"), so its buffers bypass gmr
+ * (their sizes are still charged: see cuMemCreate above).
+ */
 #define IP_ATTR_VMM_SUPPORTED 102 /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
 
 IP_EXPORT CUresult_t cuDeviceGetAttribute(int *value, int attrib, int dev) {
@@ -680,6 +688,7 @@ IP_EXPORT cudaError_x cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
   }
   if (r != IP_cudaSuccess) return r;
   if (free_bytes == NULL || total_bytes == NULL) return IP_cudaErrorInvalidValue;
+  /* see Note [Reported free memory] */
   if (!ip_from_gmr(caller)) ip_limit_info(ip_runtime_device(caller), &f, &t);
   *free_bytes = f;
   *total_bytes = t;
@@ -687,6 +696,16 @@ IP_EXPORT cudaError_x cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 }
 
 /* ---- dlsym ------------------------------------------------------------------------- */
+
+/* Note [dlsym]
+ * Our dlsym answers the hooked names itself and passes every other lookup
+ * to the real dlsym (found with dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), or
+ * "GLIBC_2.2.5" before glibc 2.34).  The real dlsym resolves RTLD_NEXT and
+ * RTLD_DEFAULT relative to its caller's return address, so on x86-64 that
+ * pass-through is a tail jump (a few lines of assembly): the real dlsym sees
+ * the original caller.  Elsewhere it is a C call, and RTLD_NEXT from other
+ * libraries resolves as if asked from here.
+ */
 
 /* Our function for a name looked up by dlsym, or NULL. */
 IP_RAW static void *ip_dlsym_hook(const char *name) {
@@ -737,7 +756,7 @@ IP_HIDDEN IP_RAW __attribute__((used)) void *ip_dlsym_lookup(void *handle, const
 
 #if defined(__x86_64__)
 /* dlsym(handle, name): ask ip_dlsym_lookup; on NULL jump to the real dlsym
- * with the caller's own return address still on the stack. */
+ * with the caller's own return address still on the stack (Note [dlsym]). */
 __asm__(".text\n"
         ".globl dlsym\n"
         ".type dlsym, @function\n"

@@ -2,10 +2,7 @@
  *
  * Every policy reaches the device through these, so the device-level figures
  * of gmr_stats_t (reserved bytes, segments, device allocations and frees) are
- * counted once, here, the same way for every policy:
- *   reserved_bytes = Σ live reserve sizes + Σ live mapped sizes
- *   segments       = number of live reserve ranges
- * Virtual reservations (va_reserve) hold no memory and are not counted.
+ * counted once, here, the same way for every policy: Note [Device counters].
  *
  * The stream argument of reserve, release, map and unmap is passed on to the
  * ops untouched: devices ignore it, decorators (the recording layer,
@@ -15,6 +12,11 @@
 
 #include "backend/backend.h"
 
+/* Note [Device counters]
+ *   reserved_bytes = Σ live reserve sizes + Σ live mapped sizes
+ *   segments       = number of live reserve ranges
+ * Virtual reservations (va_reserve) hold no memory and are not counted.
+ */
 static void counter_add_peak(_Atomic uint64_t *cur, _Atomic uint64_t *peak, uint64_t n) {
   uint64_t now = atomic_fetch_add(cur, n) + n;
   uint64_t p = atomic_load_explicit(peak, memory_order_relaxed);

@@ -4,23 +4,11 @@
  * into a reserved virtual range (for expandable segments and VMM growth),
  * creates physical pages as handles that may be mapped at several virtual
  * addresses at once (the stitch policy's aliasing), tells whether a stream
- * is being captured into a CUDA graph,
- * reports memory info, records and queries events on streams, and keeps a
- * clock.  Implementations: sim.c (simulated device), cuda.c (the only file
+ * is being captured into a CUDA graph, reports memory info, records and
+ * queries events on streams, and keeps a clock.  Implementations: sim.c (simulated device), cuda.c (the only file
  * with CUDA calls).  A NULL slot means "unsupported".
  *
- * Rules:
- *  - ops are called only through the gmr__backend_* wrappers below, which
- *    count device operations and reserved bytes for every policy;
- *  - reserve takes any size > 0 (like cudaMalloc); sizes given to map and
- *    va_reserve are multiples of `granularity`;
- *  - unmap takes exactly a range that one map call mapped;
- *  - 0 is success; GMR_ENOMEM means the device is out of memory (a policy may
- *    free its cache and retry); GMR_EDEVICE is any other device failure, with
- *    the device's own text in the thread's last error.
- *
- * Synchronization: backends are thread-safe; the wrappers' counters are
- * atomics.
+ * Rules and synchronization: see Note [Backend rules].
  */
 #ifndef GMR_BACKEND_H
 #define GMR_BACKEND_H
@@ -35,6 +23,19 @@ typedef struct gmr_backend_s gmr_backend_t;
 typedef void *gmr_event_t;
 typedef uint64_t gmr_phys_t; /* a physical page handle (CUmemGenericAllocationHandle) */
 
+/* Note [Backend rules]
+ *  - ops are called only through the gmr__backend_* wrappers below, which
+ *    count device operations and reserved bytes for every policy;
+ *  - reserve takes any size > 0 (like cudaMalloc); sizes given to map and
+ *    va_reserve are multiples of `granularity`;
+ *  - unmap takes exactly a range that one map call mapped;
+ *  - 0 is success; GMR_ENOMEM means the device is out of memory (a policy may
+ *    free its cache and retry); GMR_EDEVICE is any other device failure, with
+ *    the device's own text in the thread's last error.
+ *
+ * Synchronization: backends are thread-safe; the wrappers' counters are
+ * atomics.
+ */
 typedef struct gmr_backend_ops_s {
   const char *name; /* "sim", "cuda" */
   /* Physical ranges: reserve `size` bytes of device memory.  `s` is the
@@ -80,7 +81,8 @@ typedef struct gmr_backend_ops_s {
   void (*destroy)(gmr_backend_t *self);
 } gmr_backend_ops_t;
 
-/* Device-level counters, kept by the wrappers for every backend. */
+/* Device-level counters, kept by the wrappers for every backend (see
+ * Note [Device counters] in backend.c). */
 typedef struct gmr_backend_counters_s {
   _Atomic uint64_t reserved_bytes; /* reserve + map, minus release + unmap */
   _Atomic uint64_t peak_reserved_bytes;

@@ -8,16 +8,7 @@
  * machine with the toolkit but no driver: there gmr__cuda_available() says
  * 0 and the simulator still works.
  *
- * A CUDA failure becomes GMR_EDEVICE with CUDA's own error text in the
- * thread's last error; cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY
- * become GMR_ENOMEM, so policies can free their cache and retry.
- *
- * map() creates one physical allocation per call (cuMemCreate of the whole
- * range), maps it and grants read/write access to this device; unmap() finds
- * the handle again with cuMemRetainAllocationHandle, so no table is kept.
- * The stitch policy's pages are handles of their own (phys_create = one
- * cuMemCreate), mapped at one or more addresses each (phys_map = cuMemMap
- * with no access yet; set_access = one cuMemSetAccess over a whole range).
+ * See Note [CUDA failures] and Note [CUDA mappings].
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -67,6 +58,11 @@ static inline cuda_be_t *cuda_of(gmr_backend_t *be) {
   return (cuda_be_t *)be;
 }
 
+/* Note [CUDA failures]
+ * A CUDA failure becomes GMR_EDEVICE with CUDA's own error text in the
+ * thread's last error; cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY
+ * become GMR_ENOMEM, so policies can free their cache and retry.
+ */
 static int cuda_fail(cudaError_t e, const char *what) {
   cudaGetLastError(); /* clear the sticky-free error state */
   if (e == cudaErrorMemoryAllocation)
@@ -103,13 +99,31 @@ static void restore_device(int prev) {
   if (prev >= 0) cudaSetDevice(prev);
 }
 
+/* Note [Relaxed capture mode]
+ * cudaMalloc and cuMemCreate are "potentially unsafe" calls that invalidate a
+ * stream capture in the default (global) capture mode of any thread.  A
+ * policy that reserves memory while a CUDA graph is captured (a private pool
+ * growing) must not break the capture, so each reservation runs in relaxed
+ * mode for this thread, as PyTorch's allocator does around cudaMalloc; the
+ * two exchanges cost far less than the call they guard. */
+static enum cudaStreamCaptureMode relax_capture(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  return mode;
+}
+static void restore_capture(enum cudaStreamCaptureMode mode) {
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+}
+
 static int cuda_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out_ptr) {
   (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
   int prev, err = use_device(c, &prev);
   if (err != 0) return err;
   void *p = NULL;
+  enum cudaStreamCaptureMode mode = relax_capture(); /* see Note [Relaxed capture mode] */
   cudaError_t e = cudaMalloc(&p, size);
+  restore_capture(mode);
   restore_device(prev);
   if (e != cudaSuccess) return cuda_fail(e, "cudaMalloc");
   *out_ptr = p;
@@ -142,6 +156,14 @@ static int cuda_va_release(gmr_backend_t *be, void *base, size_t size) {
   return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemAddressFree");
 }
 
+/* Note [CUDA mappings]
+ * map() creates one physical allocation per call (cuMemCreate of the whole
+ * range), maps it and grants read/write access to this device; unmap() finds
+ * the handle again with cuMemRetainAllocationHandle, so no table is kept.
+ * The stitch policy's pages are handles of their own (phys_create = one
+ * cuMemCreate), mapped at one or more addresses each (phys_map = cuMemMap
+ * with no access yet; set_access = one cuMemSetAccess over a whole range).
+ */
 static void alloc_prop(cuda_be_t *c, CUmemAllocationProp *prop) {
   memset(prop, 0, sizeof *prop);
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -149,9 +171,7 @@ static void alloc_prop(cuda_be_t *c, CUmemAllocationProp *prop) {
   prop->location.id = c->ordinal;
 }
 
-static int cuda_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
-  (void)s; /* the device has no use for the request's stream */
-  cuda_be_t *c = cuda_of(be);
+static int map_relaxed(cuda_be_t *c, void *addr, size_t size) {
   CUmemAllocationProp prop;
   alloc_prop(c, &prop);
   CUmemGenericAllocationHandle h;
@@ -176,6 +196,14 @@ static int cuda_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) 
   return 0;
 }
 
+static int cuda_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  (void)s; /* the device has no use for the request's stream */
+  enum cudaStreamCaptureMode mode = relax_capture(); /* see Note [Relaxed capture mode] */
+  int err = map_relaxed(cuda_of(be), addr, size);
+  restore_capture(mode);
+  return err;
+}
+
 static int cuda_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   (void)s; /* the device has no use for the request's stream */
   cuda_be_t *c = cuda_of(be);
@@ -189,7 +217,9 @@ static int cuda_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   CUmemAllocationProp prop;
   alloc_prop(c, &prop);
   CUmemGenericAllocationHandle h;
+  enum cudaStreamCaptureMode mode = relax_capture(); /* see Note [Relaxed capture mode] */
   CUresult r = c->drv.create(&h, size, &prop, 0);
+  restore_capture(mode);
   if (r != CUDA_SUCCESS) return drv_fail(c, r, "cuMemCreate");
   *out = (gmr_phys_t)h;
   return 0;

@@ -33,7 +33,7 @@ static gmr_avl_node_t *rotate(gmr_avl_node_t *n, int dir) {
 }
 
 /* Restore the balance of n, whose children are balanced and differ in
- * height by at most 2. */
+ * height by at most 2 (see Note [AVL invariants] in avl.h). */
 static gmr_avl_node_t *balance(gmr_avl_node_t *n) {
   update(n);
   int32_t diff = height(n->child[1]) - height(n->child[0]);

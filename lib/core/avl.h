@@ -7,13 +7,7 @@
  * test reaches gmr__avl_insert as GMR_ENOMEM.  Removed nodes are kept and
  * reused, so a table whose size goes up and down allocates only at new
  * peaks (an allocation that reuses a range needs no host memory).
- *
- * Invariants, for every node n:
- *   keys in n->child[0] < n->key < keys in n->child[1]
- *   n->height = 1 + max(height(child[0]), height(child[1])),  height(NULL) = 0
- *   |height(child[0]) - height(child[1])| <= 1
- * so height <= 1.44 log2(count + 2).
- * Synchronization: none; the owner locks.
+ * Synchronization: none; the owner locks.  See Note [AVL invariants].
  */
 #ifndef GMR_AVL_H
 #define GMR_AVL_H
@@ -21,6 +15,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Note [AVL invariants]
+ * For every node n:
+ *   keys in n->child[0] < n->key < keys in n->child[1]
+ *   n->height = 1 + max(height(child[0]), height(child[1])),  height(NULL) = 0
+ *   |height(child[0]) - height(child[1])| <= 1
+ * so height <= 1.44 log2(count + 2).
+ */
 typedef struct gmr_avl_node_s {
   uint64_t key;
   uint64_t val; /* payload */

@@ -7,21 +7,27 @@
  * hand-over becomes a futex system call (microseconds) and the aggregate
  * rate of 16 threads falls far below that of one.
  *
- * gmr_lock_t:
- *   lock:   CAS locked 0 -> 1, inline (one atomic, no call).  Failing that,
- *           spin on loads with exponential backoff, taking the lock when it
- *           is seen free; after the spin budget, count oneself in `sleepers`
- *           and sleep on the futex while locked == 1; once woken, clear
- *           `waking` and spin again.
- *   unlock: exchange locked to 0, inline; if sleepers > 0, wake one sleeper
- *           unless a wake-up is already in flight (`waking` == 1).
- * So a thread that keeps the lock busy pays no system call while the others
- * spin, and when some sleep, one wake-up per sleeper's attempt rather than
- * one per unlock (glibc's mutex wakes on every unlock while anyone sleeps).
- *
- * The light unlock.  An unlock must not read `sleepers` before its store of
- * 0 is visible, or a thread could count itself a sleeper, see the lock still
- * held and sleep while the unlocker, having read 0 sleepers, wakes nobody.
+ * See Note [gmr_lock_t], Note [The light unlock], Note [Lock invariants]
+ * and Note [Event waits]; gmr_spin_t, the lock of shorter and seldom
+ * contended sections, is described where it is defined.
+ */
+#ifndef GMR_LOCK_H
+#define GMR_LOCK_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+
+/* Once per process (lock.c): registers for the barrier and chooses the
+ * unlock.  Every gmr__lock_init and gmr__spin_init calls it. */
+void gmr__lock_setup(void);
+
+/* Note [The light unlock]
+ * An unlock must not read `sleepers` before its store of 0 is visible, or a
+ * thread could count itself a sleeper, see the lock still held and sleep
+ * while the unlocker, having read 0 sleepers, wakes nobody.
  * An exchange orders the two, at the price of a second atomic in every
  * critical section (some 20 cycles on x86, where a store and a later load
  * are otherwise free to pass each other).  Where Linux offers
@@ -38,9 +44,32 @@
  * sleeper that cannot make the barrier after all clears the flag and
  * sleeps at most a millisecond at a time from then on, so that no wake-up
  * can be lost.  gmr_spin_t uses the same barrier for its bias (below).
- *
- * Invariants: a thread sleeps only while locked == 1 (the futex checks it)
- * and after counting itself in `sleepers`; the unlock's exchange and its
+ */
+
+/* 1: gmr_lock_t's unlocks are release stores and sleepers make the barrier
+ * (see Note [The light unlock]); 0: unlocks are exchanges. */
+extern _Atomic int gmr__lock_light;
+
+#if defined(__linux__)
+#define GMR_LOCK_FUTEX 1
+#include <stdatomic.h>
+
+/* Note [gmr_lock_t]
+ *   lock:   CAS locked 0 -> 1, inline (one atomic, no call).  Failing that,
+ *           spin on loads with exponential backoff, taking the lock when it
+ *           is seen free; after the spin budget, count oneself in `sleepers`
+ *           and sleep on the futex while locked == 1; once woken, clear
+ *           `waking` and spin again.
+ *   unlock: exchange locked to 0, inline; if sleepers > 0, wake one sleeper
+ *           unless a wake-up is already in flight (`waking` == 1).
+ * So a thread that keeps the lock busy pays no system call while the others
+ * spin, and when some sleep, one wake-up per sleeper's attempt rather than
+ * one per unlock (glibc's mutex wakes on every unlock while anyone sleeps).
+ */
+
+/* Note [Lock invariants]
+ * A thread sleeps only while locked == 1 (the futex checks it) and after
+ * counting itself in `sleepers`; the unlock's exchange and its
  * load of `sleepers`, the sleeper's increment and its CAS, and every access
  * to `waking` are sequentially consistent (with the light unlock: ordered
  * as if they were, by the barrier a thread makes between its increment of
@@ -53,35 +82,7 @@
  * Not recursive and not fair, like glibc's default mutex.  Acquire/release
  * ordering makes it a full mutex for ThreadSanitizer.  Off Linux it is a
  * pthread mutex.
- *
- * Waiting for an event under the lock (a condition variable that uses the
- * lock itself): the waiter reads an event counter under the lock, then calls
- * gmr__lock_wait_until(l, &counter, seen, deadline), which unlocks, sleeps
- * while the counter still equals `seen` (at most until `deadline`, in
- * CLOCK_MONOTONIC nanoseconds) and locks again; whoever makes the event
- * happen calls gmr__wake_all(&counter), which bumps the counter and wakes
- * every sleeper.  A return does not promise the event: callers look again.
  */
-#ifndef GMR_LOCK_H
-#define GMR_LOCK_H
-
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdint.h>
-
-#include "core/internal.h"
-
-/* Once per process (lock.c): registers for the barrier and chooses the
- * unlock.  Every gmr__lock_init and gmr__spin_init calls it. */
-void gmr__lock_setup(void);
-
-/* 1: gmr_lock_t's unlocks are release stores and sleepers make the barrier
- * ("The light unlock" above); 0: unlocks are exchanges. */
-extern _Atomic int gmr__lock_light;
-
-#if defined(__linux__)
-#define GMR_LOCK_FUTEX 1
-#include <stdatomic.h>
 
 typedef struct gmr_lock_s {
   _Atomic uint32_t locked;   /* 0 free, 1 held: the futex word */
@@ -194,8 +195,8 @@ static inline uintptr_t gmr__thread_id(void) {
  * Biased to its first thread.  Most of these locks are only ever taken by
  * one thread (a shard or a stream used by one thread), and the exchange is
  * most of what an uncontended lock costs (some 20 cycles on x86).  Where
- * the sleepers' barrier of gmr_lock_t exists (membarrier, "The light
- * unlock" above), a spin lock starts UNCLAIMED; the first thread to take it
+ * the sleepers' barrier of gmr_lock_t exists (membarrier, see
+ * Note [The light unlock]), a spin lock starts UNCLAIMED; the first thread to take it
  * becomes its `owner`, and from then on takes and releases it without an
  * atomic read-modify-write: it stores its identity in `inside`, then reads
  * `locked`, and holds the lock if that still says BIASED (releasing it
@@ -270,7 +271,17 @@ static inline void gmr__spin_unlock(gmr_spin_t *l) {
   gmr__spin_release(l, atomic_load_explicit(&l->inside, memory_order_relaxed) == gmr__thread_id());
 }
 
-/* Event waits (see the top of the file); lock.c. */
+/* Note [Event waits]
+ * Waiting for an event under the lock (a condition variable that uses the
+ * lock itself): the waiter reads an event counter under the lock, then calls
+ * gmr__lock_wait_until(l, &counter, seen, deadline), which unlocks, sleeps
+ * while the counter still equals `seen` (at most until `deadline`, in
+ * CLOCK_MONOTONIC nanoseconds) and locks again; whoever makes the event
+ * happen calls gmr__wake_all(&counter), which bumps the counter and wakes
+ * every sleeper.  A return does not promise the event: callers look again.
+ */
+
+/* Event waits (see Note [Event waits]); lock.c. */
 void gmr__lock_wait_until(gmr_lock_t *l, _Atomic uint32_t *counter, uint32_t seen,
                           uint64_t deadline_ns);
 void gmr__wake_all(_Atomic uint32_t *counter);

@@ -2,18 +2,11 @@
  * a daemon (lib/core/shared-cap.c; the design is in docs/shared-cap.md).
  *
  * Each process attaches to a mapped file per device, claims a slot there and
- * reserves device bytes through it before it asks the device for them:
- *     committed = Σ over live slots of max(used_i, guaranteed_i) <= cap
- *     used_i <= quota_i  (0: no quota)
- * The check-and-add is one step under a robust process-shared mutex; a
- * process's liveness is an OFD lock on a byte of the file that the kernel
- * drops when the process dies, and the committed total is rebuilt from the
- * slots whenever a dead process is noticed.  The limit policy calls this
- * from its capped backend (counts: reserved), so only device reservations
- * pass here, never allocations served from a cache.
- *
- * Synchronization: every call is thread-safe; a handle may be used by any
- * number of threads at once.
+ * reserves device bytes through it before it asks the device for them
+ * (see Note [Shared cap]).  The limit policy calls this from its capped
+ * backend (counts: reserved), so only device reservations pass here, never
+ * allocations served from a cache.  Every call is thread-safe; a handle may
+ * be used by any number of threads at once.
  */
 #ifndef GMR_SHARED_CAP_H
 #define GMR_SHARED_CAP_H
@@ -23,6 +16,14 @@
 
 #include "core/internal.h"
 
+/* Note [Shared cap]
+ *     committed = Σ over live slots of max(used_i, guaranteed_i) <= cap
+ *     used_i <= quota_i  (0: no quota)
+ * The check-and-add is one step under a robust process-shared mutex; a
+ * process's liveness is an OFD lock on a byte of the file that the kernel
+ * drops when the process dies, and the committed total is rebuilt from the
+ * slots whenever a dead process is noticed.
+ */
 typedef struct gmr_scap_s gmr_scap_t;
 
 typedef struct gmr_scap_opts_s {

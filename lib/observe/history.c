@@ -1,6 +1,6 @@
 /* history.c: the bounded ring buffer of trace entries behind
- * gmr_history_enable (see history.h for who records what, and the ring's
- * invariants).
+ * gmr_history_enable (see history.h: Note [Who records what], and
+ * Note [History ring] for the ring's invariants).
  *
  * The ring grows by doubling, from 1024 entries up to its bound, so a bound
  * as large as PyTorch's default (sys.maxsize) costs only what is recorded.
@@ -48,6 +48,18 @@ int gmr__history_new(gmr_backend_t *clock, size_t max, gmr_history_t **out) {
   h->epoch_offset_ns = epoch_ns - (int64_t)gmr__backend_now_ns(clock);
   *out = h;
   return 0;
+}
+
+_Static_assert(GMR_HISTORY_ALLOC == (int)GMR_HIST_ALLOC &&
+                   GMR_HISTORY_SEGMENT_UNMAP == (int)GMR_HIST_SEGMENT_UNMAP &&
+                   GMR_HISTORY_SNAPSHOT == (int)GMR_HIST_SNAPSHOT,
+               "the public history actions are the internal ones");
+
+void gmr__history_set_observer(gmr_history_t *h, gmr_history_cb cb, void *ud) {
+  pthread_mutex_lock(&h->lock);
+  h->observer = cb;
+  h->observer_ud = ud;
+  pthread_mutex_unlock(&h->lock);
 }
 
 void gmr__history_free(gmr_history_t *h) {
@@ -119,6 +131,10 @@ void gmr__history_record_locked(gmr_history_t *h, int action, uint64_t addr, uin
                         .time_us = ns > 0 ? (uint64_t)ns / 1000 : 0,
                         .action = (uint8_t)action};
   ++h->recorded;
+  if (GMR_UNLIKELY(h->observer != NULL)) {
+    gmr_history_event_t ev = {(gmr_history_action_t)action, (uintptr_t)addr, size, s, e.time_us};
+    h->observer(&ev, h->observer_ud);
+  }
   if (h->len < h->max) {
     if (h->len == h->cap) {
       size_t cap = h->cap ? h->cap * 2 : HISTORY_FIRST_CAP;

@@ -8,25 +8,7 @@
  * oom and snapshot.  gmr_snapshot_write (snapshot.c) writes them out as the
  * snapshot's device_traces.
  *
- * Who records what:
- *   runtime.c   alloc, free_requested, oom; free_completed right after
- *               free_requested unless the policy stack reports completions
- *               itself (gmr_policy_ops_t.reports_free_completed);
- *   recording.c segment_alloc / segment_free (reserve / release) and
- *               segment_map / segment_unmap (map / unmap), with the stream
- *               the policy passed to the backend call;
- *   policies    free_completed through gmr__history_free_completed (recording.h) when a
- *               block held for stream work becomes reusable;
- *   snapshot.c  snapshot (size: active bytes) each time a snapshot is written.
- *
- * Ring invariants (under `lock`):
- *   len <= cap <= max;  len < max  =>  the entries are ring[0 .. len) in order
- *   len == max          =>  oldest at ring[head], newest at ring[head - 1]
- *   recorded - dropped = len
- * Synchronization: `lock` guards every field; it is a leaf lock except in the
- * recording layer's release / unmap (recording.c), which hold it across the
- * device call so that no other thread can record a reuse of the address
- * before its release.
+ * See Note [Who records what] and Note [History ring].
  */
 #ifndef GMR_HISTORY_H
 #define GMR_HISTORY_H
@@ -37,6 +19,17 @@
 #include "backend/backend.h"
 #include "core/internal.h"
 
+/* Note [Who records what]
+ *   runtime.c   alloc, free_requested, oom; free_completed right after
+ *               free_requested unless the policy stack reports completions
+ *               itself (gmr_policy_ops_t.reports_free_completed);
+ *   recording.c segment_alloc / segment_free (reserve / release) and
+ *               segment_map / segment_unmap (map / unmap), with the stream
+ *               the policy passed to the backend call;
+ *   policies    free_completed through gmr__history_free_completed (recording.h) when a
+ *               block held for stream work becomes reusable;
+ *   snapshot.c  snapshot (size: active bytes) each time a snapshot is written.
+ */
 typedef enum gmr_hist_action_e {
   GMR_HIST_ALLOC = 0,
   GMR_HIST_FREE_REQUESTED,
@@ -60,6 +53,16 @@ typedef struct gmr_hist_entry_s {
   uint8_t action;   /* gmr_hist_action_t */
 } gmr_hist_entry_t;
 
+/* Note [History ring]
+ * Under `lock`:
+ *   len <= cap <= max;  len < max  =>  the entries are ring[0 .. len) in order
+ *   len == max          =>  oldest at ring[head], newest at ring[head - 1]
+ *   recorded - dropped = len
+ * Synchronization: `lock` guards every field; it is a leaf lock except in the
+ * recording layer's release / unmap (recording.c), which hold it across the
+ * device call so that no other thread can record a reuse of the address
+ * before its release.
+ */
 typedef struct gmr_history_s gmr_history_t;
 struct gmr_history_s {
   pthread_mutex_t lock;
@@ -72,7 +75,12 @@ struct gmr_history_s {
   uint64_t dropped;        /* entries overwritten by newer ones, accumulated */
   gmr_backend_t *clock;    /* the runtime's backend, whose clock times entries */
   int64_t epoch_offset_ns; /* epoch ns - backend clock ns, taken at creation */
+  gmr_history_cb observer; /* called with each entry as it is recorded (lock held); NULL: none */
+  void *observer_ud;
 };
+
+/* Call cb (NULL: none) with every entry recorded from now on. */
+void gmr__history_set_observer(gmr_history_t *h, gmr_history_cb cb, void *ud);
 
 /* PyTorch's name of an action ("alloc", "segment_map"...). */
 const char *gmr__history_action_name(int action);

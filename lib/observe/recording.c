@@ -1,5 +1,5 @@
 /* recording.c: the recording layer around the device backend (see
- * recording.h for its rules).
+ * Note [Recording rules] in recording.h).
  *
  * Each forwarder calls the device's op directly (not the gmr__backend_*
  * wrappers): the wrappers count device operations once, on the backend the
@@ -44,7 +44,8 @@ static int rec_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   return err;
 }
 
-/* Release or unmap, recorded with the history lock held across the call. */
+/* Release or unmap, recorded with the history lock held across the call
+ * (see Note [Recording rules]). */
 static int release_recorded(gmr_backend_t *dev, gmr_history_t *h, int action, void *ptr,
                             size_t size, gmr_stream_t s) {
   pthread_mutex_lock(&h->lock);

@@ -8,7 +8,17 @@
  * segment_unmap entries, with the stream the policy passed for the request.
  * The device backends know nothing of histories.
  *
- * Rules:
+ * See Note [Recording rules].
+ */
+#ifndef GMR_RECORDING_H
+#define GMR_RECORDING_H
+
+#include <stdatomic.h>
+
+#include "backend/backend.h"
+#include "observe/history.h"
+
+/* Note [Recording rules]
  *   - the decorator has exactly the device's slots (a NULL slot of the device
  *     is a NULL slot of the decorator), its name, granularity and ordinal;
  *   - a release or unmap is recorded under the history lock held across the
@@ -19,14 +29,6 @@
  * Synchronization: `history` is an atomic pointer; the history a thread
  * loaded stays valid until the runtime is freed (runtime.c keeps it).
  */
-#ifndef GMR_RECORDING_H
-#define GMR_RECORDING_H
-
-#include <stdatomic.h>
-
-#include "backend/backend.h"
-#include "observe/history.h"
-
 typedef struct gmr_recording_s {
   gmr_backend_t base;             /* base.forwards_to == device */
   gmr_backend_ops_t ops;          /* the device's slots, each replaced by a forwarder */

@@ -2,28 +2,7 @@
  * PyTorch's memory snapshot (the pickle of torch.cuda.memory._dump_snapshot,
  * read by PyTorch's memory_viz page and torch.cuda._memory_viz).
  *
- * The snapshot is one dict:
- *   {"segments": [Segment], "device_traces": [[TraceEntry] per device],
- *    "allocator_settings": {...}, "external_annotations": []}
- *   Segment = {device, address, total_size, allocated_size, active_size,
- *              requested_size, stream, segment_type, segment_pool_id,
- *              is_expandable, frames, blocks: [Block]}
- *   Block   = {address, size, requested_size, state, frames}
- *   TraceEntry = {action, addr (oom: device_free), size, stream, time_us, frames,
- *                 compile_context: "N/A", user_metadata: ""}
- * Segments are the maximal runs of address-contiguous, mapped blocks of each
- * segment gmr_walk reports, sorted by address: a plain segment is one run; an
- * expandable segment gives one segment per contiguous mapped range, and its
- * unmapped blocks are left out, as PyTorch does.  For each segment:
- *   total_size     = Σ block sizes
- *   allocated_size = Σ sizes of active_allocated blocks
- *   active_size    = Σ sizes of active_allocated and active_pending_free blocks
- *   requested_size = Σ requested sizes of those active blocks
- * Frames are always empty: gmr records no stacks.
- *
- * The pickle is written by hand with protocol 2 opcodes, and only those that
- * the unpickler inside PyTorch's MemoryViz.js also reads (no memo; lists
- * appended in batches of 1000, as Python's pickler does).
+ * See Note [Snapshot layout] and Note [Snapshot pickle].
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -34,6 +13,12 @@
 #include "observe/snapshot.h"
 
 /* ---- the pickle writer ------------------------------------------------------ */
+
+/* Note [Snapshot pickle]
+ * The pickle is written by hand with protocol 2 opcodes, and only those that
+ * the unpickler inside PyTorch's MemoryViz.js also reads (no memo; lists
+ * appended in batches of 1000, as Python's pickler does).
+ */
 
 enum {
   PKL_PROTO = 0x80,
@@ -55,7 +40,7 @@ enum {
   PKL_BINFLOAT = 'G',
 };
 
-#define PKL_BATCH 1000 /* list items per APPENDS, as Python's pickler */
+#define PKL_BATCH 1000 /* list items per APPENDS, as Python's pickler (Note [Snapshot pickle]) */
 
 static inline void pkl_op(FILE *f, int op) {
   putc(op, f);
@@ -124,6 +109,27 @@ static void pkl_empty_list(FILE *f) {
 
 /* ---- segments from the walk -------------------------------------------------- */
 
+/* Note [Snapshot layout]
+ * The snapshot is one dict:
+ *   {"segments": [Segment], "device_traces": [[TraceEntry] per device],
+ *    "allocator_settings": {...}, "external_annotations": []}
+ *   Segment = {device, address, total_size, allocated_size, active_size,
+ *              requested_size, stream, segment_type, segment_pool_id,
+ *              is_expandable, frames, blocks: [Block]}
+ *   Block   = {address, size, requested_size, state, frames}
+ *   TraceEntry = {action, addr (oom: device_free), size, stream, time_us, frames,
+ *                 compile_context: "N/A", user_metadata: ""}
+ * Segments are the maximal runs of address-contiguous, mapped blocks of each
+ * segment gmr_walk reports, sorted by address: a plain segment is one run; an
+ * expandable segment gives one segment per contiguous mapped range, and its
+ * unmapped blocks are left out, as PyTorch does.  For each segment:
+ *   total_size     = Σ block sizes
+ *   allocated_size = Σ sizes of active_allocated blocks
+ *   active_size    = Σ sizes of active_allocated and active_pending_free blocks
+ *   requested_size = Σ requested sizes of those active blocks
+ * Frames are always empty: gmr records no stacks.
+ */
+
 typedef struct snap_block_s {
   uint64_t addr;      /* device address */
   uint64_t size;      /* bytes */
@@ -164,6 +170,7 @@ static bool snap_grow(void **v, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
+/* Builds the segments of Note [Snapshot layout] from the walk. */
 static int snap_walk_cb(const gmr_walk_entry_t *e, void *ud) {
   snap_t *sn = ud;
   if (e->is_segment) {

@@ -7,15 +7,7 @@
  * integer.  Writes are serialized by the trace's own mutex, so the runtime
  * lock is never held while writing.
  *
- * Nothing is lost silently.  Lines are buffered and flushed every
- * TRACE_FLUSH_LINES lines or TRACE_FLUSH_US microseconds, whichever comes
- * first, so a crash loses at most that tail.  The first failed write (a full
- * disk, GMR_TRACE=/dev/full) is logged once at GMR_LOG_ERROR and makes the
- * trace `failed`: later events are dropped (the file could only hold a trace
- * with a hole), each one reports GMR_EIO to its caller, which sets the
- * thread's last error while the allocation itself succeeds, and
- * gmr_flush / gmr_runtime_close return GMR_EIO, so a tool exits non-zero.
- *   failed == 0  =>  every event so far is in the file or in its buffer.
+ * Nothing is lost silently: see Note [Failed writes].
  */
 #include <errno.h>
 #include <pthread.h>
@@ -27,6 +19,17 @@
 #include "core/internal.h"
 #include "observe/trace.h"
 
+/* Note [Failed writes]
+ * Lines are buffered and flushed every TRACE_FLUSH_LINES lines or
+ * TRACE_FLUSH_US microseconds, whichever comes first, so a crash loses at
+ * most that tail.  The first failed write (a full
+ * disk, GMR_TRACE=/dev/full) is logged once at GMR_LOG_ERROR and makes the
+ * trace `failed`: later events are dropped (the file could only hold a trace
+ * with a hole), each one reports GMR_EIO to its caller, which sets the
+ * thread's last error while the allocation itself succeeds, and
+ * gmr_flush / gmr_runtime_close return GMR_EIO, so a tool exits non-zero.
+ *   failed == 0  =>  every event so far is in the file or in its buffer.
+ */
 #define TRACE_FLUSH_LINES 256
 #define TRACE_FLUSH_US    100000 /* 0.1 s */
 
@@ -50,7 +53,8 @@ static int trace_error(const gmr_trace_t *t) {
                         strerror(t->failed));
 }
 
-/* Note a failed write (lock held): the first one is logged. */
+/* Note a failed write (lock held): the first one is logged.  See
+ * Note [Failed writes]. */
 static int trace_fail(gmr_trace_t *t, int err) {
   if (t->failed == 0) {
     t->failed = err ? err : EIO;

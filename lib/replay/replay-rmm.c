@@ -8,10 +8,7 @@
  * "(nil)" or "0x0"), and pointers and streams as C or C++ print them.  gmr's
  * own traces are the same layout with integer microseconds.  Time is kept
  * for reference only: a replay runs the events in file order.
- *
- * Call sites are interned in an open-addressing table:
- *   index(text) = 1 + position of text among the distinct texts, in order
- *   of first use;  load <= 1/2.
+ * Call sites are interned: see Note [Call sites].
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -102,6 +99,11 @@ bool gmr__trace_parse_handle(const char *s, uint64_t *out) {
 
 /* ---- call sites -------------------------------------------------------------- */
 
+/* Note [Call sites]
+ * Call sites are interned in an open-addressing table:
+ *   index(text) = 1 + position of text among the distinct texts, in order
+ *   of first use;  load <= 1/2.
+ */
 struct gmr__sites_s {
   char **texts;    /* texts[k - 1] for index k */
   size_t n, cap;   /* texts in use, allocated */

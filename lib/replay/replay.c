@@ -7,14 +7,8 @@
  *
  * gmr_trace_read streams: it parses the file chunk by chunk (see "the
  * streaming reader"), so a trace costs its events, not its text, and a
- * progress callback sees the bytes read as they go.
- *
- * The replayer drives gmr_alloc / gmr_free / gmr_record_stream /
- * gmr_empty_cache, counts OOMs without stopping (unless asked), and keeps
- * the statistics at the event where reserved bytes peaked.  Its per-event
- * cost is one call into the runtime plus an atomic load: the peak test reads
- * the backend's reserved-bytes counter and takes a full gmr_stats snapshot
- * only when that counter reaches a new maximum.
+ * progress callback sees the bytes read as they go.  The replayer: see
+ * Note [Replay peak].
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -532,6 +526,22 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Note [Replay peak]
+ * The replayer drives gmr_alloc / gmr_free / gmr_record_stream /
+ * gmr_empty_cache, counts OOMs without stopping (unless asked), and keeps
+ * the statistics at the event where reserved bytes peaked.  Its per-event
+ * cost is one call into the runtime plus an atomic load: the peak test reads
+ * the backend's reserved-bytes counter and takes a full gmr_stats snapshot
+ * only when that counter reaches a new maximum.
+ *
+ * That load is the replayer's one step past the public API: it takes the
+ * counter from gmr__runtime_backend(rt) (runtime/runtime.h, the recording
+ * layer the policies were given, whose wrappers in lib/backend/backend.c
+ * keep `counters`), a read of an atomic, never a call: a deliberate speed
+ * path, since a full gmr_stats per event would cost far more than the load.
+ * docs/design.md, rule 3, says so.
+ */
+
 /* The loop pays per event one action dispatch, the call, one load of the
  * device's reserved bytes and three predictable branches (a failure, a new
  * peak, checks or a callback); the callback's period is a countdown. */
@@ -546,6 +556,7 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
   if (ptrs == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
   gmr_replay_result_t r;
   memset(&r, 0, sizeof r);
+  /* see Note [Replay peak] */
   const _Atomic uint64_t *reserved = &gmr__runtime_backend(rt)->counters.reserved_bytes;
   uint64_t best = 0;
   gmr_stats(rt, &r.at_peak);

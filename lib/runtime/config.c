@@ -1,17 +1,9 @@
 /* config.c: YAML configuration (the only file that includes yaml.h).
  *
- * A configuration picks the device, the policy stack and its options:
- *
- *   device:   {backend: auto|sim|cuda, capacity: 143771MiB, granularity: 2MiB,
- *              host_backed: false}                       (optional)
- *   policy:   {name: caching, <options of caching>}      (required)
- *   limit:    {bytes: 8GiB} or {fraction: 0.5}           (optional: wraps policy)
- *   trace:    path of a trace to record                  (optional)
- *
- * A decorator policy (limit) takes `upstream: {name: ..., ...}`.  Options are
- * described by each policy's table (gmr_opt_desc_t), so this loader never
- * knows a policy by name.  Every error names file:line:column and says what
- * was expected.
+ * A configuration picks the device, the policy stack and its options (see
+ * Note [The document]).  Options are described by each policy's table
+ * (gmr_opt_desc_t), so this loader never knows a policy by name.  Every
+ * error names file:line:column and says what was expected.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -354,6 +346,18 @@ unknown_name : {
 
 /* ---- the document ---------------------------------------------------------------- */
 
+/* Note [The document]
+ * A configuration picks the device, the policy stack and its options:
+ *
+ *   device:   {backend: auto|sim|cuda, capacity: 143771MiB, granularity: 2MiB,
+ *              host_backed: false}                       (optional)
+ *   policy:   {name: caching, <options of caching>}      (required)
+ *   limit:    {bytes: 8GiB} or {fraction: 0.5}           (optional: wraps policy)
+ *   trace:    path of a trace to record                  (optional)
+ *
+ * A decorator policy (limit) takes `upstream: {name: ..., ...}` (parse_policy).
+ */
+
 static int parse_document(parse_t *ps, gmr_config_t *cfg) {
   yaml_node_t *root = yaml_document_get_root_node(&ps->doc);
   if (root == NULL) return fail_at(ps, NULL, "the configuration is empty; expected a 'policy:'");
@@ -511,6 +515,7 @@ static int load(const char *text, size_t len, const char *file, gmr_config_t **o
   if (cfg == NULL) {
     rc = fail_at(&ps, NULL, "out of host memory");
   } else {
+    atomic_init(&cfg->refs, 1);
     cfg->source = gmr__strdup(file);
     rc = cfg->source ? parse_document(&ps, cfg) : fail_at(&ps, NULL, "out of host memory");
   }
@@ -570,8 +575,15 @@ int gmr_config_load_file(const char *path, gmr_config_t **out, gmr_error_t *err)
   return rc;
 }
 
+gmr_config_t *gmr__config_retain(const gmr_config_t *cfg) {
+  gmr_config_t *c = (gmr_config_t *)cfg; /* the count is the one mutable field */
+  atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+  return c;
+}
+
 void gmr_config_free(gmr_config_t *cfg) {
   if (cfg == NULL) return;
+  if (atomic_fetch_sub_explicit(&cfg->refs, 1, memory_order_acq_rel) > 1) return;
   gmr__policy_cfg_free(cfg->policy);
   gmr__free(cfg->source);
   gmr__free(cfg->trace_path);

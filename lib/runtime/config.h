@@ -3,6 +3,7 @@
 #ifndef GMR_CONFIG_H
 #define GMR_CONFIG_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -24,7 +25,15 @@ struct gmr_config_s {
   gmr_device_opts_t device;
   gmr_policy_cfg_t *policy; /* the outermost policy */
   char *trace_path;         /* NULL: none (GMR_TRACE may still name one) */
+  /* Uses: 1 for the caller of gmr_config_load_*, plus 1 per runtime built
+   * from it (its private pools are built from the same configuration);
+   * gmr_config_free drops one and frees at 0. */
+  _Atomic int refs;
 };
+
+/* One more use of cfg (a runtime keeps its configuration); gmr_config_free
+ * drops it. */
+gmr_config_t *gmr__config_retain(const gmr_config_t *cfg);
 
 void gmr__policy_cfg_free(gmr_policy_cfg_t *pc);
 

@@ -5,47 +5,16 @@
  * every argument before a policy sees it, so policies only ever get sizes in
  * (0, GMR_MAX_REQUEST] and blocks they handed out themselves.
  *
- * Locking.  Policies are called through the policy.h wrappers, which own
- * the lock of a policy that is not `concurrent` (one op at a time); the map
- * is then touched under that same lock, held across the op and the map
- * (gmr__policy_lock and the *_locked calls).  A concurrent policy locks
- * itself, and the map is touched under its shard's lock.  The policy lock
- * is a gmr_lock_t, a shard's a gmr_spin_t (lock.h): an uncontended lock and
- * unlock are one atomic instruction each, inline (a spin unlock is a plain
- * release store).
- *
- * Paths.  gmr_alloc and gmr_free check their arguments, then test one word,
- * `slow` (a serialized policy, the trace, the history): 0 jumps to the hot
- * path (alloc_fast, free_fast: the policy, the shard), anything else to the
- * general one (alloc_general, free_general), both before a frame is built.
- *
- * Map invariant: a pointer is in the map iff it was returned by gmr_alloc
- * and not yet passed to gmr_free; so a double free or a foreign pointer is
- * found before any policy state is touched.
- *
- * Layout.  Each shard fills one cache line of its own, and the runtime lock
- * has one too, so threads working on different shards never write to a line
- * another thread reads (the runtime is allocated 64-byte aligned).
- *
- * Memory history (history.h).  While `history` is set, gmr_alloc records
- * alloc (or oom) once the block is in the map, and gmr_free records
- * free_requested (and free_completed, unless the policy stack reports it)
- * before the policy sees the block, so the address cannot be handed out again
- * before its free is in the history.  With no history, no trace and a
- * concurrent policy each entry point pays one load and one predictable
- * branch.  The device's entries (segment_*) are
- * recorded by the recording layer (observe/recording.h) that the runtime puts
- * between its policies and the device; snapshots are written by
- * observe/snapshot.c, which reads the runtime through a gmr_snapshot_source_t
- * and never calls back.  GMR_SNAPSHOT=path writes the memory
- * snapshot when the runtime is freed (at exit for the default runtimes), to
- * path, path.1, path.2... in the order the runtimes were created.
+ * See Note [Runtime locking], Note [Fast and general paths],
+ * Note [Map invariant], Note [Shard layout] and Note [Runtime history].
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/gate.h"
 #include "core/config-env.h"
 #include "core/internal.h"
 #include "core/lock.h"
@@ -72,6 +41,12 @@
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
+/* Note [Map invariant]
+ * A pointer is in the map iff it was returned by gmr_alloc and not yet passed
+ * to gmr_free; so a double free or a foreign pointer is found before any
+ * policy state is touched.
+ */
+
 /* 1024 shards: the blocks that threads use at once are often neighbours
  * at one stride (a BFC region cut into equal chunks, one per stream), and
  * the hash below sends 16 blocks at a stride of 256 B, 768 B or 1280 B
@@ -94,6 +69,13 @@ typedef struct map_shard_s {
   void *slots_raw;                      /* what the host returned (slots are aligned in it) */
 } map_shard_t;
 
+/* Note [Shard layout]
+ * Each shard fills one cache line of its own, and the runtime lock has one
+ * too, so threads working on different shards never write to a line another
+ * thread reads (the runtime is allocated 64-byte aligned).  The layout is
+ * checked by the assertions below.
+ */
+
 /* Layout, checked where it is built (runtime_build, map_grow) and here:
  *   sizeof(map_shard_t) == CACHE_LINE,  (uintptr_t)&rt->shards[i] % CACHE_LINE == 0,
  *   (uintptr_t)sh->slots % CACHE_LINE == 0,  capacity x 40 % CACHE_LINE == 0. */
@@ -105,9 +87,48 @@ _Static_assert(MAP_FIRST_SLOTS * sizeof(gmr_block_t) % CACHE_LINE == 0,
  * grow_at 0), so a lookup needs no test for a missing table. */
 static gmr_block_t map_none[1];
 
+/* Note [Fast and general paths]
+ * gmr_alloc and gmr_free check their arguments, then test one word, `slow` (a
+ * serialized policy, the trace, the history): 0 jumps to the hot path
+ * (alloc_fast, free_fast: the policy, the shard), anything else to the general
+ * one (alloc_general, free_general), both before a frame is built.
+ */
 #define RUNTIME_SLOW_HISTORY 1u /* `history` is set */
 #define RUNTIME_SLOW_TRACE   2u /* `trace` is set */
 #define RUNTIME_SLOW_SERIAL  4u /* `policy_lock` is set: the policy is not concurrent */
+#define RUNTIME_SLOW_POOLS   8u /* `children` is set: private pools exist (Note [Pools]) */
+
+/* Note [Pools]
+ * A private pool (gmr_pool_create, pools.c) is a child runtime: a second
+ * instance of the runtime's policy stack, built from the same configuration
+ * (kept in `cfg`) over a borrowed face of the same gate and device (gate.h),
+ * with its own pointer map.  The parent keeps its children in a list and the
+ * routes (stream -> child) that gmr_pool_begin made, both under `lock`.  So:
+ *   - a block freed in a pool goes back to the child's policy, and only an
+ *     allocation in that pool can get it again;
+ *   - gmr_free of a pool's block finds its child after the parent's map
+ *     misses (only while children exist: RUNTIME_SLOW_POOLS);
+ *   - a child lives while uses > 0, or it holds live blocks, or `busy` > 0
+ *     (a call into it is underway); gmr_empty_cache closes the others;
+ *   - the history is the parent's: a child records into the parent's store;
+ *   - statistics, walks and checks of the parent cover its children; peaks
+ *     are sums of each instance's peak, an upper bound of the true peak.
+ * Lock order: parent `lock`, then a child's locks; never the reverse. */
+typedef struct pool_route_s {
+  gmr_runtime_t *child;
+  gmr_stream_t stream; /* GMR_STREAM_ANY: every stream */
+} pool_route_t;
+
+/* Note [Runtime locking]
+ * Policies are called through the policy.h wrappers, which own the lock of a
+ * policy that is not `concurrent` (one op at a time); the map is then touched
+ * under that same lock, held across the op and the map (gmr__policy_lock and
+ * the *_locked calls).  A concurrent policy locks itself, and the map is
+ * touched under its shard's lock.  The policy lock is a gmr_lock_t, a shard's
+ * a gmr_spin_t (lock.h): an uncontended lock and unlock are one atomic
+ * instruction each, inline (a spin unlock is a plain release store).  Which
+ * lock guards what: the Synchronization comment of struct gmr_runtime_s below.
+ */
 
 /* Synchronization: `policy`, `policy_lock`, `backend`, `trace` and the names
  * are written once by runtime_build and only read afterwards; each shard's
@@ -133,7 +154,19 @@ struct gmr_runtime_s {
   char *snapshot_path;    /* GMR_SNAPSHOT: written when the runtime is freed; NULL: none */
   int device;
   char policy_name[128];
-  _Alignas(CACHE_LINE) gmr_lock_t lock; /* gmr_history_enable's */
+  gmr_config_t *cfg;   /* retained: the private pools are built from it */
+  gmr_backend_t *gate; /* the device gate under the recording layer (gate.h) */
+  /* Private pools (Note [Pools]); a child's `parent` is set, its `children` NULL. */
+  gmr_runtime_t *parent;
+  gmr_runtime_t *children, *next_child; /* under the parent's `lock` */
+  pool_route_t *routes;                 /* under `lock`, newest last */
+  size_t nroutes_cap;
+  _Atomic size_t nroutes;
+  uint64_t pool_id; /* children: unique in the process, never 0 */
+  int pool_uses;    /* children: under the parent's `lock` */
+  _Atomic int busy; /* children: calls into it underway through the parent */
+  /* gmr_history_enable's, and the pools' (children, routes, uses). */
+  _Alignas(CACHE_LINE) gmr_lock_t lock;
   map_shard_t shards[MAP_SHARDS];
 };
 
@@ -257,7 +290,8 @@ static void describe_stack(gmr_runtime_t *rt) {
     b[off++] = ')', b[off] = '\0';
 }
 
-/* GMR_SNAPSHOT's file for the next runtime: path, then path.1, path.2... */
+/* GMR_SNAPSHOT's file for the next runtime: path, then path.1, path.2...
+ * (see Note [Runtime history]) */
 static int snapshot_path_new(const char *path, char **out) {
   static _Atomic unsigned snapshots_named;
   unsigned n = atomic_fetch_add(&snapshots_named, 1);
@@ -296,10 +330,15 @@ static int snapshot_at_end(gmr_runtime_t *rt) {
   return err;
 }
 
+/* Build a runtime on `dev` (owned from now on), or, with `parent`, a private
+ * pool of parent (dev NULL: the parent's gate and device are borrowed; no
+ * trace, no GMR_HISTORY or GMR_SNAPSHOT of its own). */
 static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device,
-                         gmr_runtime_t **out) {
-  gmr_backend_t *be = NULL;
-  int rec_err = gmr__recording_new(dev, &be);
+                         gmr_runtime_t *parent, gmr_runtime_t **out) {
+  gmr_backend_t *gate = NULL, *be = NULL;
+  int gate_err = parent != NULL ? gmr__gate_borrow(parent->gate, &gate) : gmr__gate_new(dev, &gate);
+  if (gate_err != 0) return gate_err;
+  int rec_err = gmr__recording_new(gate, &be);
   if (rec_err != 0) return rec_err;
   void *raw = gmr__calloc(1, sizeof(gmr_runtime_t) + CACHE_LINE - 1);
   if (raw == NULL) {
@@ -311,7 +350,9 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
                       (uintptr_t)&rt->lock % CACHE_LINE == 0);
   rt->raw = raw;
   rt->backend = be;
-  rt->dev = dev;
+  rt->dev = parent != NULL ? parent->dev : dev;
+  rt->gate = parent != NULL ? parent->gate : gate;
+  rt->parent = parent;
   rt->device = device;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
@@ -324,6 +365,15 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
   gmr__policy_set_owner(rt->policy, rt);
   rt->policy_lock = gmr__policy_lock_ptr(rt->policy);
   describe_stack(rt);
+  rt->history_completes = true;
+  for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
+    if (p->ops->reports_free_completed) rt->history_completes = false;
+  rt->cfg = gmr__config_retain(cfg);
+  if (parent != NULL) {
+    atomic_init(&rt->slow, rt->policy_lock != NULL ? RUNTIME_SLOW_SERIAL : 0u);
+    *out = rt;
+    return 0;
+  }
   const char *trace_path = cfg->trace_path ? cfg->trace_path : gmr__env(GMR_ENV_TRACE);
   if (trace_path != NULL && *trace_path != '\0') {
     err = gmr__trace_open(trace_path, &rt->trace);
@@ -331,9 +381,6 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
   }
   atomic_init(&rt->slow, (rt->policy_lock != NULL ? RUNTIME_SLOW_SERIAL : 0u) |
                              (rt->trace != NULL ? RUNTIME_SLOW_TRACE : 0u));
-  rt->history_completes = true;
-  for (gmr_policy_t *p = rt->policy; p; p = p->upstream)
-    if (p->ops->reports_free_completed) rt->history_completes = false;
   const char *hist;
   size_t n;
   if (gmr__env_history(&n, &hist) != 0) {
@@ -354,6 +401,7 @@ fail_history:
   gmr__history_free(rt->history_store);
   gmr__trace_close(rt->trace);
 fail_trace:
+  gmr_config_free(rt->cfg);
   gmr__policy_destroy(rt->policy);
 fail_policy:
   gmr__lock_destroy(&rt->lock);
@@ -390,7 +438,7 @@ int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out) {
     err = gmr__sim_backend_new_on(&o, device, &be);
   }
   if (err != 0) return err;
-  return runtime_build(cfg, be, device, out);
+  return runtime_build(cfg, be, device, NULL, out);
 }
 
 int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
@@ -408,7 +456,7 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
   gmr_backend_t *be = NULL;
   int err = gmr__sim_backend_new(&o, &be);
   if (err != 0) return err;
-  return runtime_build(cfg, be, 0, out);
+  return runtime_build(cfg, be, 0, NULL, out);
 }
 
 int gmr_runtime_close(gmr_runtime_t *rt) {
@@ -416,6 +464,11 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
   gmr__error_clear();
   int err = 0;
   if (rt->snapshot_path != NULL) err = snapshot_at_end(rt); /* live blocks included */
+  for (gmr_runtime_t *c = rt->children, *next; c != NULL; c = next) {
+    next = c->next_child;
+    (void)gmr_runtime_close(c); /* before the gate they borrow goes */
+  }
+  gmr__free(rt->routes);
   size_t live = 0, bytes = 0;
   for (int s = 0; s < MAP_SHARDS; ++s) {
     map_shard_t *sh = &rt->shards[s];
@@ -436,6 +489,7 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
   gmr__backend_free(rt->backend);
   gmr__history_free(rt->history_store);
   gmr__free(rt->snapshot_path);
+  gmr_config_free(rt->cfg);
   gmr__lock_destroy(&rt->lock);
   gmr__free(rt->raw);
   return err;
@@ -473,6 +527,22 @@ static RUNTIME_COLD int alloc_unmapped(gmr_runtime_t *rt, gmr_block_t *blk) {
   return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_alloc: out of host memory for the pointer map"));
 }
 
+/* Note [Runtime history]
+ * See history.h.  While `history` is set, gmr_alloc records alloc (or oom)
+ * once the block is in the map, and gmr_free records free_requested (and
+ * free_completed, unless the policy stack reports it) before the policy sees
+ * the block, so the address cannot be handed out again before its free is in
+ * the history.  With no history, no trace and a concurrent policy each entry
+ * point pays one load and one predictable branch.  The device's entries
+ * (segment_*) are recorded by the recording layer (observe/recording.h) that
+ * the runtime puts between its policies and the device; snapshots are written
+ * by observe/snapshot.c, which reads the runtime through a
+ * gmr_snapshot_source_t and never calls back.  GMR_SNAPSHOT=path writes the
+ * memory snapshot when the runtime is freed (at exit for the default
+ * runtimes), to path, path.1, path.2... in the order the runtimes were
+ * created.
+ */
+
 /* Acquire: pairs with the release of gmr_history_enable's store, so a thread
  * that sees the history also sees it initialized (its mutex, ring and clock),
  * on every memory model (aarch64 included), not only on x86. */
@@ -503,14 +573,91 @@ static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_
   return err;
 }
 
+static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
+  return fail(rt, gmr__error_set(GMR_EBADPTR,
+                                 "%s: %p was not allocated by this runtime, or was already freed",
+                                 fn, ptr));
+}
+
+/* ---- private pools: routing (Note [Pools]) ------------------------------------ */
+
+static inline bool has_pools(gmr_runtime_t *rt) {
+  return (atomic_load_explicit(&rt->slow, memory_order_acquire) & RUNTIME_SLOW_POOLS) != 0;
+}
+
+/* The child that the newest route matching s names (use count > 0), made
+ * busy; NULL when none matches. */
+static RUNTIME_COLD gmr_runtime_t *route_find(gmr_runtime_t *rt, gmr_stream_t s) {
+  gmr_runtime_t *found = NULL;
+  gmr__lock(&rt->lock);
+  for (size_t i = atomic_load_explicit(&rt->nroutes, memory_order_relaxed); i-- > 0;) {
+    pool_route_t *r = &rt->routes[i];
+    if ((r->stream == s || r->stream == GMR_STREAM_ANY) && r->child->pool_uses > 0) {
+      found = r->child;
+      atomic_fetch_add(&found->busy, 1);
+      break;
+    }
+  }
+  gmr__unlock(&rt->lock);
+  return found;
+}
+
+static int pools_trim(gmr_runtime_t *rt);
+
+/* gmr_alloc in a busy child; the child's failure text is the parent's too.
+ * Out of memory, the parent's cache and the released pools' go back to the
+ * device and the allocation is tried once more, as PyTorch frees every
+ * pool's cached blocks before it gives up on a private pool's request. */
+static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, size_t size,
+                                       gmr_stream_t s, void **out_ptr) {
+  int err = gmr_alloc(child, size, s, out_ptr);
+  if (err == GMR_ENOMEM && gmr__policy_trim(rt->policy) == 0 && pools_trim(rt) == 0)
+    err = gmr_alloc(child, size, s, out_ptr);
+  atomic_fetch_sub(&child->busy, 1);
+  return err != 0 ? fail(rt, err) : 0;
+}
+
+/* The child whose map holds ptr, made busy; NULL when none does. */
+static RUNTIME_COLD gmr_runtime_t *child_holding(gmr_runtime_t *rt, const void *ptr) {
+  uint64_t h = map_hash(ptr);
+  gmr_runtime_t *found = NULL;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t *c = rt->children; c != NULL && found == NULL; c = c->next_child) {
+    map_shard_t *sh = map_shard(c, h);
+    gmr__policy_lock(c->policy);
+    map_lock(c, sh);
+    if (map_find(sh, ptr, h) != MAP_NONE) found = c;
+    map_unlock(c, sh);
+    gmr__policy_unlock(c->policy);
+  }
+  if (found != NULL) atomic_fetch_add(&found->busy, 1);
+  gmr__unlock(&rt->lock);
+  return found;
+}
+
+/* gmr_free of a pointer the parent's map does not hold. */
+static RUNTIME_COLD int free_in_child(gmr_runtime_t *rt, void *ptr) {
+  gmr_runtime_t *child = child_holding(rt, ptr);
+  if (child == NULL) return bad_pointer(rt, "gmr_free", ptr);
+  int err = gmr_free(child, ptr);
+  atomic_fetch_sub(&child->busy, 1);
+  return err != 0 ? fail(rt, err) : 0;
+}
+
 /* gmr_alloc's general path: a serialized policy, the trace, the history
  * (alloc on success, oom on GMR_ENOMEM: PyTorch's OOM entry, the device's
  * free bytes and the request). */
 static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
                                           void **out_ptr) {
+  if (atomic_load_explicit(&rt->nroutes, memory_order_acquire) != 0) {
+    gmr_runtime_t *child = route_find(rt, s);
+    if (child != NULL) return alloc_in_child(rt, child, size, s, out_ptr);
+  }
   gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
+  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt) == 0) /* released pools' cache */
+    err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
     gmr__backend_mem_info(rt->backend, &free_b, &total);
@@ -564,18 +711,13 @@ static RUNTIME_NOINLINE int alloc_fast(gmr_runtime_t *rt, size_t size, gmr_strea
   return 0;
 }
 
+/* see Note [Fast and general paths] */
 int gmr_alloc(gmr_runtime_t *rt, size_t size, gmr_stream_t s, void **out_ptr) {
   if (GMR_UNLIKELY(rt == NULL || out_ptr == NULL || size - 1 >= GMR_MAX_REQUEST - 1))
     return alloc_refused(rt, size, out_ptr);
   if (GMR_UNLIKELY(atomic_load_explicit(&rt->slow, memory_order_acquire) != 0))
     return alloc_general(rt, size, s, out_ptr);
   return alloc_fast(rt, size, s, out_ptr);
-}
-
-static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr) {
-  return fail(rt, gmr__error_set(GMR_EBADPTR,
-                                 "%s: %p was not allocated by this runtime, or was already freed",
-                                 fn, ptr));
 }
 
 /* gmr_free's general path (see gmr_alloc): the free is recorded in the
@@ -598,6 +740,7 @@ static RUNTIME_NOINLINE int free_general(gmr_runtime_t *rt, void *ptr) {
   if (pl == NULL) gmr__spin_unlock(&sh->lock);
   if (slot == MAP_NONE) {
     if (pl != NULL) gmr__unlock(pl);
+    if (has_pools(rt)) return free_in_child(rt, ptr);
     return bad_pointer(rt, "gmr_free", ptr);
   }
   gmr_history_t *hist = history_of(rt);
@@ -659,6 +802,7 @@ static RUNTIME_NOINLINE int free_fast(gmr_runtime_t *rt, void *ptr) {
   return free_block(rt, &blk);
 }
 
+/* see Note [Fast and general paths] and Note [Map invariant] */
 int gmr_free(gmr_runtime_t *rt, void *ptr) {
   if (GMR_UNLIKELY(rt == NULL)) return gmr__error_set(GMR_EINVAL, "gmr_free: the runtime is NULL");
   if (GMR_UNLIKELY(ptr == NULL)) return 0;
@@ -679,11 +823,214 @@ int gmr_record_stream(gmr_runtime_t *rt, void *ptr, gmr_stream_t s) {
   gmr_block_t blk;
   if (slot != MAP_NONE) blk = sh->slots[slot];
   map_unlock(rt, sh);
-  int err = slot == MAP_NONE ? bad_pointer(rt, "gmr_record_stream", ptr)
-                             : gmr__policy_record_stream_locked(rt->policy, &blk, s);
+  int err = slot == MAP_NONE ? GMR_EBADPTR : gmr__policy_record_stream_locked(rt->policy, &blk, s);
   gmr__policy_unlock(rt->policy);
+  if (slot == MAP_NONE) {
+    gmr_runtime_t *child = has_pools(rt) ? child_holding(rt, ptr) : NULL;
+    if (child == NULL) return bad_pointer(rt, "gmr_record_stream", ptr);
+    err = gmr_record_stream(child, ptr, s);
+    atomic_fetch_sub(&child->busy, 1);
+    return err != 0 ? fail(rt, err) : 0;
+  }
   if (err != 0) return err;
   if (rt->trace) trace_write(rt, "record_stream", ptr, blk.requested, s);
+  return 0;
+}
+
+/* ---- private pools: lifecycle (Note [Pools]; the public calls are pools.c's) -- */
+
+/* A child records into its parent's history (under the parent's `lock`). */
+static void child_share_history(gmr_runtime_t *rt, gmr_runtime_t *c) {
+  gmr_history_t *h = atomic_load_explicit(&rt->history, memory_order_relaxed);
+  gmr__recording_attach(c->backend, h);
+  atomic_store_explicit(&c->history, h, memory_order_release);
+  if (h != NULL)
+    atomic_fetch_or_explicit(&c->slow, RUNTIME_SLOW_HISTORY, memory_order_release);
+  else
+    atomic_fetch_and_explicit(&c->slow, ~RUNTIME_SLOW_HISTORY, memory_order_release);
+}
+
+int gmr__runtime_pool_new(gmr_runtime_t *rt, gmr_runtime_t **out) {
+  static _Atomic uint64_t pool_ids;
+  if (rt->parent != NULL)
+    return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_pool_create: a pool has no pools of its own"));
+  gmr_runtime_t *c = NULL;
+  int err = runtime_build(rt->cfg, NULL, rt->device, rt, &c);
+  if (err != 0) return fail(rt, err);
+  c->pool_id = atomic_fetch_add(&pool_ids, 1) + 1;
+  c->pool_uses = 1;
+  gmr__lock(&rt->lock);
+  child_share_history(rt, c);
+  c->next_child = rt->children;
+  rt->children = c;
+  atomic_fetch_or_explicit(&rt->slow, RUNTIME_SLOW_POOLS, memory_order_release);
+  gmr__unlock(&rt->lock);
+  *out = c;
+  return 0;
+}
+
+gmr_runtime_t *gmr__runtime_pool_parent(gmr_runtime_t *c) {
+  return c->parent;
+}
+uint64_t gmr__runtime_pool_id(const gmr_runtime_t *c) {
+  return c->pool_id;
+}
+
+int gmr__runtime_pool_uses(gmr_runtime_t *c, int delta) {
+  gmr_runtime_t *rt = c->parent;
+  gmr__lock(&rt->lock);
+  int uses = c->pool_uses;
+  if (delta < 0 && uses == 0) {
+    gmr__unlock(&rt->lock);
+    return -1;
+  }
+  c->pool_uses = uses + delta;
+  gmr__unlock(&rt->lock);
+  return uses + delta;
+}
+
+int gmr__runtime_pool_route(gmr_runtime_t *c, gmr_stream_t s, bool on) {
+  gmr_runtime_t *rt = c->parent;
+  int err = 0;
+  gmr__lock(&rt->lock);
+  size_t n = atomic_load_explicit(&rt->nroutes, memory_order_relaxed);
+  if (on && c->pool_uses == 0) {
+    err = gmr__error_set(GMR_EINVAL, "gmr_pool_begin: the pool was released (use count 0)");
+  } else if (on) {
+    if (n == rt->nroutes_cap) {
+      size_t cap = n ? 2 * n : 4;
+      pool_route_t *v = gmr__realloc(rt->routes, cap * sizeof *v);
+      if (v == NULL) err = gmr__error_set(GMR_ENOMEM, "gmr_pool_begin: out of host memory");
+      if (v != NULL) rt->routes = v, rt->nroutes_cap = cap;
+    }
+    if (err == 0) {
+      rt->routes[n] = (pool_route_t){c, s};
+      atomic_store_explicit(&rt->nroutes, n + 1, memory_order_release);
+    }
+  } else {
+    size_t i = n;
+    while (i-- > 0 && !(rt->routes[i].child == c && rt->routes[i].stream == s)) {
+    }
+    if (i == SIZE_MAX) {
+      err = gmr__error_set(GMR_EINVAL, "gmr_pool_end: pool %" PRIu64 " has no route for stream %p",
+                           c->pool_id, s);
+    } else {
+      memmove(&rt->routes[i], &rt->routes[i + 1], (n - i - 1) * sizeof rt->routes[0]);
+      atomic_store_explicit(&rt->nroutes, n - 1, memory_order_release);
+    }
+  }
+  gmr__unlock(&rt->lock);
+  return err != 0 ? fail(rt, err) : 0;
+}
+
+/* gmr_alloc in pool c, unless its use count is 0. */
+int gmr__runtime_pool_alloc(gmr_runtime_t *c, size_t size, gmr_stream_t s, void **out_ptr) {
+  gmr_runtime_t *rt = c->parent;
+  gmr__lock(&rt->lock);
+  bool open = c->pool_uses > 0;
+  if (open) atomic_fetch_add(&c->busy, 1);
+  gmr__unlock(&rt->lock);
+  if (!open)
+    return fail(
+        rt, gmr__error_set(GMR_EINVAL, "gmr_alloc_in: pool %" PRIu64 " was released", c->pool_id));
+  return alloc_in_child(rt, c, size, s, out_ptr);
+}
+
+/* The pool whose map holds ptr (NULL: none); *in_parent when the parent's does. */
+gmr_runtime_t *gmr__runtime_pool_of(gmr_runtime_t *rt, const void *ptr, bool *in_parent) {
+  uint64_t h = map_hash(ptr);
+  map_shard_t *sh = map_shard(rt, h);
+  gmr__policy_lock(rt->policy);
+  map_lock(rt, sh);
+  *in_parent = map_find(sh, ptr, h) != MAP_NONE;
+  map_unlock(rt, sh);
+  gmr__policy_unlock(rt->policy);
+  if (*in_parent || !has_pools(rt)) return NULL;
+  gmr_runtime_t *c = child_holding(rt, ptr);
+  if (c != NULL) atomic_fetch_sub(&c->busy, 1);
+  return c;
+}
+
+/* Live allocations in rt's map. */
+static size_t map_live(gmr_runtime_t *rt) {
+  size_t live = 0;
+  gmr__policy_lock(rt->policy);
+  for (int k = 0; k < MAP_SHARDS; ++k) {
+    map_lock(rt, &rt->shards[k]);
+    live += rt->shards[k].count;
+    map_unlock(rt, &rt->shards[k]);
+  }
+  gmr__policy_unlock(rt->policy);
+  return live;
+}
+
+/* Visit the live allocations of pool c (pointer, requested size). */
+int gmr__runtime_pool_foreach_live(gmr_runtime_t *c, gmr_ptr_cb cb, void *ud) {
+  size_t n = 0, cap = map_live(c) + 16;
+  gmr_block_t *v = gmr__malloc(cap * sizeof *v);
+  if (v == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_pool_foreach_live: out of host memory");
+  gmr__policy_lock(c->policy);
+  for (int k = 0; k < MAP_SHARDS; ++k) {
+    map_shard_t *sh = &c->shards[k];
+    map_lock(c, sh);
+    for (size_t i = 0; i <= sh->mask && n < cap; ++i)
+      if (sh->slots[i].ptr != NULL) v[n++] = sh->slots[i];
+    map_unlock(c, sh);
+  }
+  gmr__policy_unlock(c->policy);
+  for (size_t i = 0; i < n; ++i)
+    if (cb(v[i].ptr, v[i].requested, ud) != 0) break;
+  gmr__free(v);
+  return 0;
+}
+
+/* gmr_empty_cache's part for the pools: trim the released ones (use count
+ * 0), and close those that then hold nothing (PyTorch frees a private pool's
+ * cached blocks once no graph uses it). */
+static int pools_trim(gmr_runtime_t *rt) {
+  int err = 0;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t **pc = &rt->children, *c; (c = *pc) != NULL;) {
+    if (c->pool_uses > 0 || atomic_load(&c->busy) > 0) {
+      pc = &c->next_child;
+      continue;
+    }
+    int e = gmr__policy_trim(c->policy);
+    if (e != 0 && err == 0) err = e;
+    if (e != 0 || map_live(c) != 0) {
+      pc = &c->next_child;
+      continue;
+    }
+    *pc = c->next_child;
+    size_t n = atomic_load_explicit(&rt->nroutes, memory_order_relaxed), kept = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (rt->routes[i].child != c) rt->routes[kept++] = rt->routes[i];
+    atomic_store_explicit(&rt->nroutes, kept, memory_order_release);
+    (void)gmr_runtime_close(c);
+  }
+  if (rt->children == NULL)
+    atomic_fetch_and_explicit(&rt->slow, ~RUNTIME_SLOW_POOLS, memory_order_release);
+  gmr__unlock(&rt->lock);
+  return err;
+}
+
+int gmr__runtime_pool_trim(gmr_runtime_t *c) {
+  int err = gmr__policy_trim(c->policy);
+  return err != 0 ? fail(c->parent, err) : 0;
+}
+
+gmr_backend_t *gmr__runtime_gate(gmr_runtime_t *rt) {
+  return rt->gate;
+}
+
+int gmr__runtime_history_observe(gmr_runtime_t *rt, gmr_history_cb cb, void *ud) {
+  if (cb != NULL && history_of(rt) == NULL) {
+    int err = gmr_history_enable(rt, 1);
+    if (err != 0) return err;
+  }
+  gmr__lock(&rt->lock);
+  if (rt->history_store != NULL) gmr__history_set_observer(rt->history_store, cb, ud);
+  gmr__unlock(&rt->lock);
   return 0;
 }
 
@@ -691,6 +1038,7 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = gmr__policy_trim(rt->policy);
   if (err != 0) return err;
+  if (has_pools(rt) && (err = pools_trim(rt)) != 0) return fail(rt, err);
   if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
@@ -718,7 +1066,12 @@ int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *
   }
   map_unlock(rt, sh);
   gmr__policy_unlock(rt->policy);
-  return slot != MAP_NONE ? 0 : bad_pointer(rt, "gmr_alloc_size", ptr);
+  if (slot != MAP_NONE) return 0;
+  gmr_runtime_t *child = has_pools(rt) ? child_holding(rt, ptr) : NULL;
+  if (child == NULL) return bad_pointer(rt, "gmr_alloc_size", ptr);
+  int err = gmr_alloc_size(child, ptr, out_requested, out_allocated);
+  atomic_fetch_sub(&child->busy, 1);
+  return err;
 }
 
 /* ---- statistics and introspection ------------------------------------------- */
@@ -729,6 +1082,15 @@ int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
   memset(&st, 0, sizeof st);
   gmr__policy_stats(rt->policy, &st);
   gmr__stats_fill_device(rt->backend, &st);
+  if (has_pools(rt)) {
+    gmr__lock(&rt->lock);
+    for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child) {
+      gmr_stats_t cs;
+      gmr_stats(c, &cs);
+      gmr__stats_add(&st, &cs);
+    }
+    gmr__unlock(&rt->lock);
+  }
   *out = st;
   return 0;
 }
@@ -739,6 +1101,11 @@ void gmr_stats_reset_peak(gmr_runtime_t *rt) {
   gmr__policy_reset_peak_locked(rt->policy);
   gmr__backend_counters_reset_peak(rt->backend);
   gmr__policy_unlock(rt->policy);
+  if (!has_pools(rt)) return;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
+    gmr_stats_reset_peak(c);
+  gmr__unlock(&rt->lock);
 }
 
 void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
@@ -747,6 +1114,11 @@ void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
   gmr__policy_reset_accumulated_locked(rt->policy);
   gmr__backend_counters_reset_accumulated(rt->backend);
   gmr__policy_unlock(rt->policy);
+  if (!has_pools(rt)) return;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
+    gmr_stats_reset_accumulated(c);
+  gmr__unlock(&rt->lock);
 }
 
 /* Re-entrance.  gmr_walk, gmr_stats_foreach and gmr_summary call back into
@@ -760,7 +1132,8 @@ void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
 typedef struct walk_vec_s {
   gmr_walk_entry_t *v;
   size_t n, cap;
-  bool failed; /* out of host memory */
+  bool failed;      /* out of host memory */
+  uint64_t pool_id; /* stamped on the entries collected now */
 } walk_vec_t;
 
 static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
@@ -775,7 +1148,8 @@ static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
     w->v = v;
     w->cap = cap;
   }
-  w->v[w->n++] = *e; /* `pool` names are string literals */
+  w->v[w->n] = *e; /* `pool` names are string literals */
+  w->v[w->n++].pool_id = w->pool_id;
   return 0;
 }
 
@@ -812,6 +1186,33 @@ static int stat_collect(const char *key, int64_t value, void *ud) {
   return 0;
 }
 
+/* Add each pool's named statistics to v, key by key (the pools run the same
+ * policy, so the same keys); settings such as max_split_size stay. */
+static int stat_vec_add_pools(gmr_runtime_t *rt, stat_vec_t *v) {
+  int err = 0;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t *c = rt->children; c != NULL && err == 0; c = c->next_child) {
+    stat_vec_t cv;
+    memset(&cv, 0, sizeof cv);
+    err = gmr__policy_stats_foreach(c->policy, stat_collect, &cv);
+    if (err == 0 && cv.failed) err = GMR_ENOMEM;
+    for (size_t i = 0; i < cv.keys.len; ++i)
+      if (cv.keys.data[i] == '\x01') cv.keys.data[i] = '\0';
+    for (size_t i = 0; err == 0 && i < v->n && i < cv.n; ++i) {
+      const char *key = v->keys.data + v->key_at[i];
+      if (strcmp(key, cv.keys.data + cv.key_at[i]) == 0 && !gmr__stats_is_setting(key))
+        v->values[i] += cv.values[i];
+    }
+    gmr__sb_free(&cv.keys);
+    gmr__free(cv.values);
+    gmr__free(cv.key_at);
+  }
+  gmr__unlock(&rt->lock);
+  return err == GMR_ENOMEM
+             ? gmr__error_set(err, "gmr_stats_foreach: out of host memory for the statistics")
+             : err;
+}
+
 int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats_foreach: NULL");
   stat_vec_t v;
@@ -827,6 +1228,7 @@ int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
     err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
   for (size_t i = 0; i < v.keys.len; ++i)
     if (v.keys.data[i] == '\x01') v.keys.data[i] = '\0';
+  if (err == 0 && has_pools(rt)) err = stat_vec_add_pools(rt, &v);
   for (size_t i = 0; err == 0 && i < v.n; ++i)
     if (cb(v.keys.data + v.key_at[i], v.values[i], ud) != 0) break;
   gmr__sb_free(&v.keys);
@@ -895,8 +1297,16 @@ const char *gmr_last_error(gmr_runtime_t *rt) {
 
 int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
   if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_walk: NULL argument");
-  walk_vec_t w = {NULL, 0, 0, false};
+  walk_vec_t w = {NULL, 0, 0, false, 0};
   int err = gmr__policy_walk(rt->policy, walk_collect, &w);
+  if (err == 0 && has_pools(rt)) {
+    gmr__lock(&rt->lock);
+    for (gmr_runtime_t *c = rt->children; c != NULL && err == 0 && !w.failed; c = c->next_child) {
+      w.pool_id = c->pool_id;
+      err = gmr__policy_walk(c->policy, walk_collect, &w);
+    }
+    gmr__unlock(&rt->lock);
+  }
   if (err == 0 && w.failed)
     err = fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_walk: out of host memory for the segments"));
   for (size_t i = 0; err == 0 && i < w.n; ++i)
@@ -924,6 +1334,12 @@ static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_cap
   }
   out->walk_err = err == 0 ? gmr__policy_walk_locked(rt->policy, cb, ud) : GMR_ENOTSUP;
   gmr__policy_unlock(rt->policy);
+  if (out->walk_err == 0 && has_pools(rt)) {
+    gmr__lock(&rt->lock); /* the pools' segments follow, each stamped with its pool */
+    for (gmr_runtime_t *c = rt->children; c != NULL && out->walk_err == 0; c = c->next_child)
+      out->walk_err = gmr_walk(c, cb, ud);
+    gmr__unlock(&rt->lock);
+  }
   return err;
 }
 
@@ -944,7 +1360,13 @@ int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
 
 int gmr_check(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
-  return gmr__policy_check(rt->policy);
+  int err = gmr__policy_check(rt->policy);
+  if (err != 0 || !has_pools(rt)) return err;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t *c = rt->children; c != NULL && err == 0; c = c->next_child)
+    err = gmr_check(c);
+  gmr__unlock(&rt->lock);
+  return err;
 }
 
 const char *gmr_runtime_policy(gmr_runtime_t *rt) {
@@ -969,11 +1391,19 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_history_enable: the runtime is NULL");
   int err = 0;
   gmr__lock(&rt->lock);
+  if (rt->parent != NULL) {
+    gmr__unlock(&rt->lock);
+    return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_history_enable: a pool records into its "
+                                               "runtime's history"));
+  }
   if (max_entries == 0) {
     atomic_store(&rt->history, NULL);
     atomic_fetch_and(&rt->slow, ~RUNTIME_SLOW_HISTORY);
     gmr__recording_attach(rt->backend, NULL);
-    if (rt->history_store != NULL) gmr__history_clear(rt->history_store);
+    if (rt->history_store != NULL) {
+      gmr__history_clear(rt->history_store);
+      gmr__history_set_observer(rt->history_store, NULL, NULL);
+    }
   } else {
     if (rt->history_store == NULL)
       err = gmr__history_new(rt->backend, max_entries, &rt->history_store);
@@ -986,6 +1416,8 @@ int gmr_history_enable(gmr_runtime_t *rt, size_t max_entries) {
       atomic_fetch_or_explicit(&rt->slow, RUNTIME_SLOW_HISTORY, memory_order_release);
     }
   }
+  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
+    child_share_history(rt, c);
   gmr__unlock(&rt->lock);
   return err ? fail(rt, err) : 0;
 }
@@ -1021,62 +1453,6 @@ size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt) {
   gmr__policy_unlock(rt->policy);
   return longest;
 }
-
-/* ---- simulator controls ------------------------------------------------------ */
-
-static gmr_sim_t *sim_or_fail(gmr_runtime_t *rt) {
-  if (rt == NULL) return NULL;
-  gmr_sim_t *sim = gmr__sim_of(rt->dev);
-  if (sim == NULL)
-    fail(rt, gmr__error_set(GMR_ENOTSUP, "this runtime runs on %s, not on the simulator",
-                            rt->backend->ops->name));
-  return sim;
-}
-
-#define SIM_CALL(call)                                                                             \
-  do {                                                                                             \
-    gmr_sim_t *sim = sim_or_fail(rt);                                                              \
-    if (sim == NULL) return rt ? GMR_ENOTSUP : GMR_EINVAL;                                         \
-    call;                                                                                          \
-    return 0;                                                                                      \
-  } while (0)
-
-int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k) {
-  SIM_CALL(gmr__sim_fail_nth(sim, k));
-}
-int gmr_sim_fail_from(gmr_runtime_t *rt, uint64_t k) {
-  SIM_CALL(gmr__sim_fail_from(sim, k));
-}
-int gmr_sim_fail_above(gmr_runtime_t *rt, uint64_t b) {
-  SIM_CALL(gmr__sim_fail_above(sim, b));
-}
-int gmr_sim_fail_all(gmr_runtime_t *rt, int on) {
-  SIM_CALL(gmr__sim_fail_all(sim, on));
-}
-int gmr_sim_stream_enqueue(gmr_runtime_t *rt, gmr_stream_t s) {
-  SIM_CALL(gmr__sim_stream_enqueue(sim, s));
-}
-int gmr_sim_stream_use(gmr_runtime_t *rt, gmr_stream_t s, const void *ptr, size_t size) {
-  SIM_CALL(gmr__sim_stream_use(sim, s, ptr, size));
-}
-int gmr_sim_stream_complete(gmr_runtime_t *rt, gmr_stream_t s) {
-  SIM_CALL(gmr__sim_stream_complete(sim, s));
-}
-int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns) {
-  SIM_CALL(gmr__sim_set_clock(sim, ns));
-}
-int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr) {
-  SIM_CALL(gmr__sim_place_next(sim, addr));
-}
-int gmr_sim_stream_capture(gmr_runtime_t *rt, gmr_stream_t s, int on) {
-  SIM_CALL(gmr__sim_stream_capture(sim, s, on));
-}
-int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
-  if (out == NULL) return GMR_EINVAL;
-  SIM_CALL(gmr__sim_counters(sim, out));
-}
-
-/* ---- the process-wide default runtimes ----------------------------------------- */
 
 #define DEFAULT_MAX_DEVICES 64
 static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;

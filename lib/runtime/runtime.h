@@ -3,6 +3,8 @@
 #ifndef GMR_RUNTIME_H
 #define GMR_RUNTIME_H
 
+#include <stdbool.h>
+
 #include "backend/backend.h"
 #include "gmr.h"
 
@@ -19,4 +21,20 @@ gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt);
 /* The device backend under the recording layer (probes that must leave no
  * trace in the runtime's history or statistics). */
 gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt);
+
+/* Private pools (Note [Pools] in runtime.c; the public calls are pools.c's).
+ * A pool is a child runtime of `rt`; these are its mechanics. */
+int gmr__runtime_pool_new(gmr_runtime_t *rt, gmr_runtime_t **out);
+gmr_runtime_t *gmr__runtime_pool_parent(gmr_runtime_t *pool);
+uint64_t gmr__runtime_pool_id(const gmr_runtime_t *pool);
+/* Add delta to the use count; the new count, or -1 (it was 0 already). */
+int gmr__runtime_pool_uses(gmr_runtime_t *pool, int delta);
+int gmr__runtime_pool_route(gmr_runtime_t *pool, gmr_stream_t s, bool on);
+int gmr__runtime_pool_alloc(gmr_runtime_t *pool, size_t size, gmr_stream_t s, void **out_ptr);
+gmr_runtime_t *gmr__runtime_pool_of(gmr_runtime_t *rt, const void *ptr, bool *in_parent);
+int gmr__runtime_pool_foreach_live(gmr_runtime_t *pool, gmr_ptr_cb cb, void *ud);
+int gmr__runtime_pool_trim(gmr_runtime_t *pool);
+/* The device gate (backend/gate.h), shared by the runtime and its pools. */
+gmr_backend_t *gmr__runtime_gate(gmr_runtime_t *rt);
+int gmr__runtime_history_observe(gmr_runtime_t *rt, gmr_history_cb cb, void *ud);
 #endif /* GMR_RUNTIME_H */

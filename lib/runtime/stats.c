@@ -45,6 +45,21 @@ void gmr__stats_fill_device(gmr_backend_t *be, gmr_stats_t *st) {
   X(limit_bytes)
 // clang-format on
 
+void gmr__stats_add(gmr_stats_t *a, const gmr_stats_t *b) {
+  uint64_t largest =
+      a->largest_free_block > b->largest_free_block ? a->largest_free_block : b->largest_free_block;
+  uint64_t limit = a->limit_bytes;
+#define ADD(f) a->f += b->f;
+  COMMON_FIELDS(ADD)
+#undef ADD
+  a->largest_free_block = largest;
+  a->limit_bytes = limit;
+}
+
+int gmr__stats_is_setting(const char *key) {
+  return strstr(key, "max_split_size") != NULL;
+}
+
 int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud) {
 #define EMIT(f)                                                                                    \
   if (cb(#f, (int64_t)st->f, ud) != 0) return 0;

@@ -17,4 +17,12 @@ int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud);
 /* The generic summary, for policies that have none of their own. */
 int gmr__stats_print(const gmr_stats_t *st, const char *policy, const char *backend, FILE *out);
 
+/* Add b's figures to a (a runtime and its private pools): sums, peaks
+ * summed (an upper bound of the peak of the sum), the largest free block
+ * the larger, the limit a's. */
+void gmr__stats_add(gmr_stats_t *a, const gmr_stats_t *b);
+/* 1 for a named statistic that is a setting, not a count (max_split_size):
+ * not summed over pools. */
+int gmr__stats_is_setting(const char *key);
+
 #endif /* GMR_STATS_H */
