@@ -38,9 +38,13 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 stage="$out/stage"
 rm -rf "$stage"
-mkdir -p "$stage/gmr/config"
+mkdir -p "$stage/gmr/config" "$stage/gmr/csrc" "$stage/gmr/include"
 cp "$src/python/pyproject.toml" "$src/python/setup.py" "$src/python/README.md" "$src/LICENSE" "$stage/"
 cp "$src"/python/gmr/*.py "$stage/gmr/"
+# The native PyTorch adapter's source and the header it includes: _torch.py
+# compiles them against the user's torch on first use.
+cp "$src"/python/gmr/csrc/gmr_torch.cpp "$stage/gmr/csrc/"
+cp "$src"/include/gmr.h "$stage/gmr/include/"
 cp "$src"/config/*.yaml "$stage/gmr/config/"
 cp -L "$lib" "$stage/gmr/libgmr.so.0"
 # libyaml, for hosts without it (the wheel's libgmr.so.0 gets RUNPATH

@@ -62,7 +62,7 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 print("\n".join(sorted(names)))
 PYEOF
-for f in gmr/libgmr.so.0 gmr/__init__.py gmr/_replay.py gmr/config/pytorch.yaml gmr/config/tf-growth.yaml; do
+for f in gmr/libgmr.so.0 gmr/__init__.py gmr/_replay.py gmr/_torch.py gmr/csrc/gmr_torch.cpp gmr/include/gmr.h gmr/config/pytorch.yaml gmr/config/tf-growth.yaml; do
   if grep -qx "$f" "$tmp/contents"; then result ok "it carries $f"; else result fail "it carries $f"; fi
 done
 if [ -f "$BLD/lib/.libs/libgmr-preload.so" ]; then

@@ -170,19 +170,52 @@ def _fnptr(name):
     return _ctypes.cast(getattr(_library(), name), _ctypes.c_void_p).value
 
 
-def use_in_torch(config=None):
-    """Make PyTorch allocate CUDA memory through gmr
-    (torch.cuda.memory.CUDAPluggableAllocator).  Call it before the first CUDA
-    tensor.  torch.cuda.empty_cache() and Tensor.record_stream() reach gmr;
-    an allocation past the memory gmr may use raises torch.OutOfMemoryError.
-    torch.cuda.memory_stats() does not work under a pluggable allocator: use
-    gmr.stats() and gmr.summary()."""
-    global _frozen
+_torch_fallback_warned = False
+
+
+def use_in_torch(config=None, adapter=None):
+    """Make PyTorch allocate CUDA memory through gmr.  Call it before the
+    first CUDA tensor.
+
+    adapter "native" (the default; or the environment's GMR_TORCH_ADAPTER)
+    installs gmr's own CUDAAllocator (csrc/gmr_torch.cpp, compiled against
+    the imported torch on first use and cached: python3 -m gmr build-torch
+    builds it ahead), under which torch.cuda's whole memory API works:
+    memory_stats(), memory_summary(), _record_memory_history() and
+    _snapshot(), CUDA graphs, torch.cuda.MemPool, torch.compile's
+    reduce-overhead mode, set_per_process_memory_fraction, IPC.  When the
+    default cannot be built (no compiler or headers), a warning says why
+    and the "pluggable" path is used: CUDAPluggableAllocator over libgmr's
+    hooks, where torch.cuda.empty_cache() and Tensor.record_stream() reach
+    gmr but torch.cuda.memory_stats() and the rest raise (use gmr.stats()
+    and gmr.summary()).  An adapter named explicitly raises on failure.
+    Under either, an allocation past the memory gmr may use raises
+    torch.OutOfMemoryError with gmr's message.  Returns "native", or the
+    CUDAPluggableAllocator."""
+    global _frozen, _torch_fallback_warned
     try:
         import torch
     except ImportError as e:
         raise ImportError("gmr.use_in_torch needs PyTorch: %s" % e) from e
+    chosen = adapter if adapter is not None else (_os.environ.get("GMR_TORCH_ADAPTER") or None)
+    if chosen not in (None, "native", "pluggable"):
+        raise ValueError('gmr: adapter must be "native" or "pluggable", not %r' % (chosen,))
     configure(config)
+    if chosen in (None, "native"):
+        from . import _torch
+        try:
+            _torch.install(library_path())
+            _frozen = True
+            return "native"
+        except _torch.BuildError as e:
+            if chosen == "native":
+                raise
+            if not _torch_fallback_warned:
+                _torch_fallback_warned = True
+                import warnings
+                warnings.warn("%s\ngmr: falling back to the pluggable adapter "
+                              "(torch.cuda.memory_stats() and CUDA graphs do not work "
+                              "under it)" % e, RuntimeWarning, stacklevel=2)
     alloc = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gmr_torch_alloc",
                                                       "gmr_torch_free")
     native = alloc.allocator()

@@ -203,12 +203,41 @@ class FrameworkWiring(unittest.TestCase):
         torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
             CUDAPluggableAllocator=Pluggable, change_current_allocator=changed.append))
         self._install({"torch": torch})
-        alloc = gmr.use_in_torch(CONFIG)
+        alloc = gmr.use_in_torch(CONFIG, adapter="pluggable")
         self.assertEqual(changed, [alloc])
         self.assertEqual(alloc.alloc, _address("gmr_torch_alloc"))
         self.assertEqual(alloc.free, _address("gmr_torch_free"))
         self.assertEqual(alloc.native.calls, {"reset": _address("gmr_torch_empty_cache"),
                                               "record_stream": _address("gmr_torch_record_stream")})
+
+    def test_use_in_torch_falls_back_when_native_cannot_build(self):
+        """The default adapter needs torch's C++ headers: a torch without
+        them (this stand-in) gives one warning and the pluggable path."""
+        changed = []
+
+        class Pluggable:
+            def __init__(self, path, alloc_name, free_name):
+                pass
+
+            def allocator(self):
+                return types.SimpleNamespace()
+
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
+            CUDAPluggableAllocator=Pluggable, change_current_allocator=changed.append))
+        self._install({"torch": torch})
+        saved = os.environ.pop("GMR_TORCH_ADAPTER", None)
+        self.addCleanup(lambda: saved is None or os.environ.__setitem__("GMR_TORCH_ADAPTER", saved))
+        gmr._torch_fallback_warned = False
+        with self.assertWarns(RuntimeWarning) as cm:
+            alloc = gmr.use_in_torch(CONFIG)
+        self.assertIn("falling back to the pluggable adapter", str(cm.warning))
+        self.assertEqual(changed, [alloc])
+        from gmr import _torch
+        with self.assertRaises(_torch.BuildError):
+            gmr.use_in_torch(CONFIG, adapter="native")
+        with self.assertRaises(ValueError):
+            gmr.use_in_torch(CONFIG, adapter="cuda")
 
     def test_use_in_cupy(self):
         installed = []
