@@ -130,6 +130,11 @@ def _plan(libgmr_path):
                                        "-Wl,--as-needed"]
     link += ["-Wl,-rpath," + d for d in libs]
     link += [os.path.abspath(libgmr_path), "-Wl,-rpath," + libgmr_dir]
+    # Export the two entry points and nothing else.  Where the compiler links
+    # parts of libstdc++ into the module, their copies must not be seen by
+    # libraries loaded later: cuDNN, dlopen'ed at the first convolution,
+    # bound its std::ostream calls to them and crashed (H200, torch 2.11).
+    link += ["-Wl,--exclude-libs,ALL", "-Wl,--version-script=@MAP@"]
     h = hashlib.sha256()
     for f in (SOURCE, os.path.join(gmr_inc, "gmr.h")):
         with open(f, "rb") as fh:
@@ -156,11 +161,14 @@ def build(libgmr_path, force=False):
         try:
             if os.path.isfile(target) and not force:
                 return target
+            exports = os.path.join(d, "exports.map")
+            with open(exports, "w") as f:
+                f.write("{\n  global: gmr_torch_native_*;\n  local: *;\n};\n")
             outputs = []
             for cmd in cmds:
                 fd, tmp = tempfile.mkstemp(prefix="gmr_torch.", suffix=".so", dir=d)
                 os.close(fd)
-                cmd = [tmp if a == "@OUT@" else a for a in cmd]
+                cmd = [tmp if a == "@OUT@" else a.replace("@MAP@", exports) for a in cmd]
                 try:
                     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
                 except (OSError, subprocess.SubprocessError) as e:
