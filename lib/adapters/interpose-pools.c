@@ -942,61 +942,57 @@ IP_EXPORT cudaError_x cudaMemPoolImportPointer(void **ptr, mempool_t memPool, vo
 
 /* ---- lookups ------------------------------------------------------------------------ */
 
+/* The driver's pool names that both lookups answer with our function
+ * (cuMemAllocFromPoolAsync, which depends on the lookup, aside). */
+typedef struct ip_pool_name_s {
+  const char *name;
+  void *fn;
+} ip_pool_name_t;
+
+static const ip_pool_name_t ip_pool_driver_names[] = {
+    {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
+    {"cuDeviceGetMemPool", (void *)cuDeviceGetMemPool},
+    {"cuDeviceSetMemPool", (void *)cuDeviceSetMemPool},
+    {"cuMemGetDefaultMemPool", (void *)cuMemGetDefaultMemPool},
+    {"cuMemGetMemPool", (void *)cuMemGetMemPool},
+    {"cuMemSetMemPool", (void *)cuMemSetMemPool},
+    {"cuMemPoolCreate", (void *)cuMemPoolCreate},
+    {"cuMemPoolDestroy", (void *)cuMemPoolDestroy},
+    {"cuMemPoolSetAttribute", (void *)cuMemPoolSetAttribute},
+    {"cuMemPoolGetAttribute", (void *)cuMemPoolGetAttribute},
+    {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo},
+    {"cuMemPoolSetAccess", (void *)cuMemPoolSetAccess},
+    {"cuMemPoolGetAccess", (void *)cuMemPoolGetAccess},
+    {"cuMemPoolExportToShareableHandle", (void *)cuMemPoolExportToShareableHandle},
+    {"cuMemPoolExportPointer", (void *)cuMemPoolExportPointer},
+    {"cuMemPoolImportPointer", (void *)cuMemPoolImportPointer},
+};
+
+IP_RAW static void *ip_pool_find(const ip_pool_name_t *t, size_t n, const char *name) {
+  for (size_t i = 0; i < n; ++i) {
+    const char *a = name, *b = t[i].name; /* no strcmp: see IP_RAW */
+    while (*a != '\0' && *a == *b)
+      ++a, ++b;
+    if (*a == *b) return t[i].fn;
+  }
+  return NULL;
+}
+
 /* Our function for a pool name looked up through cuGetProcAddress, or NULL. */
 static void *ip_pool_proc_hook(const char *name, unsigned long long flags) {
   bool ptds = (flags & IP_CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   if (strcmp(name, "cuMemAllocFromPoolAsync") == 0)
     return ptds ? (void *)cuMemAllocFromPoolAsync_ptsz : (void *)cuMemAllocFromPoolAsync;
-  static const struct {
-    const char *name;
-    void *fn;
-  } table[] = {
-      {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
-      {"cuDeviceGetMemPool", (void *)cuDeviceGetMemPool},
-      {"cuDeviceSetMemPool", (void *)cuDeviceSetMemPool},
-      {"cuMemGetDefaultMemPool", (void *)cuMemGetDefaultMemPool},
-      {"cuMemGetMemPool", (void *)cuMemGetMemPool},
-      {"cuMemSetMemPool", (void *)cuMemSetMemPool},
-      {"cuMemPoolCreate", (void *)cuMemPoolCreate},
-      {"cuMemPoolDestroy", (void *)cuMemPoolDestroy},
-      {"cuMemPoolSetAttribute", (void *)cuMemPoolSetAttribute},
-      {"cuMemPoolGetAttribute", (void *)cuMemPoolGetAttribute},
-      {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo},
-      {"cuMemPoolSetAccess", (void *)cuMemPoolSetAccess},
-      {"cuMemPoolGetAccess", (void *)cuMemPoolGetAccess},
-      {"cuMemPoolExportToShareableHandle", (void *)cuMemPoolExportToShareableHandle},
-      {"cuMemPoolExportPointer", (void *)cuMemPoolExportPointer},
-      {"cuMemPoolImportPointer", (void *)cuMemPoolImportPointer},
-  };
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i)
-    if (strcmp(name, table[i].name) == 0) return table[i].fn;
-  return NULL;
+  return ip_pool_find(ip_pool_driver_names,
+                      sizeof ip_pool_driver_names / sizeof ip_pool_driver_names[0], name);
 }
 
-/* Our function for a pool name looked up by dlsym, or NULL. */
+/* Our function for a pool name looked up by dlsym, or NULL: the driver's
+ * names, both forms of cuMemAllocFromPoolAsync, and the runtime's. */
 IP_RAW static void *ip_pool_dlsym_hook(const char *name) {
-  static const struct {
-    const char *name;
-    void *fn;
-  } table[] = {
-      {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
-      {"cuDeviceGetMemPool", (void *)cuDeviceGetMemPool},
-      {"cuDeviceSetMemPool", (void *)cuDeviceSetMemPool},
-      {"cuMemGetDefaultMemPool", (void *)cuMemGetDefaultMemPool},
-      {"cuMemGetMemPool", (void *)cuMemGetMemPool},
-      {"cuMemSetMemPool", (void *)cuMemSetMemPool},
-      {"cuMemPoolCreate", (void *)cuMemPoolCreate},
-      {"cuMemPoolDestroy", (void *)cuMemPoolDestroy},
+  static const ip_pool_name_t more[] = {
       {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync},
       {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz},
-      {"cuMemPoolSetAttribute", (void *)cuMemPoolSetAttribute},
-      {"cuMemPoolGetAttribute", (void *)cuMemPoolGetAttribute},
-      {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo},
-      {"cuMemPoolSetAccess", (void *)cuMemPoolSetAccess},
-      {"cuMemPoolGetAccess", (void *)cuMemPoolGetAccess},
-      {"cuMemPoolExportToShareableHandle", (void *)cuMemPoolExportToShareableHandle},
-      {"cuMemPoolExportPointer", (void *)cuMemPoolExportPointer},
-      {"cuMemPoolImportPointer", (void *)cuMemPoolImportPointer},
       {"cudaDeviceGetDefaultMemPool", (void *)cudaDeviceGetDefaultMemPool},
       {"cudaDeviceGetMemPool", (void *)cudaDeviceGetMemPool},
       {"cudaDeviceSetMemPool", (void *)cudaDeviceSetMemPool},
@@ -1013,11 +1009,7 @@ IP_RAW static void *ip_pool_dlsym_hook(const char *name) {
       {"cudaMemPoolExportPointer", (void *)cudaMemPoolExportPointer},
       {"cudaMemPoolImportPointer", (void *)cudaMemPoolImportPointer},
   };
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
-    const char *a = name, *b = table[i].name; /* no strcmp: see IP_RAW */
-    while (*a != '\0' && *a == *b)
-      ++a, ++b;
-    if (*a == *b) return table[i].fn;
-  }
-  return NULL;
+  void *fn = ip_pool_find(ip_pool_driver_names,
+                          sizeof ip_pool_driver_names / sizeof ip_pool_driver_names[0], name);
+  return fn != NULL ? fn : ip_pool_find(more, sizeof more / sizeof more[0], name);
 }
