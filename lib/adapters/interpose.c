@@ -303,18 +303,9 @@ static int ip_alloc(int device, size_t size, stream_t s, void **out) {
  * is a second free (or a free of an address gmr never handed out), which
  * must never reach the driver: on a GPU it would free a live gmr segment,
  * whose addresses gmr later hands out again. */
-typedef struct ip_probe_s {
-  uintptr_t p;
-  bool inside;
-} ip_probe_t;
-static int ip_probe_cb(const gmr_walk_entry_t *e, void *ud) {
-  ip_probe_t *q = ud;
-  if (e->is_segment && q->p >= e->address && q->p - e->address < e->size) q->inside = true;
-  return q->inside;
-}
 static bool ip_in_segment(gmr_runtime_t *rt, void *ptr) {
-  ip_probe_t q = {(uintptr_t)ptr, false};
-  return gmr_walk(rt, ip_probe_cb, &q) == 0 && q.inside;
+  gmr_segment_info_t seg;
+  return gmr_segment_of(rt, ptr, &seg) == 0;
 }
 
 /* The memory-pool API (interpose-pools.c, included below): Note [Memory pools]. */
