@@ -4,7 +4,9 @@
 # against the build tree's library (through libtool, so shared and static
 # builds alike) with -Wall -Wextra -Werror, run from the source tree, where
 # gmr_config_find finds ./config/pytorch.yaml.  debian/tests/smoke compiles
-# the same text against the installed package.
+# the same text against the installed package.  A sanitizer build's
+# library needs its runtime linked first: GMR_LINK_FLAGS carries the
+# build's own link flags (-fsanitize=...) from make check.
 SRC=${GMR_SRCDIR:-.}
 BLD=${GMR_BUILDDIR:-.}
 CC=${CC:-cc}
@@ -27,7 +29,7 @@ else
   exit 0
 fi
 if "$BLD/libtool" --quiet --tag=CC --mode=link "$CC" -std=c11 -Wall -Wextra -Werror \
-  -I"$SRC/include" -o "$W/example" "$W/example.c" "$BLD/lib/libgmr.la" >"$W/cc.log" 2>&1; then
+  ${GMR_LINK_FLAGS:-} -I"$SRC/include" -o "$W/example" "$W/example.c" "$BLD/lib/libgmr.la" >"$W/cc.log" 2>&1; then
   echo "ok 2 - the README's C example compiles as written (-std=c11 -Wall -Wextra -Werror)"
 else
   echo "not ok 2 - the README's C example does not compile as written"
