@@ -266,6 +266,29 @@ static void oom_trims_others(const char *yaml) {
   gmr_runtime_free(rt);
 }
 
+/* A failed allocation beside a pool that has nothing to give back counts one
+ * retry and one OOM, as PyTorch's does (runtime.c Note [One retry]). */
+static void oom_counts_once(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: caching\n", 1024ull * MiB, 0);
+  if (!ok(rt != NULL, "one retry: a caching runtime")) return;
+  gmr_pool_t *pool = NULL;
+  void *p = NULL, *q = NULL, *r = NULL;
+  gmr_pool_create(rt, &pool);
+  ok(gmr_alloc_in(rt, pool, MiB, NULL, &p) == 0, "  a live block in a pool in use");
+  ok(gmr_alloc(rt, 300 * MiB, NULL, &r) == 0, "  300 MiB live in the default pool");
+  ok(gmr_alloc(rt, 800 * MiB, NULL, &q) == GMR_ENOMEM, "  800 MiB more of a 1 GiB device fails");
+  gmr_stats_t st;
+  memset(&st, 0, sizeof st);
+  int rc = gmr_stats(rt, &st);
+  ok(rc == 0 && st.ooms == 1 && st.alloc_retries == 1,
+     "  counted as one OOM and one retry (ooms %" PRIu64 ", retries %" PRIu64 ")", st.ooms,
+     st.alloc_retries);
+  gmr_free(rt, p);
+  gmr_free(rt, r);
+  gmr_pool_release(pool);
+  gmr_runtime_free(rt);
+}
+
 /* ---- threads: pools and the default pool at once ------------------------------------- */
 
 typedef struct worker_s {
@@ -336,6 +359,7 @@ int main(void) {
   /* Not bfc: like TensorFlow's, a bfc instance's limit is the device's free
    * memory when it is made, so a pool made beside a full cache has less. */
   oom_trims_others("policy: stitch\n");
+  oom_counts_once();
   threads_under("policy: caching\n");
   threads_under("policy: stitch\n");
   threads_under("policy: bfc\n");

@@ -616,17 +616,27 @@ static RUNTIME_COLD gmr_runtime_t *route_find(gmr_runtime_t *rt, gmr_stream_t s)
   return found;
 }
 
-static int pools_trim(gmr_runtime_t *rt);
+static int pools_trim(gmr_runtime_t *rt, uint64_t *released);
+
+/* The bytes rt's policy holds from the device (its backend's counter). */
+static RUNTIME_COLD uint64_t policy_reserved(gmr_runtime_t *rt) {
+  return atomic_load(&rt->backend->counters.reserved_bytes);
+}
 
 /* gmr_alloc in a busy child; the child's failure text is the parent's too.
  * Out of memory, the parent's cache and the released pools' go back to the
- * device and the allocation is tried once more, as PyTorch frees every
- * pool's cached blocks before it gives up on a private pool's request. */
+ * device and, when that gave anything back, the allocation is tried once
+ * more, as PyTorch frees every pool's cached blocks before it gives up on a
+ * private pool's request (Note [One retry]). */
 static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
   int err = gmr_alloc(child, size, s, out_ptr);
-  if (err == GMR_ENOMEM && gmr__policy_trim(rt->policy) == 0 && pools_trim(rt) == 0)
-    err = gmr_alloc(child, size, s, out_ptr);
+  if (err == GMR_ENOMEM) {
+    uint64_t released = 0, before = policy_reserved(rt);
+    if (gmr__policy_trim(rt->policy) == 0 && pools_trim(rt, &released) == 0 &&
+        (released > 0 || policy_reserved(rt) < before))
+      err = gmr_alloc(child, size, s, out_ptr);
+  }
   atomic_fetch_sub(&child->busy, 1);
   return err != 0 ? fail(rt, err) : 0;
 }
@@ -670,7 +680,8 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
-  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt) == 0) /* released pools' cache */
+  uint64_t released = 0; /* the released pools' cache: see Note [One retry] */
+  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt, &released) == 0 && released > 0)
     err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
@@ -998,19 +1009,35 @@ int gmr__runtime_pool_foreach_live(gmr_runtime_t *c, gmr_ptr_cb cb, void *ud) {
   return 0;
 }
 
+/* Note [One retry]
+ * PyTorch retries a failed allocation once, after freeing every pool's
+ * cached blocks, and counts one retry and one OOM (num_alloc_retries,
+ * num_ooms).  A gmr policy makes that retry itself with its own cache; the
+ * runtime tries the allocation again only when trimming the released pools
+ * (and, for a pool's request, the parent) gave bytes back to the device, so
+ * a failed allocation with nothing more to free counts once, as PyTorch's.
+ */
+
 /* gmr_empty_cache's part for the pools: trim the released ones (use count
  * 0), and close those that then hold nothing (PyTorch frees a private pool's
- * cached blocks once no graph uses it). */
-static int pools_trim(gmr_runtime_t *rt) {
+ * cached blocks once no graph uses it).  *released (if not NULL) gets the
+ * bytes the trimmed pools held from the device before and not after. */
+static int pools_trim(gmr_runtime_t *rt, uint64_t *released) {
   int err = 0;
+  uint64_t gave = 0;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t **pc = &rt->children, *c; (c = *pc) != NULL;) {
     if (c->pool_uses > 0 || atomic_load(&c->busy) > 0) {
       pc = &c->next_child;
       continue;
     }
+    uint64_t held = released != NULL ? policy_reserved(c) : 0;
     int e = gmr__policy_trim(c->policy);
     if (e != 0 && err == 0) err = e;
+    if (released != NULL) {
+      uint64_t now = policy_reserved(c);
+      gave += held > now ? held - now : 0;
+    }
     if (e != 0 || map_live(c) != 0) {
       pc = &c->next_child;
       continue;
@@ -1025,6 +1052,7 @@ static int pools_trim(gmr_runtime_t *rt) {
   if (rt->children == NULL)
     atomic_fetch_and_explicit(&rt->slow, ~RUNTIME_SLOW_POOLS, memory_order_release);
   gmr__unlock(&rt->lock);
+  if (released != NULL) *released = gave;
   return err;
 }
 
@@ -1052,7 +1080,7 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = gmr__policy_trim(rt->policy);
   if (err != 0) return err;
-  if (has_pools(rt) && (err = pools_trim(rt)) != 0) return fail(rt, err);
+  if (has_pools(rt) && (err = pools_trim(rt, NULL)) != 0) return fail(rt, err);
   if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
