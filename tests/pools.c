@@ -289,6 +289,41 @@ static void oom_counts_once(void) {
   gmr_runtime_free(rt);
 }
 
+/* A closed pool's accumulated counts stay in its runtime's (runtime.c Note
+ * [Retired pools]), as a private pool's stay in PyTorch's device statistics. */
+static void retired_counts(const char *yaml, const char *key) {
+  gmr_runtime_t *rt = sim_runtime(yaml, 1024ull * MiB, 0);
+  if (!ok(rt != NULL, "retired pools: %s", yaml)) return;
+  gmr_pool_t *pool = NULL;
+  void *p[3] = {0}, *q = NULL;
+  gmr_pool_create(rt, &pool);
+  gmr_alloc(rt, 5 * MiB, NULL, &q);
+  for (int i = 0; i < 3; ++i)
+    gmr_alloc_in(rt, pool, (size_t)(i + 1) * 3 * MiB, NULL, &p[i]);
+  for (int i = 0; i < 3; ++i)
+    gmr_free(rt, p[i]);
+  gmr_stats_t live, after;
+  int64_t named_live = -1, named_after = -2;
+  gmr_stats(rt, &live);
+  gmr_stat_get(rt, key, &named_live);
+  gmr_pool_release(pool);
+  ok(gmr_empty_cache(rt) == 0, "  the released pool closes at empty_cache");
+  gmr_stats(rt, &after);
+  gmr_stat_get(rt, key, &named_after);
+  ok(live.num_allocs == 4 && after.num_allocs == 4 && after.num_frees == 3,
+     "  num_allocs %" PRIu64 " -> %" PRIu64 ", num_frees %" PRIu64, live.num_allocs,
+     after.num_allocs, after.num_frees);
+  ok(after.device_allocs == live.device_allocs && after.device_allocs >= 2,
+     "  device_allocs %" PRIu64 " -> %" PRIu64, live.device_allocs, after.device_allocs);
+  ok(named_live > 0 && named_after == named_live, "  %s %" PRId64 " -> %" PRId64, key, named_live,
+     named_after);
+  gmr_stats_reset_accumulated(rt);
+  gmr_stats(rt, &after);
+  ok(after.num_allocs == 0 && after.device_allocs == 0, "  and reset_accumulated clears them");
+  gmr_free(rt, q);
+  gmr_runtime_free(rt);
+}
+
 /* ---- threads: pools and the default pool at once ------------------------------------- */
 
 typedef struct worker_s {
@@ -360,6 +395,10 @@ int main(void) {
    * memory when it is made, so a pool made beside a full cache has less. */
   oom_trims_others("policy: stitch\n");
   oom_counts_once();
+  retired_counts("policy: caching\n", "allocation.all.allocated");
+  retired_counts("policy: caching\n", "num_device_alloc");
+  retired_counts("policy: stitch\n", "stitch.pages.created");
+  retired_counts("policy: bfc\n", "num_allocs");
   threads_under("policy: caching\n");
   threads_under("policy: stitch\n");
   threads_under("policy: bfc\n");

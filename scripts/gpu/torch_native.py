@@ -27,8 +27,22 @@ CONFIGS = {"caching": "pytorch.yaml", "bfc": "tf-growth.yaml", "stitch": "stitch
            "direct": "direct.yaml"}
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-results = {"checks": {}}
+results = {"checks": {}, "stats_after": {}}
 failed = []
+# memory_stats() after each check, so two runs can be compared check by check.
+STATS_AFTER = ("allocation.all.allocated", "allocated_bytes.all.allocated",
+               "allocated_bytes.all.current", "reserved_bytes.all.current",
+               "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+
+
+def _stats_after(name):
+    try:
+        import torch
+
+        st = torch.cuda.memory_stats()
+        results["stats_after"][name] = {k: st.get(k) for k in STATS_AFTER}
+    except Exception as e:  # noqa: BLE001: a figure, not a check
+        results["stats_after"][name] = {"error": str(e)[:200]}
 
 
 def check(name):
@@ -47,6 +61,7 @@ def check(name):
             results["checks"][name] = {"ok": False, "detail": msg,
                                        "traceback": traceback.format_exc()[-4000:]}
             failed.append(name)
+        _stats_after(name)
         print(line, flush=True)
         return fn
     return wrap
