@@ -198,7 +198,13 @@ static int cmp_pass(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace
   ctx->start = cmp_now();
   int err = gmr_replay(rt, t, &ro, res);
   cmp_progress_clear(ctx);
-  if (err == 0 && ctx->pass == CMP_PASS_TIMED) gmr_stats(rt, &run->final);
+  if (err == 0 && ctx->pass == CMP_PASS_TIMED) {
+    gmr_stats(rt, &run->final);
+    /* The driver calls the replay made (the simulator counts them). */
+    if (gmr_sim_counters(rt, &run->calls) != 0) memset(&run->calls, 0, sizeof run->calls);
+    if (gmr_sim_call_bytes(rt, &run->call_bytes) != 0)
+      memset(&run->call_bytes, 0, sizeof run->call_bytes);
+  }
   gmr_runtime_free(rt);
   if (err != 0 || ctx->oom_host) {
     run->status = COMPARE_ERUNTIME;
