@@ -403,7 +403,9 @@ static void json_calls(FILE *out, const compare_run_t *r) {
   const char *what[2] = {"device_calls", "device_call_bytes"};
   for (int w = 0; w < 2; ++w) {
     fprintf(out, ",\n    \"%s\": {", what[w]);
-    for (int k = 0; k < COMPARE_CALL_KINDS; ++k)
+    /* Events name no bytes: their kinds are left out of the bytes. */
+    int kinds = w ? COMPARE_CALL_EVENT_RECORD : COMPARE_CALL_KINDS;
+    for (int k = 0; k < kinds; ++k)
       fprintf(out, "%s\"%s\": %" PRIu64, k ? ", " : "", compare_cost_model(k)->key,
               w ? c.bytes[k] : c.calls[k]);
     fputc('}', out);
