@@ -480,7 +480,20 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
   } else if (least == r) {
     fputs("This is the least peak reserved of this comparison.", out);
   }
-  fputs("</p>\n", out);
+  compare_cost_t c;
+  compare_cost_estimate(r, &c);
+  char t[32];
+  compare_format_us(c.us_total, t, sizeof t);
+  fprintf(out,
+          " Its %" PRIu64 " driver call%s would take about <b>%s</b> of device time on an H200 "
+          "(the cost model of docs/compare.md",
+          c.total_calls, c.total_calls == 1 ? "" : "s", t);
+  if (c.unmeasured_calls)
+    fprintf(out,
+            "; %" PRIu64
+            " event, synchronize and virtual-release calls have no figure and are left out",
+            c.unmeasured_calls);
+  fputs(").</p>\n", out);
 }
 
 /* ---- the page ------------------------------------------------------------------- */
@@ -521,7 +534,7 @@ static const char html_css[] =
     ".caption{margin:8px 0 0;color:#333b4d}.scale{margin:4px 0 0;color:#5b6475;font-size:12px}\n"
     ".error{color:#b03a2e;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}\n"
     ".ovl{fill:#1d2330}.ovr{fill:#3b75c4}.ovq{fill:#2b8a4b}.ovv{fill:#5b6475}"
-    ".ovin{fill:#fff;font-weight:600}\n"
+    ".ovin{fill:#fff;font-weight:600}.ovt{fill:#8a5a00}\n"
     "#render-status{color:#8a93a3;font-size:12px;text-align:center}\n";
 
 static const char html_js[] =
@@ -597,6 +610,54 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
       fprintf(out, " (%.4f x requested)",
               (double)r->final.peak_reserved_bytes / (double)r->final.peak_requested_bytes);
     if (r->res.ooms) fprintf(out, ", %zu OOM%s", r->res.ooms, r->res.ooms == 1 ? "" : "s");
+    fputs("</text>\n", out);
+  }
+  fputs("</svg>\n", out);
+}
+
+/* The device time of each configuration's driver calls (the H200 cost
+ * model, compare-cost.c), on one linear scale, beside the memory above:
+ * what the memory costs in time. */
+static void html_overview_cost(FILE *out, const compare_run_t *runs, size_t n) {
+  int bar_h = 18, gap = 10, left = 190, right = 200;
+  int h = (int)n * (bar_h + gap) + 10;
+  double tmax = 0;
+  for (size_t k = 0; k < n; ++k) {
+    compare_cost_t c;
+    compare_cost_estimate(&runs[k], &c);
+    if ((runs[k].status == COMPARE_OK || runs[k].status == COMPARE_ECHECK) && c.us_total > tmax)
+      tmax = c.us_total;
+  }
+  fprintf(out,
+          "<svg class=\"chart overview cost\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"device time of the driver calls per configuration\">\n",
+          HTML_W, h, HTML_W, h);
+  for (size_t k = 0; k < n; ++k) {
+    const compare_run_t *r = &runs[k];
+    int y = 5 + (int)k * (bar_h + gap);
+    fprintf(out, "<text class=\"ovl\" x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 8,
+            y + bar_h - 5);
+    html_text(out, r->name);
+    fputs("</text>", out);
+    if (r->status != COMPARE_OK && r->status != COMPARE_ECHECK) {
+      fprintf(out, "<text class=\"ovv\" x=\"%d\" y=\"%d\">did not run</text>\n", left,
+              y + bar_h - 5);
+      continue;
+    }
+    compare_cost_t c;
+    compare_cost_estimate(r, &c);
+    double span = HTML_W - left - right;
+    double w = tmax > 0 ? span * c.us_total / tmax : 0.0;
+    char t[32];
+    compare_format_us(c.us_total, t, sizeof t);
+    fprintf(out,
+            "<rect class=\"ovt\" x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" rx=\"3\">"
+            "<title>%" PRIu64 " driver calls: %s</title></rect>",
+            left, y, fmax(w, 1.0), bar_h, c.total_calls, t);
+    fprintf(out, "<text class=\"ovv\" x=\"%.1f\" y=\"%d\">%s in %" PRIu64 " driver call%s",
+            left + fmax(w, 1.0) + 8, y + bar_h - 5, t, c.total_calls,
+            c.total_calls == 1 ? "" : "s");
+    if (c.unmeasured_calls) fprintf(out, " (%" PRIu64 " not priced)", c.unmeasured_calls);
     fputs("</text>\n", out);
   }
   fputs("</svg>\n", out);
@@ -783,6 +844,12 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
         "<span><i style=\"background:#2b8a4b\"></i>peak requested</span></div>\n",
         out);
   html_overview(out, runs, n, vmax);
+  fputs("<h2>Device time of the driver calls</h2>\n"
+        "<div class=\"legend\"><span><i style=\"background:#8a5a00\"></i>device time of the "
+        "replay's driver calls, estimated from per-call costs measured on an H200 "
+        "(docs/compare.md)</span></div>\n",
+        out);
+  html_overview_cost(out, runs, n);
   html_table(out, runs, n, o);
   fputs("</section>\n", out);
   for (size_t k = 0; k < n; ++k)

@@ -460,7 +460,8 @@ static void suggest_print_cost(FILE *out, const compare_run_t *runs, size_t n_tr
           saving);
   if (unmeasured)
     fprintf(out,
-            "# %" PRIu64 " event and synchronize calls have no measured cost and are left out.\n",
+            "# %" PRIu64 " event, synchronize and virtual-release calls have no measured cost and "
+            "are\n# left out.\n",
             unmeasured);
 }
 
