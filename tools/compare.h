@@ -49,6 +49,24 @@ typedef struct compare_map_entry_s {
   uint64_t head_page, tail_page;     /* those pages' numbers (gmr_walk_entry_t) */
 } compare_map_entry_t;
 
+/* At the peak, the own figures of a policy that maps pages into ranges
+ * (stitch's stitch.* statistics, gmr_stat_get), read when the map is
+ * walked: the map draws its physical pages from them (compare-html.c,
+ * Note [The map of a policy that maps pages]). */
+typedef struct compare_pages_s {
+  int on;                 /* 1: the policy maps pages; the figures below are set */
+  uint64_t page_size;     /* bytes */
+  uint64_t pages;         /* pages held (created, not released) */
+  uint64_t free_pages;    /* pages no block holds */
+  uint64_t shared_pages;  /* pages two blocks hold, one at each end */
+  uint64_t dead_gap;      /* bytes between the two blocks of shared pages */
+  uint64_t free_bytes;    /* free pages, open page ends, the small pool's free blocks */
+  uint64_t pending_bytes; /* freed, waiting for stream work */
+  uint64_t va_bytes;      /* address space mapped (every range, cached ones too) */
+  uint64_t cached_ranges; /* ranges kept with no block, for reuse */
+  uint64_t mappings;      /* page mappings live */
+} compare_pages_t;
+
 /* Everything gmr-compare learns about one configuration. */
 typedef struct compare_run_s {
   char name[128];                /* the file's base name without .yaml */
@@ -72,7 +90,9 @@ typedef struct compare_run_s {
   size_t n_points;
   compare_map_entry_t *map; /* segments in address order, each followed by its blocks */
   size_t n_map;
-  int map_status; /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  int map_status;        /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  gmr_stats_t map_stats; /* gmr_stats when the map was walked (the peak event) */
+  compare_pages_t pages; /* a policy that maps pages: its figures there */
   /* The driver calls of the timed replay, runtime creation included
    * (the simulator's counters just before the runtime is freed): */
   gmr_sim_counters_t calls;
