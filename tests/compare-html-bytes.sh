@@ -62,14 +62,16 @@ near() {
   awk -v g="$1" -v w="$2" 'BEGIN { d = g - w; if (d < 0) d = -d; exit !(w == 0 ? d <= 8192 : d <= 0.01 * w) }'
 }
 
+# Every shipped configuration, and stitch under a cap (a policy stack).
+printf 'policy:\n  name: limit\n  bytes: 40GiB\n  upstream:\n    name: stitch\n' >"$W/limit-stitch.yaml"
 configs="pytorch pytorch-expandable pytorch-max-split-128 stitch direct tf-growth tf-greedy jax"
 for trace in gpt2_train gpt2_varlen_train resnet50_train; do
   # shellcheck disable=SC2086
-  (cd "$SRC" && "$B" --html "$W/$trace.html" --json "traces/$trace.csv" $configs) \
-    >"$W/$trace.json" 2>/dev/null
+  (cd "$SRC" && "$B" --html "$W/$trace.html" --json "traces/$trace.csv" $configs \
+    "$W/limit-stitch.yaml") >"$W/$trace.json" 2>/dev/null
   ok $? "$trace: the page and the JSON are written"
   drawn "$W/$trace.html" >"$W/$trace.drawn"
-  for cfg in $configs; do
+  for cfg in $configs limit-stitch; do
     line=$(grep "^$cfg " "$W/$trace.drawn")
     if [ -z "$line" ]; then
       ok 1 "$trace, $cfg: has a segment map"
