@@ -612,8 +612,10 @@ static inline void cache_spin_unlock(gmr_spin_t *l) {
   gmr__spin_unlock(l);
 }
 
+/* A stream's home slot in the table: the top 12 bits of its hash. */
 static inline size_t cache_stab_home(gmr_stream_t s) {
-  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 52) & (CACHE_STAB - 1);
+  _Static_assert(CACHE_STAB == 1 << 12, "the stream table's home slot takes 12 bits");
+  return gmr__hash_bits((uint64_t)(uintptr_t)s, 12);
 }
 
 /* Lock-free lookup (the table is append-only; entries are published with

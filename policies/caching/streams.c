@@ -79,7 +79,7 @@ cache_stream_t *gmr__cache_stream(cache_t *c, gmr_stream_t s) {
   gmr__spin_init(&cs->lock);
   cache_spin_lock(&cs->lock);
   cs->id = s;
-  cs->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)c->n_streams;
+  cs->prio_state = GMR_HASH_GOLDEN ^ (uint64_t)c->n_streams; /* a seed per stream */
   for (int i = 0; i < 2; ++i) {
     cs->pools[i].stream = cs;
     cs->pools[i].is_small = i == 1;
