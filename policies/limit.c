@@ -440,8 +440,8 @@ static void limit_destroy(gmr_policy_t *self) {
 #define LIMIT_EXTERNAL_STREAM ((gmr_stream_t)(uintptr_t)0x6578746572ull)
 
 static inline limit_shard_t *shard_of(limit_t *l, gmr_stream_t s) {
-  uint64_t h = (uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull;
-  return &l->shards[h >> 58]; /* top 6 bits: LIMIT_SHARDS = 64 */
+  _Static_assert(LIMIT_SHARDS == 1 << 6, "a stream's shard takes 6 bits");
+  return &l->shards[gmr__hash_bits((uint64_t)(uintptr_t)s, 6)]; /* the top 6 bits of its hash */
 }
 
 /* Take n bytes of the shard's credit; false when it holds less, or is frozen. */
