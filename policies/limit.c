@@ -612,6 +612,10 @@ static void limit_set_exclusive(gmr_policy_t *self, int exclusive) {
   gmr__policy_set_exclusive(self->upstream, exclusive);
 }
 
+static void limit_set_fraction(gmr_policy_t *self, double fraction) {
+  gmr__policy_set_fraction(self->upstream, fraction);
+}
+
 static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
   return gmr__policy_record_stream(self->upstream, blk, s);
 }
@@ -812,6 +816,7 @@ const gmr_policy_ops_t gmr__limit_policy = {
     .trim = limit_trim,
     .charge = limit_charge,
     .set_exclusive = limit_set_exclusive,
+    .set_fraction = limit_set_fraction,
     .stats = limit_stats,
     .reset_peak = limit_reset_peak,
     .reset_accumulated = limit_reset_accumulated,

@@ -192,6 +192,17 @@ static void fraction_under(const char *yaml) {
   ok(strstr(gmr_last_error(rt), "out of memory") != NULL || strstr(gmr_last_error(rt), "OOM") ||
          strstr(gmr_last_error(rt), "fraction") != NULL,
      "  as out of memory: %.160s", gmr_last_error(rt));
+  if (strstr(yaml, "caching") != NULL) {
+    gmr_stats_t st;
+    memset(&st, 0, sizeof st);
+    int rc = gmr_stats(rt, &st);
+    ok(rc == 0 && st.ooms == 1 && st.alloc_retries == 1 && st.limit_bytes == 256 * MiB,
+       "  caching counts it as PyTorch: one OOM, one retry, limit 256 MiB (%" PRIu64 ", %" PRIu64
+       ", %" PRIu64 ")",
+       st.ooms, st.alloc_retries, st.limit_bytes);
+    ok(strstr(gmr_last_error(rt), "256.00 MiB allowed; Of the allocated memory") != NULL,
+       "  and names the fraction in PyTorch's words");
+  }
   ok(gmr_alloc(rt, 200 * MiB, NULL, &q) == 0, "  200 MiB fits");
   gmr_pool_t *pool = NULL;
   gmr_pool_create(rt, &pool);

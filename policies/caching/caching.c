@@ -766,6 +766,17 @@ static void cache_resume(gmr_policy_t *self) {
   cache_unlock_all((cache_t *)self);
 }
 
+/* setMemoryFraction: allowed_memory_maximum = floor(fraction x total) and
+ * set_fraction, from then on (1.0 included), as PyTorch's allocator.  The
+ * GC stays as created: garbage_collection_threshold takes effect with a
+ * fraction given in the configuration (Note [Locking]: global_only is read
+ * without a lock). */
+static void cache_set_fraction(gmr_policy_t *self, double fraction) {
+  cache_t *c = (cache_t *)self;
+  c->fraction_set = true;
+  c->allowed_max = (size_t)(fraction * (double)c->device_total);
+}
+
 static int cache_trim(gmr_policy_t *self) {
   cache_apply_deferred((cache_t *)self);
   return gmr__cache_release_cached((cache_t *)self);
@@ -820,5 +831,6 @@ const gmr_policy_ops_t gmr__caching_policy = {
     .walk = cache_walk,
     .check = gmr__cache_check,
     .quiesce = cache_quiesce,
+    .set_fraction = cache_set_fraction,
     .resume = cache_resume,
 };

@@ -211,8 +211,9 @@ struct cache_stream_s {
  * without locks by the fast path. */
 #define CACHE_STAB 4096
 
-/* The policy.  Synchronization: conf, fraction_set, allowed_max,
- * device_total and global_only are set at creation and then only read; `st`
+/* The policy.  Synchronization: conf, device_total and global_only are set
+ * at creation and then only read; fraction_set and allowed_max too, but for
+ * set_fraction, which runs quiesced (every lock held); `st`
  * is changed by fast paths under slock and by the global path; n_pending,
  * sharded and stab are atomics read by fast paths; everything else belongs
  * to the global path (glock and every stream lock held). */
