@@ -76,6 +76,7 @@ static int calls_entry(const char *name, void **fn) {
 }
 #endif
 
+#ifdef GMR_HAVE_CUDA
 /* The call kinds timed, in the order they are printed. */
 enum {
   CK_MALLOC,
@@ -114,6 +115,7 @@ static const struct {
     [CK_EVENT_SYNC] = {"cudaEventSynchronize", "sync"},
     [CK_STREAM_SYNC] = {"cudaStreamSynchronize", "sync"},
 };
+#endif
 
 /* Say why the workload did not run, in the table or the JSON. */
 static void calls_skip(const bench_calls_args_t *a, const char *why) {
