@@ -66,6 +66,9 @@
 #define ST_G      ((uint32_t)512)
 #define ST_NIL    UINT32_MAX
 #define ST_STAMPS 2
+/* Note [Resizing]: how far (bytes) a cached range's length may be from a
+ * request's for the range to be resized to it. */
+#define ST_RESIZE ((uint64_t)64 << 10)
 
 /* ---- options ----------------------------------------------------------------------------------
  */
@@ -265,7 +268,8 @@ typedef struct st_stats_s {
   gmr_stat_t mappings, dead_gap, va;
   int64_t ooms, retries; /* allocations and frees: the pools' allocation counts */
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
-      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses;
+      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses,
+      resizes;
   uint64_t map_ns;
 } st_stats_t;
 
@@ -544,6 +548,11 @@ static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
 /* The oldest cached range of len that stream sidx can take now (its pages
  * free, or parked under cached ranges; stamps complete), or NULL. */
 st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
+/* A miss of len: the cached range nearest in length (within ST_RESIZE) whose
+ * last slot can end the block in the same page, usable by stream sidx with
+ * its new length, filed again under len; NULL if none (ranges.c, Note
+ * [Resizing]). */
+st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx);
 /* A miss of len: cached ranges of that length that could not serve it
  * stale_misses times in a row are unmapped (the loop that used them has
  * moved on). */

@@ -40,6 +40,23 @@
  * breaking the ranges of later blocks.)
  */
 
+/* Note [Resizing]
+ * Lengths that never repeat (a KV cache growing by one token a step, every
+ * request a new batch and prompt) would miss every time.  On a miss, a cached
+ * range whose length is within ST_RESIZE of the request's and whose last
+ * slot is a partial tail span [0, b) of its page that can end at the new
+ * b' in (0, P) of the same page serves it: the page is mapped whole at that
+ * slot, so growing or shrinking the span is no device call; only the bytes
+ * [b, b') (growing) must be free and ready for the stream, with the dead
+ * gap to a head slot on the page <= tau.  The nearest length is tried
+ * first, the shorter before the longer.  The range is filed again under its
+ * new length with a new serial (the youngest of that length, as a stitched
+ * range would be), so Note [Cache order] still holds for every length; a
+ * length that repeats hits its own ranges first, and only a miss resizes.
+ * A growing cache then moves to a new range only when its block crosses a
+ * page boundary, once every P / (bytes per step) steps.
+ */
+
 /* Note [Parking]
  * A freed range keeps its whole pages (full_owner = the CACHED range, nparked
  * counts them) and gives back only its partial end slots, so a free and the
@@ -416,6 +433,62 @@ st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
     --tries;
     if (gmr__st_range_usable(t, r, sidx)) return r;
   }
+  return NULL;
+}
+
+/* Can r's block be len bytes with its last slot a partial tail span of the
+ * same page? */
+static bool resizable(const stitch_t *t, const st_range_t *r, uint64_t len) {
+  if (r->state != ST_R_CACHED || r->nmapped != r->nslots) return false;
+  if (r->nslots == 1 ? r->first_off != 0 || !(r->ends & 1) : !(r->ends & 2)) return false;
+  uint64_t end = (uint64_t)r->first_off + len, last = (uint64_t)(r->nslots - 1) * t->P;
+  return end > last && end < last + t->P;
+}
+
+/* File r under len, the youngest of that length. */
+static int range_relen(stitch_t *t, st_range_t *r, uint64_t len) {
+  if (len_get(t, len) == NULL) return GMR_ENOMEM; /* may move the table's entries */
+  st_len_t *e = st_len_find(t, r->len);
+  if (r->len_prev != NULL)
+    r->len_prev->len_next = r->len_next;
+  else
+    e->first = r->len_next;
+  if (r->len_next != NULL)
+    r->len_next->len_prev = r->len_prev;
+  else
+    e->last = r->len_prev;
+  e = st_len_find(t, len);
+  r->len = len;
+  r->serial = ++t->serials;
+  r->len_prev = e->last;
+  r->len_next = NULL;
+  if (e->last != NULL)
+    e->last->len_next = r;
+  else
+    e->first = r;
+  e->last = r;
+  return 0;
+}
+
+/* see Note [Resizing] */
+st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx) {
+  if (t->ncached == 0) return NULL;
+  for (uint64_t d = ST_G; d <= ST_RESIZE; d += ST_G)
+    for (int longer = 0; longer < 2; ++longer) {
+      if (!longer && d >= len) continue;
+      uint64_t was = longer ? len + d : len - d;
+      st_len_t *e = st_len_find(t, was);
+      if (e == NULL) continue;
+      int64_t tries = t->o.cache_candidates;
+      for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
+        if (!resizable(t, r, len)) continue;
+        --tries;
+        r->len = len;
+        bool ok = gmr__st_range_usable(t, r, sidx);
+        r->len = was;
+        if (ok && range_relen(t, r, len) == 0) return r;
+      }
+    }
   return NULL;
 }
 

@@ -385,6 +385,11 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     st_cache_remove(t, r);
     gmr__st_range_own(t, r);
   }
+  if (r == NULL && (r = gmr__st_cache_resize(t, len, sidx)) != NULL) {
+    st_cache_remove(t, r); /* see Note [Resizing] (ranges.c) */
+    gmr__st_range_own(t, r);
+    ++t->st.resizes;
+  }
   if (r != NULL) {
     large_hit(t, r);
   } else {
