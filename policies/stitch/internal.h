@@ -176,7 +176,8 @@ struct st_range_s {
   uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
   uint32_t nwhole;     /* slots whose span is a whole page */
   bool parked;         /* CACHED: its whole pages stay owned by it (full_owner), see ranges.c */
-  uint32_t *uses;      /* record_stream: other stream indexes */
+  bool grows;     /* its length grows (Note [Resizing]): no other block's head on its last page */
+  uint32_t *uses; /* record_stream: other stream indexes */
   uint32_t nuses, capuses;
   st_range_t *lru_prev, *lru_next; /* CACHED: LRU (most recent first) */
   st_range_t *len_prev, *len_next; /* every range of its length, by serial (st_len_t) */
@@ -551,8 +552,9 @@ st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
 /* A miss of len: the cached range nearest in length (within ST_RESIZE) whose
  * last slot can end the block in the same page, usable by stream sidx with
  * its new length, filed again under len; NULL if none (ranges.c, Note
- * [Resizing]). */
-st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx);
+ * [Resizing]); *grows: a cached range shorter than len by at most ST_RESIZE
+ * exists (the length grows). */
+st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool *grows);
 /* A miss of len: cached ranges of that length that could not serve it
  * stale_misses times in a row are unmapped (the loop that used them has
  * moved on). */

@@ -54,7 +54,11 @@
  * range would be), so Note [Cache order] still holds for every length; a
  * length that repeats hits its own ranges first, and only a miss resizes.
  * A growing cache then moves to a new range only when its block crosses a
- * page boundary, once every P / (bytes per step) steps.
+ * page boundary, once every P / (bytes per step) steps.  A range that grew,
+ * or that a miss stitched while a shorter cached range was near (the length
+ * grows), is marked `grows`, and no other block's head slot is placed on
+ * its last page while it owns that page's tail (stitch.c, find_partial):
+ * the next step grows into those bytes.
  */
 
 /* Note [Parking]
@@ -471,7 +475,8 @@ static int range_relen(stitch_t *t, st_range_t *r, uint64_t len) {
 }
 
 /* see Note [Resizing] */
-st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx) {
+st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool *grows) {
+  *grows = false;
   if (t->ncached == 0) return NULL;
   for (uint64_t d = ST_G; d <= ST_RESIZE; d += ST_G)
     for (int longer = 0; longer < 2; ++longer) {
@@ -481,12 +486,16 @@ st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx) {
       if (e == NULL) continue;
       int64_t tries = t->o.cache_candidates;
       for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
+        if (!longer && r->state == ST_R_CACHED) *grows = true;
         if (!resizable(t, r, len)) continue;
         --tries;
         r->len = len;
         bool ok = gmr__st_range_usable(t, r, sidx);
         r->len = was;
-        if (ok && range_relen(t, r, len) == 0) return r;
+        if (ok && range_relen(t, r, len) == 0) {
+          r->grows = !longer;
+          return r;
+        }
       }
     }
   return NULL;

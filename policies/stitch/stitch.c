@@ -193,7 +193,14 @@ static int pending_add(stitch_t *t, st_range_t *r, st_small_t *b, uint32_t sidx,
 
 static void fronts_flush(stitch_t *t, bool freeze); /* see Note [Fronts] */
 
-/* The PARTIAL page whose open slot fits r best with a gap <= tau. */
+/* Is page id's tail slot the end of a range that grows (Note [Resizing])? */
+static inline bool tail_grows(const stitch_t *t, uint32_t id) {
+  const st_range_t *o = t->pages[id].tail_owner;
+  return o != NULL && o->grows;
+}
+
+/* The PARTIAL page whose open slot fits r best with a gap <= tau (an open
+ * suffix after a growing range's tail excepted). */
 static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t sidx,
                              uint32_t *gap) {
   uint32_t want = r / ST_G;
@@ -202,7 +209,8 @@ static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t 
     if ((uint64_t)(k - want) * ST_G > t->o.tau) break;
     int tries = 8;
     for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
-      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx)) {
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && !tail_grows(t, id) &&
+          st_page_ready(t, id, sidx)) {
         *gap = (k - want) * ST_G;
         return id;
       }
@@ -217,7 +225,8 @@ static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) 
        k = k ? gmr__st_classes_find_last(c, k - 1) : ST_NIL) {
     int tries = 8;
     for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
-      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && !tail_grows(t, id) &&
+          st_page_ready(t, id, sidx))
         return id;
   }
   return ST_NIL;
@@ -268,7 +277,7 @@ static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
   return pl;
 }
 
-static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out) {
+static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st_range_t **out) {
   uint64_t P = t->P;
   uint32_t k = (uint32_t)(len / P), rem = (uint32_t)(len % P);
   /* Make room for the new mappings and address space first. */
@@ -320,6 +329,7 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
     return err;
   }
   if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
+  r->grows = grows;
   gmr__st_range_own(t, r);
   *out = r;
   return 0;
@@ -385,7 +395,8 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     st_cache_remove(t, r);
     gmr__st_range_own(t, r);
   }
-  if (r == NULL && (r = gmr__st_cache_resize(t, len, sidx)) != NULL) {
+  bool grows = false;
+  if (r == NULL && (r = gmr__st_cache_resize(t, len, sidx, &grows)) != NULL) {
     st_cache_remove(t, r); /* see Note [Resizing] (ranges.c) */
     gmr__st_range_own(t, r);
     ++t->st.resizes;
@@ -404,14 +415,14 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     }
     ++t->st.misses;
     gmr__st_cache_miss(t, len, sidx);
-    int err = large_stitch(t, len, sidx, &r);
+    int err = large_stitch(t, len, sidx, grows, &r);
     if (err == GMR_ENOMEM) {
       ++t->st.retries;
       fronts_flush(t, false);
       pending_process(t, true);
       gmr__st_small_reclaim(t, true);
       gmr__st_evict(t, 0, 0, true);
-      err = large_stitch(t, len, sidx, &r);
+      err = large_stitch(t, len, sidx, grows, &r);
     }
     if (err == 0) r->tick = ++t->tick;
     if (err == GMR_ENOMEM) return gmr__st_report_oom(t, len, s, gmr__error_last());
