@@ -3,7 +3,8 @@
  * Layout (a page shared by the tail of one block and the head of the next,
  * seen through two virtual addresses), cache hits with no device call (the
  * simulator's spy counters), streams (no cross-stream reuse before an event
- * completes; record_stream), CUDA graph capture (a miss is refused), the OOM
+ * completes; record_stream), CUDA graph capture (a miss maps fresh pages only;
+ * a private pool never unmaps), the OOM
  * message, empty_cache, page sizes other than 2 MiB, a random run with the
  * invariant walk after every event and data patterns, a fault sweep (fail
  * the k-th device call for every k over a script: invariants, no leak, the
@@ -270,22 +271,84 @@ static void test_loop_steady(void) {
   gmr_runtime_free(rt);
 }
 
+/* Note [Graph capture]: a miss during a capture maps fresh pages at a fresh
+ * range and takes nothing from the cached ranges (their pages stay where a
+ * graph may use them); no event call, no unmap. */
 static void test_capture(void) {
   gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
   if (rt == NULL) return;
-  void *a, *b;
+  void *a, *b, *c, *d;
   gmr_alloc(rt, 7 * MiB, S(3), &a);
+  gmr_alloc(rt, 12 * MiB, S(4), &c);
   gmr_free(rt, a);
+  gmr_free(rt, c); /* cached on another stream: its pages FREE, parked */
+  gmr_sim_counters_t k0, k1, k2;
+  gmr_sim_counters(rt, &k0);
   gmr_sim_stream_capture(rt, S(3), 1);
   is_int(gmr_alloc(rt, 7 * MiB, S(3), &b), 0, "during capture, a cached range is served");
   ok(b == a, "  the same range, no device call");
-  is_int(gmr_alloc(rt, 9 * MiB, S(3), &a), GMR_ENOTSUP, "a miss during capture is refused");
-  like(gmr_last_error(rt), "CUDA graph", "  and says why");
+  is_int(gmr_alloc(rt, 9 * MiB, S(3), &d), 0, "a miss during capture is served");
+  gmr_sim_counters(rt, &k1);
+  is_int((int)(k1.page_create_calls - k0.page_create_calls), 5, "  from 5 fresh pages");
+  is_int((int)(k1.page_map_calls - k0.page_map_calls), 5, "  each mapped once: nothing reused");
+  is_int((int)(k1.page_unmap_calls - k0.page_unmap_calls + k1.event_records - k0.event_records +
+               k1.event_queries - k0.event_queries + k1.syncs - k0.syncs),
+         0, "  no unmap, no event recorded, queried or waited on");
+  void *e;
+  is_int(gmr_alloc(rt, 600 * KiB, S(3), &e), 0, "a small block during capture is served");
+  gmr_sim_counters(rt, &k2);
+  is_int((int)(k2.page_create_calls - k1.page_create_calls), 1, "  in a segment on a fresh page");
   gmr_sim_stream_capture(rt, S(3), 0);
-  is_int(gmr_alloc(rt, 9 * MiB, S(3), &a), 0, "after the capture it is served");
+  gmr_sim_counters(rt, &k1);
+  is_int(gmr_alloc(rt, 12 * MiB, S(4), &a), 0, "after the capture the other stream's length");
+  ok(a == c, "  gets its cached range back");
+  gmr_sim_counters(rt, &k2);
+  is_int((int)(k2.page_map_calls - k1.page_map_calls), 0, "  with no page map");
   gmr_free(rt, a);
   gmr_free(rt, b);
+  gmr_free(rt, d);
+  gmr_free(rt, e);
   is_int(gmr_check(rt), 0, "invariants hold");
+  gmr_runtime_free(rt);
+}
+
+/* A private pool's instance never unmaps, nor reuses a cached range's pages
+ * for another range, while the pool lives (Note [Graph capture]). */
+static void test_pool(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (rt == NULL) return;
+  gmr_pool_t *pool = NULL;
+  if (!ok(gmr_pool_create(rt, &pool) == 0 && gmr_pool_begin(pool, S(5)) == 0, "a pool")) {
+    gmr_runtime_free(rt);
+    return;
+  }
+  void *x, *y, *z, *w;
+  gmr_alloc(rt, 6 * MiB, S(5), &x);
+  gmr_alloc(rt, 10 * MiB, S(5), &y);
+  gmr_free(rt, x);
+  gmr_free(rt, y);
+  gmr_sim_counters_t k0, k1;
+  gmr_sim_counters(rt, &k0);
+  is_int(gmr_alloc(rt, 7 * MiB, S(5), &z), 0, "a new length in the pool");
+  gmr_sim_counters(rt, &k1);
+  is_int((int)(k1.page_create_calls - k0.page_create_calls), 4, "  from 4 fresh pages");
+  is_int((int)(k1.page_map_calls - k0.page_map_calls), 4, "  each mapped once");
+  gmr_empty_cache(rt);
+  gmr_sim_counters(rt, &k1);
+  is_int((int)(k1.page_unmap_calls - k0.page_unmap_calls), 0,
+         "  empty_cache unmaps nothing of a live pool");
+  is_int(gmr_alloc(rt, 6 * MiB, S(5), &w), 0, "  a cached length");
+  ok(w == x, "  is its range, still mapped");
+  gmr_sim_counters(rt, &k0);
+  is_int((int)(k0.page_map_calls - k1.page_map_calls), 0, "  with no page map");
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  gmr_pool_end(pool, S(5));
+  gmr_free(rt, z);
+  gmr_free(rt, w);
+  gmr_pool_release(pool);
+  gmr_empty_cache(rt);
+  gmr_sim_counters(rt, &k1);
+  ok(k1.bytes_in_use == 0 && k1.page_maps_live == 0, "the pool released: nothing held");
   gmr_runtime_free(rt);
 }
 
@@ -953,6 +1016,7 @@ int main(void) {
   test_unmap_safety();
   test_loop_steady();
   test_capture();
+  test_pool();
   test_oom_and_trim();
   test_under_limit();
   test_page_sizes();

@@ -305,6 +305,11 @@ typedef struct stitch_s {
   uint64_t P;           /* page size (backend granularity) */
   uint64_t small_max;
   uint64_t device_total;
+  /* Note [Graph capture] (stitch.c): in_pool, set at creation: a private
+   * pool's instance; capturing: during one miss on a stream being captured.
+   * Either: fresh pages only, nothing unmapped, no event recorded, queried
+   * or waited on for a stamp (st_fresh). */
+  bool in_pool, capturing;
 
   st_page_t *pages;
   uint32_t npages, cappages;
@@ -386,6 +391,12 @@ static inline void st_count_free(st_stats_t *s, int pool, int64_t len, int64_t s
   st_dec(s->allocated, pool, len);
   st_dec(s->requested, pool, size);
   st_dec(s->allocation, pool, 1);
+}
+
+/* May this miss take only fresh pages, unmapping nothing (Note [Graph
+ * capture])? */
+static inline bool st_fresh(const stitch_t *t) {
+  return t->in_pool || t->capturing;
 }
 
 /* ---- worth.c ----------------------------------------------------------------------------------

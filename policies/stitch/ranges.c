@@ -502,7 +502,7 @@ st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool 
 }
 
 void gmr__st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
-  st_len_t *e = t->o.stale_misses > 0 ? st_len_find(t, len) : NULL;
+  st_len_t *e = t->o.stale_misses > 0 && !st_fresh(t) ? st_len_find(t, len) : NULL;
   st_range_t *r = e != NULL ? e->first : NULL;
   while (r != NULL) {
     st_range_t *next = r->len_next;
@@ -574,6 +574,7 @@ uint32_t gmr__st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *
   /* Unmapped pages are worth nothing: take them first, as they come. */
   for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
     if (st_page_ready(t, id, sidx)) out[got++] = id;
+  if (st_fresh(t)) return got;        /* no page of a cached range (Note [Graph capture]) */
   if (got < n) gmr__st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
   if (got == n || t->free_head[1] == ST_NIL) return got;
   st_worth_iter_t it;
@@ -597,7 +598,7 @@ static bool over_caps(const stitch_t *t, uint32_t need_maps, uint64_t need_va) {
 
 /* see Note [Parking] */
 int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
-  st_range_t *r = t->lru_tail;
+  st_range_t *r = st_fresh(t) ? NULL : t->lru_tail; /* see Note [Graph capture] */
   int err = 0;
   while (r != NULL && (all || over_caps(t, need_maps, need_va))) {
     st_range_t *prev = r->lru_prev;
@@ -614,7 +615,7 @@ int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
 
 bool gmr__st_evict_page(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
-  st_map_t *m = p->maps;
+  st_map_t *m = st_fresh(t) ? NULL : p->maps;
   while (m != NULL && (int64_t)p->nmaps >= t->o.max_maps_per_page) {
     st_map_t *next = m->next;
     st_range_t *r = m->r;
