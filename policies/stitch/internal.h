@@ -69,6 +69,10 @@
 /* Note [Resizing]: how far (bytes) a cached range's length may be from a
  * request's for the range to be resized to it. */
 #define ST_RESIZE ((uint64_t)64 << 10)
+/* Cached ranges counted by len / ST_LENF_BYTES, folded into ST_LENF
+ * counters (a filter: a resize probes only lengths whose counter is not 0). */
+#define ST_LENF       4096u
+#define ST_LENF_SHIFT 12
 
 /* ---- options ----------------------------------------------------------------------------------
  */
@@ -342,7 +346,8 @@ typedef struct stitch_s {
   st_range_t *all;
   st_range_t *lru_head, *lru_tail;
   uint32_t ncached;
-  st_len_t *lens; /* open addressing by len, at most half full */
+  uint32_t lenf[ST_LENF]; /* CACHED ranges per (len >> ST_LENF_SHIFT) mod ST_LENF */
+  st_len_t *lens;         /* open addressing by len, at most half full */
   uint32_t nlens, caplens;
   st_pending_t *pend_head;
   uint32_t nmappings;
@@ -544,6 +549,7 @@ static inline void st_cache_put(stitch_t *t, st_range_t *r) {
     t->lru_tail = r;
   t->lru_head = r;
   ++t->ncached;
+  ++t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
 }
 static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
   if (r->lru_prev != NULL)
@@ -556,6 +562,7 @@ static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
     t->lru_tail = r->lru_prev;
   r->lru_prev = r->lru_next = NULL;
   --t->ncached;
+  --t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
 }
 /* The oldest cached range of len that stream sidx can take now (its pages
  * free, or parked under cached ranges; stamps complete), or NULL. */

@@ -58,7 +58,10 @@
  * or that a miss stitched while a shorter cached range was near (the length
  * grows), is marked `grows`, and no other block's head slot is placed on
  * its last page while it owns that page's tail (stitch.c, find_partial):
- * the next step grows into those bytes.
+ * the next step grows into those bytes.  A miss probes only the lengths
+ * whose counter in `lenf` (cached ranges by len / 4 KiB, folded into 4096
+ * counters, kept by st_cache_put and st_cache_remove) is not 0, so a miss
+ * with no cached length near it costs 256 array reads, not 256 lookups.
  */
 
 /* Note [Parking]
@@ -462,6 +465,10 @@ static int range_relen(stitch_t *t, st_range_t *r, uint64_t len) {
   else
     e->last = r->len_prev;
   e = st_len_find(t, len);
+  if (r->state == ST_R_CACHED) {
+    --t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
+    ++t->lenf[(len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
+  }
   r->len = len;
   r->serial = ++t->serials;
   r->len_prev = e->last;
@@ -474,30 +481,53 @@ static int range_relen(stitch_t *t, st_range_t *r, uint64_t len) {
   return 0;
 }
 
+/* From length `was` on, going up (or down) by G to `lim`, the first length
+ * whose filter counter is not 0 (empty 4 KiB classes skipped whole), or 0. */
+static uint64_t resize_next(const stitch_t *t, uint64_t was, bool up, uint64_t lim) {
+  while (up ? was <= lim : was >= lim) {
+    uint64_t c = was >> ST_LENF_SHIFT;
+    if (t->lenf[c & (ST_LENF - 1)] != 0) return was;
+    if (up)
+      was = (c + 1) << ST_LENF_SHIFT;
+    else if (c == 0)
+      return 0;
+    else
+      was = (c << ST_LENF_SHIFT) - ST_G;
+  }
+  return 0;
+}
+
 /* see Note [Resizing] */
 st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool *grows) {
   *grows = false;
   if (t->ncached == 0) return NULL;
-  for (uint64_t d = ST_G; d <= ST_RESIZE; d += ST_G)
-    for (int longer = 0; longer < 2; ++longer) {
-      if (!longer && d >= len) continue;
-      uint64_t was = longer ? len + d : len - d;
-      st_len_t *e = st_len_find(t, was);
-      if (e == NULL) continue;
-      int64_t tries = t->o.cache_candidates;
-      for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
-        if (!longer && r->state == ST_R_CACHED) *grows = true;
-        if (!resizable(t, r, len)) continue;
-        --tries;
-        r->len = len;
-        bool ok = gmr__st_range_usable(t, r, sidx);
-        r->len = was;
-        if (ok && range_relen(t, r, len) == 0) {
-          r->grows = !longer;
-          return r;
-        }
+  /* Lengths len -+ d for d = G, 2G, ..., ST_RESIZE, the shorter first. */
+  uint64_t lo = len > ST_RESIZE + ST_G ? len - ST_RESIZE : ST_G, hi = len + ST_RESIZE;
+  uint64_t dn = len > lo ? resize_next(t, len - ST_G, false, lo) : 0;
+  uint64_t up = resize_next(t, len + ST_G, true, hi);
+  while (dn != 0 || up != 0) {
+    bool longer = dn == 0 || (up != 0 && up - len < len - dn);
+    uint64_t was = longer ? up : dn;
+    if (longer)
+      up = resize_next(t, up + ST_G, true, hi);
+    else
+      dn = dn > lo ? resize_next(t, dn - ST_G, false, lo) : 0;
+    st_len_t *e = st_len_find(t, was);
+    if (e == NULL) continue;
+    int64_t tries = t->o.cache_candidates;
+    for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
+      if (!longer && r->state == ST_R_CACHED) *grows = true;
+      if (!resizable(t, r, len)) continue;
+      --tries;
+      r->len = len;
+      bool ok = gmr__st_range_usable(t, r, sidx);
+      r->len = was;
+      if (ok && range_relen(t, r, len) == 0) {
+        r->grows = !longer;
+        return r;
       }
     }
+  }
   return NULL;
 }
 
