@@ -48,7 +48,9 @@
  * b' in (0, P) of the same page serves it: the page is mapped whole at that
  * slot, so growing or shrinking the span is no device call; only the bytes
  * [b, b') (growing) must be free and ready for the stream, with the dead
- * gap to a head slot on the page <= tau.  The nearest length is tried
+ * gap to a head slot on the page <= tau.  No range is resized to a length
+ * of whole pages (it would have two partial ends; a range of length P must
+ * be one whole page for the small pool, which takes those).  The nearest length is tried
  * first, the shorter before the longer.  The range is filed again under its
  * new length with a new serial (the youngest of that length, as a stitched
  * range would be), so Note [Cache order] still holds for every length; a
@@ -500,7 +502,9 @@ static uint64_t resize_next(const stitch_t *t, uint64_t was, bool up, uint64_t l
 /* see Note [Resizing] */
 st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool *grows) {
   *grows = false;
-  if (t->ncached == 0) return NULL;
+  /* A length of whole pages stays a range of whole pages: the small pool
+   * takes a cached range of length P as one whole page. */
+  if (t->ncached == 0 || len % t->P == 0) return NULL;
   /* Lengths len -+ d for d = G, 2G, ..., ST_RESIZE, the shorter first. */
   uint64_t lo = len > ST_RESIZE + ST_G ? len - ST_RESIZE : ST_G, hi = len + ST_RESIZE;
   uint64_t dn = len > lo ? resize_next(t, len - ST_G, false, lo) : 0;
