@@ -492,6 +492,13 @@ static size_t pick_size(void) {
   return (10 << 20) + xs() % (30 << 20);           /* 10-40 MiB */
 }
 
+/* Lengths near each other (Note [Resizing]): a few bases, each + 0-64 KiB. */
+static size_t pick_near_size(void) {
+  static const size_t base[] = {3 << 20, 5 << 20, 9 << 20, 17 << 20};
+  if (xs() % 100 < 40) return 1 + xs() % (1 << 20);
+  return base[xs() % 4] + xs() % (64 * KiB);
+}
+
 typedef struct live_s {
   unsigned char *p;
   size_t n;
@@ -511,7 +518,7 @@ static int stamped(const live_t *l) {
   return l->p[l->n - 1] == l->tag;
 }
 
-static void test_random(void) {
+static void test_random(bool near) {
   const char *env = getenv("GMR_STITCH_OPS");
   int ops = env ? atoi(env) : 3000;
   gmr_runtime_t *rt = sim_runtime("policy: {name: stitch, max_mappings: 512}\n", 512 * MiB, 1);
@@ -521,7 +528,7 @@ static void test_random(void) {
   for (int i = 0; i < ops; ++i) {
     if (n < 64 && (n == 0 || xs() % 100 < 55)) {
       live_t *l = &live[n];
-      l->n = pick_size();
+      l->n = near ? pick_near_size() : pick_size();
       l->tag = (unsigned char)(1 + xs() % 250);
       l->s = S(xs() % 3);
       int rc = gmr_alloc(rt, l->n, l->s, (void **)&l->p);
@@ -548,7 +555,9 @@ static void test_random(void) {
     bad_data += !stamped(&live[j]);
     gmr_free(rt, live[j].p);
   }
-  is_int(bad_check, 0, "random run of %d events: invariants hold after each", ops);
+  is_int(bad_check, 0, "random run of %d events%s: invariants hold after each", ops,
+         near ? ", lengths near each other" : "");
+  if (near) ok(stat_of(rt, "stitch.cache_resizes") > 0, "  cached ranges were resized");
   is_int(bad_data, 0, "  no block's bytes were overwritten by another");
   is_int(bad_err, 0, "  every failure was GMR_ENOMEM");
   is_u64(k.unsafe_unmaps, 0, "  no address was unmapped while queued work used it");
@@ -1064,7 +1073,8 @@ int main(void) {
   test_oom_and_trim();
   test_under_limit();
   test_page_sizes();
-  test_random();
+  test_random(false);
+  test_random(true);
   test_take_back();
   test_fault_sweep();
   test_threads();

@@ -449,6 +449,7 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     if (err == GMR_ENOMEM) return gmr__st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
   }
+  r->sidx = sidx; /* a cached range may have served another stream's block */
   large_out(t, r, size, out);
   return 0;
 }
