@@ -573,6 +573,15 @@ GMR_EXTERN int gmr_sim_set_clock(gmr_runtime_t *rt, uint64_t ns);
  * (replays that reproduce a recorded device's placement); 0 clears it. */
 GMR_EXTERN int gmr_sim_place_next(gmr_runtime_t *rt, uintptr_t addr);
 GMR_EXTERN int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out);
+/** Bytes asked of the simulated device by each kind of call since the
+ * runtime was created, failed calls included (the sizes passed; a call's
+ * count is in gmr_sim_counters_t): what a per-page cost model of the device
+ * calls needs (gmr-compare's device time). */
+typedef struct gmr_sim_call_bytes_s {
+  uint64_t reserve, release, va_reserve, va_release, map, unmap;
+  uint64_t page_create, page_release, page_map, page_unmap, set_access;
+} gmr_sim_call_bytes_t;
+GMR_EXTERN int gmr_sim_call_bytes(gmr_runtime_t *rt, gmr_sim_call_bytes_t *out);
 /** Mark stream `s` as being captured into a CUDA graph (1) or not (0). */
 GMR_EXTERN int gmr_sim_stream_capture(gmr_runtime_t *rt, gmr_stream_t s, int on);
 /** A simulated stream handle for id `n` (0 is the default stream). */

@@ -440,8 +440,8 @@ static void limit_destroy(gmr_policy_t *self) {
 #define LIMIT_EXTERNAL_STREAM ((gmr_stream_t)(uintptr_t)0x6578746572ull)
 
 static inline limit_shard_t *shard_of(limit_t *l, gmr_stream_t s) {
-  uint64_t h = (uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull;
-  return &l->shards[h >> 58]; /* top 6 bits: LIMIT_SHARDS = 64 */
+  _Static_assert(LIMIT_SHARDS == 1 << 6, "a stream's shard takes 6 bits");
+  return &l->shards[gmr__hash_bits((uint64_t)(uintptr_t)s, 6)]; /* the top 6 bits of its hash */
 }
 
 /* Take n bytes of the shard's credit; false when it holds less, or is frozen. */
@@ -610,6 +610,10 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
 
 static void limit_set_exclusive(gmr_policy_t *self, int exclusive) {
   gmr__policy_set_exclusive(self->upstream, exclusive);
+}
+
+static void limit_set_fraction(gmr_policy_t *self, double fraction) {
+  gmr__policy_set_fraction(self->upstream, fraction);
 }
 
 static int limit_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stream_t s) {
@@ -812,6 +816,7 @@ const gmr_policy_ops_t gmr__limit_policy = {
     .trim = limit_trim,
     .charge = limit_charge,
     .set_exclusive = limit_set_exclusive,
+    .set_fraction = limit_set_fraction,
     .stats = limit_stats,
     .reset_peak = limit_reset_peak,
     .reset_accumulated = limit_reset_accumulated,

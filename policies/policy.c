@@ -92,6 +92,13 @@ void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive) {
   gmr__policy_unlock(p);
 }
 
+void gmr__policy_set_fraction(gmr_policy_t *p, double fraction) {
+  if (p->ops->set_fraction == NULL) return;
+  gmr__policy_quiesce(p);
+  p->ops->set_fraction(p, fraction);
+  gmr__policy_resume(p);
+}
+
 /* ---- the whole-state ops, quiesced (policy.h, rule 5) ---------------------- */
 
 void gmr__policy_quiesce(gmr_policy_t *p) {

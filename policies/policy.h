@@ -102,6 +102,12 @@ typedef struct gmr_policy_ops_s {
    * frees (BFC's retry).  Decorators pass it on.  NULL: the policy never
    * waits. */
   void (*set_exclusive)(gmr_policy_t *self, int exclusive);
+  /* The per-process memory fraction f was set (gmr_set_memory_fraction,
+   * torch.cuda.set_per_process_memory_fraction): the policy caps itself at
+   * floor(f x total) and names that in its OOM text, as PyTorch's allocator
+   * does.  Called quiesced.  Decorators pass it on.  NULL: the runtime's gate
+   * enforces the fraction alone (backend/gate.c, Note [The fraction]). */
+  void (*set_fraction)(gmr_policy_t *self, double fraction);
   /* Fill the allocation-level fields of gmr_stats_t; the runtime fills the
    * device-level ones (reserved, segments, device_allocs/frees) from the
    * backend counters unless the policy already set them. */
@@ -233,6 +239,8 @@ GMR_POLICY_INLINE int gmr__policy_record_stream(gmr_policy_t *p, const gmr_block
 int gmr__policy_charge(gmr_policy_t *p, int64_t bytes);
 /* Empty slot: the policy never waits for other threads. */
 void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive);
+/* Quiesced.  Empty slot: nothing to do (the gate enforces the fraction). */
+void gmr__policy_set_fraction(gmr_policy_t *p, double fraction);
 
 /* The whole-state ops (rule 5).  gmr__policy_quiesce(p) stops every other
  * op of p until gmr__policy_resume(p): p's lock when p is not concurrent,

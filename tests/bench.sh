@@ -201,5 +201,29 @@ EOF2
   ok $? "bench-across.py: a failing run of gmr-bench fails it"
 fi
 
+# The driver-call workload times CUDA calls; without a GPU it says why and
+# exits 0, in the table and in the JSON, and needs no configuration.
+"$bench" --workloads calls >"$tmp/calls" 2>"$tmp/err"
+ok $? "calls: exits 0 on the simulator (nothing to time)"
+grep -q '^gmr-bench: driver calls: skipped: the driver calls are timed on a GPU only (--device cuda)$' \
+  "$tmp/calls"
+ok $? "calls: says why it was skipped"
+"$bench" --workloads calls --json --call-pages 1,4 >"$tmp/calls.json" 2>"$tmp/err"
+ok $? "calls --json: exits 0"
+grep -q '{"workload": "calls", "skipped": "' "$tmp/calls.json"
+ok $? "calls --json: one record saying why"
+"$bench" --workloads calls --device cuda --json >"$tmp/calls-cuda.json" 2>"$tmp/err"
+rc=$?
+if grep -q '"skipped"' "$tmp/calls-cuda.json"; then
+  ok "$rc" "calls --device cuda: skipped cleanly where there is no GPU (or no CUDA build)"
+else
+  # A GPU: every call kind timed at both sizes, each figure positive.
+  [ "$rc" -eq 0 ] && [ "$(grep -c '"call": ' "$tmp/calls-cuda.json")" -eq 24 ]
+  ok $? "calls --device cuda: 10 call kinds at 2 sizes and 4 event calls, timed"
+fi
+"$bench" --workloads calls --call-pages 0 >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ]
+ok $? "calls: --call-pages 0 is a usage error"
+
 echo "1..$n"
 exit $failed

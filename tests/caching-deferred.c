@@ -3,7 +3,7 @@
  *
  * A fast free waits in its stream's deferred slot, and an allocation that
  * PyTorch would serve with that very block takes it back without splitting
- * or merging (policies/caching/caching.c, "The deferred free").  Every
+ * or merging (policies/caching/caching.c, Note [Deferred free]).  Every
  * global path applies the deferred frees first, so reading the statistics
  * after every free turns the take-back off.  Here the same seeded
  * operations run on two runtimes: A as it is, B reading its statistics

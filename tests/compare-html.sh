@@ -101,7 +101,7 @@ if [ "$greedy" = 1 ]; then
   # 138.64 GiB reserved up front against about 3 GiB for the others.
   is "$(grep -c '>own scale</text>' "$W/dom.html")" 1 \
     "tf-greedy's timeline gets its own scale, the others share one"
-  grep -q 'tf-greedy</b> held <b>138.64 GiB</b> in 1 segment' "$W/dom.html"
+  grep -q 'tf-greedy</b> held <b>138.64 GiB</b> in 1 region' "$W/dom.html"
   ok $? "tf-greedy's caption: one region of 138.64 GiB"
 else
   ok 0 "own scale # SKIP bfc policy not available"

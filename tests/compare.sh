@@ -171,8 +171,8 @@ has "$W/bad-cfg.out" "broken: could not run: $W/broken.yaml:4:1:" "bad config: n
 # ---- the page's captions, without a browser (tests/compare-html.sh renders it) ----
 "$B" --html "$W/small.html" "$FX/compare-small.csv" "$CF/direct.yaml" >/dev/null 2>&1
 is "$?" 0 "html: written"
-has "$W/small.html" '<b>direct</b> held <b>54.00 MiB</b> in 6 segments for 54.00 MiB requested' \
-  "html: the caption states the peak (6 x 9 MiB, one segment each)"
+has "$W/small.html" '<b>direct</b> held <b>54.00 MiB</b> in 6 reservations for 54.00 MiB requested' \
+  "html: the caption states the peak (6 x 9 MiB, one reservation each)"
 is "$(grep -c '<svg class="chart timeline"' "$W/small.html")/$(grep -c '<svg class="chart segmap"' "$W/small.html")" \
   1/1 "html: one timeline and one segment map"
 has "$W/small.html" 'data-pts="0 9216 9216 9216,1 18432 18432 18432,' \

@@ -459,6 +459,8 @@ static void test_snapshot_while_allocating(const char *name, const char *yaml, b
       FILE *f = open_memstream(&buf, &len);
       bad_snap += f == NULL || gmr_snapshot_write(rt, f) != 0;
       if (f != NULL) fclose(f);
+      free(buf); /* each open_memstream makes a buffer of its own */
+      buf = NULL;
       errs += gmr_empty_cache(rt) != 0;
       errs += gmr_check(rt) != 0;
     }

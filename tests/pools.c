@@ -192,6 +192,17 @@ static void fraction_under(const char *yaml) {
   ok(strstr(gmr_last_error(rt), "out of memory") != NULL || strstr(gmr_last_error(rt), "OOM") ||
          strstr(gmr_last_error(rt), "fraction") != NULL,
      "  as out of memory: %.160s", gmr_last_error(rt));
+  if (strstr(yaml, "caching") != NULL) {
+    gmr_stats_t st;
+    memset(&st, 0, sizeof st);
+    int rc = gmr_stats(rt, &st);
+    ok(rc == 0 && st.ooms == 1 && st.alloc_retries == 1 && st.limit_bytes == 256 * MiB,
+       "  caching counts it as PyTorch: one OOM, one retry, limit 256 MiB (%" PRIu64 ", %" PRIu64
+       ", %" PRIu64 ")",
+       st.ooms, st.alloc_retries, st.limit_bytes);
+    ok(strstr(gmr_last_error(rt), "256.00 MiB allowed; Of the allocated memory") != NULL,
+       "  and names the fraction in PyTorch's words");
+  }
   ok(gmr_alloc(rt, 200 * MiB, NULL, &q) == 0, "  200 MiB fits");
   gmr_pool_t *pool = NULL;
   gmr_pool_create(rt, &pool);
@@ -266,6 +277,64 @@ static void oom_trims_others(const char *yaml) {
   gmr_runtime_free(rt);
 }
 
+/* A failed allocation beside a pool that has nothing to give back counts one
+ * retry and one OOM, as PyTorch's does (runtime.c Note [One retry]). */
+static void oom_counts_once(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: caching\n", 1024ull * MiB, 0);
+  if (!ok(rt != NULL, "one retry: a caching runtime")) return;
+  gmr_pool_t *pool = NULL;
+  void *p = NULL, *q = NULL, *r = NULL;
+  gmr_pool_create(rt, &pool);
+  ok(gmr_alloc_in(rt, pool, MiB, NULL, &p) == 0, "  a live block in a pool in use");
+  ok(gmr_alloc(rt, 300 * MiB, NULL, &r) == 0, "  300 MiB live in the default pool");
+  ok(gmr_alloc(rt, 800 * MiB, NULL, &q) == GMR_ENOMEM, "  800 MiB more of a 1 GiB device fails");
+  gmr_stats_t st;
+  memset(&st, 0, sizeof st);
+  int rc = gmr_stats(rt, &st);
+  ok(rc == 0 && st.ooms == 1 && st.alloc_retries == 1,
+     "  counted as one OOM and one retry (ooms %" PRIu64 ", retries %" PRIu64 ")", st.ooms,
+     st.alloc_retries);
+  gmr_free(rt, p);
+  gmr_free(rt, r);
+  gmr_pool_release(pool);
+  gmr_runtime_free(rt);
+}
+
+/* A closed pool's accumulated counts stay in its runtime's (runtime.c Note
+ * [Retired pools]), as a private pool's stay in PyTorch's device statistics. */
+static void retired_counts(const char *yaml, const char *key) {
+  gmr_runtime_t *rt = sim_runtime(yaml, 1024ull * MiB, 0);
+  if (!ok(rt != NULL, "retired pools: %s", yaml)) return;
+  gmr_pool_t *pool = NULL;
+  void *p[3] = {0}, *q = NULL;
+  gmr_pool_create(rt, &pool);
+  gmr_alloc(rt, 5 * MiB, NULL, &q);
+  for (int i = 0; i < 3; ++i)
+    gmr_alloc_in(rt, pool, (size_t)(i + 1) * 3 * MiB, NULL, &p[i]);
+  for (int i = 0; i < 3; ++i)
+    gmr_free(rt, p[i]);
+  gmr_stats_t live, after;
+  int64_t named_live = -1, named_after = -2;
+  gmr_stats(rt, &live);
+  gmr_stat_get(rt, key, &named_live);
+  gmr_pool_release(pool);
+  ok(gmr_empty_cache(rt) == 0, "  the released pool closes at empty_cache");
+  gmr_stats(rt, &after);
+  gmr_stat_get(rt, key, &named_after);
+  ok(live.num_allocs == 4 && after.num_allocs == 4 && after.num_frees == 3,
+     "  num_allocs %" PRIu64 " -> %" PRIu64 ", num_frees %" PRIu64, live.num_allocs,
+     after.num_allocs, after.num_frees);
+  ok(after.device_allocs == live.device_allocs && after.device_allocs >= 2,
+     "  device_allocs %" PRIu64 " -> %" PRIu64, live.device_allocs, after.device_allocs);
+  ok(named_live > 0 && named_after == named_live, "  %s %" PRId64 " -> %" PRId64, key, named_live,
+     named_after);
+  gmr_stats_reset_accumulated(rt);
+  gmr_stats(rt, &after);
+  ok(after.num_allocs == 0 && after.device_allocs == 0, "  and reset_accumulated clears them");
+  gmr_free(rt, q);
+  gmr_runtime_free(rt);
+}
+
 /* ---- threads: pools and the default pool at once ------------------------------------- */
 
 typedef struct worker_s {
@@ -336,6 +405,11 @@ int main(void) {
   /* Not bfc: like TensorFlow's, a bfc instance's limit is the device's free
    * memory when it is made, so a pool made beside a full cache has less. */
   oom_trims_others("policy: stitch\n");
+  oom_counts_once();
+  retired_counts("policy: caching\n", "allocation.all.allocated");
+  retired_counts("policy: caching\n", "num_device_alloc");
+  retired_counts("policy: stitch\n", "stitch.pages.created");
+  retired_counts("policy: bfc\n", "num_allocs");
   threads_under("policy: caching\n");
   threads_under("policy: stitch\n");
   threads_under("policy: bfc\n");

@@ -40,6 +40,9 @@
  *    held pages are mapped again at a new address).  Each untimed set-up
  *    is outside the timed call; the median of --reps is reported, with the
  *    page maps the policy counted (k, or the figure is refused).
+ *  - calls (--device cuda): each driver call of the CUDA backend timed
+ *    alone, for gmr-compare's cost model (Note [Bench calls] in
+ *    bench-calls.c).
  * The steps (which block, which size) are drawn before the timed loop from
  * a fixed seed, so every contender makes the same requests.
  *
@@ -74,6 +77,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench-calls.h"
 #include "cli.h"
 #include "gmr.h"
 #include "json.h"
@@ -88,6 +92,7 @@
 #define BENCH_MAX_REPS    101
 #define BENCH_MAX_SWEEP   16
 #define BENCH_MAX_MISS    16
+#define BENCH_MAX_CALLS   8
 
 /* The workloads (Note [Bench workloads]). */
 typedef enum bench_kind_e { WL_PAIR, WL_RANDOM, WL_SWEEP, WL_MISS } bench_kind_t;
@@ -118,7 +123,10 @@ typedef struct bench_opts_s {
   const char *torch_shim;                         /* path of the shim, or NULL */
   uint64_t capacity;                              /* simulated device, bytes */
   bool run_pair, run_random, run_sweep, run_miss; /* --workloads */
-  size_t miss_pages[BENCH_MAX_MISS];              /* --miss-pages */
+  bool run_calls;                                 /* --workloads calls */
+  size_t call_pages[BENCH_MAX_CALLS];             /* --call-pages */
+  int n_call_pages;
+  size_t miss_pages[BENCH_MAX_MISS]; /* --miss-pages */
   int n_miss;
   churn_spec_t random;                /* --live, --random-range */
   size_t sweep_live[BENCH_MAX_SWEEP]; /* --sweep-live */
@@ -1085,7 +1093,7 @@ static int parse_range(const char *opt, const char *text, size_t *lo, size_t *hi
 static int parse_workloads(const char *opt, const char *text, bench_opts_t *o) {
   char buf[128];
   snprintf(buf, sizeof buf, "%s", text);
-  o->run_pair = o->run_random = o->run_sweep = o->run_miss = false;
+  o->run_pair = o->run_random = o->run_sweep = o->run_miss = o->run_calls = false;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     if (strcmp(tok, "pair") == 0)
       o->run_pair = true;
@@ -1095,12 +1103,15 @@ static int parse_workloads(const char *opt, const char *text, bench_opts_t *o) {
       o->run_sweep = true;
     else if (strcmp(tok, "miss") == 0)
       o->run_miss = true;
+    else if (strcmp(tok, "calls") == 0)
+      o->run_calls = true;
     else {
-      fprintf(stderr, "gmr-bench: %s: '%s' is not one of pair, random, sweep, miss\n", opt, tok);
+      fprintf(stderr, "gmr-bench: %s: '%s' is not one of pair, random, sweep, miss, calls\n", opt,
+              tok);
       return 1;
     }
   }
-  if (!o->run_pair && !o->run_random && !o->run_sweep && !o->run_miss) {
+  if (!o->run_pair && !o->run_random && !o->run_sweep && !o->run_miss && !o->run_calls) {
     fprintf(stderr, "gmr-bench: %s: the list is empty\n", opt);
     return 1;
   }
@@ -1181,7 +1192,7 @@ static const bench_option_t bench_options[] = {
     {"json-file", 0, BA_TEXT, BO(json_path), 0, 0, 0, "PATH",
      "the table, and the JSON array written to PATH"},
     {"workloads", 0, BA_WORKLOADS, 0, 0, 0, 0, "LIST",
-     "pair, random, sweep, miss (default pair;\n"
+     "pair, random, sweep, miss, calls (default pair;\n"
      "docs/benchmarks.md)"},
     {"live", 0, BA_COUNT, BO(random.live), 0, 1, 1L << 24, "N",
      "random: blocks each thread keeps live (default 512)"},
@@ -1194,6 +1205,8 @@ static const bench_option_t bench_options[] = {
      "sweep: sizes, log-uniform (default 512,4MiB)"},
     {"miss-pages", 0, BA_PAGES, BO(miss_pages), BO(n_miss), 0, BENCH_MAX_MISS, "LIST",
      "miss: pages per miss (default 1,4,16,64,256)"},
+    {"call-pages", 0, BA_PAGES, BO(call_pages), BO(n_call_pages), 0, BENCH_MAX_CALLS, "LIST",
+     "calls: pages per timed call (default 1,64)"},
     {"help", 'h', BA_HELP, 0, 0, 0, 0, NULL, "print this help and exit"},
     {"version", 'V', BA_VERSION, 0, 0, 0, 0, NULL, "print the version and exit"},
 };
@@ -1313,7 +1326,9 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
                       .sweep_lo = 512,
                       .sweep_hi = (size_t)4 << 20,
                       .miss_pages = {1, 4, 16, 64, 256},
-                      .n_miss = 5};
+                      .n_miss = 5,
+                      .call_pages = {1, 64},
+                      .n_call_pages = 2};
   struct option longopts[BENCH_N_OPTIONS + 1];
   char shorts[2 * BENCH_N_OPTIONS + 2] = ":";
   for (size_t i = 0; i < BENCH_N_OPTIONS; ++i) {
@@ -1344,7 +1359,8 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, int *first_config)
     return cli_usage_error("gmr-bench", "%s",
                            "--device cuda: this gmr-bench was built without CUDA");
 #endif
-  if (optind == argc && !(o->cuda && o->baselines))
+  bool calls_only = o->run_calls && !o->run_pair && !o->run_random && !o->run_sweep && !o->run_miss;
+  if (optind == argc && !(o->cuda && o->baselines) && !calls_only)
     return cli_usage_error("gmr-bench", "%s",
                            "no configuration given (a YAML file or a name, e.g. pytorch)");
   *first_config = optind;
@@ -1372,7 +1388,8 @@ int main(int argc, char **argv) {
   bool first = true;
 #ifdef GMR_HAVE_CUDA
   int devices = 0;
-  if (o.cuda && (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)) {
+  bool calls_only = o.run_calls && !o.run_pair && !o.run_random && !o.run_sweep && !o.run_miss;
+  if (o.cuda && !calls_only && (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)) {
     fprintf(stderr, "gmr-bench: --device cuda: no CUDA device\n");
     if (o.json_file != NULL) tool_out_abort(&json_out);
     return 1;
@@ -1410,6 +1427,16 @@ int main(int argc, char **argv) {
 #ifdef GMR_HAVE_CUDA
     if (rc == 0 && o.cuda && o.baselines) rc = cuda_baselines(&o, (bench_kind_t)kind, &first);
 #endif
+  }
+  if (rc == 0 && o.run_calls) {
+    bench_calls_args_t ca = {.cuda = o.cuda,
+                             .json = o.json,
+                             .json_file = o.json_file,
+                             .reps = o.reps,
+                             .pages = o.call_pages,
+                             .n_pages = o.n_call_pages,
+                             .first = &first};
+    rc = bench_calls(&ca);
   }
   if (o.json) printf("\n]\n");
   if (o.json_file != NULL) {

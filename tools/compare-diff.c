@@ -126,6 +126,18 @@ void compare_print_diff(FILE *out, const compare_run_t *runs, size_t n_cfg,
             b->final.device_allocs);
     fprintf(out, "  %-24s %14" PRIu64 " %14" PRIu64 "\n", "device frees", a->final.device_frees,
             b->final.device_frees);
+    compare_cost_t ca, cb;
+    compare_cost_estimate(a, &ca);
+    compare_cost_estimate(b, &cb);
+    fprintf(out, "  %-24s %14" PRIu64 " %14" PRIu64 "\n", "driver calls", ca.total_calls,
+            cb.total_calls);
+    char ta_us[32], tb_us[32];
+    compare_format_us(ca.us_total, ta_us, sizeof ta_us);
+    compare_format_us(cb.us_total, tb_us, sizeof tb_us);
+    fprintf(out, "  %-24s %14s %14s", "device time (H200 model)", ta_us, tb_us);
+    if (ca.us_total > 0)
+      fprintf(out, "  %+.1f %%", 100.0 * (cb.us_total - ca.us_total) / ca.us_total);
+    fputc('\n', out);
     fprintf(out, "  %-24s %14zu %14zu\n", "OOMs", a->res.ooms, b->res.ooms);
     if (o->fit) diff_bytes_row(out, "fit capacity (no OOM)", a->fit_capacity, b->fit_capacity);
     diff_site_t *d = NULL;
@@ -160,6 +172,10 @@ static void diff_json_side(FILE *out, const char *key, const compare_run_t *r) {
           r->final.peak_reserved_bytes, r->final.peak_requested_bytes, r->free_at_peak,
           r->fragmentation, r->final.peak_segments, r->final.device_allocs, r->final.device_frees,
           r->res.ooms, r->res.peak_event);
+  compare_cost_t c;
+  compare_cost_estimate(r, &c);
+  fprintf(out, ", \"device_calls_total\": %" PRIu64 ", \"device_time_us\": %.1f", c.total_calls,
+          c.us_total);
   if (r->fit_max) {
     if (r->fit_capacity)
       fprintf(out, ", \"fit_capacity\": %" PRIu64, r->fit_capacity);

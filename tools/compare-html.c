@@ -237,7 +237,69 @@ static uint64_t map_segment_bytes(const compare_run_t *r, size_t i, size_t *next
   return blocks ? bytes : r->map[i].size;
 }
 
+/* Note [The map of a policy that maps pages]
+ * ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+ * stitch's walk lists its ranges, and a range is address space: it maps
+ * pages that other ranges may map too (a cached range keeps the pages that
+ * a live block now holds through another range), and the slot bytes before
+ * and after its block belong to its neighbours.  Summed, the ranges are
+ * address space, not memory: drawn as segments they showed 9.78 GiB of
+ * free blocks for the 11.54 MiB free of gpt2_train (issue 33).  The map
+ * draws the pages held instead, each byte once:
+ *   held = Σ live and pending blocks of the large ranges (blue, orange; a
+ *          shared page's two ends are in two blocks, outlined)
+ *        + Σ small-pool segments (their blocks; free ones red)
+ *        + dead gaps (grey: between the two blocks of a shared page,
+ *          stitch.dead_gap_bytes)
+ *        + the rest: free pages and the free ends of open pages (red)
+ * with held = the reserved bytes at the peak (pages x page size).  The
+ * rest is the policy's own free figure (stitch.free_bytes) less the small
+ * pool's free blocks; the caption says when the two differ.  Cached ranges
+ * and the neighbours' slot bytes are counted under the map, not drawn.
+ */
+typedef struct map_pages_parts_s {
+  uint64_t held, live, pending, small, small_free, dead, free_rest;
+  uint64_t cached_va, slot_va;           /* address space, not drawn */
+  uint64_t ranges, cached, small_ranges; /* counts */
+} map_pages_parts_t;
+
+static void map_pages_parts(const compare_run_t *r, map_pages_parts_t *m) {
+  memset(m, 0, sizeof *m);
+  int small = 0;
+  for (size_t i = 0; i < r->n_map; ++i) {
+    const compare_map_entry_t *e = &r->map[i];
+    if (e->is_segment) {
+      small = strcmp(e->pool, "small") == 0;
+      if (small)
+        m->small += e->size, ++m->small_ranges;
+      else
+        ++m->ranges;
+      continue;
+    }
+    if (small) {
+      if (e->state == GMR_BLOCK_FREE) m->small_free += e->size;
+    } else if (e->state == GMR_BLOCK_ALLOCATED) {
+      m->live += e->size;
+    } else if (e->state == GMR_BLOCK_PENDING_FREE) {
+      m->pending += e->size;
+    } else if (e->state == GMR_BLOCK_FREE) {
+      m->cached_va += e->size, ++m->cached;
+    } else {
+      m->slot_va += e->size;
+    }
+  }
+  m->held = r->map_stats.reserved_bytes;
+  m->dead = r->pages.dead_gap;
+  uint64_t drawn = m->live + m->pending + m->small + m->dead;
+  m->free_rest = m->held > drawn ? m->held - drawn : 0;
+}
+
 static uint64_t map_total(const compare_run_t *r) {
+  if (r->pages.on) {
+    map_pages_parts_t m;
+    map_pages_parts(r, &m);
+    return m.live + m.pending + m.small + m.dead + m.free_rest;
+  }
   uint64_t total = 0;
   size_t next;
   for (size_t i = 0; i < r->n_map; i = next) {
@@ -282,9 +344,9 @@ static void map_rects(FILE *out, uint64_t off, uint64_t len, uint64_t row_bytes,
     double w = (double)n / (double)row_bytes * HTML_W;
     if (w < 0.4) w = 0.4;
     fprintf(out,
-            "<rect class=\"%s\" x=\"%.2f\" y=\"%" PRIu64 "\" width=\"%.2f\" height=\"%d\">"
-            "<title>%s</title></rect>",
-            cls, x, row * (MAP_ROW_H + MAP_GAP), w, MAP_ROW_H, title);
+            "<rect class=\"%s\" x=\"%.2f\" y=\"%" PRIu64 "\" width=\"%.2f\" height=\"%d\" "
+            "data-bytes=\"%" PRIu64 "\"><title>%s</title></rect>",
+            cls, x, row * (MAP_ROW_H + MAP_GAP), w, MAP_ROW_H, n, title);
     off += n;
     len -= n;
   }
@@ -385,7 +447,188 @@ static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, i
           a, own_scale ? " (own scale: this configuration is far larger than the others)" : "");
 }
 
+/* The map of a policy that maps pages (Note [The map of a policy that maps
+ * pages]): the blocks in address order, then the dead gaps and the free
+ * pages; the address space that holds no memory of its own, under it. */
+static void html_segmap_pages(FILE *out, const compare_run_t *r, uint64_t row_bytes,
+                              int own_scale) {
+  map_pages_parts_t m;
+  map_pages_parts(r, &m);
+  uint64_t total = map_total(r);
+  if (row_bytes == 0) row_bytes = 1;
+  uint64_t rows = total ? (total + row_bytes - 1) / row_bytes : 1;
+  int height = (int)rows * (MAP_ROW_H + MAP_GAP);
+  fprintf(out,
+          "<svg class=\"chart segmap\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"segments of %s at the peak\">\n",
+          HTML_W, height, HTML_W, height, r->name);
+  for (uint64_t k = 0; k < rows; ++k)
+    fprintf(out, "<rect class=\"row\" x=\"0\" y=\"%" PRIu64 "\" width=\"%d\" height=\"%d\"/>",
+            k * (MAP_ROW_H + MAP_GAP), HTML_W, MAP_ROW_H);
+  fputc('\n', out);
+  uint64_t off = 0;
+  char title[320], a[48], b[48];
+  int small = 0;
+  uint64_t range = 0;
+  for (size_t i = 0; i < r->n_map; ++i) {
+    const compare_map_entry_t *e = &r->map[i];
+    if (e->is_segment) {
+      small = strcmp(e->pool, "small") == 0;
+      range = e->address;
+      continue;
+    }
+    /* Large ranges: only the block is memory of the range's own; a cached
+     * range's pages are another block's or free, and its slots' other bytes
+     * are its neighbours'. */
+    if (!small && (e->state == GMR_BLOCK_FREE || e->state == GMR_BLOCK_UNMAPPED)) continue;
+    if (small && e->state == GMR_BLOCK_UNMAPPED) continue;
+    compare_format_bytes(e->size, a, sizeof a);
+    compare_format_bytes(e->requested, b, sizeof b);
+    if (e->state == GMR_BLOCK_ALLOCATED)
+      snprintf(
+          title, sizeof title, "%s block: %s (%s requested) at 0x%" PRIx64 ", %s range 0x%" PRIx64,
+          small ? "small-pool" : "allocated", a, b, e->address, small ? "small-pool" : "a", range);
+    else
+      snprintf(title, sizeof title, "%s: %s at 0x%" PRIx64 "%s", map_state_name(e->state), a,
+               e->address, small ? " in a small-pool segment" : "");
+    map_rects(out, off, e->size, row_bytes, map_state_class(e->state), title);
+    if (e->shared_head) {
+      snprintf(title, sizeof title,
+               "page #%" PRIu64
+               ", shared: its tail holds another block, its head the first %" PRIu64
+               " bytes of this one",
+               e->head_page, e->shared_head);
+      map_rects(out, off, e->shared_head, row_bytes, "sh", title);
+    }
+    if (e->shared_tail) {
+      snprintf(title, sizeof title,
+               "page #%" PRIu64 ", shared: its tail holds the last %" PRIu64
+               " bytes of this block, its head another block",
+               e->tail_page, e->shared_tail);
+      map_rects(out, off + e->size - e->shared_tail, e->shared_tail, row_bytes, "sh", title);
+    }
+    off += e->size;
+  }
+  if (m.dead) {
+    compare_format_bytes(m.dead, a, sizeof a);
+    snprintf(title, sizeof title,
+             "dead gaps: %s between the two blocks of %" PRIu64
+             " shared pages (held, usable by neither)",
+             a, r->pages.shared_pages);
+    map_rects(out, off, m.dead, row_bytes, "dg", title);
+    off += m.dead;
+  }
+  if (m.free_rest) {
+    compare_format_bytes(m.free_rest, a, sizeof a);
+    snprintf(title, sizeof title,
+             "free: %s in %" PRIu64 " whole free pages and the free ends of pages (whole "
+             "pages stitch into a range of any length)",
+             a, r->pages.free_pages);
+    map_rects(out, off, m.free_rest, row_bytes, "f", title);
+  }
+  fputs("</svg>\n", out);
+  compare_format_bytes(row_bytes, a, sizeof a);
+  fprintf(out,
+          "<p class=\"scale\">Each row is %s%s of the %" PRIu64 " pages held (%s each), each "
+          "byte once: the blocks in address order, then the dead gaps and the free pages.",
+          a, own_scale ? " (own scale: this configuration is far larger than the others)" : "",
+          r->pages.pages, (compare_format_bytes(r->pages.page_size, b, sizeof b), b));
+  compare_format_bytes(m.cached_va, a, sizeof a);
+  compare_format_bytes(m.slot_va, b, sizeof b);
+  fprintf(out,
+          " Not drawn, because it is address space and holds no memory of its own: %s in %" PRIu64
+          " cached range%s (their pages are held by the blocks above, or free) and %s of the "
+          "ranges' end pages outside their blocks (another block's end, or a free page end "
+          "drawn above).</p>\n",
+          a, m.cached, m.cached == 1 ? "" : "s", b);
+}
+
 /* ---- captions ------------------------------------------------------------------- */
+
+/* The free total is too small to matter when it is under 1 % of what the
+ * policy holds: its fragmentation, however high, costs at most that. */
+static int caption_free_small(uint64_t free_bytes, uint64_t held) {
+  return free_bytes > 0 && (double)free_bytes < 0.01 * (double)held;
+}
+
+/* What a policy's reservations are called, in its own terms. */
+static const char *caption_noun(const compare_run_t *r, uint64_t n, int *expandable) {
+  *expandable = 0;
+  for (size_t i = 0; i < r->n_map; ++i)
+    if (r->map[i].is_segment && r->map[i].is_expandable) *expandable = 1;
+  if (*expandable && r->res.at_peak.segments == 0)
+    return n == 1 ? "expandable segment (a virtual range mapped page by page)"
+                  : "expandable segments (virtual ranges mapped page by page)";
+  *expandable = 0;
+  if (strstr(r->policy, "bfc")) return n == 1 ? "region" : "regions";
+  if (strstr(r->policy, "direct")) return n == 1 ? "reservation" : "reservations";
+  return n == 1 ? "segment" : "segments";
+}
+
+/* Stitch's peak in its own terms: pages, shared pages, dead gaps, ranges
+ * (Note [The map of a policy that maps pages]). */
+static void caption_pages(FILE *out, const compare_run_t *r) {
+  const gmr_stats_t *p = &r->res.at_peak;
+  const compare_pages_t *pg = &r->pages;
+  map_pages_parts_t m;
+  map_pages_parts(r, &m);
+  uint64_t requested = p->requested_bytes;
+  fputs("</b> in ", out);
+  fprintf(out, "%" PRIu64 " page%s of ", pg->pages, pg->pages == 1 ? "" : "s");
+  html_bytes(out, pg->page_size);
+  fprintf(out, " (%" PRIu64 " shared by two blocks, one at each end) for ", pg->shared_pages);
+  html_bytes(out, requested);
+  fprintf(out,
+          " requested, mapped into %" PRIu64 " range%s (%" PRIu64 " of them cached for reuse) and "
+          "%" PRIu64 " small-pool segment%s. ",
+          m.ranges, m.ranges == 1 ? "" : "s", m.cached, m.small_ranges,
+          m.small_ranges == 1 ? "" : "s");
+  uint64_t overhead = m.held > requested ? m.held - requested : 0;
+  if (overhead == 0) return;
+  char free_what[128];
+  if (pg->free_pages)
+    snprintf(free_what, sizeof free_what,
+             " in %" PRIu64 " whole free page%s and the free ends of pages (red)", pg->free_pages,
+             pg->free_pages == 1 ? "" : "s");
+  else
+    snprintf(free_what, sizeof free_what,
+             " in the free ends of pages (red; no whole page is free)");
+  const struct {
+    uint64_t bytes;
+    const char *what;
+  } part[5] = {{m.free_rest, free_what},
+               {m.small_free, " in the small pool's free blocks (red, inside its segments)"},
+               {m.dead, " in dead gaps between the two blocks of a shared page (grey)"},
+               {r->rounding_at_peak, " lost to rounding requests up"},
+               {m.pending, " freed but waiting for stream work (orange)"}};
+  int n_parts = 0, done = 0;
+  for (int i = 0; i < 5; ++i)
+    n_parts += part[i].bytes != 0;
+  fputs("The ", out);
+  html_bytes(out, overhead);
+  fputs(" above the request is ", out);
+  for (int i = 0; i < 5; ++i) {
+    if (part[i].bytes == 0) continue;
+    if (done) fputs(done + 1 == n_parts ? " and " : ", ", out);
+    html_bytes(out, part[i].bytes);
+    fputs(part[i].what, out);
+    ++done;
+  }
+  fputs(". ", out);
+  uint64_t free_all = m.free_rest + m.small_free + m.dead;
+  if (free_all == 0) return;
+  fputs("A request of up to ", out);
+  html_bytes(out, r->largest_at_peak);
+  fputs(" is served without mapping new pages (whole free pages stitch into one range in any "
+        "order, with the largest free page end); a larger one maps new pages. ",
+        out);
+  if (caption_free_small(free_all, m.held)) {
+    fprintf(out,
+            "The free total is %.2f %% of what it holds: too little for its fragmentation "
+            "figure (%.0f %%) to matter. ",
+            100.0 * (double)free_all / (double)m.held, 100.0 * r->fragmentation);
+  }
+}
 
 /* Why this configuration needs what it needs, in its own numbers and next
  * to the configuration that needed least. */
@@ -404,13 +647,22 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
   for (size_t i = 0; i < r->n_map; ++i)
     segments += r->map[i].is_segment;
   if (segments == 0) segments = p->segments;
-  if (segments)
-    fprintf(out, "</b> in %" PRIu64 " segment%s for ", segments, segments == 1 ? "" : "s");
-  else
-    fputs("</b> for ", out);
-  html_bytes(out, requested);
-  fputs(" requested. ", out);
-  if (overhead == 0) {
+  int expandable = 0;
+  const char *noun = caption_noun(r, segments, &expandable);
+  if (r->pages.on && r->map_status == 0) {
+    caption_pages(out, r);
+  } else {
+    if (segments)
+      fprintf(out, "</b> %s %" PRIu64 " %s for ", expandable ? "mapped into" : "in", segments,
+              noun);
+    else
+      fputs("</b> for ", out);
+    html_bytes(out, requested);
+    fputs(" requested. ", out);
+  }
+  if (r->pages.on && r->map_status == 0) {
+    /* said above, in the policy's own terms */
+  } else if (overhead == 0) {
     fputs("It holds nothing beyond what the program asked for: no cache, no rounding", out);
     if (r->final.device_allocs > 1)
       fprintf(out,
@@ -420,11 +672,13 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
     fputs(". ", out);
   } else {
     /* The overhead, in its nonzero parts. */
+    char inside[96];
+    snprintf(inside, sizeof inside, " in free blocks inside its %s (red)",
+             strstr(r->policy, "bfc") ? "regions" : "segments");
     const struct {
       uint64_t bytes;
       const char *what;
-    } part[3] = {{r->free_at_peak - (pending < r->free_at_peak ? pending : 0),
-                  " in free blocks inside its segments (red)"},
+    } part[3] = {{r->free_at_peak - (pending < r->free_at_peak ? pending : 0), inside},
                  {r->rounding_at_peak, " lost to rounding requests up"},
                  {pending, " freed but waiting for stream work (orange)"}};
     int n_parts = 0, done = 0;
@@ -442,7 +696,14 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
       ++done;
     }
     fputs(". ", out);
-    if (r->free_at_peak > 0) {
+    if (r->free_at_peak > 0 && caption_free_small(r->free_at_peak, reserved)) {
+      fputs("Only ", out);
+      html_bytes(out, r->free_at_peak);
+      fprintf(out,
+              " is free (%.2f %% of what it holds): too little for its fragmentation figure "
+              "(%.0f %%) to matter. ",
+              100.0 * (double)r->free_at_peak / (double)reserved, 100.0 * r->fragmentation);
+    } else if (r->free_at_peak > 0) {
       if (r->largest_at_peak * 2 >= r->free_at_peak && r->fragmentation < 0.5) {
         fputs("Most of the free space is one block of ", out);
         html_bytes(out, r->largest_at_peak);
@@ -453,9 +714,12 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
         fprintf(out, "It is split into many holes (fragmentation %.0f%%: the largest is ",
                 100.0 * r->fragmentation);
         html_bytes(out, r->largest_at_peak);
-        fputs("), so a request larger than the largest hole needs a new segment even though "
-              "the free total would cover it. ",
-              out);
+        fprintf(out,
+                "), so a request larger than the largest hole %s even though the free total "
+                "would cover it. ",
+                expandable                 ? "maps more pages at a segment's end"
+                : strstr(r->policy, "bfc") ? "needs a new region"
+                                           : "needs a new segment");
       }
     }
   }
@@ -480,7 +744,20 @@ static void html_caption(FILE *out, const compare_run_t *r, const compare_run_t 
   } else if (least == r) {
     fputs("This is the least peak reserved of this comparison.", out);
   }
-  fputs("</p>\n", out);
+  compare_cost_t c;
+  compare_cost_estimate(r, &c);
+  char t[32];
+  compare_format_us(c.us_total, t, sizeof t);
+  fprintf(out,
+          " Its %" PRIu64 " driver call%s would take about <b>%s</b> of device time on an H200 "
+          "(the cost model of docs/compare.md",
+          c.total_calls, c.total_calls == 1 ? "" : "s", t);
+  if (c.unmeasured_calls)
+    fprintf(out,
+            "; %" PRIu64
+            " event, synchronize and virtual-release calls have no figure and are left out",
+            c.unmeasured_calls);
+  fputs(").</p>\n", out);
 }
 
 /* ---- the page ------------------------------------------------------------------- */
@@ -498,6 +775,7 @@ static const char html_css[] =
     ".scroll{overflow-x:auto;margin-top:10px}\n"
     "table{border-collapse:collapse;font-variant-numeric:tabular-nums;width:100%;font-size:13px}\n"
     "th,td{padding:3px 7px;text-align:right;border-bottom:1px solid #eef0f4;white-space:nowrap}\n"
+    "td.sub{padding-left:22px}\n"
     "th:first-child,td:first-child{text-align:left;color:#5b6475}\n"
     "thead th{color:#1d2330;border-bottom:2px solid #cfd5df}\n"
     ".chart{display:block;width:100%;height:auto;font:11px system-ui,sans-serif}\n"
@@ -510,7 +788,7 @@ static const char html_css[] =
     ".peaklab{fill:#c0392b;font-weight:600}.oom{stroke:#8e44ad;stroke-width:2}"
     ".oomlab{fill:#8e44ad;font-weight:600}.own{fill:#b9770e;font-weight:600}\n"
     ".segmap .row{fill:#eef0f4}.segmap .a{fill:#3b75c4}.segmap .f{fill:#e4572e}"
-    ".segmap .p{fill:#f0a202}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
+    ".segmap .p{fill:#f0a202}.segmap .dg{fill:#8a8f99}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
     ".segmap .sh{fill:#7b3fa0;fill-opacity:.55;stroke:#4b1f66;stroke-width:1}\n"
     ".segmap rect:hover{opacity:.7}\n"
     ".hover .hl{stroke:#1d2330;stroke-width:1;stroke-dasharray:3 2}"
@@ -521,7 +799,7 @@ static const char html_css[] =
     ".caption{margin:8px 0 0;color:#333b4d}.scale{margin:4px 0 0;color:#5b6475;font-size:12px}\n"
     ".error{color:#b03a2e;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}\n"
     ".ovl{fill:#1d2330}.ovr{fill:#3b75c4}.ovq{fill:#2b8a4b}.ovv{fill:#5b6475}"
-    ".ovin{fill:#fff;font-weight:600}\n"
+    ".ovin{fill:#fff;font-weight:600}.ovt{fill:#8a5a00}\n"
     "#render-status{color:#8a93a3;font-size:12px;text-align:center}\n";
 
 static const char html_js[] =
@@ -602,6 +880,59 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
   fputs("</svg>\n", out);
 }
 
+/* The device time of each configuration's driver calls (the H200 cost
+ * model, compare-cost.c), on one linear scale, beside the memory above:
+ * what the memory costs in time. */
+static void html_overview_cost(FILE *out, const compare_run_t *runs, size_t n) {
+  int bar_h = 18, gap = 10, left = 190, right = 200;
+  int h = (int)n * (bar_h + gap) + 10;
+  double tmax = 0;
+  for (size_t k = 0; k < n; ++k) {
+    compare_cost_t c;
+    compare_cost_estimate(&runs[k], &c);
+    if ((runs[k].status == COMPARE_OK || runs[k].status == COMPARE_ECHECK) && c.us_total > tmax)
+      tmax = c.us_total;
+  }
+  fprintf(out,
+          "<svg class=\"chart overview cost\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+          "role=\"img\" aria-label=\"device time of the driver calls per configuration\">\n",
+          HTML_W, h, HTML_W, h);
+  for (size_t k = 0; k < n; ++k) {
+    const compare_run_t *r = &runs[k];
+    int y = 5 + (int)k * (bar_h + gap);
+    fprintf(out, "<text class=\"ovl\" x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 8,
+            y + bar_h - 5);
+    html_text(out, r->name);
+    fputs("</text>", out);
+    if (r->status != COMPARE_OK && r->status != COMPARE_ECHECK) {
+      fprintf(out, "<text class=\"ovv\" x=\"%d\" y=\"%d\">did not run</text>\n", left,
+              y + bar_h - 5);
+      continue;
+    }
+    compare_cost_t c;
+    compare_cost_estimate(r, &c);
+    double span = HTML_W - left - right;
+    double w = tmax > 0 ? span * c.us_total / tmax : 0.0;
+    char t[32];
+    compare_format_us(c.us_total, t, sizeof t);
+    fprintf(out,
+            "<rect class=\"ovt\" x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" rx=\"3\">"
+            "<title>%" PRIu64 " driver calls: %s</title></rect>",
+            left, y, fmax(w, 1.0), bar_h, c.total_calls, t);
+    if (w > span * 0.62) /* a long bar holds its label, as the memory bars do */
+      fprintf(out, "<text class=\"ovin\" x=\"%.1f\" y=\"%d\" text-anchor=\"end\">", left + w - 8,
+              y + bar_h - 5);
+    else
+      fprintf(out, "<text class=\"ovv\" x=\"%.1f\" y=\"%d\">", left + fmax(w, 1.0) + 8,
+              y + bar_h - 5);
+    fprintf(out, "%s in %" PRIu64 " driver call%s", t, c.total_calls,
+            c.total_calls == 1 ? "" : "s");
+    if (c.unmeasured_calls) fprintf(out, " (%" PRIu64 " not priced)", c.unmeasured_calls);
+    fputs("</text>\n", out);
+  }
+  fputs("</svg>\n", out);
+}
+
 static void html_table(FILE *out, const compare_run_t *runs, size_t n, const compare_opts_t *o) {
   fputs("<div class=\"scroll\"><table><thead><tr><th></th>", out);
   for (size_t k = 0; k < n; ++k) {
@@ -613,7 +944,11 @@ static void html_table(FILE *out, const compare_run_t *runs, size_t n, const com
   char cell[96];
   for (int row = 0; compare_table_label(row); ++row) {
     if (!compare_table_shows(row, o)) continue;
-    fprintf(out, "<tr><td>%s</td>", compare_table_label(row));
+    const char *label = compare_table_label(row);
+    if (label[0] == ' ') /* a breakdown of the row above: indented */
+      fprintf(out, "<tr><td class=\"sub\">%s</td>", label + strspn(label, " "));
+    else
+      fprintf(out, "<tr><td>%s</td>", label);
     for (size_t k = 0; k < n; ++k) {
       compare_table_cell(&runs[k], row, cell, sizeof cell);
       fputs("<td>", out);
@@ -674,6 +1009,20 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
             r->map_status == GMR_ENOTSUP ? "this policy keeps no segments to walk"
             : r->map_status != 0         ? gmr_strerror(r->map_status)
                                          : "nothing was reserved at the peak");
+  } else if (r->pages.on) {
+    fputs("<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>allocated (the "
+          "pages its blocks hold)</span><span><i style=\"background:#7b3fa0\"></i>a page shared "
+          "by two blocks (at both ends; the title names the page)</span><span><i "
+          "style=\"background:#8a8f99\"></i>dead gap (on a shared page, between its two "
+          "blocks)</span><span><i style=\"background:#e4572e\"></i>free pages and page ends"
+          "</span><span><i style=\"background:#f0a202\"></i>freed, waiting for stream "
+          "work</span></div>\n",
+          out);
+    uint64_t total = map_total(r);
+    uint64_t rows_shared = row_shared ? (total + row_shared - 1) / row_shared : 0;
+    int map_own = row_shared == 0 || rows_shared > MAP_MAX_ROWS;
+    uint64_t row_bytes = map_own ? html_nice_row((total + MAP_ROWS - 1) / MAP_ROWS) : row_shared;
+    html_segmap_pages(out, r, row_bytes ? row_bytes : 1, map_own && row_shared != 0);
   } else {
     fputs("<div class=\"legend\"><span><i style=\"background:#3b75c4\"></i>allocated</span>"
           "<span><i style=\"background:#e4572e\"></i>free (cached, unused)</span><span><i "
@@ -783,6 +1132,12 @@ int compare_write_html(const char *path, const gmr_trace_data_t *t, const compar
         "<span><i style=\"background:#2b8a4b\"></i>peak requested</span></div>\n",
         out);
   html_overview(out, runs, n, vmax);
+  fputs("<h2>Device time of the driver calls</h2>\n"
+        "<div class=\"legend\"><span><i style=\"background:#8a5a00\"></i>device time of the "
+        "replay's driver calls, estimated from per-call costs measured on an H200 "
+        "(docs/compare.md)</span></div>\n",
+        out);
+  html_overview_cost(out, runs, n);
   html_table(out, runs, n, o);
   fputs("</section>\n", out);
   for (size_t k = 0; k < n; ++k)

@@ -11,6 +11,7 @@
  *                allocated(i) (the first such event on ties)
  *   fragmentation = 1 - largest free block / free bytes, at the peak event
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -132,6 +133,33 @@ static void cmp_peak_track(cmp_ctx_t *c, size_t index, const gmr_stats_t *st) {
   c->peak_event = index;
 }
 
+/* A policy that maps pages (stitch) names its figures stitch.*; any other
+ * policy has no stitch.page_size, and pages->on stays 0. */
+static void cmp_pages(gmr_runtime_t *rt, compare_pages_t *pages) {
+  static const struct {
+    const char *key;
+    size_t at;
+  } keys[] = {
+      {"stitch.pages.current", offsetof(compare_pages_t, pages)},
+      {"stitch.pages.free", offsetof(compare_pages_t, free_pages)},
+      {"stitch.shared_pages.current", offsetof(compare_pages_t, shared_pages)},
+      {"stitch.dead_gap_bytes.current", offsetof(compare_pages_t, dead_gap)},
+      {"stitch.free_bytes.current", offsetof(compare_pages_t, free_bytes)},
+      {"stitch.pending_bytes.current", offsetof(compare_pages_t, pending_bytes)},
+      {"stitch.va_bytes.current", offsetof(compare_pages_t, va_bytes)},
+      {"stitch.cached_ranges", offsetof(compare_pages_t, cached_ranges)},
+      {"stitch.mappings.current", offsetof(compare_pages_t, mappings)},
+  };
+  memset(pages, 0, sizeof *pages);
+  int64_t v = 0;
+  if (gmr_stat_get(rt, "stitch.page_size", &v) != 0 || v <= 0) return;
+  pages->on = 1;
+  pages->page_size = (uint64_t)v;
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; ++i)
+    if (gmr_stat_get(rt, keys[i].key, &v) == 0 && v > 0)
+      *(uint64_t *)((char *)pages + keys[i].at) = (uint64_t)v;
+}
+
 static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
                          void *ud) {
   (void)status;
@@ -153,6 +181,9 @@ static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t in
   } else if (c->pass == CMP_PASS_MAP && index == c->peak_event) {
     c->run->n_map = 0;
     c->run->map_status = gmr_walk(rt, cmp_map_cb, c);
+    if (gmr_stats(rt, &c->run->map_stats) != 0)
+      memset(&c->run->map_stats, 0, sizeof c->run->map_stats);
+    cmp_pages(rt, &c->run->pages);
     return 1; /* stop at the peak */
   }
   if (c->progress) cmp_progress_draw(c, index, t->n_events);
@@ -198,7 +229,13 @@ static int cmp_pass(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace
   ctx->start = cmp_now();
   int err = gmr_replay(rt, t, &ro, res);
   cmp_progress_clear(ctx);
-  if (err == 0 && ctx->pass == CMP_PASS_TIMED) gmr_stats(rt, &run->final);
+  if (err == 0 && ctx->pass == CMP_PASS_TIMED) {
+    gmr_stats(rt, &run->final);
+    /* The driver calls the replay made (the simulator counts them). */
+    if (gmr_sim_counters(rt, &run->calls) != 0) memset(&run->calls, 0, sizeof run->calls);
+    if (gmr_sim_call_bytes(rt, &run->call_bytes) != 0)
+      memset(&run->call_bytes, 0, sizeof run->call_bytes);
+  }
   gmr_runtime_free(rt);
   if (err != 0 || ctx->oom_host) {
     run->status = COMPARE_ERUNTIME;

@@ -43,6 +43,15 @@ typedef enum table_row_e {
   ROW_SEGMENTS,
   ROW_DEV_ALLOCS,
   ROW_DEV_FREES,
+  ROW_CALLS,
+  ROW_CALLS_RESERVE,
+  ROW_CALLS_VA,
+  ROW_CALLS_MAP,
+  ROW_CALLS_PAGE,
+  ROW_CALLS_PAGE_MAP,
+  ROW_CALLS_ACCESS,
+  ROW_CALLS_EVENTS,
+  ROW_DEVICE_TIME,
   ROW_OOMS,
   ROW_RETRIES,
   ROW_FIT,
@@ -64,6 +73,15 @@ static const char *const table_labels[ROW_COUNT] = {
     "segments (peak)",
     "device allocs",
     "device frees",
+    "driver calls",
+    "  reserve / release",
+    "  virtual reserve / release",
+    "  map / unmap",
+    "  page create / release",
+    "  page map / unmap",
+    "  set access",
+    "  event rec / query / sync",
+    "device time (H200 model)",
     "OOMs",
     "alloc retries",
     "fit capacity (no OOM)",
@@ -79,6 +97,50 @@ int compare_table_shows(int row, const compare_opts_t *o) {
   if (row == ROW_FIT) return o->fit;
   if (row == ROW_SECONDS || row == ROW_SPEED) return o->timing;
   return row >= 0 && row < ROW_COUNT;
+}
+
+/* The driver-call rows: counts as "a / b", and the device time the cost
+ * model gives them (the calls it has no figure for: a note under the
+ * table). */
+static void table_calls_cell(const compare_run_t *r, int row, char *buf, size_t len) {
+  compare_cost_t c;
+  compare_cost_estimate(r, &c);
+  const uint64_t *n = c.calls;
+  switch (row) {
+  case ROW_CALLS:
+    snprintf(buf, len, "%" PRIu64, c.total_calls);
+    break;
+  case ROW_CALLS_RESERVE:
+    snprintf(buf, len, "%" PRIu64 " / %" PRIu64, n[COMPARE_CALL_RESERVE], n[COMPARE_CALL_RELEASE]);
+    break;
+  case ROW_CALLS_VA:
+    snprintf(buf, len, "%" PRIu64 " / %" PRIu64, n[COMPARE_CALL_VA_RESERVE],
+             n[COMPARE_CALL_VA_RELEASE]);
+    break;
+  case ROW_CALLS_MAP:
+    snprintf(buf, len, "%" PRIu64 " / %" PRIu64, n[COMPARE_CALL_MAP], n[COMPARE_CALL_UNMAP]);
+    break;
+  case ROW_CALLS_PAGE:
+    snprintf(buf, len, "%" PRIu64 " / %" PRIu64, n[COMPARE_CALL_PAGE_CREATE],
+             n[COMPARE_CALL_PAGE_RELEASE]);
+    break;
+  case ROW_CALLS_PAGE_MAP:
+    snprintf(buf, len, "%" PRIu64 " / %" PRIu64, n[COMPARE_CALL_PAGE_MAP],
+             n[COMPARE_CALL_PAGE_UNMAP]);
+    break;
+  case ROW_CALLS_ACCESS:
+    snprintf(buf, len, "%" PRIu64, n[COMPARE_CALL_SET_ACCESS]);
+    break;
+  case ROW_CALLS_EVENTS:
+    snprintf(buf, len, "%" PRIu64 " / %" PRIu64 " / %" PRIu64, n[COMPARE_CALL_EVENT_RECORD],
+             n[COMPARE_CALL_EVENT_QUERY], n[COMPARE_CALL_SYNC]);
+    break;
+  default: {
+    char t[32];
+    compare_format_us(c.us_total, t, sizeof t);
+    snprintf(buf, len, "%s", t);
+  }
+  }
 }
 
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) {
@@ -131,6 +193,17 @@ void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len) 
     break;
   case ROW_DEV_FREES:
     snprintf(buf, len, "%" PRIu64, f->device_frees);
+    break;
+  case ROW_CALLS:
+  case ROW_CALLS_RESERVE:
+  case ROW_CALLS_VA:
+  case ROW_CALLS_MAP:
+  case ROW_CALLS_PAGE:
+  case ROW_CALLS_PAGE_MAP:
+  case ROW_CALLS_ACCESS:
+  case ROW_CALLS_EVENTS:
+  case ROW_DEVICE_TIME:
+    table_calls_cell(r, row, buf, len);
     break;
   case ROW_OOMS:
     if (r->res.ooms)
@@ -263,6 +336,21 @@ void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run
   }
   free(width);
 
+  /* The calls the estimate leaves out, once for the whole table. */
+  uint64_t unmeasured = 0;
+  for (size_t k = 0; k < n; ++k) {
+    compare_cost_t c;
+    compare_cost_estimate(&runs[k], &c);
+    if (runs[k].status == COMPARE_OK || runs[k].status == COMPARE_ECHECK)
+      unmeasured += c.unmeasured_calls;
+  }
+  if (unmeasured)
+    fprintf(out,
+            "\ndevice time: the H200 cost model (docs/compare.md), which has no measured "
+            "figure for\nthe %" PRIu64
+            " event, synchronize and virtual-release call%s: left out.\n",
+            unmeasured, unmeasured == 1 ? "" : "s");
+
   /* Notes: where and why each OOM and each failure happened. */
   int first = 1;
   for (size_t k = 0; k < n; ++k) {
@@ -305,6 +393,34 @@ static const char *json_status(compare_status_t s) {
 
 static void json_u64(FILE *out, const char *key, uint64_t v) {
   fprintf(out, ",\n    \"%s\": %" PRIu64, key, v);
+}
+
+/* The driver calls and the device time the cost model gives them
+ * (compare-cost.c): counts and bytes per call kind, then the estimate. */
+static void json_calls(FILE *out, const compare_run_t *r) {
+  compare_cost_t c;
+  compare_cost_estimate(r, &c);
+  const char *what[2] = {"device_calls", "device_call_bytes"};
+  for (int w = 0; w < 2; ++w) {
+    fprintf(out, ",\n    \"%s\": {", what[w]);
+    /* Events name no bytes: their kinds are left out of the bytes. */
+    int kinds = w ? COMPARE_CALL_EVENT_RECORD : COMPARE_CALL_KINDS;
+    for (int k = 0; k < kinds; ++k)
+      fprintf(out, "%s\"%s\": %" PRIu64, k ? ", " : "", compare_cost_model(k)->key,
+              w ? c.bytes[k] : c.calls[k]);
+    fputc('}', out);
+  }
+  json_u64(out, "device_calls_total", c.total_calls);
+  fprintf(out, ",\n    \"device_time_us\": %.1f", c.us_total);
+  fputs(",\n    \"device_time_us_by_call\": {", out);
+  for (int k = 0, first = 1; k < COMPARE_CALL_KINDS; ++k) {
+    if (!compare_cost_model(k)->measured) continue;
+    fprintf(out, "%s\"%s\": %.1f", first ? "" : ", ", compare_cost_model(k)->key, c.us[k]);
+    first = 0;
+  }
+  fputc('}', out);
+  json_u64(out, "device_calls_not_estimated", c.unmeasured_calls);
+  fputs(",\n    \"device_time_model\": \"H200, tools/compare-cost.c\"", out);
 }
 
 static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
@@ -365,6 +481,7 @@ static void json_run(FILE *out, const gmr_trace_data_t *t, const compare_run_t *
     fputs(",\n    \"first_oom\": null", out);
   }
   json_u64(out, "alloc_retries", f->alloc_retries);
+  json_calls(out, r);
   compare_site_t top[COMPARE_TOP_SITES];
   size_t m = compare_sites_at(t, r->res.peak_event, top, COMPARE_TOP_SITES);
   fputs(",\n    \"top_sites\": [", out);

@@ -13,7 +13,28 @@
  * best, until a pass improves nothing; the best of the descents wins.
  *
  * Order of merit: no OOM first, then lower peak reserved, then fewer device
- * allocations, then fewer options changed from the defaults.
+ * allocations, then fewer options changed from the defaults.  The winner's
+ * device time is then weighed against the defaults' (Note [Suggest weighs
+ * device time]).
+ */
+
+/* Note [Suggest weighs device time]
+ * ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+ * Memory is what the search minimises, but a suggestion must not trade a
+ * small saving for a much slower step in silence.  With R the peak reserved
+ * and T the device time the cost model gives the driver calls (compare-
+ * cost.c, summed over the traces), d the defaults and w the winner,
+ *
+ *   s = (R_d - R_w) / R_d        (the share of memory saved; 0 when none)
+ *   slower  <=>  T_w - T_d >= 1 ms  and  T_w > (1 + 10 s) T_d
+ *
+ * (COMPARE_SLOWER_FLOOR_US, COMPARE_SLOWER_PER_SAVING): a 2 % saving may
+ * cost at most 1.2x the defaults' device time, 10 % at most 2x, 50 % 6x;
+ * below a millisecond the difference is noise next to a step.  When the
+ * rule says slower, the suggestion says so in its comments, with both
+ * figures, and the winner stays what the search found: the user chooses.
+ * Calls of kinds the model has no figure for are left out of both T, and
+ * counted.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -403,6 +424,45 @@ static void suggest_print_figures(FILE *out, const compare_run_t *defaults,
   fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "alloc retries", d->alloc_retries,
           b->alloc_retries);
   fprintf(out, "#   %-22s %24zu %24zu\n", "OOMs", defaults->res.ooms, best->res.ooms);
+  compare_cost_t dc, bc;
+  compare_cost_estimate(defaults, &dc);
+  compare_cost_estimate(best, &bc);
+  fprintf(out, "#   %-22s %24" PRIu64 " %24" PRIu64 "\n", "driver calls", dc.total_calls,
+          bc.total_calls);
+  compare_format_us(dc.us_total, x, sizeof x);
+  compare_format_us(bc.us_total, y, sizeof y);
+  fprintf(out, "#   %-22s %24s %24s\n", "device time (H200)", d_ok ? x : "-", y);
+}
+
+/* Note [Suggest weighs device time]: the sentence when the rule fires. */
+static void suggest_print_cost(FILE *out, const compare_run_t *runs, size_t n_traces,
+                               uint64_t d_peak, uint64_t b_peak) {
+  double d_us = 0, b_us = 0;
+  uint64_t unmeasured = 0;
+  for (size_t tr = 0; tr < n_traces; ++tr) {
+    compare_cost_t dc, bc;
+    compare_cost_estimate(&runs[2 * tr], &dc);
+    compare_cost_estimate(&runs[2 * tr + 1], &bc);
+    d_us += dc.us_total, b_us += bc.us_total;
+    unmeasured += dc.unmeasured_calls + bc.unmeasured_calls;
+  }
+  if (!compare_cost_says_slower(d_peak, b_peak, d_us, b_us)) return;
+  char x[32], y[32];
+  compare_format_us(d_us, x, sizeof x);
+  compare_format_us(b_us, y, sizeof y);
+  double saving = d_peak > b_peak ? 100.0 * (double)(d_peak - b_peak) / (double)d_peak : 0.0;
+  fprintf(out, "#\n# Slower: its driver calls cost %s of device time against the defaults' %s", y,
+          x);
+  if (d_us > 0) fprintf(out, " (%.1fx)", b_us / d_us);
+  fprintf(out,
+          ",\n# for %.1f %% less memory (H200 cost model; the rule: more than 1 ms and\n"
+          "# more than 1 + 10 x the share saved times the defaults' time).\n",
+          saving);
+  if (unmeasured)
+    fprintf(out,
+            "# %" PRIu64 " event, synchronize and virtual-release calls have no measured cost and "
+            "are\n# left out.\n",
+            unmeasured);
 }
 
 void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_data_t *const *traces,
@@ -432,6 +492,7 @@ void compare_print_suggestion(FILE *out, const char *policy, const gmr_trace_dat
     fprintf(out, "#\n# The defaults are already the best configuration tried.\n");
   else if (!d_ok)
     fprintf(out, "#\n# The defaults run out of memory on this device; this does not.\n");
+  if (d_ok) suggest_print_cost(out, runs, n_traces, d_peak, b_peak);
   compare_print_deploy(out, policy, best->yaml, o->capacity);
   fputs(best->yaml, out);
 }

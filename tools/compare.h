@@ -49,6 +49,24 @@ typedef struct compare_map_entry_s {
   uint64_t head_page, tail_page;     /* those pages' numbers (gmr_walk_entry_t) */
 } compare_map_entry_t;
 
+/* At the peak, the own figures of a policy that maps pages into ranges
+ * (stitch's stitch.* statistics, gmr_stat_get), read when the map is
+ * walked: the map draws its physical pages from them (compare-html.c,
+ * Note [The map of a policy that maps pages]). */
+typedef struct compare_pages_s {
+  int on;                 /* 1: the policy maps pages; the figures below are set */
+  uint64_t page_size;     /* bytes */
+  uint64_t pages;         /* pages held (created, not released) */
+  uint64_t free_pages;    /* pages no block holds */
+  uint64_t shared_pages;  /* pages two blocks hold, one at each end */
+  uint64_t dead_gap;      /* bytes between the two blocks of shared pages */
+  uint64_t free_bytes;    /* free pages, open page ends, the small pool's free blocks */
+  uint64_t pending_bytes; /* freed, waiting for stream work */
+  uint64_t va_bytes;      /* address space mapped (every range, cached ones too) */
+  uint64_t cached_ranges; /* ranges kept with no block, for reuse */
+  uint64_t mappings;      /* page mappings live */
+} compare_pages_t;
+
 /* Everything gmr-compare learns about one configuration. */
 typedef struct compare_run_s {
   char name[128];                /* the file's base name without .yaml */
@@ -72,7 +90,13 @@ typedef struct compare_run_s {
   size_t n_points;
   compare_map_entry_t *map; /* segments in address order, each followed by its blocks */
   size_t n_map;
-  int map_status; /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  int map_status;        /* 0, or why the map is missing (GMR_ENOTSUP...) */
+  gmr_stats_t map_stats; /* gmr_stats when the map was walked (the peak event) */
+  compare_pages_t pages; /* a policy that maps pages: its figures there */
+  /* The driver calls of the timed replay, runtime creation included
+   * (the simulator's counters just before the runtime is freed): */
+  gmr_sim_counters_t calls;
+  gmr_sim_call_bytes_t call_bytes;
   /* Filled only for --fit: */
   uint64_t fit_capacity; /* bytes: the smallest device with no OOM; 0 when none up to fit_max */
   uint64_t fit_max;      /* bytes: the largest device tried */
@@ -117,6 +141,56 @@ int compare_table_shows(int row, const compare_opts_t *o);
 void compare_table_cell(const compare_run_t *r, int row, char *buf, size_t len);
 /* Human units: "14.24 GiB", "512 B". */
 void compare_format_bytes(uint64_t bytes, char *buf, size_t len);
+
+/* compare-cost.c: the device-call cost model (Note [Device cost model]).
+ * The call kinds, in the order the table and the JSON list them. */
+enum {
+  COMPARE_CALL_RESERVE,
+  COMPARE_CALL_RELEASE,
+  COMPARE_CALL_VA_RESERVE,
+  COMPARE_CALL_VA_RELEASE,
+  COMPARE_CALL_MAP,
+  COMPARE_CALL_UNMAP,
+  COMPARE_CALL_PAGE_CREATE,
+  COMPARE_CALL_PAGE_RELEASE,
+  COMPARE_CALL_PAGE_MAP,
+  COMPARE_CALL_PAGE_UNMAP,
+  COMPARE_CALL_SET_ACCESS,
+  COMPARE_CALL_EVENT_RECORD,
+  COMPARE_CALL_EVENT_QUERY,
+  COMPARE_CALL_SYNC,
+  COMPARE_CALL_KINDS
+};
+typedef struct compare_cost_entry_s {
+  const char *key;    /* the JSON key, e.g. "page_map" */
+  const char *driver; /* what the CUDA backend calls for it */
+  int measured;       /* 0: no figure, left out of the estimate */
+  double us_per_call; /* microseconds per call */
+  double us_per_page; /* microseconds per 2 MiB page the call names */
+  const char *source; /* where the figures come from */
+} compare_cost_entry_t;
+typedef struct compare_cost_s {
+  uint64_t calls[COMPARE_CALL_KINDS];
+  uint64_t bytes[COMPARE_CALL_KINDS];
+  double us[COMPARE_CALL_KINDS]; /* 0 for a kind not measured */
+  uint64_t total_calls;
+  uint64_t unmeasured_calls; /* calls of kinds with no figure */
+  double us_total;           /* the estimate, microseconds */
+} compare_cost_t;
+/* The model's entry for call kind `kind` (NULL out of range). */
+const compare_cost_entry_t *compare_cost_model(int kind);
+void compare_cost_estimate(const compare_run_t *r, compare_cost_t *out);
+/* "850 us", "12.34 ms", "3.21 s". */
+void compare_format_us(double us, char *buf, size_t len);
+/* Note [Suggest weighs device time] (compare-suggest.c): 1 when going from
+ * the first configuration to the second trades memory for device time
+ * beyond the rule
+ *   T1 - T0 >= COMPARE_SLOWER_FLOOR_US  and  T1 > (1 + K s) T0,
+ *   s = (R0 - R1) / R0 (the memory saved, 0 when none), K = COMPARE_SLOWER_PER_SAVING. */
+#define COMPARE_SLOWER_FLOOR_US   1000.0
+#define COMPARE_SLOWER_PER_SAVING 10.0
+int compare_cost_says_slower(uint64_t reserved_before, uint64_t reserved_after, double us_before,
+                             double us_after);
 
 /* compare-fit.c: the smallest device capacity on which `cfg` replays `t`
  * with no OOM (a binary search on the simulator, to 2 MiB), into

@@ -177,5 +177,6 @@ void gmr__sim_host_trim(gmr_sim_t *sim);
 bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token);
 void gmr__sim_stream_capture(gmr_sim_t *sim, gmr_stream_t s, int on);
 void gmr__sim_counters(gmr_sim_t *sim, gmr_sim_counters_t *out);
+void gmr__sim_call_bytes(gmr_sim_t *sim, gmr_sim_call_bytes_t *out);
 
 #endif /* GMR_BACKEND_H */

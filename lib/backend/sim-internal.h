@@ -159,6 +159,7 @@ struct gmr_sim_s {
   bool clock_fixed;
   uint64_t clock_ns;
   gmr_sim_counters_t counters;
+  gmr_sim_call_bytes_t call_bytes; /* bytes asked of each call kind (gmr_sim_call_bytes) */
 };
 
 /* Note [Simulator invariants]

@@ -181,6 +181,7 @@ static int sim_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **ou
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.reserve_calls;
+  sim->call_bytes.reserve += size;
   int err = sim_check_faults(sim, size, "reserve");
   uintptr_t a = 0;
   void *host = NULL;
@@ -217,6 +218,7 @@ static int sim_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.release_calls;
+  sim->call_bytes.release += size;
   int err;
   if (sim->host_backed) {
     if ((err = live_remove(sim, (uintptr_t)ptr, size, SIM_RESERVED)) == 0)
@@ -239,6 +241,7 @@ static int sim_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.va_reserve_calls;
+  sim->call_bytes.va_reserve += size;
   uintptr_t a = 0;
   int err = sim_check_schedule(sim, size, "virtual reserve");
   if (err != 0) {
@@ -257,6 +260,7 @@ static int sim_va_release(gmr_backend_t *be, void *base, size_t size) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.va_release_calls;
+  sim->call_bytes.va_release += size;
   if (use_pending(sim, (uintptr_t)base, size)) ++sim->counters.unsafe_unmaps;
   int err = 0;
   if (mapped_overlaps(sim, (uintptr_t)base, size))
@@ -273,6 +277,7 @@ static int sim_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.map_calls;
+  sim->call_bytes.map += size;
   int err = 0;
   if (!va_contains(sim, (uintptr_t)addr, size) || mapped_overlaps(sim, (uintptr_t)addr, size))
     err = gmr__error_set(GMR_EINVAL,
@@ -296,6 +301,7 @@ static int sim_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.unmap_calls;
+  sim->call_bytes.unmap += size;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   int err = live_remove(sim, (uintptr_t)addr, size, SIM_MAPPED);
   if (err == 0) {
@@ -319,6 +325,7 @@ static int sim_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.page_create_calls;
+  sim->call_bytes.page_create += size;
   int err = sim_check_faults(sim, size, "page create");
   size_t slot = sim->n_pages;
   for (size_t i = sim->page_low; err == 0 && i < sim->n_pages; ++i)
@@ -350,6 +357,7 @@ static int sim_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.page_release_calls;
+  sim->call_bytes.page_release += size;
   sim_page_t *pg = sim_page(sim, h);
   int err = 0;
   if (pg == NULL || pg->size != size)
@@ -371,6 +379,7 @@ static int sim_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.page_map_calls;
+  sim->call_bytes.page_map += size;
   sim_page_t *pg = sim_page(sim, h);
   int err = 0;
   if (pg == NULL || offset + size > pg->size || size == 0)
@@ -400,6 +409,7 @@ static int sim_set_access(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.set_access_calls;
+  sim->call_bytes.set_access += size;
   /* [addr, addr+size) must be tiled by page mappings. */
   uintptr_t a = (uintptr_t)addr, end = a + size;
   int err = 0;
@@ -430,6 +440,7 @@ static int sim_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
   gmr_sim_t *sim = sim_of(be);
   gmr__lock(&sim->lock);
   ++sim->counters.page_unmap_calls;
+  sim->call_bytes.page_unmap += size;
   if (use_pending(sim, (uintptr_t)addr, size)) ++sim->counters.unsafe_unmaps;
   gmr_avl_node_t *n = gmr__avl_find(&sim->mappings, (uintptr_t)addr);
   gmr_phys_t h = n != NULL && SIM_KIND(n->aux) == SIM_ALIAS ? n->aux >> SIM_PAGE_SHIFT : 0;
@@ -819,6 +830,12 @@ void gmr__sim_set_clock(gmr_sim_t *sim, uint64_t ns) {
   gmr__lock(&sim->lock);
   sim->clock_fixed = true;
   sim->clock_ns = ns;
+  gmr__unlock(&sim->lock);
+}
+
+void gmr__sim_call_bytes(gmr_sim_t *sim, gmr_sim_call_bytes_t *out) {
+  gmr__lock(&sim->lock);
+  *out = sim->call_bytes;
   gmr__unlock(&sim->lock);
 }
 

@@ -11,6 +11,7 @@
 
 #include "backend/gate.h"
 #include "core/internal.h"
+#include "policy.h"
 #include "runtime/runtime.h"
 
 /* A gmr_pool_t is its child runtime. */
@@ -150,9 +151,14 @@ int gmr_segment_of(gmr_runtime_t *rt, const void *ptr, gmr_segment_info_t *out) 
   return 0;
 }
 
+/* The gate holds the runtime and its pools together under the fraction; a
+ * policy that enforces one itself (caching, as PyTorch's allocator) is told
+ * too, for its own accounting and its OOM text. */
 int gmr_set_memory_fraction(gmr_runtime_t *rt, double fraction) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_set_memory_fraction: the runtime is NULL");
-  return gmr__gate_set_fraction(gmr__runtime_gate(rt), fraction);
+  int err = gmr__gate_set_fraction(gmr__runtime_gate(rt), fraction);
+  if (err == 0) gmr__policy_set_fraction(gmr__runtime_policy(rt), fraction);
+  return err;
 }
 
 double gmr_memory_fraction(gmr_runtime_t *rt) {

@@ -166,6 +166,11 @@ struct gmr_runtime_s {
   uint64_t pool_id; /* children: unique in the process, never 0 */
   int pool_uses;    /* children: under the parent's `lock` */
   _Atomic int busy; /* children: calls into it underway through the parent */
+  /* What closed pools counted (Note [Retired pools]), under `lock`;
+   * `retired_any` is set once the first pool closes. */
+  gmr_stats_t retired;
+  struct stat_vec_s *retired_named;
+  _Atomic bool retired_any;
   /* gmr_history_enable's, and the pools' (children, routes, uses). */
   _Alignas(CACHE_LINE) gmr_lock_t lock;
   map_shard_t shards[MAP_SHARDS];
@@ -460,6 +465,10 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
   return runtime_build(cfg, be, 0, NULL, out);
 }
 
+static void pool_retire(gmr_runtime_t *rt, gmr_runtime_t *c);
+static void retired_free(gmr_runtime_t *rt);
+static void retired_reset(gmr_runtime_t *rt);
+
 int gmr_runtime_close(gmr_runtime_t *rt) {
   if (rt == NULL) return 0;
   gmr__error_clear();
@@ -489,6 +498,7 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
     (void)gmr__trace_close(rt->trace); /* the snapshot's message stays */
   gmr__backend_free(rt->backend);
   gmr__history_free(rt->history_store);
+  retired_free(rt);
   gmr__free(rt->snapshot_path);
   gmr_config_free(rt->cfg);
   gmr__lock_destroy(&rt->lock);
@@ -616,17 +626,27 @@ static RUNTIME_COLD gmr_runtime_t *route_find(gmr_runtime_t *rt, gmr_stream_t s)
   return found;
 }
 
-static int pools_trim(gmr_runtime_t *rt);
+static int pools_trim(gmr_runtime_t *rt, uint64_t *released);
+
+/* The bytes rt's policy holds from the device (its backend's counter). */
+static RUNTIME_COLD uint64_t policy_reserved(gmr_runtime_t *rt) {
+  return atomic_load(&rt->backend->counters.reserved_bytes);
+}
 
 /* gmr_alloc in a busy child; the child's failure text is the parent's too.
  * Out of memory, the parent's cache and the released pools' go back to the
- * device and the allocation is tried once more, as PyTorch frees every
- * pool's cached blocks before it gives up on a private pool's request. */
+ * device and, when that gave anything back, the allocation is tried once
+ * more, as PyTorch frees every pool's cached blocks before it gives up on a
+ * private pool's request (Note [One retry]). */
 static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
   int err = gmr_alloc(child, size, s, out_ptr);
-  if (err == GMR_ENOMEM && gmr__policy_trim(rt->policy) == 0 && pools_trim(rt) == 0)
-    err = gmr_alloc(child, size, s, out_ptr);
+  if (err == GMR_ENOMEM) {
+    uint64_t released = 0, before = policy_reserved(rt);
+    if (gmr__policy_trim(rt->policy) == 0 && pools_trim(rt, &released) == 0 &&
+        (released > 0 || policy_reserved(rt) < before))
+      err = gmr_alloc(child, size, s, out_ptr);
+  }
   atomic_fetch_sub(&child->busy, 1);
   return err != 0 ? fail(rt, err) : 0;
 }
@@ -670,7 +690,8 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
-  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt) == 0) /* released pools' cache */
+  uint64_t released = 0; /* the released pools' cache: see Note [One retry] */
+  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt, &released) == 0 && released > 0)
     err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
@@ -998,19 +1019,35 @@ int gmr__runtime_pool_foreach_live(gmr_runtime_t *c, gmr_ptr_cb cb, void *ud) {
   return 0;
 }
 
+/* Note [One retry]
+ * PyTorch retries a failed allocation once, after freeing every pool's
+ * cached blocks, and counts one retry and one OOM (num_alloc_retries,
+ * num_ooms).  A gmr policy makes that retry itself with its own cache; the
+ * runtime tries the allocation again only when trimming the released pools
+ * (and, for a pool's request, the parent) gave bytes back to the device, so
+ * a failed allocation with nothing more to free counts once, as PyTorch's.
+ */
+
 /* gmr_empty_cache's part for the pools: trim the released ones (use count
  * 0), and close those that then hold nothing (PyTorch frees a private pool's
- * cached blocks once no graph uses it). */
-static int pools_trim(gmr_runtime_t *rt) {
+ * cached blocks once no graph uses it).  *released (if not NULL) gets the
+ * bytes the trimmed pools held from the device before and not after. */
+static int pools_trim(gmr_runtime_t *rt, uint64_t *released) {
   int err = 0;
+  uint64_t gave = 0;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t **pc = &rt->children, *c; (c = *pc) != NULL;) {
     if (c->pool_uses > 0 || atomic_load(&c->busy) > 0) {
       pc = &c->next_child;
       continue;
     }
+    uint64_t held = released != NULL ? policy_reserved(c) : 0;
     int e = gmr__policy_trim(c->policy);
     if (e != 0 && err == 0) err = e;
+    if (released != NULL) {
+      uint64_t now = policy_reserved(c);
+      gave += held > now ? held - now : 0;
+    }
     if (e != 0 || map_live(c) != 0) {
       pc = &c->next_child;
       continue;
@@ -1020,11 +1057,13 @@ static int pools_trim(gmr_runtime_t *rt) {
     for (size_t i = 0; i < n; ++i)
       if (rt->routes[i].child != c) rt->routes[kept++] = rt->routes[i];
     atomic_store_explicit(&rt->nroutes, kept, memory_order_release);
+    pool_retire(rt, c);
     (void)gmr_runtime_close(c);
   }
   if (rt->children == NULL)
     atomic_fetch_and_explicit(&rt->slow, ~RUNTIME_SLOW_POOLS, memory_order_release);
   gmr__unlock(&rt->lock);
+  if (released != NULL) *released = gave;
   return err;
 }
 
@@ -1052,7 +1091,7 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = gmr__policy_trim(rt->policy);
   if (err != 0) return err;
-  if (has_pools(rt) && (err = pools_trim(rt)) != 0) return fail(rt, err);
+  if (has_pools(rt) && (err = pools_trim(rt, NULL)) != 0) return fail(rt, err);
   if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
@@ -1107,6 +1146,11 @@ int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
     }
     gmr__unlock(&rt->lock);
   }
+  if (atomic_load(&rt->retired_any)) { /* Note [Retired pools] */
+    gmr__lock(&rt->lock);
+    gmr__stats_add_accumulated(&st, &rt->retired);
+    gmr__unlock(&rt->lock);
+  }
   *out = st;
   return 0;
 }
@@ -1130,6 +1174,7 @@ void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
   gmr__policy_reset_accumulated_locked(rt->policy);
   gmr__backend_counters_reset_accumulated(rt->backend);
   gmr__policy_resume(rt->policy);
+  retired_reset(rt);
   if (!has_pools(rt)) return;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
@@ -1202,6 +1247,90 @@ static int stat_collect(const char *key, int64_t value, void *ud) {
   return 0;
 }
 
+/* Note [Retired pools]
+ * PyTorch's statistics are the device's: a private pool's allocations stay
+ * counted in num_device_alloc, allocation.all.allocated and the rest after
+ * the pool is gone.  A gmr pool is a child runtime with counters of its own,
+ * so when one closes its accumulated counts (gmr__stats_is_accumulated,
+ * gmr__stats_add_accumulated) are folded into its parent's `retired` and
+ * `retired_named`, which gmr_stats and gmr_stats_foreach add in and
+ * gmr_stats_reset_accumulated clears:
+ *   accumulated(rt) = own(rt) + sum over live pools + retired(rt).
+ * Its current values and peaks go with it, as its memory does. */
+
+static void stat_vec_free(stat_vec_t *v) {
+  gmr__sb_free(&v->keys);
+  gmr__free(v->values);
+  gmr__free(v->key_at);
+  memset(v, 0, sizeof *v);
+}
+
+/* The separators stat_collect writes, made NULs. */
+static void stat_vec_terminate(stat_vec_t *v) {
+  for (size_t i = 0; i < v->keys.len; ++i)
+    if (v->keys.data[i] == '\x01') v->keys.data[i] = '\0';
+}
+
+static const char *stat_vec_key(const stat_vec_t *v, size_t i) {
+  return v->keys.data + v->key_at[i];
+}
+
+/* Add value to key's entry in v (terminated), appending it when missing. */
+static void stat_vec_add(stat_vec_t *v, const char *key, int64_t value) {
+  for (size_t i = 0; i < v->n; ++i)
+    if (strcmp(stat_vec_key(v, i), key) == 0) {
+      v->values[i] += value;
+      return;
+    }
+  if (stat_collect(key, value, v) == 0) v->keys.data[v->keys.len - 1] = '\0';
+}
+
+/* Fold pool c's accumulated counts into rt's (under rt's `lock`); a failure
+ * to allocate host memory loses the named counts, never the common ones. */
+static void pool_retire(gmr_runtime_t *rt, gmr_runtime_t *c) {
+  gmr_stats_t cs;
+  gmr_stats(c, &cs);
+  gmr__stats_add_accumulated(&rt->retired, &cs);
+  if (rt->retired_named == NULL) rt->retired_named = gmr__calloc(1, sizeof *rt->retired_named);
+  stat_vec_t cv;
+  memset(&cv, 0, sizeof cv);
+  if (rt->retired_named != NULL && gmr__policy_stats_foreach(c->policy, stat_collect, &cv) == 0 &&
+      !cv.failed) {
+    stat_vec_terminate(&cv);
+    for (size_t i = 0; i < cv.n; ++i)
+      if (gmr__stats_is_accumulated(stat_vec_key(&cv, i)))
+        stat_vec_add(rt->retired_named, stat_vec_key(&cv, i), cv.values[i]);
+  }
+  stat_vec_free(&cv);
+  atomic_store(&rt->retired_any, true);
+}
+
+static void retired_free(gmr_runtime_t *rt) {
+  if (rt->retired_named != NULL) stat_vec_free(rt->retired_named);
+  gmr__free(rt->retired_named);
+}
+
+static void retired_reset(gmr_runtime_t *rt) {
+  gmr__lock(&rt->lock);
+  memset(&rt->retired, 0, sizeof rt->retired);
+  for (size_t i = 0; rt->retired_named != NULL && i < rt->retired_named->n; ++i)
+    rt->retired_named->values[i] = 0;
+  gmr__unlock(&rt->lock);
+}
+
+/* Add the retired pools' named counts to v (terminated), key by key. */
+static void stat_vec_add_retired(gmr_runtime_t *rt, stat_vec_t *v) {
+  gmr__lock(&rt->lock);
+  const stat_vec_t *r = rt->retired_named;
+  for (size_t i = 0; r != NULL && i < v->n; ++i)
+    for (size_t j = 0; j < r->n; ++j)
+      if (strcmp(stat_vec_key(v, i), stat_vec_key(r, j)) == 0) {
+        v->values[i] += r->values[j];
+        break;
+      }
+  gmr__unlock(&rt->lock);
+}
+
 /* Add each pool's named statistics to v, key by key (the pools run the same
  * policy, so the same keys); settings such as max_split_size stay. */
 static int stat_vec_add_pools(gmr_runtime_t *rt, stat_vec_t *v) {
@@ -1212,16 +1341,13 @@ static int stat_vec_add_pools(gmr_runtime_t *rt, stat_vec_t *v) {
     memset(&cv, 0, sizeof cv);
     err = gmr__policy_stats_foreach(c->policy, stat_collect, &cv);
     if (err == 0 && cv.failed) err = GMR_ENOMEM;
-    for (size_t i = 0; i < cv.keys.len; ++i)
-      if (cv.keys.data[i] == '\x01') cv.keys.data[i] = '\0';
+    stat_vec_terminate(&cv);
     for (size_t i = 0; err == 0 && i < v->n && i < cv.n; ++i) {
-      const char *key = v->keys.data + v->key_at[i];
-      if (strcmp(key, cv.keys.data + cv.key_at[i]) == 0 && !gmr__stats_is_setting(key))
+      const char *key = stat_vec_key(v, i);
+      if (strcmp(key, stat_vec_key(&cv, i)) == 0 && !gmr__stats_is_setting(key))
         v->values[i] += cv.values[i];
     }
-    gmr__sb_free(&cv.keys);
-    gmr__free(cv.values);
-    gmr__free(cv.key_at);
+    stat_vec_free(&cv);
   }
   gmr__unlock(&rt->lock);
   return err == GMR_ENOMEM
@@ -1242,14 +1368,12 @@ int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
   }
   if (err == 0 && v.failed)
     err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
-  for (size_t i = 0; i < v.keys.len; ++i)
-    if (v.keys.data[i] == '\x01') v.keys.data[i] = '\0';
+  stat_vec_terminate(&v);
   if (err == 0 && has_pools(rt)) err = stat_vec_add_pools(rt, &v);
+  if (err == 0 && atomic_load(&rt->retired_any)) stat_vec_add_retired(rt, &v);
   for (size_t i = 0; err == 0 && i < v.n; ++i)
-    if (cb(v.keys.data + v.key_at[i], v.values[i], ud) != 0) break;
-  gmr__sb_free(&v.keys);
-  gmr__free(v.values);
-  gmr__free(v.key_at);
+    if (cb(stat_vec_key(&v, i), v.values[i], ud) != 0) break;
+  stat_vec_free(&v);
   return err ? fail(rt, err) : 0;
 }
 

@@ -58,5 +58,9 @@ int gmr_sim_counters(gmr_runtime_t *rt, gmr_sim_counters_t *out) {
   if (out == NULL) return GMR_EINVAL;
   SIM_CALL(gmr__sim_counters(sim, out));
 }
+int gmr_sim_call_bytes(gmr_runtime_t *rt, gmr_sim_call_bytes_t *out) {
+  if (out == NULL) return GMR_EINVAL;
+  SIM_CALL(gmr__sim_call_bytes(sim, out));
+}
 
 /* ---- the process-wide default runtimes ----------------------------------------- */

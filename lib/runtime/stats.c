@@ -60,6 +60,25 @@ int gmr__stats_is_setting(const char *key) {
   return strstr(key, "max_split_size") != NULL;
 }
 
+void gmr__stats_add_accumulated(gmr_stats_t *a, const gmr_stats_t *b) {
+  a->num_allocs += b->num_allocs;
+  a->num_frees += b->num_frees;
+  a->device_allocs += b->device_allocs;
+  a->device_frees += b->device_frees;
+  a->ooms += b->ooms;
+  a->alloc_retries += b->alloc_retries;
+}
+
+static int ends_with(const char *s, const char *tail) {
+  size_t n = strlen(s), m = strlen(tail);
+  return n >= m && memcmp(s + n - m, tail, m) == 0;
+}
+
+int gmr__stats_is_accumulated(const char *key) {
+  return strncmp(key, "num_", 4) == 0 || strcmp(key, "ooms") == 0 || ends_with(key, ".allocated") ||
+         ends_with(key, ".freed") || ends_with(key, ".created") || ends_with(key, ".released");
+}
+
 int gmr__stats_foreach_common(const gmr_stats_t *st, gmr_stat_cb cb, void *ud) {
 #define EMIT(f)                                                                                    \
   if (cb(#f, (int64_t)st->f, ud) != 0) return 0;

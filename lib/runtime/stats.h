@@ -24,5 +24,12 @@ void gmr__stats_add(gmr_stats_t *a, const gmr_stats_t *b);
 /* 1 for a named statistic that is a setting, not a count (max_split_size):
  * not summed over pools. */
 int gmr__stats_is_setting(const char *key);
+/* Add b's accumulated counts (allocations, frees, device calls, OOMs,
+ * retries) to a: what a closed pool leaves to its runtime. */
+void gmr__stats_add_accumulated(gmr_stats_t *a, const gmr_stats_t *b);
+/* 1 for a named statistic that accumulates over time (a count of events:
+ * "*.allocated", "*.freed", "*.created", "*.released", "num_*", "ooms"), as
+ * opposed to a current value, a peak or a setting. */
+int gmr__stats_is_accumulated(const char *key);
 
 #endif /* GMR_STATS_H */

@@ -59,8 +59,10 @@ struct bfc_front_s {
   bfc_front_slot_t slot[BFC_NUM_BINS][BFC_FRONT_PER_BIN]; /* oldest first */
 };
 
+/* A stream's home slot among the fronts: the top 8 bits of its hash. */
 static inline size_t front_home(gmr_stream_t s) {
-  return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 56) & (BFC_FRONT_STREAMS - 1);
+  _Static_assert(BFC_FRONT_STREAMS == 1 << 8, "a front's home slot takes 8 bits");
+  return gmr__hash_bits((uint64_t)(uintptr_t)s, 8);
 }
 
 bfc_front_t *gmr__bfc_front_find(bfc_t *b, gmr_stream_t s) {

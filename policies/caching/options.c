@@ -228,6 +228,101 @@ static int cache_conf_mb(const cache_tok_t *t, size_t i, const char *key, uint64
   return 0;
 }
 
+/* One option of the string: the key k, its value at tok[*ip] (the
+ * divisions' list runs on: *ip is left at its last token). */
+static int cache_conf_option(const char *k, const cache_tok_t *tok, size_t n, size_t *ip,
+                             cache_opts_t *o, char *err, size_t errlen) {
+  size_t i = *ip;
+  const cache_tok_t *v = &tok[i];
+  uint64_t mb;
+  double d;
+  int rc = 0;
+  if (strcmp(k, "max_split_size_mb") == 0) {
+    rc = cache_conf_mb(v, i, k, &mb, err, errlen);
+    if (rc == 0 && mb <= 20) {
+      snprintf(err, errlen,
+               "pytorch_alloc_conf: CachingAllocator option max_split_size_mb too "
+               "small, must be > 20 (got %llu at index %zu)",
+               (unsigned long long)mb, i);
+      rc = GMR_EINVAL;
+    }
+    if (rc == 0) o->max_split_size = mb << 20;
+  } else if (strcmp(k, "max_non_split_rounding_mb") == 0) {
+    rc = cache_conf_mb(v, i, k, &mb, err, errlen);
+    if (rc == 0 && mb < 20) {
+      snprintf(err, errlen,
+               "pytorch_alloc_conf: CachingAllocator option "
+               "max_non_split_rounding_mb too small, must be >= 20 (got %llu at index %zu)",
+               (unsigned long long)mb, i);
+      rc = GMR_EINVAL;
+    }
+    if (rc == 0) o->max_non_split_rounding = mb << 20;
+  } else if (strcmp(k, "large_segment_size_mb") == 0) {
+    rc = cache_conf_mb(v, i, k, &mb, err, errlen);
+    if (rc == 0 && mb <= 10) {
+      snprintf(err, errlen,
+               "pytorch_alloc_conf: large_segment_size_mb must be > 10 MB (got "
+               "%llu at index %zu)",
+               (unsigned long long)mb, i);
+      rc = GMR_EINVAL;
+    }
+    if (rc == 0) o->large_segment_size = mb << 20;
+  } else if (strcmp(k, "roundup_power2_divisions") == 0) {
+    rc = cache_parse_divs_tokens(tok, n, &i, "pytorch_alloc_conf: ", &o->roundup_power2_divisions,
+                                 err, errlen);
+  } else if (strcmp(k, "garbage_collection_threshold") == 0) {
+    if (tok_double(v, &d) != 0 || !(d > 0.0 && d < 1.0)) {
+      snprintf(err, errlen,
+               "pytorch_alloc_conf: garbage_collect_threshold is invalid, set it "
+               "in (0.0, 1.0) (got '" TOKF "' at index %zu)",
+               TOKA(*v), i);
+      rc = GMR_EINVAL;
+    } else {
+      o->garbage_collection_threshold = d;
+    }
+  } else if (strcmp(k, "per_process_memory_fraction") == 0) {
+    if (tok_double(v, &d) != 0 || !(d >= 0.0 && d <= 1.0)) {
+      snprintf(err, errlen,
+               "pytorch_alloc_conf: per_process_memory_fraction is invalid, set "
+               "it in [0.0, 1.0] (got '" TOKF "' at index %zu)",
+               TOKA(*v), i);
+      rc = GMR_EINVAL;
+    } else {
+      o->per_process_memory_fraction = d;
+    }
+  } else if (strcmp(k, "expandable_segments") == 0) {
+    rc = cache_conf_bool(v, i, k, &o->expandable_segments, err, errlen);
+  } else if (strcmp(k, "release_lock_on_cudamalloc") == 0 ||
+             strcmp(k, "release_lock_on_hipmalloc") == 0) {
+    rc = cache_conf_bool(v, i, k, &o->release_lock_on_cudamalloc, err, errlen);
+  } else if (strcmp(k, "backend") == 0) {
+    if (!tok_is(v, "native")) {
+      snprintf(err, errlen,
+               "pytorch_alloc_conf: backend '" TOKF "' at index %zu is not the "
+               "caching allocator; only backend:native is accepted here",
+               TOKA(*v), i);
+      rc = GMR_EINVAL;
+    }
+  } else if (strcmp(k, "pinned_use_cuda_host_register") == 0 ||
+             strcmp(k, "pinned_use_hip_host_register") == 0 ||
+             strcmp(k, "pinned_use_background_threads") == 0 ||
+             strcmp(k, "graph_capture_record_stream_reuse") == 0) {
+    int ignored;
+    rc = cache_conf_bool(v, i, k, &ignored, err, errlen);
+  } else if (strcmp(k, "pinned_num_register_threads") == 0 ||
+             strcmp(k, "pinned_reserve_segment_size_mb") == 0) {
+    rc = cache_conf_mb(v, i, k, &mb, err, errlen);
+  } else {
+    snprintf(err, errlen,
+             "pytorch_alloc_conf: Unrecognized key '%s' in CUDA allocator config "
+             "(index %zu).",
+             k, i - 2);
+    rc = GMR_EINVAL;
+  }
+  *ip = i;
+  return rc;
+}
+
 /* Parse a PYTORCH_CUDA_ALLOC_CONF string into `o` (fields "not given" unless
  * the string sets them). */
 static int cache_parse_conf(const char *s, cache_opts_t *o, char *err, size_t errlen) {
@@ -253,91 +348,7 @@ static int cache_parse_conf(const char *s, cache_opts_t *o, char *err, size_t er
       break;
     }
     i += 2;
-    const cache_tok_t *v = &tok[i];
-    uint64_t mb;
-    double d;
-    if (strcmp(k, "max_split_size_mb") == 0) {
-      rc = cache_conf_mb(v, i, k, &mb, err, errlen);
-      if (rc == 0 && mb <= 20) {
-        snprintf(err, errlen,
-                 "pytorch_alloc_conf: CachingAllocator option max_split_size_mb too "
-                 "small, must be > 20 (got %llu at index %zu)",
-                 (unsigned long long)mb, i);
-        rc = GMR_EINVAL;
-      }
-      if (rc == 0) o->max_split_size = mb << 20;
-    } else if (strcmp(k, "max_non_split_rounding_mb") == 0) {
-      rc = cache_conf_mb(v, i, k, &mb, err, errlen);
-      if (rc == 0 && mb < 20) {
-        snprintf(err, errlen,
-                 "pytorch_alloc_conf: CachingAllocator option "
-                 "max_non_split_rounding_mb too small, must be >= 20 (got %llu at index %zu)",
-                 (unsigned long long)mb, i);
-        rc = GMR_EINVAL;
-      }
-      if (rc == 0) o->max_non_split_rounding = mb << 20;
-    } else if (strcmp(k, "large_segment_size_mb") == 0) {
-      rc = cache_conf_mb(v, i, k, &mb, err, errlen);
-      if (rc == 0 && mb <= 10) {
-        snprintf(err, errlen,
-                 "pytorch_alloc_conf: large_segment_size_mb must be > 10 MB (got "
-                 "%llu at index %zu)",
-                 (unsigned long long)mb, i);
-        rc = GMR_EINVAL;
-      }
-      if (rc == 0) o->large_segment_size = mb << 20;
-    } else if (strcmp(k, "roundup_power2_divisions") == 0) {
-      rc = cache_parse_divs_tokens(tok, n, &i, "pytorch_alloc_conf: ", &o->roundup_power2_divisions,
-                                   err, errlen);
-    } else if (strcmp(k, "garbage_collection_threshold") == 0) {
-      if (tok_double(v, &d) != 0 || !(d > 0.0 && d < 1.0)) {
-        snprintf(err, errlen,
-                 "pytorch_alloc_conf: garbage_collect_threshold is invalid, set it "
-                 "in (0.0, 1.0) (got '" TOKF "' at index %zu)",
-                 TOKA(*v), i);
-        rc = GMR_EINVAL;
-      } else {
-        o->garbage_collection_threshold = d;
-      }
-    } else if (strcmp(k, "per_process_memory_fraction") == 0) {
-      if (tok_double(v, &d) != 0 || !(d >= 0.0 && d <= 1.0)) {
-        snprintf(err, errlen,
-                 "pytorch_alloc_conf: per_process_memory_fraction is invalid, set "
-                 "it in [0.0, 1.0] (got '" TOKF "' at index %zu)",
-                 TOKA(*v), i);
-        rc = GMR_EINVAL;
-      } else {
-        o->per_process_memory_fraction = d;
-      }
-    } else if (strcmp(k, "expandable_segments") == 0) {
-      rc = cache_conf_bool(v, i, k, &o->expandable_segments, err, errlen);
-    } else if (strcmp(k, "release_lock_on_cudamalloc") == 0 ||
-               strcmp(k, "release_lock_on_hipmalloc") == 0) {
-      rc = cache_conf_bool(v, i, k, &o->release_lock_on_cudamalloc, err, errlen);
-    } else if (strcmp(k, "backend") == 0) {
-      if (!tok_is(v, "native")) {
-        snprintf(err, errlen,
-                 "pytorch_alloc_conf: backend '" TOKF "' at index %zu is not the "
-                 "caching allocator; only backend:native is accepted here",
-                 TOKA(*v), i);
-        rc = GMR_EINVAL;
-      }
-    } else if (strcmp(k, "pinned_use_cuda_host_register") == 0 ||
-               strcmp(k, "pinned_use_hip_host_register") == 0 ||
-               strcmp(k, "pinned_use_background_threads") == 0 ||
-               strcmp(k, "graph_capture_record_stream_reuse") == 0) {
-      int ignored;
-      rc = cache_conf_bool(v, i, k, &ignored, err, errlen);
-    } else if (strcmp(k, "pinned_num_register_threads") == 0 ||
-               strcmp(k, "pinned_reserve_segment_size_mb") == 0) {
-      rc = cache_conf_mb(v, i, k, &mb, err, errlen);
-    } else {
-      snprintf(err, errlen,
-               "pytorch_alloc_conf: Unrecognized key '%s' in CUDA allocator config "
-               "(index %zu).",
-               k, i - 2);
-      rc = GMR_EINVAL;
-    }
+    rc = cache_conf_option(k, tok, n, &i, o, err, errlen);
     if (rc == 0 && i + 1 < n) {
       if (!tok_is(&tok[i + 1], ",")) {
         snprintf(err, errlen,

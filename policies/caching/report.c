@@ -18,10 +18,7 @@
 /* The largest free block of a pool: the last of its last bin. */
 static cache_block_t *pool_last(const cache_pool_t *p) {
   int k = cache_bin_prev(p, CACHE_BINS - 1);
-  cache_block_t *t = k < 0 ? NULL : p->bins[k];
-  while (t && t->right)
-    t = t->right;
-  return t;
+  return k < 0 ? NULL : treap_last(p->bins[k]);
 }
 
 /* ---- statistics ------------------------------------------------------------------------ */

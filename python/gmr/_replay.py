@@ -9,7 +9,9 @@ docs/compare.md), through the public replay API only:
      are there, the one with the most bytes allocated;
   3. at that event: free = free_cached_bytes, largest = min(largest free
      block, free), fragmentation = 1 - largest / free (0 when free = 0),
-     rounding loss = allocated - requested.
+     rounding loss = allocated - requested;
+  4. the driver calls of the timed replay (gmr_sim_counters, gmr_sim_call_bytes)
+     and their device time, from the cost model copied from tools/compare-cost.c.
 Each result is a dict with the keys of `gmr-compare --json`, the same values
 (fractions rounded to 4 places as the JSON prints them; seconds and
 events_per_second are this run's).
@@ -83,6 +85,66 @@ class SimOptions(ctypes.Structure):  # gmr_sim_options_t
                 ("host_backed", ctypes.c_int)]
 
 
+class SimCounters(ctypes.Structure):  # gmr_sim_counters_t: every field uint64_t, in this order
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "reserve_calls", "reserve_failures", "release_calls", "map_calls", "unmap_calls",
+        "va_reserve_calls", "va_release_calls", "event_records", "event_queries", "syncs",
+        "bytes_in_use", "peak_bytes_in_use", "page_create_calls", "page_release_calls",
+        "page_map_calls", "page_unmap_calls", "set_access_calls", "capture_queries", "pages_live",
+        "page_maps_live", "unsafe_unmaps")]
+
+
+class SimCallBytes(ctypes.Structure):  # gmr_sim_call_bytes_t
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "reserve", "release", "va_reserve", "va_release", "map", "unmap", "page_create",
+        "page_release", "page_map", "page_unmap", "set_access")]
+
+
+# gmr-compare's device-call cost model, copied from the table in
+# tools/compare-cost.c (Note [Device cost model] there says where each figure
+# comes from; python/tests/test_compare.py checks both give the same JSON):
+# (key, the counter, measured, us per call, us per 2 MiB page).
+COST_MODEL = [
+    ("reserve", "reserve_calls", True, 100.0, 0.0),
+    ("release", "release_calls", True, 0.0, 0.0),
+    ("va_reserve", "va_reserve_calls", True, 14.0, 0.0),
+    ("va_release", "va_release_calls", False, 0.0, 0.0),
+    ("map", "map_calls", True, 0.0, 53.0),
+    ("unmap", "unmap_calls", True, 0.0, 22.0),
+    ("page_create", "page_create_calls", True, 0.0, 14.0),
+    ("page_release", "page_release_calls", True, 0.0, 15.0),
+    ("page_map", "page_map_calls", True, 0.0, 2.0),
+    ("page_unmap", "page_unmap_calls", True, 0.0, 22.0),
+    ("set_access", "set_access_calls", True, 0.0, 37.0),
+    ("event_record", "event_records", False, 0.0, 0.0),
+    ("event_query", "event_queries", False, 0.0, 0.0),
+    ("sync", "syncs", False, 0.0, 0.0),
+]
+COST_PAGE = 2097152.0  # the H200's page, the per-page figures' unit
+
+
+def _device_calls(calls, call_bytes):
+    """The JSON's device_calls ... device_time_model, as gmr-compare prints them."""
+    count, nbytes, by_call = {}, {}, {}
+    total, unmeasured, us_total = 0, 0, 0.0
+    for key, counter, measured, per_call, per_page in COST_MODEL:
+        n = getattr(calls, counter)
+        count[key] = n
+        total += n
+        if hasattr(call_bytes, key):
+            nbytes[key] = getattr(call_bytes, key)
+        if not measured:
+            unmeasured += n
+            continue
+        us = n * per_call + nbytes.get(key, 0) / COST_PAGE * per_page
+        by_call[key] = float("%.1f" % us)
+        us_total += us
+    return {"device_calls": count, "device_call_bytes": nbytes, "device_calls_total": total,
+            "device_time_us": float("%.1f" % us_total), "device_time_us_by_call": by_call,
+            "device_calls_not_estimated": unmeasured,
+            "device_time_model": "H200, tools/compare-cost.c"}
+
+
 def declare(lib):
     vp, i, sz, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p
     sig = {
@@ -92,6 +154,8 @@ def declare(lib):
                                  ctypes.POINTER(ctypes.POINTER(SnapshotCsv)), cp, sz]),
         "gmr_snapshot_csv_free": (None, [ctypes.POINTER(SnapshotCsv)]),
         "gmr_runtime_new_sim": (i, [vp, ctypes.POINTER(SimOptions), ctypes.POINTER(vp)]),
+        "gmr_sim_counters": (i, [vp, ctypes.POINTER(SimCounters)]),
+        "gmr_sim_call_bytes": (i, [vp, ctypes.POINTER(SimCallBytes)]),
         "gmr_replay": (i, [vp, ctypes.POINTER(TraceData), ctypes.POINTER(ReplayOptions),
                            ctypes.POINTER(ReplayResult)]),
     }
@@ -219,11 +283,12 @@ def _runtime(lib, cfg, capacity):
 
 
 def _replay_one(lib, cfg, trace, capacity, check):
-    """The two passes; returns (result, final stats, policy) or raises
-    GmrError with the run's error text."""
+    """The two passes; returns (result, final stats, policy, driver calls) or
+    raises GmrError with the run's error text."""
     t = trace.ptr
     rt = _runtime(lib, cfg, capacity)
     res, final = ReplayResult(), Stats()
+    calls, call_bytes = SimCounters(), SimCallBytes()
     try:
         policy = lib.gmr_runtime_policy(rt).decode()
         opts = ReplayOptions(check=1 if check else 0, stop_at_oom=0)
@@ -231,10 +296,13 @@ def _replay_one(lib, cfg, trace, capacity, check):
         if rc != 0:
             raise GmrError(rc, "the replay failed: %s" % lib.gmr_strerror(rc).decode())
         lib.gmr_stats(rt, ctypes.byref(final))
+        lib.gmr_sim_counters(rt, ctypes.byref(calls))  # the calls the replay made
+        lib.gmr_sim_call_bytes(rt, ctypes.byref(call_bytes))
     finally:
         lib.gmr_runtime_free(rt)
+    devcalls = _device_calls(calls, call_bytes)
     if res.check_failed:
-        return res, final, policy
+        return res, final, policy, devcalls
     # The peak event: reserved at its maximum, the most allocated among those.
     peak = {"found": False, "event": res.peak_event, "stats": Stats()}
     st = Stats()
@@ -261,7 +329,7 @@ def _replay_one(lib, cfg, trace, capacity, check):
     if peak["found"]:
         res.at_peak = peak["stats"]
         res.peak_event = peak["event"]
-    return res, final, policy
+    return res, final, policy, devcalls
 
 
 def _top_sites(t, at):
@@ -363,7 +431,7 @@ def compare(lib, trace, configs, capacity=DEFAULT_CAPACITY, check=False):
                     lib.gmr_strerror(rc).decode()
                 continue
             try:
-                res, final, policy = _replay_one(lib, cfg, t, cap, check)
+                res, final, policy, devcalls = _replay_one(lib, cfg, t, cap, check)
             except GmrError as e:
                 run["status"], run["error"] = "runtime_error", str(e)
                 continue
@@ -371,6 +439,7 @@ def compare(lib, trace, configs, capacity=DEFAULT_CAPACITY, check=False):
                 lib.gmr_config_free(cfg)
             run["policy"] = policy
             _figures(run, res, final, t)
+            run.update(devcalls)
             if res.check_failed:
                 run["status"] = "check_failed"
                 run["error"] = "stopped after event %d: %s" % (

@@ -38,6 +38,8 @@
 #   cuda-test            tests/cuda (the backend and the policies on the device)
 #   bench-miss           the stitch policy's cache misses on the device: microseconds
 #                        per miss by pages mapped (gmr-bench --workloads miss)
+#   bench-calls          the driver calls gmr's CUDA backend makes, each timed alone
+#                        (gmr-bench --workloads calls): gmr-compare's cost model figures
 #   bench-bfc-threads    the bfc policy, 1 and 16 threads on their own streams, pinned
 #                        (gmr-bench --threads 1,16, pair and random workloads, every
 #                        bfc configuration): the rate column must be >= 1.00
@@ -174,6 +176,12 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     phase "stitch: microseconds per cache miss by pages mapped (gmr-bench --device cuda)"
     timeout 300 "$dir/bin/gmr-bench" --device cuda --workloads miss --reps 7 \
       --json-file "$results/bench-miss.json" "$dir/config/stitch.yaml" || status=1
+    ;;
+  bench-calls)
+    phase "driver calls: microseconds per call (gmr-bench --device cuda --workloads calls)"
+    timeout 300 "$dir/bin/gmr-bench" --device cuda --workloads calls --reps 21 \
+      --call-pages 1,4,64 --json-file "$results/bench-calls.json" |
+      tee "$results/bench-calls.txt" || status=1
     ;;
   bench-bfc-threads)
     phase "bfc: 16 threads on 16 streams against one (gmr-bench --device cuda --threads 1,16)"

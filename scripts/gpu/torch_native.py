@@ -27,8 +27,22 @@ CONFIGS = {"caching": "pytorch.yaml", "bfc": "tf-growth.yaml", "stitch": "stitch
            "direct": "direct.yaml"}
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-results = {"checks": {}}
+results = {"checks": {}, "stats_after": {}}
 failed = []
+# memory_stats() after each check, so two runs can be compared check by check.
+STATS_AFTER = ("allocation.all.allocated", "allocated_bytes.all.allocated",
+               "allocated_bytes.all.current", "reserved_bytes.all.current",
+               "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+
+
+def _stats_after(name):
+    try:
+        import torch
+
+        st = torch.cuda.memory_stats()
+        results["stats_after"][name] = {k: st.get(k) for k in STATS_AFTER}
+    except Exception as e:  # noqa: BLE001: a figure, not a check
+        results["stats_after"][name] = {"error": str(e)[:200]}
 
 
 def check(name):
@@ -47,6 +61,7 @@ def check(name):
             results["checks"][name] = {"ok": False, "detail": msg,
                                        "traceback": traceback.format_exc()[-4000:]}
             failed.append(name)
+        _stats_after(name)
         print(line, flush=True)
         return fn
     return wrap
@@ -233,6 +248,43 @@ def main():
         del g, static_out, eager
         return "max |replay - eager| %g; 400 eager tensors intact; %d pool segments" % (
             worst, len(segs))
+
+    @check("cuda-graph-shared-pool")
+    def _graph_shared():
+        # Two graphs in one pool (as cudagraph trees record them); the first
+        # is deleted and the cache emptied, eager tensors take whatever was
+        # given back, and the second must still replay into valid memory.
+        torch.manual_seed(3)
+        m = nn.Sequential(nn.Linear(256, 2048), nn.GELU(), nn.Linear(2048, 256)).to(dev)
+        xin = torch.randn(64, 256, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(s):
+            for _ in range(3):
+                m(xin)
+        torch.cuda.current_stream().wait_stream(s)
+        g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g1):
+            out1 = m(xin)
+        with torch.no_grad(), torch.cuda.graph(g2, pool=g1.pool()):
+            out2 = m(xin * 2)
+        del g1, out1
+        torch.cuda.empty_cache()
+        fill = [torch.full((1 << 20,), 3.0, device=dev) for _ in range(64)]
+        worst = 0.0
+        for _ in range(5):
+            x = torch.randn(64, 256, device=dev)
+            xin.copy_(x)
+            g2.replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                ref = m(x * 2)
+            worst = max(worst, float((out2 - ref).abs().max()))
+        need(worst < 1e-4, "the second graph's replay differs from eager by %g" % worst)
+        bad = sum(1 for t in fill if not bool((t == 3.0).all()))
+        need(bad == 0, "%d of 64 eager tensors were overwritten by the replays" % bad)
+        del g2, out2, fill
+        return "max |replay - eager| %g after the first graph was deleted; eager tensors intact" % worst
 
     @check("compile-reduce-overhead")
     def _compile():

@@ -427,10 +427,8 @@ public:
     auto it = pools_.find(mempool_id);
     TORCH_CHECK(it != pools_.end() && it->second.torch_uses > 0, "gmr: releasePool: pool (",
                 mempool_id.first, ", ", mempool_id.second, ") is not in use");
-    if (--it->second.torch_uses == 0) {
-      it->second.freeable = true;
-      gmr_pool_release(it->second.pool); /* PyTorch's last use; the adapter's remains */
-    }
+    gmr_pool_release(it->second.pool); /* one of PyTorch's uses; the adapter's remains */
+    if (--it->second.torch_uses == 0) it->second.freeable = true;
   }
 
   int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
