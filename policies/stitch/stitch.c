@@ -62,8 +62,10 @@ static inline stitch_t *st_of(gmr_policy_t *p) {
  *   - takes only FREE pages that no range maps, and creates the rest (no
  *     cached range's page, parked or not, and no open slot: plan D);
  *   - unmaps nothing: no eviction over the caps, no stale range, no OOM
- *     eviction (a pool's instance never unmaps while the pool lives; its
- *     ranges go when the pool is destroyed);
+ *     eviction (a pool's instance unmaps only when the runtime trims it,
+ *     which gmr_empty_cache does once the pool's use count is 0, i.e. no
+ *     graph uses it, or gmr_pool_empty_cache asks, and when it is
+ *     destroyed);
  *   - during a capture, reads a stamp of another stream only from what is
  *     known complete, without polling or recording an event, and its OOM
  *     retry waits for nothing.
@@ -753,7 +755,10 @@ static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stre
 static int trim_locked(stitch_t *t) {
   pending_process(t, true);
   int err = gmr__st_small_reclaim(t, true);
+  bool in_pool = t->in_pool; /* a pool is trimmed once no graph uses it: Note [Graph capture] */
+  t->in_pool = false;
   int e = gmr__st_evict(t, 0, 0, true);
+  t->in_pool = in_pool;
   if (err == 0) err = e;
   for (int m = 0; m < 2; ++m) {
     uint32_t id = t->free_head[m];
