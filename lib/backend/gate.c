@@ -465,6 +465,11 @@ gmr_backend_t *gmr__gate_find(gmr_backend_t *be) {
   return NULL;
 }
 
+bool gmr__gate_keeps_space(gmr_backend_t *be) {
+  gmr_backend_t *g = gmr__gate_find(be);
+  return g != NULL && ((gate_t *)g)->keeps_space;
+}
+
 int gmr__gate_borrow(gmr_backend_t *gate, gmr_backend_t **out) {
   gmr_assert(is_gate(gate));
   return face_new(st_of(gate), false, out);

@@ -29,6 +29,9 @@ int gmr__gate_borrow(gmr_backend_t *gate, gmr_backend_t **out);
 /* The gate under `be` (be itself, or a decorator forwarding to it), or NULL. */
 gmr_backend_t *gmr__gate_find(gmr_backend_t *be);
 
+/* Is `be` (or the gate under it) a private pool's face (gmr__gate_borrow)? */
+bool gmr__gate_keeps_space(gmr_backend_t *be);
+
 /* A capture starts (calls nest).  @return 0 */
 int gmr__gate_capture_begin(gmr_backend_t *gate);
 /* One capture ends; the last end records the deferred events and makes the

@@ -382,6 +382,15 @@ int gmr__st_check(gmr_policy_t *self) {
   }
   CHECK(lru == cached && cached == t->ncached, "cache: %u on the LRU list, %u cached, count %u",
         lru, cached, t->ncached);
+  { /* the resize filter (Note [Resizing]): subtract every cached range, leaving 0s */
+    uint32_t left[ST_LENF];
+    memcpy(left, t->lenf, sizeof left);
+    for (st_range_t *r = t->lru_head; r != NULL; r = r->lru_next)
+      --left[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
+    for (uint32_t f = 0; f < ST_LENF; ++f)
+      CHECK(left[f] == 0, "resize filter: class %u counts %u cached ranges, %u more than are", f,
+            t->lenf[f], left[f]);
+  }
   /* Every linked range is filed once under its length, oldest first. */
   uint32_t filed = 0, linked = 0;
   for (st_range_t *r = t->all; r != NULL; r = r->all_next)

@@ -66,6 +66,13 @@
 #define ST_G      ((uint32_t)512)
 #define ST_NIL    UINT32_MAX
 #define ST_STAMPS 2
+/* Note [Resizing]: how far (bytes) a cached range's length may be from a
+ * request's for the range to be resized to it. */
+#define ST_RESIZE ((uint64_t)64 << 10)
+/* Cached ranges counted by len / ST_LENF_BYTES, folded into ST_LENF
+ * counters (a filter: a resize probes only lengths whose counter is not 0). */
+#define ST_LENF       4096u
+#define ST_LENF_SHIFT 12
 
 /* ---- options ----------------------------------------------------------------------------------
  */
@@ -173,7 +180,8 @@ struct st_range_s {
   uint32_t stale;      /* CACHED: misses of its length it could not serve in a row */
   uint32_t nwhole;     /* slots whose span is a whole page */
   bool parked;         /* CACHED: its whole pages stay owned by it (full_owner), see ranges.c */
-  uint32_t *uses;      /* record_stream: other stream indexes */
+  bool grows;     /* its length grows (Note [Resizing]): no other block's head on its last page */
+  uint32_t *uses; /* record_stream: other stream indexes */
   uint32_t nuses, capuses;
   st_range_t *lru_prev, *lru_next; /* CACHED: LRU (most recent first) */
   st_range_t *len_prev, *len_next; /* every range of its length, by serial (st_len_t) */
@@ -265,7 +273,8 @@ typedef struct st_stats_s {
   gmr_stat_t mappings, dead_gap, va;
   int64_t ooms, retries; /* allocations and frees: the pools' allocation counts */
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
-      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses;
+      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses,
+      resizes;
   uint64_t map_ns;
 } st_stats_t;
 
@@ -300,6 +309,11 @@ typedef struct stitch_s {
   uint64_t P;           /* page size (backend granularity) */
   uint64_t small_max;
   uint64_t device_total;
+  /* Note [Graph capture] (stitch.c): in_pool, set at creation: a private
+   * pool's instance; capturing: during one miss on a stream being captured.
+   * Either: fresh pages only, nothing unmapped, no event recorded, queried
+   * or waited on for a stamp (st_fresh). */
+  bool in_pool, capturing;
 
   st_page_t *pages;
   uint32_t npages, cappages;
@@ -332,7 +346,8 @@ typedef struct stitch_s {
   st_range_t *all;
   st_range_t *lru_head, *lru_tail;
   uint32_t ncached;
-  st_len_t *lens; /* open addressing by len, at most half full */
+  uint32_t lenf[ST_LENF]; /* CACHED ranges per (len >> ST_LENF_SHIFT) mod ST_LENF */
+  st_len_t *lens;         /* open addressing by len, at most half full */
   uint32_t nlens, caplens;
   st_pending_t *pend_head;
   uint32_t nmappings;
@@ -381,6 +396,12 @@ static inline void st_count_free(st_stats_t *s, int pool, int64_t len, int64_t s
   st_dec(s->allocated, pool, len);
   st_dec(s->requested, pool, size);
   st_dec(s->allocation, pool, 1);
+}
+
+/* May this miss take only fresh pages, unmapping nothing (Note [Graph
+ * capture])? */
+static inline bool st_fresh(const stitch_t *t) {
+  return t->in_pool || t->capturing;
 }
 
 /* ---- worth.c ----------------------------------------------------------------------------------
@@ -528,6 +549,7 @@ static inline void st_cache_put(stitch_t *t, st_range_t *r) {
     t->lru_tail = r;
   t->lru_head = r;
   ++t->ncached;
+  ++t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
 }
 static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
   if (r->lru_prev != NULL)
@@ -540,10 +562,17 @@ static inline void st_cache_remove(stitch_t *t, st_range_t *r) {
     t->lru_tail = r->lru_prev;
   r->lru_prev = r->lru_next = NULL;
   --t->ncached;
+  --t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
 }
 /* The oldest cached range of len that stream sidx can take now (its pages
  * free, or parked under cached ranges; stamps complete), or NULL. */
 st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx);
+/* A miss of len: the cached range nearest in length (within ST_RESIZE) whose
+ * last slot can end the block in the same page, usable by stream sidx with
+ * its new length, filed again under len; NULL if none (ranges.c, Note
+ * [Resizing]); *grows: a cached range shorter than len by at most ST_RESIZE
+ * exists (the length grows). */
+st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool *grows);
 /* A miss of len: cached ranges of that length that could not serve it
  * stale_misses times in a row are unmapped (the loop that used them has
  * moved on). */

@@ -452,6 +452,7 @@ bool gmr__st_stamp_ready(stitch_t *t, st_stamp_t s, uint32_t sidx, bool wait) {
   if (s.stream == 0 || s.stream - 1 == sidx) return true;
   st_stream_t *st = &t->streams[s.stream - 1];
   if (st->done >= s.seq) return true;
+  if (t->capturing) return false; /* no event query or record (Note [Graph capture]) */
   if (st->nev > 0) stream_poll(t, st);
   if (st->done >= s.seq) return true;
   gmr_backend_t *be = t->base.backend;

@@ -40,6 +40,32 @@
  * breaking the ranges of later blocks.)
  */
 
+/* Note [Resizing]
+ * Lengths that never repeat (a KV cache growing by one token a step, every
+ * request a new batch and prompt) would miss every time.  On a miss, a cached
+ * range whose length is within ST_RESIZE of the request's and whose last
+ * slot is a partial tail span [0, b) of its page that can end at the new
+ * b' in (0, P) of the same page serves it: the page is mapped whole at that
+ * slot, so growing or shrinking the span is no device call; only the bytes
+ * [b, b') (growing) must be free and ready for the stream, with the dead
+ * gap to a head slot on the page <= tau.  No range is resized to a length
+ * of whole pages (it would have two partial ends; a range of length P must
+ * be one whole page for the small pool, which takes those).  The nearest length is tried
+ * first, the shorter before the longer.  The range is filed again under its
+ * new length with a new serial (the youngest of that length, as a stitched
+ * range would be), so Note [Cache order] still holds for every length; a
+ * length that repeats hits its own ranges first, and only a miss resizes.
+ * A growing cache then moves to a new range only when its block crosses a
+ * page boundary, once every P / (bytes per step) steps.  A range that grew,
+ * or that a miss stitched while a shorter cached range was near (the length
+ * grows), is marked `grows`, and no other block's head slot is placed on
+ * its last page while it owns that page's tail (stitch.c, find_partial):
+ * the next step grows into those bytes.  A miss probes only the lengths
+ * whose counter in `lenf` (cached ranges by len / 4 KiB, folded into 4096
+ * counters, kept by st_cache_put and st_cache_remove) is not 0, so a miss
+ * with no cached length near it costs 256 array reads, not 256 lookups.
+ */
+
 /* Note [Parking]
  * A freed range keeps its whole pages (full_owner = the CACHED range, nparked
  * counts them) and gives back only its partial end slots, so a free and the
@@ -419,8 +445,98 @@ st_range_t *gmr__st_cache_lookup(stitch_t *t, uint64_t len, uint32_t sidx) {
   return NULL;
 }
 
+/* Can r's block be len bytes with its last slot a partial tail span of the
+ * same page? */
+static bool resizable(const stitch_t *t, const st_range_t *r, uint64_t len) {
+  if (r->state != ST_R_CACHED || r->nmapped != r->nslots) return false;
+  if (r->nslots == 1 ? r->first_off != 0 || !(r->ends & 1) : !(r->ends & 2)) return false;
+  uint64_t end = (uint64_t)r->first_off + len, last = (uint64_t)(r->nslots - 1) * t->P;
+  return end > last && end < last + t->P;
+}
+
+/* File r under len, the youngest of that length. */
+static int range_relen(stitch_t *t, st_range_t *r, uint64_t len) {
+  if (len_get(t, len) == NULL) return GMR_ENOMEM; /* may move the table's entries */
+  st_len_t *e = st_len_find(t, r->len);
+  if (r->len_prev != NULL)
+    r->len_prev->len_next = r->len_next;
+  else
+    e->first = r->len_next;
+  if (r->len_next != NULL)
+    r->len_next->len_prev = r->len_prev;
+  else
+    e->last = r->len_prev;
+  e = st_len_find(t, len);
+  if (r->state == ST_R_CACHED) {
+    --t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
+    ++t->lenf[(len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
+  }
+  r->len = len;
+  r->serial = ++t->serials;
+  r->len_prev = e->last;
+  r->len_next = NULL;
+  if (e->last != NULL)
+    e->last->len_next = r;
+  else
+    e->first = r;
+  e->last = r;
+  return 0;
+}
+
+/* From length `was` on, going up (or down) by G to `lim`, the first length
+ * whose filter counter is not 0 (empty 4 KiB classes skipped whole), or 0. */
+static uint64_t resize_next(const stitch_t *t, uint64_t was, bool up, uint64_t lim) {
+  while (up ? was <= lim : was >= lim) {
+    uint64_t c = was >> ST_LENF_SHIFT;
+    if (t->lenf[c & (ST_LENF - 1)] != 0) return was;
+    if (up)
+      was = (c + 1) << ST_LENF_SHIFT;
+    else if (c == 0)
+      return 0;
+    else
+      was = (c << ST_LENF_SHIFT) - ST_G;
+  }
+  return 0;
+}
+
+/* see Note [Resizing] */
+st_range_t *gmr__st_cache_resize(stitch_t *t, uint64_t len, uint32_t sidx, bool *grows) {
+  *grows = false;
+  /* A length of whole pages stays a range of whole pages: the small pool
+   * takes a cached range of length P as one whole page. */
+  if (t->ncached == 0 || len % t->P == 0) return NULL;
+  /* Lengths len -+ d for d = G, 2G, ..., ST_RESIZE, the shorter first. */
+  uint64_t lo = len > ST_RESIZE + ST_G ? len - ST_RESIZE : ST_G, hi = len + ST_RESIZE;
+  uint64_t dn = len > lo ? resize_next(t, len - ST_G, false, lo) : 0;
+  uint64_t up = resize_next(t, len + ST_G, true, hi);
+  while (dn != 0 || up != 0) {
+    bool longer = dn == 0 || (up != 0 && up - len < len - dn);
+    uint64_t was = longer ? up : dn;
+    if (longer)
+      up = resize_next(t, up + ST_G, true, hi);
+    else
+      dn = dn > lo ? resize_next(t, dn - ST_G, false, lo) : 0;
+    st_len_t *e = st_len_find(t, was);
+    if (e == NULL) continue;
+    int64_t tries = t->o.cache_candidates;
+    for (st_range_t *r = e->first; r != NULL && tries > 0; r = r->len_next) {
+      if (!longer && r->state == ST_R_CACHED) *grows = true;
+      if (!resizable(t, r, len)) continue;
+      --tries;
+      r->len = len;
+      bool ok = gmr__st_range_usable(t, r, sidx);
+      r->len = was;
+      if (ok && range_relen(t, r, len) == 0) {
+        r->grows = !longer;
+        return r;
+      }
+    }
+  }
+  return NULL;
+}
+
 void gmr__st_cache_miss(stitch_t *t, uint64_t len, uint32_t sidx) {
-  st_len_t *e = t->o.stale_misses > 0 ? st_len_find(t, len) : NULL;
+  st_len_t *e = t->o.stale_misses > 0 && !st_fresh(t) ? st_len_find(t, len) : NULL;
   st_range_t *r = e != NULL ? e->first : NULL;
   while (r != NULL) {
     st_range_t *next = r->len_next;
@@ -492,6 +608,7 @@ uint32_t gmr__st_collect_free(stitch_t *t, uint32_t n, uint32_t sidx, uint32_t *
   /* Unmapped pages are worth nothing: take them first, as they come. */
   for (uint32_t id = t->free_head[0]; id != ST_NIL && got < n; id = t->pages[id].next)
     if (st_page_ready(t, id, sidx)) out[got++] = id;
+  if (st_fresh(t)) return got;        /* no page of a cached range (Note [Graph capture]) */
   if (got < n) gmr__st_unpark_all(t); /* unparked pages are FREE and mapped: never in out[] yet */
   if (got == n || t->free_head[1] == ST_NIL) return got;
   st_worth_iter_t it;
@@ -515,7 +632,7 @@ static bool over_caps(const stitch_t *t, uint32_t need_maps, uint64_t need_va) {
 
 /* see Note [Parking] */
 int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
-  st_range_t *r = t->lru_tail;
+  st_range_t *r = st_fresh(t) ? NULL : t->lru_tail; /* see Note [Graph capture] */
   int err = 0;
   while (r != NULL && (all || over_caps(t, need_maps, need_va))) {
     st_range_t *prev = r->lru_prev;
@@ -532,7 +649,7 @@ int gmr__st_evict(stitch_t *t, uint32_t need_maps, uint64_t need_va, bool all) {
 
 bool gmr__st_evict_page(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
-  st_map_t *m = p->maps;
+  st_map_t *m = st_fresh(t) ? NULL : p->maps;
   while (m != NULL && (int64_t)p->nmaps >= t->o.max_maps_per_page) {
     st_map_t *next = m->next;
     st_range_t *r = m->r;

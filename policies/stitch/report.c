@@ -148,6 +148,7 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
       {"stitch.cached_ranges", t->ncached},
       {"stitch.cache_hits", s->hits},
       {"stitch.cache_misses", s->misses},
+      {"stitch.cache_resizes", s->resizes},
       {"stitch.partial_placements", s->stitches_partial},
       {"stitch.map_calls", s->map_calls},
       {"stitch.unmap_calls", s->unmap_calls},
@@ -247,7 +248,8 @@ void gmr__st_reset_accumulated(gmr_policy_t *self) {
   gmr__stat_reset_accumulated(&s->mappings);
   gmr__stat_reset_accumulated(&s->va);
   s->ooms = s->retries = 0;
-  s->hits = s->misses = s->stitches_partial = s->map_calls = s->unmap_calls = s->access_calls = 0;
+  s->hits = s->misses = s->resizes = s->stitches_partial = s->map_calls = s->unmap_calls =
+      s->access_calls = 0;
   s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;
   s->map_ns = 0;

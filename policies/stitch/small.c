@@ -130,7 +130,10 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
     gmr__free(r);
     return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a small segment");
   }
-  if (r->serial == 0) { /* a new range */
+  if (r->serial == 0) { /* a new range; see Note [Graph capture] (stitch.c) */
+    bool was = t->capturing;
+    if (!st_fresh(t))
+      t->capturing = gmr__backend_stream_capturing(t->base.backend, t->streams[sidx].s) != 0;
     gmr__st_evict(t, 1, t->P, false);
     uint32_t id;
     bool created = false;
@@ -152,6 +155,7 @@ static int segment_new(stitch_t *t, uint32_t sidx, st_small_index_t *x) {
       if (err == 0) err = gmr__st_map_range(t, r);
       if (err != 0 && created) gmr__st_page_release(t, id);
     }
+    t->capturing = was;
     if (err != 0) {
       gmr__free(g);
       gmr__free(b);

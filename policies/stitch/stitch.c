@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/gate.h"
 #include "stitch/internal.h"
 
 static inline stitch_t *st_of(gmr_policy_t *p) {
@@ -45,10 +46,36 @@ static inline stitch_t *st_of(gmr_policy_t *p) {
  * [Deferred free]); any other op applies the free first.
  *
  * Note [Graph capture]
- * CUDA graph capture: refused on a miss.  A request that would map, grow or
- * record an event on a stream being captured fails with GMR_ENOTSUP and says
- * so; a cache hit makes no device call and is served.  Capture your graph
- * after a warm-up step, or use the caching policy for captured graphs.
+ * A captured graph replays into the addresses it was captured with, so the
+ * pages behind a range whose addresses a graph may use must stay where they
+ * are: mapping fresh pages at a fresh virtual range is safe during a capture
+ * (the CUDA backend makes those calls in relaxed capture mode), but
+ * unmapping a range, mapping one of its pages (or the bytes of its end
+ * slots) into another range, or querying, recording or waiting on an event
+ * is not.  So a miss is "fresh" (st_fresh) when
+ *   - the allocating stream is being captured (`capturing`, for that miss:
+ *     cudaStreamIsCapturing is asked on a miss only), or
+ *   - the instance serves a private pool (`in_pool`: its backend is a
+ *     pool's face of the gate, gmr__gate_keeps_space), whose ranges any of
+ *     its graphs may use for as long as the pool lives;
+ * and a fresh miss
+ *   - takes only FREE pages that no range maps, and creates the rest (no
+ *     cached range's page, parked or not, and no open slot: plan D);
+ *   - unmaps nothing: no eviction over the caps, no stale range, no OOM
+ *     eviction (a pool's instance unmaps only when the runtime trims it,
+ *     which gmr_empty_cache does once the pool's use count is 0, i.e. no
+ *     graph uses it, or gmr_pool_empty_cache asks, and when it is
+ *     destroyed);
+ *   - during a capture, reads a stamp of another stream only from what is
+ *     known complete, without polling or recording an event, and its OOM
+ *     retry waits for nothing.
+ * Cache hits (and resizes, Note [Resizing]: the range's own last page) are
+ * served as always; a hit records an event only on a stream that is not
+ * being captured (pages.c).  The small pool's new segments follow the same
+ * rules (small.c).  What a pool gives up: its misses never reuse the pages
+ * of its cached ranges of other lengths, and a block's last page is its own
+ * (a pool's reserved bytes are those of PyTorch's expandable segments, not
+ * stitch's); the default instance shares pages as before outside captures.
  *
  * Note [Locking]
  * `concurrent` (policy.h, rule 5).  One lock, `lock` (a gmr_lock_t), guards
@@ -193,7 +220,14 @@ static int pending_add(stitch_t *t, st_range_t *r, st_small_t *b, uint32_t sidx,
 
 static void fronts_flush(stitch_t *t, bool freeze); /* see Note [Fronts] */
 
-/* The PARTIAL page whose open slot fits r best with a gap <= tau. */
+/* Is page id's tail slot the end of a range that grows (Note [Resizing])? */
+static inline bool tail_grows(const stitch_t *t, uint32_t id) {
+  const st_range_t *o = t->pages[id].tail_owner;
+  return o != NULL && o->grows;
+}
+
+/* The PARTIAL page whose open slot fits r best with a gap <= tau (an open
+ * suffix after a growing range's tail excepted). */
 static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t sidx,
                              uint32_t *gap) {
   uint32_t want = r / ST_G;
@@ -202,7 +236,8 @@ static uint32_t find_partial(stitch_t *t, st_classes_t *c, uint32_t r, uint32_t 
     if ((uint64_t)(k - want) * ST_G > t->o.tau) break;
     int tries = 8;
     for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
-      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx)) {
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && !tail_grows(t, id) &&
+          st_page_ready(t, id, sidx)) {
         *gap = (k - want) * ST_G;
         return id;
       }
@@ -217,7 +252,8 @@ static uint32_t find_largest_suffix(stitch_t *t, uint32_t above, uint32_t sidx) 
        k = k ? gmr__st_classes_find_last(c, k - 1) : ST_NIL) {
     int tries = 8;
     for (uint32_t id = c->head[k]; id != ST_NIL && tries-- > 0; id = t->pages[id].next)
-      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && st_page_ready(t, id, sidx))
+      if ((int64_t)t->pages[id].nmaps < t->o.max_maps_per_page && !tail_grows(t, id) &&
+          st_page_ready(t, id, sidx))
         return id;
   }
   return ST_NIL;
@@ -240,7 +276,7 @@ typedef struct plan_s {
 static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
   uint32_t P = (uint32_t)t->P;
   plan_t pl = {ST_NIL, ST_NIL, 0, k + (rem > 0)};
-  if (rem == 0) return pl;
+  if (rem == 0 || st_fresh(t)) return pl; /* fresh pages only: Note [Graph capture] */
   uint32_t gh = UINT32_MAX, gt = UINT32_MAX;
   uint32_t h = find_partial(t, &t->suffix, rem, sidx, &gh);
   uint32_t tl = find_partial(t, &t->prefix, rem, sidx, &gt);
@@ -268,7 +304,7 @@ static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
   return pl;
 }
 
-static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **out) {
+static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st_range_t **out) {
   uint64_t P = t->P;
   uint32_t k = (uint32_t)(len / P), rem = (uint32_t)(len % P);
   /* Make room for the new mappings and address space first. */
@@ -280,7 +316,7 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
   uint32_t need = pl.pool;
   uint32_t *whole = r->pages + (pl.head != ST_NIL);
   uint32_t got = gmr__st_collect_free(t, need, sidx, whole);
-  if (got < need && t->empty_head != NULL) {
+  if (got < need && t->empty_head != NULL && !st_fresh(t)) {
     /* Empty small segments give their pages back before the pool grows. */
     gmr__st_small_reclaim(t, false);
     got = gmr__st_collect_free(t, need, sidx, whole);
@@ -320,6 +356,7 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, st_range_t **o
     return err;
   }
   if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
+  r->grows = grows;
   gmr__st_range_own(t, r);
   *out = r;
   return 0;
@@ -385,33 +422,36 @@ static int alloc_large(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
     st_cache_remove(t, r);
     gmr__st_range_own(t, r);
   }
+  bool grows = false;
+  if (r == NULL && (r = gmr__st_cache_resize(t, len, sidx, &grows)) != NULL) {
+    st_cache_remove(t, r); /* see Note [Resizing] (ranges.c) */
+    gmr__st_range_own(t, r);
+    ++t->st.resizes;
+  }
   if (r != NULL) {
     large_hit(t, r);
   } else {
-    if (gmr__backend_stream_capturing(t->base.backend, s) != 0) { /* see Note [Graph capture] */
-      char want[32];
-      gmr__format_size(len, want, sizeof want);
-      return gmr__error_set(GMR_ENOTSUP,
-                            "stitch: refusing to map %s on stream %p while it is captured into a "
-                            "CUDA graph (no cached range fits); capture after a warm-up step, "
-                            "or use the caching policy for captured graphs",
-                            want, s);
-    }
+    /* see Note [Graph capture] */
+    t->capturing = gmr__backend_stream_capturing(t->base.backend, s) != 0;
     ++t->st.misses;
     gmr__st_cache_miss(t, len, sidx);
-    int err = large_stitch(t, len, sidx, &r);
+    int err = large_stitch(t, len, sidx, grows, &r);
     if (err == GMR_ENOMEM) {
       ++t->st.retries;
       fronts_flush(t, false);
-      pending_process(t, true);
-      gmr__st_small_reclaim(t, true);
+      if (!t->capturing) { /* no wait during a capture */
+        pending_process(t, true);
+        gmr__st_small_reclaim(t, true);
+      }
       gmr__st_evict(t, 0, 0, true);
-      err = large_stitch(t, len, sidx, &r);
+      err = large_stitch(t, len, sidx, grows, &r);
     }
+    t->capturing = false;
     if (err == 0) r->tick = ++t->tick;
     if (err == GMR_ENOMEM) return gmr__st_report_oom(t, len, s, gmr__error_last());
     if (err != 0) return err;
   }
+  r->sidx = sidx; /* a cached range may have served another stream's block */
   large_out(t, r, size, out);
   return 0;
 }
@@ -423,8 +463,10 @@ static int alloc_small(stitch_t *t, size_t size, uint32_t sidx, gmr_stream_t s, 
   if (err == GMR_ENOMEM) {
     ++t->st.retries;
     fronts_flush(t, false);
-    pending_process(t, true);
-    gmr__st_small_reclaim(t, true);
+    if (gmr__backend_stream_capturing(t->base.backend, s) == 0) { /* see Note [Graph capture] */
+      pending_process(t, true);
+      gmr__st_small_reclaim(t, true);
+    }
     gmr__st_evict(t, 0, 0, true);
     err = gmr__st_small_alloc(t, len, size, sidx, &b);
     if (err == GMR_ENOMEM) return gmr__st_report_oom(t, len, s, gmr__error_last());
@@ -713,7 +755,10 @@ static int st_record_stream(gmr_policy_t *self, const gmr_block_t *blk, gmr_stre
 static int trim_locked(stitch_t *t) {
   pending_process(t, true);
   int err = gmr__st_small_reclaim(t, true);
+  bool in_pool = t->in_pool; /* a pool is trimmed once no graph uses it: Note [Graph capture] */
+  t->in_pool = false;
   int e = gmr__st_evict(t, 0, 0, true);
+  t->in_pool = in_pool;
   if (err == 0) err = e;
   for (int m = 0; m < 2; ++m) {
     uint32_t id = t->free_head[m];
@@ -790,6 +835,7 @@ static int st_create(const void *opts, gmr_backend_t *be, const gmr_policy_cfg_t
   size_t dfree = 0, dtotal = 0;
   if (gmr__backend_mem_info(be, &dfree, &dtotal) != 0 || dtotal == 0) dtotal = (size_t)80 << 30;
   t->device_total = gmr__align_up(dtotal, t->P);
+  t->in_pool = gmr__gate_keeps_space(be); /* see Note [Graph capture] */
   t->last_stream = UINT32_MAX;
   if (gmr__lock_init(&t->lock) != 0 || gmr__st_pages_init(t) != 0) {
     gmr__free(t);
