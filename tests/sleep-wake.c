@@ -6,6 +6,7 @@
  * that fails each device call of a sleep and of a wake in turn, and nothing
  * left on the device at the end. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -356,6 +357,77 @@ static void sweep_under(const char *yaml) {
   }
 }
 
+/* Regions are per thread: two threads, two tags, one runtime. */
+typedef struct region_thread_s {
+  gmr_runtime_t *rt;
+  const char *tag;
+  void *p[64];
+  int failures;
+} region_thread_t;
+
+static void *region_thread(void *ud) {
+  region_thread_t *t = ud;
+  if (gmr_region_begin(t->rt, t->tag) != 0) ++t->failures;
+  for (int i = 0; i < 64; ++i) {
+    if (gmr_alloc(t->rt, 1000 + 4096 * (size_t)i, GMR_SIM_STREAM(0), &t->p[i]) != 0) {
+      t->p[i] = NULL;
+      ++t->failures;
+    }
+    if (strcmp(gmr_region_current(t->rt), t->tag) != 0) ++t->failures;
+  }
+  gmr_region_end(t->rt);
+  return NULL;
+}
+
+static void threads_and_graphs(void) {
+  diag("regions on two threads; a graph's pool routed into a tag");
+  gmr_runtime_t *rt = sim_runtime(policies[0], 1024 * MiB, 1);
+  if (!ok(rt != NULL, "  a runtime")) return;
+  region_thread_t t[2] = {{.rt = rt, .tag = "left"}, {.rt = rt, .tag = "right"}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; ++i)
+    pthread_create(&th[i], NULL, region_thread, &t[i]);
+  for (int i = 0; i < 2; ++i)
+    pthread_join(th[i], NULL);
+  int misplaced = 0;
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 64; ++k) {
+      gmr_pool_t *pool = NULL;
+      if (t[i].p[k] == NULL || gmr_pool_of(rt, t[i].p[k], &pool) != 0 || pool == NULL ||
+          gmr_pool_id(pool) != info(rt, t[i].tag).pool_id)
+        ++misplaced;
+    }
+  ok(t[0].failures == 0 && t[1].failures == 0 && misplaced == 0,
+     "  each thread's blocks are in its own tag (%d misplaced)", misplaced);
+  ok(gmr_region_current(rt) == NULL, "  the main thread has no region");
+  ok(gmr_sleep(rt, "left", GMR_SLEEP_OFFLOAD) == 0 && !info(rt, "right").asleep,
+     "  one tag sleeps, the other stays awake");
+  ok(gmr_wake(rt, "left") == 0 && gmr_check(rt) == 0, "  and wakes");
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 64; ++k)
+      gmr_free(rt, t[i].p[k]);
+  /* A CUDA graph's allocations, routed to the tag's pool during capture. */
+  gmr_pool_t *tp = NULL;
+  ok(gmr_tag_pool(rt, "graph", &tp) == 0 && gmr_pool_id(tp) == info(rt, "graph").pool_id,
+     "  gmr_tag_pool gives the tag's pool");
+  void *g = NULL;
+  gmr_capture_begin(rt);
+  gmr_pool_begin(tp, GMR_SIM_STREAM(5));
+  int rc = gmr_alloc(rt, 3 * MiB, GMR_SIM_STREAM(5), &g);
+  gmr_pool_end(tp, GMR_SIM_STREAM(5));
+  is_int(gmr_sleep(rt, "graph", GMR_SLEEP_OFFLOAD), GMR_EBUSY, "  no sleep during a capture");
+  gmr_capture_end(rt);
+  ok(rc == 0, "  a captured allocation in the tag");
+  if (rc == 0) fill(g, 3 * MiB, 99);
+  ok(gmr_sleep(rt, "graph", GMR_SLEEP_OFFLOAD) == 0 && gmr_wake(rt, "graph") == 0 && rc == 0 &&
+         same(g, 3 * MiB, 99),
+     "  the graph's memory sleeps and wakes with its contents");
+  gmr_free(rt, g);
+  gmr_empty_cache(rt);
+  is_u64(in_use(rt), 0, "  nothing left");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   /* 100 cycles where pages are mapped (stitch, expandable segments); the
    * others reserve whole segments (bfc a large region), copied each time. */
@@ -364,6 +436,7 @@ int main(void) {
   states();
   short_memory();
   caps();
+  threads_and_graphs();
   sweep_under(policies[0]);
   sweep_under(policies[1]);
   sweep_under(policies[2]);
