@@ -84,6 +84,10 @@ typedef struct sleep_face_s {
   sw_page_t *pages;
   uint64_t mapped, sleeping, offloaded, nranges, nsleeping;
   uint64_t sleeps, wakes;
+  /* Offload: one pinned buffer per sleep, shared by the ranges' copies
+   * (one host allocation instead of one per range), freed with its last. */
+  unsigned char *host_buf;
+  size_t host_buf_size, host_refs;
 } sleep_face_t;
 
 static inline sleep_face_t *sf_of(gmr_backend_t *be) {
@@ -140,6 +144,18 @@ static bool page_gone(const sw_page_t *p) {
   return p->released && p->nranges == 0;
 }
 
+/* r's host copy goes; the buffer with the last copy in it. */
+static void host_unref(sleep_face_t *f, sw_range_t *r) {
+  if (r->host == NULL) return;
+  r->host = NULL;
+  f->offloaded -= r->size;
+  if (--f->host_refs == 0) {
+    gmr__backend_host_free(f->real, f->host_buf, f->host_buf_size);
+    f->host_buf = NULL;
+    f->host_buf_size = 0;
+  }
+}
+
 /* Forget r (its memory is gone, or was given back); its host copy goes. */
 static void range_drop(sleep_face_t *f, sw_range_t *r) {
   (void)gmr__avl_erase(&f->by_addr, r->addr);
@@ -153,10 +169,7 @@ static void range_drop(sleep_face_t *f, sw_range_t *r) {
     f->mapped -= range_bytes(r);
   }
   --f->nranges;
-  if (r->host != NULL) {
-    gmr__backend_host_free(f->real, r->host, r->size);
-    f->offloaded -= r->size;
-  }
+  host_unref(f, r);
   sw_page_t *p = r->page;
   if (p != NULL && --p->nranges == 0 && p->released) page_drop(f, p); /* out of the figures */
   gmr__free(r);
@@ -447,24 +460,33 @@ static size_t range_contents(const sw_range_t *r) {
 /* Give back the host copies made by a sleep that failed before unmapping. */
 static void copies_drop(sleep_face_t *f) {
   for (sw_range_t *r = f->ranges; r != NULL; r = r->next)
-    if (!r->asleep && r->host != NULL) {
-      gmr__backend_host_free(f->real, r->host, r->size);
-      f->offloaded -= r->size;
-      r->host = NULL;
-    }
+    if (!r->asleep) host_unref(f, r);
 }
 
+#define HOST_ALIGN 256 /* each range's copy starts on its own 256 bytes */
+
 static int offload(sleep_face_t *f, gmr_stream_t s) {
-  int err = 0;
+  size_t total = 0;
+  for (sw_range_t *r = f->ranges; r != NULL; r = r->next)
+    if (!r->asleep && range_contents(r) > 0) total += gmr__align_up(r->size, HOST_ALIGN);
+  if (total == 0) return 0;
+  if (f->host_buf != NULL) /* a sleep that failed part-way kept copies: none shares theirs */
+    return gmr__error_set(GMR_EBUSY, "ranges still keep host copies of a sleep that failed "
+                                     "part-way: wake first");
+  void *buf = NULL;
+  int err = gmr__backend_host_alloc(f->real, total, &buf);
+  if (err != 0) return err;
+  f->host_buf = buf;
+  f->host_buf_size = total;
+  size_t at = 0;
   for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next) {
     size_t n = range_contents(r);
     if (r->asleep || n == 0) continue;
-    void *host = NULL;
-    err = gmr__backend_host_alloc(f->real, r->size, &host);
-    if (err != 0) break;
-    r->host = host;
+    r->host = f->host_buf + at;
+    at += gmr__align_up(r->size, HOST_ALIGN);
+    ++f->host_refs;
     f->offloaded += r->size;
-    err = gmr__backend_copy_to_host(f->real, host, (const void *)r->addr, n, s);
+    err = gmr__backend_copy_to_host(f->real, r->host, (const void *)r->addr, n, s);
   }
   if (err == 0) err = gmr__backend_stream_sync(f->real, s);
   if (err != 0) copies_drop(f);
@@ -582,11 +604,7 @@ int gmr__sleep_face_wake(gmr_backend_t *be, gmr_stream_t s, uint64_t *taken) {
     f->sleeping -= range_bytes(r);
     f->mapped += range_bytes(r);
     *taken += range_bytes(r);
-    if (r->host != NULL) {
-      gmr__backend_host_free(f->real, r->host, r->size);
-      f->offloaded -= r->size;
-      r->host = NULL;
-    }
+    host_unref(f, r);
   }
   ++f->wakes;
   pthread_mutex_unlock(&f->lock);
@@ -668,6 +686,8 @@ int gmr__sleep_face_check(gmr_backend_t *be) {
            (unsigned long long)f->sleeping);
   SF_CHECK(offloaded == f->offloaded, "%llu bytes offloaded, %llu counted",
            (unsigned long long)offloaded, (unsigned long long)f->offloaded);
+  SF_CHECK((f->host_refs == 0) == (f->host_buf == NULL) && (offloaded == 0) == (f->host_refs == 0),
+           "the host buffer and the copies in it disagree");
 out:
   pthread_mutex_unlock(&f->lock);
   return err;

@@ -271,9 +271,10 @@ def main():
             gmr.sleep(name, mode="offload")
         torch.cuda.empty_cache()
         one = gmr.tag_info("a")["sleeping_bytes"]
-        free, total = torch.cuda.mem_get_info()
-        used = total - free
-        frac = (used + one + one // 2) / total  # one model fits, two do not
+        total = torch.cuda.mem_get_info()[1]
+        st = gmr.stats(0)
+        held = st["reserved_bytes"] - st["sleeping_bytes"]  # what gmr holds on the device now
+        frac = (held + one + one // 2) / total  # one model fits beside it, two do not
         torch.cuda.set_per_process_memory_fraction(frac)
         refused = None
         try:
