@@ -615,7 +615,8 @@ typedef struct gmr_sim_counters_s {
 
 /** Fail the k-th device call from now on (1: the next one); 0 disarms.  The
  * calls counted are those that can fail for lack of memory or address space:
- * reserve, map, virtual reserve, page create, page map and set access. */
+ * reserve, map, virtual reserve, page create, page map and set access, and
+ * those of sleep and wake: pinned host allocations and copies. */
 GMR_EXTERN int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k);
 /** Like gmr_sim_fail_nth, then fail every such call after it too, until
  * gmr_sim_fail_all(rt, 0): a retry after the failure fails as well. */
