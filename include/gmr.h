@@ -498,6 +498,73 @@ GMR_EXTERN int gmr_capture_begin(gmr_runtime_t *rt);
 GMR_EXTERN int gmr_capture_end(gmr_runtime_t *rt);
 
 /* ------------------------------------------------------------------------ */
+/* Tags, sleep and wake (docs/sleep-wake.md)                                 */
+
+/** Allocations made inside a tagged region go to the tag's own private pool
+ * (created by its first region, kept until the runtime is freed), whose
+ * device memory gmr_sleep gives back while every address stays reserved,
+ * and gmr_wake maps again at the same addresses: pointers, tensors, CUDA
+ * graphs and registrations stay valid.  Every policy can sleep: the tag's
+ * pool reserves all its memory through the device's virtual memory calls
+ * (so a backend without them refuses with GMR_ENOTSUP, and tagged memory
+ * cannot be shared by cudaIpcGetMemHandle). */
+#define GMR_TAG_MAX 63 /* bytes of a tag, without its NUL */
+
+/** Open a region of `tag` (1 to GMR_TAG_MAX bytes) on the calling thread:
+ * until the matching gmr_region_end, gmr_alloc on rt from this thread goes
+ * to the tag's pool (after any gmr_pool_begin route, which a CUDA graph
+ * capture uses).  Regions nest (the innermost wins), up to 32 per thread.
+ * @return 0, GMR_EINVAL, GMR_ENOMEM, GMR_ENOTSUP (the backend has no
+ * virtual memory calls) */
+GMR_EXTERN int gmr_region_begin(gmr_runtime_t *rt, const char *tag);
+/** Close the calling thread's innermost region on rt.
+ * @return 0, GMR_EINVAL (none is open) */
+GMR_EXTERN int gmr_region_end(gmr_runtime_t *rt);
+/** The tag of the calling thread's innermost region on rt, or NULL. */
+GMR_EXTERN const char *gmr_region_current(gmr_runtime_t *rt);
+
+#define GMR_SLEEP_OFFLOAD 1 /* copy the contents to pinned host memory first */
+#define GMR_SLEEP_DISCARD 2 /* give the memory back without copying */
+
+/** Put `tag` to sleep: wait for the device, release the tag's cached blocks,
+ * copy its mapped memory to pinned host memory (GMR_SLEEP_OFFLOAD), then
+ * unmap it and give it back, keeping its addresses.  Its bytes leave the
+ * runtime's caps and the shared cap at once.  While it sleeps an
+ * allocation in the tag fails with GMR_EBUSY and a free of one of its
+ * blocks is made at the wake.  A tag asleep already is left alone (0).
+ * @return 0, GMR_EINVAL (no such tag, bad mode), GMR_EBUSY (a CUDA graph
+ * is being captured), GMR_ENOTSUP (offload without device copies),
+ * GMR_ENOMEM (no host memory; nothing changed), GMR_EDEVICE */
+GMR_EXTERN int gmr_sleep(gmr_runtime_t *rt, const char *tag, int mode);
+/** Wake `tag`: empty the other caches, check that the device has the
+ * memory, charge the caps, map new memory at the same addresses and copy
+ * the offloaded contents back (stream-ordered, complete at the return).
+ * All or nothing: on failure the tag sleeps on with its contents kept.  An
+ * awake tag is left alone (0).  @return 0, GMR_EINVAL (no such tag),
+ * GMR_EBUSY (capture), GMR_ENOMEM (the memory is not there, or a cap
+ * refuses it: gmr_last_error says how much was needed and free),
+ * GMR_EDEVICE */
+GMR_EXTERN int gmr_wake(gmr_runtime_t *rt, const char *tag);
+
+/** One tag, as gmr_tag_info reports it. */
+typedef struct gmr_tag_info_s {
+  char tag[GMR_TAG_MAX + 1];
+  uint64_t pool_id;         /* its pool's gmr_pool_id */
+  int asleep;               /* 1 after gmr_sleep, 0 after gmr_wake */
+  int mode;                 /* asleep: GMR_SLEEP_*; else 0 */
+  uint64_t mapped_bytes;    /* device memory behind its ranges now */
+  uint64_t sleeping_bytes;  /* device memory given back, mapped again at wake */
+  uint64_t offloaded_bytes; /* pinned host memory holding its contents */
+  uint64_t sleeps, wakes;   /* accumulated */
+} gmr_tag_info_t;
+/** @return 0, GMR_EINVAL (NULL argument, or no such tag) */
+GMR_EXTERN int gmr_tag_info(gmr_runtime_t *rt, const char *tag, gmr_tag_info_t *out);
+/** The private pool of `tag` (created as by gmr_region_begin), for
+ * gmr_pool_begin (a CUDA graph captured into the tag) and gmr_alloc_in.  It
+ * lives as long as rt whatever its use count.  @return as gmr_region_begin */
+GMR_EXTERN int gmr_tag_pool(gmr_runtime_t *rt, const char *tag, gmr_pool_t **out);
+
+/* ------------------------------------------------------------------------ */
 /* Segments and the memory fraction                                          */
 
 #define GMR_SEGMENT_EXPANDABLE 1 /* grows by mapping pages into a reserved range */
@@ -548,7 +615,8 @@ typedef struct gmr_sim_counters_s {
 
 /** Fail the k-th device call from now on (1: the next one); 0 disarms.  The
  * calls counted are those that can fail for lack of memory or address space:
- * reserve, map, virtual reserve, page create, page map and set access. */
+ * reserve, map, virtual reserve, page create, page map and set access, and
+ * those of sleep and wake: pinned host allocations and copies. */
 GMR_EXTERN int gmr_sim_fail_nth(gmr_runtime_t *rt, uint64_t k);
 /** Like gmr_sim_fail_nth, then fail every such call after it too, until
  * gmr_sim_fail_all(rt, 0): a retry after the failure fails as well. */

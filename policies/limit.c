@@ -608,6 +608,28 @@ static int limit_charge(gmr_policy_t *self, int64_t bytes) {
   return 0;
 }
 
+/* Sleep and wake (counts: reserved): memory a sleep gave back below the
+ * capped backend leaves the cap, and the shared cap, at once (the other
+ * processes may use it); a wake takes it again first, and is refused with
+ * the cap's sentence when it no longer fits.  Forced (the pool goes while
+ * asleep), the bytes are counted back whatever the cap, for the releases
+ * that follow. */
+static int limit_sleep_charge(gmr_policy_t *self, int64_t bytes, bool force) {
+  limit_t *l = (limit_t *)self;
+  if (l->counts != LIMIT_COUNTS_RESERVED || bytes == 0) return 0;
+  if (bytes < 0) {
+    lbe_give(l->lbe, (uint64_t)(-(bytes + 1)) + 1);
+    return 0;
+  }
+  uint64_t n = (uint64_t)bytes;
+  if (!force) return lbe_take(l->lbe, n);
+  atomic_fetch_add(&l->lbe->held, n);
+  if (l->lbe->shared != NULL)
+    (void)gmr__scap_reserve(l->lbe->shared, n); /* a refusal: the
+                                                  releases clamp */
+  return 0;
+}
+
 static void limit_set_exclusive(gmr_policy_t *self, int exclusive) {
   gmr__policy_set_exclusive(self->upstream, exclusive);
 }
@@ -815,6 +837,7 @@ const gmr_policy_ops_t gmr__limit_policy = {
     .record_stream = limit_record_stream,
     .trim = limit_trim,
     .charge = limit_charge,
+    .sleep_charge = limit_sleep_charge,
     .set_exclusive = limit_set_exclusive,
     .set_fraction = limit_set_fraction,
     .stats = limit_stats,

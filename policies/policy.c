@@ -85,6 +85,18 @@ int gmr__policy_charge(gmr_policy_t *p, int64_t bytes) {
   return gmr__policy_tag(p, err);
 }
 
+int gmr__policy_sleep_charge(gmr_policy_t *p, int64_t bytes, bool force) {
+  for (gmr_policy_t *q = p; q != NULL; q = q->upstream) {
+    if (q->ops->sleep_charge == NULL) continue;
+    int err = q->ops->sleep_charge(q, bytes, force);
+    if (err == 0) continue;
+    for (gmr_policy_t *u = p; u != q; u = u->upstream)
+      if (u->ops->sleep_charge != NULL) (void)u->ops->sleep_charge(u, -bytes, true);
+    return gmr__policy_tag(p, err);
+  }
+  return 0;
+}
+
 void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive) {
   if (p->ops->set_exclusive == NULL) return;
   gmr__policy_lock(p);

@@ -124,6 +124,14 @@ typedef struct gmr_policy_ops_s {
    * NULL: the policy's whole-state ops need nothing stopped. */
   void (*quiesce)(gmr_policy_t *self);
   void (*resume)(gmr_policy_t *self);
+  /* Sleep and wake (docs/sleep-wake.md): `bytes` of device memory the
+   * policy holds were given back by a sleep (negative) or are about to be
+   * mapped again by a wake (positive), below the policy's backend, which
+   * never saw it.  A wake's charge may be refused (GMR_ENOMEM, nothing
+   * counted) unless `force` (the pool goes: its memory is counted back in
+   * whatever the cap, so that the releases that follow balance).  NULL:
+   * nothing to count (a cap on allocated bytes is not changed by sleep). */
+  int (*sleep_charge)(gmr_policy_t *self, int64_t bytes, bool force);
 } gmr_policy_ops_t;
 
 /* The first member of every policy instance.  The policy's create sets
@@ -237,6 +245,9 @@ GMR_POLICY_INLINE int gmr__policy_record_stream(gmr_policy_t *p, const gmr_block
 
 /* Empty slot: nothing to enforce, every charge is accepted (0). */
 int gmr__policy_charge(gmr_policy_t *p, int64_t bytes);
+/* sleep_charge on p and every policy under it that has the slot; a refusal
+ * undoes what the others counted. */
+int gmr__policy_sleep_charge(gmr_policy_t *p, int64_t bytes, bool force);
 /* Empty slot: the policy never waits for other threads. */
 void gmr__policy_set_exclusive(gmr_policy_t *p, int exclusive);
 /* Quiesced.  Empty slot: nothing to do (the gate enforces the fraction). */

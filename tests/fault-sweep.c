@@ -15,7 +15,8 @@
  *   - under AddressSanitizer, no host memory leaks.
  * The trace (GMR_SWEEP_EVENTS events, default 600, seeded) mixes small and
  * large sizes on three streams, record_stream and empty_cache, and frees
- * everything at its end. */
+ * everything at its end.  The same sweep across gmr_sleep and gmr_wake,
+ * failing each of their device calls in turn, is tests/sleep-wake.c's. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>

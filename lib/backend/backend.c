@@ -170,6 +170,36 @@ uint64_t gmr__backend_now_ns(gmr_backend_t *be) {
   return be->ops->now_ns(be);
 }
 
+int gmr__backend_host_alloc(gmr_backend_t *be, size_t size, void **out) {
+  if (be->ops->host_alloc == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot allocate pinned host memory",
+                          be->ops->name);
+  void *p = NULL;
+  int err = be->ops->host_alloc(be, size, &p);
+  if (err == 0) *out = p;
+  return err;
+}
+
+void gmr__backend_host_free(gmr_backend_t *be, void *p, size_t size) {
+  if (p != NULL && be->ops->host_free != NULL) be->ops->host_free(be, p, size);
+}
+
+int gmr__backend_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                              gmr_stream_t s) {
+  if (be->ops->copy_to_host == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot copy device memory to the host",
+                          be->ops->name);
+  return be->ops->copy_to_host(be, dst, src, size, s);
+}
+
+int gmr__backend_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                                gmr_stream_t s) {
+  if (be->ops->copy_to_device == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot copy host memory to the device",
+                          be->ops->name);
+  return be->ops->copy_to_device(be, dst, src, size, s);
+}
+
 void gmr__backend_counters_reset_peak(gmr_backend_t *be) {
   atomic_store(&be->counters.peak_reserved_bytes, atomic_load(&be->counters.reserved_bytes));
   atomic_store(&be->counters.peak_segments, atomic_load(&be->counters.segments));

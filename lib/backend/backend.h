@@ -81,6 +81,15 @@ typedef struct gmr_backend_ops_s {
   int (*device_sync)(gmr_backend_t *self);
   uint64_t (*now_ns)(gmr_backend_t *self);
   void (*destroy)(gmr_backend_t *self);
+  /* Pinned host memory (cuMemHostAlloc / cuMemFreeHost) and copies between
+   * it and mapped device memory, queued on stream s (cuMemcpyDtoHAsync,
+   * cuMemcpyHtoDAsync): the copy is complete once s is synchronized.  For
+   * sleep and wake (lib/backend/sleep.c); NULL: unsupported. */
+  int (*host_alloc)(gmr_backend_t *self, size_t size, void **out);
+  void (*host_free)(gmr_backend_t *self, void *p, size_t size);
+  int (*copy_to_host)(gmr_backend_t *self, void *dst, const void *src, size_t size, gmr_stream_t s);
+  int (*copy_to_device)(gmr_backend_t *self, void *dst, const void *src, size_t size,
+                        gmr_stream_t s);
 } gmr_backend_ops_t;
 
 /* Device-level counters, kept by the wrappers for every backend (see
@@ -146,6 +155,17 @@ static inline bool gmr__backend_has_vmm(const gmr_backend_t *be) {
   return be->ops->va_reserve != NULL && be->ops->map != NULL;
 }
 void gmr__backend_counters_reset_peak(gmr_backend_t *be);
+/* Pinned host memory and copies (GMR_ENOTSUP when the backend has none). */
+int gmr__backend_host_alloc(gmr_backend_t *be, size_t size, void **out);
+void gmr__backend_host_free(gmr_backend_t *be, void *p, size_t size);
+int gmr__backend_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                              gmr_stream_t s);
+int gmr__backend_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                                gmr_stream_t s);
+static inline bool gmr__backend_has_copies(const gmr_backend_t *be) {
+  return be->ops->host_alloc != NULL && be->ops->copy_to_host != NULL &&
+         be->ops->copy_to_device != NULL;
+}
 
 void gmr__backend_counters_reset_accumulated(gmr_backend_t *be);
 

@@ -340,6 +340,45 @@ static int cuda_device_sync(gmr_backend_t *be) {
   return e == cudaSuccess ? 0 : cuda_fail(e, "cudaDeviceSynchronize");
 }
 
+/* Pinned host memory and copies for sleep and wake (backend.h): the CUDA
+ * runtime's cudaHostAlloc and cudaMemcpyAsync, which are cuMemHostAlloc and
+ * cuMemcpy{DtoH,HtoD}Async on the primary context. */
+static int cuda_host_alloc(gmr_backend_t *be, size_t size, void **out) {
+  int prev, err = use_device(cuda_of(be), &prev);
+  if (err != 0) return err;
+  void *p = NULL;
+  cudaError_t e = cudaHostAlloc(&p, size, cudaHostAllocPortable);
+  restore_device(prev);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaHostAlloc");
+  *out = p;
+  return 0;
+}
+
+static void cuda_host_free(gmr_backend_t *be, void *p, size_t size) {
+  (void)be;
+  (void)size;
+  if (cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+}
+
+static int cuda_copy(gmr_backend_t *be, void *dst, const void *src, size_t size, gmr_stream_t s,
+                     enum cudaMemcpyKind kind, const char *what) {
+  int prev, err = use_device(cuda_of(be), &prev);
+  if (err != 0) return err;
+  cudaError_t e = cudaMemcpyAsync(dst, src, size, kind, (cudaStream_t)s);
+  restore_device(prev);
+  return e == cudaSuccess ? 0 : cuda_fail(e, what);
+}
+
+static int cuda_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                             gmr_stream_t s) {
+  return cuda_copy(be, dst, src, size, s, cudaMemcpyDeviceToHost, "cudaMemcpyAsync to the host");
+}
+
+static int cuda_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                               gmr_stream_t s) {
+  return cuda_copy(be, dst, src, size, s, cudaMemcpyHostToDevice, "cudaMemcpyAsync to the device");
+}
+
 static uint64_t cuda_now_ns(gmr_backend_t *be) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -374,6 +413,10 @@ static const gmr_backend_ops_t cuda_ops = {
     .device_sync = cuda_device_sync,
     .now_ns = cuda_now_ns,
     .destroy = cuda_destroy,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_to_host = cuda_copy_to_host,
+    .copy_to_device = cuda_copy_to_device,
 };
 
 /* The same ops without the virtual memory calls, when the driver lacks them. */
@@ -392,6 +435,10 @@ static const gmr_backend_ops_t cuda_ops_novmm = {
     .device_sync = cuda_device_sync,
     .now_ns = cuda_now_ns,
     .destroy = cuda_destroy,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_to_host = cuda_copy_to_host,
+    .copy_to_device = cuda_copy_to_device,
 };
 
 static bool entry(const char *name, void **fn) {

@@ -360,6 +360,26 @@ static uint64_t gate_now_ns(gmr_backend_t *be) {
   return dev->ops->now_ns(dev);
 }
 
+/* Host memory and copies (sleep and wake): stream work, forwarded. */
+static int gate_host_alloc(gmr_backend_t *be, size_t size, void **out) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->host_alloc(dev, size, out);
+}
+static void gate_host_free(gmr_backend_t *be, void *p, size_t size) {
+  gmr_backend_t *dev = dev_of(be);
+  dev->ops->host_free(dev, p, size);
+}
+static int gate_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                             gmr_stream_t s) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->copy_to_host(dev, dst, src, size, s);
+}
+static int gate_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                               gmr_stream_t s) {
+  gmr_backend_t *dev = dev_of(be);
+  return dev->ops->copy_to_device(dev, dst, src, size, s);
+}
+
 static void state_free(gate_state_t *st) {
   for (gate_event_t *ge = st->events, *next; ge != NULL; ge = next) {
     next = ge->next;
@@ -426,6 +446,10 @@ static int face_new(gate_state_t *st, bool owner, gmr_backend_t **out) {
   GATE_SLOT(stream_sync, gate_stream_sync);
   GATE_SLOT(device_sync, gate_device_sync);
   GATE_SLOT(now_ns, gate_now_ns);
+  GATE_SLOT(host_alloc, gate_host_alloc);
+  GATE_SLOT(host_free, gate_host_free);
+  GATE_SLOT(copy_to_host, gate_copy_to_host);
+  GATE_SLOT(copy_to_device, gate_copy_to_device);
   g->ops.destroy = gate_destroy;
   g->base.ops = &g->ops;
   g->base.granularity = st->device->granularity;

@@ -63,6 +63,7 @@
  */
 
 static bool use_pending(gmr_sim_t *sim, uintptr_t a, size_t size);
+static bool covers_locked(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token);
 
 static int live_missing(sim_kind_t kind, uintptr_t a, size_t size);
 
@@ -599,6 +600,63 @@ static uint64_t sim_now_ns(gmr_backend_t *be) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ---- host memory and copies (sleep and wake) ----------------------------------- */
+
+/* Note [Simulated copies]
+ * Pinned host memory is plain host memory; a copy is a memcpy when the
+ * device is host-backed (its addresses are host addresses), and checks that
+ * the device side is memory a kernel could touch (gmr__sim_covers) in
+ * either mode, so a copy from an unmapped range fails as CUDA's would.  Host
+ * allocations and copies follow the fault schedule (gmr_sim_fail_nth), so
+ * a sweep can fail each of them; the copies are done when issued (the
+ * stream's sync has nothing left to wait for). */
+static int sim_host_alloc(gmr_backend_t *be, size_t size, void **out) {
+  gmr_sim_t *sim = sim_of(be);
+  gmr__lock(&sim->lock);
+  int err = sim_check_schedule(sim, size, "pinned host allocation");
+  gmr__unlock(&sim->lock);
+  if (err != 0) return err;
+  void *p = gmr__malloc(size ? size : 1);
+  if (p == NULL)
+    return gmr__error_set(GMR_ENOMEM, "simulated device: no host memory for %zu pinned bytes",
+                          size);
+  *out = p;
+  return 0;
+}
+
+static void sim_host_free(gmr_backend_t *be, void *p, size_t size) {
+  (void)be;
+  (void)size;
+  gmr__free(p);
+}
+
+static int sim_copy(gmr_backend_t *be, void *dst, const void *src, size_t size, bool to_host) {
+  gmr_sim_t *sim = sim_of(be);
+  const void *dev = to_host ? src : dst;
+  uint64_t token;
+  gmr__lock(&sim->lock);
+  int err = sim_check_schedule(sim, size, to_host ? "copy to the host" : "copy to the device");
+  if (err == 0 && !covers_locked(sim, dev, size, &token))
+    err = gmr__error_set(GMR_EINVAL,
+                         "simulated device: copy of %zu bytes at %p: not mapped device memory",
+                         size, dev);
+  if (err == 0 && sim->host_backed) memcpy(dst, src, size);
+  gmr__unlock(&sim->lock);
+  return err;
+}
+
+static int sim_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                            gmr_stream_t s) {
+  (void)s;
+  return sim_copy(be, dst, src, size, true);
+}
+
+static int sim_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                              gmr_stream_t s) {
+  (void)s;
+  return sim_copy(be, dst, src, size, false);
+}
+
 static void free_reserved(gmr_avl_node_t *n, void *ud) {
   gmr__sim_host_give(ud, (void *)(uintptr_t)n->key, n->val);
 }
@@ -650,6 +708,10 @@ static const gmr_backend_ops_t sim_ops = {
     .device_sync = sim_device_sync,
     .now_ns = sim_now_ns,
     .destroy = sim_destroy,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
+    .copy_to_host = sim_copy_to_host,
+    .copy_to_device = sim_copy_to_device,
 };
 
 int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out) {
@@ -780,12 +842,12 @@ int gmr__sim_stream_complete(gmr_sim_t *sim, gmr_stream_t s) {
   return st ? 0 : GMR_ENOMEM;
 }
 
-bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token) {
+/* gmr__sim_covers with the lock held. */
+static bool covers_locked(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token) {
   uintptr_t a = (uintptr_t)ptr;
   *token = 0;
   if (size == 0 || a + size < a) return false;
   const uintptr_t end = a + size;
-  gmr__lock(&sim->lock);
   bool ok;
   if (sim->host_backed) {
     gmr_avl_node_t *r = gmr__avl_floor(&sim->reserved, a);
@@ -809,6 +871,12 @@ bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *tok
     at = m->key + m->val;
     ok = at >= end;
   }
+  return ok;
+}
+
+bool gmr__sim_covers(gmr_sim_t *sim, const void *ptr, size_t size, uint64_t *token) {
+  gmr__lock(&sim->lock);
+  bool ok = covers_locked(sim, ptr, size, token);
   gmr__unlock(&sim->lock);
   return ok;
 }

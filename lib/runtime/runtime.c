@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backend/gate.h"
+#include "backend/sleep.h"
 #include "core/config-env.h"
 #include "core/internal.h"
 #include "core/lock.h"
@@ -171,10 +172,26 @@ struct gmr_runtime_s {
   gmr_stats_t retired;
   struct stat_vec_s *retired_named;
   _Atomic bool retired_any;
+  /* Tagged pools (Note [Tags]): the tag, the sleepable face under the
+   * recording layer, whether asleep and how (GMR_SLEEP_*), and the frees
+   * made while asleep (under the parent's `lock`).  The parent's
+   * `sleep_lock` serializes gmr_sleep and gmr_wake. */
+  char *tag;
+  gmr_backend_t *sleep_face;
+  _Atomic int asleep;
+  int sleep_mode;
+  void **deferred;
+  size_t ndeferred, capdeferred;
+  gmr_lock_t sleep_lock;
   /* gmr_history_enable's, and the pools' (children, routes, uses). */
   _Alignas(CACHE_LINE) gmr_lock_t lock;
   map_shard_t shards[MAP_SHARDS];
 };
+
+/* Tagged pools (Note [Tags]), defined with the sleep and wake mechanics. */
+static void sleep_count_back(gmr_runtime_t *c);
+static int sleep_check(gmr_runtime_t *c);
+static int stat_emit_tags(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud);
 
 /* Multiplicative hashing, then the high half folded into the low one: the
  * shard comes from the top bits and the slot from the low bits, and block
@@ -340,10 +357,15 @@ static int snapshot_at_end(gmr_runtime_t *rt) {
  * pool of parent (dev NULL: the parent's gate and device are borrowed; no
  * trace, no GMR_HISTORY or GMR_SNAPSHOT of its own). */
 static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device,
-                         gmr_runtime_t *parent, gmr_runtime_t **out) {
-  gmr_backend_t *gate = NULL, *be = NULL;
+                         gmr_runtime_t *parent, bool sleepable, gmr_runtime_t **out) {
+  gmr_backend_t *gate = NULL, *be = NULL, *face = NULL;
   int gate_err = parent != NULL ? gmr__gate_borrow(parent->gate, &gate) : gmr__gate_new(dev, &gate);
   if (gate_err != 0) return gate_err;
+  if (sleepable) { /* Note [Tags]: the pool's own device calls go through it */
+    int face_err = gmr__sleep_face_new(gate, &face);
+    if (face_err != 0) return face_err;
+    gate = face;
+  }
   int rec_err = gmr__recording_new(gate, &be);
   if (rec_err != 0) return rec_err;
   void *raw = gmr__calloc(1, sizeof(gmr_runtime_t) + CACHE_LINE - 1);
@@ -360,8 +382,13 @@ static int runtime_build(const gmr_config_t *cfg, gmr_backend_t *dev, int device
   rt->gate = parent != NULL ? parent->gate : gate;
   rt->parent = parent;
   rt->device = device;
+  rt->sleep_face = face;
   int err = GMR_ENOMEM;
   if (gmr__lock_init(&rt->lock) != 0) goto fail_lock;
+  if (gmr__lock_init(&rt->sleep_lock) != 0) {
+    gmr__lock_destroy(&rt->lock);
+    goto fail_lock;
+  }
   for (int k = 0; k < MAP_SHARDS; ++k) {
     gmr__spin_init(&rt->shards[k].lock);
     rt->shards[k].slots = map_none;
@@ -410,6 +437,7 @@ fail_trace:
   gmr_config_free(rt->cfg);
   gmr__policy_destroy(rt->policy);
 fail_policy:
+  gmr__lock_destroy(&rt->sleep_lock);
   gmr__lock_destroy(&rt->lock);
 fail_lock:
   gmr__backend_free(be);
@@ -444,7 +472,7 @@ int gmr_runtime_new(const gmr_config_t *cfg, int device, gmr_runtime_t **out) {
     err = gmr__sim_backend_new_on(&o, device, &be);
   }
   if (err != 0) return err;
-  return runtime_build(cfg, be, device, NULL, out);
+  return runtime_build(cfg, be, device, NULL, false, out);
 }
 
 int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
@@ -462,7 +490,7 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
   gmr_backend_t *be = NULL;
   int err = gmr__sim_backend_new(&o, &be);
   if (err != 0) return err;
-  return runtime_build(cfg, be, 0, NULL, out);
+  return runtime_build(cfg, be, 0, NULL, false, out);
 }
 
 static void pool_retire(gmr_runtime_t *rt, gmr_runtime_t *c);
@@ -491,6 +519,7 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
              "runtime (%s on %s) freed with %zu live allocation%s (%zu bytes requested); "
              "their device memory is released",
              rt->policy_name, rt->backend->ops->name, live, live == 1 ? "" : "s", bytes);
+  if (rt->sleep_face != NULL) sleep_count_back(rt); /* Note [Tags] */
   gmr__policy_destroy(rt->policy);
   if (err == 0)
     err = gmr__trace_close(rt->trace);
@@ -501,6 +530,9 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
   retired_free(rt);
   gmr__free(rt->snapshot_path);
   gmr_config_free(rt->cfg);
+  gmr__free(rt->tag);
+  gmr__free(rt->deferred);
+  gmr__lock_destroy(&rt->sleep_lock);
   gmr__lock_destroy(&rt->lock);
   gmr__free(rt->raw);
   return err;
@@ -605,6 +637,21 @@ static RUNTIME_COLD int bad_pointer(gmr_runtime_t *rt, const char *fn, void *ptr
 
 /* ---- private pools: routing (Note [Pools]) ------------------------------------ */
 
+/* The thread's open regions (gmr_region_begin), innermost last: Note [Tags]. */
+#define REGION_DEPTH 32
+typedef struct region_s {
+  gmr_runtime_t *rt, *child;
+} region_t;
+static _Thread_local region_t tl_regions[REGION_DEPTH];
+static _Thread_local int tl_depth;
+
+/* The tag pool of the thread's innermost region on rt, or NULL. */
+static gmr_runtime_t *region_child(gmr_runtime_t *rt) {
+  for (int i = tl_depth; i-- > 0;)
+    if (tl_regions[i].rt == rt) return tl_regions[i].child;
+  return NULL;
+}
+
 static inline bool has_pools(gmr_runtime_t *rt) {
   return (atomic_load_explicit(&rt->slow, memory_order_acquire) & RUNTIME_SLOW_POOLS) != 0;
 }
@@ -640,6 +687,13 @@ static RUNTIME_COLD uint64_t policy_reserved(gmr_runtime_t *rt) {
  * private pool's request (Note [One retry]). */
 static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, size_t size,
                                        gmr_stream_t s, void **out_ptr) {
+  if (child->sleep_face != NULL && atomic_load(&child->asleep)) {
+    atomic_fetch_sub(&child->busy, 1);
+    return fail(rt, gmr__error_set(GMR_EBUSY,
+                                   "gmr_alloc: tag '%s' is asleep: gmr_wake it before allocating "
+                                   "in it",
+                                   child->tag));
+  }
   int err = gmr_alloc(child, size, s, out_ptr);
   if (err == GMR_ENOMEM) {
     uint64_t released = 0, before = policy_reserved(rt);
@@ -670,9 +724,16 @@ static RUNTIME_COLD gmr_runtime_t *child_holding(gmr_runtime_t *rt, const void *
 }
 
 /* gmr_free of a pointer the parent's map does not hold. */
+static int free_deferred(gmr_runtime_t *rt, gmr_runtime_t *child, void *ptr);
+
 static RUNTIME_COLD int free_in_child(gmr_runtime_t *rt, void *ptr) {
   gmr_runtime_t *child = child_holding(rt, ptr);
   if (child == NULL) return bad_pointer(rt, "gmr_free", ptr);
+  if (child->sleep_face != NULL && atomic_load(&child->asleep)) {
+    int derr = free_deferred(rt, child, ptr);
+    atomic_fetch_sub(&child->busy, 1);
+    return derr;
+  }
   int err = gmr_free(child, ptr);
   atomic_fetch_sub(&child->busy, 1);
   return err != 0 ? fail(rt, err) : 0;
@@ -686,6 +747,13 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   if (atomic_load_explicit(&rt->nroutes, memory_order_acquire) != 0) {
     gmr_runtime_t *child = route_find(rt, s);
     if (child != NULL) return alloc_in_child(rt, child, size, s, out_ptr);
+  }
+  if (GMR_UNLIKELY(tl_depth > 0)) {
+    gmr_runtime_t *child = region_child(rt);
+    if (child != NULL) {
+      atomic_fetch_add(&child->busy, 1);
+      return alloc_in_child(rt, child, size, s, out_ptr);
+    }
   }
   gmr_history_t *hist = history_of(rt);
   gmr_block_t blk;
@@ -890,7 +958,7 @@ int gmr__runtime_pool_new(gmr_runtime_t *rt, gmr_runtime_t **out) {
   if (rt->parent != NULL)
     return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_pool_create: a pool has no pools of its own"));
   gmr_runtime_t *c = NULL;
-  int err = runtime_build(rt->cfg, NULL, rt->device, rt, &c);
+  int err = runtime_build(rt->cfg, NULL, rt->device, rt, false, &c);
   if (err != 0) return fail(rt, err);
   c->pool_id = atomic_fetch_add(&pool_ids, 1) + 1;
   c->pool_uses = 1;
@@ -1037,7 +1105,11 @@ static int pools_trim(gmr_runtime_t *rt, uint64_t *released) {
   uint64_t gave = 0;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t **pc = &rt->children, *c; (c = *pc) != NULL;) {
-    if (c->pool_uses > 0 || atomic_load(&c->busy) > 0) {
+    if (c->sleep_face != NULL && !atomic_load(&c->asleep)) { /* an awake tag's cache goes too */
+      int e = gmr__policy_trim(c->policy);
+      if (e != 0 && err == 0) err = e;
+    }
+    if (c->pool_uses > 0 || atomic_load(&c->busy) > 0 || c->tag != NULL) { /* tags stay */
       pc = &c->next_child;
       continue;
     }
@@ -1068,6 +1140,7 @@ static int pools_trim(gmr_runtime_t *rt, uint64_t *released) {
 }
 
 int gmr__runtime_pool_trim(gmr_runtime_t *c) {
+  if (c->sleep_face != NULL && atomic_load(&c->asleep)) return 0; /* its memory went at sleep */
   int err = gmr__policy_trim(c->policy);
   return err != 0 ? fail(c->parent, err) : 0;
 }
@@ -1364,15 +1437,19 @@ int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
     gmr__sb_free(&v.keys);
     gmr_stats_t st;
     gmr_stats(rt, &st);
-    return gmr__stats_foreach_common(&st, cb, ud); /* no lock is held */
+    int cerr = gmr__stats_foreach_common(&st, cb, ud); /* no lock is held */
+    if (cerr == 0 && has_pools(rt)) cerr = stat_emit_tags(rt, cb, ud);
+    return cerr;
   }
   if (err == 0 && v.failed)
     err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
   stat_vec_terminate(&v);
   if (err == 0 && has_pools(rt)) err = stat_vec_add_pools(rt, &v);
   if (err == 0 && atomic_load(&rt->retired_any)) stat_vec_add_retired(rt, &v);
-  for (size_t i = 0; err == 0 && i < v.n; ++i)
+  size_t i = 0;
+  for (; err == 0 && i < v.n; ++i)
     if (cb(stat_vec_key(&v, i), v.values[i], ud) != 0) break;
+  if (err == 0 && i == v.n && has_pools(rt)) err = stat_emit_tags(rt, cb, ud);
   stat_vec_free(&v);
   return err ? fail(rt, err) : 0;
 }
@@ -1503,6 +1580,7 @@ int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
 int gmr_check(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
   int err = gmr__policy_check(rt->policy);
+  if (err == 0 && rt->sleep_face != NULL) err = sleep_check(rt);
   if (err != 0 || !has_pools(rt)) return err;
   gmr__lock(&rt->lock);
   for (gmr_runtime_t *c = rt->children; c != NULL && err == 0; c = c->next_child)
@@ -1603,4 +1681,331 @@ bool gmr__runtime_has_outputs(gmr_runtime_t *rt) {
 void gmr__runtime_write_outputs(gmr_runtime_t *rt) {
   if (rt->snapshot_path != NULL) (void)snapshot_at_end(rt);
   if (rt->trace != NULL) (void)gmr__trace_flush(rt->trace);
+}
+
+/* ---- tagged pools: regions, sleep and wake (docs/sleep-wake.md) ------------------ */
+
+/* Note [Tags]
+ * A tag is a private pool (Note [Pools]) whose device calls go through a
+ * sleepable face (backend/sleep.h) under its recording layer, created by the
+ * first gmr_region_begin(rt, tag) and kept, with use count 1, until the
+ * runtime goes.  A region is a thread-local stack of (runtime, tag pool):
+ * gmr_alloc on rt, on that thread, goes to the innermost region's pool,
+ * after the pool routes of gmr_pool_begin (a CUDA graph capture names its
+ * own pool).  Sleep, with the pool's policy quiesced: its cache is trimmed
+ * (cached blocks are released as usual), the face unmaps everything else,
+ * and what it gave back leaves the pool's caps (gmr__policy_sleep_charge:
+ * the limit's cap and the shared cap count it as free).  While asleep an
+ * allocation in the tag is refused, a free is kept and made after the
+ * wake (a policy may give memory back at a free, and the memory is not
+ * there), and the pool's cache is not trimmed.  Wake empties the other
+ * caches, refuses when the device (under the fraction) has less free than
+ * the tag needs, charges the caps again (a refusal is the cap's sentence),
+ * then maps; nothing fails inside a driver call for lack of memory unless
+ * another process took it meanwhile, and then the wake is undone whole.  A
+ * pool freed while asleep is counted back in first (forced), so that its
+ * policy's releases, which the face answers with no device call, balance.
+ * Sleeping twice, or waking an awake tag, does nothing and returns 0.
+ */
+
+/* The tag pool named `tag`, made busy-free (tag pools live as long as rt);
+ * NULL when none.  Under rt's `lock`. */
+static gmr_runtime_t *tag_find_locked(gmr_runtime_t *rt, const char *tag) {
+  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
+    if (c->tag != NULL && strcmp(c->tag, tag) == 0) return c;
+  return NULL;
+}
+
+static gmr_runtime_t *tag_find(gmr_runtime_t *rt, const char *tag) {
+  gmr__lock(&rt->lock);
+  gmr_runtime_t *c = tag_find_locked(rt, tag);
+  gmr__unlock(&rt->lock);
+  return c;
+}
+
+int gmr__runtime_tag(gmr_runtime_t *rt, const char *tag, bool create, gmr_runtime_t **out) {
+  gmr_runtime_t *c = tag_find(rt, tag);
+  if (c != NULL || !create) {
+    *out = c;
+    return 0;
+  }
+  static _Atomic uint64_t tag_ids = (uint64_t)1 << 62; /* apart from gmr_pool_create's */
+  int err = runtime_build(rt->cfg, NULL, rt->device, rt, true, &c);
+  if (err != 0) return fail(rt, err);
+  c->tag = gmr__strdup(tag);
+  if (c->tag == NULL) {
+    (void)gmr_runtime_close(c);
+    return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_region_begin: out of host memory"));
+  }
+  c->pool_id = atomic_fetch_add(&tag_ids, 1) + 1;
+  c->pool_uses = 1;
+  gmr__lock(&rt->lock);
+  gmr_runtime_t *other = tag_find_locked(rt, tag); /* another thread made it meanwhile */
+  if (other == NULL) {
+    child_share_history(rt, c);
+    c->next_child = rt->children;
+    rt->children = c;
+    atomic_fetch_or_explicit(&rt->slow, RUNTIME_SLOW_POOLS, memory_order_release);
+  }
+  gmr__unlock(&rt->lock);
+  if (other != NULL) {
+    (void)gmr_runtime_close(c);
+    c = other;
+  }
+  *out = c;
+  return 0;
+}
+
+int gmr__runtime_region_begin(gmr_runtime_t *rt, const char *tag) {
+  if (rt->parent != NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_region_begin: a pool has no regions of its own");
+  if (tl_depth == REGION_DEPTH)
+    return fail(rt, gmr__error_set(GMR_EINVAL,
+                                   "gmr_region_begin: %d regions are open on this thread already",
+                                   REGION_DEPTH));
+  gmr_runtime_t *c = NULL;
+  int err = gmr__runtime_tag(rt, tag, true, &c);
+  if (err != 0) return err;
+  tl_regions[tl_depth++] = (region_t){rt, c};
+  return 0;
+}
+
+int gmr__runtime_region_end(gmr_runtime_t *rt) {
+  int i = tl_depth;
+  while (i-- > 0 && tl_regions[i].rt != rt) {
+  }
+  if (i < 0)
+    return fail(rt, gmr__error_set(GMR_EINVAL,
+                                   "gmr_region_end: no region is open on this runtime on this "
+                                   "thread"));
+  memmove(&tl_regions[i], &tl_regions[i + 1], (size_t)(tl_depth - i - 1) * sizeof tl_regions[0]);
+  --tl_depth;
+  return 0;
+}
+
+const char *gmr__runtime_region_current(gmr_runtime_t *rt) {
+  gmr_runtime_t *c = region_child(rt);
+  return c != NULL ? c->tag : NULL;
+}
+
+/* A free while the tag sleeps: kept for the wake (Note [Tags]).  A second
+ * free of the same pointer is refused as a double free. */
+static int free_deferred(gmr_runtime_t *rt, gmr_runtime_t *child, void *ptr) {
+  int err = 0;
+  gmr__lock(&rt->lock);
+  for (size_t i = 0; i < child->ndeferred && err == 0; ++i)
+    if (child->deferred[i] == ptr) err = GMR_EBADPTR;
+  if (err == 0 && child->ndeferred == child->capdeferred) {
+    size_t cap = child->capdeferred ? child->capdeferred * 2 : 16;
+    void **v = gmr__realloc(child->deferred, cap * sizeof *v);
+    if (v == NULL) err = GMR_ENOMEM;
+    if (v != NULL) child->deferred = v, child->capdeferred = cap;
+  }
+  if (err == 0) child->deferred[child->ndeferred++] = ptr;
+  gmr__unlock(&rt->lock);
+  if (err == GMR_EBADPTR) return bad_pointer(rt, "gmr_free", ptr);
+  if (err == GMR_ENOMEM)
+    return fail(rt, gmr__error_set(GMR_ENOMEM,
+                                   "gmr_free: out of host memory to keep a free of %p until tag "
+                                   "'%s' wakes",
+                                   ptr, child->tag));
+  return 0;
+}
+
+/* The frees kept while c slept, made now that it is awake. */
+static void frees_replay(gmr_runtime_t *rt, gmr_runtime_t *c) {
+  gmr__lock(&rt->lock);
+  void **v = c->deferred;
+  size_t n = c->ndeferred;
+  c->deferred = NULL;
+  c->ndeferred = c->capdeferred = 0;
+  gmr__unlock(&rt->lock);
+  for (size_t i = 0; i < n; ++i)
+    (void)gmr_free(c, v[i]);
+  gmr__free(v);
+}
+
+static int tag_missing(gmr_runtime_t *rt, const char *fn, const char *tag) {
+  return fail(rt, gmr__error_set(GMR_EINVAL,
+                                 "%s: this runtime has no tag '%s' (allocate inside "
+                                 "gmr_region_begin(rt, \"%s\") first)",
+                                 fn, tag, tag));
+}
+
+int gmr__runtime_sleep(gmr_runtime_t *rt, const char *tag, int mode) {
+  gmr_runtime_t *c = tag_find(rt, tag);
+  if (c == NULL) return tag_missing(rt, "gmr_sleep", tag);
+  if (gmr__gate_capture_depth(rt->gate) > 0)
+    return fail(rt, gmr__error_set(GMR_EBUSY,
+                                   "gmr_sleep: tag '%s' cannot sleep while a CUDA graph is "
+                                   "being captured",
+                                   tag));
+  bool keep = mode == GMR_SLEEP_OFFLOAD;
+  if (keep && !gmr__backend_has_copies(c->sleep_face))
+    return fail(rt, gmr__error_set(GMR_ENOTSUP,
+                                   "gmr_sleep: the %s backend cannot copy device memory to the "
+                                   "host, so tag '%s' can sleep only with GMR_SLEEP_DISCARD",
+                                   c->sleep_face->ops->name, tag));
+  gmr__lock(&rt->sleep_lock);
+  if (atomic_load(&c->asleep)) { /* asleep already: nothing to do */
+    gmr__unlock(&rt->sleep_lock);
+    return 0;
+  }
+  uint64_t released = 0;
+  gmr__policy_quiesce(c->policy);
+  int err = gmr__policy_trim_locked(c->policy); /* cached blocks are simply released */
+  if (err == 0) err = gmr__sleep_face_sleep(c->sleep_face, keep, NULL, &released);
+  if (released > 0) {
+    (void)gmr__policy_sleep_charge(c->policy, -(int64_t)released, true);
+    atomic_store(&c->asleep, 1); /* even after a failure part-way: wake maps the rest */
+    c->sleep_mode = mode;
+  }
+  if (err == 0) {
+    atomic_store(&c->asleep, 1);
+    c->sleep_mode = mode;
+  }
+  gmr__policy_resume(c->policy);
+  gmr__unlock(&rt->sleep_lock);
+  if (err != 0)
+    return fail(rt, gmr__error_set(err, "gmr_sleep: tag '%s': %s", tag, gmr__error_last()));
+  return 0;
+}
+
+/* Empty every cache but the sleeping tags' (Note [Tags]). */
+static void room_make(gmr_runtime_t *rt) {
+  (void)gmr__policy_trim(rt->policy);
+  (void)pools_trim(rt, NULL);
+}
+
+int gmr__runtime_wake(gmr_runtime_t *rt, const char *tag) {
+  gmr_runtime_t *c = tag_find(rt, tag);
+  if (c == NULL) return tag_missing(rt, "gmr_wake", tag);
+  if (gmr__gate_capture_depth(rt->gate) > 0)
+    return fail(rt, gmr__error_set(GMR_EBUSY,
+                                   "gmr_wake: tag '%s' cannot wake while a CUDA graph is being "
+                                   "captured",
+                                   tag));
+  gmr__lock(&rt->sleep_lock);
+  if (!atomic_load(&c->asleep)) { /* awake already: nothing to do */
+    gmr__unlock(&rt->sleep_lock);
+    return 0;
+  }
+  gmr_sleep_figures_t fig;
+  gmr__sleep_face_figures(c->sleep_face, &fig);
+  uint64_t need = fig.sleeping_bytes;
+  room_make(rt);
+  size_t free_b = 0, total = 0;
+  int err = gmr__backend_mem_info(c->backend, &free_b, &total);
+  if (err == 0 && free_b < need) {
+    char n[32], f[32];
+    gmr__format_size(need, n, sizeof n);
+    gmr__format_size(free_b, f, sizeof f);
+    err = gmr__error_set(GMR_ENOMEM,
+                         "gmr_wake: tag '%s' needs %s (%llu bytes) of device memory and %s "
+                         "(%llu bytes) are free after emptying the caches; nothing was mapped "
+                         "and the tag sleeps on (free memory, or put another tag to sleep, "
+                         "then wake it again)",
+                         tag, n, (unsigned long long)need, f, (unsigned long long)free_b);
+  }
+  gmr__policy_quiesce(c->policy);
+  if (err == 0 && need > 0) err = gmr__policy_sleep_charge(c->policy, (int64_t)need, false);
+  uint64_t taken = 0;
+  if (err == 0) {
+    err = gmr__sleep_face_wake(c->sleep_face, NULL, &taken);
+    if (err != 0 && need > 0) (void)gmr__policy_sleep_charge(c->policy, -(int64_t)need, true);
+  }
+  gmr_assert_internal(err != 0 || taken == need);
+  if (err == 0) atomic_store(&c->asleep, 0);
+  gmr__policy_resume(c->policy);
+  gmr__unlock(&rt->sleep_lock);
+  if (err != 0) {
+    if (strncmp(gmr__error_last(), "gmr_wake", 8) == 0) return fail(rt, err);
+    return fail(rt, gmr__error_set(err, "gmr_wake: tag '%s': %s", tag, gmr__error_last()));
+  }
+  frees_replay(rt, c);
+  return 0;
+}
+
+/* A pool that goes asleep: its memory is counted back in (Note [Tags]). */
+static void sleep_count_back(gmr_runtime_t *c) {
+  if (!atomic_load(&c->asleep)) return;
+  gmr_sleep_figures_t fig;
+  gmr__sleep_face_figures(c->sleep_face, &fig);
+  if (fig.sleeping_bytes > 0)
+    (void)gmr__policy_sleep_charge(c->policy, (int64_t)fig.sleeping_bytes, true);
+}
+
+static int sleep_check(gmr_runtime_t *c) {
+  int err = gmr__sleep_face_check(c->sleep_face);
+  if (err != 0) return err;
+  gmr_sleep_figures_t fig;
+  gmr__sleep_face_figures(c->sleep_face, &fig);
+  if (!atomic_load(&c->asleep) && (fig.sleeping_bytes != 0 || fig.sleeping_ranges != 0))
+    return gmr__error_set(GMR_EINVAL, "tag '%s' is awake with %llu bytes in %llu ranges asleep",
+                          c->tag, (unsigned long long)fig.sleeping_bytes,
+                          (unsigned long long)fig.sleeping_ranges);
+  if (!atomic_load(&c->asleep) && fig.offloaded_bytes != 0)
+    return gmr__error_set(GMR_EINVAL, "tag '%s' is awake with %llu bytes of host copies", c->tag,
+                          (unsigned long long)fig.offloaded_bytes);
+  if (atomic_load(&c->asleep) && c->sleep_mode == GMR_SLEEP_DISCARD && fig.offloaded_bytes != 0)
+    return gmr__error_set(GMR_EINVAL, "tag '%s' sleeps discarded with %llu bytes of host copies",
+                          c->tag, (unsigned long long)fig.offloaded_bytes);
+  return 0;
+}
+
+int gmr__runtime_tag_info(gmr_runtime_t *rt, const char *tag, gmr_tag_info_t *out) {
+  gmr_runtime_t *c = tag_find(rt, tag);
+  if (c == NULL) return tag_missing(rt, "gmr_tag_info", tag);
+  gmr_sleep_figures_t fig;
+  gmr__sleep_face_figures(c->sleep_face, &fig);
+  gmr_tag_info_t t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.tag, sizeof t.tag, "%s", c->tag);
+  t.pool_id = c->pool_id;
+  t.asleep = atomic_load(&c->asleep);
+  t.mode = t.asleep ? c->sleep_mode : 0;
+  t.mapped_bytes = fig.mapped_bytes;
+  t.sleeping_bytes = fig.sleeping_bytes;
+  t.offloaded_bytes = fig.offloaded_bytes;
+  t.sleeps = fig.sleeps;
+  t.wakes = fig.wakes;
+  *out = t;
+  return 0;
+}
+
+/* gmr_stats_foreach's keys of the tags: tag.<name>.{mapped,sleeping,offloaded}_bytes,
+ * tag.<name>.asleep, and sleeping_bytes over them all. */
+static int stat_emit_tags(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
+  gmr_tag_info_t v[64];
+  size_t n = 0;
+  gmr__lock(&rt->lock);
+  for (gmr_runtime_t *c = rt->children; c != NULL && n < 64; c = c->next_child) {
+    if (c->tag == NULL) continue;
+    gmr_sleep_figures_t fig;
+    gmr__sleep_face_figures(c->sleep_face, &fig);
+    gmr_tag_info_t *t = &v[n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->tag, sizeof t->tag, "%s", c->tag);
+    t->asleep = atomic_load(&c->asleep);
+    t->mapped_bytes = fig.mapped_bytes;
+    t->sleeping_bytes = fig.sleeping_bytes;
+    t->offloaded_bytes = fig.offloaded_bytes;
+  }
+  gmr__unlock(&rt->lock);
+  if (n == 0) return 0;
+  uint64_t sleeping = 0;
+  char key[GMR_TAG_MAX + 32];
+  for (size_t i = 0; i < n; ++i) {
+    sleeping += v[i].sleeping_bytes;
+#define TAG_KEY(field, value)                                                                      \
+  snprintf(key, sizeof key, "tag.%.63s." field, v[i].tag);                                         \
+  if (cb(key, (int64_t)(value), ud) != 0) return 0;
+    TAG_KEY("mapped_bytes", v[i].mapped_bytes)
+    TAG_KEY("sleeping_bytes", v[i].sleeping_bytes)
+    TAG_KEY("offloaded_bytes", v[i].offloaded_bytes)
+    TAG_KEY("asleep", v[i].asleep)
+#undef TAG_KEY
+  }
+  (void)cb("sleeping_bytes", (int64_t)sleeping, ud);
+  return 0;
 }

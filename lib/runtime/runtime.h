@@ -34,6 +34,16 @@ int gmr__runtime_pool_alloc(gmr_runtime_t *pool, size_t size, gmr_stream_t s, vo
 gmr_runtime_t *gmr__runtime_pool_of(gmr_runtime_t *rt, const void *ptr, bool *in_parent);
 int gmr__runtime_pool_foreach_live(gmr_runtime_t *pool, gmr_ptr_cb cb, void *ud);
 int gmr__runtime_pool_trim(gmr_runtime_t *pool);
+/* Tagged pools, regions, sleep and wake (Note [Tags] in runtime.c; the
+ * public calls are sleep.c's).  gmr__runtime_tag: the pool of `tag` (NULL
+ * when none and !create). */
+int gmr__runtime_tag(gmr_runtime_t *rt, const char *tag, bool create, gmr_runtime_t **out);
+int gmr__runtime_region_begin(gmr_runtime_t *rt, const char *tag);
+int gmr__runtime_region_end(gmr_runtime_t *rt);
+const char *gmr__runtime_region_current(gmr_runtime_t *rt);
+int gmr__runtime_sleep(gmr_runtime_t *rt, const char *tag, int mode);
+int gmr__runtime_wake(gmr_runtime_t *rt, const char *tag);
+int gmr__runtime_tag_info(gmr_runtime_t *rt, const char *tag, gmr_tag_info_t *out);
 /* The device gate (backend/gate.h), shared by the runtime and its pools. */
 gmr_backend_t *gmr__runtime_gate(gmr_runtime_t *rt);
 int gmr__runtime_history_observe(gmr_runtime_t *rt, gmr_history_cb cb, void *ud);

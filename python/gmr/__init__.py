@@ -9,6 +9,10 @@ traces replay under several policies side by side.
     gmr.stats(0)["allocated_bytes.all.current"]
     print(gmr.summary(0))
     gmr.snapshot("snap.pickle")               # torch.cuda.memory._snapshot() format
+    with gmr.region("weights"):               # tensors made here are tagged
+        model = build_model()
+    gmr.sleep("weights", mode="offload")      # device memory given back, addresses kept
+    gmr.wake("weights")                       # mapped again, contents copied back
 
 Every framework in the process allocates from gmr's process-wide runtime of
 the device (gmr_default_runtime), built from the YAML file named by
@@ -47,12 +51,16 @@ __all__ = [
     "library",
     "library_path",
     "policy",
+    "region",
+    "sleep",
     "snapshot",
     "snapshot_to_csv",
     "stats",
     "summary",
+    "tag_info",
     "use_in_cupy",
     "use_in_torch",
+    "wake",
 ]
 
 _lock = _threading.Lock()
@@ -291,6 +299,73 @@ def empty_cache(device=0):
     """Return the device's cached, wholly free memory (gmr_empty_cache)."""
     rt = _runtime(device)
     _check(_library().gmr_empty_cache(rt), "gmr_empty_cache", rt)
+
+
+def _tag(tag):
+    if isinstance(tag, str):
+        tag = tag.encode()
+    if not isinstance(tag, bytes):
+        raise TypeError("gmr: a tag is a str, not %s" % type(tag).__name__)
+    if not 1 <= len(tag) <= 63 or b"\0" in tag:
+        raise ValueError("gmr: a tag has 1 to 63 bytes and no NUL, not %r" % tag)
+    return tag
+
+
+class region:
+    """``with gmr.region("weights"): ...``: every allocation this thread makes
+    on the device's runtime inside the block (PyTorch tensors through the
+    native adapter, CuPy arrays, the interposer's cudaMalloc) goes to the
+    tag's own pool, which gmr.sleep and gmr.wake act on (docs/sleep-wake.md).
+    Regions nest; the innermost wins."""
+
+    def __init__(self, tag, device=0):
+        self._tag = _tag(tag)
+        self._device = _device(device)
+        self._rt = None
+
+    def __enter__(self):
+        rt = _runtime(self._device)
+        _check(_library().gmr_region_begin(rt, self._tag), "gmr_region_begin", rt)
+        self._rt = rt
+        return self
+
+    def __exit__(self, *exc):
+        rt, self._rt = self._rt, None
+        _check(_library().gmr_region_end(rt), "gmr_region_end", rt)
+        return False
+
+
+_SLEEP_MODES = {"offload": 1, "discard": 2}
+
+
+def sleep(tag, mode="offload", device=0):
+    """Give the device memory of `tag` back, keeping its addresses: "offload"
+    copies its contents to pinned host memory first, "discard" does not.
+    Sleeping an asleep tag does nothing."""
+    if mode not in _SLEEP_MODES:
+        raise ValueError("gmr.sleep: mode %r: expected 'offload' or 'discard'" % (mode,))
+    rt = _runtime(device)
+    _check(_library().gmr_sleep(rt, _tag(tag), _SLEEP_MODES[mode]), "gmr_sleep", rt)
+
+
+def wake(tag, device=0):
+    """Map new device memory at the addresses of `tag` and copy its offloaded
+    contents back; raises GmrError (nothing changed) when the memory is not
+    there.  Waking an awake tag does nothing."""
+    rt = _runtime(device)
+    _check(_library().gmr_wake(rt, _tag(tag)), "gmr_wake", rt)
+
+
+def tag_info(tag, device=0):
+    """A tag's state as a dict: "asleep", "mode", "mapped_bytes",
+    "sleeping_bytes", "offloaded_bytes", "sleeps", "wakes", "pool_id"."""
+    rt = _runtime(device)
+    t = _lib.TagInfo()
+    _check(_library().gmr_tag_info(rt, _tag(tag), _ctypes.byref(t)), "gmr_tag_info", rt)
+    out = {name: getattr(t, name) for name, _ in _lib.TagInfo._fields_ if name != "tag"}
+    out["asleep"] = bool(out["asleep"])
+    out["mode"] = {0: None, 1: "offload", 2: "discard"}[out["mode"]]
+    return out
 
 
 def _write_with(fn, rt, path, what):

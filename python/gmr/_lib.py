@@ -55,6 +55,14 @@ class Stats(ctypes.Structure):  # gmr_stats_t: every field uint64_t, in this ord
 STAT_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p)
 
 
+class TagInfo(ctypes.Structure):  # gmr_tag_info_t
+    _fields_ = [("tag", ctypes.c_char * 64), ("pool_id", ctypes.c_uint64),
+                ("asleep", ctypes.c_int), ("mode", ctypes.c_int),
+                ("mapped_bytes", ctypes.c_uint64), ("sleeping_bytes", ctypes.c_uint64),
+                ("offloaded_bytes", ctypes.c_uint64), ("sleeps", ctypes.c_uint64),
+                ("wakes", ctypes.c_uint64)]
+
+
 class Library:
     """The loaded libgmr: `cdll` (ctypes.CDLL), `path`, `origin` (one of
     "GMR_LIBRARY", "already loaded", "bundled", "system") and `version`."""
@@ -130,6 +138,12 @@ def _declare(lib):
         "gmr_cupy_malloc": (vp, [vp, sz, i]),
         "gmr_cupy_free": (None, [vp, vp, i]),
         "gmr_hooks_last_error": (cp, []),
+        "gmr_region_begin": (i, [vp, cp]),
+        "gmr_region_end": (i, [vp]),
+        "gmr_region_current": (cp, [vp]),
+        "gmr_sleep": (i, [vp, cp, i]),
+        "gmr_wake": (i, [vp, cp]),
+        "gmr_tag_info": (i, [vp, cp, ctypes.POINTER(TagInfo)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

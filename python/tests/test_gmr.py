@@ -388,5 +388,60 @@ class Hardening(unittest.TestCase):
             self.assertTrue(os.path.getsize(out) > 0)
 
 
+SLEEP_CONFIG = ("device: {backend: sim, capacity: 1GiB, host_backed: true}\n"
+                "policy: {name: caching, pytorch_alloc_conf: \"expandable_segments:True\"}\n")
+
+
+class SleepWake(unittest.TestCase):
+    """gmr.region, gmr.sleep and gmr.wake on a host-backed simulated device,
+    through the PyTorch entry point (docs/sleep-wake.md)."""
+
+    def test_contents_kept_across_cycles(self):
+        rc, out = child("""
+            import ctypes, gmr
+            lib = gmr._library()
+            MiB = 1 << 20
+            with gmr.region("weights"):
+                ps = [lib.gmr_torch_alloc(n, 0, None) for n in (4096, 3 * MiB + 5, 9 * MiB)]
+            other = lib.gmr_torch_alloc(MiB, 0, None)
+            for k, p in enumerate(ps):
+                ctypes.memset(p, 17 + k, 4096)
+            for cycle in range(20):
+                gmr.sleep("weights", mode="offload")
+                t = gmr.tag_info("weights")
+                assert t["asleep"] and t["mode"] == "offload" and t["mapped_bytes"] == 0, t
+                assert t["sleeping_bytes"] > 0 and t["offloaded_bytes"] > 0, t
+                assert gmr.stats(0)["tag.weights.sleeping_bytes"] == t["sleeping_bytes"]
+                gmr.sleep("weights")  # twice: nothing happens
+                gmr.wake("weights")
+                for k, p in enumerate(ps):
+                    assert ctypes.string_at(p, 4096) == bytes([17 + k]) * 4096, (cycle, k)
+            assert not gmr.tag_info("weights")["asleep"]
+            gmr.sleep("weights", mode="discard")
+            assert gmr.tag_info("weights")["offloaded_bytes"] == 0
+            gmr.wake("weights")
+            try:
+                gmr.wake("nope")
+            except gmr.GmrError as e:
+                print("refused:", e)
+            for p, n in zip(ps, (4096, 3 * MiB + 5, 9 * MiB)):
+                lib.gmr_torch_free(p, n, 0, None)
+            lib.gmr_torch_free(other, MiB, 0, None)
+            print("ok")
+        """, config_text=SLEEP_CONFIG)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("refused:", out)
+        self.assertIn("no tag 'nope'", out)
+        self.assertEqual(out.strip().split("\n")[-1], "ok")
+
+    def test_bad_arguments(self):
+        with self.assertRaises(ValueError):
+            gmr.sleep("weights", mode="later")
+        with self.assertRaises(ValueError):
+            gmr.region("")
+        with self.assertRaises(TypeError):
+            gmr.region(3)
+
+
 if __name__ == "__main__":
     unittest.main()

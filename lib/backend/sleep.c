@@ -1,0 +1,694 @@
+/* sleep.c: the sleepable face (sleep.h), between a tagged pool's policies
+ * and its gate face.
+ *
+ * It forwards every op, and keeps a record of each range the policies have
+ * mapped and of each page handle they created, so that gmr_sleep can unmap
+ * them all and gmr_wake map them again at the same addresses, with no
+ * policy knowing: Note [The sleepable face], Note [Sleep invariants].
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "backend/sleep.h"
+#include "core/avl.h"
+
+/* Note [The sleepable face]
+ * A policy holds device memory in three shapes, and the face serves each so
+ * that its physical memory can go while its addresses stay:
+ *   - map/unmap (expandable segments, bfc growth): recorded as they are;
+ *   - reserve/release (cudaMalloc'd segments): served through virtual
+ *     memory, a virtual range of the size rounded up to the granularity with
+ *     memory mapped into it (so every policy can sleep, and a release gives
+ *     the memory back at once; the address stays the pool's, Note [A pool
+ *     keeps its addresses] in gate.c);
+ *   - page handles (stitch): the policy gets a handle of the face (its
+ *     record's address) and the face keeps the device's handle behind it,
+ *     which sleep releases and wake creates anew; each page mapping is a
+ *     range, with whether set_access covered it.
+ * Sleep (with the pool's policy quiesced by the runtime) waits for the
+ * device, copies every range that holds contents to host memory when
+ * offloading (a range of a page is copied only once access was set),
+ * synchronizes, then unmaps every range and releases every page: each
+ * range and page turns asleep as its own unmap succeeds, so that no second
+ * sleep, and no release by the policy, can give memory back twice.  Wake
+ * creates the pages, maps every asleep range, sets access, copies back and
+ * synchronizes; any failure undoes what that wake did, so a wake either
+ * maps everything or leaves everything asleep with its contents.  A policy
+ * that releases an asleep range (its pool destroyed while asleep) is
+ * answered 0 with no device call: the memory went at sleep.
+ */
+
+/* Note [Sleep invariants]
+ *   mapped   = Σ physical bytes of awake ranges and live awake pages
+ *   sleeping = Σ physical bytes of asleep ranges and asleep pages
+ *   offloaded = Σ bytes of host copies; only asleep ranges hold one
+ *   the ranges never overlap; a page range names a recorded page
+ * where a map range counts its size, a reservation its rounded span, a
+ * page range nothing (its page counts its size once).
+ */
+
+typedef enum { SW_MAP = 1, SW_RESERVE = 2, SW_PAGE = 3 } sw_kind_t;
+
+typedef struct sw_page_s {
+  gmr_phys_t real;  /* the device's handle (stale while asleep) */
+  gmr_phys_t fresh; /* wake: the new handle, until the wake commits */
+  size_t size;
+  size_t nranges; /* page ranges that map it */
+  bool asleep;
+  bool released; /* the policy released it while mapped: it lives while mapped */
+  struct sw_page_s *prev, *next;
+} sw_page_t;
+
+typedef struct sw_range_s {
+  uintptr_t addr;
+  size_t size; /* as the policy gave it */
+  size_t span; /* reserve: the virtual range and the memory mapped into it */
+  sw_kind_t kind;
+  bool asleep;
+  bool access; /* page ranges: set_access covered it */
+  bool woke;   /* during a wake: mapped by it */
+  sw_page_t *page;
+  size_t offset;
+  void *host; /* asleep, offloaded: the contents */
+  struct sw_range_s *prev, *next;
+} sw_range_t;
+
+typedef struct sleep_face_s {
+  gmr_backend_t base; /* must be first */
+  gmr_backend_ops_t ops;
+  gmr_backend_t *real;
+  pthread_mutex_t lock; /* guards everything below */
+  gmr_avl_t by_addr;    /* range address -> sw_range_t * */
+  sw_range_t *ranges;
+  sw_page_t *pages;
+  uint64_t mapped, sleeping, offloaded, nranges, nsleeping;
+  uint64_t sleeps, wakes;
+  /* Offload: one pinned buffer per sleep, shared by the ranges' copies
+   * (one host allocation instead of one per range), freed with its last. */
+  unsigned char *host_buf;
+  size_t host_buf_size, host_refs;
+} sleep_face_t;
+
+static inline sleep_face_t *sf_of(gmr_backend_t *be) {
+  return (sleep_face_t *)be;
+}
+static inline gmr_backend_t *real_of(gmr_backend_t *be) {
+  return sf_of(be)->real;
+}
+static inline sw_page_t *page_of(gmr_phys_t h) {
+  return (sw_page_t *)(uintptr_t)h;
+}
+
+/* Physical bytes a range holds of its own. */
+static size_t range_bytes(const sw_range_t *r) {
+  return r->kind == SW_MAP ? r->size : r->kind == SW_RESERVE ? r->span : 0;
+}
+
+/* ---- records (lock held) ---------------------------------------------------------- */
+
+static int range_add(sleep_face_t *f, uintptr_t addr, size_t size, size_t span, sw_kind_t kind,
+                     sw_page_t *page, size_t offset) {
+  sw_range_t *r = gmr__calloc(1, sizeof *r);
+  if (r == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory to record a mapping");
+  *r = (sw_range_t){
+      .addr = addr, .size = size, .span = span, .kind = kind, .page = page, .offset = offset};
+  if (gmr__avl_insert(&f->by_addr, addr, (uint64_t)(uintptr_t)r, 0) != 0) {
+    gmr__free(r);
+    return gmr__error_set(GMR_ENOMEM, "out of host memory to record a mapping");
+  }
+  r->next = f->ranges;
+  if (f->ranges != NULL) f->ranges->prev = r;
+  f->ranges = r;
+  if (page != NULL) ++page->nranges;
+  f->mapped += range_bytes(r);
+  ++f->nranges;
+  return 0;
+}
+
+static sw_range_t *range_find(sleep_face_t *f, const void *addr, sw_kind_t kind) {
+  gmr_avl_node_t *n = gmr__avl_find(&f->by_addr, (uint64_t)(uintptr_t)addr);
+  sw_range_t *r = n != NULL ? (sw_range_t *)(uintptr_t)n->val : NULL;
+  return r != NULL && r->kind == kind ? r : NULL;
+}
+
+static void page_drop(sleep_face_t *f, sw_page_t *p) {
+  if (p->prev != NULL) p->prev->next = p->next;
+  if (p->next != NULL) p->next->prev = p->prev;
+  if (f->pages == p) f->pages = p->next;
+  gmr__free(p);
+}
+
+/* A page that is released and no longer mapped is gone. */
+static bool page_gone(const sw_page_t *p) {
+  return p->released && p->nranges == 0;
+}
+
+/* r's host copy goes; the buffer with the last copy in it. */
+static void host_unref(sleep_face_t *f, sw_range_t *r) {
+  if (r->host == NULL) return;
+  r->host = NULL;
+  f->offloaded -= r->size;
+  if (--f->host_refs == 0) {
+    gmr__backend_host_free(f->real, f->host_buf, f->host_buf_size);
+    f->host_buf = NULL;
+    f->host_buf_size = 0;
+  }
+}
+
+/* Forget r (its memory is gone, or was given back); its host copy goes. */
+static void range_drop(sleep_face_t *f, sw_range_t *r) {
+  (void)gmr__avl_erase(&f->by_addr, r->addr);
+  if (r->prev != NULL) r->prev->next = r->next;
+  if (r->next != NULL) r->next->prev = r->prev;
+  if (f->ranges == r) f->ranges = r->next;
+  if (r->asleep) {
+    f->sleeping -= range_bytes(r);
+    --f->nsleeping;
+  } else {
+    f->mapped -= range_bytes(r);
+  }
+  --f->nranges;
+  host_unref(f, r);
+  sw_page_t *p = r->page;
+  if (p != NULL && --p->nranges == 0 && p->released) page_drop(f, p); /* out of the figures */
+  gmr__free(r);
+}
+
+/* ---- the policies' ops -------------------------------------------------------------- */
+
+static int sf_reserve(gmr_backend_t *be, size_t size, gmr_stream_t s, void **out) {
+  sleep_face_t *f = sf_of(be);
+  size_t span = gmr__align_up(size, be->granularity);
+  void *base = NULL;
+  int err = gmr__backend_va_reserve(f->real, span, &base);
+  if (err != 0) return err;
+  err = gmr__backend_map(f->real, base, span, s);
+  if (err == 0) {
+    pthread_mutex_lock(&f->lock);
+    err = range_add(f, (uintptr_t)base, size, span, SW_RESERVE, NULL, 0);
+    pthread_mutex_unlock(&f->lock);
+    if (err != 0) (void)gmr__backend_unmap(f->real, base, span, s);
+  }
+  if (err != 0) {
+    (void)gmr__backend_va_release(f->real, base, span);
+    return err;
+  }
+  *out = base;
+  return 0;
+}
+
+static int sf_release(gmr_backend_t *be, void *ptr, size_t size, gmr_stream_t s) {
+  sleep_face_t *f = sf_of(be);
+  pthread_mutex_lock(&f->lock);
+  sw_range_t *r = range_find(f, ptr, SW_RESERVE);
+  int err = 0;
+  if (r == NULL || r->size != size)
+    err = gmr__error_set(GMR_EINVAL, "release of %zu bytes at %p: no such reservation", size, ptr);
+  size_t span = r != NULL ? r->span : 0;
+  if (err == 0 && !r->asleep) err = gmr__backend_unmap(f->real, ptr, span, s);
+  if (err == 0) range_drop(f, r);
+  pthread_mutex_unlock(&f->lock);
+  if (err == 0) (void)gmr__backend_va_release(f->real, ptr, span);
+  return err;
+}
+
+static int sf_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  sleep_face_t *f = sf_of(be);
+  int err = gmr__backend_map(f->real, addr, size, s);
+  if (err != 0) return err;
+  pthread_mutex_lock(&f->lock);
+  err = range_add(f, (uintptr_t)addr, size, size, SW_MAP, NULL, 0);
+  pthread_mutex_unlock(&f->lock);
+  if (err != 0) (void)gmr__backend_unmap(f->real, addr, size, s);
+  return err;
+}
+
+static int sf_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s) {
+  sleep_face_t *f = sf_of(be);
+  pthread_mutex_lock(&f->lock);
+  sw_range_t *r = range_find(f, addr, SW_MAP);
+  int err = 0;
+  if (r == NULL || r->size != size)
+    err = gmr__error_set(GMR_EINVAL, "unmap of %zu bytes at %p: no such mapping", size, addr);
+  if (err == 0 && !r->asleep) err = gmr__backend_unmap(f->real, addr, size, s);
+  if (err == 0) range_drop(f, r);
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
+
+static int sf_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  sleep_face_t *f = sf_of(be);
+  sw_page_t *p = gmr__calloc(1, sizeof *p);
+  if (p == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory to record a page");
+  int err = gmr__backend_phys_create(f->real, size, &p->real);
+  if (err != 0) {
+    gmr__free(p);
+    return err;
+  }
+  p->size = size;
+  pthread_mutex_lock(&f->lock);
+  p->next = f->pages;
+  if (f->pages != NULL) f->pages->prev = p;
+  f->pages = p;
+  f->mapped += size;
+  pthread_mutex_unlock(&f->lock);
+  *out = (gmr_phys_t)(uintptr_t)p;
+  return 0;
+}
+
+static int sf_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  sleep_face_t *f = sf_of(be);
+  sw_page_t *p = page_of(h);
+  pthread_mutex_lock(&f->lock);
+  int err = 0;
+  if (p == NULL || p->size != size || p->released)
+    err = gmr__error_set(GMR_EINVAL, "release of a %zu-byte page: no such page", size);
+  if (err == 0 && !p->asleep) err = gmr__backend_phys_release(f->real, p->real, size);
+  if (err == 0) {
+    /* A released page's memory lives while it is mapped; its bytes leave
+     * the figures now, as the device's counters see it. */
+    if (p->asleep)
+      f->sleeping -= size;
+    else
+      f->mapped -= size;
+    p->released = true;
+    if (page_gone(p)) page_drop(f, p);
+  }
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
+
+static int sf_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t off) {
+  sleep_face_t *f = sf_of(be);
+  sw_page_t *p = page_of(h);
+  pthread_mutex_lock(&f->lock);
+  int err = p == NULL || p->asleep || p->released
+                ? gmr__error_set(GMR_EINVAL, "page map at %p: no such page", addr)
+                : gmr__backend_phys_map(f->real, addr, size, p->real, off);
+  if (err == 0) {
+    err = range_add(f, (uintptr_t)addr, size, 0, SW_PAGE, p, off);
+    if (err != 0) (void)gmr__backend_phys_unmap(f->real, addr, size);
+  }
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
+
+static int sf_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  sleep_face_t *f = sf_of(be);
+  pthread_mutex_lock(&f->lock);
+  int err = gmr__backend_set_access(f->real, addr, size);
+  /* [addr, addr + size) is tiled by page ranges (the device checked it). */
+  for (uintptr_t at = (uintptr_t)addr, end = at + size; err == 0 && at < end;) {
+    sw_range_t *r = range_find(f, (void *)at, SW_PAGE);
+    if (r == NULL) break;
+    r->access = true;
+    at += r->size;
+  }
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
+
+static int sf_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  sleep_face_t *f = sf_of(be);
+  pthread_mutex_lock(&f->lock);
+  sw_range_t *r = range_find(f, addr, SW_PAGE);
+  int err = 0;
+  if (r == NULL || r->size != size)
+    err = gmr__error_set(GMR_EINVAL, "page unmap of %zu bytes at %p: no such mapping", size, addr);
+  if (err == 0 && !r->asleep) err = gmr__backend_phys_unmap(f->real, addr, size);
+  if (err == 0) range_drop(f, r);
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
+
+/* ---- plain forwarders ----------------------------------------------------------------- */
+
+static int sf_va_reserve(gmr_backend_t *be, size_t size, void **out) {
+  return gmr__backend_va_reserve(real_of(be), size, out);
+}
+static int sf_va_release(gmr_backend_t *be, void *base, size_t size) {
+  return gmr__backend_va_release(real_of(be), base, size);
+}
+static int sf_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
+  return gmr__backend_mem_info(real_of(be), out_free, out_total);
+}
+static int sf_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  return gmr__backend_device_id(real_of(be), buf, len);
+}
+static int sf_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  return gmr__backend_stream_capturing(real_of(be), s);
+}
+static int sf_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out) {
+  return gmr__backend_event_record(real_of(be), s, out);
+}
+static int sf_event_query(gmr_backend_t *be, gmr_event_t ev) {
+  return gmr__backend_event_query(real_of(be), ev);
+}
+static int sf_event_sync(gmr_backend_t *be, gmr_event_t ev) {
+  return gmr__backend_event_sync(real_of(be), ev);
+}
+static void sf_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
+  gmr__backend_event_destroy(real_of(be), ev);
+}
+static int sf_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
+  return gmr__backend_stream_sync(real_of(be), s);
+}
+static int sf_device_sync(gmr_backend_t *be) {
+  return gmr__backend_device_sync(real_of(be));
+}
+static uint64_t sf_now_ns(gmr_backend_t *be) {
+  return gmr__backend_now_ns(real_of(be));
+}
+static int sf_host_alloc(gmr_backend_t *be, size_t size, void **out) {
+  return gmr__backend_host_alloc(real_of(be), size, out);
+}
+static void sf_host_free(gmr_backend_t *be, void *p, size_t size) {
+  gmr__backend_host_free(real_of(be), p, size);
+}
+static int sf_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                           gmr_stream_t s) {
+  return gmr__backend_copy_to_host(real_of(be), dst, src, size, s);
+}
+static int sf_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                             gmr_stream_t s) {
+  return gmr__backend_copy_to_device(real_of(be), dst, src, size, s);
+}
+
+/* The pool goes: its policies gave back what was awake; asleep records and
+ * host copies go here. */
+static void sf_destroy(gmr_backend_t *be) {
+  sleep_face_t *f = sf_of(be);
+  while (f->ranges != NULL)
+    range_drop(f, f->ranges);
+  while (f->pages != NULL)
+    page_drop(f, f->pages);
+  gmr__avl_clear(&f->by_addr, NULL, NULL);
+  pthread_mutex_destroy(&f->lock);
+  gmr__backend_free(f->real);
+  gmr__free(f);
+}
+
+#define SF_SLOT(slot, fn) f->ops.slot = d->slot ? fn : NULL
+
+int gmr__sleep_face_new(gmr_backend_t *real, gmr_backend_t **out) {
+  if (!gmr__backend_has_vmm(real)) {
+    const char *name = real->ops->name;
+    gmr__backend_free(real);
+    return gmr__error_set(GMR_ENOTSUP,
+                          "sleep and wake need the device's virtual memory calls "
+                          "(cuMemAddressReserve, cuMemMap), which the %s backend lacks",
+                          name);
+  }
+  sleep_face_t *f = gmr__calloc(1, sizeof *f);
+  if (f == NULL || pthread_mutex_init(&f->lock, NULL) != 0) {
+    gmr__free(f);
+    gmr__backend_free(real);
+    return gmr__error_set(GMR_ENOMEM, "out of host memory for a sleepable pool");
+  }
+  const gmr_backend_ops_t *d = real->ops;
+  f->ops.name = d->name;
+  f->ops.reserve = sf_reserve; /* served through virtual memory */
+  f->ops.release = sf_release;
+  SF_SLOT(va_reserve, sf_va_reserve);
+  SF_SLOT(va_release, sf_va_release);
+  SF_SLOT(map, sf_map);
+  SF_SLOT(unmap, sf_unmap);
+  SF_SLOT(mem_info, sf_mem_info);
+  SF_SLOT(device_id, sf_device_id);
+  SF_SLOT(phys_create, sf_phys_create);
+  SF_SLOT(phys_release, sf_phys_release);
+  SF_SLOT(phys_map, sf_phys_map);
+  SF_SLOT(set_access, sf_set_access);
+  SF_SLOT(phys_unmap, sf_phys_unmap);
+  SF_SLOT(stream_capturing, sf_stream_capturing);
+  SF_SLOT(event_record, sf_event_record);
+  SF_SLOT(event_query, sf_event_query);
+  SF_SLOT(event_sync, sf_event_sync);
+  SF_SLOT(event_destroy, sf_event_destroy);
+  SF_SLOT(stream_sync, sf_stream_sync);
+  SF_SLOT(device_sync, sf_device_sync);
+  SF_SLOT(now_ns, sf_now_ns);
+  SF_SLOT(host_alloc, sf_host_alloc);
+  SF_SLOT(host_free, sf_host_free);
+  SF_SLOT(copy_to_host, sf_copy_to_host);
+  SF_SLOT(copy_to_device, sf_copy_to_device);
+  f->ops.destroy = sf_destroy;
+  f->base.ops = &f->ops;
+  f->base.granularity = real->granularity;
+  f->base.device = real->device;
+  f->base.forwards_to = real;
+  f->real = real;
+  *out = &f->base;
+  return 0;
+}
+
+gmr_backend_t *gmr__sleep_face_find(gmr_backend_t *be) {
+  for (; be != NULL; be = be->forwards_to)
+    if (be->ops->destroy == sf_destroy) return be;
+  return NULL;
+}
+
+/* ---- sleep ------------------------------------------------------------------------------ */
+
+/* Bytes of r that hold contents worth keeping (a page range without access
+ * holds none that a kernel could have written). */
+static size_t range_contents(const sw_range_t *r) {
+  return r->kind == SW_PAGE && !r->access ? 0 : r->size;
+}
+
+/* Give back the host copies made by a sleep that failed before unmapping. */
+static void copies_drop(sleep_face_t *f) {
+  for (sw_range_t *r = f->ranges; r != NULL; r = r->next)
+    if (!r->asleep) host_unref(f, r);
+}
+
+#define HOST_ALIGN 256 /* each range's copy starts on its own 256 bytes */
+
+static int offload(sleep_face_t *f, gmr_stream_t s) {
+  size_t total = 0;
+  for (sw_range_t *r = f->ranges; r != NULL; r = r->next)
+    if (!r->asleep && range_contents(r) > 0) total += gmr__align_up(r->size, HOST_ALIGN);
+  if (total == 0) return 0;
+  if (f->host_buf != NULL) /* a sleep that failed part-way kept copies: none shares theirs */
+    return gmr__error_set(GMR_EBUSY, "ranges still keep host copies of a sleep that failed "
+                                     "part-way: wake first");
+  void *buf = NULL;
+  int err = gmr__backend_host_alloc(f->real, total, &buf);
+  if (err != 0) return err;
+  f->host_buf = buf;
+  f->host_buf_size = total;
+  size_t at = 0;
+  for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next) {
+    size_t n = range_contents(r);
+    if (r->asleep || n == 0) continue;
+    r->host = f->host_buf + at;
+    at += gmr__align_up(r->size, HOST_ALIGN);
+    ++f->host_refs;
+    f->offloaded += r->size;
+    err = gmr__backend_copy_to_host(f->real, r->host, (const void *)r->addr, n, s);
+  }
+  if (err == 0) err = gmr__backend_stream_sync(f->real, s);
+  if (err != 0) copies_drop(f);
+  return err;
+}
+
+int gmr__sleep_face_sleep(gmr_backend_t *be, bool keep, gmr_stream_t s, uint64_t *released) {
+  sleep_face_t *f = sf_of(be);
+  *released = 0;
+  pthread_mutex_lock(&f->lock);
+  int err = gmr__backend_device_sync(f->real); /* no kernel may still use the memory */
+  if (err == 0 && keep) err = offload(f, s);
+  for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next) {
+    if (r->asleep) continue;
+    if (r->kind == SW_PAGE)
+      err = gmr__backend_phys_unmap(f->real, (void *)r->addr, r->size);
+    else
+      err = gmr__backend_unmap(f->real, (void *)r->addr, r->span, s);
+    if (err != 0) break;
+    r->asleep = true;
+    f->mapped -= range_bytes(r);
+    f->sleeping += range_bytes(r);
+    *released += range_bytes(r);
+    ++f->nsleeping;
+  }
+  for (sw_page_t *p = f->pages; p != NULL && err == 0; p = p->next) {
+    if (p->asleep) continue;
+    if (p->released) { /* its memory went with its last mapping */
+      p->asleep = true;
+      continue;
+    }
+    err = gmr__backend_phys_release(f->real, p->real, p->size);
+    if (err != 0) break;
+    p->asleep = true;
+    f->mapped -= p->size;
+    f->sleeping += p->size;
+    *released += p->size;
+  }
+  if (err != 0) copies_drop(f); /* ranges still mapped keep their contents there */
+  if (err == 0) ++f->sleeps;
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
+
+/* ---- wake ------------------------------------------------------------------------------- */
+
+/* Undo what a failed wake mapped and created. */
+static void wake_undo(sleep_face_t *f, gmr_stream_t s) {
+  for (sw_range_t *r = f->ranges; r != NULL; r = r->next) {
+    if (!r->woke) continue;
+    if (r->kind == SW_PAGE)
+      (void)gmr__backend_phys_unmap(f->real, (void *)r->addr, r->size);
+    else
+      (void)gmr__backend_unmap(f->real, (void *)r->addr, r->span, s);
+    r->woke = false;
+  }
+  for (sw_page_t *p = f->pages; p != NULL; p = p->next)
+    if (p->fresh != 0) {
+      (void)gmr__backend_phys_release(f->real, p->fresh, p->size);
+      p->fresh = 0;
+    }
+}
+
+static int wake_map(sleep_face_t *f, gmr_stream_t s) {
+  int err = 0;
+  for (sw_page_t *p = f->pages; p != NULL && err == 0; p = p->next)
+    if (p->asleep && (!p->released || p->nranges > 0))
+      err = gmr__backend_phys_create(f->real, p->size, &p->fresh);
+  for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next) {
+    if (!r->asleep) continue;
+    if (r->kind == SW_PAGE)
+      err = gmr__backend_phys_map(f->real, (void *)r->addr, r->size, r->page->fresh, r->offset);
+    else
+      err = gmr__backend_map(f->real, (void *)r->addr, r->span, s);
+    if (err == 0) r->woke = true;
+  }
+  for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next)
+    if (r->woke && r->kind == SW_PAGE && r->access)
+      err = gmr__backend_set_access(f->real, (void *)r->addr, r->size);
+  for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next)
+    if (r->woke && r->host != NULL)
+      err = gmr__backend_copy_to_device(f->real, (void *)r->addr, r->host, range_contents(r), s);
+  if (err == 0) err = gmr__backend_stream_sync(f->real, s);
+  return err;
+}
+
+int gmr__sleep_face_wake(gmr_backend_t *be, gmr_stream_t s, uint64_t *taken) {
+  sleep_face_t *f = sf_of(be);
+  *taken = 0;
+  pthread_mutex_lock(&f->lock);
+  int err = f->nsleeping == 0 && f->sleeping == 0 ? 0 : wake_map(f, s);
+  if (err != 0) {
+    wake_undo(f, s);
+    pthread_mutex_unlock(&f->lock);
+    return err;
+  }
+  for (sw_page_t *p = f->pages; p != NULL; p = p->next) {
+    if (!p->asleep) continue;
+    p->real = p->fresh;
+    p->fresh = 0;
+    p->asleep = false;
+    if (p->released) { /* released while mapped: its mappings hold it again */
+      if (p->real != 0) (void)gmr__backend_phys_release(f->real, p->real, p->size);
+      continue;
+    }
+    f->sleeping -= p->size;
+    f->mapped += p->size;
+    *taken += p->size;
+  }
+  for (sw_range_t *r = f->ranges; r != NULL; r = r->next) {
+    if (!r->woke) continue;
+    r->woke = false;
+    r->asleep = false;
+    --f->nsleeping;
+    f->sleeping -= range_bytes(r);
+    f->mapped += range_bytes(r);
+    *taken += range_bytes(r);
+    host_unref(f, r);
+  }
+  ++f->wakes;
+  pthread_mutex_unlock(&f->lock);
+  return 0;
+}
+
+/* ---- figures and checks ------------------------------------------------------------------ */
+
+void gmr__sleep_face_figures(gmr_backend_t *be, gmr_sleep_figures_t *out) {
+  sleep_face_t *f = sf_of(be);
+  pthread_mutex_lock(&f->lock);
+  *out = (gmr_sleep_figures_t){.mapped_bytes = f->mapped,
+                               .sleeping_bytes = f->sleeping,
+                               .offloaded_bytes = f->offloaded,
+                               .ranges = f->nranges,
+                               .sleeping_ranges = f->nsleeping,
+                               .sleeps = f->sleeps,
+                               .wakes = f->wakes};
+  pthread_mutex_unlock(&f->lock);
+}
+
+#define SF_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      err = gmr__error_set(GMR_EINVAL, "sleepable pool: " __VA_ARGS__);                            \
+      goto out;                                                                                    \
+    }                                                                                              \
+  } while (0)
+
+/* see Note [Sleep invariants] */
+int gmr__sleep_face_check(gmr_backend_t *be) {
+  sleep_face_t *f = sf_of(be);
+  int err = 0;
+  uint64_t mapped = 0, sleeping = 0, offloaded = 0, n = 0, nsleeping = 0;
+  pthread_mutex_lock(&f->lock);
+  for (sw_page_t *p = f->pages; p != NULL; p = p->next) {
+    SF_CHECK(p->fresh == 0, "a page keeps a handle of a wake that ended");
+    SF_CHECK(!page_gone(p), "a released page that nothing maps is still recorded");
+    if (p->released) continue;
+    if (p->asleep)
+      sleeping += p->size;
+    else
+      mapped += p->size;
+  }
+  for (sw_range_t *r = f->ranges; r != NULL; r = r->next) {
+    ++n;
+    SF_CHECK(!r->woke, "the range at %p is marked by a wake that ended", (void *)r->addr);
+    SF_CHECK(r->asleep || r->host == NULL, "the mapped range at %p holds a host copy",
+             (void *)r->addr);
+    SF_CHECK(r->kind != SW_PAGE || r->page != NULL, "the page range at %p names no page",
+             (void *)r->addr);
+    SF_CHECK(r->kind != SW_PAGE || r->asleep == r->page->asleep,
+             "the page range at %p and its page disagree on being asleep", (void *)r->addr);
+    gmr_avl_node_t *node = gmr__avl_find(&f->by_addr, r->addr);
+    SF_CHECK(node != NULL && node->val == (uint64_t)(uintptr_t)r,
+             "the range at %p is missing from the address index", (void *)r->addr);
+    gmr_avl_node_t *below = r->addr > 0 ? gmr__avl_floor(&f->by_addr, r->addr - 1) : NULL;
+    if (below != NULL) {
+      const sw_range_t *b = (const sw_range_t *)(uintptr_t)below->val;
+      size_t blen = b->kind == SW_RESERVE ? b->span : b->size;
+      SF_CHECK(b->addr + blen <= r->addr, "the ranges at %p and %p overlap", (void *)b->addr,
+               (void *)r->addr);
+    }
+    if (r->asleep) {
+      ++nsleeping;
+      sleeping += range_bytes(r);
+    } else {
+      mapped += range_bytes(r);
+    }
+    if (r->host != NULL) offloaded += r->size;
+  }
+  SF_CHECK(n == f->nranges && n == f->by_addr.count, "%llu ranges listed, %llu counted",
+           (unsigned long long)n, (unsigned long long)f->nranges);
+  SF_CHECK(nsleeping == f->nsleeping, "%llu ranges asleep, %llu counted",
+           (unsigned long long)nsleeping, (unsigned long long)f->nsleeping);
+  SF_CHECK(mapped == f->mapped, "%llu bytes mapped, %llu counted", (unsigned long long)mapped,
+           (unsigned long long)f->mapped);
+  SF_CHECK(sleeping == f->sleeping, "%llu bytes asleep, %llu counted", (unsigned long long)sleeping,
+           (unsigned long long)f->sleeping);
+  SF_CHECK(offloaded == f->offloaded, "%llu bytes offloaded, %llu counted",
+           (unsigned long long)offloaded, (unsigned long long)f->offloaded);
+  SF_CHECK((f->host_refs == 0) == (f->host_buf == NULL) && (offloaded == 0) == (f->host_refs == 0),
+           "the host buffer and the copies in it disagree");
+out:
+  pthread_mutex_unlock(&f->lock);
+  return err;
+}
