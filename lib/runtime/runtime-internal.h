@@ -44,7 +44,7 @@
 
 /* 1024 shards: the blocks that threads use at once are often neighbours
  * at one stride (a BFC region cut into equal chunks, one per stream), and
- * the hash below sends 16 blocks at a stride of 256 B, 768 B or 1280 B
+ * runtime.c's map_hash sends 16 blocks at a stride of 256 B, 768 B or 1280 B
  * times any power of two up to 1 GiB to 16 distinct shards (tests/dispatch
  * checks it); with 256 shards strides of 3, 4, 6 and 12 KiB put two of 16
  * blocks in one shard, whose two threads then hand its lock and table
@@ -71,7 +71,7 @@ typedef struct map_shard_s {
  * checked by the assertions below.
  */
 
-/* Layout, checked where it is built (gmr__runtime_build, map_grow) and here:
+/* Layout, checked where it is built (runtime.c: runtime_build, map_grow) and here:
  *   sizeof(map_shard_t) == CACHE_LINE,  (uintptr_t)&rt->shards[i] % CACHE_LINE == 0,
  *   (uintptr_t)sh->slots % CACHE_LINE == 0,  capacity x 40 % CACHE_LINE == 0. */
 _Static_assert(sizeof(map_shard_t) == CACHE_LINE, "a shard fills one cache line");
@@ -122,7 +122,7 @@ typedef struct pool_route_s {
  */
 
 /* Synchronization: `policy`, `policy_lock`, `backend`, `trace` and the names
- * are written once by gmr__runtime_build and only read afterwards; each shard's
+ * are written once by runtime_build and only read afterwards; each shard's
  * entries are guarded by `policy_lock` when there is one, else by the shard's
  * own lock; `lock` serializes gmr_history_enable. */
 struct gmr_runtime_s {
