@@ -5,41 +5,18 @@
  * every argument before a policy sees it, so policies only ever get sizes in
  * (0, GMR_MAX_REQUEST] and blocks they handed out themselves.
  *
+ * The struct and its Notes are in runtime-internal.h, the statistics and
+ * introspection in runtime-stats.c, the tags' sleep and wake in tags.c.
  * See Note [Runtime locking], Note [Fast and general paths],
  * Note [Map invariant], Note [Shard layout] and Note [Runtime history].
  */
-#include <errno.h>
-#include <inttypes.h>
-#include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
+#include "runtime/runtime-internal.h"
 
-#include "backend/gate.h"
-#include "backend/sleep.h"
-#include "core/config-env.h"
-#include "core/internal.h"
-#include "core/lock.h"
-#include "core/shared-cap.h"
-#include "observe/history.h"
-#include "observe/recording.h"
-#include "observe/snapshot.h"
-#include "observe/trace.h"
-#include "policy.h"
-#include "runtime/config.h"
-#include "runtime/runtime.h"
-#include "runtime/stats.h"
-
-/* Out of line: the refusals and the history's recording paths; inline: the
- * helpers of the hot path, so it stays as it is without the history. */
-#if defined(__GNUC__)
-#define RUNTIME_COLD     __attribute__((cold, noinline))
-#define RUNTIME_NOINLINE __attribute__((noinline))
-#define RUNTIME_INLINE   inline __attribute__((always_inline))
-#else
-#define RUNTIME_COLD
-#define RUNTIME_NOINLINE
-#define RUNTIME_INLINE inline
-#endif
+/* Tagged pools (Note [Tags]): the frees kept while asleep, the count back. */
+static int free_deferred(gmr_runtime_t *rt, gmr_runtime_t *child, void *ptr);
+static void sleep_count_back(gmr_runtime_t *c);
+/* Private pools (Note [Pools]): a child records into its parent's history. */
+static void child_share_history(gmr_runtime_t *rt, gmr_runtime_t *c);
 
 /* ---- the pointer map: sharded open addressing, linear probing ------------- */
 
@@ -49,149 +26,9 @@
  * policy state is touched.
  */
 
-/* 1024 shards: the blocks that threads use at once are often neighbours
- * at one stride (a BFC region cut into equal chunks, one per stream), and
- * the hash below sends 16 blocks at a stride of 256 B, 768 B or 1280 B
- * times any power of two up to 1 GiB to 16 distinct shards (tests/dispatch
- * checks it); with 256 shards strides of 3, 4, 6 and 12 KiB put two of 16
- * blocks in one shard, whose two threads then hand its lock and table
- * lines back and forth at every call (ten times a pair's cost, measured). */
-#define MAP_SHARD_BITS  10
-#define MAP_SHARDS      (1 << MAP_SHARD_BITS)
-#define CACHE_LINE      64
-#define MAP_FIRST_SLOTS 8 /* a shard's first table (its first 4 entries): 320 bytes */
-
-typedef struct map_shard_s {
-  _Alignas(CACHE_LINE) gmr_spin_t lock; /* used only with concurrent policies */
-  size_t mask;                          /* capacity - 1 (capacity a power of two) */
-  size_t count;                         /* live entries; count <= capacity / 2 */
-  size_t grow_at;                       /* capacity / 2 (0 before the first insert): an insert at
-                                           count == grow_at doubles the table first */
-  gmr_block_t *slots;                   /* ptr == NULL: empty; map_none before the first insert */
-  void *slots_raw;                      /* what the host returned (slots are aligned in it) */
-} map_shard_t;
-
-/* Note [Shard layout]
- * Each shard fills one cache line of its own, and the runtime lock has one
- * too, so threads working on different shards never write to a line another
- * thread reads (the runtime is allocated 64-byte aligned).  The layout is
- * checked by the assertions below.
- */
-
-/* Layout, checked where it is built (runtime_build, map_grow) and here:
- *   sizeof(map_shard_t) == CACHE_LINE,  (uintptr_t)&rt->shards[i] % CACHE_LINE == 0,
- *   (uintptr_t)sh->slots % CACHE_LINE == 0,  capacity x 40 % CACHE_LINE == 0. */
-_Static_assert(sizeof(map_shard_t) == CACHE_LINE, "a shard fills one cache line");
-_Static_assert(MAP_FIRST_SLOTS * sizeof(gmr_block_t) % CACHE_LINE == 0,
-               "a shard's table ends on a cache line");
-
 /* The table of a shard that never held an entry: one empty slot (mask 0,
  * grow_at 0), so a lookup needs no test for a missing table. */
 static gmr_block_t map_none[1];
-
-/* Note [Fast and general paths]
- * gmr_alloc and gmr_free check their arguments, then test one word, `slow` (a
- * serialized policy, the trace, the history): 0 jumps to the hot path
- * (alloc_fast, free_fast: the policy, the shard), anything else to the general
- * one (alloc_general, free_general), both before a frame is built.
- */
-#define RUNTIME_SLOW_HISTORY 1u /* `history` is set */
-#define RUNTIME_SLOW_TRACE   2u /* `trace` is set */
-#define RUNTIME_SLOW_SERIAL  4u /* `policy_lock` is set: the policy is not concurrent */
-#define RUNTIME_SLOW_POOLS   8u /* `children` is set: private pools exist (Note [Pools]) */
-
-/* Note [Pools]
- * A private pool (gmr_pool_create, pools.c) is a child runtime: a second
- * instance of the runtime's policy stack, built from the same configuration
- * (kept in `cfg`) over a borrowed face of the same gate and device (gate.h),
- * with its own pointer map.  The parent keeps its children in a list and the
- * routes (stream -> child) that gmr_pool_begin made, both under `lock`.  So:
- *   - a block freed in a pool goes back to the child's policy, and only an
- *     allocation in that pool can get it again;
- *   - gmr_free of a pool's block finds its child after the parent's map
- *     misses (only while children exist: RUNTIME_SLOW_POOLS);
- *   - a child lives while uses > 0, or it holds live blocks, or `busy` > 0
- *     (a call into it is underway); gmr_empty_cache closes the others;
- *   - the history is the parent's: a child records into the parent's store;
- *   - statistics, walks and checks of the parent cover its children; peaks
- *     are sums of each instance's peak, an upper bound of the true peak.
- * Lock order: parent `lock`, then a child's locks; never the reverse. */
-typedef struct pool_route_s {
-  gmr_runtime_t *child;
-  gmr_stream_t stream; /* GMR_STREAM_ANY: every stream */
-} pool_route_t;
-
-/* Note [Runtime locking]
- * Policies are called through the policy.h wrappers, which own the lock of a
- * policy that is not `concurrent` (one op at a time); the map is then touched
- * under that same lock, held across the op and the map (gmr__policy_lock and
- * the *_locked calls).  A concurrent policy locks itself, and the map is
- * touched under its shard's lock.  The policy lock is a gmr_lock_t, a shard's
- * a gmr_spin_t (lock.h): an uncontended lock and unlock are one atomic
- * instruction each, inline (a spin unlock is a plain release store).  Which
- * lock guards what: the Synchronization comment of struct gmr_runtime_s below.
- */
-
-/* Synchronization: `policy`, `policy_lock`, `backend`, `trace` and the names
- * are written once by runtime_build and only read afterwards; each shard's
- * entries are guarded by `policy_lock` when there is one, else by the shard's
- * own lock; `lock` serializes gmr_history_enable. */
-struct gmr_runtime_s {
-  gmr_policy_t *policy;
-  gmr_lock_t *policy_lock; /* gmr__policy_lock_ptr(policy): NULL when concurrent */
-  gmr_backend_t *backend;  /* the recording layer the policies were given */
-  gmr_backend_t *dev;      /* the device under it (owned by `backend`) */
-  gmr_trace_t *trace;      /* NULL unless recording */
-  /* RUNTIME_SLOW_* bits: gmr_alloc and gmr_free take their general path
-   * unless it is 0 (a concurrent policy, no trace, no history). */
-  _Atomic uint32_t slow;
-  void *raw; /* what gmr__calloc returned (the runtime is aligned inside) */
-  /* The memory history: `history` is NULL when off and `history_store` while
-   * on; the store lives until the runtime is freed, so a thread that loaded
-   * `history` just before it was turned off still records into valid memory.
-   * Both written by gmr_history_enable only, under `lock`. */
-  gmr_history_t *_Atomic history;
-  gmr_history_t *history_store;
-  bool history_completes; /* no policy of the stack reports free_completed */
-  char *snapshot_path;    /* GMR_SNAPSHOT: written when the runtime is freed; NULL: none */
-  int device;
-  char policy_name[128];
-  gmr_config_t *cfg;   /* retained: the private pools are built from it */
-  gmr_backend_t *gate; /* the device gate under the recording layer (gate.h) */
-  /* Private pools (Note [Pools]); a child's `parent` is set, its `children` NULL. */
-  gmr_runtime_t *parent;
-  gmr_runtime_t *children, *next_child; /* under the parent's `lock` */
-  pool_route_t *routes;                 /* under `lock`, newest last */
-  size_t nroutes_cap;
-  _Atomic size_t nroutes;
-  uint64_t pool_id; /* children: unique in the process, never 0 */
-  int pool_uses;    /* children: under the parent's `lock` */
-  _Atomic int busy; /* children: calls into it underway through the parent */
-  /* What closed pools counted (Note [Retired pools]), under `lock`;
-   * `retired_any` is set once the first pool closes. */
-  gmr_stats_t retired;
-  struct stat_vec_s *retired_named;
-  _Atomic bool retired_any;
-  /* Tagged pools (Note [Tags]): the tag, the sleepable face under the
-   * recording layer, whether asleep and how (GMR_SLEEP_*), and the frees
-   * made while asleep (under the parent's `lock`).  The parent's
-   * `sleep_lock` serializes gmr_sleep and gmr_wake. */
-  char *tag;
-  gmr_backend_t *sleep_face;
-  _Atomic int asleep;
-  int sleep_mode;
-  void **deferred;
-  size_t ndeferred, capdeferred;
-  gmr_lock_t sleep_lock;
-  /* gmr_history_enable's, and the pools' (children, routes, uses). */
-  _Alignas(CACHE_LINE) gmr_lock_t lock;
-  map_shard_t shards[MAP_SHARDS];
-};
-
-/* Tagged pools (Note [Tags]), defined with the sleep and wake mechanics. */
-static void sleep_count_back(gmr_runtime_t *c);
-static int sleep_check(gmr_runtime_t *c);
-static int stat_emit_tags(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud);
 
 /* Multiplicative hashing, then the high half folded into the low one: the
  * shard comes from the top bits and the slot from the low bits, and block
@@ -287,11 +124,6 @@ static inline void map_lock(gmr_runtime_t *rt, map_shard_t *sh) {
 }
 static inline void map_unlock(gmr_runtime_t *rt, map_shard_t *sh) {
   if (rt->policy_lock == NULL) gmr__spin_unlock(&sh->lock);
-}
-
-static int fail(gmr_runtime_t *rt, int err) {
-  gmr__error_tag(rt);
-  return err;
 }
 
 /* A trace line that could not be written: the call itself succeeded, so it
@@ -493,10 +325,6 @@ int gmr_runtime_new_sim(const gmr_config_t *cfg, const gmr_sim_options_t *opts,
   return runtime_build(cfg, be, 0, NULL, false, out);
 }
 
-static void pool_retire(gmr_runtime_t *rt, gmr_runtime_t *c);
-static void retired_free(gmr_runtime_t *rt);
-static void retired_reset(gmr_runtime_t *rt);
-
 int gmr_runtime_close(gmr_runtime_t *rt) {
   if (rt == NULL) return 0;
   gmr__error_clear();
@@ -527,7 +355,7 @@ int gmr_runtime_close(gmr_runtime_t *rt) {
     (void)gmr__trace_close(rt->trace); /* the snapshot's message stays */
   gmr__backend_free(rt->backend);
   gmr__history_free(rt->history_store);
-  retired_free(rt);
+  gmr__runtime_retired_free(rt);
   gmr__free(rt->snapshot_path);
   gmr_config_free(rt->cfg);
   gmr__free(rt->tag);
@@ -599,13 +427,6 @@ static RUNTIME_COLD int alloc_failed(gmr_runtime_t *rt, int err) {
   return gmr__policy_failed(rt->policy, err);
 }
 
-/* Acquire: pairs with the release of gmr_history_enable's store, so a thread
- * that sees the history also sees it initialized (its mutex, ring and clock),
- * on every memory model (aarch64 included), not only on x86. */
-static inline gmr_history_t *history_of(gmr_runtime_t *rt) {
-  return atomic_load_explicit(&rt->history, memory_order_acquire);
-}
-
 /* The general path's policy allocation and map insertion, under the locks. */
 static RUNTIME_INLINE int alloc_core(gmr_runtime_t *rt, size_t size, gmr_stream_t s,
                                      gmr_block_t *blk) {
@@ -652,9 +473,122 @@ static gmr_runtime_t *region_child(gmr_runtime_t *rt) {
   return NULL;
 }
 
-static inline bool has_pools(gmr_runtime_t *rt) {
-  return (atomic_load_explicit(&rt->slow, memory_order_acquire) & RUNTIME_SLOW_POOLS) != 0;
+/* ---- tagged pools: regions, lookup, the frees kept while asleep (Note [Tags]) --- */
+
+int gmr__runtime_region_begin(gmr_runtime_t *rt, const char *tag) {
+  if (rt->parent != NULL)
+    return gmr__error_set(GMR_EINVAL, "gmr_region_begin: a pool has no regions of its own");
+  if (tl_depth == REGION_DEPTH)
+    return fail(rt, gmr__error_set(GMR_EINVAL,
+                                   "gmr_region_begin: %d regions are open on this thread already",
+                                   REGION_DEPTH));
+  gmr_runtime_t *c = NULL;
+  int err = gmr__runtime_tag(rt, tag, true, &c);
+  if (err != 0) return err;
+  tl_regions[tl_depth++] = (region_t){rt, c};
+  return 0;
 }
+
+int gmr__runtime_region_end(gmr_runtime_t *rt) {
+  int i = tl_depth;
+  while (i-- > 0 && tl_regions[i].rt != rt) {
+  }
+  if (i < 0)
+    return fail(rt, gmr__error_set(GMR_EINVAL,
+                                   "gmr_region_end: no region is open on this runtime on this "
+                                   "thread"));
+  memmove(&tl_regions[i], &tl_regions[i + 1], (size_t)(tl_depth - i - 1) * sizeof tl_regions[0]);
+  --tl_depth;
+  return 0;
+}
+
+const char *gmr__runtime_region_current(gmr_runtime_t *rt) {
+  gmr_runtime_t *c = region_child(rt);
+  return c != NULL ? c->tag : NULL;
+}
+
+/* The tag pool named `tag`, made busy-free (tag pools live as long as rt);
+ * NULL when none.  Under rt's `lock`. */
+static gmr_runtime_t *tag_find_locked(gmr_runtime_t *rt, const char *tag) {
+  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
+    if (c->tag != NULL && strcmp(c->tag, tag) == 0) return c;
+  return NULL;
+}
+
+static gmr_runtime_t *tag_find(gmr_runtime_t *rt, const char *tag) {
+  gmr__lock(&rt->lock);
+  gmr_runtime_t *c = tag_find_locked(rt, tag);
+  gmr__unlock(&rt->lock);
+  return c;
+}
+
+int gmr__runtime_tag(gmr_runtime_t *rt, const char *tag, bool create, gmr_runtime_t **out) {
+  gmr_runtime_t *c = tag_find(rt, tag);
+  if (c != NULL || !create) {
+    *out = c;
+    return 0;
+  }
+  static _Atomic uint64_t tag_ids = (uint64_t)1 << 62; /* apart from gmr_pool_create's */
+  int err = runtime_build(rt->cfg, NULL, rt->device, rt, true, &c);
+  if (err != 0) return fail(rt, err);
+  c->tag = gmr__strdup(tag);
+  if (c->tag == NULL) {
+    (void)gmr_runtime_close(c);
+    return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_region_begin: out of host memory"));
+  }
+  c->pool_id = atomic_fetch_add(&tag_ids, 1) + 1;
+  c->pool_uses = 1;
+  gmr__lock(&rt->lock);
+  gmr_runtime_t *other = tag_find_locked(rt, tag); /* another thread made it meanwhile */
+  if (other == NULL) {
+    child_share_history(rt, c);
+    c->next_child = rt->children;
+    rt->children = c;
+    atomic_fetch_or_explicit(&rt->slow, RUNTIME_SLOW_POOLS, memory_order_release);
+  }
+  gmr__unlock(&rt->lock);
+  if (other != NULL) {
+    (void)gmr_runtime_close(c);
+    c = other;
+  }
+  *out = c;
+  return 0;
+}
+
+/* A free while the tag sleeps: kept for the wake (Note [Tags]).  A second
+ * free of the same pointer is refused as a double free. */
+static int free_deferred(gmr_runtime_t *rt, gmr_runtime_t *child, void *ptr) {
+  int err = 0;
+  gmr__lock(&rt->lock);
+  for (size_t i = 0; i < child->ndeferred && err == 0; ++i)
+    if (child->deferred[i] == ptr) err = GMR_EBADPTR;
+  if (err == 0 && child->ndeferred == child->capdeferred) {
+    size_t cap = child->capdeferred ? child->capdeferred * 2 : 16;
+    void **v = gmr__realloc(child->deferred, cap * sizeof *v);
+    if (v == NULL) err = GMR_ENOMEM;
+    if (v != NULL) child->deferred = v, child->capdeferred = cap;
+  }
+  if (err == 0) child->deferred[child->ndeferred++] = ptr;
+  gmr__unlock(&rt->lock);
+  if (err == GMR_EBADPTR) return bad_pointer(rt, "gmr_free", ptr);
+  if (err == GMR_ENOMEM)
+    return fail(rt, gmr__error_set(GMR_ENOMEM,
+                                   "gmr_free: out of host memory to keep a free of %p until tag "
+                                   "'%s' wakes",
+                                   ptr, child->tag));
+  return 0;
+}
+
+/* A pool that goes asleep: its memory is counted back in (Note [Tags]). */
+static void sleep_count_back(gmr_runtime_t *c) {
+  if (!atomic_load(&c->asleep)) return;
+  gmr_sleep_figures_t fig;
+  gmr__sleep_face_figures(c->sleep_face, &fig);
+  if (fig.sleeping_bytes > 0)
+    (void)gmr__policy_sleep_charge(c->policy, (int64_t)fig.sleeping_bytes, true);
+}
+
+/* ---- private pools: routing, continued ---------------------------------------- */
 
 /* The child that the newest route matching s names (use count > 0), made
  * busy; NULL when none matches. */
@@ -672,8 +606,6 @@ static RUNTIME_COLD gmr_runtime_t *route_find(gmr_runtime_t *rt, gmr_stream_t s)
   gmr__unlock(&rt->lock);
   return found;
 }
-
-static int pools_trim(gmr_runtime_t *rt, uint64_t *released);
 
 /* The bytes rt's policy holds from the device (its backend's counter). */
 static RUNTIME_COLD uint64_t policy_reserved(gmr_runtime_t *rt) {
@@ -697,7 +629,7 @@ static RUNTIME_COLD int alloc_in_child(gmr_runtime_t *rt, gmr_runtime_t *child, 
   int err = gmr_alloc(child, size, s, out_ptr);
   if (err == GMR_ENOMEM) {
     uint64_t released = 0, before = policy_reserved(rt);
-    if (gmr__policy_trim(rt->policy) == 0 && pools_trim(rt, &released) == 0 &&
+    if (gmr__policy_trim(rt->policy) == 0 && gmr__runtime_pools_trim(rt, &released) == 0 &&
         (released > 0 || policy_reserved(rt) < before))
       err = gmr_alloc(child, size, s, out_ptr);
   }
@@ -724,7 +656,6 @@ static RUNTIME_COLD gmr_runtime_t *child_holding(gmr_runtime_t *rt, const void *
 }
 
 /* gmr_free of a pointer the parent's map does not hold. */
-static int free_deferred(gmr_runtime_t *rt, gmr_runtime_t *child, void *ptr);
 
 static RUNTIME_COLD int free_in_child(gmr_runtime_t *rt, void *ptr) {
   gmr_runtime_t *child = child_holding(rt, ptr);
@@ -759,7 +690,8 @@ static RUNTIME_NOINLINE int alloc_general(gmr_runtime_t *rt, size_t size, gmr_st
   gmr_block_t blk;
   int err = alloc_core(rt, size, s, &blk);
   uint64_t released = 0; /* the released pools' cache: see Note [One retry] */
-  if (err == GMR_ENOMEM && has_pools(rt) && pools_trim(rt, &released) == 0 && released > 0)
+  if (err == GMR_ENOMEM && has_pools(rt) && gmr__runtime_pools_trim(rt, &released) == 0 &&
+      released > 0)
     err = alloc_core(rt, size, s, &blk);
   if (err == GMR_ENOMEM && hist != NULL) {
     size_t free_b = 0, total = 0;
@@ -1100,7 +1032,7 @@ int gmr__runtime_pool_foreach_live(gmr_runtime_t *c, gmr_ptr_cb cb, void *ud) {
  * 0), and close those that then hold nothing (PyTorch frees a private pool's
  * cached blocks once no graph uses it).  *released (if not NULL) gets the
  * bytes the trimmed pools held from the device before and not after. */
-static int pools_trim(gmr_runtime_t *rt, uint64_t *released) {
+int gmr__runtime_pools_trim(gmr_runtime_t *rt, uint64_t *released) {
   int err = 0;
   uint64_t gave = 0;
   gmr__lock(&rt->lock);
@@ -1129,7 +1061,7 @@ static int pools_trim(gmr_runtime_t *rt, uint64_t *released) {
     for (size_t i = 0; i < n; ++i)
       if (rt->routes[i].child != c) rt->routes[kept++] = rt->routes[i];
     atomic_store_explicit(&rt->nroutes, kept, memory_order_release);
-    pool_retire(rt, c);
+    gmr__runtime_pool_retire(rt, c);
     (void)gmr_runtime_close(c);
   }
   if (rt->children == NULL)
@@ -1164,7 +1096,7 @@ int gmr_empty_cache(gmr_runtime_t *rt) {
   if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_empty_cache: the runtime is NULL");
   int err = gmr__policy_trim(rt->policy);
   if (err != 0) return err;
-  if (has_pools(rt) && (err = pools_trim(rt, NULL)) != 0) return fail(rt, err);
+  if (has_pools(rt) && (err = gmr__runtime_pools_trim(rt, NULL)) != 0) return fail(rt, err);
   if (rt->trace) trace_write(rt, "empty_cache", NULL, 0, NULL);
   return 0;
 }
@@ -1197,395 +1129,6 @@ int gmr_alloc_size(gmr_runtime_t *rt, void *ptr, size_t *out_requested, size_t *
   if (child == NULL) return bad_pointer(rt, "gmr_alloc_size", ptr);
   int err = gmr_alloc_size(child, ptr, out_requested, out_allocated);
   atomic_fetch_sub(&child->busy, 1);
-  return err;
-}
-
-/* ---- statistics and introspection ------------------------------------------- */
-
-int gmr_stats(gmr_runtime_t *rt, gmr_stats_t *out) {
-  if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats: NULL argument");
-  gmr_stats_t st;
-  memset(&st, 0, sizeof st);
-  gmr__policy_quiesce(rt->policy); /* the device's figures of the policy's moment */
-  gmr__policy_stats_locked(rt->policy, &st);
-  gmr__stats_fill_device(rt->backend, &st);
-  gmr__policy_resume(rt->policy);
-  if (has_pools(rt)) {
-    gmr__lock(&rt->lock);
-    for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child) {
-      gmr_stats_t cs;
-      gmr_stats(c, &cs);
-      gmr__stats_add(&st, &cs);
-    }
-    gmr__unlock(&rt->lock);
-  }
-  if (atomic_load(&rt->retired_any)) { /* Note [Retired pools] */
-    gmr__lock(&rt->lock);
-    gmr__stats_add_accumulated(&st, &rt->retired);
-    gmr__unlock(&rt->lock);
-  }
-  *out = st;
-  return 0;
-}
-
-void gmr_stats_reset_peak(gmr_runtime_t *rt) {
-  if (rt == NULL) return;
-  gmr__policy_quiesce(rt->policy); /* the device's peak with the policy's */
-  gmr__policy_reset_peak_locked(rt->policy);
-  gmr__backend_counters_reset_peak(rt->backend);
-  gmr__policy_resume(rt->policy);
-  if (!has_pools(rt)) return;
-  gmr__lock(&rt->lock);
-  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
-    gmr_stats_reset_peak(c);
-  gmr__unlock(&rt->lock);
-}
-
-void gmr_stats_reset_accumulated(gmr_runtime_t *rt) {
-  if (rt == NULL) return;
-  gmr__policy_quiesce(rt->policy);
-  gmr__policy_reset_accumulated_locked(rt->policy);
-  gmr__backend_counters_reset_accumulated(rt->backend);
-  gmr__policy_resume(rt->policy);
-  retired_reset(rt);
-  if (!has_pools(rt)) return;
-  gmr__lock(&rt->lock);
-  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
-    gmr_stats_reset_accumulated(c);
-  gmr__unlock(&rt->lock);
-}
-
-/* Re-entrance.  gmr_walk, gmr_stats_foreach and gmr_summary call back into
- * the caller (a walk or statistics callback, the FILE's own write function)
- * while the policy would be locked, and a callback that calls the runtime
- * again (allocates, frees, walks) would wait for that lock forever.  So the
- * policy hands its entries to a collector under the lock, and the caller's
- * callback sees the copies after the lock is released: any callback may call
- * any gmr function.  Costs one host allocation per call, never the hot path. */
-
-typedef struct walk_vec_s {
-  gmr_walk_entry_t *v;
-  size_t n, cap;
-  bool failed;      /* out of host memory */
-  uint64_t pool_id; /* stamped on the entries collected now */
-} walk_vec_t;
-
-static int walk_collect(const gmr_walk_entry_t *e, void *ud) {
-  walk_vec_t *w = ud;
-  if (w->n == w->cap) {
-    size_t cap = w->cap ? w->cap * 2 : 64;
-    gmr_walk_entry_t *v = gmr__realloc(w->v, cap * sizeof *v);
-    if (v == NULL) {
-      w->failed = true;
-      return 1;
-    }
-    w->v = v;
-    w->cap = cap;
-  }
-  w->v[w->n] = *e; /* `pool` names are string literals */
-  w->v[w->n++].pool_id = w->pool_id;
-  return 0;
-}
-
-typedef struct stat_vec_s {
-  gmr_strbuf_t keys; /* the keys, each NUL-terminated, one after another */
-  int64_t *values;
-  size_t *key_at; /* offsets into keys */
-  size_t n, cap;
-  bool failed;
-} stat_vec_t;
-
-static int stat_collect(const char *key, int64_t value, void *ud) {
-  stat_vec_t *v = ud;
-  if (v->n == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 128;
-    int64_t *values = gmr__realloc(v->values, cap * sizeof *values);
-    if (values != NULL) v->values = values;
-    size_t *key_at = values ? gmr__realloc(v->key_at, cap * sizeof *key_at) : NULL;
-    if (key_at != NULL) v->key_at = key_at;
-    if (values == NULL || key_at == NULL) {
-      v->failed = true;
-      return 1;
-    }
-    v->cap = cap;
-  }
-  v->key_at[v->n] = v->keys.len;
-  gmr__sb_puts(&v->keys, key);
-  gmr__sb_puts(&v->keys, "\x01"); /* a separator, made NUL below */
-  if (v->keys.failed) {
-    v->failed = true;
-    return 1;
-  }
-  v->values[v->n++] = value;
-  return 0;
-}
-
-/* Note [Retired pools]
- * PyTorch's statistics are the device's: a private pool's allocations stay
- * counted in num_device_alloc, allocation.all.allocated and the rest after
- * the pool is gone.  A gmr pool is a child runtime with counters of its own,
- * so when one closes its accumulated counts (gmr__stats_is_accumulated,
- * gmr__stats_add_accumulated) are folded into its parent's `retired` and
- * `retired_named`, which gmr_stats and gmr_stats_foreach add in and
- * gmr_stats_reset_accumulated clears:
- *   accumulated(rt) = own(rt) + sum over live pools + retired(rt).
- * Its current values and peaks go with it, as its memory does. */
-
-static void stat_vec_free(stat_vec_t *v) {
-  gmr__sb_free(&v->keys);
-  gmr__free(v->values);
-  gmr__free(v->key_at);
-  memset(v, 0, sizeof *v);
-}
-
-/* The separators stat_collect writes, made NULs. */
-static void stat_vec_terminate(stat_vec_t *v) {
-  for (size_t i = 0; i < v->keys.len; ++i)
-    if (v->keys.data[i] == '\x01') v->keys.data[i] = '\0';
-}
-
-static const char *stat_vec_key(const stat_vec_t *v, size_t i) {
-  return v->keys.data + v->key_at[i];
-}
-
-/* Add value to key's entry in v (terminated), appending it when missing. */
-static void stat_vec_add(stat_vec_t *v, const char *key, int64_t value) {
-  for (size_t i = 0; i < v->n; ++i)
-    if (strcmp(stat_vec_key(v, i), key) == 0) {
-      v->values[i] += value;
-      return;
-    }
-  if (stat_collect(key, value, v) == 0) v->keys.data[v->keys.len - 1] = '\0';
-}
-
-/* Fold pool c's accumulated counts into rt's (under rt's `lock`); a failure
- * to allocate host memory loses the named counts, never the common ones. */
-static void pool_retire(gmr_runtime_t *rt, gmr_runtime_t *c) {
-  gmr_stats_t cs;
-  gmr_stats(c, &cs);
-  gmr__stats_add_accumulated(&rt->retired, &cs);
-  if (rt->retired_named == NULL) rt->retired_named = gmr__calloc(1, sizeof *rt->retired_named);
-  stat_vec_t cv;
-  memset(&cv, 0, sizeof cv);
-  if (rt->retired_named != NULL && gmr__policy_stats_foreach(c->policy, stat_collect, &cv) == 0 &&
-      !cv.failed) {
-    stat_vec_terminate(&cv);
-    for (size_t i = 0; i < cv.n; ++i)
-      if (gmr__stats_is_accumulated(stat_vec_key(&cv, i)))
-        stat_vec_add(rt->retired_named, stat_vec_key(&cv, i), cv.values[i]);
-  }
-  stat_vec_free(&cv);
-  atomic_store(&rt->retired_any, true);
-}
-
-static void retired_free(gmr_runtime_t *rt) {
-  if (rt->retired_named != NULL) stat_vec_free(rt->retired_named);
-  gmr__free(rt->retired_named);
-}
-
-static void retired_reset(gmr_runtime_t *rt) {
-  gmr__lock(&rt->lock);
-  memset(&rt->retired, 0, sizeof rt->retired);
-  for (size_t i = 0; rt->retired_named != NULL && i < rt->retired_named->n; ++i)
-    rt->retired_named->values[i] = 0;
-  gmr__unlock(&rt->lock);
-}
-
-/* Add the retired pools' named counts to v (terminated), key by key. */
-static void stat_vec_add_retired(gmr_runtime_t *rt, stat_vec_t *v) {
-  gmr__lock(&rt->lock);
-  const stat_vec_t *r = rt->retired_named;
-  for (size_t i = 0; r != NULL && i < v->n; ++i)
-    for (size_t j = 0; j < r->n; ++j)
-      if (strcmp(stat_vec_key(v, i), stat_vec_key(r, j)) == 0) {
-        v->values[i] += r->values[j];
-        break;
-      }
-  gmr__unlock(&rt->lock);
-}
-
-/* Add each pool's named statistics to v, key by key (the pools run the same
- * policy, so the same keys); settings such as max_split_size stay. */
-static int stat_vec_add_pools(gmr_runtime_t *rt, stat_vec_t *v) {
-  int err = 0;
-  gmr__lock(&rt->lock);
-  for (gmr_runtime_t *c = rt->children; c != NULL && err == 0; c = c->next_child) {
-    stat_vec_t cv;
-    memset(&cv, 0, sizeof cv);
-    err = gmr__policy_stats_foreach(c->policy, stat_collect, &cv);
-    if (err == 0 && cv.failed) err = GMR_ENOMEM;
-    stat_vec_terminate(&cv);
-    for (size_t i = 0; err == 0 && i < v->n && i < cv.n; ++i) {
-      const char *key = stat_vec_key(v, i);
-      if (strcmp(key, stat_vec_key(&cv, i)) == 0 && !gmr__stats_is_setting(key))
-        v->values[i] += cv.values[i];
-    }
-    stat_vec_free(&cv);
-  }
-  gmr__unlock(&rt->lock);
-  return err == GMR_ENOMEM
-             ? gmr__error_set(err, "gmr_stats_foreach: out of host memory for the statistics")
-             : err;
-}
-
-int gmr_stats_foreach(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
-  if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_stats_foreach: NULL");
-  stat_vec_t v;
-  memset(&v, 0, sizeof v);
-  int err = gmr__policy_stats_foreach(rt->policy, stat_collect, &v);
-  if (err == GMR_POLICY_NONE) {
-    gmr__sb_free(&v.keys);
-    gmr_stats_t st;
-    gmr_stats(rt, &st);
-    int cerr = gmr__stats_foreach_common(&st, cb, ud); /* no lock is held */
-    if (cerr == 0 && has_pools(rt)) cerr = stat_emit_tags(rt, cb, ud);
-    return cerr;
-  }
-  if (err == 0 && v.failed)
-    err = gmr__error_set(GMR_ENOMEM, "gmr_stats_foreach: out of host memory for the statistics");
-  stat_vec_terminate(&v);
-  if (err == 0 && has_pools(rt)) err = stat_vec_add_pools(rt, &v);
-  if (err == 0 && atomic_load(&rt->retired_any)) stat_vec_add_retired(rt, &v);
-  size_t i = 0;
-  for (; err == 0 && i < v.n; ++i)
-    if (cb(stat_vec_key(&v, i), v.values[i], ud) != 0) break;
-  if (err == 0 && i == v.n && has_pools(rt)) err = stat_emit_tags(rt, cb, ud);
-  stat_vec_free(&v);
-  return err ? fail(rt, err) : 0;
-}
-
-typedef struct stat_find_s {
-  const char *key;
-  int64_t value;
-  bool found;
-} stat_find_t;
-
-static int stat_find_cb(const char *key, int64_t value, void *ud) {
-  stat_find_t *f = ud;
-  if (strcmp(key, f->key) != 0) return 0;
-  f->value = value;
-  f->found = true;
-  return 1;
-}
-
-int gmr_stat_get(gmr_runtime_t *rt, const char *key, int64_t *out) {
-  if (rt == NULL || key == NULL || out == NULL)
-    return gmr__error_set(GMR_EINVAL, "gmr_stat_get: NULL argument");
-  stat_find_t f = {key, 0, false};
-  gmr_stats_foreach(rt, stat_find_cb, &f);
-  if (!f.found) {
-    gmr_stats_t st;
-    gmr_stats(rt, &st);
-    gmr__stats_foreach_common(&st, stat_find_cb, &f);
-  }
-  if (!f.found)
-    return fail(rt, gmr__error_set(GMR_EINVAL, "gmr_stat_get: policy %s has no statistic '%s'",
-                                   rt->policy_name, key));
-  *out = f.value;
-  return 0;
-}
-
-int gmr_summary(gmr_runtime_t *rt, FILE *out) {
-  if (rt == NULL || out == NULL) return gmr__error_set(GMR_EINVAL, "gmr_summary: NULL argument");
-  /* The text is written to memory under the policy's lock and to `out` after
-   * it (a FILE may have write functions of its own that call gmr). */
-  char *text = NULL;
-  size_t len = 0;
-  FILE *mem = open_memstream(&text, &len);
-  if (mem == NULL)
-    return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text"));
-  int err = gmr__policy_summary(rt->policy, mem);
-  if (fclose(mem) != 0 && (err == 0 || err == GMR_POLICY_NONE))
-    err = gmr__error_set(GMR_ENOMEM, "gmr_summary: out of host memory for the text");
-  if (err == 0 && len > 0 && (fwrite(text, 1, len, out) != len || ferror(out)))
-    err = gmr__error_set(GMR_EIO, "gmr_summary: writing the summary failed: %s", strerror(errno));
-  free(text);
-  if (err == GMR_POLICY_NONE) {
-    gmr_stats_t st;
-    gmr_stats(rt, &st);
-    return gmr__stats_print(&st, rt->policy_name, rt->backend->ops->name, out);
-  }
-  return err ? fail(rt, err) : 0;
-}
-
-const char *gmr_last_error(gmr_runtime_t *rt) {
-  return gmr__error_text(rt);
-}
-
-int gmr_walk(gmr_runtime_t *rt, gmr_walk_cb cb, void *ud) {
-  if (rt == NULL || cb == NULL) return gmr__error_set(GMR_EINVAL, "gmr_walk: NULL argument");
-  walk_vec_t w = {NULL, 0, 0, false, 0};
-  int err = gmr__policy_walk(rt->policy, walk_collect, &w);
-  if (err == 0 && has_pools(rt)) {
-    gmr__lock(&rt->lock);
-    for (gmr_runtime_t *c = rt->children; c != NULL && err == 0 && !w.failed; c = c->next_child) {
-      w.pool_id = c->pool_id;
-      err = gmr__policy_walk(c->policy, walk_collect, &w);
-    }
-    gmr__unlock(&rt->lock);
-  }
-  if (err == 0 && w.failed)
-    err = fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_walk: out of host memory for the segments"));
-  for (size_t i = 0; err == 0 && i < w.n; ++i)
-    if (cb(&w.v[i], ud) != 0) break;
-  gmr__free(w.v);
-  return err;
-}
-
-/* The snapshot source's capture (snapshot.h): the history's snapshot entry,
- * its active bytes and the walk are of one moment, the policy quiesced once
- * around all three (policy.h, rule 5). */
-static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_capture_t *out) {
-  gmr_runtime_t *rt = ctx;
-  int err = 0;
-  gmr__policy_quiesce(rt->policy);
-  gmr_history_t *hist = history_of(rt);
-  if (hist != NULL) {
-    gmr_stats_t st;
-    memset(&st, 0, sizeof st);
-    gmr__policy_stats_locked(rt->policy, &st);
-    gmr__history_record(hist, GMR_HIST_SNAPSHOT, 0, st.active_bytes, NULL);
-    err = gmr__history_copy(hist, &out->entries, &out->n_entries);
-    pthread_mutex_lock(&hist->lock);
-    out->history_max = hist->max;
-    out->history_dropped = hist->dropped;
-    pthread_mutex_unlock(&hist->lock);
-  }
-  out->walk_err = err == 0 ? gmr__policy_walk_locked(rt->policy, cb, ud) : GMR_ENOTSUP;
-  gmr__policy_resume(rt->policy);
-  if (out->walk_err == 0 && has_pools(rt)) {
-    gmr__lock(&rt->lock); /* the pools' segments follow, each stamped with its pool */
-    for (gmr_runtime_t *c = rt->children; c != NULL && out->walk_err == 0; c = c->next_child)
-      out->walk_err = gmr_walk(c, cb, ud);
-    gmr__unlock(&rt->lock);
-  }
-  return err;
-}
-
-int gmr_snapshot_write(gmr_runtime_t *rt, FILE *out) {
-  if (rt == NULL || out == NULL) {
-    gmr__error_set(GMR_EINVAL, "gmr_snapshot_write: %s is NULL",
-                   rt == NULL ? "the runtime" : "the output file");
-    return rt != NULL ? fail(rt, GMR_EINVAL) : GMR_EINVAL;
-  }
-  gmr_snapshot_source_t src = {.ctx = rt,
-                               .device = rt->device,
-                               .policy = rt->policy_name,
-                               .backend = rt->backend->ops->name,
-                               .capture = runtime_capture};
-  int err = gmr__snapshot_write(&src, out);
-  return err ? fail(rt, err) : 0;
-}
-
-int gmr_check(gmr_runtime_t *rt) {
-  if (rt == NULL) return gmr__error_set(GMR_EINVAL, "gmr_check: the runtime is NULL");
-  int err = gmr__policy_check(rt->policy);
-  if (err == 0 && rt->sleep_face != NULL) err = sleep_check(rt);
-  if (err != 0 || !has_pools(rt)) return err;
-  gmr__lock(&rt->lock);
-  for (gmr_runtime_t *c = rt->children; c != NULL && err == 0; c = c->next_child)
-    err = gmr_check(c);
-  gmr__unlock(&rt->lock);
   return err;
 }
 
@@ -1681,331 +1224,4 @@ bool gmr__runtime_has_outputs(gmr_runtime_t *rt) {
 void gmr__runtime_write_outputs(gmr_runtime_t *rt) {
   if (rt->snapshot_path != NULL) (void)snapshot_at_end(rt);
   if (rt->trace != NULL) (void)gmr__trace_flush(rt->trace);
-}
-
-/* ---- tagged pools: regions, sleep and wake (docs/sleep-wake.md) ------------------ */
-
-/* Note [Tags]
- * A tag is a private pool (Note [Pools]) whose device calls go through a
- * sleepable face (backend/sleep.h) under its recording layer, created by the
- * first gmr_region_begin(rt, tag) and kept, with use count 1, until the
- * runtime goes.  A region is a thread-local stack of (runtime, tag pool):
- * gmr_alloc on rt, on that thread, goes to the innermost region's pool,
- * after the pool routes of gmr_pool_begin (a CUDA graph capture names its
- * own pool).  Sleep, with the pool's policy quiesced: its cache is trimmed
- * (cached blocks are released as usual), the face unmaps everything else,
- * and what it gave back leaves the pool's caps (gmr__policy_sleep_charge:
- * the limit's cap and the shared cap count it as free).  While asleep an
- * allocation in the tag is refused, a free is kept and made after the
- * wake (a policy may give memory back at a free, and the memory is not
- * there), and the pool's cache is not trimmed.  Wake empties the other
- * caches, refuses when the device (under the fraction) has less free than
- * the tag needs, charges the caps again (a refusal is the cap's sentence),
- * then maps; nothing fails inside a driver call for lack of memory unless
- * another process took it meanwhile, and then the wake is undone whole.  A
- * pool freed while asleep is counted back in first (forced), so that its
- * policy's releases, which the face answers with no device call, balance.
- * Sleeping twice, or waking an awake tag, does nothing and returns 0.
- */
-
-/* The tag pool named `tag`, made busy-free (tag pools live as long as rt);
- * NULL when none.  Under rt's `lock`. */
-static gmr_runtime_t *tag_find_locked(gmr_runtime_t *rt, const char *tag) {
-  for (gmr_runtime_t *c = rt->children; c != NULL; c = c->next_child)
-    if (c->tag != NULL && strcmp(c->tag, tag) == 0) return c;
-  return NULL;
-}
-
-static gmr_runtime_t *tag_find(gmr_runtime_t *rt, const char *tag) {
-  gmr__lock(&rt->lock);
-  gmr_runtime_t *c = tag_find_locked(rt, tag);
-  gmr__unlock(&rt->lock);
-  return c;
-}
-
-int gmr__runtime_tag(gmr_runtime_t *rt, const char *tag, bool create, gmr_runtime_t **out) {
-  gmr_runtime_t *c = tag_find(rt, tag);
-  if (c != NULL || !create) {
-    *out = c;
-    return 0;
-  }
-  static _Atomic uint64_t tag_ids = (uint64_t)1 << 62; /* apart from gmr_pool_create's */
-  int err = runtime_build(rt->cfg, NULL, rt->device, rt, true, &c);
-  if (err != 0) return fail(rt, err);
-  c->tag = gmr__strdup(tag);
-  if (c->tag == NULL) {
-    (void)gmr_runtime_close(c);
-    return fail(rt, gmr__error_set(GMR_ENOMEM, "gmr_region_begin: out of host memory"));
-  }
-  c->pool_id = atomic_fetch_add(&tag_ids, 1) + 1;
-  c->pool_uses = 1;
-  gmr__lock(&rt->lock);
-  gmr_runtime_t *other = tag_find_locked(rt, tag); /* another thread made it meanwhile */
-  if (other == NULL) {
-    child_share_history(rt, c);
-    c->next_child = rt->children;
-    rt->children = c;
-    atomic_fetch_or_explicit(&rt->slow, RUNTIME_SLOW_POOLS, memory_order_release);
-  }
-  gmr__unlock(&rt->lock);
-  if (other != NULL) {
-    (void)gmr_runtime_close(c);
-    c = other;
-  }
-  *out = c;
-  return 0;
-}
-
-int gmr__runtime_region_begin(gmr_runtime_t *rt, const char *tag) {
-  if (rt->parent != NULL)
-    return gmr__error_set(GMR_EINVAL, "gmr_region_begin: a pool has no regions of its own");
-  if (tl_depth == REGION_DEPTH)
-    return fail(rt, gmr__error_set(GMR_EINVAL,
-                                   "gmr_region_begin: %d regions are open on this thread already",
-                                   REGION_DEPTH));
-  gmr_runtime_t *c = NULL;
-  int err = gmr__runtime_tag(rt, tag, true, &c);
-  if (err != 0) return err;
-  tl_regions[tl_depth++] = (region_t){rt, c};
-  return 0;
-}
-
-int gmr__runtime_region_end(gmr_runtime_t *rt) {
-  int i = tl_depth;
-  while (i-- > 0 && tl_regions[i].rt != rt) {
-  }
-  if (i < 0)
-    return fail(rt, gmr__error_set(GMR_EINVAL,
-                                   "gmr_region_end: no region is open on this runtime on this "
-                                   "thread"));
-  memmove(&tl_regions[i], &tl_regions[i + 1], (size_t)(tl_depth - i - 1) * sizeof tl_regions[0]);
-  --tl_depth;
-  return 0;
-}
-
-const char *gmr__runtime_region_current(gmr_runtime_t *rt) {
-  gmr_runtime_t *c = region_child(rt);
-  return c != NULL ? c->tag : NULL;
-}
-
-/* A free while the tag sleeps: kept for the wake (Note [Tags]).  A second
- * free of the same pointer is refused as a double free. */
-static int free_deferred(gmr_runtime_t *rt, gmr_runtime_t *child, void *ptr) {
-  int err = 0;
-  gmr__lock(&rt->lock);
-  for (size_t i = 0; i < child->ndeferred && err == 0; ++i)
-    if (child->deferred[i] == ptr) err = GMR_EBADPTR;
-  if (err == 0 && child->ndeferred == child->capdeferred) {
-    size_t cap = child->capdeferred ? child->capdeferred * 2 : 16;
-    void **v = gmr__realloc(child->deferred, cap * sizeof *v);
-    if (v == NULL) err = GMR_ENOMEM;
-    if (v != NULL) child->deferred = v, child->capdeferred = cap;
-  }
-  if (err == 0) child->deferred[child->ndeferred++] = ptr;
-  gmr__unlock(&rt->lock);
-  if (err == GMR_EBADPTR) return bad_pointer(rt, "gmr_free", ptr);
-  if (err == GMR_ENOMEM)
-    return fail(rt, gmr__error_set(GMR_ENOMEM,
-                                   "gmr_free: out of host memory to keep a free of %p until tag "
-                                   "'%s' wakes",
-                                   ptr, child->tag));
-  return 0;
-}
-
-/* The frees kept while c slept, made now that it is awake. */
-static void frees_replay(gmr_runtime_t *rt, gmr_runtime_t *c) {
-  gmr__lock(&rt->lock);
-  void **v = c->deferred;
-  size_t n = c->ndeferred;
-  c->deferred = NULL;
-  c->ndeferred = c->capdeferred = 0;
-  gmr__unlock(&rt->lock);
-  for (size_t i = 0; i < n; ++i)
-    (void)gmr_free(c, v[i]);
-  gmr__free(v);
-}
-
-static int tag_missing(gmr_runtime_t *rt, const char *fn, const char *tag) {
-  return fail(rt, gmr__error_set(GMR_EINVAL,
-                                 "%s: this runtime has no tag '%s' (allocate inside "
-                                 "gmr_region_begin(rt, \"%s\") first)",
-                                 fn, tag, tag));
-}
-
-int gmr__runtime_sleep(gmr_runtime_t *rt, const char *tag, int mode) {
-  gmr_runtime_t *c = tag_find(rt, tag);
-  if (c == NULL) return tag_missing(rt, "gmr_sleep", tag);
-  if (gmr__gate_capture_depth(rt->gate) > 0)
-    return fail(rt, gmr__error_set(GMR_EBUSY,
-                                   "gmr_sleep: tag '%s' cannot sleep while a CUDA graph is "
-                                   "being captured",
-                                   tag));
-  bool keep = mode == GMR_SLEEP_OFFLOAD;
-  if (keep && !gmr__backend_has_copies(c->sleep_face))
-    return fail(rt, gmr__error_set(GMR_ENOTSUP,
-                                   "gmr_sleep: the %s backend cannot copy device memory to the "
-                                   "host, so tag '%s' can sleep only with GMR_SLEEP_DISCARD",
-                                   c->sleep_face->ops->name, tag));
-  gmr__lock(&rt->sleep_lock);
-  if (atomic_load(&c->asleep)) { /* asleep already: nothing to do */
-    gmr__unlock(&rt->sleep_lock);
-    return 0;
-  }
-  uint64_t released = 0;
-  gmr__policy_quiesce(c->policy);
-  int err = gmr__policy_trim_locked(c->policy); /* cached blocks are simply released */
-  if (err == 0) err = gmr__sleep_face_sleep(c->sleep_face, keep, NULL, &released);
-  if (released > 0) {
-    (void)gmr__policy_sleep_charge(c->policy, -(int64_t)released, true);
-    atomic_store(&c->asleep, 1); /* even after a failure part-way: wake maps the rest */
-    c->sleep_mode = mode;
-  }
-  if (err == 0) {
-    atomic_store(&c->asleep, 1);
-    c->sleep_mode = mode;
-  }
-  gmr__policy_resume(c->policy);
-  gmr__unlock(&rt->sleep_lock);
-  if (err != 0)
-    return fail(rt, gmr__error_set(err, "gmr_sleep: tag '%s': %s", tag, gmr__error_last()));
-  return 0;
-}
-
-/* Empty every cache but the sleeping tags' (Note [Tags]). */
-static void room_make(gmr_runtime_t *rt) {
-  (void)gmr__policy_trim(rt->policy);
-  (void)pools_trim(rt, NULL);
-}
-
-int gmr__runtime_wake(gmr_runtime_t *rt, const char *tag) {
-  gmr_runtime_t *c = tag_find(rt, tag);
-  if (c == NULL) return tag_missing(rt, "gmr_wake", tag);
-  if (gmr__gate_capture_depth(rt->gate) > 0)
-    return fail(rt, gmr__error_set(GMR_EBUSY,
-                                   "gmr_wake: tag '%s' cannot wake while a CUDA graph is being "
-                                   "captured",
-                                   tag));
-  gmr__lock(&rt->sleep_lock);
-  if (!atomic_load(&c->asleep)) { /* awake already: nothing to do */
-    gmr__unlock(&rt->sleep_lock);
-    return 0;
-  }
-  gmr_sleep_figures_t fig;
-  gmr__sleep_face_figures(c->sleep_face, &fig);
-  uint64_t need = fig.sleeping_bytes;
-  room_make(rt);
-  size_t free_b = 0, total = 0;
-  int err = gmr__backend_mem_info(c->backend, &free_b, &total);
-  if (err == 0 && free_b < need) {
-    char n[32], f[32];
-    gmr__format_size(need, n, sizeof n);
-    gmr__format_size(free_b, f, sizeof f);
-    err = gmr__error_set(GMR_ENOMEM,
-                         "gmr_wake: tag '%s' needs %s (%llu bytes) of device memory and %s "
-                         "(%llu bytes) are free after emptying the caches; nothing was mapped "
-                         "and the tag sleeps on (free memory, or put another tag to sleep, "
-                         "then wake it again)",
-                         tag, n, (unsigned long long)need, f, (unsigned long long)free_b);
-  }
-  gmr__policy_quiesce(c->policy);
-  if (err == 0 && need > 0) err = gmr__policy_sleep_charge(c->policy, (int64_t)need, false);
-  uint64_t taken = 0;
-  if (err == 0) {
-    err = gmr__sleep_face_wake(c->sleep_face, NULL, &taken);
-    if (err != 0 && need > 0) (void)gmr__policy_sleep_charge(c->policy, -(int64_t)need, true);
-  }
-  gmr_assert_internal(err != 0 || taken == need);
-  if (err == 0) atomic_store(&c->asleep, 0);
-  gmr__policy_resume(c->policy);
-  gmr__unlock(&rt->sleep_lock);
-  if (err != 0) {
-    if (strncmp(gmr__error_last(), "gmr_wake", 8) == 0) return fail(rt, err);
-    return fail(rt, gmr__error_set(err, "gmr_wake: tag '%s': %s", tag, gmr__error_last()));
-  }
-  frees_replay(rt, c);
-  return 0;
-}
-
-/* A pool that goes asleep: its memory is counted back in (Note [Tags]). */
-static void sleep_count_back(gmr_runtime_t *c) {
-  if (!atomic_load(&c->asleep)) return;
-  gmr_sleep_figures_t fig;
-  gmr__sleep_face_figures(c->sleep_face, &fig);
-  if (fig.sleeping_bytes > 0)
-    (void)gmr__policy_sleep_charge(c->policy, (int64_t)fig.sleeping_bytes, true);
-}
-
-static int sleep_check(gmr_runtime_t *c) {
-  int err = gmr__sleep_face_check(c->sleep_face);
-  if (err != 0) return err;
-  gmr_sleep_figures_t fig;
-  gmr__sleep_face_figures(c->sleep_face, &fig);
-  if (!atomic_load(&c->asleep) && (fig.sleeping_bytes != 0 || fig.sleeping_ranges != 0))
-    return gmr__error_set(GMR_EINVAL, "tag '%s' is awake with %llu bytes in %llu ranges asleep",
-                          c->tag, (unsigned long long)fig.sleeping_bytes,
-                          (unsigned long long)fig.sleeping_ranges);
-  if (!atomic_load(&c->asleep) && fig.offloaded_bytes != 0)
-    return gmr__error_set(GMR_EINVAL, "tag '%s' is awake with %llu bytes of host copies", c->tag,
-                          (unsigned long long)fig.offloaded_bytes);
-  if (atomic_load(&c->asleep) && c->sleep_mode == GMR_SLEEP_DISCARD && fig.offloaded_bytes != 0)
-    return gmr__error_set(GMR_EINVAL, "tag '%s' sleeps discarded with %llu bytes of host copies",
-                          c->tag, (unsigned long long)fig.offloaded_bytes);
-  return 0;
-}
-
-int gmr__runtime_tag_info(gmr_runtime_t *rt, const char *tag, gmr_tag_info_t *out) {
-  gmr_runtime_t *c = tag_find(rt, tag);
-  if (c == NULL) return tag_missing(rt, "gmr_tag_info", tag);
-  gmr_sleep_figures_t fig;
-  gmr__sleep_face_figures(c->sleep_face, &fig);
-  gmr_tag_info_t t;
-  memset(&t, 0, sizeof t);
-  snprintf(t.tag, sizeof t.tag, "%s", c->tag);
-  t.pool_id = c->pool_id;
-  t.asleep = atomic_load(&c->asleep);
-  t.mode = t.asleep ? c->sleep_mode : 0;
-  t.mapped_bytes = fig.mapped_bytes;
-  t.sleeping_bytes = fig.sleeping_bytes;
-  t.offloaded_bytes = fig.offloaded_bytes;
-  t.sleeps = fig.sleeps;
-  t.wakes = fig.wakes;
-  *out = t;
-  return 0;
-}
-
-/* gmr_stats_foreach's keys of the tags: tag.<name>.{mapped,sleeping,offloaded}_bytes,
- * tag.<name>.asleep, and sleeping_bytes over them all. */
-static int stat_emit_tags(gmr_runtime_t *rt, gmr_stat_cb cb, void *ud) {
-  gmr_tag_info_t v[64];
-  size_t n = 0;
-  gmr__lock(&rt->lock);
-  for (gmr_runtime_t *c = rt->children; c != NULL && n < 64; c = c->next_child) {
-    if (c->tag == NULL) continue;
-    gmr_sleep_figures_t fig;
-    gmr__sleep_face_figures(c->sleep_face, &fig);
-    gmr_tag_info_t *t = &v[n++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->tag, sizeof t->tag, "%s", c->tag);
-    t->asleep = atomic_load(&c->asleep);
-    t->mapped_bytes = fig.mapped_bytes;
-    t->sleeping_bytes = fig.sleeping_bytes;
-    t->offloaded_bytes = fig.offloaded_bytes;
-  }
-  gmr__unlock(&rt->lock);
-  if (n == 0) return 0;
-  uint64_t sleeping = 0;
-  char key[GMR_TAG_MAX + 32];
-  for (size_t i = 0; i < n; ++i) {
-    sleeping += v[i].sleeping_bytes;
-#define TAG_KEY(field, value)                                                                      \
-  snprintf(key, sizeof key, "tag.%.63s." field, v[i].tag);                                         \
-  if (cb(key, (int64_t)(value), ud) != 0) return 0;
-    TAG_KEY("mapped_bytes", v[i].mapped_bytes)
-    TAG_KEY("sleeping_bytes", v[i].sleeping_bytes)
-    TAG_KEY("offloaded_bytes", v[i].offloaded_bytes)
-    TAG_KEY("asleep", v[i].asleep)
-#undef TAG_KEY
-  }
-  (void)cb("sleeping_bytes", (int64_t)sleeping, ud);
-  return 0;
 }
