@@ -62,7 +62,8 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, gmr__cs
  * gmr_snapshot_csv) cost, for the tests: steps = values visited by the walk
  * of the result, keys compared and levels of its trees descended; bytes =
  * host memory the reader took (values, containers, indexes, tree nodes and
- * the text it held at once).  Both are O(len) (Note [Shared values]). */
+ * the rows it held at once; not gmr_snapshot_csv's result, which is the
+ * text asked for).  Both are O(len) (Note [Shared values]). */
 typedef struct gmr__snapshot_cost_s {
   uint64_t steps;
   uint64_t bytes;

@@ -731,7 +731,6 @@ static void bprintf(buf_t *b, const char *fmt, ...) {
       b->oom = true;
       return;
     }
-    pk_cost.bytes += cap - b->cap;
     b->p = p;
     b->cap = cap;
   }
@@ -1013,6 +1012,7 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, gmr__cs
     *out_note = NULL;
   }
 done:
+  pk_cost.bytes += b.cap; /* the rows waiting for the sink */
   gmr__free(b.p);
   gmr__avl_clear(&live, NULL, NULL);
   gmr__avl_clear(&streams, NULL, NULL);
