@@ -118,7 +118,6 @@ def render_text(lines):
             out.append(".IP \\(bu 2")
             para.append(b.group(2))
             mode = "item"
-            bullet_indent = len(b.group(1))
             continue
         if mode == "item" and indent > 0:
             para.append(stripped)
@@ -268,8 +267,8 @@ def page_text(name, summary, header, version, intro, items, see_also):
              ".\\\" do not edit by hand.",
              '.TH %s 3 "" "gmr %s" "gmr Library Functions"' % (name.upper(), version),
              ".SH NAME"]
-    shown = [name] + [f for f in funcs if f != name] if name not in funcs or funcs[0] != name else funcs
-    lines.append("%s \\- %s" % (", ".join(n.replace("_", "_") for n in shown), roff(summary)))
+    shown = [name] + [f for f in funcs if f != name]
+    lines.append("%s \\- %s" % (", ".join(shown), roff(summary)))
     lines += [".SH SYNOPSIS", ".nf", "\\fB#include <%s>\\fR" % header]
     if funcs:
         lines.append(".sp")
