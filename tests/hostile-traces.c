@@ -150,9 +150,10 @@ static void gen_addrs(pb_t *b, size_t n) {
   pb_end(b);
 }
 
-/* segments: s segments of device 0, each holding the same list of c
- * allocated blocks, and a history that frees nothing it allocated. */
-static void gen_segments(pb_t *b, size_t s, size_t c) {
+/* segments: s segments of device 0 (the first at `base`), each holding the
+ * same list of c allocated blocks of `size` bytes without an address of
+ * their own, and a history that frees nothing it allocated. */
+static void gen_segments(pb_t *b, size_t s, size_t c, uint64_t base, uint64_t size) {
   pb_bytes(b, "\x80\x04}(", 4);
   pb_str(b, "segments");
   pb_bytes(b, "](", 2);
@@ -164,11 +165,11 @@ static void gen_segments(pb_t *b, size_t s, size_t c) {
     } else {
       pb_get(b, 1), pb_get(b, 2), pb_get(b, 3);
     }
-    pb_int(b, (uint64_t)(i + 1) << 40);
+    pb_int(b, base + ((uint64_t)i << 40));
     if (i == 0) {
       pb_str(b, "blocks"), pb_put(b, 4);
       pb_bytes(b, "](}(", 4);
-      pb_str(b, "size"), pb_int(b, 4096);
+      pb_str(b, "size"), pb_int(b, size);
       pb_str(b, "state"), pb_str(b, "active_allocated");
       pb_op(b, 'u');
       pb_put(b, 5);
@@ -338,7 +339,7 @@ static void test_addrs(size_t n) {
 
 static void test_segments(size_t n) {
   pb_t b = {0};
-  gen_segments(&b, n, n);
+  gen_segments(&b, n, n, 1ull << 40, 4096);
   gmr_snapshot_csv_options_t o = {.reconstruct = 1};
   gmr_snapshot_csv_t *s = NULL;
   char err[512];
@@ -349,6 +350,16 @@ static void test_segments(size_t n) {
   ok(c.steps <= 16 * b.n && c.bytes <= 64 * b.n + (1u << 20),
      "  in %llu steps and %llu bytes for %zu bytes (<= 16 and 64 per byte; %zu^2 blocks before)",
      (unsigned long long)c.steps, (unsigned long long)c.bytes, b.n, n);
+  gmr_snapshot_csv_free(s);
+
+  /* Found by fuzz-pickle: blocks whose sizes carry the next block's address
+   * past 2^63 (signed overflow, caught by UBSan); it wraps instead. */
+  b.n = 0;
+  gen_segments(&b, 1, 3, 1ull << 62, 0x7000000000000000ull);
+  s = NULL;
+  is_int(gmr_snapshot_csv(b.p, b.n, "wrap", &o, &s, err, sizeof err), 0,
+         "segments: blocks of 2^62.8 bytes from address 2^62 convert with --reconstruct");
+  if (s) is_u64(s->reconstructed, 3, "  their addresses wrap: 3 blocks put at the start");
   gmr_snapshot_csv_free(s);
   free(b.p);
 }
@@ -417,8 +428,11 @@ static int write_inputs(const char *dir, size_t n) {
   gen_addrs(&b, n);
   bad |= write_file(dir, "addrs.pickle", b.p, b.n);
   b.n = 0;
-  gen_segments(&b, n, n);
+  gen_segments(&b, n, n, 1ull << 40, 4096);
   bad |= write_file(dir, "segments.pickle", b.p, b.n);
+  b.n = 0;
+  gen_segments(&b, 1, 3, 1ull << 62, 0x7000000000000000ull);
+  bad |= write_file(dir, "wrap.pickle", b.p, b.n);
   free(b.p);
   unsigned blocks = 0;
   while (((size_t)2 << blocks) <= n * 8 && blocks < 20)

@@ -1192,7 +1192,7 @@ static void sx_reconstruct(sx_t *x, const pk_val_t *root, const pk_val_t *tr, in
         if (gmr__avl_insert(&start, (uint64_t)a, (uint64_t)(req ? req : size), (uint32_t)n_raw++))
           x->oom = true;
       }
-      addr = a + size;
+      addr = (int64_t)((uint64_t)a + (uint64_t)size); /* wraps: the file chose both */
     }
   }
   int64_t t0 = tr->n ? sx_int(pk_get(tr->items[0], "time_us"), 0) : 0;
