@@ -97,7 +97,8 @@ def render_text(lines):
             if mode == "pre":
                 out.append(".fi")
             out.append(".TP")
-            out.append("\\fI%s\\fR %s" % (m.group(2), (m.group(1) or "").strip("[]")))
+            way = (m.group(1) or "").strip("[]")
+            out.append("\\fI%s\\fR%s" % (m.group(2), " (%s)" % way if way else ""))
             para.append(m.group(3))
             mode = "item"
             continue
