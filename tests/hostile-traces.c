@@ -214,7 +214,10 @@ static char *gen_sites(unsigned blocks, size_t *out_n) {
   uint32_t h =
       fnv_step((uint32_t)(1469598103934665603ull & ((1u << FNV_BITS) - 1)), prefix, strlen(prefix));
   uint32_t *seen = malloc(((size_t)1 << FNV_BITS) * sizeof *seen);
-  if (seen == NULL || blocks > 32) return NULL;
+  if (seen == NULL || blocks > 32) {
+    free(seen);
+    return NULL;
+  }
   for (unsigned pos = 0; pos < blocks; ++pos) {
     memset(seen, 0, ((size_t)1 << FNV_BITS) * sizeof *seen);
     bool found = false;
@@ -233,7 +236,10 @@ static char *gen_sites(unsigned blocks, size_t *out_n) {
         seen[to] = c + 1;
       }
     }
-    if (!found) return NULL;
+    if (!found) {
+      free(seen);
+      return NULL;
+    }
   }
   free(seen);
   size_t n = (size_t)1 << blocks, len = strlen(prefix) + 4 * blocks + 1;
