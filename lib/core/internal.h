@@ -108,6 +108,15 @@ static inline uint64_t gmr__hash_mul(uint64_t x) {
 static inline size_t gmr__hash_bits(uint64_t x, unsigned bits) {
   return (size_t)(gmr__hash_mul(x) >> (64 - bits));
 }
+/* A keyed hash (hash.c, Note [Keyed hashing]) for tables whose keys come
+ * from outside, so that nobody can choose keys that collide: SipHash-1-3
+ * of data[0, len) under a 128-bit key, which gmr__hash_key_new draws at
+ * random. */
+typedef struct gmr_hash_key_s {
+  uint64_t k[2];
+} gmr_hash_key_t;
+void gmr__hash_key_new(gmr_hash_key_t *key);
+uint64_t gmr__hash_keyed(const gmr_hash_key_t *key, const void *data, size_t len);
 /* The one parser of scalars (util.c), for YAML values, PyTorch-style option
  * strings and environment variables alike.  Each takes the whole string
  * and returns 0, or GMR_EINVAL and leaves *out untouched. */

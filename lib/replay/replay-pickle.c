@@ -28,6 +28,32 @@
  * result follows a fixed path (no recursion, so a self-containing list is
  * harmless).
  *   values made <= len;  Σ container entries <= len;  memo size <= len
+ * Memo references (BINGET, 2 bytes) share a value by reference, never by
+ * copy, so one value can be reached from many places: see Note [Shared
+ * values] for why the walk of the result stays linear anyway.
+ */
+
+/* Note [Shared values]
+ * ~~~~~~~~~~~~~~~~~~~~
+ * A 2-byte BINGET puts a value already made in one more place: a history of
+ * n entries can be one entry n times, its frames one frame n times, a dict
+ * one key n times.  What the walk computes from a shared value it computes
+ * once and keeps on the value:
+ *   a dict:  where each key the walk asks for sits (an index of PK_NKEYS
+ *            slots, built in one pass: pk_get costs O(1) after it);
+ *   a list:  its call site as frames (snap_site), its count of allocs as a
+ *            device's history (pk_allocs);
+ *   a segment, a list of blocks: read once for --reconstruct (a second
+ *            reading adds nothing, or, for a list of blocks that two segments
+ *            share, which torch never writes, would add n^2 blocks).
+ * So the walk costs O(len) whatever is shared, plus one row per entry of
+ * the history.  Rows are handed to the caller in chunks as they are made
+ * (gmr__snapshot_to_csv's sink), so the text of a trace of n entries is
+ * never held whole: 2 bytes of pickle that repeat an entry cost one event
+ * (40 bytes) in the trace read, not a 400-byte row in memory.  Tables keyed
+ * by what the file chose (live addresses, stream ids) are AVL trees
+ * (core/avl.h), O(log n) whatever the keys.  pk_cost counts the steps and
+ * bytes for the tests (gmr__snapshot_last_cost).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -53,16 +79,38 @@ typedef enum pk_type_e {
   PK_OBJ /* a global, or what calling one would have made: inert */
 } pk_type_t;
 
+/* What the walk kept on a shared value (Note [Shared values]). */
+enum {
+  PK_F_ALLOCS = 1,       /* a list: i holds its count of alloc entries */
+  PK_F_SITE = 2,         /* a list: cache holds its call site as frames */
+  PK_F_SEGMENT_READ = 4, /* a dict: read as a segment */
+  PK_F_BLOCKS_READ = 8,  /* a list: read as a segment's blocks */
+  PK_F_BLOCKS_COUNTED = 16
+};
+
 typedef struct pk_val_s pk_val_t;
 struct pk_val_s {
   pk_type_t type;
-  int64_t i;
-  double f;
-  const char *s;
-  size_t len;       /* PK_STR: bytes */
-  pk_val_t **items; /* PK_LIST, PK_DICT, PK_TUPLE */
+  uint32_t flags; /* PK_F_* */
+  union {
+    int64_t i; /* PK_INT, PK_BOOL; a list's count of allocs (PK_F_ALLOCS) */
+    double f;  /* PK_FLOAT */
+  };
+  union {
+    const char *s;    /* PK_STR: points into the input */
+    pk_val_t **items; /* PK_LIST, PK_DICT, PK_TUPLE */
+  };
+  size_t len; /* PK_STR: bytes */
   size_t n, cap;
+  void *cache; /* a dict's key index, a list's call site (Note [Shared values]) */
 };
+
+/* The cost of this thread's last conversion, for the tests. */
+static _Thread_local gmr__snapshot_cost_t pk_cost;
+
+const gmr__snapshot_cost_t *gmr__snapshot_last_cost(void) {
+  return &pk_cost;
+}
 
 enum { PK_CHUNK = 4096 };
 
@@ -105,6 +153,7 @@ static bool pk_grow(void **arr, size_t *cap, size_t need, size_t elem) {
     c *= 2;
   void *a = gmr__realloc(*arr, c * elem);
   if (a == NULL) return false;
+  pk_cost.bytes += (c - *cap) * elem;
   *arr = a;
   *cap = c;
   return true;
@@ -117,6 +166,7 @@ static pk_val_t *pk_new(pk_t *k, pk_type_t type) {
       return NULL;
     pk_val_t *c = gmr__malloc(PK_CHUNK * sizeof *c);
     if (c == NULL) return NULL;
+    pk_cost.bytes += PK_CHUNK * sizeof *c;
     k->chunks[k->n_chunks++] = c;
     k->used = 0;
   }
@@ -129,8 +179,11 @@ static pk_val_t *pk_new(pk_t *k, pk_type_t type) {
 static void pk_release(pk_t *k) {
   for (size_t c = 0; c < k->n_chunks; ++c) {
     size_t n = c + 1 == k->n_chunks ? k->used : PK_CHUNK;
-    for (size_t i = 0; i < n; ++i)
-      gmr__free(k->chunks[c][i].items);
+    for (size_t i = 0; i < n; ++i) {
+      pk_val_t *v = &k->chunks[c][i];
+      if (v->type == PK_LIST || v->type == PK_DICT || v->type == PK_TUPLE) gmr__free(v->items);
+      gmr__free(v->cache);
+    }
     gmr__free(k->chunks[c]);
   }
   gmr__free(k->chunks);
@@ -585,11 +638,59 @@ static bool pk_is(const pk_val_t *v, const char *s) {
   return v && v->type == PK_STR && v->len == strlen(s) && memcmp(v->s, s, v->len) == 0;
 }
 
+/* The keys the walk asks for; a dict's index holds, for each, the value
+ * of its first occurrence (Note [Shared values]). */
+static const char *const pk_keys[] = {"action",  "addr",          "size",     "stream",
+                                      "time_us", "frames",        "filename", "line",
+                                      "name",    "device_traces", "segments", "blocks",
+                                      "address", "device",        "state",    "requested_size"};
+enum { PK_NKEYS = sizeof pk_keys / sizeof *pk_keys };
+
+/* Index dict's known keys in one pass; false when host memory runs out. */
+static bool pk_index(pk_val_t *dict) {
+  const pk_val_t **index = gmr__calloc(PK_NKEYS, sizeof *index);
+  if (index == NULL) return false;
+  pk_cost.bytes += PK_NKEYS * sizeof *index;
+  for (size_t i = 0; i + 1 < dict->n; i += 2) {
+    const pk_val_t *key = dict->items[i];
+    ++pk_cost.steps;
+    if (key->type != PK_STR || key->len > 14) continue;
+    for (size_t j = 0; j < PK_NKEYS; ++j)
+      if (index[j] == NULL && pk_is(key, pk_keys[j])) index[j] = dict->items[i + 1];
+  }
+  dict->cache = (void *)index;
+  return true;
+}
+
 static const pk_val_t *pk_get(const pk_val_t *dict, const char *key) {
   if (dict == NULL || dict->type != PK_DICT) return NULL;
-  for (size_t i = 0; i + 1 < dict->n; i += 2)
+  size_t j = 0;
+  while (j < PK_NKEYS && strcmp(pk_keys[j], key) != 0)
+    ++j;
+  gmr_assert(j < PK_NKEYS);
+  /* The dict is one of the reader's own values, in its chunks. */
+  if (j < PK_NKEYS && (dict->cache != NULL || pk_index((pk_val_t *)dict))) {
+    ++pk_cost.steps;
+    return ((const pk_val_t *const *)dict->cache)[j];
+  }
+  for (size_t i = 0; i + 1 < dict->n; i += 2) { /* no memory for the index */
+    ++pk_cost.steps;
     if (pk_is(dict->items[i], key)) return dict->items[i + 1];
+  }
   return NULL;
+}
+
+/* The count of alloc entries of a device's history, counted once per list. */
+static size_t pk_allocs(const pk_val_t *tr) {
+  pk_val_t *t = (pk_val_t *)tr; /* one of the reader's own values */
+  if (!(t->flags & PK_F_ALLOCS)) {
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; ++i, ++pk_cost.steps)
+      n += pk_is(pk_get(t->items[i], "action"), "alloc");
+    t->i = (int64_t)n;
+    t->flags |= PK_F_ALLOCS;
+  }
+  return (size_t)t->i;
 }
 
 static bool pk_int_of(const pk_val_t *v, int64_t *out) {
@@ -637,12 +738,33 @@ static void bprintf(buf_t *b, const char *fmt, ...) {
 
 /* The call site of an allocation: the innermost frame outside torch's own
  * files, else the innermost, as "file.py:LINE (name)" with the file's base
- * name; control characters become '?'. */
-static void snap_site(const pk_val_t *frames, char *out, size_t len) {
+ * name; control characters become '?'.  Computed once per list of frames
+ * (Note [Shared values]); out holds SNAP_SITE bytes. */
+enum { SNAP_SITE = 400 };
+
+static void snap_site_of(const pk_val_t *frames, char *out, size_t len);
+
+static void snap_site(const pk_val_t *frames, char *out) {
   out[0] = '\0';
   if (frames == NULL || frames->type != PK_LIST || frames->n == 0) return;
+  pk_val_t *f = (pk_val_t *)frames; /* one of the reader's own values */
+  if (f->flags & PK_F_SITE) {
+    if (f->cache != NULL) strcpy(out, f->cache);
+    return;
+  }
+  snap_site_of(frames, out, SNAP_SITE);
+  if (out[0] != '\0' && f->cache == NULL) {
+    size_t n = strlen(out) + 1;
+    if ((f->cache = gmr__malloc(n)) == NULL) return; /* computed again next time */
+    memcpy(f->cache, out, n);
+    pk_cost.bytes += n;
+  }
+  f->flags |= PK_F_SITE;
+}
+
+static void snap_site_of(const pk_val_t *frames, char *out, size_t len) {
   const pk_val_t *pick = NULL;
-  for (size_t i = 0; i < frames->n && pick == NULL; ++i) {
+  for (size_t i = 0; i < frames->n && pick == NULL; ++i, ++pk_cost.steps) {
     const pk_val_t *fn = pk_get(frames->items[i], "filename");
     if (fn && fn->type == PK_STR && memmem(fn->s, fn->len, "/torch/", 7) == NULL)
       pick = frames->items[i];
@@ -665,67 +787,27 @@ static void snap_site(const pk_val_t *frames, char *out, size_t len) {
 }
 
 /* Live addresses of the history, for frees of allocations it never saw: an
- * open-addressing set with backward-shift deletion, load <= 1/2. */
-typedef struct live_s {
-  int64_t *slot; /* 0: empty (addresses are > 0) */
-  size_t mask, n;
-} live_t;
-
-static size_t live_home(const live_t *l, int64_t a) {
-  return (size_t)(gmr__hash_mul((uint64_t)a >> 4) >> 17) & l->mask;
+ * AVL tree like the trace reader's (core/avl.h; a hash of chosen addresses
+ * made them collide: Note [Shared values]).  pk_cost counts a step per
+ * level of the tree for each operation. */
+static void live_cost(const gmr_avl_t *l) {
+  pk_cost.steps += l->root ? (uint64_t)l->root->height : 1;
 }
 
-static bool live_has(const live_t *l, int64_t a) {
-  if (l->slot == NULL) return false;
-  for (size_t i = live_home(l, a);; i = (i + 1) & l->mask) {
-    if (l->slot[i] == a) return true;
-    if (l->slot[i] == 0) return false;
-  }
+static bool live_has(const gmr_avl_t *l, int64_t a) {
+  live_cost(l);
+  return gmr__avl_find(l, (uint64_t)a) != NULL;
 }
 
-static bool live_add(live_t *l, int64_t a) {
-  if (l->slot == NULL || (l->n + 1) * 2 > l->mask + 1) {
-    size_t cap = l->slot ? (l->mask + 1) * 2 : 1024;
-    live_t g = {gmr__calloc(cap, sizeof(int64_t)), cap - 1, 0};
-    if (g.slot == NULL) return false;
-    for (size_t i = 0; l->slot && i <= l->mask; ++i)
-      if (l->slot[i] != 0) {
-        size_t j = live_home(&g, l->slot[i]);
-        while (g.slot[j] != 0)
-          j = (j + 1) & g.mask;
-        g.slot[j] = l->slot[i];
-        ++g.n;
-      }
-    gmr__free(l->slot);
-    *l = g;
-  }
-  size_t i = live_home(l, a);
-  while (l->slot[i] != 0)
-    i = (i + 1) & l->mask;
-  l->slot[i] = a;
-  ++l->n;
-  return true;
+static bool live_add(gmr_avl_t *l, int64_t a) {
+  live_cost(l);
+  if (l->spare == NULL) pk_cost.bytes += sizeof(gmr_avl_node_t); /* a new node */
+  return gmr__avl_insert(l, (uint64_t)a, 0, 0) >= 0;
 }
 
-static void live_remove(live_t *l, int64_t a) {
-  if (l->slot == NULL) return;
-  size_t i = live_home(l, a);
-  while (l->slot[i] != a) {
-    if (l->slot[i] == 0) return;
-    i = (i + 1) & l->mask;
-  }
-  for (size_t j = i;;) {
-    j = (j + 1) & l->mask;
-    if (l->slot[j] == 0) break;
-    size_t h = live_home(l, l->slot[j]);
-    bool between = i <= j ? (h > i && h <= j) : (h > i || h <= j);
-    if (!between) {
-      l->slot[i] = l->slot[j];
-      i = j;
-    }
-  }
-  l->slot[i] = 0;
-  --l->n;
+static void live_remove(gmr_avl_t *l, int64_t a) {
+  live_cost(l);
+  gmr__avl_erase(l, (uint64_t)a);
 }
 
 bool gmr__is_pickle(const char *text, size_t len) {
@@ -740,10 +822,9 @@ static int snap_busiest(const pk_val_t *traces, size_t *out_allocs, int *out_bus
   *out_busy = 0;
   for (size_t d = 0; d < traces->n; ++d) {
     const pk_val_t *tr = traces->items[d];
+    ++pk_cost.steps;
     if (tr->type != PK_LIST) continue;
-    size_t n = 0;
-    for (size_t i = 0; i < tr->n; ++i)
-      n += pk_is(pk_get(tr->items[i], "action"), "alloc");
+    size_t n = pk_allocs(tr);
     if (n > 0) ++*out_busy;
     if (n > most) most = n, best = (int)d;
   }
@@ -756,12 +837,15 @@ static int snap_busiest(const pk_val_t *traces, size_t *out_allocs, int *out_bus
  * SNAP_STREAMS-th share the last number (no program uses that many). */
 enum { SNAP_STREAMS = 256 };
 
-static int64_t snap_stream(int64_t *seen, size_t *n, int64_t s) {
+static int64_t snap_stream(gmr_avl_t *seen, bool *oom, int64_t s) {
   if (s == 0) return 0;
-  for (size_t i = 0; i < *n; ++i)
-    if (seen[i] == s) return (int64_t)i + 1;
-  if (*n < SNAP_STREAMS) seen[(*n)++] = s;
-  return (int64_t)*n;
+  live_cost(seen);
+  const gmr_avl_node_t *n = gmr__avl_find(seen, (uint64_t)s);
+  if (n != NULL) return (int64_t)n->val;
+  if (seen->count < SNAP_STREAMS &&
+      gmr__avl_insert(seen, (uint64_t)s, (uint64_t)seen->count + 1, 0) < 0)
+    *oom = true;
+  return (int64_t)seen->count;
 }
 
 /* The root of the snapshot and the history of its busiest device (*dev,
@@ -829,11 +913,23 @@ static char *snap_note(int busy, int dev, size_t allocs, size_t unknown, size_t 
   return out;
 }
 
-/* The snapshot as trace CSV (Note [Snapshot layout]). */
-int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **out_csv,
-                         size_t *out_len, char **out_note, size_t *failures,
-                         uint64_t *failure_bytes, uint32_t *first_failure, char *err,
-                         size_t errlen) {
+/* Rows made so far go to the sink once SNAP_FLUSH bytes of them are waiting
+ * (Note [Shared values]); 0, or the sink's error. */
+enum { SNAP_FLUSH = 1 << 16 };
+
+static int snap_flush(buf_t *b, gmr__csv_sink_fn *sink, void *ud, bool last) {
+  if (b->oom || b->n == 0 || (!last && b->n < SNAP_FLUSH)) return 0;
+  int rc = sink(ud, b->p, b->n);
+  b->n = 0;
+  return rc;
+}
+
+/* The snapshot as trace CSV (Note [Snapshot layout]), handed to sink in
+ * chunks of whole lines. */
+int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, gmr__csv_sink_fn *sink,
+                         void *ud, char **out_note, size_t *failures, uint64_t *failure_bytes,
+                         uint32_t *first_failure, char *err, size_t errlen) {
+  pk_cost = (gmr__snapshot_cost_t){0};
   pk_t k = {.p = (const unsigned char *)text,
             .end = (const unsigned char *)text + len,
             .len = len,
@@ -841,23 +937,19 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
             .errlen = errlen,
             .name = name};
   buf_t b = {0};
-  live_t live = {0};
-  int64_t *streams = gmr__malloc(SNAP_STREAMS * sizeof *streams);
-  size_t n_streams = 0;
+  gmr_avl_t live = {0}, streams = {0};
+  bool oom = false;
   int rc = GMR_EINVAL;
-  if (streams == NULL) {
-    pk_fail(&k, "out of host memory reading the snapshot");
-    goto done;
-  }
   size_t allocs = 0;
   int busy = 0, dev = 0;
   const pk_val_t *tr = snap_history(&k, &allocs, &busy, &dev);
   if (tr == NULL) goto done;
   size_t unknown = 0, supplied = 0;
   *failures = 0, *failure_bytes = 0, *first_failure = 0;
-  for (size_t i = 0; i < tr->n && !b.oom; ++i) {
+  for (size_t i = 0; i < tr->n && !b.oom && !oom; ++i) {
     const pk_val_t *e = tr->items[i], *act = pk_get(e, "action");
     int64_t addr = 0, size = 0, stream = 0, time_us = 0;
+    ++pk_cost.steps;
     bool has_addr = pk_int_of(pk_get(e, "addr"), &addr);
     pk_int_of(pk_get(e, "size"), &size);
     pk_int_of(pk_get(e, "stream"), &stream);
@@ -873,16 +965,15 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
         live_remove(&live, addr);
         ++supplied;
       }
-      char site[400];
-      snap_site(pk_get(e, "frames"), site, sizeof site);
+      char site[SNAP_SITE];
+      snap_site(pk_get(e, "frames"), site);
       bprintf(&b, "0,%" PRId64 ",allocate,%#" PRIx64 ",%" PRId64 ",%" PRId64 "%s%s\n", time_us,
-              (uint64_t)addr, size, snap_stream(streams, &n_streams, stream), site[0] ? "," : "",
-              site);
+              (uint64_t)addr, size, snap_stream(&streams, &oom, stream), site[0] ? "," : "", site);
       if (!live_add(&live, addr)) b.oom = true;
     } else if (pk_is(act, "free_completed") || pk_is(act, "free")) {
       if (has_addr && addr > 0 && live_has(&live, addr)) {
         bprintf(&b, "0,%" PRId64 ",free,%#" PRIx64 ",%" PRId64 ",%" PRId64 "\n", time_us,
-                (uint64_t)addr, size, snap_stream(streams, &n_streams, stream));
+                (uint64_t)addr, size, snap_stream(&streams, &oom, stream));
         live_remove(&live, addr);
       } else {
         bprintf(&b, "# free of %#" PRIx64 ", allocated before the history starts: left out\n",
@@ -894,32 +985,37 @@ int gmr__snapshot_to_csv(const char *text, size_t len, const char *name, char **
       *failure_bytes += size > 0 ? (uint64_t)size : 0;
       bprintf(&b, "# oom: the allocation of %" PRId64 " bytes failed in the recording\n", size);
     } else {
-      const pk_val_t *a = act;
-      bprintf(&b, "# %.*s\n", a && a->type == PK_STR && a->len < 64 ? (int)a->len : 1,
-              a && a->type == PK_STR && a->len < 64 ? a->s : "?");
+      /* The action's name as a comment: one line, whatever bytes it holds. */
+      char what[64] = "?";
+      if (act && act->type == PK_STR && act->len < sizeof what) {
+        for (size_t c = 0; c < act->len; ++c)
+          what[c] = (unsigned char)act->s[c] < 0x20 || act->s[c] == 0x7f ? '?' : act->s[c];
+        what[act->len] = '\0';
+      }
+      bprintf(&b, "# %s\n", what);
     }
+    if ((rc = snap_flush(&b, sink, ud, false)) != 0) goto done;
+    rc = GMR_EINVAL;
   }
-  if (b.oom) {
+  if (b.oom || oom) {
     pk_fail(&k, "out of host memory converting the snapshot");
     goto done;
   }
   bool note_oom = false;
   *out_note = snap_note(busy, dev, allocs, unknown, supplied, &note_oom);
-  bprintf(&b, "%s", "");
-  if (b.oom || note_oom) {
-    gmr__free(*out_note);
-    *out_note = NULL;
+  if (note_oom) {
     pk_fail(&k, "out of host memory converting the snapshot");
     goto done;
   }
-  *out_csv = b.p;
-  *out_len = b.n;
-  b.p = NULL;
-  rc = 0;
+  if ((rc = snap_flush(&b, sink, ud, true)) != 0) {
+    gmr__free(*out_note);
+    *out_note = NULL;
+  }
 done:
+  pk_cost.bytes += b.cap; /* the rows waiting for the sink */
   gmr__free(b.p);
-  gmr__free(live.slot);
-  gmr__free(streams);
+  gmr__avl_clear(&live, NULL, NULL);
+  gmr__avl_clear(&streams, NULL, NULL);
   pk_release(&k);
   return rc;
 }
@@ -942,9 +1038,8 @@ done:
 typedef struct sx_s {
   const gmr_snapshot_csv_options_t *o;
   buf_t csv, warn;
-  gmr_avl_t live;   /* address -> val: size, aux: index into sizes of the stream number */
-  int64_t *streams; /* raw stream ids, numbered 1, 2... by first use (0 stays 0) */
-  size_t n_streams, cap_streams;
+  gmr_avl_t live;    /* address -> val: size, aux: index into sizes of the stream number */
+  gmr_avl_t streams; /* raw stream id -> its number, 1, 2... by first use (0 stays 0) */
   uint64_t requested;
   gmr_snapshot_csv_t *out;
   bool oom;
@@ -952,19 +1047,14 @@ typedef struct sx_s {
 
 static int64_t sx_stream(sx_t *x, int64_t s) {
   if (s == 0) return 0;
-  for (size_t i = 0; i < x->n_streams; ++i)
-    if (x->streams[i] == s) return (int64_t)i + 1;
-  if (x->n_streams == x->cap_streams) {
-    size_t cap = x->cap_streams ? x->cap_streams * 2 : 16;
-    int64_t *p = gmr__realloc(x->streams, cap * sizeof *p);
-    if (p == NULL) {
-      x->oom = true;
-      return 0;
-    }
-    x->streams = p, x->cap_streams = cap;
+  live_cost(&x->streams);
+  const gmr_avl_node_t *n = gmr__avl_find(&x->streams, (uint64_t)s);
+  if (n != NULL) return (int64_t)n->val;
+  if (gmr__avl_insert(&x->streams, (uint64_t)s, (uint64_t)x->streams.count + 1, 0) < 0) {
+    x->oom = true;
+    return 0;
   }
-  x->streams[x->n_streams++] = s;
-  return (int64_t)x->n_streams;
+  return (int64_t)x->streams.count;
 }
 
 static void sx_allocate(sx_t *x, int64_t t, int64_t a, int64_t size, int64_t stream,
@@ -1000,10 +1090,8 @@ static int sx_device(sx_t *x, const pk_val_t *traces, char *err, size_t errlen) 
   char list[512] = "";
   size_t off = 0;
   for (size_t d = 0; d < traces->n; ++d) {
-    const pk_val_t *tr = traces->items[d];
-    size_t n = 0;
-    for (size_t i = 0; i < tr->n; ++i)
-      n += pk_is(pk_get(tr->items[i], "action"), "alloc");
+    size_t n = pk_allocs(traces->items[d]);
+    ++pk_cost.steps;
     if (n > 0 && off < sizeof list)
       off += (size_t)snprintf(list + off, sizeof list - off, "%s%zu", busy ? ", " : "", d);
     busy += n > 0;
@@ -1050,6 +1138,7 @@ static void sx_reconstruct(sx_t *x, const pk_val_t *root, const pk_val_t *tr, in
   for (size_t i = 0; raw && i < tr->n; ++i) {
     const pk_val_t *e = tr->items[i], *act = pk_get(e, "action");
     uint64_t a = (uint64_t)sx_int(pk_get(e, "addr"), 0);
+    ++pk_cost.steps;
     if (pk_is(act, "alloc")) {
       if (gmr__avl_find(&seen, a) == NULL && gmr__avl_insert(&seen, a, 0, 0) != 0) x->oom = true;
       if (gmr__avl_find(&allocated, a) == NULL && gmr__avl_insert(&allocated, a, 0, 0) != 0)
@@ -1065,22 +1154,35 @@ static void sx_reconstruct(sx_t *x, const pk_val_t *root, const pk_val_t *tr, in
       }
     }
   }
-  /* Blocks the snapshot shows allocated that the history never allocated. */
+  /* Blocks the snapshot shows allocated that the history never allocated:
+   * each segment and each list of blocks read once (Note [Shared values]). */
   const pk_val_t *segs = pk_get(root, "segments");
   size_t n_blocks = 0;
   for (size_t s = 0; segs && segs->type == PK_LIST && s < segs->n; ++s) {
-    const pk_val_t *blocks = pk_get(segs->items[s], "blocks");
-    n_blocks += blocks && blocks->type == PK_LIST ? blocks->n : 0;
+    pk_val_t *blocks = (pk_val_t *)pk_get(segs->items[s], "blocks");
+    ++pk_cost.steps;
+    if (blocks && blocks->type == PK_LIST && !(blocks->flags & PK_F_BLOCKS_COUNTED)) {
+      n_blocks += blocks->n;
+      blocks->flags |= PK_F_BLOCKS_COUNTED;
+    }
   }
   int64_t *more = raw ? gmr__realloc(raw, (tr->n + n_blocks + 1) * sizeof *raw) : NULL;
   if (more == NULL) x->oom = true;
   raw = more ? more : raw;
   for (size_t s = 0; more && segs && segs->type == PK_LIST && s < segs->n; ++s) {
-    const pk_val_t *seg = segs->items[s], *blocks = pk_get(seg, "blocks");
-    if (sx_int(pk_get(seg, "device"), device) != device) continue;
+    pk_val_t *seg = segs->items[s], *blocks = (pk_val_t *)pk_get(seg, "blocks");
+    ++pk_cost.steps;
+    if (sx_int(pk_get(seg, "device"), device) != device || (seg->flags & PK_F_SEGMENT_READ))
+      continue;
+    seg->flags |= PK_F_SEGMENT_READ;
+    if (blocks && blocks->type == PK_LIST) {
+      if (blocks->flags & PK_F_BLOCKS_READ) continue;
+      blocks->flags |= PK_F_BLOCKS_READ;
+    }
     int64_t addr = sx_int(pk_get(seg, "address"), 0);
     for (size_t b = 0; blocks && blocks->type == PK_LIST && b < blocks->n; ++b) {
       const pk_val_t *blk = blocks->items[b];
+      ++pk_cost.steps;
       int64_t a = sx_int(pk_get(blk, "address"), addr), size = sx_int(pk_get(blk, "size"), 0);
       int64_t req = sx_int(pk_get(blk, "requested_size"), 0);
       if (pk_is(pk_get(blk, "state"), "active_allocated") &&
@@ -1090,7 +1192,7 @@ static void sx_reconstruct(sx_t *x, const pk_val_t *root, const pk_val_t *tr, in
         if (gmr__avl_insert(&start, (uint64_t)a, (uint64_t)(req ? req : size), (uint32_t)n_raw++))
           x->oom = true;
       }
-      addr = a + size;
+      addr = (int64_t)((uint64_t)a + (uint64_t)size); /* wraps: the file chose both */
     }
   }
   int64_t t0 = tr->n ? sx_int(pk_get(tr->items[0], "time_us"), 0) : 0;
@@ -1108,6 +1210,7 @@ static int sx_entries(sx_t *x, const pk_val_t *tr, char *err, size_t errlen) {
   bool sites = x->o && x->o->sites;
   for (size_t i = 0; i < tr->n && !x->oom && !x->csv.oom; ++i) {
     const pk_val_t *e = tr->items[i], *act = pk_get(e, "action");
+    ++pk_cost.steps;
     int64_t t = sx_int(pk_get(e, "time_us"), (int64_t)i), a = sx_int(pk_get(e, "addr"), 0);
     if (pk_is(act, "alloc")) {
       int64_t size = sx_int(pk_get(e, "size"), 0);
@@ -1123,8 +1226,8 @@ static int sx_entries(sx_t *x, const pk_val_t *tr, char *err, size_t errlen) {
                 i, (uint64_t)a);
         sx_free(x, t, n);
       }
-      char site[400] = "";
-      if (sites) snap_site(pk_get(e, "frames"), site, sizeof site);
+      char site[SNAP_SITE] = "";
+      if (sites) snap_site(pk_get(e, "frames"), site);
       sx_allocate(x, t, a, size, sx_stream(x, sx_int(pk_get(e, "stream"), 0)), site);
     } else if (pk_is(act, "free_completed") || pk_is(act, "free")) {
       gmr_avl_node_t *n = a > 0 ? gmr__avl_find(&x->live, (uint64_t)a) : NULL;
@@ -1170,6 +1273,7 @@ int gmr_snapshot_csv(const void *data, size_t len, const char *name,
   err[0] = '\0';
   if (name == NULL) name = "snapshot";
   *out = NULL;
+  pk_cost = (gmr__snapshot_cost_t){0};
   pk_t k = {.p = data,
             .end = (const unsigned char *)data + len,
             .len = len,
@@ -1230,7 +1334,7 @@ int gmr_snapshot_csv(const void *data, size_t len, const char *name,
   gmr_snapshot_csv_free(x.out);
   gmr__free(x.csv.p);
   gmr__free(x.warn.p);
-  gmr__free(x.streams);
+  gmr__avl_clear(&x.streams, NULL, NULL);
   gmr__avl_clear(&x.live, NULL, NULL);
   pk_release(&k);
   return rc;

@@ -244,31 +244,8 @@ static uint32_t line_at(const char *text, size_t off) {
   return line;
 }
 
-/* A PyTorch memory snapshot: its history as CSV text, parsed as any trace. */
 static int parse_snapshot(const char *text, size_t len, const char *name, gmr_trace_data_t **out,
-                          char *err, size_t errlen) {
-  char *csv = NULL, *note = NULL;
-  size_t csv_len = 0, failures = 0;
-  uint64_t failure_bytes = 0;
-  uint32_t first_failure = 0;
-  int rc = gmr__snapshot_to_csv(text, len, name, &csv, &csv_len, &note, &failures, &failure_bytes,
-                                &first_failure, err, errlen);
-  if (rc != 0) return rc;
-  gmr_trace_data_t *t = NULL;
-  rc = gmr_trace_parse(csv, csv_len, name, &t, err, errlen);
-  gmr__free(csv);
-  if (rc != 0) {
-    gmr__free(note);
-    return rc;
-  }
-  t->format = GMR_TRACE_FORMAT_SNAPSHOT;
-  t->note = note;
-  t->n_alloc_failures = failures;
-  t->alloc_failure_bytes = failure_bytes;
-  t->first_alloc_failure_line = first_failure;
-  *out = t;
-  return 0;
-}
+                          char *err, size_t errlen);
 
 int gmr_trace_parse(const char *text, size_t len, const char *name, gmr_trace_data_t **out,
                     char *err, size_t errlen) {
@@ -386,6 +363,56 @@ static size_t reader_lines(reader_t *r, char *buf, size_t len, bool last, int *r
     pos += n + (nl != NULL);
   }
   return pos;
+}
+
+/* A PyTorch memory snapshot: its history as CSV text, parsed as any trace
+ * line by line as the converter hands it over (so the text is never held
+ * whole: Note [Shared values] in replay-pickle.c). */
+static int snapshot_lines(void *ud, char *text, size_t len) {
+  reader_t *r = ud;
+  int rc = 0;
+  reader_lines(r, text, len, true, &rc);
+  r->offset += len;
+  return rc;
+}
+
+static int parse_snapshot(const char *text, size_t len, const char *name, gmr_trace_data_t **out,
+                          char *err, size_t errlen) {
+  char *note = NULL;
+  size_t failures = 0;
+  uint64_t failure_bytes = 0;
+  uint32_t first_failure = 0;
+  reader_t r = {.p = {name, err, errlen, 0}};
+  r.t = gmr__calloc(1, sizeof *r.t);
+  r.sites = gmr__sites_new();
+  int rc = 0;
+  if (r.t == NULL || r.sites == NULL || (r.t->source = gmr__strdup(name)) == NULL)
+    rc = perr(&r.p, "out of host memory");
+  if (rc == 0)
+    rc = gmr__snapshot_to_csv(text, len, name, snapshot_lines, &r, &note, &failures, &failure_bytes,
+                              &first_failure, err, errlen);
+  if (rc == 0 && finish(r.t) != 0) rc = perr(&r.p, "out of host memory");
+  size_t live_at_end = r.live.count;
+  gmr__avl_clear(&r.live, NULL, NULL);
+  if (rc != 0) {
+    gmr__sites_finish(r.sites, NULL);
+    gmr_trace_data_free(r.t);
+    gmr__free(note);
+    return rc;
+  }
+  gmr_trace_data_t *t = r.t;
+  gmr__sites_finish(r.sites, t);
+  t->n_live_at_end = live_at_end;
+  t->n_streams = r.streams.n;
+  gmr_trace_event_t *fit = t->n_events ? gmr__realloc(t->events, t->n_events * sizeof *fit) : NULL;
+  if (fit != NULL) t->events = fit;
+  t->format = GMR_TRACE_FORMAT_SNAPSHOT;
+  t->note = note;
+  t->n_alloc_failures = failures;
+  t->alloc_failure_bytes = failure_bytes;
+  t->first_alloc_failure_line = first_failure;
+  *out = t;
+  return 0;
 }
 
 /* A pickled snapshot is binary and parsed whole (parse_snapshot): read the

@@ -36,9 +36,9 @@ for s in $srcs; do
   fi
   objs="$objs $o"
 done
-for h in config trace api scap; do
+for h in config trace api scap pickle; do
   $CC $flags -fsanitize=fuzzer $incs "$top/tests/fuzz/fuzz-$h.c" $objs -lyaml -lpthread -lm \
     -o "$out/fuzz-$h"
 done
 touch "$out/.stamp"
-echo "built $out/fuzz-config $out/fuzz-trace $out/fuzz-api $out/fuzz-scap"
+echo "built $out/fuzz-config $out/fuzz-trace $out/fuzz-api $out/fuzz-scap $out/fuzz-pickle"
