@@ -19,22 +19,7 @@ B="$BLD/tools/gmr-compare"
 FX="$SRC/tests/fixtures/compare-cost.csv"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-compare-cost.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
-n=0
-failed=0
-ok() {
-  n=$((n + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else
-    echo "not ok $n - $2"
-    failed=1
-  fi
-}
-is() {
-  if [ "x$1" = "x$2" ]; then ok 0 "$3"; else
-    ok 1 "$3"
-    echo "#   got:      '$1'"
-    echo "#   expected: '$2'"
-  fi
-}
+. "${GMR_SRCDIR:-.}/tests/tap.sh"
 has() {
   if grep -F -q -- "$2" "$1"; then ok 0 "$3"; else
     ok 1 "$3"
@@ -141,5 +126,4 @@ has "$W/suggest" "# for 1.4 % less memory (H200 cost model; the rule: more than 
 (cd "$SRC" && "$B" --suggest bfc "$FX") >"$W/suggest-bfc" 2>/dev/null
 grep -q "^# Slower" "$W/suggest-bfc"
 ok $((!$?)) "suggest bfc: no warning when the winner costs no more device time"
-echo "1..$n"
-exit $failed
+tap_end

@@ -25,24 +25,10 @@ FX="$SRC/tests/fixtures"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-compare-formats.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
 
-n=0
-failed=0
-ok() {
-  n=$((n + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else
-    echo "not ok $n - $2"
-    failed=1
-  fi
-}
+. "${GMR_SRCDIR:-.}/tests/tap.sh"
 skip() {
   n=$((n + 1))
   echo "ok $n - $1 # SKIP $2"
-}
-is() {
-  if [ "x$1" = "x$2" ]; then ok 0 "$3"; else
-    ok 1 "$3"
-    echo "#   got: '$1', expected: '$2'"
-  fi
 }
 has() {
   if grep -F -q -- "$2" "$1"; then ok 0 "$3"; else
@@ -217,5 +203,4 @@ else
   skip "snapshots" "python3 is not available"
 fi
 
-echo "1..$n"
-exit $failed
+tap_end

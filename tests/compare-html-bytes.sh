@@ -17,15 +17,7 @@ BLD=${GMR_BUILDDIR:-.}
 B="$BLD/tools/gmr-compare"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-html-bytes.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
-n=0
-failed=0
-ok() {
-  n=$((n + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else
-    echo "not ok $n - $2"
-    failed=1
-  fi
-}
+. "${GMR_SRCDIR:-.}/tests/tap.sh"
 if [ ! -x "$B" ]; then
   echo "1..0 # SKIP $B is not built"
   exit 0
@@ -103,5 +95,4 @@ ok $? "stitch's caption: the fragmentation figure does not matter for so little 
 grep -q 'Not drawn, because it is address space and holds no memory of its own: .* in [0-9]* cached ranges' \
   "$W/st.html"
 ok $? "stitch's map: the address space of its cached ranges is told apart, not drawn"
-echo "1..$n"
-exit $failed
+tap_end

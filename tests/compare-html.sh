@@ -32,21 +32,7 @@ fi
 
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-compare-html.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
-n=0
-failed=0
-ok() {
-  n=$((n + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else
-    echo "not ok $n - $2"
-    failed=1
-  fi
-}
-is() {
-  if [ "x$1" = "x$2" ]; then ok 0 "$3"; else
-    ok 1 "$3"
-    echo "#   got: '$1', expected: '$2'"
-  fi
-}
+. "${GMR_SRCDIR:-.}/tests/tap.sh"
 browse() { # browse OUTPUT-OPTION...: headless, offline, a fresh profile
   timeout 90 "$BROWSER" --headless --no-sandbox --disable-gpu --no-first-run \
     --disable-background-networking --disable-component-update --disable-sync \
@@ -112,5 +98,4 @@ browse --screenshot="$W/page.png" "file://$W/page.html" >/dev/null
 [ "$(head -c 4 "$W/page.png" 2>/dev/null | od -An -c | tr -d ' ')" = "211PNG" ]
 ok $? "a screenshot can be taken"
 
-echo "1..$n"
-exit $failed
+tap_end

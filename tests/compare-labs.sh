@@ -16,15 +16,7 @@ SRC=${GMR_SRCDIR:-.}
 BLD=${GMR_BUILDDIR:-.}
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-labs.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
-n=0
-failed=0
-ok() {
-  n=$((n + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else
-    echo "not ok $n - $2"
-    failed=1
-  fi
-}
+. "${GMR_SRCDIR:-.}/tests/tap.sh"
 if [ ! -x "$BLD/tools/gmr-compare" ]; then
   echo "1..0 # SKIP gmr-compare is not built"
   exit 0
@@ -72,5 +64,4 @@ for lab in "$SRC"/docs/labs/*.md; do
   test -s "$SRC/docs/labs/$name.png"
   ok $? "$name: its picture exists"
 done
-echo "1..$n"
-exit $failed
+tap_end

@@ -12,15 +12,7 @@ B="$BLD/tools/gmr-bench"
 FX="$SRC/tests/fixtures"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gmr-outputs.XXXXXX") || exit 1
 trap 'rm -rf "$W"' EXIT
-n=0
-failed=0
-ok() {
-  n=$((n + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else
-    echo "not ok $n - $2"
-    failed=1
-  fi
-}
+. "${GMR_SRCDIR:-.}/tests/tap.sh"
 cp "$FX/compare-small.csv" "$W/t.csv"
 cp "$SRC/config/direct.yaml" "$W/c.yaml"
 cp "$W/t.csv" "$W/t.orig"
@@ -68,5 +60,4 @@ ok $? "gmr-bench --json-file CONFIG CONFIG: refused, the configuration unchanged
   >/dev/null 2>&1 && grep -q '^\[' "$W/b.json" && [ -z "$(find "$W" -name '.b.json.*')" ]
 ok $? "gmr-bench --json-file: written, no temporary file left"
 
-echo "1..$n"
-exit $failed
+tap_end
