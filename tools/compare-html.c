@@ -352,7 +352,9 @@ static void map_rects(FILE *out, uint64_t off, uint64_t len, uint64_t row_bytes,
   }
 }
 
-static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, int own_scale) {
+/* The map's <svg> and its empty rows, as many as the run's bytes need at
+ * row_bytes a row; returns row_bytes (at least 1). */
+static uint64_t segmap_open(FILE *out, const compare_run_t *r, uint64_t row_bytes) {
   uint64_t total = map_total(r);
   if (row_bytes == 0) row_bytes = 1;
   uint64_t rows = total ? (total + row_bytes - 1) / row_bytes : 1;
@@ -365,6 +367,11 @@ static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, i
     fprintf(out, "<rect class=\"row\" x=\"0\" y=\"%" PRIu64 "\" width=\"%d\" height=\"%d\"/>",
             k * (MAP_ROW_H + MAP_GAP), HTML_W, MAP_ROW_H);
   fputc('\n', out);
+  return row_bytes;
+}
+
+static void html_segmap(FILE *out, const compare_run_t *r, uint64_t row_bytes, int own_scale) {
+  row_bytes = segmap_open(out, r, row_bytes);
   uint64_t off = 0;
   size_t next;
   char title[256], a[48], b[48];
@@ -454,18 +461,7 @@ static void html_segmap_pages(FILE *out, const compare_run_t *r, uint64_t row_by
                               int own_scale) {
   map_pages_parts_t m;
   map_pages_parts(r, &m);
-  uint64_t total = map_total(r);
-  if (row_bytes == 0) row_bytes = 1;
-  uint64_t rows = total ? (total + row_bytes - 1) / row_bytes : 1;
-  int height = (int)rows * (MAP_ROW_H + MAP_GAP);
-  fprintf(out,
-          "<svg class=\"chart segmap\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
-          "role=\"img\" aria-label=\"segments of %s at the peak\">\n",
-          HTML_W, height, HTML_W, height, r->name);
-  for (uint64_t k = 0; k < rows; ++k)
-    fprintf(out, "<rect class=\"row\" x=\"0\" y=\"%" PRIu64 "\" width=\"%d\" height=\"%d\"/>",
-            k * (MAP_ROW_H + MAP_GAP), HTML_W, MAP_ROW_H);
-  fputc('\n', out);
+  row_bytes = segmap_open(out, r, row_bytes);
   uint64_t off = 0;
   char title[320], a[48], b[48];
   int small = 0;
