@@ -32,6 +32,7 @@ PAGE_OF_SECTION = [
     ("Simulated device", "gmr_sim", "controls of the simulated device, for tests and tools"),
     ("Shared caps", "gmr_shared_cap", "read shared-cap files: one cap on a device across processes"),
     ("Logging", "gmr_set_log", "route the library's messages"),
+    ("Tags", "gmr_sleep", "tagged regions that sleep and wake at the same addresses"),
 ]
 HEADERS = [("gmr.h", "gmr"), ("gmr_replay.h", "gmr_replay"), ("gmr_hooks.h", "gmr_hooks")]
 SKIP_DIRECTIVES = re.compile(r"^#\s*(if|ifdef|ifndef|else|elif|endif|include|pragma)\b")
