@@ -205,8 +205,8 @@ fi
 # exits 0, in the table and in the JSON, and needs no configuration.
 "$bench" --workloads calls >"$tmp/calls" 2>"$tmp/err"
 ok $? "calls: exits 0 on the simulator (nothing to time)"
-grep -q '^gmr-bench: driver calls: skipped: the driver calls are timed on a GPU only (--device cuda)$' \
-  "$tmp/calls"
+grep -q -e '^gmr-bench: driver calls: skipped: the driver calls are timed on a GPU only (--device cuda)$' \
+  -e '^gmr-bench: driver calls: skipped: this gmr-bench was built without CUDA$' "$tmp/calls"
 ok $? "calls: says why it was skipped"
 "$bench" --workloads calls --json --call-pages 1,4 >"$tmp/calls.json" 2>"$tmp/err"
 ok $? "calls --json: exits 0"
@@ -214,7 +214,9 @@ grep -q '{"workload": "calls", "skipped": "' "$tmp/calls.json"
 ok $? "calls --json: one record saying why"
 "$bench" --workloads calls --device cuda --json >"$tmp/calls-cuda.json" 2>"$tmp/err"
 rc=$?
-if grep -q '"skipped"' "$tmp/calls-cuda.json"; then
+if [ "$rc" -eq 2 ] && grep -q 'built without CUDA' "$tmp/err"; then
+  ok 0 "calls --device cuda: refused as a usage error by a build without CUDA"
+elif grep -q '"skipped"' "$tmp/calls-cuda.json"; then
   ok "$rc" "calls --device cuda: skipped cleanly where there is no GPU (or no CUDA build)"
 else
   # A GPU: every call kind timed at both sizes, each figure positive.
