@@ -227,3 +227,113 @@ int gmr__cuda_backend_new(int device, gmr_backend_t **out) {
                                      "Toolkit); only the simulated device is available");
 }
 #endif
+
+/* ---- pass-through ops for decorators (backend.h) ---------------------------- */
+
+int gmr__backend_forward_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->va_reserve(next, size, out_base);
+}
+
+int gmr__backend_forward_va_release(gmr_backend_t *be, void *base, size_t size) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->va_release(next, base, size);
+}
+
+int gmr__backend_forward_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->mem_info(next, out_free, out_total);
+}
+
+int gmr__backend_forward_device_id(gmr_backend_t *be, char *buf, size_t len) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->device_id(next, buf, len);
+}
+
+int gmr__backend_forward_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->phys_create(next, size, out);
+}
+
+int gmr__backend_forward_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->phys_release(next, h, size);
+}
+
+int gmr__backend_forward_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h,
+                                  size_t off) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->phys_map(next, addr, size, h, off);
+}
+
+int gmr__backend_forward_set_access(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->set_access(next, addr, size);
+}
+
+int gmr__backend_forward_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->phys_unmap(next, addr, size);
+}
+
+int gmr__backend_forward_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->stream_capturing(next, s);
+}
+
+int gmr__backend_forward_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->event_record(next, s, out_ev);
+}
+
+int gmr__backend_forward_event_query(gmr_backend_t *be, gmr_event_t ev) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->event_query(next, ev);
+}
+
+int gmr__backend_forward_event_sync(gmr_backend_t *be, gmr_event_t ev) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->event_sync(next, ev);
+}
+
+void gmr__backend_forward_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
+  gmr_backend_t *next = be->forwards_to;
+  next->ops->event_destroy(next, ev);
+}
+
+int gmr__backend_forward_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->stream_sync(next, s);
+}
+
+int gmr__backend_forward_device_sync(gmr_backend_t *be) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->device_sync(next);
+}
+
+uint64_t gmr__backend_forward_now_ns(gmr_backend_t *be) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->now_ns(next);
+}
+
+int gmr__backend_forward_host_alloc(gmr_backend_t *be, size_t size, void **out) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->host_alloc(next, size, out);
+}
+
+void gmr__backend_forward_host_free(gmr_backend_t *be, void *p, size_t size) {
+  gmr_backend_t *next = be->forwards_to;
+  next->ops->host_free(next, p, size);
+}
+
+int gmr__backend_forward_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                                      gmr_stream_t s) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->copy_to_host(next, dst, src, size, s);
+}
+
+int gmr__backend_forward_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                                        gmr_stream_t s) {
+  gmr_backend_t *next = be->forwards_to;
+  return next->ops->copy_to_device(next, dst, src, size, s);
+}

@@ -113,6 +113,34 @@ struct gmr_backend_s {
   gmr_backend_t *forwards_to;
 };
 
+/* The ops of a decorator that only pass a call on, unchanged, to the backend
+ * it forwards to (be->forwards_to): a decorator names these in its ops table
+ * for every op it does not change (the gate, the recording layer). */
+int gmr__backend_forward_va_reserve(gmr_backend_t *be, size_t size, void **out_base);
+int gmr__backend_forward_va_release(gmr_backend_t *be, void *base, size_t size);
+int gmr__backend_forward_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
+int gmr__backend_forward_device_id(gmr_backend_t *be, char *buf, size_t len);
+int gmr__backend_forward_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out);
+int gmr__backend_forward_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size);
+int gmr__backend_forward_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h,
+                                  size_t off);
+int gmr__backend_forward_set_access(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_forward_phys_unmap(gmr_backend_t *be, void *addr, size_t size);
+int gmr__backend_forward_stream_capturing(gmr_backend_t *be, gmr_stream_t s);
+int gmr__backend_forward_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev);
+int gmr__backend_forward_event_query(gmr_backend_t *be, gmr_event_t ev);
+int gmr__backend_forward_event_sync(gmr_backend_t *be, gmr_event_t ev);
+void gmr__backend_forward_event_destroy(gmr_backend_t *be, gmr_event_t ev);
+int gmr__backend_forward_stream_sync(gmr_backend_t *be, gmr_stream_t s);
+int gmr__backend_forward_device_sync(gmr_backend_t *be);
+uint64_t gmr__backend_forward_now_ns(gmr_backend_t *be);
+int gmr__backend_forward_host_alloc(gmr_backend_t *be, size_t size, void **out);
+void gmr__backend_forward_host_free(gmr_backend_t *be, void *p, size_t size);
+int gmr__backend_forward_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                                      gmr_stream_t s);
+int gmr__backend_forward_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
+                                        gmr_stream_t s);
+
 /* Constructors (one per backend). */
 int gmr__sim_backend_new(const gmr_sim_options_t *opts, gmr_backend_t **out); /* device 0 */
 /* Simulated device `device` (0..30): address-only, its addresses come from

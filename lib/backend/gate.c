@@ -326,59 +326,13 @@ static int gate_device_sync(gmr_backend_t *be) {
 
 /* ---- plain forwarders -------------------------------------------------------------- */
 
-static int gate_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->va_reserve(dev, size, out_base);
-}
 static int gate_va_release(gmr_backend_t *be, void *base, size_t size) {
   gmr_backend_t *dev = dev_of(be);
   if (((gate_t *)be)->keeps_space && keep(be, base, size, NULL, true) == 0) return 0;
   return dev->ops->va_release(dev, base, size);
 }
-static int gate_device_id(gmr_backend_t *be, char *buf, size_t len) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->device_id(dev, buf, len);
-}
-static int gate_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t off) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->phys_map(dev, addr, size, h, off);
-}
-static int gate_set_access(gmr_backend_t *be, void *addr, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->set_access(dev, addr, size);
-}
-static int gate_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->phys_unmap(dev, addr, size);
-}
-static int gate_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->stream_capturing(dev, s);
-}
-static uint64_t gate_now_ns(gmr_backend_t *be) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->now_ns(dev);
-}
 
 /* Host memory and copies (sleep and wake): stream work, forwarded. */
-static int gate_host_alloc(gmr_backend_t *be, size_t size, void **out) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->host_alloc(dev, size, out);
-}
-static void gate_host_free(gmr_backend_t *be, void *p, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  dev->ops->host_free(dev, p, size);
-}
-static int gate_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
-                             gmr_stream_t s) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->copy_to_host(dev, dst, src, size, s);
-}
-static int gate_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
-                               gmr_stream_t s) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->copy_to_device(dev, dst, src, size, s);
-}
 
 static void state_free(gate_state_t *st) {
   for (gate_event_t *ge = st->events, *next; ge != NULL; ge = next) {
@@ -427,29 +381,29 @@ static int face_new(gate_state_t *st, bool owner, gmr_backend_t **out) {
   g->ops.name = d->name;
   GATE_SLOT(reserve, gate_reserve);
   GATE_SLOT(release, gate_release);
-  GATE_SLOT(va_reserve, gate_va_reserve);
+  GATE_SLOT(va_reserve, gmr__backend_forward_va_reserve);
   GATE_SLOT(va_release, gate_va_release);
   GATE_SLOT(map, gate_map);
   GATE_SLOT(unmap, gate_unmap);
   GATE_SLOT(mem_info, gate_mem_info);
-  GATE_SLOT(device_id, gate_device_id);
+  GATE_SLOT(device_id, gmr__backend_forward_device_id);
   GATE_SLOT(phys_create, gate_phys_create);
   GATE_SLOT(phys_release, gate_phys_release);
-  GATE_SLOT(phys_map, gate_phys_map);
-  GATE_SLOT(set_access, gate_set_access);
-  GATE_SLOT(phys_unmap, gate_phys_unmap);
-  GATE_SLOT(stream_capturing, gate_stream_capturing);
+  GATE_SLOT(phys_map, gmr__backend_forward_phys_map);
+  GATE_SLOT(set_access, gmr__backend_forward_set_access);
+  GATE_SLOT(phys_unmap, gmr__backend_forward_phys_unmap);
+  GATE_SLOT(stream_capturing, gmr__backend_forward_stream_capturing);
   GATE_SLOT(event_record, gate_event_record);
   GATE_SLOT(event_query, gate_event_query);
   GATE_SLOT(event_sync, gate_event_sync);
   GATE_SLOT(event_destroy, gate_event_destroy);
   GATE_SLOT(stream_sync, gate_stream_sync);
   GATE_SLOT(device_sync, gate_device_sync);
-  GATE_SLOT(now_ns, gate_now_ns);
-  GATE_SLOT(host_alloc, gate_host_alloc);
-  GATE_SLOT(host_free, gate_host_free);
-  GATE_SLOT(copy_to_host, gate_copy_to_host);
-  GATE_SLOT(copy_to_device, gate_copy_to_device);
+  GATE_SLOT(now_ns, gmr__backend_forward_now_ns);
+  GATE_SLOT(host_alloc, gmr__backend_forward_host_alloc);
+  GATE_SLOT(host_free, gmr__backend_forward_host_free);
+  GATE_SLOT(copy_to_host, gmr__backend_forward_copy_to_host);
+  GATE_SLOT(copy_to_device, gmr__backend_forward_copy_to_device);
   g->ops.destroy = gate_destroy;
   g->base.ops = &g->ops;
   g->base.granularity = st->device->granularity;

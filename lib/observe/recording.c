@@ -73,74 +73,9 @@ static int rec_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
 
 /* ---- plain forwarders ------------------------------------------------------- */
 
-static int rec_va_reserve(gmr_backend_t *be, size_t size, void **out_base) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->va_reserve(dev, size, out_base);
-}
-static int rec_va_release(gmr_backend_t *be, void *base, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->va_release(dev, base, size);
-}
-static int rec_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->mem_info(dev, out_free, out_total);
-}
-static int rec_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->event_record(dev, s, out_ev);
-}
-static int rec_event_query(gmr_backend_t *be, gmr_event_t ev) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->event_query(dev, ev);
-}
-static int rec_event_sync(gmr_backend_t *be, gmr_event_t ev) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->event_sync(dev, ev);
-}
-static void rec_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
-  gmr_backend_t *dev = dev_of(be);
-  dev->ops->event_destroy(dev, ev);
-}
-static int rec_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->stream_sync(dev, s);
-}
-static int rec_device_sync(gmr_backend_t *be) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->device_sync(dev);
-}
-static uint64_t rec_now_ns(gmr_backend_t *be) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->now_ns(dev);
-}
-
 /* Page handles (the stitch policy): forwarded, not recorded.  A page may be
  * mapped at several addresses, which PyTorch's segment entries cannot say;
  * the policy's walk shows its ranges instead. */
-static int rec_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->phys_create(dev, size, out);
-}
-static int rec_phys_release(gmr_backend_t *be, gmr_phys_t h, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->phys_release(dev, h, size);
-}
-static int rec_phys_map(gmr_backend_t *be, void *addr, size_t size, gmr_phys_t h, size_t off) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->phys_map(dev, addr, size, h, off);
-}
-static int rec_set_access(gmr_backend_t *be, void *addr, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->set_access(dev, addr, size);
-}
-static int rec_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->phys_unmap(dev, addr, size);
-}
-static int rec_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
-  gmr_backend_t *dev = dev_of(be);
-  return dev->ops->stream_capturing(dev, s);
-}
 
 static void rec_destroy(gmr_backend_t *be) {
   gmr_recording_t *r = rec_of(be);
@@ -161,24 +96,24 @@ int gmr__recording_new(gmr_backend_t *device, gmr_backend_t **out) {
   r->ops.name = d->name;
   REC_SLOT(reserve, rec_reserve);
   REC_SLOT(release, rec_release);
-  REC_SLOT(va_reserve, rec_va_reserve);
-  REC_SLOT(va_release, rec_va_release);
+  REC_SLOT(va_reserve, gmr__backend_forward_va_reserve);
+  REC_SLOT(va_release, gmr__backend_forward_va_release);
   REC_SLOT(map, rec_map);
   REC_SLOT(unmap, rec_unmap);
-  REC_SLOT(mem_info, rec_mem_info);
-  REC_SLOT(event_record, rec_event_record);
-  REC_SLOT(event_query, rec_event_query);
-  REC_SLOT(event_sync, rec_event_sync);
-  REC_SLOT(event_destroy, rec_event_destroy);
-  REC_SLOT(stream_sync, rec_stream_sync);
-  REC_SLOT(device_sync, rec_device_sync);
-  REC_SLOT(now_ns, rec_now_ns);
-  REC_SLOT(phys_create, rec_phys_create);
-  REC_SLOT(phys_release, rec_phys_release);
-  REC_SLOT(phys_map, rec_phys_map);
-  REC_SLOT(set_access, rec_set_access);
-  REC_SLOT(phys_unmap, rec_phys_unmap);
-  REC_SLOT(stream_capturing, rec_stream_capturing);
+  REC_SLOT(mem_info, gmr__backend_forward_mem_info);
+  REC_SLOT(event_record, gmr__backend_forward_event_record);
+  REC_SLOT(event_query, gmr__backend_forward_event_query);
+  REC_SLOT(event_sync, gmr__backend_forward_event_sync);
+  REC_SLOT(event_destroy, gmr__backend_forward_event_destroy);
+  REC_SLOT(stream_sync, gmr__backend_forward_stream_sync);
+  REC_SLOT(device_sync, gmr__backend_forward_device_sync);
+  REC_SLOT(now_ns, gmr__backend_forward_now_ns);
+  REC_SLOT(phys_create, gmr__backend_forward_phys_create);
+  REC_SLOT(phys_release, gmr__backend_forward_phys_release);
+  REC_SLOT(phys_map, gmr__backend_forward_phys_map);
+  REC_SLOT(set_access, gmr__backend_forward_set_access);
+  REC_SLOT(phys_unmap, gmr__backend_forward_phys_unmap);
+  REC_SLOT(stream_capturing, gmr__backend_forward_stream_capturing);
   r->ops.destroy = rec_destroy;
   r->base.ops = &r->ops;
   r->base.granularity = device->granularity;
