@@ -9,9 +9,13 @@ compute, then ask for more than the limit leaves and check that the
 framework's own out-of-memory error is raised, then allocate and compute
 again (the process carries on).  Prints one "ok"/"FAIL" line per check and
 gmr's figures; exits 1 on any failure, 0 with "SKIP" without a device.
-JAX 0.11 maps its buffers itself (cuMemCreate + cuMemMap): they cannot come
-from gmr's pool, so the interposer counts them against the same limit
-(gmr_charge); gmr's figures show them as limit_external_bytes.
+With XLA_PYTHON_CLIENT_ALLOCATOR=platform, JAX 0.11 maps its buffers itself
+(cuMemCreate + cuMemMap): they cannot come from gmr's pool, so the
+interposer counts them against the same limit (gmr_charge); gmr's figures
+show them as limit_external_bytes.  With cuda_async (and
+XLA_PYTHON_CLIENT_PREALLOCATE=false) JAX allocates through the stream-ordered
+pool API, which the interposer serves from gmr's pool: its buffers are then
+in allocated_bytes, and the script checks that they are.
 """
 
 import os
@@ -49,9 +53,10 @@ def main():
 
         gmr.use_in_cupy(cfg)
     if "jax" in which:
-        if not preload or os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") != "platform":
+        if not preload or os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") not in ("platform",
+                                                                                "cuda_async"):
             print("shared_pool.py: jax needs LD_PRELOAD=libgmr-preload.so and "
-                  "XLA_PYTHON_CLIENT_ALLOCATOR=platform")
+                  "XLA_PYTHON_CLIENT_ALLOCATOR=platform or cuda_async")
             return 2
         import jax
         import jax.numpy as jnp
@@ -74,9 +79,14 @@ def main():
         check(float(b.sum()) == float(128 << 20), "cupy: 512 MiB array, sum right")
         held.append(b)
     if jax is not None:
+        before_jax = gmr.stats(0)["allocated_bytes"]
         c = jnp.ones(64 << 20, dtype=jnp.float32)  # 256 MiB
         check(float(c.sum()) == float(64 << 20), "jax: 256 MiB array, sum right")
         held.append(c)
+        if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") == "cuda_async":
+            grew = gmr.stats(0)["allocated_bytes"] - before_jax
+            check(grew >= GiB // 4, "jax: the array is served from gmr's pool (allocated "
+                  "+%d bytes)" % grew)
     s = gmr.stats(0)
     print("gmr after the allocations: reserved %d allocated %d segments %d" %
           (s["reserved_bytes"], s["allocated_bytes"], s["segments"]))

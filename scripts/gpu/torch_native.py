@@ -362,16 +362,29 @@ def main():
     @check("ipc-spawn")
     def _ipc():
         import torch.multiprocessing as mp
+        from multiprocessing.reduction import ForkingPickler
 
-        ctx = mp.get_context("spawn")
-        q_in, q_out = ctx.Queue(), ctx.Queue()
         t = torch.arange(1 << 16, dtype=torch.float32, device=dev)
         want = float(t.double().sum().item())
+        try:  # what Queue.put does in its feeder thread, here where it can be seen
+            ForkingPickler.dumps(t)
+        except RuntimeError as e:
+            # caching and bfc share cudaMalloc ranges; a policy that maps pages
+            # must refuse with gmr's sentence (issue: "elsewhere it refuses clearly")
+            need(a.policy not in ("torch", "caching", "bfc"), "refused: %s" % e)
+            need("cannot be shared with another process" in str(e), "unclear refusal: %s" % e)
+            return "refused clearly: %s" % str(e).split("\n")[0][:240]
+        ctx = mp.get_context("spawn")
+        q_in, q_out = ctx.Queue(), ctx.Queue()
         p = ctx.Process(target=_ipc_child, args=(a.policy, q_in, q_out))
         p.start()
-        q_in.put(t)
-        status, value, _ = q_out.get(timeout=180)
-        p.join(60)
+        try:
+            q_in.put(t)
+            status, value, _ = q_out.get(timeout=180)
+        finally:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
         need(status == "ok", "child: %s" % value)
         need(value == want, "child read sum %r, want %r" % (value, want))
         return "child read the tensor (sum %.0f)" % value

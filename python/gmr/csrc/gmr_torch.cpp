@@ -661,21 +661,25 @@ public:
 
   /* PyTorch's format for a cudaMalloc'd segment: [version]['c'][handle of the
    * segment's base], and the offset of ptr in it.  Segments that map pages
-   * (stitch, expandable) are refused: gmr cannot export their pages. */
+   * (stitch, expandable segments, a tag that can sleep) are refused with one
+   * sentence: gmr cannot export their pages. */
+  static void refuse_ipc(uintptr_t base, const char *why) {
+    TORCH_CHECK(false, "gmr: a CUDA tensor cannot be shared with another process under this "
+                "policy: its segment at 0x", std::hex, base, std::dec, " is ", why,
+                ", not a cudaMalloc range; use gmr's `caching` (without expandable segments) or "
+                "`bfc` policy, outside gmr.region, for tensors shared between processes");
+  }
+
   CCA::ShareableHandle shareIpcHandle(void *ptr) override {
     gmr_segment_info_t seg = segment_of(ptr, "shareIpcHandle");
-    TORCH_CHECK(!(seg.flags & GMR_SEGMENT_EXPANDABLE),
-                "gmr: a CUDA tensor cannot be shared with another process under this policy "
-                "because its segments are mapped pages, not cudaMalloc ranges; use gmr's "
-                "`caching` (without expandable segments) or `bfc` policy for tensors shared "
-                "between processes");
+    if (seg.flags & GMR_SEGMENT_EXPANDABLE) refuse_ipc(seg.base, "mapped pages");
     cudaIpcMemHandle_t h;
     cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(seg.base));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      TORCH_CHECK(false, "gmr: cudaIpcGetMemHandle on the segment at 0x", std::hex, seg.base,
-                  " failed (", cudaGetErrorString(err),
-                  "); under this policy the segment is not a cudaMalloc range");
+      std::string why = std::string("memory the policy maps itself (cudaIpcGetMemHandle: ") +
+                        cudaGetErrorString(err) + ")";
+      refuse_ipc(seg.base, why.c_str());
     }
     std::string s;
     s.push_back(kIpcVersion);
