@@ -525,6 +525,12 @@ GMR_EXTERN const char *gmr_region_current(gmr_runtime_t *rt);
 
 #define GMR_SLEEP_OFFLOAD 1 /* copy the contents to pinned host memory first */
 #define GMR_SLEEP_DISCARD 2 /* give the memory back without copying */
+/* With GMR_SLEEP_OFFLOAD: keep the pinned host buffer after the wake, for
+ * the tag's next sleep to copy into without pinning memory again (pinning
+ * costs about ten times the copy: docs/sleep-wake.md).  The buffer is host
+ * memory held while the tag is awake (gmr_tag_info's host_kept_bytes); a
+ * sleep without the flag uses it once and its wake gives it back. */
+#define GMR_SLEEP_KEEP_HOST 4
 
 /** Put `tag` to sleep: wait for the device, release the tag's cached blocks,
  * copy its mapped memory to pinned host memory (GMR_SLEEP_OFFLOAD), then
@@ -532,6 +538,8 @@ GMR_EXTERN const char *gmr_region_current(gmr_runtime_t *rt);
  * runtime's caps and the shared cap at once.  While it sleeps an
  * allocation in the tag fails with GMR_EBUSY and a free of one of its
  * blocks is made at the wake.  A tag asleep already is left alone (0).
+ * `mode` is GMR_SLEEP_OFFLOAD, GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST or
+ * GMR_SLEEP_DISCARD (which gives a kept buffer back).
  * @return 0, GMR_EINVAL (no such tag, bad mode), GMR_EBUSY (a CUDA graph
  * is being captured), GMR_ENOTSUP (offload without device copies),
  * GMR_ENOMEM (no host memory; nothing changed), GMR_EDEVICE */
@@ -556,6 +564,7 @@ typedef struct gmr_tag_info_s {
   uint64_t sleeping_bytes;  /* device memory given back, mapped again at wake */
   uint64_t offloaded_bytes; /* pinned host memory holding its contents */
   uint64_t sleeps, wakes;   /* accumulated */
+  uint64_t host_kept_bytes; /* pinned host memory kept by GMR_SLEEP_KEEP_HOST */
 } gmr_tag_info_t;
 /** @return 0, GMR_EINVAL (NULL argument, or no such tag) */
 GMR_EXTERN int gmr_tag_info(gmr_runtime_t *rt, const char *tag, gmr_tag_info_t *out);

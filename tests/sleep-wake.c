@@ -428,12 +428,77 @@ static void threads_and_graphs(void) {
   gmr_runtime_free(rt);
 }
 
+/* GMR_SLEEP_KEEP_HOST (Note [Keeping the host buffer]): the wake keeps
+ * the pinned buffer and the next sleep copies into it with no host
+ * allocation (its first failing call is then a copy, not an allocation); a
+ * sleep without the flag uses it once and its wake gives it back; a discard
+ * gives it back at once. */
+static void keep_host(void) {
+  diag("keeping the host buffer between cycles");
+  gmr_runtime_t *rt = sim_runtime(policies[0], 1024 * MiB, 1);
+  if (!ok(rt != NULL, "  a runtime")) return;
+  void *p[NBLK];
+  if (!alloc_tagged(rt, "kv", p)) {
+    gmr_runtime_free(rt);
+    return;
+  }
+  uint64_t want = 0;
+  for (int i = 0; i < NBLK; ++i)
+    want += sizes[i];
+  ok(gmr_sleep(rt, "kv", GMR_SLEEP_DISCARD | GMR_SLEEP_KEEP_HOST) == GMR_EINVAL &&
+         !info(rt, "kv").asleep,
+     "  keep-host with discard is refused, nothing done");
+  ok(gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST) == 0 &&
+         info(rt, "kv").mode == GMR_SLEEP_OFFLOAD && info(rt, "kv").host_kept_bytes == 0,
+     "  a sleep keeping the host buffer: its mode is offload, nothing kept while asleep");
+  ok(gmr_wake(rt, "kv") == 0 && all_same(p), "  woken, contents kept");
+  uint64_t kept = info(rt, "kv").host_kept_bytes;
+  ok(kept >= want && info(rt, "kv").offloaded_bytes == 0,
+     "  the wake kept the buffer (%" PRIu64 " bytes for %" PRIu64 ")", kept, want);
+  ok(gmr_check(rt) == 0, "  gmr_check with a kept buffer");
+  for (int i = 0; i < 3; ++i)
+    ok(gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST) == 0 &&
+           gmr_wake(rt, "kv") == 0 && all_same(p) && info(rt, "kv").host_kept_bytes == kept,
+       "  cycle %d through the same buffer, contents kept", i + 1);
+  gmr_sim_fail_nth(rt, 1);
+  int rc = gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST);
+  const char *why = gmr_thread_last_error();
+  ok(rc == GMR_ENOMEM && strstr(why, "copy to the host") != NULL &&
+         strstr(why, "pinned host allocation") == NULL,
+     "  the next sleep allocates no host memory: its first device call is a copy (%s)", why);
+  gmr_sim_fail_nth(rt, 0);
+  ok(!info(rt, "kv").asleep && info(rt, "kv").host_kept_bytes == 0 && all_same(p) &&
+         gmr_check(rt) == 0,
+     "  after that failed sleep the tag is awake, contents in place, the buffer given back");
+  gmr_sim_fail_nth(rt, 1);
+  rc = gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD);
+  ok(rc == GMR_ENOMEM && strstr(gmr_thread_last_error(), "pinned host allocation") != NULL,
+     "  with nothing kept, a sleep's first device call is the host allocation");
+  gmr_sim_fail_nth(rt, 0);
+  ok(gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST) == 0 && gmr_wake(rt, "kv") == 0 &&
+         info(rt, "kv").host_kept_bytes > 0,
+     "  kept again");
+  ok(gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD) == 0 && gmr_wake(rt, "kv") == 0 && all_same(p) &&
+         info(rt, "kv").host_kept_bytes == 0,
+     "  a sleep without the flag uses the buffer once; its wake gives it back");
+  ok(gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST) == 0 && gmr_wake(rt, "kv") == 0 &&
+         info(rt, "kv").host_kept_bytes > 0 && gmr_sleep(rt, "kv", GMR_SLEEP_DISCARD) == 0 &&
+         info(rt, "kv").host_kept_bytes == 0 && gmr_wake(rt, "kv") == 0 && gmr_check(rt) == 0,
+     "  a discard gives the kept buffer back");
+  ok(gmr_sleep(rt, "kv", GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST) == 0 && gmr_wake(rt, "kv") == 0 &&
+         info(rt, "kv").host_kept_bytes > 0,
+     "  kept at the end: the runtime's free gives it back (a leak checker would say)");
+  free_all(rt, p);
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   /* 100 cycles where pages are mapped (stitch, expandable segments); the
    * others reserve whole segments (bfc a large region), copied each time. */
   for (size_t i = 0; i < sizeof policies / sizeof policies[0]; ++i)
     cycles_under(policies[i], i < 2 ? 100 : 4);
   states();
+  keep_host();
   short_memory();
   caps();
   threads_and_graphs();

@@ -7,6 +7,7 @@
  * policy knowing: Note [The sleepable face], Note [Sleep invariants].
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -88,6 +89,17 @@ typedef struct sleep_face_s {
    * (one host allocation instead of one per range), freed with its last. */
   unsigned char *host_buf;
   size_t host_buf_size, host_refs;
+  /* Note [Releasing the host copy]: the buffer a wake gave up, while its
+   * releaser runs (set and joined under the lock). */
+  void *released_buf;
+  size_t released_size;
+  pthread_t releaser;
+  bool releasing;
+  /* Note [Keeping the host buffer]: the buffer a wake kept, and whether the
+   * last sleep asked for that. */
+  unsigned char *kept_buf;
+  size_t kept_size;
+  bool keep_host;
 } sleep_face_t;
 
 static inline sleep_face_t *sf_of(gmr_backend_t *be) {
@@ -144,16 +156,85 @@ static bool page_gone(const sw_page_t *p) {
   return p->released && p->nranges == 0;
 }
 
-/* r's host copy goes; the buffer with the last copy in it. */
-static void host_unref(sleep_face_t *f, sw_range_t *r) {
+/* Note [Releasing the host copy]
+ * Giving the pinned buffer back (unregister and unmap: 77 ms for 4 GiB on
+ * the H200, Note [Pinned host memory] in cuda.c) costs as much as the copy
+ * back, so a wake that ends with every copy done hands the buffer to a
+ * thread of its own and returns: the wake then costs its maps and its copy.
+ *   at most one buffer is being released: the next sleep, wake and the
+ *   face's destroy join the releaser before going on;
+ *   its memory is given back once the releaser ends, not at some later call
+ *   (vllm-project/vllm#16663: host memory kept after a wake);
+ * Where no thread can be started, the wake releases it itself. */
+static void *releaser_main(void *arg) {
+  sleep_face_t *f = arg;
+  gmr__backend_host_free(f->real, f->released_buf, f->released_size);
+  return NULL;
+}
+
+/* Wait for the releaser of the last wake, if any (lock held). */
+static void releaser_join(sleep_face_t *f) {
+  if (!f->releasing) return;
+  (void)pthread_join(f->releaser, NULL);
+  f->releasing = false;
+  f->released_buf = NULL;
+  f->released_size = 0;
+}
+
+/* r's host copy goes; the buffer with the last copy in it, by the releaser
+ * when `background` (Note [Releasing the host copy]). */
+static void host_unref_in(sleep_face_t *f, sw_range_t *r, bool background) {
   if (r->host == NULL) return;
   r->host = NULL;
   f->offloaded -= r->size;
-  if (--f->host_refs == 0) {
-    gmr__backend_host_free(f->real, f->host_buf, f->host_buf_size);
-    f->host_buf = NULL;
-    f->host_buf_size = 0;
+  if (--f->host_refs > 0) return;
+  void *buf = f->host_buf;
+  size_t size = f->host_buf_size;
+  f->host_buf = NULL;
+  f->host_buf_size = 0;
+  if (background && f->keep_host && f->kept_buf == NULL) { /* Note [Keeping the host buffer] */
+    f->kept_buf = buf;
+    f->kept_size = size;
+    return;
   }
+  if (background) {
+    releaser_join(f);
+    f->released_buf = buf;
+    f->released_size = size;
+    sigset_t all, old; /* the releaser takes none of the process's signals */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    f->releasing = pthread_create(&f->releaser, NULL, releaser_main, f) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (f->releasing) return;
+    f->released_buf = NULL;
+    f->released_size = 0;
+  }
+  gmr__backend_host_free(f->real, buf, size);
+}
+
+static void host_unref(sleep_face_t *f, sw_range_t *r) {
+  host_unref_in(f, r, false);
+}
+
+/* Note [Keeping the host buffer]
+ * Pinning host memory costs about ten times copying into it (0.73-0.89 s
+ * against 78 ms for 4 GiB on the H200), so a tag that sleeps and wakes in
+ * a loop (a trainer and an inference engine taking turns) may ask, with
+ * GMR_SLEEP_KEEP_HOST, that its wake keep the buffer:
+ *   kept_buf != NULL  =>  host_buf == NULL and no range holds a copy;
+ *   a sleep takes the kept buffer when it is large enough for the copies
+ *   (else gives it back and pins a new one), so at most one is held;
+ *   a wake after a sleep without the flag releases it (in the background,
+ *   Note [Releasing the host copy]); a sleep with GMR_SLEEP_DISCARD and the
+ *   face's destroy give it back.
+ * The kept bytes are host memory held while awake, reported apart from the
+ * offloaded ones (host_kept_bytes). */
+static void kept_drop(sleep_face_t *f) {
+  if (f->kept_buf == NULL) return;
+  gmr__backend_host_free(f->real, f->kept_buf, f->kept_size);
+  f->kept_buf = NULL;
+  f->kept_size = 0;
 }
 
 /* Forget r (its memory is gone, or was given back); its host copy goes. */
@@ -379,6 +460,8 @@ static int sf_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size
  * host copies go here. */
 static void sf_destroy(gmr_backend_t *be) {
   sleep_face_t *f = sf_of(be);
+  releaser_join(f);
+  kept_drop(f);
   while (f->ranges != NULL)
     range_drop(f, f->ranges);
   while (f->pages != NULL)
@@ -474,10 +557,20 @@ static int offload(sleep_face_t *f, gmr_stream_t s) {
     return gmr__error_set(GMR_EBUSY, "ranges still keep host copies of a sleep that failed "
                                      "part-way: wake first");
   void *buf = NULL;
-  int err = gmr__backend_host_alloc(f->real, total, &buf);
+  size_t size = total;
+  int err = 0;
+  if (f->kept_buf != NULL && f->kept_size >= total) { /* Note [Keeping the host buffer] */
+    buf = f->kept_buf;
+    size = f->kept_size;
+    f->kept_buf = NULL;
+    f->kept_size = 0;
+  } else {
+    kept_drop(f);
+    err = gmr__backend_host_alloc(f->real, total, &buf);
+  }
   if (err != 0) return err;
   f->host_buf = buf;
-  f->host_buf_size = total;
+  f->host_buf_size = size;
   size_t at = 0;
   for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next) {
     size_t n = range_contents(r);
@@ -493,10 +586,14 @@ static int offload(sleep_face_t *f, gmr_stream_t s) {
   return err;
 }
 
-int gmr__sleep_face_sleep(gmr_backend_t *be, bool keep, gmr_stream_t s, uint64_t *released) {
+int gmr__sleep_face_sleep(gmr_backend_t *be, bool keep, bool keep_host, gmr_stream_t s,
+                          uint64_t *released) {
   sleep_face_t *f = sf_of(be);
   *released = 0;
   pthread_mutex_lock(&f->lock);
+  releaser_join(f);
+  f->keep_host = keep && keep_host;
+  if (!keep) kept_drop(f);
   int err = gmr__backend_device_sync(f->real); /* no kernel may still use the memory */
   if (err == 0 && keep) err = offload(f, s);
   for (sw_range_t *r = f->ranges; r != NULL && err == 0; r = r->next) {
@@ -577,6 +674,7 @@ int gmr__sleep_face_wake(gmr_backend_t *be, gmr_stream_t s, uint64_t *taken) {
   sleep_face_t *f = sf_of(be);
   *taken = 0;
   pthread_mutex_lock(&f->lock);
+  releaser_join(f);
   int err = f->nsleeping == 0 && f->sleeping == 0 ? 0 : wake_map(f, s);
   if (err != 0) {
     wake_undo(f, s);
@@ -604,7 +702,7 @@ int gmr__sleep_face_wake(gmr_backend_t *be, gmr_stream_t s, uint64_t *taken) {
     f->sleeping -= range_bytes(r);
     f->mapped += range_bytes(r);
     *taken += range_bytes(r);
-    host_unref(f, r);
+    host_unref_in(f, r, true); /* every copy back is done: wake_map synchronized */
   }
   ++f->wakes;
   pthread_mutex_unlock(&f->lock);
@@ -622,7 +720,8 @@ void gmr__sleep_face_figures(gmr_backend_t *be, gmr_sleep_figures_t *out) {
                                .ranges = f->nranges,
                                .sleeping_ranges = f->nsleeping,
                                .sleeps = f->sleeps,
-                               .wakes = f->wakes};
+                               .wakes = f->wakes,
+                               .host_kept_bytes = f->kept_size};
   pthread_mutex_unlock(&f->lock);
 }
 
@@ -688,6 +787,9 @@ int gmr__sleep_face_check(gmr_backend_t *be) {
            (unsigned long long)offloaded, (unsigned long long)f->offloaded);
   SF_CHECK((f->host_refs == 0) == (f->host_buf == NULL) && (offloaded == 0) == (f->host_refs == 0),
            "the host buffer and the copies in it disagree");
+  SF_CHECK((f->kept_buf == NULL) == (f->kept_size == 0) &&
+               (f->kept_buf == NULL || f->host_buf == NULL),
+           "a kept host buffer beside one in use"); /* Note [Keeping the host buffer] */
 out:
   pthread_mutex_unlock(&f->lock);
   return err;

@@ -41,10 +41,11 @@ int gmr_sleep(gmr_runtime_t *rt, const char *tag, int mode) {
   if (rt == NULL) return rt_null("gmr_sleep");
   int err = tag_bad("gmr_sleep", tag);
   if (err != 0) return err;
-  if (mode != GMR_SLEEP_OFFLOAD && mode != GMR_SLEEP_DISCARD)
+  if (mode != GMR_SLEEP_OFFLOAD && mode != (GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST) &&
+      mode != GMR_SLEEP_DISCARD)
     return gmr__error_set(GMR_EINVAL,
-                          "gmr_sleep: mode %d: expected GMR_SLEEP_OFFLOAD (1) or "
-                          "GMR_SLEEP_DISCARD (2)",
+                          "gmr_sleep: mode %d: expected GMR_SLEEP_OFFLOAD (1), "
+                          "GMR_SLEEP_OFFLOAD | GMR_SLEEP_KEEP_HOST (5) or GMR_SLEEP_DISCARD (2)",
                           mode);
   return gmr__runtime_sleep(rt, tag, mode);
 }

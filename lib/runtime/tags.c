@@ -69,7 +69,8 @@ int gmr__runtime_sleep(gmr_runtime_t *rt, const char *tag, int mode) {
                                    "gmr_sleep: tag '%s' cannot sleep while a CUDA graph is "
                                    "being captured",
                                    tag));
-  bool keep = mode == GMR_SLEEP_OFFLOAD;
+  bool keep = (mode & GMR_SLEEP_OFFLOAD) != 0, keep_host = (mode & GMR_SLEEP_KEEP_HOST) != 0;
+  mode &= ~GMR_SLEEP_KEEP_HOST; /* the tag's mode: offload or discard */
   if (keep && !gmr__backend_has_copies(c->sleep_face))
     return fail(rt, gmr__error_set(GMR_ENOTSUP,
                                    "gmr_sleep: the %s backend cannot copy device memory to the "
@@ -83,7 +84,7 @@ int gmr__runtime_sleep(gmr_runtime_t *rt, const char *tag, int mode) {
   uint64_t released = 0;
   gmr__policy_quiesce(c->policy);
   int err = gmr__policy_trim_locked(c->policy); /* cached blocks are simply released */
-  if (err == 0) err = gmr__sleep_face_sleep(c->sleep_face, keep, NULL, &released);
+  if (err == 0) err = gmr__sleep_face_sleep(c->sleep_face, keep, keep_host, NULL, &released);
   if (released > 0) {
     (void)gmr__policy_sleep_charge(c->policy, -(int64_t)released, true);
     atomic_store(&c->asleep, 1); /* even after a failure part-way: wake maps the rest */
@@ -171,6 +172,7 @@ int gmr__runtime_tag_info(gmr_runtime_t *rt, const char *tag, gmr_tag_info_t *ou
   t.offloaded_bytes = fig.offloaded_bytes;
   t.sleeps = fig.sleeps;
   t.wakes = fig.wakes;
+  t.host_kept_bytes = fig.host_kept_bytes;
   *out = t;
   return 0;
 }

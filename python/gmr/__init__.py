@@ -338,14 +338,20 @@ class region:
 _SLEEP_MODES = {"offload": 1, "discard": 2}
 
 
-def sleep(tag, mode="offload", device=0):
+def sleep(tag, mode="offload", device=0, keep_host=False):
     """Give the device memory of `tag` back, keeping its addresses: "offload"
     copies its contents to pinned host memory first, "discard" does not.
+    keep_host=True (with "offload") keeps that pinned buffer after the wake
+    for the next sleep, which then copies without pinning memory again: host
+    memory held while awake, shown as tag_info's "host_kept_bytes".
     Sleeping an asleep tag does nothing."""
     if mode not in _SLEEP_MODES:
         raise ValueError("gmr.sleep: mode %r: expected 'offload' or 'discard'" % (mode,))
+    if keep_host and mode != "offload":
+        raise ValueError("gmr.sleep: keep_host=True needs mode='offload'")
     rt = _runtime(device)
-    _check(_library().gmr_sleep(rt, _tag(tag), _SLEEP_MODES[mode]), "gmr_sleep", rt)
+    flags = _SLEEP_MODES[mode] | (_lib.SLEEP_KEEP_HOST if keep_host else 0)
+    _check(_library().gmr_sleep(rt, _tag(tag), flags), "gmr_sleep", rt)
 
 
 def wake(tag, device=0):
@@ -358,7 +364,8 @@ def wake(tag, device=0):
 
 def tag_info(tag, device=0):
     """A tag's state as a dict: "asleep", "mode", "mapped_bytes",
-    "sleeping_bytes", "offloaded_bytes", "sleeps", "wakes", "pool_id"."""
+    "sleeping_bytes", "offloaded_bytes", "sleeps", "wakes", "pool_id",
+    "host_kept_bytes"."""
     rt = _runtime(device)
     t = _lib.TagInfo()
     _check(_library().gmr_tag_info(rt, _tag(tag), _ctypes.byref(t)), "gmr_tag_info", rt)

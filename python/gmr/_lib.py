@@ -55,12 +55,15 @@ class Stats(ctypes.Structure):  # gmr_stats_t: every field uint64_t, in this ord
 STAT_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p)
 
 
+SLEEP_KEEP_HOST = 4  # GMR_SLEEP_KEEP_HOST
+
+
 class TagInfo(ctypes.Structure):  # gmr_tag_info_t
     _fields_ = [("tag", ctypes.c_char * 64), ("pool_id", ctypes.c_uint64),
                 ("asleep", ctypes.c_int), ("mode", ctypes.c_int),
                 ("mapped_bytes", ctypes.c_uint64), ("sleeping_bytes", ctypes.c_uint64),
                 ("offloaded_bytes", ctypes.c_uint64), ("sleeps", ctypes.c_uint64),
-                ("wakes", ctypes.c_uint64)]
+                ("wakes", ctypes.c_uint64), ("host_kept_bytes", ctypes.c_uint64)]
 
 
 class Library:

@@ -7,15 +7,20 @@ state give their device memory back and take it again at the same addresses.
 Installs gmr (gmr.use_in_torch, the native adapter) with config/pytorch.yaml,
 pytorch-expandable.yaml or stitch.yaml, builds GPT-2 medium (random init, no
 download) and its AdamW state inside `with gmr.region("model")`, then:
-  - cycles: `--cycles` offload sleeps and wakes; every 50th wake and the last
+  - cycles: `--cycles` offload sleeps and wakes keeping the pinned host
+    buffer between them (keep_host=True); every 50th wake and the last
     compare the model's logits on a fixed batch bit for bit with the first
     ones, and at the end every parameter and optimizer tensor with a host
     copy taken before the first sleep; the process's device memory by NVML
     (nvidia-smi when pynvml is missing) and gmr's tag figures are the same
     after the first and the last wake (0 bytes leaked), and the process's
     resident host memory has not grown by the offloaded size (#16663);
-  - timing: median wake time against the pinned host-to-device copy of the
-    same bytes measured in the same run (within 1.2x), median sleep time;
+  - host-return: 5 cycles without keep_host: each wake gives the host
+    buffer back (in the background: the script waits 0.5 s), so the
+    process's resident host memory falls by the buffer's size;
+  - timing: median wake time, with and without keep_host, against the
+    pinned host-to-device copy of the same bytes measured in the same run
+    (within 1.2x), and the median sleep times;
   - turns: two models, each with a CUDA graph of its forward captured before
     its first sleep, take turns under one memory fraction that holds one
     awake model but not two: waking the second while the first is awake is
@@ -177,7 +182,7 @@ def main():
         for i in range(a.cycles):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            gmr.sleep("model", mode="offload")
+            gmr.sleep("model", mode="offload", keep_host=True)
             t1 = time.perf_counter()
             gmr.wake("model")
             t2 = time.perf_counter()
@@ -195,7 +200,7 @@ def main():
         same = all(torch.equal(t.detach().cpu(), h) for t, h in zip(state["tensors"],
                                                                      state["host"]))
         moved = [t.data_ptr() for t in state["tensors"]] != state["ptrs"]
-        gmr.sleep("model", mode="offload")
+        gmr.sleep("model", mode="offload", keep_host=True)
         asleep_info = gmr.tag_info("model")
         asleep_nvml = nvml_used()
         gmr.wake("model")
@@ -221,9 +226,42 @@ def main():
                 % (a.cycles, first[0], last[0], asleep_info["sleeping_bytes"],
                    1e3 * statistics.median(sleeps), 1e3 * statistics.median(wakes)))
 
+    @check("host-return")
+    def _host_return():
+        need("cycles_figures" in results, "no cycles")
+        kept = gmr.tag_info("model")["host_kept_bytes"]
+        need(kept > 0, "keep_host kept no buffer: %s" % gmr.tag_info("model"))
+        time.sleep(0.5)
+        rss_kept = rss_bytes()
+        sleeps, wakes, rss = [], [], []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            gmr.sleep("model", mode="offload")
+            t1 = time.perf_counter()
+            gmr.wake("model")
+            t2 = time.perf_counter()
+            sleeps.append(t1 - t0)
+            wakes.append(t2 - t1)
+            time.sleep(0.5)  # the buffer is given back by a thread of its own
+            rss.append(rss_bytes())
+        t = gmr.tag_info("model")
+        results["host_return"] = {"kept_bytes": kept, "rss_kept": rss_kept, "rss_after": rss,
+                                  "sleep_s_median": statistics.median(sleeps),
+                                  "wake_s_median": statistics.median(wakes)}
+        need(t["host_kept_bytes"] == 0, "a buffer is still kept: %s" % t)
+        need(torch.equal(logits(), state["ref"]), "the logits differ")
+        need(max(rss) < rss_kept - kept * 9 // 10,
+             "resident host memory %s after the wakes, %d with the %d bytes kept"
+             % (rss, rss_kept, kept))
+        return ("host memory %d -> %d bytes (kept buffer %d given back at each wake); "
+                "sleep %.1f ms, wake %.1f ms (medians)"
+                % (rss_kept, max(rss), kept, 1e3 * statistics.median(sleeps),
+                   1e3 * statistics.median(wakes)))
+
     @check("timing")
     def _timing():
-        need("cycles_figures" in results, "no cycles")
+        need("cycles_figures" in results and "host_return" in results, "no cycles")
         n = gmr.tag_info("model")["mapped_bytes"]
         src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         dst = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -237,14 +275,19 @@ def main():
         del src, dst
         torch.cuda.empty_cache()
         wake = results["cycles_figures"]["wake_s_median"]
+        wake_free = results["host_return"]["wake_s_median"]
         b = statistics.median(bound)
         results["timing"] = {"bytes": n, "h2d_s_median": b, "wake_s_median": wake,
-                             "ratio": wake / b,
-                             "sleep_s_median": results["cycles_figures"]["sleep_s_median"]}
-        detail = ("wake %.2f ms for %d bytes, H2D bound %.2f ms (%.1f GB/s): %.2fx; sleep %.2f ms"
-                  % (1e3 * wake, n, 1e3 * b, n / b / 1e9, wake / b,
-                     1e3 * results["cycles_figures"]["sleep_s_median"]))
-        need(wake <= 1.2 * b, detail)
+                             "ratio": wake / b, "wake_s_median_no_keep": wake_free,
+                             "ratio_no_keep": wake_free / b,
+                             "sleep_s_median": results["cycles_figures"]["sleep_s_median"],
+                             "sleep_s_median_no_keep": results["host_return"]["sleep_s_median"]}
+        detail = ("wake %.2f ms for %d bytes (%.2f ms without keep_host), H2D bound %.2f ms "
+                  "(%.1f GB/s): %.2fx (%.2fx); sleep %.2f ms (%.2f ms)"
+                  % (1e3 * wake, n, 1e3 * wake_free, 1e3 * b, n / b / 1e9, wake / b,
+                     wake_free / b, 1e3 * results["cycles_figures"]["sleep_s_median"],
+                     1e3 * results["host_return"]["sleep_s_median"]))
+        need(wake <= 1.2 * b and wake_free <= 1.2 * b, detail)
         return detail
 
     @check("turns")
