@@ -47,6 +47,14 @@ ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segmen
 failures = 0
 
 
+def frames_ok(fr):
+    """Frames as PyTorch writes them: a list of {"name", "filename", "line"}."""
+    return isinstance(fr, list) and all(
+        isinstance(f, dict) and sorted(f) == ["filename", "line", "name"] and
+        isinstance(f["name"], str) and isinstance(f["filename"], str) and
+        isinstance(f["line"], int) for f in fr)
+
+
 def check(cond, desc, *detail):
     global failures
     print(("ok " if cond else "not ok ") + desc)
@@ -78,12 +86,13 @@ def check_format(raw, snap):
     keys_ok = sums_ok = contiguous = states_ok = True
     why = []
     for s in segs:
-        if sorted(s) != sorted(seg_keys):
+        if sorted(s) != sorted(seg_keys) or not frames_ok(s["frames"]):
             keys_ok = False
             why.append("segment keys %s" % sorted(s))
         blocks = s["blocks"]
         for b in blocks:
-            if sorted(b) != sorted(blk_keys):
+            if sorted(b) != sorted(blk_keys) or not frames_ok(b["frames"]) or \
+                    (b["state"] == "inactive" and b["frames"] != []):
                 keys_ok = False
                 why.append("block keys %s" % sorted(b))
             if b["state"] not in STATES:
@@ -127,7 +136,7 @@ def check_format(raw, snap):
             k = set(e)
             want = {"action", "size", "stream", "time_us", "frames", "compile_context",
                     "user_metadata", "device_free" if e.get("action") == "oom" else "addr"}
-            if k != want or e["action"] not in ACTIONS or e["frames"] != [] or \
+            if k != want or e["action"] not in ACTIONS or not frames_ok(e["frames"]) or \
                     e["compile_context"] != "N/A" or e["user_metadata"] != "":
                 keys_ok = False
                 why.append(str(e))

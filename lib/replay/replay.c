@@ -19,6 +19,7 @@
 #include "core/avl.h"
 #include "core/internal.h"
 #include "gmr_replay.h"
+#include "observe/history.h"
 #include "replay/replay-formats.h"
 #include "runtime/runtime.h"
 
@@ -567,7 +568,78 @@ static double now_seconds(void) {
  * keep `counters`), a read of an atomic, never a call: a deliberate speed
  * path, since a full gmr_stats per event would cost far more than the load.
  * docs/design.md, rule 3, says so.
+ *
+ * Its second step past the API: when the runtime records its history and
+ * the trace names call sites, each site becomes a frame of the history and
+ * each allocation is made with its site's frame named (Note [History
+ * frames] in observe/history.h, through gmr__runtime_history), so the
+ * runtime's snapshot says which code holds each block; see replay_frames.
  */
+
+/* A call site's text as the readers write it, "FILE:LINE (NAME)" or
+ * "FILE:LINE", split into a frame; any other text is the frame's file name,
+ * with line 0 and no name. */
+static int replay_add_frame(gmr_history_t *h, const char *site, uint32_t *out) {
+  size_t n = strlen(site), colon_end = n;
+  const char *name = "";
+  char *copy = gmr__strdup(site);
+  if (copy == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+  if (n >= 4 && copy[n - 1] == ')') {
+    char *open = strstr(copy, " (");
+    for (char *p = open; p != NULL; p = strstr(p + 1, " ("))
+      open = p; /* the last " (" */
+    if (open != NULL) {
+      copy[n - 1] = '\0';
+      name = open + 2;
+      *open = '\0';
+      colon_end = (size_t)(open - copy);
+    }
+  }
+  uint32_t line = 0;
+  char *colon = NULL;
+  for (size_t i = colon_end; i-- > 0;)
+    if (copy[i] == ':') {
+      colon = copy + i;
+      break;
+    }
+  if (colon != NULL && colon[1] != '\0' && colon > copy) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(colon + 1, &end, 10);
+    if (*end == '\0' && errno == 0 && colon[1] >= '0' && colon[1] <= '9' && v <= UINT32_MAX) {
+      line = (uint32_t)v;
+      *colon = '\0';
+    } else {
+      colon = NULL;
+    }
+  } else {
+    colon = NULL;
+  }
+  int err = colon != NULL ? gmr__history_add_frame(h, copy, line, name, out)
+                          : gmr__history_add_frame(h, site, 0, "", out);
+  gmr__free(copy);
+  return err;
+}
+
+/* The frame of each site of t in h: frames[s] for site s (frames[0] = 0),
+ * in a new array (gmr__free it); NULL when the history is off or t names no
+ * sites (or on a failure, said in *err). */
+static uint32_t *replay_frames(gmr_runtime_t *rt, const gmr_trace_data_t *t, gmr_history_t **h,
+                               int *err) {
+  *h = t->n_sites > 0 ? gmr__runtime_history(rt) : NULL;
+  *err = 0;
+  if (*h == NULL) return NULL;
+  uint32_t *frames = gmr__calloc(t->n_sites + 1, sizeof *frames);
+  if (frames == NULL) {
+    *err = gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+    return NULL;
+  }
+  for (size_t s = 0; s < t->n_sites && *err == 0; ++s)
+    *err = replay_add_frame(*h, t->sites[s], &frames[s + 1]);
+  if (*err == 0) return frames;
+  gmr__free(frames);
+  return NULL;
+}
 
 /* The loop pays per event one action dispatch, the call, one load of the
  * device's reserved bytes and three predictable branches (a failure, a new
@@ -581,6 +653,14 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
   const size_t every = o.callback_every ? o.callback_every : 1;
   void **ptrs = gmr__calloc(t->n_ids ? t->n_ids : 1, sizeof *ptrs);
   if (ptrs == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+  gmr_history_t *hist = NULL;
+  int ferr = 0;
+  uint32_t *const frames = replay_frames(rt, t, &hist, &ferr);
+  if (ferr != 0) {
+    gmr__free(ptrs);
+    return ferr;
+  }
+  const size_t n_sites = t->n_sites;
   gmr_replay_result_t r;
   memset(&r, 0, sizeof r);
   /* see Note [Replay peak] */
@@ -599,7 +679,10 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
     int st = 0;
     switch (e->action) {
     case GMR_TRACE_ALLOC:
+      if (GMR_UNLIKELY(frames != NULL))
+        gmr__history_use_frame(hist, frames[e->site <= n_sites ? e->site : 0]);
       st = gmr_alloc(rt, e->size, GMR_SIM_STREAM(e->stream), &ptrs[e->id]);
+      if (GMR_UNLIKELY(frames != NULL)) gmr__history_use_frame(hist, 0);
       if (GMR_UNLIKELY(st == GMR_ENOMEM)) {
         ptrs[e->id] = NULL;
         if (r.ooms++ == 0) {
@@ -666,6 +749,7 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
   r.events_done = i;
   r.seconds = now_seconds() - t0;
   gmr__free(ptrs);
+  gmr__free(frames);
   *out = r;
   return 0;
 }
