@@ -5,7 +5,8 @@
  * that finds the peak event (and records the timeline for the page), and one
  * that stops at the peak to walk the segments (the page's map).  Every other
  * part of the tool (the command line, --suggest, --fit, --diff) replays
- * through here; this file calls nothing of theirs.
+ * through here; this file calls nothing of theirs.  --snapshot adds a pass
+ * of its own (compare_replay_snapshot).
  *
  *   peak event = argmax over events i with reserved(i) = max reserved of
  *                allocated(i) (the first such event on ties)
@@ -301,4 +302,46 @@ void compare_run_release(compare_run_t *run) {
   run->map = NULL;
   run->yaml = NULL;
   run->n_points = run->n_map = 0;
+}
+
+/* ---- --snapshot ------------------------------------------------------------------ */
+
+/* After each event: the simulated clock moves to the next event's time, so
+ * the snapshot's times are the trace's. */
+static int cmp_snapshot_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
+                           void *ud) {
+  (void)status;
+  (void)ud;
+  if (index + 1 < t->n_events) gmr_sim_set_clock(rt, t->events[index + 1].time_us * 1000);
+  return 0;
+}
+
+int compare_replay_snapshot(const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                            const compare_opts_t *o, FILE *out, char *why, size_t len) {
+  gmr_sim_options_t sim = {.capacity = o->capacity};
+  gmr_runtime_t *rt = NULL;
+  int err = gmr_runtime_new_sim(cfg, &sim, &rt);
+  if (err != 0) {
+    snprintf(why, len, "cannot create the runtime: %s", gmr_strerror(err));
+    return -1;
+  }
+  /* The clock first: the history times its entries by it from now on.  The
+   * bound is PyTorch's default (sys.maxsize): the whole replay is kept. */
+  if (t->n_events > 0) gmr_sim_set_clock(rt, t->events[0].time_us * 1000);
+  err = gmr_history_enable(rt, SIZE_MAX >> 1);
+  gmr_replay_result_t *res = err == 0 ? calloc(1, sizeof *res) : NULL;
+  if (err == 0 && res == NULL) err = GMR_ENOMEM;
+  gmr_replay_options_t ro = {.stop_at_oom = 0, .callback = cmp_snapshot_cb};
+  if (err == 0) err = gmr_replay(rt, t, &ro, res);
+  int failed = 0; /* the replay stopped on a device error: said in why */
+  if (err == 0 && res->check_failed) {
+    snprintf(why, len, "the replay failed: %s", res->check_message);
+    failed = 1;
+  } else if (err == 0) {
+    err = gmr_snapshot_write(rt, out);
+  }
+  if (err != 0) snprintf(why, len, "%s: %s", gmr_strerror(err), gmr_last_error(rt));
+  free(res);
+  gmr_runtime_free(rt);
+  return err != 0 || failed ? -1 : 0;
 }

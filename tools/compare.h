@@ -101,19 +101,24 @@ typedef struct compare_run_s {
   uint64_t fit_capacity; /* bytes: the smallest device with no OOM; 0 when none up to fit_max */
   uint64_t fit_max;      /* bytes: the largest device tried */
   unsigned fit_replays;  /* replays the search took */
+  /* --snapshot: this configuration's file ("" when none), and 1 when it
+   * could not be written (said on stderr). */
+  char snapshot[4096];
+  int snapshot_failed;
 } compare_run_t;
 
 typedef struct compare_opts_s {
-  int json;            /* --json */
-  int check;           /* --check */
-  int progress;        /* stderr is a terminal: draw progress bars */
-  size_t columns;      /* characters per line of the table (the terminal's width) */
-  uint64_t capacity;   /* --capacity, bytes */
-  const char *html;    /* --html FILE, or NULL */
-  const char *suggest; /* --suggest POLICY, or NULL */
-  int timing;          /* replay time and speed shown (not with --no-timing; off in --html) */
-  int fit;             /* --fit */
-  int diff;            /* --diff */
+  int json;             /* --json */
+  int check;            /* --check */
+  int progress;         /* stderr is a terminal: draw progress bars */
+  size_t columns;       /* characters per line of the table (the terminal's width) */
+  uint64_t capacity;    /* --capacity, bytes */
+  const char *html;     /* --html FILE, or NULL */
+  const char *suggest;  /* --suggest POLICY, or NULL */
+  int timing;           /* replay time and speed shown (not with --no-timing; off in --html) */
+  int fit;              /* --fit */
+  int diff;             /* --diff */
+  const char *snapshot; /* --snapshot FILE, or NULL */
 } compare_opts_t;
 
 /* How much compare_replay learns (each level adds a replay). */
@@ -128,6 +133,26 @@ int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
                    const compare_opts_t *o, int detail);
 /* Release what a run owns (not the run itself). */
 void compare_run_release(compare_run_t *run);
+
+/* compare-replay.c: --snapshot's replay, on a fresh runtime with the
+ * memory history recorded and the simulated clock following the trace's
+ * times; at the end, its snapshot (gmr_snapshot_write) to `out`.  0, or -1
+ * with the reason in `why`. */
+int compare_replay_snapshot(const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                            const compare_opts_t *o, FILE *out, char *why, size_t len);
+
+/* compare-snapshot.c: --snapshot's files (Note [Snapshot file names]).
+ * The file of configuration `name`, into out. */
+void compare_snapshot_path(const char *file, const char *name, int several, char *out, size_t len);
+/* Before any replay: 0 when `path` may be written (not one of inputs[0..n),
+ * not a FIFO or other odd file, not the --html page, its folder writable);
+ * else says why on stderr and returns the exit status (2 or 1). */
+int compare_snapshot_check(const char *path, const char *const *inputs, size_t n_inputs,
+                           const char *html);
+/* Replay and write run's snapshot to `path`, saying on stderr what was
+ * written; 0, or -1 (said on stderr). */
+int compare_snapshot_write(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                           const compare_opts_t *o, const char *path);
 
 /* compare-report.c */
 void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,
