@@ -35,6 +35,36 @@ typedef struct compare_point_s {
   uint64_t requested; /* bytes, max over the bucket */
 } compare_point_t;
 
+/* Why reserved memory stepped up at a request (compare_step_t.rule; Note
+ * [Why reserved grew] in compare-replay.c). */
+typedef enum compare_rule_e {
+  COMPARE_RULE_SEGMENT = 0, /* a new segment of the request's size */
+  COMPARE_RULE_ROUNDING,    /* a new segment, the request rounded up to 2 MiB */
+  COMPARE_RULE_SMALL_POOL,  /* caching: a 2 MiB segment for requests up to 1 MiB */
+  COMPARE_RULE_MID_SEGMENT, /* caching: a 20 MiB segment for requests of 1 to 10 MiB */
+  COMPARE_RULE_SPLIT_LIMIT, /* caching: a cached block was large enough, but over max_split_size */
+  COMPARE_RULE_DOUBLING,    /* bfc: a new region of the doubled region size (allow_growth) */
+  COMPARE_RULE_WHOLE_LIMIT, /* bfc: the whole limit at once (no allow_growth) */
+  COMPARE_RULE_EXPANDABLE,  /* pages mapped into an expandable segment */
+  COMPARE_RULE_PAGES,       /* device memory with no segment reserved (stitch's pages) */
+  COMPARE_RULE_LARGER,      /* a new segment larger than the rules above explain */
+  COMPARE_RULE_KINDS
+} compare_rule_t;
+
+/* One step up of reserved memory: the request that caused it. */
+typedef struct compare_step_s {
+  uint64_t event;   /* index of the event (an allocation) */
+  uint64_t request; /* bytes it requested */
+  uint64_t before;  /* reserved bytes before it */
+  uint64_t after;   /* reserved bytes after it */
+  uint64_t segment; /* bytes of the first segment or range it reserved, 0 when none */
+  uint32_t line;    /* its line in the trace */
+  uint8_t rule;     /* compare_rule_t */
+} compare_step_t;
+#define COMPARE_STEPS_MAX 2000 /* steps kept per configuration; the count goes on */
+/* A rule's words ("a new segment: the request rounded up to 2 MiB"). */
+const char *compare_rule_text(int rule);
+
 /* One entry of the segment map at the peak (a copy of gmr_walk_entry_t that
  * does not point into the runtime, which is gone by the time we draw). */
 typedef struct compare_map_entry_s {
@@ -93,6 +123,10 @@ typedef struct compare_run_s {
   int map_status;        /* 0, or why the map is missing (GMR_ENOTSUP...) */
   gmr_stats_t map_stats; /* gmr_stats when the map was walked (the peak event) */
   compare_pages_t pages; /* a policy that maps pages: its figures there */
+  compare_step_t *steps; /* the steps up of reserved memory, in event order (at most
+                            COMPARE_STEPS_MAX) */
+  size_t n_steps;
+  uint64_t all_steps; /* the steps, all of them */
   /* The driver calls of the timed replay, runtime creation included
    * (the simulator's counters just before the runtime is freed): */
   gmr_sim_counters_t calls;
