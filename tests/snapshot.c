@@ -791,6 +791,39 @@ static void test_frames(void) {
   gmr_free(other, r);
   gmr_runtime_free(other);
   gmr_runtime_free(rt);
+  gmr_trace_data_free(t);
+
+  /* The shapes of a site's text. */
+  static const char shapes[] = "Thread,Time,Action,Pointer,Size,Stream,Site\n"
+                               "0,1,allocate,0x1,512,0,x.py:7\n"
+                               "0,2,allocate,0x2,512,0,C:/w/m.py:3 (f (g))\n"
+                               "0,3,allocate,0x3,512,0,a:b (c)\n"
+                               "0,4,allocate,0x4,512,0,m.py:99999999999 (big)\n"
+                               "0,5,allocate,0x5,512,0,:5 (nofile)\n";
+  static const struct {
+    const char *file, *name;
+    uint32_t line;
+  } want[] = {{"x.py", "", 7},
+              {"C:/w/m.py", "f (g)", 3},
+              {"a:b (c)", "", 0},
+              {"m.py:99999999999 (big)", "", 0},
+              {":5 (nofile)", "", 0}};
+  if (gmr_trace_parse(shapes, sizeof shapes - 1, "shapes.csv", &t, err, sizeof err) != 0) {
+    printf("Bail out! %s\n", err);
+    exit(1);
+  }
+  rt = new_runtime("policy: {name: direct}\n");
+  gmr_history_enable(rt, 100);
+  is_int(gmr_replay(rt, t, NULL, res), 0, "frames: the replay of sites of every shape");
+  h = gmr__runtime_history(rt);
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; ++i) {
+    const gmr_hist_frame_t *f = h && i < h->n_frames ? &h->frames[i] : NULL;
+    ok(f && strcmp(f->filename, want[i].file) == 0 && strcmp(f->name, want[i].name) == 0 &&
+           f->line == want[i].line,
+       "frames: site %zu is file '%s', line %u, name '%s'", i + 1, want[i].file,
+       (unsigned)want[i].line, want[i].name);
+  }
+  gmr_runtime_free(rt);
   free(res);
   gmr_trace_data_free(t);
 }

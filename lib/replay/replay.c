@@ -576,47 +576,50 @@ static double now_seconds(void) {
  * runtime's snapshot says which code holds each block; see replay_frames.
  */
 
-/* A call site's text as the readers write it, "FILE:LINE (NAME)" or
- * "FILE:LINE", split into a frame; any other text is the frame's file name,
- * with line 0 and no name. */
+/* Whether s[0 .. end) ends with ":LINE" after a non-empty file name: the
+ * colon and the line. */
+static bool site_line_before(char *s, char *end, char **colon, uint32_t *line) {
+  char *d = end;
+  while (d > s && d[-1] >= '0' && d[-1] <= '9')
+    --d;
+  if (d == end || end - d > 10 || d - 1 <= s || d[-1] != ':') return false;
+  uint64_t v = 0;
+  for (const char *p = d; p < end; ++p)
+    v = v * 10 + (uint64_t)(*p - '0');
+  if (v > UINT32_MAX) return false;
+  *colon = d - 1;
+  *line = (uint32_t)v;
+  return true;
+}
+
+/* Split a call site's text in place, as the readers write it:
+ * "FILE:LINE (NAME)" (the name may hold parentheses) or "FILE:LINE".  true
+ * with its parts; false for any other text, which is then the frame's file
+ * name, with line 0 and no name. */
+static bool site_split(char *s, uint32_t *line, const char **name) {
+  size_t n = strlen(s);
+  char *colon = NULL;
+  if (n > 0 && s[n - 1] == ')')
+    for (char *p = strstr(s, " ("); p != NULL; p = strstr(p + 1, " ("))
+      if (site_line_before(s, p, &colon, line)) {
+        s[n - 1] = '\0';
+        *colon = '\0';
+        *name = p + 2;
+        return true;
+      }
+  if (!site_line_before(s, s + n, &colon, line)) return false;
+  *colon = '\0';
+  *name = "";
+  return true;
+}
+
 static int replay_add_frame(gmr_history_t *h, const char *site, uint32_t *out) {
-  size_t n = strlen(site), colon_end = n;
-  const char *name = "";
   char *copy = gmr__strdup(site);
   if (copy == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
-  if (n >= 4 && copy[n - 1] == ')') {
-    char *open = strstr(copy, " (");
-    for (char *p = open; p != NULL; p = strstr(p + 1, " ("))
-      open = p; /* the last " (" */
-    if (open != NULL) {
-      copy[n - 1] = '\0';
-      name = open + 2;
-      *open = '\0';
-      colon_end = (size_t)(open - copy);
-    }
-  }
   uint32_t line = 0;
-  char *colon = NULL;
-  for (size_t i = colon_end; i-- > 0;)
-    if (copy[i] == ':') {
-      colon = copy + i;
-      break;
-    }
-  if (colon != NULL && colon[1] != '\0' && colon > copy) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(colon + 1, &end, 10);
-    if (*end == '\0' && errno == 0 && colon[1] >= '0' && colon[1] <= '9' && v <= UINT32_MAX) {
-      line = (uint32_t)v;
-      *colon = '\0';
-    } else {
-      colon = NULL;
-    }
-  } else {
-    colon = NULL;
-  }
-  int err = colon != NULL ? gmr__history_add_frame(h, copy, line, name, out)
-                          : gmr__history_add_frame(h, site, 0, "", out);
+  const char *name = "";
+  int err = site_split(copy, &line, &name) ? gmr__history_add_frame(h, copy, line, name, out)
+                                           : gmr__history_add_frame(h, site, 0, "", out);
   gmr__free(copy);
   return err;
 }
