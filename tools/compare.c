@@ -209,7 +209,8 @@ static void cmp_run_config(compare_run_t *run, const char *arg, const gmr_trace_
   }
   if (compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK) == 0) {
     if (o->fit) compare_fit(run, cfg, t, o);
-    if (run->snapshot[0] && compare_snapshot_write(run, cfg, t, o, run->snapshot) != 0)
+    if (run->snapshot[0] && run->status == COMPARE_OK &&
+        compare_snapshot_write(run, cfg, t, o, run->snapshot) != 0)
       run->snapshot_failed = 1;
   }
   gmr_config_free(cfg);
