@@ -20,7 +20,8 @@ else
 fi
 while read -r cmd; do
   n=$((n + 1))
-  args=$(printf '%s\n' "${cmd#gmr-compare }" | sed "s|page\.html|$W/page.html|")
+  args=$(printf '%s\n' "${cmd#gmr-compare }" | sed -e "s|page\.html|$W/page.html|" \
+    -e "s|--snapshot \([^ ]*\)|--snapshot $W/\1|")
   # shellcheck disable=SC2086
   if (cd "$SRC" && "$BLD/tools/gmr-compare" $args) >"$W/out" 2>"$W/err"; then
     echo "ok $n - $cmd"

@@ -26,6 +26,10 @@ Two kinds of checks:
      trace ACTION ADDR SIZE STREAM [DT_US]  (DT_US: time since the first entry)
      count ACTION N               (entries with that action)
      setting KEY VALUE
+     frames ACTION N              (entries with that action that carry frames)
+     entryframe I FILE LINE NAME  (entry I, from 0, has that one frame; FILE
+     blockframe ADDR FILE LINE NAME   "none": no frames; NAME "-": "")
+     segframe ADDR FILE LINE NAME
    Numbers are decimal; ADDR of an oom entry is its device_free.
 """
 import pickle
@@ -45,6 +49,14 @@ ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segmen
            "segment_map", "segment_unmap", "oom", "snapshot"}
 
 failures = 0
+
+
+def frames_ok(fr):
+    """Frames as PyTorch writes them: a list of {"name", "filename", "line"}."""
+    return isinstance(fr, list) and all(
+        isinstance(f, dict) and sorted(f) == ["filename", "line", "name"] and
+        isinstance(f["name"], str) and isinstance(f["filename"], str) and
+        isinstance(f["line"], int) for f in fr)
 
 
 def check(cond, desc, *detail):
@@ -78,12 +90,13 @@ def check_format(raw, snap):
     keys_ok = sums_ok = contiguous = states_ok = True
     why = []
     for s in segs:
-        if sorted(s) != sorted(seg_keys):
+        if sorted(s) != sorted(seg_keys) or not frames_ok(s["frames"]):
             keys_ok = False
             why.append("segment keys %s" % sorted(s))
         blocks = s["blocks"]
         for b in blocks:
-            if sorted(b) != sorted(blk_keys):
+            if sorted(b) != sorted(blk_keys) or not frames_ok(b["frames"]) or \
+                    (b["state"] == "inactive" and b["frames"] != []):
                 keys_ok = False
                 why.append("block keys %s" % sorted(b))
             if b["state"] not in STATES:
@@ -127,7 +140,7 @@ def check_format(raw, snap):
             k = set(e)
             want = {"action", "size", "stream", "time_us", "frames", "compile_context",
                     "user_metadata", "device_free" if e.get("action") == "oom" else "addr"}
-            if k != want or e["action"] not in ACTIONS or e["frames"] != [] or \
+            if k != want or e["action"] not in ACTIONS or not frames_ok(e["frames"]) or \
                     e["compile_context"] != "N/A" or e["user_metadata"] != "":
                 keys_ok = False
                 why.append(str(e))
@@ -234,6 +247,24 @@ def check_expect(snap, expect):
             t = traces[device] if device is not None and device < len(traces) else []
             got_n = sum(1 for e in t if e["action"] == rec[1])
             check(got_n == int(rec[2]), "%s %s entries" % (rec[2], rec[1]), "got %d" % got_n)
+        elif rec[0] == "frames":
+            t = traces[device] if device is not None and device < len(traces) else []
+            got_n = sum(1 for e in t if e["action"] == rec[1] and e["frames"])
+            check(got_n == int(rec[2]), "%s %s entries carry frames" % (rec[2], rec[1]),
+                  "got %d" % got_n)
+        elif rec[0] in ("entryframe", "blockframe", "segframe"):
+            if rec[0] == "entryframe":
+                t = traces[device] if device is not None and device < len(traces) else []
+                item = t[int(rec[1])] if int(rec[1]) < len(t) else None
+            elif rec[0] == "blockframe":
+                item = next((b for x in segs for b in x["blocks"] if b["address"] == int(rec[1])),
+                            None)
+            else:
+                item = next((x for x in segs if x["address"] == int(rec[1])), None)
+            want = [] if rec[2] == "none" else [
+                {"filename": rec[2], "line": int(rec[3]), "name": "" if rec[4] == "-" else rec[4]}]
+            got = item["frames"] if item is not None else None
+            check(got == want, "%s %s: frames %s" % (rec[0], rec[1], want), "got %s" % (got,))
         elif rec[0] == "setting":
             v = snap["allocator_settings"].get(rec[1])
             check(str(v) == rec[2], "allocator_settings[%s] = %s" % (rec[1], rec[2]),

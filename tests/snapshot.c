@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "gmr.h"
+#include "gmr_replay.h"
 #include "observe/history.h"
 #include "observe/recording.h"
 #include "policy.h"
@@ -667,6 +668,166 @@ static void test_snapshot_env(void) {
   unsetenv("GMR_HISTORY");
 }
 
+/* ---- call sites as frames (Note [History frames], Note [Snapshot frames]) ---- */
+
+typedef struct frames_blocks_s {
+  uint64_t addr[8], size[8];
+  int n;
+} frames_blocks_t;
+
+static int frames_walk(const gmr_walk_entry_t *e, void *ud) {
+  frames_blocks_t *b = ud;
+  if (!e->is_segment && e->state == GMR_BLOCK_ALLOCATED && b->n < 8) {
+    b->addr[b->n] = e->address;
+    b->size[b->n++] = e->size;
+  }
+  return 0;
+}
+
+static void *frames_thread_alloc(void *arg) {
+  void *p = NULL;
+  gmr_alloc(arg, 4096, NULL, &p);
+  return p;
+}
+
+/* The frame of the last alloc entry of h (0 when none). */
+static uint32_t frames_last_alloc(gmr_history_t *h) {
+  gmr_hist_entry_t *v = NULL;
+  size_t n = 0;
+  uint32_t f = UINT32_MAX;
+  if (gmr__history_copy(h, &v, &n) != 0) return f;
+  for (size_t i = n; i-- > 0;)
+    if (v[i].action == GMR_HIST_ALLOC) {
+      f = v[i].frame;
+      break;
+    }
+  gmr__free(v);
+  return f;
+}
+
+static void test_frames(void) {
+  static const char csv[] = "Thread,Time,Action,Pointer,Size,Stream,Site\n"
+                            "0,1,allocate,0x1,1048576,0,model.py:10 (embed)\n"
+                            "0,2,allocate,0x2,2097152,0,odd-site\n"
+                            "0,3,free,0x1,1048576,0\n"
+                            "0,4,allocate,0x3,3145728,0\n";
+  char err[256] = "";
+  gmr_trace_data_t *t = NULL;
+  if (gmr_trace_parse(csv, sizeof csv - 1, "frames.csv", &t, err, sizeof err) != 0) {
+    printf("Bail out! %s\n", err);
+    exit(1);
+  }
+  /* Without the history the replay names nothing. */
+  gmr_runtime_t *rt = new_runtime("policy: {name: direct}\n");
+  gmr_replay_result_t *res = calloc(1, sizeof *res);
+  if (res == NULL) exit(1);
+  is_int(gmr_replay(rt, t, NULL, res), 0, "frames: a replay without the history");
+  ok(gmr__runtime_history(rt) == NULL, "frames: ... leaves the history off");
+  gmr_runtime_free(rt);
+
+  rt = new_runtime("policy: {name: direct}\n");
+  is_int(gmr_history_enable(rt, 1000), 0, "frames: gmr_history_enable(1000)");
+  is_int(gmr_replay(rt, t, NULL, res), 0, "frames: the replay of a trace with sites");
+  gmr_history_t *h = gmr__runtime_history(rt);
+  ok(h != NULL && h->n_frames == 2, "frames: each site of the trace became a frame");
+  if (h != NULL && h->n_frames == 2) {
+    ok(strcmp(h->frames[0].filename, "model.py") == 0 && h->frames[0].line == 10 &&
+           strcmp(h->frames[0].name, "embed") == 0,
+       "frames: 'model.py:10 (embed)' is file model.py, line 10, name embed");
+    ok(strcmp(h->frames[1].filename, "odd-site") == 0 && h->frames[1].line == 0 &&
+           strcmp(h->frames[1].name, "") == 0,
+       "frames: a site of another shape is the file name, line 0");
+  }
+  frames_blocks_t b = {0};
+  gmr_walk(rt, frames_walk, &b);
+  is_int(b.n, 2, "frames: two blocks live at the end");
+  scenario_t sc;
+  scenario_open(&sc, "frames");
+  /* direct: segment_alloc + alloc per allocation, free_requested +
+   * free_completed + segment_free per free, then the snapshot entry. */
+  fprintf(sc.ex, "traces 0 10\n");
+  fprintf(sc.ex, "entryframe 0 model.py 10 embed\nentryframe 1 model.py 10 embed\n");
+  fprintf(sc.ex, "entryframe 2 odd-site 0 -\nentryframe 3 odd-site 0 -\n");
+  fprintf(sc.ex, "entryframe 4 model.py 10 embed\nentryframe 5 model.py 10 embed\n");
+  fprintf(sc.ex, "entryframe 6 none\nentryframe 7 none\nentryframe 8 none\nentryframe 9 none\n");
+  fprintf(sc.ex, "frames alloc 2\nframes free_completed 1\nframes snapshot 0\n");
+  for (int i = 0; i < b.n; ++i) {
+    const char *f = b.size[i] == 2 * MiB ? "odd-site 0 -" : "none";
+    fprintf(sc.ex, "blockframe %llu %s\nsegframe %llu %s\n", (unsigned long long)b.addr[i], f,
+            (unsigned long long)b.addr[i], f);
+  }
+  scenario_check(&sc, rt, "frames");
+
+  /* The frame is the naming thread's, and this history's only. */
+  uint32_t id = 0;
+  is_int(gmr__history_add_frame(h, "t.py", 7, "step", &id), 0, "frames: add a frame");
+  is_int((int)id, 3, "frames: ids go on from the trace's");
+  gmr_runtime_t *other = new_runtime("policy: {name: direct}\n");
+  gmr_history_enable(other, 100);
+  gmr__history_use_frame(h, id);
+  void *p = NULL, *q = NULL;
+  pthread_t th;
+  pthread_create(&th, NULL, frames_thread_alloc, rt);
+  pthread_join(th, &q);
+  is_int((int)frames_last_alloc(h), 0, "frames: another thread's allocation has none");
+  gmr_alloc(rt, 4096, NULL, &p);
+  is_int((int)frames_last_alloc(h), (int)id, "frames: the naming thread's has it");
+  void *r = NULL;
+  gmr_alloc(other, 4096, NULL, &r);
+  is_int((int)frames_last_alloc(gmr__runtime_history(other)), 0,
+         "frames: an allocation on another runtime has none");
+  gmr__history_use_frame(h, 0);
+  void *p2 = NULL;
+  gmr_alloc(rt, 4096, NULL, &p2);
+  is_int((int)frames_last_alloc(h), 0, "frames: none once the thread names none");
+  /* Turning the history off and on keeps the frames (ids stay valid). */
+  gmr_history_enable(rt, 0);
+  gmr_history_enable(rt, 100);
+  h = gmr__runtime_history(rt);
+  ok(h != NULL && h->n_frames == 3, "frames: kept while the history is off");
+  gmr_free(rt, p);
+  gmr_free(rt, p2);
+  gmr_free(rt, q);
+  gmr_free(other, r);
+  gmr_runtime_free(other);
+  gmr_runtime_free(rt);
+  gmr_trace_data_free(t);
+
+  /* The shapes of a site's text. */
+  static const char shapes[] = "Thread,Time,Action,Pointer,Size,Stream,Site\n"
+                               "0,1,allocate,0x1,512,0,x.py:7\n"
+                               "0,2,allocate,0x2,512,0,C:/w/m.py:3 (f (g))\n"
+                               "0,3,allocate,0x3,512,0,a:b (c)\n"
+                               "0,4,allocate,0x4,512,0,m.py:99999999999 (big)\n"
+                               "0,5,allocate,0x5,512,0,:5 (nofile)\n";
+  static const struct {
+    const char *file, *name;
+    uint32_t line;
+  } want[] = {{"x.py", "", 7},
+              {"C:/w/m.py", "f (g)", 3},
+              {"a:b (c)", "", 0},
+              {"m.py:99999999999 (big)", "", 0},
+              {":5 (nofile)", "", 0}};
+  if (gmr_trace_parse(shapes, sizeof shapes - 1, "shapes.csv", &t, err, sizeof err) != 0) {
+    printf("Bail out! %s\n", err);
+    exit(1);
+  }
+  rt = new_runtime("policy: {name: direct}\n");
+  gmr_history_enable(rt, 100);
+  is_int(gmr_replay(rt, t, NULL, res), 0, "frames: the replay of sites of every shape");
+  h = gmr__runtime_history(rt);
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; ++i) {
+    const gmr_hist_frame_t *f = h && i < h->n_frames ? &h->frames[i] : NULL;
+    ok(f && strcmp(f->filename, want[i].file) == 0 && strcmp(f->name, want[i].name) == 0 &&
+           f->line == want[i].line,
+       "frames: site %zu is file '%s', line %u, name '%s'", i + 1, want[i].file,
+       (unsigned)want[i].line, want[i].name);
+  }
+  gmr_runtime_free(rt);
+  free(res);
+  gmr_trace_data_free(t);
+}
+
 static void test_bad_input(void) {
   gmr_runtime_t *rt = new_runtime_file("direct.yaml");
   is_int(gmr_snapshot_write(NULL, stdout), GMR_EINVAL, "gmr_snapshot_write(NULL, f)");
@@ -952,6 +1113,7 @@ int main(void) {
   test_env();
   test_snapshot_env();
   test_bad_input();
+  test_frames();
   test_threads("policy: {name: direct}\n", "threads direct");
   test_threads("policy: {name: direct}\nlimit: {bytes: 1GiB, counts: reserved}\n",
                "threads limit(direct)");

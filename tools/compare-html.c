@@ -154,6 +154,64 @@ static void tl_path(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r
   fputs("\"/>\n", out);
 }
 
+/* Each step up of reserved memory as a mark on the reserved line at its
+ * request, titled with the request and the rule (Note [Why reserved grew]
+ * in compare-replay.c). */
+static void tl_steps(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r, uint64_t ymax) {
+  for (size_t i = 0; i < r->n_steps; ++i) {
+    const compare_step_t *s = &r->steps[i];
+    fprintf(out,
+            "<path class=\"step\" data-event=\"%" PRIu64 "\" data-rule=\"%u\" "
+            "data-grow=\"%" PRIu64 "\" d=\"M%.1f,%.1f l-3.5,-7 h7 z\"><title>event %" PRIu64
+            " (line %u): ",
+            s->event, (unsigned)s->rule, s->after - s->before, tl_x(t, (double)s->event),
+            tl_y(s->after, ymax) - 1.0, s->event, (unsigned)s->line);
+    html_bytes(out, s->request);
+    fputs(" requested; reserved ", out);
+    html_bytes(out, s->before);
+    fputs(" &rarr; ", out);
+    html_bytes(out, s->after);
+    fputs(": ", out);
+    html_text(out, compare_rule_text(s->rule));
+    fputs("</title></path>\n", out);
+  }
+}
+
+/* Under the timeline: how many steps each rule made, with the bytes they
+ * added and the first request of each. */
+static void html_steps(FILE *out, const compare_run_t *r) {
+  if (r->all_steps == 0) return;
+  uint64_t count[COMPARE_RULE_KINDS] = {0}, bytes[COMPARE_RULE_KINDS] = {0};
+  const compare_step_t *first[COMPARE_RULE_KINDS] = {0};
+  for (size_t i = 0; i < r->n_steps; ++i) {
+    const compare_step_t *s = &r->steps[i];
+    ++count[s->rule];
+    bytes[s->rule] += s->after - s->before;
+    if (first[s->rule] == NULL) first[s->rule] = s;
+  }
+  fprintf(out,
+          "<h3>Why reserved memory grew</h3>\n<p class=\"scale\">Reserved memory stepped up at "
+          "%" PRIu64 " request%s (the red marks on the timeline; hover one for the request)",
+          r->all_steps, r->all_steps == 1 ? "" : "s");
+  if (r->all_steps > r->n_steps)
+    fprintf(out, "; the first %zu are marked and counted here", r->n_steps);
+  fputs(".</p>\n<table class=\"steps\"><thead><tr><th>rule</th><th>steps</th><th>bytes added"
+        "</th><th>first at</th></tr></thead><tbody>\n",
+        out);
+  for (int k = 0; k < COMPARE_RULE_KINDS; ++k) {
+    if (count[k] == 0) continue;
+    fputs("<tr><td>", out);
+    html_text(out, compare_rule_text(k));
+    fprintf(out, "</td><td>%" PRIu64 "</td><td>", count[k]);
+    html_bytes(out, bytes[k]);
+    fprintf(out, "</td><td>event %" PRIu64 " (line %u), ", first[k]->event,
+            (unsigned)first[k]->line);
+    html_bytes(out, first[k]->request);
+    fputs("</td></tr>\n", out);
+  }
+  fputs("</tbody></table>\n", out);
+}
+
 static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_run_t *r,
                           uint64_t ymax, int own_scale) {
   if (ymax == 0) ymax = 1;
@@ -217,6 +275,7 @@ static void html_timeline(FILE *out, const gmr_trace_data_t *t, const compare_ru
   }
   if (own_scale)
     fprintf(out, "<text class=\"own\" x=\"%d\" y=\"%d\">own scale</text>\n", TL_LEFT, TL_H - 3);
+  tl_steps(out, t, r, ymax);
   fputs("<g class=\"hover\" visibility=\"hidden\"><line class=\"hl\"/><rect class=\"hb\" "
         "rx=\"4\"/><text class=\"ht\"></text></g>\n",
         out);
@@ -781,7 +840,8 @@ static const char html_css[] =
     "path.allocated{fill:#8fd0a6;fill-opacity:.85;stroke:#2b8a4b;stroke-width:1.2}\n"
     "path.requested{fill:none;stroke:#1d2330;stroke-width:1;stroke-dasharray:4 3}\n"
     ".peak{stroke:#c0392b;stroke-width:1;stroke-dasharray:2 2}.peakdot{fill:#c0392b}\n"
-    ".peaklab{fill:#c0392b;font-weight:600}.oom{stroke:#8e44ad;stroke-width:2}"
+    ".peaklab{fill:#c0392b;font-weight:600}path.step{fill:#c0392b;fill-opacity:.75}"
+    "path.step:hover{fill-opacity:1}.oom{stroke:#8e44ad;stroke-width:2}"
     ".oomlab{fill:#8e44ad;font-weight:600}.own{fill:#b9770e;font-weight:600}\n"
     ".segmap .row{fill:#eef0f4}.segmap .a{fill:#3b75c4}.segmap .f{fill:#e4572e}"
     ".segmap .p{fill:#f0a202}.segmap .dg{fill:#8a8f99}.segmap .seg{stroke:#fff;stroke-width:1.5}\n"
@@ -999,7 +1059,9 @@ static void html_config(FILE *out, const gmr_trace_data_t *t, const compare_run_
             " The purple line is the first allocation that failed (event %zu, line %u of "
             "the trace).",
             r->res.first_oom_event, r->res.first_oom_line);
-  fputs("</p>\n<h3>Segments at the peak</h3>\n", out);
+  fputs("</p>\n", out);
+  html_steps(out, r);
+  fputs("<h3>Segments at the peak</h3>\n", out);
   if (r->map_status != 0 || r->n_map == 0) {
     fprintf(out, "<p class=\"scale\">No segment map: %s.</p>\n",
             r->map_status == GMR_ENOTSUP ? "this policy keeps no segments to walk"

@@ -5,11 +5,15 @@
  * that finds the peak event (and records the timeline for the page), and one
  * that stops at the peak to walk the segments (the page's map).  Every other
  * part of the tool (the command line, --suggest, --fit, --diff) replays
- * through here; this file calls nothing of theirs.
+ * through here; this file calls nothing of theirs.  --snapshot adds a pass
+ * of its own (compare_replay_snapshot).
  *
  *   peak event = argmax over events i with reserved(i) = max reserved of
  *                allocated(i) (the first such event on ties)
  *   fragmentation = 1 - largest free block / free bytes, at the peak event
+ *
+ * For --html the peak pass also keeps each step up of reserved memory, with
+ * the rule that made it (Note [Why reserved grew]).
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -52,7 +56,19 @@ typedef struct cmp_ctx_s {
   size_t cap_points;       /* run->points capacity */
   size_t cap_map;          /* run->map capacity */
   int oom_host;            /* host memory ran out while recording */
+  /* CMP_PASS_PEAK with the timeline: the steps (Note [Why reserved grew]). */
+  int policy_kind;        /* CMP_KIND_* */
+  int64_t max_split;      /* caching's max_split_size (0: none known) */
+  int64_t bfc_limit;      /* bfc's bytes_limit (0: none known) */
+  uint64_t prev_reserved; /* bytes, after the previous event */
+  uint64_t prev_largest;  /* the largest free block after the previous event */
+  uint64_t seen_reserved; /* the device's reservations the event made, bytes */
+  uint64_t seen_first;    /* the first one's bytes */
+  uint64_t seen_mapped;   /* the pages it mapped, bytes */
+  size_t cap_steps;       /* run->steps capacity */
 } cmp_ctx_t;
+
+enum { CMP_KIND_OTHER = 0, CMP_KIND_CACHING, CMP_KIND_BFC };
 
 static void cmp_progress_draw(cmp_ctx_t *c, size_t index, size_t total) {
   double now = cmp_now();
@@ -160,6 +176,127 @@ static void cmp_pages(gmr_runtime_t *rt, compare_pages_t *pages) {
       *(uint64_t *)((char *)pages + keys[i].at) = (uint64_t)v;
 }
 
+/* ---- why reserved grew ------------------------------------------------------------
+ * Note [Why reserved grew]
+ * The peak pass of --html watches the device calls of each event through
+ * the history's observer (gmr_history_observe: segment_alloc is a device
+ * reservation, segment_map pages mapped into a range), and after each event
+ * compares reserved bytes with the event before.  A step up is put down to
+ * its request (the event) and to the first rule below that holds, with R the
+ * request, G the first segment it reserved, L the largest free block before
+ * it, S caching's max_split_size, 2M(x) x rounded up to 2 MiB:
+ *   nothing reserved, pages mapped       -> expandable (pages mapped into a range)
+ *   nothing reserved or mapped           -> pages (stitch makes pages, no segment)
+ *   caching, 0 < S < L, R <= L           -> split limit (a block over S stays whole)
+ *   caching, R <= 1 MiB, G = 2 MiB       -> small pool
+ *   caching, R <= 10 MiB, G = 20 MiB     -> the 20 MiB segments of 1-10 MiB requests
+ *   bfc, G >= its limit                  -> the whole limit at once
+ *   G = R                                -> a segment of the request's size
+ *   G <= 2M(R)                           -> rounding
+ *   bfc                                  -> growth doubling (the region size doubles)
+ *   otherwise                            -> larger than these rules explain
+ * The rules are the imitated allocators' (docs/caching.md, docs/bfc.md); the
+ * policy's own figures (max_split_size, bytes_limit) come from its report
+ * (gmr_stat_get), read once when the runtime is made.
+ */
+
+static const char *const cmp_rule_texts[COMPARE_RULE_KINDS] = {
+    [COMPARE_RULE_SEGMENT] = "a new segment of the request's size",
+    [COMPARE_RULE_ROUNDING] = "rounding: a new segment, the request rounded up to 2 MiB",
+    [COMPARE_RULE_SMALL_POOL] = "small pool: a new 2 MiB segment for requests up to 1 MiB",
+    [COMPARE_RULE_MID_SEGMENT] = "a new 20 MiB segment, as for every request of 1 to 10 MiB",
+    [COMPARE_RULE_SPLIT_LIMIT] = "split limit: a cached block was large enough, but blocks over "
+                                 "max_split_size are never split",
+    [COMPARE_RULE_DOUBLING] = "growth doubling: a new region, the region size doubled "
+                              "until the request fits (allow_growth)",
+    [COMPARE_RULE_WHOLE_LIMIT] = "the whole limit reserved at once (no allow_growth)",
+    [COMPARE_RULE_EXPANDABLE] = "pages mapped into an expandable segment",
+    [COMPARE_RULE_PAGES] = "new device pages, no segment (the policy maps pages)",
+    [COMPARE_RULE_LARGER] = "a new segment larger than the request and its rounding",
+};
+
+const char *compare_rule_text(int rule) {
+  return rule >= 0 && rule < COMPARE_RULE_KINDS ? cmp_rule_texts[rule] : "?";
+}
+
+/* Called with the runtime's history lock held: count, never call gmr. */
+static void cmp_step_observe(const gmr_history_event_t *ev, void *ud) {
+  cmp_ctx_t *c = ud;
+  if (ev->action == GMR_HISTORY_SEGMENT_ALLOC) {
+    if (c->seen_reserved == 0) c->seen_first = ev->size;
+    c->seen_reserved += ev->size;
+  } else if (ev->action == GMR_HISTORY_SEGMENT_MAP) {
+    c->seen_mapped += ev->size;
+  }
+}
+
+static int cmp_step_rule(const cmp_ctx_t *c, uint64_t req) {
+  const uint64_t mib = (uint64_t)1 << 20, g = c->seen_first;
+  const uint64_t rounded = (req + 2 * mib - 1) / (2 * mib) * (2 * mib);
+  if (c->seen_reserved == 0) return c->seen_mapped ? COMPARE_RULE_EXPANDABLE : COMPARE_RULE_PAGES;
+  if (c->policy_kind == CMP_KIND_CACHING) {
+    if (c->max_split > 0 && (uint64_t)c->max_split < c->prev_largest && req <= c->prev_largest)
+      return COMPARE_RULE_SPLIT_LIMIT;
+    if (req <= mib && g == 2 * mib) return COMPARE_RULE_SMALL_POOL;
+    if (req <= 10 * mib && g == 20 * mib) return COMPARE_RULE_MID_SEGMENT;
+  }
+  if (c->policy_kind == CMP_KIND_BFC && c->bfc_limit > 0 && g >= (uint64_t)c->bfc_limit)
+    return COMPARE_RULE_WHOLE_LIMIT;
+  if (g == req) return COMPARE_RULE_SEGMENT;
+  if (g <= rounded) return COMPARE_RULE_ROUNDING;
+  return c->policy_kind == CMP_KIND_BFC ? COMPARE_RULE_DOUBLING : COMPARE_RULE_LARGER;
+}
+
+/* After event `index`: a step up of reserved memory is kept with its rule. */
+static void cmp_step_track(cmp_ctx_t *c, const gmr_trace_data_t *t, size_t index,
+                           const gmr_stats_t *st) {
+  compare_run_t *run = c->run;
+  const gmr_trace_event_t *e = &t->events[index];
+  if (st->reserved_bytes > c->prev_reserved && e->action == GMR_TRACE_ALLOC) {
+    ++run->all_steps;
+    if (run->n_steps < COMPARE_STEPS_MAX) {
+      if (run->n_steps == c->cap_steps) {
+        size_t cap = c->cap_steps ? c->cap_steps * 2 : 64;
+        compare_step_t *v = realloc(run->steps, cap * sizeof *v);
+        if (v == NULL) {
+          c->oom_host = 1;
+          return;
+        }
+        run->steps = v;
+        c->cap_steps = cap;
+      }
+      run->steps[run->n_steps++] = (compare_step_t){.event = index,
+                                                    .request = e->size,
+                                                    .before = c->prev_reserved,
+                                                    .after = st->reserved_bytes,
+                                                    .segment = c->seen_first,
+                                                    .line = e->line,
+                                                    .rule = (uint8_t)cmp_step_rule(c, e->size)};
+    }
+  }
+  c->prev_reserved = st->reserved_bytes;
+  c->prev_largest = st->largest_free_block;
+  c->seen_reserved = c->seen_first = c->seen_mapped = 0;
+}
+
+/* The peak pass with the timeline: watch the device calls, and read the
+ * policy's figures the rules need (Note [Why reserved grew]). */
+static void cmp_step_start(cmp_ctx_t *c, gmr_runtime_t *rt) {
+  const char *p = gmr_runtime_policy(rt);
+  c->policy_kind = strstr(p, "caching") ? CMP_KIND_CACHING
+                   : strstr(p, "bfc")   ? CMP_KIND_BFC
+                                        : CMP_KIND_OTHER;
+  int64_t v = 0;
+  c->max_split = gmr_stat_get(rt, "max_split_size", &v) == 0 && v > 0 && v < INT64_MAX ? v : 0;
+  c->bfc_limit = gmr_stat_get(rt, "bytes_limit", &v) == 0 && v > 0 ? v : 0;
+  gmr_stats_t st;
+  if (gmr_stats(rt, &st) == 0) {
+    c->prev_reserved = st.reserved_bytes;
+    c->prev_largest = st.largest_free_block;
+  }
+  if (gmr_history_observe(rt, cmp_step_observe, c) != 0) c->oom_host = 1;
+}
+
 static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
                          void *ud) {
   (void)status;
@@ -168,6 +305,7 @@ static int cmp_replay_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t in
     gmr_stats_t st;
     if (gmr_stats(rt, &st) == 0) {
       cmp_peak_track(c, index, &st);
+      if (c->timeline) cmp_step_track(c, t, index, &st);
       if (c->timeline) {
         if (st.reserved_bytes > c->cur.reserved) c->cur.reserved = st.reserved_bytes;
         if (st.allocated_bytes > c->cur.allocated) c->cur.allocated = st.allocated_bytes;
@@ -219,6 +357,7 @@ static int cmp_pass(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace
   gmr_runtime_t *rt = NULL;
   if (cmp_new_runtime(run, cfg, o, &rt) != 0) return -1;
   snprintf(run->policy, sizeof run->policy, "%s", gmr_runtime_policy(rt));
+  if (ctx->pass == CMP_PASS_PEAK && ctx->timeline) cmp_step_start(ctx, rt);
   gmr_replay_options_t ro = {.stop_at_oom = 0, .ud = ctx};
   if (ctx->pass == CMP_PASS_TIMED) {
     ro.check = o->check;
@@ -294,6 +433,9 @@ int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
 }
 
 void compare_run_release(compare_run_t *run) {
+  free(run->steps);
+  run->steps = NULL;
+  run->n_steps = 0;
   free(run->points);
   free(run->map);
   free(run->yaml);
@@ -301,4 +443,46 @@ void compare_run_release(compare_run_t *run) {
   run->map = NULL;
   run->yaml = NULL;
   run->n_points = run->n_map = 0;
+}
+
+/* ---- --snapshot ------------------------------------------------------------------ */
+
+/* After each event: the simulated clock moves to the next event's time, so
+ * the snapshot's times are the trace's. */
+static int cmp_snapshot_cb(gmr_runtime_t *rt, const gmr_trace_data_t *t, size_t index, int status,
+                           void *ud) {
+  (void)status;
+  (void)ud;
+  if (index + 1 < t->n_events) gmr_sim_set_clock(rt, t->events[index + 1].time_us * 1000);
+  return 0;
+}
+
+int compare_replay_snapshot(const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                            const compare_opts_t *o, FILE *out, char *why, size_t len) {
+  gmr_sim_options_t sim = {.capacity = o->capacity};
+  gmr_runtime_t *rt = NULL;
+  int err = gmr_runtime_new_sim(cfg, &sim, &rt);
+  if (err != 0) {
+    snprintf(why, len, "cannot create the runtime: %s", gmr_strerror(err));
+    return -1;
+  }
+  /* The clock first: the history times its entries by it from now on.  The
+   * bound is PyTorch's default (sys.maxsize): the whole replay is kept. */
+  if (t->n_events > 0) gmr_sim_set_clock(rt, t->events[0].time_us * 1000);
+  err = gmr_history_enable(rt, SIZE_MAX >> 1);
+  gmr_replay_result_t *res = err == 0 ? calloc(1, sizeof *res) : NULL;
+  if (err == 0 && res == NULL) err = GMR_ENOMEM;
+  gmr_replay_options_t ro = {.stop_at_oom = 0, .callback = cmp_snapshot_cb};
+  if (err == 0) err = gmr_replay(rt, t, &ro, res);
+  int failed = 0; /* the replay stopped on a device error: said in why */
+  if (err == 0 && res->check_failed) {
+    snprintf(why, len, "the replay failed: %s", res->check_message);
+    failed = 1;
+  } else if (err == 0) {
+    err = gmr_snapshot_write(rt, out);
+  }
+  if (err != 0) snprintf(why, len, "%s: %s", gmr_strerror(err), gmr_last_error(rt));
+  free(res);
+  gmr_runtime_free(rt);
+  return err != 0 || failed ? -1 : 0;
 }

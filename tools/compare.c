@@ -8,7 +8,8 @@
  * device (compare-replay.c), and the figures come out side by side
  * (compare-report.c), as JSON, or as an HTML page with a timeline and a
  * segment map per configuration (compare-html.c); --suggest searches a
- * policy's options (compare-suggest.c).  This file parses the arguments,
+ * policy's options (compare-suggest.c); --snapshot writes each replay as a
+ * PyTorch memory snapshot (compare-snapshot.c).  This file parses the arguments,
  * finds the configurations (a file, or a name looked up in ./config and then
  * in the installed share directory) and calls the others; none calls back.
  *
@@ -49,8 +50,16 @@ static const char cmp_usage[] =
     "  --json            one JSON array of objects, byte counts as integers\n"
     "  --check           run the policy's invariant walker after every event\n"
     "  --capacity SIZE   simulated device memory (default 143771MiB, an H200)\n"
-    "  --html FILE       also write a self-contained page: timelines and\n"
-    "                    segment maps at the peak\n"
+    "  --html FILE       also write a self-contained page: timelines (each step\n"
+    "                    up of reserved memory marked, with the rule that made\n"
+    "                    it) and segment maps at the peak\n"
+    "  --snapshot FILE   also write the replay as a PyTorch memory snapshot\n"
+    "                    (the pickle of torch.cuda.memory._dump_snapshot, for\n"
+    "                    memory_viz): the state at the end of the replay and\n"
+    "                    its whole history, each allocation with the trace's\n"
+    "                    call site as its frame; with several CONFIGs, one\n"
+    "                    file each, NAME put before .pickle (run.pickle:\n"
+    "                    run.pytorch.pickle, run.tf-growth.pickle...)\n"
     "  --suggest POLICY  search POLICY's options (caching, bfc, stitch) for the\n"
     "                    lowest peak reserved with no OOM on every TRACE on\n"
     "                    the --capacity device; print it as YAML and in the\n"
@@ -198,8 +207,12 @@ static void cmp_run_config(compare_run_t *run, const char *arg, const gmr_trace_
              cerr.message[0] ? cerr.message : gmr_strerror(err));
     return;
   }
-  if (compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK) == 0 && o->fit)
-    compare_fit(run, cfg, t, o);
+  if (compare_replay(run, cfg, t, o, o->html ? COMPARE_DETAIL : COMPARE_PEAK) == 0) {
+    if (o->fit) compare_fit(run, cfg, t, o);
+    if (run->snapshot[0] && run->status == COMPARE_OK &&
+        compare_snapshot_write(run, cfg, t, o, run->snapshot) != 0)
+      run->snapshot_failed = 1;
+  }
   gmr_config_free(cfg);
 }
 
@@ -282,6 +295,57 @@ typedef struct cmp_args_s {
 
 #define CMP_RUN (-1) /* cmp_parse_args: go on (else the exit status) */
 
+/* --snapshot with several CONFIGs: each name once (Note [Snapshot file
+ * names] in compare-snapshot.c); 0, or a usage error. */
+static int cmp_snapshot_names(const cmp_args_t *a) {
+  for (int i = 0; i < a->n_cfg; ++i)
+    for (int j = 0; j < i; ++j) {
+      char x[128], y[128];
+      cmp_base_name(a->cfg_args[i], x, sizeof x);
+      cmp_base_name(a->cfg_args[j], y, sizeof y);
+      if (strcmp(x, y) == 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg,
+                 "--snapshot: two CONFIGs are named '%s' (%s, %s): their snapshots would be one "
+                 "file; give them one at a time",
+                 x, a->cfg_args[j], a->cfg_args[i]);
+        return cmp_usage_error("%s", msg);
+      }
+    }
+  return 0;
+}
+
+/* --snapshot: each configuration's file, into runs[k].snapshot, checked
+ * before any replay (compare_snapshot_check); 0, or the exit status. */
+static int cmp_snapshot_prepare(const cmp_args_t *a, const gmr_trace_data_t *t,
+                                compare_run_t *runs) {
+  const char **inputs = calloc((size_t)a->n_cfg + 1, sizeof *inputs);
+  char(*paths)[1000] = calloc((size_t)a->n_cfg + 1, sizeof *paths);
+  int st = 0;
+  if (inputs == NULL || paths == NULL) {
+    fprintf(stderr, "gmr-compare: out of memory\n");
+    st = 1;
+    goto done;
+  }
+  inputs[0] = t->source;
+  for (int k = 0; k < a->n_cfg; ++k) {
+    char why[1000];
+    if (cmp_find_config(a->cfg_args[k], paths[k], sizeof paths[k], why, sizeof why) == 0)
+      inputs[k + 1] = paths[k];
+  }
+  for (int k = 0; k < a->n_cfg && st == 0; ++k) {
+    char name[128];
+    cmp_base_name(a->cfg_args[k], name, sizeof name);
+    compare_snapshot_path(a->o.snapshot, name, a->n_cfg > 1, runs[k].snapshot,
+                          sizeof runs[k].snapshot);
+    st = compare_snapshot_check(runs[k].snapshot, inputs, (size_t)a->n_cfg + 1, a->o.html);
+  }
+done:
+  free(inputs);
+  free(paths);
+  return st;
+}
+
 /* The options, into a->o; CMP_RUN, or the exit status (help, version, a
  * usage error).  *timing: -1 (the default), 0 or 1. */
 static int cmp_parse_options(int argc, char **argv, cmp_args_t *a, int *timing) {
@@ -296,7 +360,8 @@ static int cmp_parse_options(int argc, char **argv, cmp_args_t *a, int *timing) 
     OPT_FIT,
     OPT_NO_TIMING,
     OPT_TIMING,
-    OPT_DIFF
+    OPT_DIFF,
+    OPT_SNAPSHOT
   };
   static const struct option longs[] = {
       {"json", no_argument, NULL, OPT_JSON},
@@ -309,6 +374,7 @@ static int cmp_parse_options(int argc, char **argv, cmp_args_t *a, int *timing) 
       {"no-timing", no_argument, NULL, OPT_NO_TIMING},
       {"timing", no_argument, NULL, OPT_TIMING},
       {"diff", no_argument, NULL, OPT_DIFF},
+      {"snapshot", required_argument, NULL, OPT_SNAPSHOT},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0},
@@ -352,6 +418,10 @@ static int cmp_parse_options(int argc, char **argv, cmp_args_t *a, int *timing) 
     case OPT_DIFF:
       o->diff = 1;
       break;
+    case OPT_SNAPSHOT:
+      if (optarg[0] == '\0') return cmp_usage_error("%s", "--snapshot needs a file name");
+      o->snapshot = optarg;
+      break;
     case OPT_SUGGEST:
       o->suggest = optarg;
       break;
@@ -392,6 +462,8 @@ static int cmp_parse_args(int argc, char **argv, cmp_args_t *a) {
   a->n_traces = o->diff ? 2 : 1;
   if (o->diff && (o->suggest || o->html))
     return cmp_usage_error("%s", "--diff takes no --suggest and no --html");
+  if (o->snapshot && (o->diff || o->suggest))
+    return cmp_usage_error("%s", "--snapshot takes no --diff and no --suggest");
   if (o->diff && argc - i < 3)
     return cmp_usage_error("%s", "--diff needs two traces and a CONFIG: --diff A B CONFIG...");
   while (o->suggest && i + (int)a->n_traces < argc && cmp_is_trace_arg(argv[i + (int)a->n_traces]))
@@ -404,6 +476,7 @@ static int cmp_parse_args(int argc, char **argv, cmp_args_t *a) {
     return cmp_usage_error("%s", "--suggest over several traces takes no CONFIG and no --html");
   if (o->suggest && cmp_check_suggest(o->suggest) != 0) return 2;
   if (compare_check_configs(a->cfg_args, a->n_cfg) != 0) return 2; /* a typo, before any replay */
+  if (o->snapshot && cmp_snapshot_names(a) != 0) return 2;
   o->timing = timing >= 0 ? timing : o->html == NULL;
   o->progress = isatty(STDERR_FILENO);
   if (o->columns == 0) o->columns = cmp_columns();
@@ -445,9 +518,11 @@ static int cmp_mode_compare(const cmp_args_t *a, gmr_trace_data_t **traces, comp
   const gmr_trace_data_t *t = traces[0];
   const int n_cfg = a->n_cfg;
   int rc = 0;
+  if (o->snapshot && (rc = cmp_snapshot_prepare(a, t, runs)) != 0) return rc;
   for (int k = 0; k < n_cfg; ++k) {
     runs[k].trace = t;
     cmp_run_config(&runs[k], a->cfg_args[k], t, o);
+    if (runs[k].snapshot_failed) rc = 1;
   }
   bool suggested = o->suggest && cmp_mode_suggest(a, traces, &runs[n_cfg]);
   if (o->suggest && !suggested) *n_runs = (size_t)n_cfg;

@@ -35,6 +35,36 @@ typedef struct compare_point_s {
   uint64_t requested; /* bytes, max over the bucket */
 } compare_point_t;
 
+/* Why reserved memory stepped up at a request (compare_step_t.rule; Note
+ * [Why reserved grew] in compare-replay.c). */
+typedef enum compare_rule_e {
+  COMPARE_RULE_SEGMENT = 0, /* a new segment of the request's size */
+  COMPARE_RULE_ROUNDING,    /* a new segment, the request rounded up to 2 MiB */
+  COMPARE_RULE_SMALL_POOL,  /* caching: a 2 MiB segment for requests up to 1 MiB */
+  COMPARE_RULE_MID_SEGMENT, /* caching: a 20 MiB segment for requests of 1 to 10 MiB */
+  COMPARE_RULE_SPLIT_LIMIT, /* caching: a cached block was large enough, but over max_split_size */
+  COMPARE_RULE_DOUBLING,    /* bfc: a new region of the doubled region size (allow_growth) */
+  COMPARE_RULE_WHOLE_LIMIT, /* bfc: the whole limit at once (no allow_growth) */
+  COMPARE_RULE_EXPANDABLE,  /* pages mapped into an expandable segment */
+  COMPARE_RULE_PAGES,       /* device memory with no segment reserved (stitch's pages) */
+  COMPARE_RULE_LARGER,      /* a new segment larger than the rules above explain */
+  COMPARE_RULE_KINDS
+} compare_rule_t;
+
+/* One step up of reserved memory: the request that caused it. */
+typedef struct compare_step_s {
+  uint64_t event;   /* index of the event (an allocation) */
+  uint64_t request; /* bytes it requested */
+  uint64_t before;  /* reserved bytes before it */
+  uint64_t after;   /* reserved bytes after it */
+  uint64_t segment; /* bytes of the first segment or range it reserved, 0 when none */
+  uint32_t line;    /* its line in the trace */
+  uint8_t rule;     /* compare_rule_t */
+} compare_step_t;
+#define COMPARE_STEPS_MAX 2000 /* steps kept per configuration; the count goes on */
+/* A rule's words ("a new segment: the request rounded up to 2 MiB"). */
+const char *compare_rule_text(int rule);
+
 /* One entry of the segment map at the peak (a copy of gmr_walk_entry_t that
  * does not point into the runtime, which is gone by the time we draw). */
 typedef struct compare_map_entry_s {
@@ -93,6 +123,10 @@ typedef struct compare_run_s {
   int map_status;        /* 0, or why the map is missing (GMR_ENOTSUP...) */
   gmr_stats_t map_stats; /* gmr_stats when the map was walked (the peak event) */
   compare_pages_t pages; /* a policy that maps pages: its figures there */
+  compare_step_t *steps; /* the steps up of reserved memory, in event order (at most
+                            COMPARE_STEPS_MAX) */
+  size_t n_steps;
+  uint64_t all_steps; /* the steps, all of them */
   /* The driver calls of the timed replay, runtime creation included
    * (the simulator's counters just before the runtime is freed): */
   gmr_sim_counters_t calls;
@@ -101,19 +135,24 @@ typedef struct compare_run_s {
   uint64_t fit_capacity; /* bytes: the smallest device with no OOM; 0 when none up to fit_max */
   uint64_t fit_max;      /* bytes: the largest device tried */
   unsigned fit_replays;  /* replays the search took */
+  /* --snapshot: this configuration's file ("" when none), and 1 when it
+   * could not be written (said on stderr). */
+  char snapshot[4096];
+  int snapshot_failed;
 } compare_run_t;
 
 typedef struct compare_opts_s {
-  int json;            /* --json */
-  int check;           /* --check */
-  int progress;        /* stderr is a terminal: draw progress bars */
-  size_t columns;      /* characters per line of the table (the terminal's width) */
-  uint64_t capacity;   /* --capacity, bytes */
-  const char *html;    /* --html FILE, or NULL */
-  const char *suggest; /* --suggest POLICY, or NULL */
-  int timing;          /* replay time and speed shown (not with --no-timing; off in --html) */
-  int fit;             /* --fit */
-  int diff;            /* --diff */
+  int json;             /* --json */
+  int check;            /* --check */
+  int progress;         /* stderr is a terminal: draw progress bars */
+  size_t columns;       /* characters per line of the table (the terminal's width) */
+  uint64_t capacity;    /* --capacity, bytes */
+  const char *html;     /* --html FILE, or NULL */
+  const char *suggest;  /* --suggest POLICY, or NULL */
+  int timing;           /* replay time and speed shown (not with --no-timing; off in --html) */
+  int fit;              /* --fit */
+  int diff;             /* --diff */
+  const char *snapshot; /* --snapshot FILE, or NULL */
 } compare_opts_t;
 
 /* How much compare_replay learns (each level adds a replay). */
@@ -128,6 +167,26 @@ int compare_replay(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_
                    const compare_opts_t *o, int detail);
 /* Release what a run owns (not the run itself). */
 void compare_run_release(compare_run_t *run);
+
+/* compare-replay.c: --snapshot's replay, on a fresh runtime with the
+ * memory history recorded and the simulated clock following the trace's
+ * times; at the end, its snapshot (gmr_snapshot_write) to `out`.  0, or -1
+ * with the reason in `why`. */
+int compare_replay_snapshot(const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                            const compare_opts_t *o, FILE *out, char *why, size_t len);
+
+/* compare-snapshot.c: --snapshot's files (Note [Snapshot file names]).
+ * The file of configuration `name`, into out. */
+void compare_snapshot_path(const char *file, const char *name, int several, char *out, size_t len);
+/* Before any replay: 0 when `path` may be written (not one of inputs[0..n),
+ * not a FIFO or other odd file, not the --html page, its folder writable);
+ * else says why on stderr and returns the exit status (2 or 1). */
+int compare_snapshot_check(const char *path, const char *const *inputs, size_t n_inputs,
+                           const char *html);
+/* Replay and write run's snapshot to `path`, saying on stderr what was
+ * written; 0, or -1 (said on stderr). */
+int compare_snapshot_write(compare_run_t *run, const gmr_config_t *cfg, const gmr_trace_data_t *t,
+                           const compare_opts_t *o, const char *path);
 
 /* compare-report.c */
 void compare_print_table(FILE *out, const gmr_trace_data_t *t, const compare_run_t *runs, size_t n,

@@ -64,6 +64,11 @@ void gmr__history_set_observer(gmr_history_t *h, gmr_history_cb cb, void *ud) {
 
 void gmr__history_free(gmr_history_t *h) {
   if (h == NULL) return;
+  for (size_t i = 0; i < h->n_frames; ++i) {
+    gmr__free(h->frames[i].filename);
+    gmr__free(h->frames[i].name);
+  }
+  gmr__free(h->frames);
   gmr__free(h->ring);
   pthread_mutex_destroy(&h->lock);
   gmr__free(h);
@@ -122,6 +127,54 @@ out:
   return err;
 }
 
+/* The calling thread's current frame and the history it is for (Note
+ * [History frames]). */
+static _Thread_local const gmr_history_t *tl_frame_history;
+static _Thread_local uint32_t tl_frame;
+
+void gmr__history_use_frame(gmr_history_t *h, uint32_t id) {
+  tl_frame_history = id != 0 ? h : NULL;
+  tl_frame = id;
+}
+
+int gmr__history_add_frame(gmr_history_t *h, const char *filename, uint32_t line, const char *name,
+                           uint32_t *out) {
+  char *fn = gmr__strdup(filename ? filename : ""), *nm = gmr__strdup(name ? name : "");
+  int err = 0;
+  pthread_mutex_lock(&h->lock);
+  if (fn == NULL || nm == NULL || h->n_frames >= UINT32_MAX - 1) {
+    err = GMR_ENOMEM;
+  } else if (h->n_frames == h->cap_frames) {
+    size_t cap = h->cap_frames ? h->cap_frames * 2 : 64;
+    gmr_hist_frame_t *v = gmr__realloc(h->frames, cap * sizeof *v);
+    if (v == NULL)
+      err = GMR_ENOMEM;
+    else
+      h->frames = v, h->cap_frames = cap;
+  }
+  if (err == 0) {
+    h->frames[h->n_frames++] = (gmr_hist_frame_t){fn, nm, line};
+    *out = (uint32_t)h->n_frames;
+  }
+  pthread_mutex_unlock(&h->lock);
+  if (err == 0) return 0;
+  gmr__free(fn);
+  gmr__free(nm);
+  return gmr__error_set(GMR_ENOMEM, "out of host memory for the memory history's frames");
+}
+
+int gmr__history_copy_frames(gmr_history_t *h, gmr_hist_frame_t **out, size_t *out_len) {
+  pthread_mutex_lock(&h->lock);
+  size_t n = h->n_frames;
+  gmr_hist_frame_t *v = gmr__malloc((n ? n : 1) * sizeof *v);
+  if (v != NULL && n > 0) memcpy(v, h->frames, n * sizeof *v);
+  pthread_mutex_unlock(&h->lock);
+  if (v == NULL) return gmr__error_set(GMR_ENOMEM, "out of host memory to copy the frames");
+  *out = v;
+  *out_len = n;
+  return 0;
+}
+
 void gmr__history_record_locked(gmr_history_t *h, int action, uint64_t addr, uint64_t size,
                                 gmr_stream_t s) {
   int64_t ns = (int64_t)gmr__backend_now_ns(h->clock) + h->epoch_offset_ns;
@@ -129,7 +182,8 @@ void gmr__history_record_locked(gmr_history_t *h, int action, uint64_t addr, uin
                         .size = size,
                         .stream = (uint64_t)(uintptr_t)s,
                         .time_us = ns > 0 ? (uint64_t)ns / 1000 : 0,
-                        .action = (uint8_t)action};
+                        .action = (uint8_t)action,
+                        .frame = tl_frame_history == h ? tl_frame : 0};
   ++h->recorded;
   if (GMR_UNLIKELY(h->observer != NULL)) {
     gmr_history_event_t ev = {(gmr_history_action_t)action, (uintptr_t)addr, size, s, e.time_us};

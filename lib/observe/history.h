@@ -8,7 +8,7 @@
  * oom and snapshot.  gmr_snapshot_write (snapshot.c) writes them out as the
  * snapshot's device_traces.
  *
- * See Note [Who records what] and Note [History ring].
+ * See Note [Who records what], Note [History ring] and Note [History frames].
  */
 #ifndef GMR_HISTORY_H
 #define GMR_HISTORY_H
@@ -43,7 +43,7 @@ typedef enum gmr_hist_action_e {
   GMR_HIST_N_ACTIONS
 } gmr_hist_action_t;
 
-/* One trace entry (PyTorch's TraceEntry, without frames). */
+/* One trace entry (PyTorch's TraceEntry; its frames: Note [History frames]). */
 typedef struct gmr_hist_entry_s {
   uint64_t addr;    /* device address; oom: the device's free bytes; snapshot: 0 */
   uint64_t size;    /* bytes: requested (alloc, free_*), range size (segment_*),
@@ -51,7 +51,26 @@ typedef struct gmr_hist_entry_s {
   uint64_t stream;  /* the stream handle as an integer */
   uint64_t time_us; /* microseconds since the epoch */
   uint8_t action;   /* gmr_hist_action_t */
+  uint32_t frame;   /* the call site, frames[frame - 1] of the history; 0: none */
 } gmr_hist_entry_t;
+
+/* Note [History frames]
+ * An entry may name the call site that caused it, as one frame of PyTorch's
+ * ({"name", "filename", "line"}).  A caller that knows its allocations'
+ * sites (the replayer: a trace's Site column, a snapshot's frames) adds each
+ * site once (gmr__history_add_frame, ids 1, 2, ...) and names it on its own
+ * thread around the call (gmr__history_use_frame): every entry that thread
+ * records into this history meanwhile carries it (the alloc or the oom, and
+ * the segment_* entries the policy made for it).  The snapshot writer gives
+ * free_requested and free_completed their block's alloc frame, and blocks
+ * and segments theirs (snapshot.c).  Frames are kept until the history is
+ * freed (clear and resize keep them), so an id stays valid.
+ */
+typedef struct gmr_hist_frame_s {
+  char *filename;
+  char *name;
+  uint32_t line;
+} gmr_hist_frame_t;
 
 /* Note [History ring]
  * Under `lock`:
@@ -77,6 +96,8 @@ struct gmr_history_s {
   int64_t epoch_offset_ns; /* epoch ns - backend clock ns, taken at creation */
   gmr_history_cb observer; /* called with each entry as it is recorded (lock held); NULL: none */
   void *observer_ud;
+  gmr_hist_frame_t *frames; /* n_frames call sites (Note [History frames]) */
+  size_t n_frames, cap_frames;
 };
 
 /* Call cb (NULL: none) with every entry recorded from now on. */
@@ -100,5 +121,16 @@ void gmr__history_record_locked(gmr_history_t *h, int action, uint64_t addr, uin
 /* Copy the entries, oldest first, into a new array (gmr__free it).
  * @return 0, GMR_ENOMEM */
 int gmr__history_copy(gmr_history_t *h, gmr_hist_entry_t **out, size_t *out_len);
+
+/* Note [History frames]: add a call site (copied); its id in *out.
+ * @return 0, GMR_ENOMEM */
+int gmr__history_add_frame(gmr_history_t *h, const char *filename, uint32_t line, const char *name,
+                           uint32_t *out);
+/* The entries the calling thread records into h from now on carry frame
+ * `id` (0: none, as before the first call). */
+void gmr__history_use_frame(gmr_history_t *h, uint32_t id);
+/* Copy the frames into a new array (gmr__free it; the texts stay the
+ * history's, valid until it is freed).  @return 0, GMR_ENOMEM */
+int gmr__history_copy_frames(gmr_history_t *h, gmr_hist_frame_t **out, size_t *out_len);
 
 #endif /* GMR_HISTORY_H */

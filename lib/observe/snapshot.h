@@ -15,12 +15,15 @@
 #include "observe/history.h"
 
 /* What one capture gives: the history's entries, oldest first (entries:
- * NULL and n_entries 0 when not recording; gmr__free it), the history's bound
- * and drop count (0 when not recording), and the result of the segment walk
- * (GMR_ENOTSUP when the policy keeps no segments). */
+ * NULL and n_entries 0 when not recording; gmr__free it), its frames (the
+ * same; the texts stay the history's), the history's bound and drop count
+ * (0 when not recording), and the result of the segment walk (GMR_ENOTSUP
+ * when the policy keeps no segments). */
 typedef struct gmr_snapshot_capture_s {
   gmr_hist_entry_t *entries;
   size_t n_entries;
+  gmr_hist_frame_t *frames;
+  size_t n_frames;
   uint64_t history_max;
   uint64_t history_dropped;
   int walk_err;

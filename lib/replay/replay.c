@@ -19,6 +19,7 @@
 #include "core/avl.h"
 #include "core/internal.h"
 #include "gmr_replay.h"
+#include "observe/history.h"
 #include "replay/replay-formats.h"
 #include "runtime/runtime.h"
 
@@ -567,7 +568,81 @@ static double now_seconds(void) {
  * keep `counters`), a read of an atomic, never a call: a deliberate speed
  * path, since a full gmr_stats per event would cost far more than the load.
  * docs/design.md, rule 3, says so.
+ *
+ * Its second step past the API: when the runtime records its history and
+ * the trace names call sites, each site becomes a frame of the history and
+ * each allocation is made with its site's frame named (Note [History
+ * frames] in observe/history.h, through gmr__runtime_history), so the
+ * runtime's snapshot says which code holds each block; see replay_frames.
  */
+
+/* Whether s[0 .. end) ends with ":LINE" after a non-empty file name: the
+ * colon and the line. */
+static bool site_line_before(char *s, char *end, char **colon, uint32_t *line) {
+  char *d = end;
+  while (d > s && d[-1] >= '0' && d[-1] <= '9')
+    --d;
+  if (d == end || end - d > 10 || d - 1 <= s || d[-1] != ':') return false;
+  uint64_t v = 0;
+  for (const char *p = d; p < end; ++p)
+    v = v * 10 + (uint64_t)(*p - '0');
+  if (v > UINT32_MAX) return false;
+  *colon = d - 1;
+  *line = (uint32_t)v;
+  return true;
+}
+
+/* Split a call site's text in place, as the readers write it:
+ * "FILE:LINE (NAME)" (the name may hold parentheses) or "FILE:LINE".  true
+ * with its parts; false for any other text, which is then the frame's file
+ * name, with line 0 and no name. */
+static bool site_split(char *s, uint32_t *line, const char **name) {
+  size_t n = strlen(s);
+  char *colon = NULL;
+  if (n > 0 && s[n - 1] == ')')
+    for (char *p = strstr(s, " ("); p != NULL; p = strstr(p + 1, " ("))
+      if (site_line_before(s, p, &colon, line)) {
+        s[n - 1] = '\0';
+        *colon = '\0';
+        *name = p + 2;
+        return true;
+      }
+  if (!site_line_before(s, s + n, &colon, line)) return false;
+  *colon = '\0';
+  *name = "";
+  return true;
+}
+
+static int replay_add_frame(gmr_history_t *h, const char *site, uint32_t *out) {
+  char *copy = gmr__strdup(site);
+  if (copy == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+  uint32_t line = 0;
+  const char *name = "";
+  int err = site_split(copy, &line, &name) ? gmr__history_add_frame(h, copy, line, name, out)
+                                           : gmr__history_add_frame(h, site, 0, "", out);
+  gmr__free(copy);
+  return err;
+}
+
+/* The frame of each site of t in h: frames[s] for site s (frames[0] = 0),
+ * in a new array (gmr__free it); NULL when the history is off or t names no
+ * sites (or on a failure, said in *err). */
+static uint32_t *replay_frames(gmr_runtime_t *rt, const gmr_trace_data_t *t, gmr_history_t **h,
+                               int *err) {
+  *h = t->n_sites > 0 ? gmr__runtime_history(rt) : NULL;
+  *err = 0;
+  if (*h == NULL) return NULL;
+  uint32_t *frames = gmr__calloc(t->n_sites + 1, sizeof *frames);
+  if (frames == NULL) {
+    *err = gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+    return NULL;
+  }
+  for (size_t s = 0; s < t->n_sites && *err == 0; ++s)
+    *err = replay_add_frame(*h, t->sites[s], &frames[s + 1]);
+  if (*err == 0) return frames;
+  gmr__free(frames);
+  return NULL;
+}
 
 /* The loop pays per event one action dispatch, the call, one load of the
  * device's reserved bytes and three predictable branches (a failure, a new
@@ -581,6 +656,14 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
   const size_t every = o.callback_every ? o.callback_every : 1;
   void **ptrs = gmr__calloc(t->n_ids ? t->n_ids : 1, sizeof *ptrs);
   if (ptrs == NULL) return gmr__error_set(GMR_ENOMEM, "gmr_replay: out of host memory");
+  gmr_history_t *hist = NULL;
+  int ferr = 0;
+  uint32_t *const frames = replay_frames(rt, t, &hist, &ferr);
+  if (ferr != 0) {
+    gmr__free(ptrs);
+    return ferr;
+  }
+  const size_t n_sites = t->n_sites;
   gmr_replay_result_t r;
   memset(&r, 0, sizeof r);
   /* see Note [Replay peak] */
@@ -599,7 +682,10 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
     int st = 0;
     switch (e->action) {
     case GMR_TRACE_ALLOC:
+      if (GMR_UNLIKELY(frames != NULL))
+        gmr__history_use_frame(hist, frames[e->site <= n_sites ? e->site : 0]);
       st = gmr_alloc(rt, e->size, GMR_SIM_STREAM(e->stream), &ptrs[e->id]);
+      if (GMR_UNLIKELY(frames != NULL)) gmr__history_use_frame(hist, 0);
       if (GMR_UNLIKELY(st == GMR_ENOMEM)) {
         ptrs[e->id] = NULL;
         if (r.ooms++ == 0) {
@@ -666,6 +752,7 @@ int gmr_replay(gmr_runtime_t *rt, const gmr_trace_data_t *t, const gmr_replay_op
   r.events_done = i;
   r.seconds = now_seconds() - t0;
   gmr__free(ptrs);
+  gmr__free(frames);
   *out = r;
   return 0;
 }

@@ -360,6 +360,7 @@ static int runtime_capture(void *ctx, gmr_walk_cb cb, void *ud, gmr_snapshot_cap
     gmr__policy_stats_locked(rt->policy, &st);
     gmr__history_record(hist, GMR_HIST_SNAPSHOT, 0, st.active_bytes, NULL);
     err = gmr__history_copy(hist, &out->entries, &out->n_entries);
+    if (err == 0) err = gmr__history_copy_frames(hist, &out->frames, &out->n_frames);
     pthread_mutex_lock(&hist->lock);
     out->history_max = hist->max;
     out->history_dropped = hist->dropped;

@@ -1191,6 +1191,9 @@ gmr_policy_t *gmr__runtime_policy(gmr_runtime_t *rt) {
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt) {
   return rt->backend;
 }
+struct gmr_history_s *gmr__runtime_history(gmr_runtime_t *rt) {
+  return history_of(rt);
+}
 gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt) {
   return rt->dev;
 }

@@ -18,6 +18,9 @@ size_t gmr__runtime_map_longest_probe(gmr_runtime_t *rt);
 size_t gmr__runtime_map_shard_of(const void *ptr);
 /* The backend the policies were given (the recording layer over the device). */
 gmr_backend_t *gmr__runtime_backend(gmr_runtime_t *rt);
+/* The memory history (observe/history.h), NULL while it is off: the
+ * replayer names its allocations' call sites there (Note [History frames]). */
+struct gmr_history_s *gmr__runtime_history(gmr_runtime_t *rt);
 /* The device backend under the recording layer (probes that must leave no
  * trace in the runtime's history or statistics). */
 gmr_backend_t *gmr__runtime_device_backend(gmr_runtime_t *rt);

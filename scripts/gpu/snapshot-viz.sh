@@ -16,6 +16,9 @@
 #  2. python -m torch.cuda._memory_viz stats reads it and reports the number of
 #     segments and the reserved and allocated bytes the snapshot holds;
 #     trace, trace_plot and segment_plot read it too;
+#  2b. gmr-compare --snapshot of a small trace with call sites: memory_viz's
+#     trace_plot and segment_plot read it, and its frame formatter names
+#     each allocation's site;
 #  3. gmr-record runs a small PyTorch program and writes its trace, whose
 #     allocations and peak of requested bytes are PyTorch's own
 #     (memory_stats()["requested_bytes.all.peak"]).
@@ -96,6 +99,36 @@ PYEOF
     ok $? "python -m torch.cuda._memory_viz $kind writes $kind.html"
     [ $st -eq 0 ] || sed 's/^/# /' "$out/$kind.log"
   done
+fi
+
+# ---- 2b. gmr-compare --snapshot: call sites as frames --------------------------------
+if [ -n "${build:-}" ] && [ -x "$build/tools/gmr-compare" ]; then
+  cat >"$out/sites.csv" <<'CSVEOF'
+Thread,Time,Action,Pointer,Size,Stream,Site
+0,10,allocate,0x1000,9437184,0,model.py:10 (embed)
+0,20,allocate,0x2000,9437184,0,model.py:20 (attn)
+0,30,free,0x1000,9437184,0
+CSVEOF
+  "$build/tools/gmr-compare" --snapshot "$out/sites.pickle" "$out/sites.csv" \
+    "$here/config/pytorch.yaml" >/dev/null 2>"$out/sites.err"
+  ok $? "gmr-compare --snapshot writes a snapshot of a trace with call sites"
+  for kind in trace_plot segment_plot; do
+    "$PY" -m torch.cuda._memory_viz $kind "$out/sites.pickle" -o "$out/sites-$kind.html" \
+      >"$out/sites-$kind.log" 2>&1
+    ok $? "  python -m torch.cuda._memory_viz $kind reads it"
+  done
+  "$PY" - "$out/sites.pickle" >"$out/sites-frames.txt" 2>&1 <<'PYEOF'
+import pickle, sys
+import torch.cuda._memory_viz as viz
+s = pickle.load(open(sys.argv[1], "rb"))
+fmt = getattr(viz, "_frame_fmt", None)
+for e in s["device_traces"][0]:
+    if e["action"] == "alloc":
+        f = e["frames"][0]
+        print(fmt(f) if fmt else "%s:%s:%s" % (f["filename"], f["line"], f["name"]))
+PYEOF
+  grep -q "model.py.*20.*attn" "$out/sites-frames.txt"
+  ok $? "  memory_viz's frame formatter names the allocation's site ($(head -n 1 "$out/sites-frames.txt"))"
 fi
 
 # ---- 3. gmr-record on a real program --------------------------------------------------
