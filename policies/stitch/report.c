@@ -125,6 +125,11 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   }
   uint64_t fr, largest;
   gmr__st_report_free_bytes(t, &fr, &largest);
+  /* The device's view (Note [Chunks], pages.c): a handle per chunk or
+   * page of its own, a mapping per run of slots. */
+  int64_t handles = t->live_pages;
+  for (uint32_t c = 0; c < t->nchunks; ++c)
+    if (t->chunks[c].n != 0) handles -= (int64_t)t->chunks[c].n - 1;
   const kv_t kv[] = {
       {"num_alloc_retries", s->retries},
       {"num_ooms", s->ooms},
@@ -142,6 +147,8 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
       {"stitch.pending_bytes.current", s->pend[0]},
       {"stitch.mappings.current", s->mappings.current},
       {"stitch.mappings.peak", s->mappings.peak},
+      {"stitch.device_handles.current", handles},
+      {"stitch.device_mappings.current", t->nruns},
       {"stitch.va_bytes.current", s->va.current},
       {"stitch.va_bytes.peak", s->va.peak},
       {"stitch.va_reserved_bytes", 0},

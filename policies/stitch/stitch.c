@@ -304,6 +304,49 @@ static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
   return pl;
 }
 
+static int key_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Order the n page ids in ids[] by (chunk, offset), pages of their own
+ * last by id, so that a chunk's pages taken together map in one call
+ * (Note [Chunks], pages.c).  Which pages a range maps is unchanged, and so
+ * is every other slot: these are all whole slots.  Already in order or in
+ * reverse order (a cached range's pages as the FREE lists give them back):
+ * no sort. */
+static int chunk_order(stitch_t *t, uint32_t *ids, uint32_t n) {
+  if (n < 2 || t->nchunks == 0) return 0;
+  uint64_t *key = gmr__malloc((size_t)n * sizeof *key);
+  if (key == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
+  bool up = true, down = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    const st_page_t *p = &t->pages[ids[i]];
+    key[i] =
+        p->chunk != ST_NIL ? (uint64_t)p->chunk << 32 | p->coff : (uint64_t)ST_NIL << 32 | ids[i];
+    if (i > 0) {
+      up = up && key[i - 1] < key[i];
+      down = down && key[i - 1] > key[i];
+    }
+  }
+  if (!up) {
+    if (down)
+      for (uint32_t i = 0; i < n / 2; ++i) {
+        uint64_t k = key[i];
+        key[i] = key[n - 1 - i];
+        key[n - 1 - i] = k;
+      }
+    else
+      qsort(key, n, sizeof *key, key_cmp);
+    for (uint32_t i = 0; i < n; ++i) {
+      uint32_t c = (uint32_t)(key[i] >> 32), lo = (uint32_t)key[i];
+      ids[i] = c != ST_NIL ? t->chunks[c].ids[lo] : lo;
+    }
+  }
+  gmr__free(key);
+  return 0;
+}
+
 static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st_range_t **out) {
   uint64_t P = t->P;
   uint32_t k = (uint32_t)(len / P), rem = (uint32_t)(len % P);
@@ -321,9 +364,23 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     gmr__st_small_reclaim(t, false);
     got = gmr__st_collect_free(t, need, sidx, whole);
   }
-  uint32_t nnew = need - got, made = 0;
+  uint32_t nnew = need - got, made = 0, chunk = ST_NIL;
   int err = gmr__st_pages_reserve(t, nnew);
   if (err != 0) err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
+  if (err == 0 && nnew >= 2) { /* one chunk of nnew pages (Note [Chunks], pages.c) */
+    gmr_phys_t h;
+    if (gmr__backend_phys_create(t->base.backend, (uint64_t)nnew * P, &h) == 0) {
+      if (gmr__st_chunk_new(t, h, nnew, whole + got) == 0) {
+        chunk = t->pages[whole[got]].chunk;
+        t->st.pages_created += nnew;
+        for (; made < nnew; ++made)
+          gmr__st_page_reindex(t, whole[got + made]);
+      } else {
+        gmr__backend_phys_release(t->base.backend, h, (uint64_t)nnew * P);
+      }
+    }
+    /* Refused: one page a call, as below. */
+  }
   for (; err == 0 && made < nnew; ++made) {
     gmr_phys_t h;
     err = gmr__backend_phys_create(t->base.backend, P, &h);
@@ -332,6 +389,10 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     uint32_t id = gmr__st_page_new(t, h);
     gmr__st_page_reindex(t, id);
     whole[got + made] = id;
+  }
+  if (err == 0) { /* the whole slots' pages in chunk order: one map a run (Note [Chunks]) */
+    bool last_partial = pl.tail == ST_NIL && (pl.first_off + len) % P != 0;
+    err = chunk_order(t, whole, need - (need > 0 && last_partial));
   }
   if (err == 0) {
     if (pl.head != ST_NIL) r->pages[0] = pl.head;
@@ -350,8 +411,11 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     if (err == 0) err = gmr__st_map_range(t, r);
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
-    for (uint32_t i = 0; i < made; ++i)
-      gmr__st_page_release(t, whole[got + i]);
+    if (chunk != ST_NIL)
+      gmr__st_chunk_release(t, chunk);
+    else
+      for (uint32_t i = 0; i < made; ++i)
+        gmr__st_page_release(t, whole[got + i]);
     gmr__st_range_destroy(t, r);
     return err;
   }
@@ -764,13 +828,15 @@ static int trim_locked(stitch_t *t) {
     uint32_t id = t->free_head[m];
     while (id != ST_NIL) {
       uint32_t next = t->pages[id].next;
-      if (t->pages[id].nmaps == 0) {
+      if (t->pages[id].nmaps == 0 && t->pages[id].chunk == ST_NIL) {
         e = gmr__st_page_release(t, id);
         if (err == 0) err = e;
       }
       id = next;
     }
   }
+  e = gmr__st_chunks_trim(t);
+  if (err == 0) err = e;
   return err;
 }
 
@@ -807,8 +873,11 @@ static void st_destroy(gmr_policy_t *self) {
   gmr__st_small_fini(t);
   gmr__st_ranges_fini(t);
   for (uint32_t id = 0; id < t->npages; ++id)
-    if (t->pages[id].where != ST_W_DEAD)
+    if (t->pages[id].where != ST_W_DEAD && t->pages[id].chunk == ST_NIL)
       gmr__backend_phys_release(t->base.backend, t->pages[id].h, t->P);
+  for (uint32_t c = 0; c < t->nchunks; ++c)
+    if (t->chunks[c].n != 0)
+      gmr__backend_phys_release(t->base.backend, t->chunks[c].h, (uint64_t)t->chunks[c].n * t->P);
   gmr__st_va_fini(t);
   gmr__st_pages_fini(t);
   gmr__st_streams_fini(t);
