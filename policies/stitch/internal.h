@@ -283,8 +283,8 @@ typedef struct st_stats_s {
   gmr_stat_t mappings, dead_gap, va;
   int64_t ooms, retries; /* allocations and frees: the pools' allocation counts */
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
-      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses,
-      resizes;
+      pages_released, pages_mapped, evictions, event_records, event_queries, syncs, small_reclaims,
+      small_reuses, resizes;
   uint64_t map_ns;
 } st_stats_t;
 

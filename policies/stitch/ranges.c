@@ -370,6 +370,7 @@ int gmr__st_map_range(stitch_t *t, st_range_t *r) {
     ++p->nmaps; /* r is not cached: the page's worth stays (worth.c) */
   }
   t->nmappings += r->nslots;
+  t->st.pages_mapped += r->nslots;
   gmr__stat_increase(&t->st.mappings, r->nslots);
   gmr__stat_increase(&t->st.va, (int64_t)bytes);
   t->st.map_ns += gmr__backend_now_ns(be) - t0;

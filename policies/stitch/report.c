@@ -158,6 +158,7 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
       {"stitch.cache_resizes", s->resizes},
       {"stitch.partial_placements", s->stitches_partial},
       {"stitch.map_calls", s->map_calls},
+      {"stitch.pages_mapped", s->pages_mapped},
       {"stitch.unmap_calls", s->unmap_calls},
       {"stitch.set_access_calls", s->access_calls},
       {"stitch.map_ns", (int64_t)s->map_ns},
@@ -257,7 +258,8 @@ void gmr__st_reset_accumulated(gmr_policy_t *self) {
   s->ooms = s->retries = 0;
   s->hits = s->misses = s->resizes = s->stitches_partial = s->map_calls = s->unmap_calls =
       s->access_calls = 0;
-  s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
+  s->pages_created = s->pages_released = s->pages_mapped = s->evictions = s->event_records =
+      s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;
   s->map_ns = 0;
 }
