@@ -129,8 +129,40 @@ static void chunk_sleeps(void) {
   gmr_runtime_free(rt);
 }
 
+/* What a chunk holds back (Note [Chunks]): empty_cache releases a chunk
+ * only once none of its pages is used; chunk_pages caps a chunk. */
+static void chunk_release(const char *yaml, uint64_t creates, uint64_t held) {
+  diag("%s", yaml);
+  gmr_runtime_t *rt = sim_runtime(yaml, 256 * MiB, 0);
+  if (!ok(rt != NULL, "a runtime")) return;
+  gmr_sim_counters_t k;
+  void *a = NULL, *b = NULL;
+  int rc = gmr_alloc(rt, 8 * MiB, GMR_SIM_STREAM(0), &a);
+  gmr_sim_counters(rt, &k);
+  is_u64(k.page_create_calls, creates, "  8 MiB: four pages in %llu creates",
+         (unsigned long long)creates);
+  if (rc == 0) gmr_free(rt, a);
+  rc |= gmr_alloc(rt, 2 * MiB, GMR_SIM_STREAM(0), &b); /* one of the four pages */
+  gmr_sim_counters(rt, &k);
+  is_u64(k.page_create_calls, creates, "  2 MiB after it takes one of them");
+  rc |= gmr_empty_cache(rt);
+  gmr_sim_counters(rt, &k);
+  is_u64(k.bytes_in_use, held, "  empty_cache keeps %llu MiB while it is live",
+         (unsigned long long)(held / MiB));
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  if (b != NULL) gmr_free(rt, b);
+  rc |= gmr_empty_cache(rt);
+  gmr_sim_counters(rt, &k);
+  is_u64(k.bytes_in_use, 0, "  and nothing once it is freed");
+  is_int(rc, 0, "  every call succeeded");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   large_blocks();
   chunk_sleeps();
+  chunk_release("policy: stitch\n", 1, 8 * MiB);
+  chunk_release("policy: {name: stitch, chunk_pages: 2}\n", 2, 4 * MiB);
+  chunk_release("policy: {name: stitch, chunk_pages: 1}\n", 4, 2 * MiB);
   return done_testing();
 }

@@ -22,22 +22,28 @@
 
 /* Note [Chunks]
  * A miss that creates k >= 2 pages makes them with one phys_create of k x P
- * bytes (a chunk): page i of the chunk is the handle's bytes [iP, (i+1)P).
- * Every page still has its own record (slots, owners, stamps, worth), so
- * nothing above the page table knows; only the device calls change.
- * Consecutive slots of a range whose pages are consecutive in one chunk are
- * mapped by one phys_map (a run, st_map_t.run) and unmapped by one
- * phys_unmap, as CUDA requires (a mapping is unmapped whole), so a fresh
- * range of k pages costs one create and one map, and a range stitched from
- * a chunk's pages taken in order costs one map per run.  A chunk's handle
- * is released only when every one of its pages is FREE and unmapped
- * (gmr__st_chunks_trim, by empty_cache): a page still
- * owned holds its whole chunk, which is what a chunk can keep back from
- * the device (an empty_cache that would have released some of
- * its pages one by one releases none of them).  Pages are never released
- * otherwise, so between those calls the pool's bytes are the same as with
- * one handle a page.  A failed chunk create (the device's memory in
- * pieces) falls back to one page a call.
+ * bytes (a chunk; at most chunk_pages pages each, 0: no cap): page i of the
+ * chunk is the handle's bytes [iP, (i+1)P).  Every page keeps its own
+ * record (slots, owners, stamps, worth), so nothing above the page table
+ * knows; only the device calls change.  Consecutive slots of a range whose
+ * pages are consecutive in one chunk are mapped by one phys_map (a run,
+ * st_map_t.run) and unmapped by one phys_unmap, as CUDA requires (a mapping
+ * goes whole), and a miss puts its whole slots' pages in chunk order
+ * (stitch.c, chunk_order: the same pages, the same partial slots), so a
+ * fresh range costs one create and one map, and a range stitched from
+ * other ranges' pages one map per chunk it spans.
+ *
+ * What a chunk holds back: its handle is released only when every one of
+ * its pages is FREE and unmapped (gmr__st_chunks_trim, by empty_cache), so
+ * one live page keeps the whole chunk.  Pages are never released otherwise,
+ * so between empty_caches the pool holds the same bytes as with a handle a
+ * page, and no peak changes on the shipped traces; after an empty_cache
+ * more may stay: at the middle of gpt2_train, 4.12 GB for 1.56 GB live
+ * where a handle a page keeps 1.57 GB (docs/stitch.md, "Large blocks:
+ * chunks").  chunk_pages: 1 is the handle a page, call for call.  A
+ * handle cannot be split (cuMemRelease frees all of it), and no page can
+ * move, so a chunk is never split.  A refused chunk create falls back to
+ * one page a call.
  */
 
 /* Note [Stamps]

@@ -364,22 +364,23 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     gmr__st_small_reclaim(t, false);
     got = gmr__st_collect_free(t, need, sidx, whole);
   }
-  uint32_t nnew = need - got, made = 0, chunk = ST_NIL;
+  uint32_t nnew = need - got, made = 0;
   int err = gmr__st_pages_reserve(t, nnew);
   if (err != 0) err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
-  if (err == 0 && nnew >= 2) { /* one chunk of nnew pages (Note [Chunks], pages.c) */
+  /* Chunks of up to chunk_pages pages (Note [Chunks], pages.c); a refused
+   * one leaves the rest to one page a call, below. */
+  uint32_t cap = t->o.chunk_pages > 0 ? (uint32_t)t->o.chunk_pages : UINT32_MAX;
+  while (err == 0 && nnew - made >= 2) {
+    uint32_t n = nnew - made < cap ? nnew - made : cap;
     gmr_phys_t h;
-    if (gmr__backend_phys_create(t->base.backend, (uint64_t)nnew * P, &h) == 0) {
-      if (gmr__st_chunk_new(t, h, nnew, whole + got) == 0) {
-        chunk = t->pages[whole[got]].chunk;
-        t->st.pages_created += nnew;
-        for (; made < nnew; ++made)
-          gmr__st_page_reindex(t, whole[got + made]);
-      } else {
-        gmr__backend_phys_release(t->base.backend, h, (uint64_t)nnew * P);
-      }
+    if (n < 2 || gmr__backend_phys_create(t->base.backend, (uint64_t)n * P, &h) != 0) break;
+    if (gmr__st_chunk_new(t, h, n, whole + got + made) != 0) {
+      gmr__backend_phys_release(t->base.backend, h, (uint64_t)n * P);
+      break;
     }
-    /* Refused: one page a call, as below. */
+    t->st.pages_created += n;
+    for (uint32_t i = 0; i < n; ++i, ++made)
+      gmr__st_page_reindex(t, whole[got + made]);
   }
   for (; err == 0 && made < nnew; ++made) {
     gmr_phys_t h;
@@ -411,11 +412,13 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     if (err == 0) err = gmr__st_map_range(t, r);
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
-    if (chunk != ST_NIL)
-      gmr__st_chunk_release(t, chunk);
-    else
-      for (uint32_t i = 0; i < made; ++i)
+    for (uint32_t i = 0; i < made; ++i) {
+      const st_page_t *p = &t->pages[whole[got + i]];
+      if (p->chunk == ST_NIL)
         gmr__st_page_release(t, whole[got + i]);
+      else if (p->coff == 0) /* every page of it made by this attempt */
+        gmr__st_chunk_release(t, p->chunk);
+    }
     gmr__st_range_destroy(t, r);
     return err;
   }
