@@ -304,9 +304,42 @@ static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
   return pl;
 }
 
-static int key_cmp(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return (x > y) - (x < y);
+/* Sort k[0..n) ascending: quicksort on plain keys (no comparison call),
+ * insertion sort for short runs; the keys are distinct, so the order is
+ * the one any sort gives. */
+static void keys_sort(uint64_t *k, uint32_t n) {
+  while (n > 16) {
+    uint64_t a = k[0], b = k[n / 2], c = k[n - 1];
+    uint64_t piv = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+    uint32_t i = 0, j = n - 1;
+    for (;;) {
+      while (k[i] < piv)
+        ++i;
+      while (k[j] > piv)
+        --j;
+      if (i >= j) break;
+      uint64_t x = k[i];
+      k[i++] = k[j];
+      k[j--] = x;
+    }
+    /* [0, j] <= piv <= [j + 1, n): recurse on the smaller side. */
+    uint32_t left = j + 1;
+    if (left < n - left) {
+      keys_sort(k, left);
+      k += left;
+      n -= left;
+    } else {
+      keys_sort(k + left, n - left);
+      n = left;
+    }
+  }
+  for (uint32_t i = 1; i < n; ++i) {
+    uint64_t x = k[i];
+    uint32_t j = i;
+    for (; j > 0 && k[j - 1] > x; --j)
+      k[j] = k[j - 1];
+    k[j] = x;
+  }
 }
 
 /* Order the n page ids in ids[] by (chunk, offset), pages of their own
@@ -337,7 +370,7 @@ static int chunk_order(stitch_t *t, uint32_t *ids, uint32_t n) {
         key[n - 1 - i] = k;
       }
     else
-      qsort(key, n, sizeof *key, key_cmp);
+      keys_sort(key, n);
     for (uint32_t i = 0; i < n; ++i) {
       uint32_t c = (uint32_t)(key[i] >> 32), lo = (uint32_t)key[i];
       ids[i] = c != ST_NIL ? t->chunks[c].ids[lo] : lo;
