@@ -158,7 +158,34 @@ static void chunk_release(const char *yaml, uint64_t creates, uint64_t held) {
   gmr_runtime_free(rt);
 }
 
+/* A miss whose map fails after its chunk was made gives the chunk back
+ * (the undo), and the retry makes another. */
+static void chunk_undo(void) {
+  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  if (!ok(rt != NULL, "a runtime")) return;
+  void *p = NULL;
+  int rc = gmr_alloc(rt, 4 * MiB, GMR_SIM_STREAM(0), &p); /* the address space, reserved */
+  if (rc == 0) gmr_free(rt, p);
+  rc |= gmr_empty_cache(rt);
+  gmr_sim_fail_nth(rt, 2); /* the chunk's create, then its map fails */
+  rc |= gmr_alloc(rt, 9 * MiB + 4096, GMR_SIM_STREAM(0), &p);
+  gmr_sim_counters_t k;
+  gmr_sim_counters(rt, &k);
+  is_int(rc, 0, "9 MiB whose first map fails is served by the retry");
+  is_u64(k.page_create_calls, 3, "  one create for the first block, two for this one");
+  is_u64(k.page_release_calls, 2, "  the first block's chunk and the failed attempt's");
+  ok(k.pages_live == 1 && k.bytes_in_use == 10 * MiB, "  one chunk of 5 pages held (%llu, %llu)",
+     (unsigned long long)k.pages_live, (unsigned long long)k.bytes_in_use);
+  is_int(gmr_check(rt), 0, "  invariants hold");
+  if (p != NULL) gmr_free(rt, p);
+  gmr_empty_cache(rt);
+  gmr_sim_counters(rt, &k);
+  is_u64(k.bytes_in_use, 0, "  nothing left");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
+  chunk_undo();
   large_blocks();
   chunk_sleeps();
   chunk_release("policy: stitch\n", 1, 8 * MiB);

@@ -19,8 +19,9 @@
  * Map transaction (gmr__st_map_range): take the VA, phys_map each run of
  * slots (one slot, or slots whose pages are consecutive in one chunk: Note
  * [Chunks], pages.c), then one set_access over the whole range.  A failure
- * at any step unmaps exactly the runs mapped so far and gives the VA back; the pages and the
- * indexes are untouched, since ownership is committed only after the device calls.
+ * at any step unmaps exactly the runs mapped so far and gives the VA back;
+ * the pages and the indexes are untouched, since ownership is committed
+ * only after the device calls.
  */
 
 /* Note [Cache order]

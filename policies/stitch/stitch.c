@@ -399,7 +399,11 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
   }
   uint32_t nnew = need - got, made = 0;
   int err = gmr__st_pages_reserve(t, nnew);
-  if (err != 0) err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
+  /* The pages this attempt creates, for the undo (chunk_order moves them
+   * in whole[]). */
+  uint32_t *fresh = err == 0 && nnew > 0 ? gmr__malloc((size_t)nnew * sizeof *fresh) : NULL;
+  if (err != 0 || (nnew > 0 && fresh == NULL))
+    err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
   /* Chunks of up to chunk_pages pages (Note [Chunks], pages.c); a refused
    * one leaves the rest to one page a call, below. */
   uint32_t cap = t->o.chunk_pages > 0 ? (uint32_t)t->o.chunk_pages : UINT32_MAX;
@@ -412,8 +416,10 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
       break;
     }
     t->st.pages_created += n;
-    for (uint32_t i = 0; i < n; ++i, ++made)
+    for (uint32_t i = 0; i < n; ++i, ++made) {
       gmr__st_page_reindex(t, whole[got + made]);
+      fresh[made] = whole[got + made];
+    }
   }
   for (; err == 0 && made < nnew; ++made) {
     gmr_phys_t h;
@@ -422,7 +428,7 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     ++t->st.pages_created;
     uint32_t id = gmr__st_page_new(t, h);
     gmr__st_page_reindex(t, id);
-    whole[got + made] = id;
+    whole[got + made] = fresh[made] = id;
   }
   if (err == 0) { /* the whole slots' pages in chunk order: one map a run (Note [Chunks]) */
     bool last_partial = pl.tail == ST_NIL && (pl.first_off + len) % P != 0;
@@ -446,15 +452,19 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
     for (uint32_t i = 0; i < made; ++i) {
-      const st_page_t *p = &t->pages[whole[got + i]];
+      const st_page_t *p = &t->pages[fresh[i]];
+      if (p->where == ST_W_DEAD) /* released with its chunk */
+        continue;
       if (p->chunk == ST_NIL)
-        gmr__st_page_release(t, whole[got + i]);
+        gmr__st_page_release(t, fresh[i]);
       else if (p->coff == 0) /* every page of it made by this attempt */
         gmr__st_chunk_release(t, p->chunk);
     }
+    gmr__free(fresh);
     gmr__st_range_destroy(t, r);
     return err;
   }
+  gmr__free(fresh);
   if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
   r->grows = grows;
   gmr__st_range_own(t, r);
