@@ -39,7 +39,8 @@
  *    after a k-page block was freed (no cached range of that length: the
  *    held pages are mapped again at a new address).  Each untimed set-up
  *    is outside the timed call; the median of --reps is reported, with the
- *    page maps the policy counted (k, or the figure is refused).
+ *    pages the policy mapped (k, or the figure is refused; pages in a row
+ *    of one chunk map in one call: stitch's Note [Chunks]).
  *  - calls (--device cuda): each driver call of the CUDA backend timed
  *    alone, for gmr-compare's cost model (Note [Bench calls] in
  *    bench-calls.c).
@@ -851,17 +852,17 @@ static int miss_bench(contender_t *c, const bench_opts_t *o, bool *first) {
         void *p = NULL;
         if (w == 0 && gmr_empty_cache(rt) != 0) goto fail;
         int64_t m0 = 0, m1 = 0;
-        gmr_stat_get(rt, "stitch.map_calls", &m0);
+        gmr_stat_get(rt, "stitch.pages_mapped", &m0);
         uint64_t t0 = now_ns();
         int rc = gmr_alloc(rt, n, s, &p);
         uint64_t t1 = now_ns();
-        gmr_stat_get(rt, "stitch.map_calls", &m1);
+        gmr_stat_get(rt, "stitch.pages_mapped", &m1);
         if (rc != 0) goto fail;
         if (gmr_free(rt, p) != 0) goto fail;
         count_pairs(c, 1);
         if ((size_t)(m1 - m0) != pages) {
-          fprintf(stderr, "gmr-bench: %s: a miss of %zu pages made %lld page maps\n", c->name,
-                  pages, (long long)(m1 - m0));
+          fprintf(stderr, "gmr-bench: %s: a miss of %zu pages mapped %lld pages\n", c->name, pages,
+                  (long long)(m1 - m0));
           return 1;
         }
         t[w][r] = (double)(t1 - t0) / 1e3;

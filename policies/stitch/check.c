@@ -18,7 +18,9 @@
  *  2. block coverage: a block's spans sum to its length, interior pages are
  *     its whole pages, at most one span is partial;
  *  3. VA ↔ PA: slot j of a mapped range has one mapping record, on the list
- *     of pages[j]; the block starts at va + first_off;
+ *     of pages[j]; the block starts at va + first_off; the slots are tiled
+ *     by runs, each one slot or pages consecutive in one chunk, mapped or
+ *     unmapped whole;
  *  4. mappings: Σ nmaps == list lengths == mappings; nmaps <= the cap;
  *  5. cache: CACHED ⇔ in the LRU list; every range is filed once under
  *     its length, in serial order;
@@ -281,6 +283,19 @@ static int check_range(stitch_t *t, st_range_t *r, uint64_t *live_b, uint64_t *p
   }
   CHECK(mapped == r->nmapped, "range at %#" PRIxPTR ": %u slots mapped, counted %u", r->va, mapped,
         r->nmapped);
+  /* Runs (Note [Chunks], pages.c): they tile the slots, each of pages
+   * consecutive in one chunk (or one slot), mapped or unmapped whole. */
+  for (uint32_t j = 0, n; j < r->nslots; j += n) {
+    n = r->maps[j].run;
+    CHECK(n >= 1 && j + n <= r->nslots, "range at %#" PRIxPTR ": no run at slot %u", r->va, j);
+    const st_page_t *p = &t->pages[r->pages[j]];
+    for (uint32_t i = 1; i < n; ++i) {
+      const st_page_t *q = &t->pages[r->pages[j + i]];
+      CHECK(r->maps[j + i].run == 0 && p->chunk != ST_NIL && q->chunk == p->chunk &&
+                q->coff == p->coff + i && (r->maps[j + i].r == NULL) == (r->maps[j].r == NULL),
+            "range at %#" PRIxPTR ": slot %u in the run from slot %u", r->va, j + i, j);
+    }
+  }
   bool owns = r->state == ST_R_LIVE || r->state == ST_R_PENDING || r->state == ST_R_SMALL;
   uint32_t whole = 0;
   for (uint32_t j = 0; j < r->nslots; ++j) {

@@ -88,6 +88,7 @@ typedef struct st_opts_s {
   uint64_t va_chunk;  /* virtual bytes per reservation; 0: 2 x device memory */
   int64_t cache_candidates;
   int64_t stale_misses; /* unmap a cached range after this many misses of its length (0: never) */
+  int64_t chunk_pages;  /* pages one phys_create makes at most (0: all a miss needs) */
   int cross_stream;     /* ST_CROSS_* */
 } st_opts_t;
 
@@ -123,7 +124,9 @@ typedef struct st_map_s st_map_t;
 enum { ST_W_DEAD = 0, ST_W_FREE, ST_W_SUFFIX, ST_W_PREFIX, ST_W_CLOSED, ST_W_FULL };
 
 typedef struct st_page_s {
-  gmr_phys_t h;
+  gmr_phys_t h;   /* its handle, or its chunk's (Note [Chunks], pages.c) */
+  uint32_t chunk; /* index in the chunk table, or ST_NIL: a handle of its own */
+  uint32_t coff;  /* in a chunk: its offset there, in pages */
   uint32_t tail_end, head_start;
   st_range_t *tail_owner, *head_owner, *full_owner;
   st_map_t *maps; /* this page's mapping records */
@@ -142,6 +145,13 @@ typedef struct st_page_s {
   st_stamp_t stamp[ST_STAMPS];
 } st_page_t;
 
+/* Pages created by one phys_create of n x P bytes (Note [Chunks]). */
+typedef struct st_chunk_s {
+  gmr_phys_t h;
+  uint32_t n;    /* pages; 0: an empty entry */
+  uint32_t *ids; /* page id by offset */
+} st_chunk_t;
+
 /* A two-level bitmap over classes 0..n-1, each a list of page ids. */
 typedef struct st_classes_s {
   uint32_t n;
@@ -156,9 +166,10 @@ typedef struct st_classes_s {
 
 enum { ST_R_LIVE = 1, ST_R_CACHED, ST_R_PENDING, ST_R_SMALL, ST_R_BROKEN };
 
-struct st_map_s { /* one phys_map: slot `slot` of range r -> page `page` */
+struct st_map_s { /* slot `slot` of range r -> page `page` */
   st_range_t *r;
   uint32_t slot, page;
+  uint32_t run;          /* slots one phys_map call maps from this slot on; 0 inside a run */
   st_map_t *prev, *next; /* on the page's list */
 };
 
@@ -273,8 +284,8 @@ typedef struct st_stats_s {
   gmr_stat_t mappings, dead_gap, va;
   int64_t ooms, retries; /* allocations and frees: the pools' allocation counts */
   int64_t hits, misses, stitches_partial, map_calls, unmap_calls, access_calls, pages_created,
-      pages_released, evictions, event_records, event_queries, syncs, small_reclaims, small_reuses,
-      resizes;
+      pages_released, pages_mapped, evictions, event_records, event_queries, syncs, small_reclaims,
+      small_reuses, resizes;
   uint64_t map_ns;
 } st_stats_t;
 
@@ -317,7 +328,10 @@ typedef struct stitch_s {
 
   st_page_t *pages;
   uint32_t npages, cappages;
-  uint32_t dead_head;                  /* recycled page ids */
+  uint32_t dead_head; /* recycled page ids */
+  st_chunk_t *chunks; /* Note [Chunks] (pages.c) */
+  uint32_t nchunks, capchunks;
+  uint32_t nruns;                      /* runs of slots mapped: the device's page mappings */
   uint32_t live_pages;                 /* created and not released */
   uint32_t free_head[2], free_tail[2]; /* FREE pages: [0] unmapped, [1] mapped */
   uint32_t nfree;
@@ -449,8 +463,17 @@ void gmr__st_pages_fini(stitch_t *t);
 int gmr__st_pages_reserve(stitch_t *t, uint32_t n);
 /* A new page id for handle h (after gmr__st_pages_reserve); FREE, unindexed. */
 uint32_t gmr__st_page_new(stitch_t *t, gmr_phys_t h);
-/* Release a FREE, unmapped page's handle and recycle its id. */
+/* Release a FREE, unmapped page's handle and recycle its id (a page with a
+ * handle of its own). */
 int gmr__st_page_release(stitch_t *t, uint32_t id);
+/* n new page ids (after gmr__st_pages_reserve(t, n)) behind handle h of
+ * n x P bytes, FREE and unindexed, into ids[] by offset (Note [Chunks]). */
+int gmr__st_chunk_new(stitch_t *t, gmr_phys_t h, uint32_t n, uint32_t *ids);
+/* Release chunk c's handle and recycle its page ids, every one FREE and
+ * unmapped. */
+int gmr__st_chunk_release(stitch_t *t, uint32_t c);
+/* Release every chunk whose pages are all FREE and unmapped. */
+int gmr__st_chunks_trim(stitch_t *t);
 /* Re-file a page in the index its fields imply; keeps dead_bytes and counts. */
 void gmr__st_page_reindex(stitch_t *t, uint32_t id);
 void gmr__st_page_unindex(stitch_t *t, uint32_t id);
@@ -519,8 +542,9 @@ void gmr__st_range_destroy(stitch_t *t, st_range_t *r);
 /* Map pages[0..n) at a fresh address range as one transaction: on failure
  * everything done is undone (no mapping record, no VA, pages untouched). */
 int gmr__st_map_range(stitch_t *t, st_range_t *r);
-/* Unmap one slot; an unmapped slot has maps[j].r == NULL. */
-int gmr__st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j);
+/* Unmap the run of slots that starts at slot j (one call); an unmapped
+ * slot has maps[j].r == NULL. */
+int gmr__st_run_unmap(stitch_t *t, st_range_t *r, uint32_t j);
 /* Unmap every mapped slot of a range, give back its VA and free it. */
 int gmr__st_unmap_range(stitch_t *t, st_range_t *r);
 

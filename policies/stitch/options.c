@@ -15,6 +15,7 @@ const st_opts_t gmr__st_opts_default = {
     .va_chunk = 0,
     .cache_candidates = 256,
     .stale_misses = 0,
+    .chunk_pages = 0,
     .cross_stream = ST_CROSS_QUERY,
 };
 
@@ -89,6 +90,15 @@ const gmr_opt_desc_t gmr__st_opts_desc[] = {
      .help = "Unmap a cached range once this many misses of its length in a row could not use "
              "it (0: only the mapping caps unmap cached ranges).",
      .tune = (const char *const[]){"4", NULL}},
+    {.key = "chunk_pages",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, chunk_pages),
+     .min = 0,
+     .default_text = "0",
+     .help = "Pages one device allocation holds at most: a miss creates its fresh pages in "
+             "chunks of this many and maps each run of a chunk's pages in one call; a chunk goes "
+             "back only when all its pages are free (0: no cap; 1: a page each, as empty_cache "
+             "can give back one by one)."},
     {.key = "cross_stream",
      .type = GMR_OPT_ENUM,
      .offset = offsetof(st_opts_t, cross_stream),

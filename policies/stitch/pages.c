@@ -1,6 +1,6 @@
 /* pages.c: the stitch policy's page table, slot ownership, page indexes,
  * streams and stamps.
- * Map: Note [Page indexes], [Stamps].
+ * Map: Note [Page indexes], [Chunks], [Stamps].
  */
 #include <string.h>
 
@@ -18,6 +18,32 @@
  *   FULL        ⇔ a full owner
  * The class indexes are two-level bitmaps, so "the smallest open slot of at
  * least r bytes" costs a few word scans whatever the number of pages.
+ */
+
+/* Note [Chunks]
+ * A miss that creates k >= 2 pages makes them with one phys_create of k x P
+ * bytes (a chunk; at most chunk_pages pages each, 0: no cap): page i of the
+ * chunk is the handle's bytes [iP, (i+1)P).  Every page keeps its own
+ * record (slots, owners, stamps, worth), so nothing above the page table
+ * knows; only the device calls change.  Consecutive slots of a range whose
+ * pages are consecutive in one chunk are mapped by one phys_map (a run,
+ * st_map_t.run) and unmapped by one phys_unmap, as CUDA requires (a mapping
+ * goes whole), and a miss puts its whole slots' pages in chunk order
+ * (stitch.c, chunk_order: the same pages, the same partial slots), so a
+ * fresh range costs one create and one map, and a range stitched from
+ * other ranges' pages one map per chunk it spans.
+ *
+ * What a chunk holds back: its handle is released only when every one of
+ * its pages is FREE and unmapped (gmr__st_chunks_trim, by empty_cache), so
+ * one live page keeps the whole chunk.  Pages are never released otherwise,
+ * so between empty_caches the pool holds the same bytes as with a handle a
+ * page, and no peak changes on the shipped traces; after an empty_cache
+ * more may stay: at the middle of gpt2_train, 4.12 GB for 1.56 GB live
+ * where a handle a page keeps 1.57 GB (docs/stitch.md, "Large blocks:
+ * chunks").  chunk_pages: 1 is the handle a page, call for call.  A
+ * handle cannot be split (cuMemRelease frees all of it), and no page can
+ * move, so a chunk is never split.  A refused chunk create falls back to
+ * one page a call.
  */
 
 /* Note [Stamps]
@@ -127,6 +153,11 @@ void gmr__st_pages_fini(stitch_t *t) {
   gmr__st_classes_free(&t->suffix);
   gmr__st_classes_free(&t->prefix);
   gmr__st_worth_fini(t);
+  for (uint32_t c = 0; c < t->nchunks; ++c)
+    gmr__free(t->chunks[c].ids);
+  gmr__free(t->chunks);
+  t->chunks = NULL;
+  t->nchunks = t->capchunks = 0;
   gmr__free(t->pages);
   t->pages = NULL;
 }
@@ -173,6 +204,7 @@ uint32_t gmr__st_page_new(stitch_t *t, gmr_phys_t h) {
   p->wnext = dirty ? wnext : ST_NIL;
   p->wgen = wgen;
   p->h = h;
+  p->chunk = ST_NIL;
   p->head_start = (uint32_t)t->P;
   p->where = ST_W_DEAD;
   p->prev = p->next = ST_NIL;
@@ -180,18 +212,83 @@ uint32_t gmr__st_page_new(stitch_t *t, gmr_phys_t h) {
   return id;
 }
 
-int gmr__st_page_release(stitch_t *t, uint32_t id) {
+/* A FREE, unmapped page's id back to the dead list. */
+static void page_bury(stitch_t *t, uint32_t id) {
   st_page_t *p = &t->pages[id];
   gmr_assert(p->where == ST_W_FREE && p->nmaps == 0);
-  int err = gmr__backend_phys_release(t->base.backend, p->h, t->P);
-  if (err != 0) return err;
   gmr__st_page_unindex(t, id);
   p->where = ST_W_DEAD;
+  p->chunk = ST_NIL;
   p->next = t->dead_head;
   t->dead_head = id;
   --t->live_pages;
   ++t->st.pages_released;
+}
+
+int gmr__st_page_release(stitch_t *t, uint32_t id) {
+  st_page_t *p = &t->pages[id];
+  gmr_assert(p->where == ST_W_FREE && p->nmaps == 0 && p->chunk == ST_NIL);
+  int err = gmr__backend_phys_release(t->base.backend, p->h, t->P);
+  if (err != 0) return err;
+  page_bury(t, id);
   return 0;
+}
+
+/* ---- chunks (Note [Chunks]) -------------------------------------------------------------------
+ */
+
+int gmr__st_chunk_new(stitch_t *t, gmr_phys_t h, uint32_t n, uint32_t *ids) {
+  uint32_t c = 0;
+  while (c < t->nchunks && t->chunks[c].n != 0)
+    ++c;
+  if (c == t->capchunks) {
+    uint32_t cap = t->capchunks ? t->capchunks * 2 : 8;
+    st_chunk_t *q = gmr__realloc(t->chunks, (size_t)cap * sizeof *q);
+    if (q == NULL) return GMR_ENOMEM;
+    t->chunks = q;
+    t->capchunks = cap;
+  }
+  uint32_t *own = gmr__malloc((size_t)n * sizeof *own);
+  if (own == NULL) return GMR_ENOMEM;
+  if (c == t->nchunks) ++t->nchunks;
+  t->chunks[c] = (st_chunk_t){.h = h, .n = n, .ids = own};
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t id = gmr__st_page_new(t, h);
+    t->pages[id].chunk = c;
+    t->pages[id].coff = i;
+    own[i] = ids[i] = id;
+  }
+  return 0;
+}
+
+int gmr__st_chunk_release(stitch_t *t, uint32_t c) {
+  st_chunk_t *k = &t->chunks[c];
+  int err = gmr__backend_phys_release(t->base.backend, k->h, (uint64_t)k->n * t->P);
+  if (err != 0) return err;
+  for (uint32_t i = 0; i < k->n; ++i)
+    page_bury(t, k->ids[i]);
+  gmr__free(k->ids);
+  *k = (st_chunk_t){0};
+  while (t->nchunks > 0 && t->chunks[t->nchunks - 1].n == 0)
+    --t->nchunks;
+  return 0;
+}
+
+int gmr__st_chunks_trim(stitch_t *t) {
+  int err = 0;
+  for (uint32_t c = 0; c < t->nchunks; ++c) {
+    st_chunk_t *k = &t->chunks[c];
+    bool idle = k->n != 0;
+    for (uint32_t i = 0; idle && i < k->n; ++i) {
+      const st_page_t *p = &t->pages[k->ids[i]];
+      idle = p->where == ST_W_FREE && p->nmaps == 0;
+    }
+    if (idle) {
+      int e = gmr__st_chunk_release(t, c);
+      if (err == 0) err = e;
+    }
+  }
+  return err;
 }
 
 /* ---- indexes ----------------------------------------------------------------------------------

@@ -16,10 +16,12 @@
  */
 
 /* Note [Map transaction]
- * Map transaction (gmr__st_map_range): take the VA, phys_map each slot, then
- * one set_access over the whole range.  A failure at any step unmaps exactly
- * the slots mapped so far and gives the VA back; the pages and the indexes are
- * untouched, since ownership is committed only after the device calls.
+ * Map transaction (gmr__st_map_range): take the VA, phys_map each run of
+ * slots (one slot, or slots whose pages are consecutive in one chunk: Note
+ * [Chunks], pages.c), then one set_access over the whole range.  A failure
+ * at any step unmaps exactly the runs mapped so far and gives the VA back;
+ * the pages and the indexes are untouched, since ownership is committed
+ * only after the device calls.
  */
 
 /* Note [Cache order]
@@ -308,6 +310,18 @@ static void map_unlink(stitch_t *t, st_map_t *m) {
   if (p->where == ST_W_FREE && p->nmaps == 0) gmr__st_page_reindex(t, m->page);
 }
 
+/* Slots [j, j + n) of r map pages consecutive in one chunk (Note [Chunks],
+ * pages.c): the run of slots one phys_map call maps from slot j. */
+static uint32_t run_from(const stitch_t *t, const st_range_t *r, uint32_t j) {
+  const st_page_t *p = &t->pages[r->pages[j]];
+  uint32_t n = 1;
+  if (p->chunk != ST_NIL)
+    while (j + n < r->nslots && t->pages[r->pages[j + n]].chunk == p->chunk &&
+           t->pages[r->pages[j + n]].coff == p->coff + n)
+      ++n;
+  return n;
+}
+
 /* see Note [Map transaction] */
 int gmr__st_map_range(stitch_t *t, st_range_t *r) {
   gmr_backend_t *be = t->base.backend;
@@ -317,20 +331,29 @@ int gmr__st_map_range(stitch_t *t, st_range_t *r) {
   int err = gmr__st_va_take(t, bytes, &va);
   if (err != 0) return err;
   uint32_t j = 0;
-  for (; j < r->nslots; ++j) {
-    err = gmr__backend_phys_map(be, (void *)(va + j * t->P), t->P, t->pages[r->pages[j]].h, 0);
+  for (uint32_t n; j < r->nslots; j += n) {
+    const st_page_t *p = &t->pages[r->pages[j]];
+    n = run_from(t, r, j);
+    err = gmr__backend_phys_map(be, (void *)(va + j * t->P), n * t->P, p->h,
+                                p->chunk != ST_NIL ? p->coff * t->P : 0);
     ++t->st.map_calls;
     if (err != 0) break;
+    r->maps[j].run = n;
+    ++t->nruns;
   }
   if (err == 0) {
     err = gmr__backend_set_access(be, (void *)va, bytes);
     ++t->st.access_calls;
   }
-  if (err != 0) { /* undo exactly the slots mapped */
+  if (err != 0) { /* undo exactly the runs mapped, the last first */
     while (j > 0) {
-      --j;
-      gmr__backend_phys_unmap(be, (void *)(va + j * t->P), t->P);
+      do
+        --j;
+      while (r->maps[j].run == 0);
+      gmr__backend_phys_unmap(be, (void *)(va + j * t->P), r->maps[j].run * t->P);
       ++t->st.unmap_calls;
+      r->maps[j].run = 0;
+      --t->nruns;
     }
     gmr__st_va_give(t, va, bytes);
     t->st.map_ns += gmr__backend_now_ns(be) - t0;
@@ -341,33 +364,42 @@ int gmr__st_map_range(stitch_t *t, st_range_t *r) {
   for (j = 0; j < r->nslots; ++j) {
     st_map_t *m = &r->maps[j];
     st_page_t *p = &t->pages[r->pages[j]];
-    *m = (st_map_t){.r = r, .slot = j, .page = r->pages[j], .prev = NULL, .next = p->maps};
+    *m = (st_map_t){
+        .r = r, .slot = j, .page = r->pages[j], .run = m->run, .prev = NULL, .next = p->maps};
     if (p->maps != NULL) p->maps->prev = m;
     p->maps = m;
     ++p->nmaps; /* r is not cached: the page's worth stays (worth.c) */
   }
   t->nmappings += r->nslots;
+  t->st.pages_mapped += r->nslots;
   gmr__stat_increase(&t->st.mappings, r->nslots);
   gmr__stat_increase(&t->st.va, (int64_t)bytes);
   t->st.map_ns += gmr__backend_now_ns(be) - t0;
   return 0;
 }
 
-int gmr__st_slot_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
-  int err = gmr__backend_phys_unmap(t->base.backend, (void *)(r->va + j * t->P), t->P);
+int gmr__st_run_unmap(stitch_t *t, st_range_t *r, uint32_t j) {
+  uint32_t n = r->maps[j].run;
+  int err = gmr__backend_phys_unmap(t->base.backend, (void *)(r->va + j * t->P), n * t->P);
   ++t->st.unmap_calls;
   if (err != 0) return err;
-  map_unlink(t, &r->maps[j]);
-  r->maps[j].r = NULL;
-  --r->nmapped;
+  --t->nruns;
+  for (uint32_t i = j + n; i > j; --i) { /* the last first, as the slots were unmapped one a call */
+    map_unlink(t, &r->maps[i - 1]);
+    r->maps[i - 1].r = NULL;
+  }
+  r->nmapped -= n;
   return 0;
 }
 
 int gmr__st_unmap_range(stitch_t *t, st_range_t *r) {
   gmr__st_unpark(t, r);
-  for (uint32_t j = r->nslots; j > 0 && r->nmapped > 0; --j) {
-    if (r->maps[j - 1].r == NULL) continue; /* unmapped by an earlier failed attempt */
-    int err = gmr__st_slot_unmap(t, r, j - 1);
+  for (uint32_t j = r->nslots; j > 0 && r->nmapped > 0;) {
+    do /* the start of the run that ends at slot j - 1 */
+      --j;
+    while (r->maps[j].run == 0);
+    if (r->maps[j].r == NULL) continue; /* unmapped by an earlier failed attempt */
+    int err = gmr__st_run_unmap(t, r, j);
     if (err != 0) {
       /* Keep the slots still mapped on record; the range is never used
        * again, so its pages' worths change. */

@@ -125,6 +125,11 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
   }
   uint64_t fr, largest;
   gmr__st_report_free_bytes(t, &fr, &largest);
+  /* The device's view (Note [Chunks], pages.c): a handle per chunk or
+   * page of its own, a mapping per run of slots. */
+  int64_t handles = t->live_pages;
+  for (uint32_t c = 0; c < t->nchunks; ++c)
+    if (t->chunks[c].n != 0) handles -= (int64_t)t->chunks[c].n - 1;
   const kv_t kv[] = {
       {"num_alloc_retries", s->retries},
       {"num_ooms", s->ooms},
@@ -142,6 +147,8 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
       {"stitch.pending_bytes.current", s->pend[0]},
       {"stitch.mappings.current", s->mappings.current},
       {"stitch.mappings.peak", s->mappings.peak},
+      {"stitch.device_handles.current", handles},
+      {"stitch.device_mappings.current", t->nruns},
       {"stitch.va_bytes.current", s->va.current},
       {"stitch.va_bytes.peak", s->va.peak},
       {"stitch.va_reserved_bytes", 0},
@@ -151,6 +158,7 @@ int gmr__st_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud) {
       {"stitch.cache_resizes", s->resizes},
       {"stitch.partial_placements", s->stitches_partial},
       {"stitch.map_calls", s->map_calls},
+      {"stitch.pages_mapped", s->pages_mapped},
       {"stitch.unmap_calls", s->unmap_calls},
       {"stitch.set_access_calls", s->access_calls},
       {"stitch.map_ns", (int64_t)s->map_ns},
@@ -250,7 +258,8 @@ void gmr__st_reset_accumulated(gmr_policy_t *self) {
   s->ooms = s->retries = 0;
   s->hits = s->misses = s->resizes = s->stitches_partial = s->map_calls = s->unmap_calls =
       s->access_calls = 0;
-  s->pages_created = s->pages_released = s->evictions = s->event_records = s->event_queries = 0;
+  s->pages_created = s->pages_released = s->pages_mapped = s->evictions = s->event_records =
+      s->event_queries = 0;
   s->syncs = s->small_reclaims = 0;
   s->map_ns = 0;
 }

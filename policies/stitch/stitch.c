@@ -304,6 +304,82 @@ static plan_t plan_of(stitch_t *t, uint32_t k, uint32_t rem, uint32_t sidx) {
   return pl;
 }
 
+/* Sort k[0..n) ascending: quicksort on plain keys (no comparison call),
+ * insertion sort for short runs; the keys are distinct, so the order is
+ * the one any sort gives. */
+static void keys_sort(uint64_t *k, uint32_t n) {
+  while (n > 16) {
+    uint64_t a = k[0], b = k[n / 2], c = k[n - 1];
+    uint64_t piv = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+    uint32_t i = 0, j = n - 1;
+    for (;;) {
+      while (k[i] < piv)
+        ++i;
+      while (k[j] > piv)
+        --j;
+      if (i >= j) break;
+      uint64_t x = k[i];
+      k[i++] = k[j];
+      k[j--] = x;
+    }
+    /* [0, j] <= piv <= [j + 1, n): recurse on the smaller side. */
+    uint32_t left = j + 1;
+    if (left < n - left) {
+      keys_sort(k, left);
+      k += left;
+      n -= left;
+    } else {
+      keys_sort(k + left, n - left);
+      n = left;
+    }
+  }
+  for (uint32_t i = 1; i < n; ++i) {
+    uint64_t x = k[i];
+    uint32_t j = i;
+    for (; j > 0 && k[j - 1] > x; --j)
+      k[j] = k[j - 1];
+    k[j] = x;
+  }
+}
+
+/* Order the n page ids in ids[] by (chunk, offset), pages of their own
+ * last by id, so that a chunk's pages taken together map in one call
+ * (Note [Chunks], pages.c).  Which pages a range maps is unchanged, and so
+ * is every other slot: these are all whole slots.  Already in order or in
+ * reverse order (a cached range's pages as the FREE lists give them back):
+ * no sort. */
+static int chunk_order(stitch_t *t, uint32_t *ids, uint32_t n) {
+  if (n < 2 || t->nchunks == 0) return 0;
+  uint64_t *key = gmr__malloc((size_t)n * sizeof *key);
+  if (key == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
+  bool up = true, down = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    const st_page_t *p = &t->pages[ids[i]];
+    key[i] =
+        p->chunk != ST_NIL ? (uint64_t)p->chunk << 32 | p->coff : (uint64_t)ST_NIL << 32 | ids[i];
+    if (i > 0) {
+      up = up && key[i - 1] < key[i];
+      down = down && key[i - 1] > key[i];
+    }
+  }
+  if (!up) {
+    if (down)
+      for (uint32_t i = 0; i < n / 2; ++i) {
+        uint64_t k = key[i];
+        key[i] = key[n - 1 - i];
+        key[n - 1 - i] = k;
+      }
+    else
+      keys_sort(key, n);
+    for (uint32_t i = 0; i < n; ++i) {
+      uint32_t c = (uint32_t)(key[i] >> 32), lo = (uint32_t)key[i];
+      ids[i] = c != ST_NIL ? t->chunks[c].ids[lo] : lo;
+    }
+  }
+  gmr__free(key);
+  return 0;
+}
+
 static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st_range_t **out) {
   uint64_t P = t->P;
   uint32_t k = (uint32_t)(len / P), rem = (uint32_t)(len % P);
@@ -323,7 +399,28 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
   }
   uint32_t nnew = need - got, made = 0;
   int err = gmr__st_pages_reserve(t, nnew);
-  if (err != 0) err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
+  /* The pages this attempt creates, for the undo (chunk_order moves them
+   * in whole[]). */
+  uint32_t *fresh = err == 0 && nnew > 0 ? gmr__malloc((size_t)nnew * sizeof *fresh) : NULL;
+  if (err != 0 || (nnew > 0 && fresh == NULL))
+    err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
+  /* Chunks of up to chunk_pages pages (Note [Chunks], pages.c); a refused
+   * one leaves the rest to one page a call, below. */
+  uint32_t cap = t->o.chunk_pages > 0 ? (uint32_t)t->o.chunk_pages : UINT32_MAX;
+  while (err == 0 && nnew - made >= 2) {
+    uint32_t n = nnew - made < cap ? nnew - made : cap;
+    gmr_phys_t h;
+    if (n < 2 || gmr__backend_phys_create(t->base.backend, (uint64_t)n * P, &h) != 0) break;
+    if (gmr__st_chunk_new(t, h, n, whole + got + made) != 0) {
+      gmr__backend_phys_release(t->base.backend, h, (uint64_t)n * P);
+      break;
+    }
+    t->st.pages_created += n;
+    for (uint32_t i = 0; i < n; ++i, ++made) {
+      gmr__st_page_reindex(t, whole[got + made]);
+      fresh[made] = whole[got + made];
+    }
+  }
   for (; err == 0 && made < nnew; ++made) {
     gmr_phys_t h;
     err = gmr__backend_phys_create(t->base.backend, P, &h);
@@ -331,7 +428,11 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     ++t->st.pages_created;
     uint32_t id = gmr__st_page_new(t, h);
     gmr__st_page_reindex(t, id);
-    whole[got + made] = id;
+    whole[got + made] = fresh[made] = id;
+  }
+  if (err == 0) { /* the whole slots' pages in chunk order: one map a run (Note [Chunks]) */
+    bool last_partial = pl.tail == ST_NIL && (pl.first_off + len) % P != 0;
+    err = chunk_order(t, whole, need - (need > 0 && last_partial));
   }
   if (err == 0) {
     if (pl.head != ST_NIL) r->pages[0] = pl.head;
@@ -350,11 +451,20 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
     if (err == 0) err = gmr__st_map_range(t, r);
   }
   if (err != 0) { /* undo: the pages this attempt created, the range record */
-    for (uint32_t i = 0; i < made; ++i)
-      gmr__st_page_release(t, whole[got + i]);
+    for (uint32_t i = 0; i < made; ++i) {
+      const st_page_t *p = &t->pages[fresh[i]];
+      if (p->where == ST_W_DEAD) /* released with its chunk */
+        continue;
+      if (p->chunk == ST_NIL)
+        gmr__st_page_release(t, fresh[i]);
+      else if (p->coff == 0) /* every page of it made by this attempt */
+        gmr__st_chunk_release(t, p->chunk);
+    }
+    gmr__free(fresh);
     gmr__st_range_destroy(t, r);
     return err;
   }
+  gmr__free(fresh);
   if (pl.head != ST_NIL || pl.tail != ST_NIL) ++t->st.stitches_partial;
   r->grows = grows;
   gmr__st_range_own(t, r);
@@ -764,13 +874,15 @@ static int trim_locked(stitch_t *t) {
     uint32_t id = t->free_head[m];
     while (id != ST_NIL) {
       uint32_t next = t->pages[id].next;
-      if (t->pages[id].nmaps == 0) {
+      if (t->pages[id].nmaps == 0 && t->pages[id].chunk == ST_NIL) {
         e = gmr__st_page_release(t, id);
         if (err == 0) err = e;
       }
       id = next;
     }
   }
+  e = gmr__st_chunks_trim(t);
+  if (err == 0) err = e;
   return err;
 }
 
@@ -807,8 +919,11 @@ static void st_destroy(gmr_policy_t *self) {
   gmr__st_small_fini(t);
   gmr__st_ranges_fini(t);
   for (uint32_t id = 0; id < t->npages; ++id)
-    if (t->pages[id].where != ST_W_DEAD)
+    if (t->pages[id].where != ST_W_DEAD && t->pages[id].chunk == ST_NIL)
       gmr__backend_phys_release(t->base.backend, t->pages[id].h, t->P);
+  for (uint32_t c = 0; c < t->nchunks; ++c)
+    if (t->chunks[c].n != 0)
+      gmr__backend_phys_release(t->base.backend, t->chunks[c].h, (uint64_t)t->chunks[c].n * t->P);
   gmr__st_va_fini(t);
   gmr__st_pages_fini(t);
   gmr__st_streams_fini(t);
