@@ -43,15 +43,13 @@ fi
 #          event_query sync | device_time_us
 # pytorch: 39 cudaMalloc x 100 us.  pytorch-expandable: 2 x 14 us + 572 pages
 # x 53 us.  stitch: 14 us + 562 pages created x 14 + 600 pages mapped x 2 +
-# 600 pages made accessible x 37 (the pages in 76 creates and 109 maps: a
-# miss's fresh pages are one chunk, mapped in one call; the model charges
-# by the page).  direct: 191 x 100 us (the frees are in the
+# 600 pages made accessible x 37.  direct: 191 x 100 us (the frees are in the
 # pairs).
 cat >"$W/want" <<'EOF'
 pytorch|39 0 0 0 0 0 0 0 0 0 0 0 0 0|3900.0
 pytorch-expandable|0 0 2 0 59 0 0 0 0 0 0 0 0 0|30344.0
 pytorch-max-split-128|39 0 0 0 0 0 0 0 0 0 0 0 0 0|3900.0
-stitch|0 0 1 0 0 0 76 0 109 0 76 0 0 0|31282.0
+stitch|0 0 1 0 0 0 562 0 600 0 76 0 0 0|31282.0
 direct|191 8 0 0 0 0 0 0 0 0 0 0 0 0|19100.0
 tf-growth|4 0 0 0 0 0 0 0 0 0 0 0 0 0|400.0
 tf-greedy|1 0 0 0 0 0 0 0 0 0 0 0 0 0|100.0
@@ -99,7 +97,7 @@ for row in "driver calls" "  reserve / release" "  virtual reserve / release" " 
   "device time (H200 model)"; do
   has "$W/table" "$row  " "table: the row '$row'"
 done
-is "$(grep '^  page map / unmap' "$W/table" | awk '{print $5 $6 $7 $8 $9 $10}')" "0/0109/0" \
+is "$(grep '^  page map / unmap' "$W/table" | awk '{print $5 $6 $7 $8 $9 $10}')" "0/0600/0" \
   "table: stitch's page maps"
 is "$(grep '^device time' "$W/table" | sed 's/  */ /g')" "device time (H200 model) 3.90 ms 31.28 ms" \
   "table: the device times"

@@ -95,7 +95,7 @@ static void large_blocks(void) {
 /* A block stitched from fresh pages: one chunk, one map; its bytes sleep
  * and wake with it. */
 static void chunk_sleeps(void) {
-  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 1);
+  gmr_runtime_t *rt = sim_runtime("policy: {name: stitch, chunk_min_pages: 2}\n", 256 * MiB, 1);
   if (!ok(rt != NULL, "a host-backed runtime")) return;
   gmr_sim_counters_t k0, k1;
   gmr_sim_counters(rt, &k0);
@@ -161,7 +161,7 @@ static void chunk_release(const char *yaml, uint64_t creates, uint64_t held) {
 /* A miss whose map fails after its chunk was made gives the chunk back
  * (the undo), and the retry makes another. */
 static void chunk_undo(void) {
-  gmr_runtime_t *rt = sim_runtime("policy: stitch\n", 256 * MiB, 0);
+  gmr_runtime_t *rt = sim_runtime("policy: {name: stitch, chunk_min_pages: 2}\n", 256 * MiB, 0);
   if (!ok(rt != NULL, "a runtime")) return;
   void *p = NULL;
   int rc = gmr_alloc(rt, 4 * MiB, GMR_SIM_STREAM(0), &p); /* the address space, reserved */
@@ -188,8 +188,9 @@ int main(void) {
   chunk_undo();
   large_blocks();
   chunk_sleeps();
-  chunk_release("policy: stitch\n", 1, 8 * MiB);
-  chunk_release("policy: {name: stitch, chunk_pages: 2}\n", 2, 4 * MiB);
-  chunk_release("policy: {name: stitch, chunk_pages: 1}\n", 4, 2 * MiB);
+  chunk_release("policy: stitch\n", 4, 2 * MiB); /* 4 pages: below chunk_min_pages */
+  chunk_release("policy: {name: stitch, chunk_min_pages: 2}\n", 1, 8 * MiB);
+  chunk_release("policy: {name: stitch, chunk_min_pages: 2, chunk_pages: 2}\n", 2, 4 * MiB);
+  chunk_release("policy: {name: stitch, chunk_min_pages: 2, chunk_pages: 1}\n", 4, 2 * MiB);
   return done_testing();
 }

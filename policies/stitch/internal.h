@@ -89,7 +89,8 @@ typedef struct st_opts_s {
   int64_t cache_candidates;
   int64_t stale_misses; /* unmap a cached range after this many misses of its length (0: never) */
   int64_t chunk_pages;  /* pages one phys_create makes at most (0: all a miss needs) */
-  int cross_stream;     /* ST_CROSS_* */
+  int64_t chunk_min_pages; /* a miss that creates fewer makes a page a call */
+  int cross_stream;        /* ST_CROSS_* */
 } st_opts_t;
 
 /* ---- streams ----------------------------------------------------------------------------------

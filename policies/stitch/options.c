@@ -16,6 +16,7 @@ const st_opts_t gmr__st_opts_default = {
     .cache_candidates = 256,
     .stale_misses = 0,
     .chunk_pages = 0,
+    .chunk_min_pages = 512,
     .cross_stream = ST_CROSS_QUERY,
 };
 
@@ -99,6 +100,14 @@ const gmr_opt_desc_t gmr__st_opts_desc[] = {
              "chunks of this many and maps each run of a chunk's pages in one call; a chunk goes "
              "back only when all its pages are free (0: no cap; 1: a page each, as empty_cache "
              "can give back one by one)."},
+    {.key = "chunk_min_pages",
+     .type = GMR_OPT_INT,
+     .offset = offsetof(st_opts_t, chunk_min_pages),
+     .min = 2,
+     .default_text = "512",
+     .help = "Whole pages a block must span for its fresh pages to be made in chunks; a smaller "
+             "block's are made a page a call, which empty_cache gives back page by page (512 "
+             "pages of 2 MiB: blocks of 1 GiB and more)."},
     {.key = "cross_stream",
      .type = GMR_OPT_ENUM,
      .offset = offsetof(st_opts_t, cross_stream),

@@ -404,9 +404,11 @@ static int large_stitch(stitch_t *t, uint64_t len, uint32_t sidx, bool grows, st
   uint32_t *fresh = err == 0 && nnew > 0 ? gmr__malloc((size_t)nnew * sizeof *fresh) : NULL;
   if (err != 0 || (nnew > 0 && fresh == NULL))
     err = gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for the page table");
-  /* Chunks of up to chunk_pages pages (Note [Chunks], pages.c); a refused
-   * one leaves the rest to one page a call, below. */
+  /* Chunks of up to chunk_pages pages for a block of chunk_min_pages whole
+   * pages or more (Note [Chunks], pages.c); a refused one leaves the rest to
+   * one page a call, below. */
   uint32_t cap = t->o.chunk_pages > 0 ? (uint32_t)t->o.chunk_pages : UINT32_MAX;
+  if ((int64_t)need < t->o.chunk_min_pages) cap = 1;
   while (err == 0 && nnew - made >= 2) {
     uint32_t n = nnew - made < cap ? nnew - made : cap;
     gmr_phys_t h;
