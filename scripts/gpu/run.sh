@@ -17,6 +17,7 @@
 #                        the interposer with CONFIG (a file under DIR/config,
 #                        default tf-growth.yaml), then the 4 GiB limit's cap test
 #   torchasync           PyTorch with backend:cudaMallocAsync under the interposer
+#   cupyasync            CuPy's MemoryAsyncPool under the interposer (4 GiB limit)
 #                        and the 4 GiB limit (torch_async.py)
 #   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, native-expandable
 #                        (PyTorch's allocator with expandable_segments:True),
@@ -118,6 +119,10 @@ print("sum", float(x.sum()), "device", jax.devices()[0], "backend", jax.default_
     LD_PRELOAD="$preload" XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async \
       XLA_PYTHON_CLIENT_PREALLOCATE=false GMR_CONFIG="$limit" \
       timeout 300 python3 "$here/jax_pool.py" --steps 3 || status=1
+    ;;
+  cupyasync)
+    phase "CuPy MemoryAsyncPool served by gmr, $(tr '\n' ' ' <"$limit")"
+    LD_PRELOAD="$preload" GMR_CONFIG="$limit" timeout 180 python3 "$here/cupy_async.py" || status=1
     ;;
   torchasync)
     phase "PyTorch backend:cudaMallocAsync served by gmr, $(tr '\n' ' ' <"$limit")"
