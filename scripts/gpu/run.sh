@@ -17,8 +17,8 @@
 #                        the interposer with CONFIG (a file under DIR/config,
 #                        default tf-growth.yaml), then the 4 GiB limit's cap test
 #   torchasync           PyTorch with backend:cudaMallocAsync under the interposer
-#   cupyasync            CuPy's MemoryAsyncPool under the interposer (4 GiB limit)
 #                        and the 4 GiB limit (torch_async.py)
+#   cupyasync            CuPy's MemoryAsyncPool under the interposer (4 GiB limit)
 #   gpt2:NAME[:CONFIG]   GPT-2 training; NAME native, native-expandable
 #                        (PyTorch's allocator with expandable_segments:True),
 #                        or gmr with CONFIG (a file under DIR/config, e.g.
