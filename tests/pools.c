@@ -202,6 +202,9 @@ static void fraction_under(const char *yaml) {
        st.ooms, st.alloc_retries, st.limit_bytes);
     ok(strstr(gmr_last_error(rt), "256.00 MiB allowed; Of the allocated memory") != NULL,
        "  and names the fraction in PyTorch's words");
+    ok(strstr(gmr_last_error(rt),
+              "total capacity of 1024.00 MiB of which 1024.00 MiB is free. 256.00") != NULL,
+       "  its free figure is the device's (cudaMemGetInfo's), not what the fraction leaves");
   }
   ok(gmr_alloc(rt, 200 * MiB, NULL, &q) == 0, "  200 MiB fits");
   gmr_pool_t *pool = NULL;

@@ -250,10 +250,16 @@ static void cache_format_size(uint64_t size, char *buf, size_t len) {
     snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
 }
 
-/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc). */
+/* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc).
+ * Its free figure is cudaMemGetInfo's, the device's own: the innermost
+ * backend's, not the fraction's or a cap's view that the faces above it
+ * give (the fraction is named apart, "X allowed; "). */
 int gmr__cache_oom(cache_t *c, size_t alloc_size) {
   size_t dev_free = 0, dev_total = 0;
-  gmr__backend_mem_info(c->base.backend, &dev_free, &dev_total);
+  gmr_backend_t *dev = c->base.backend;
+  while (dev->forwards_to != NULL)
+    dev = dev->forwards_to;
+  gmr__backend_mem_info(dev, &dev_free, &dev_total);
   ++c->st.num_ooms;
   char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
   cache_format_size(alloc_size, want, sizeof want);
