@@ -395,6 +395,48 @@ static void threads_under(const char *yaml) {
   gmr_runtime_free(rt);
 }
 
+/* A fraction set while threads allocate and free (caching with a GC
+ * threshold switches every allocation to the global path then, quiesced):
+ * nothing is lost, the invariants hold (run under TSan too). */
+typedef struct churn_s {
+  gmr_runtime_t *rt;
+  int errors;
+} churn_t;
+
+static void *churn(void *arg) {
+  churn_t *c = arg;
+  for (int i = 0; i < 2000; ++i) {
+    void *p = NULL;
+    size_t n = (size_t)(1 + (i * 7919) % 4096) * 1024;
+    if (gmr_alloc(c->rt, n, GMR_SIM_STREAM(0), &p) != 0 || gmr_free(c->rt, p) != 0) ++c->errors;
+  }
+  return NULL;
+}
+
+static void fraction_while_threads(void) {
+  gmr_runtime_t *rt =
+      sim_runtime("policy: {name: caching, garbage_collection_threshold: 0.5}\n", 1024 * MiB, 0);
+  if (!ok(rt != NULL, "a caching runtime with a GC threshold")) return;
+  pthread_t t[4];
+  churn_t c[4];
+  for (int i = 0; i < 4; ++i) {
+    c[i] = (churn_t){rt, 0};
+    pthread_create(&t[i], NULL, churn, &c[i]);
+  }
+  int rc = gmr_set_memory_fraction(rt, 0.5);
+  int errors = 0;
+  for (int i = 0; i < 4; ++i) {
+    pthread_join(t[i], NULL);
+    errors += c[i].errors;
+  }
+  ok(rc == 0 && errors == 0, "  the fraction set while 4 threads allocate: every call served");
+  gmr_stats_t st;
+  memset(&st, 0, sizeof st);
+  ok(gmr_stats(rt, &st) == 0 && st.allocated_bytes == 0 && gmr_check(rt) == 0,
+     "  nothing left allocated, the invariants hold");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   for (size_t i = 0; i < sizeof policies / sizeof policies[0]; ++i)
     pools_under(policies[i]);
@@ -416,5 +458,6 @@ int main(void) {
   threads_under("policy: caching\n");
   threads_under("policy: stitch\n");
   threads_under("policy: bfc\n");
+  fraction_while_threads();
   return done_testing();
 }

@@ -559,7 +559,7 @@ slow:
 static int cache_alloc(gmr_policy_t *self, size_t orig, gmr_stream_t s, gmr_block_t *out) {
   cache_t *c = (cache_t *)self;
   cache_stream_t *cs;
-  if (GMR_UNLIKELY(c->global_only ||
+  if (GMR_UNLIKELY(atomic_load_explicit(&c->global_only, memory_order_relaxed) ||
                    atomic_load_explicit(&c->n_pending, memory_order_acquire) != 0 ||
                    (cs = cache_stream_find(c, s)) == NULL))
     return cache_alloc_slow(c, orig, s, out);
@@ -728,8 +728,9 @@ static int cache_create(const void *opts, gmr_backend_t *be, const gmr_policy_cf
              be->ops->name);
     c->conf.expandable = false;
   }
-  c->global_only = c->fraction_set && c->conf.gc_threshold > 0;
-  c->defer = !c->global_only && !c->conf.expandable;
+  bool gc = c->fraction_set && c->conf.gc_threshold > 0;
+  atomic_init(&c->global_only, gc);
+  c->defer = !gc && !c->conf.expandable;
   for (int i = 0; i < 2; ++i)
     cache_bin_floors(i == 1 ? 9 : 20, c->bin_floor[i]);
   for (int i = 0; i < CACHE_DIV_BUCKETS; ++i)
@@ -767,14 +768,23 @@ static void cache_resume(gmr_policy_t *self) {
 }
 
 /* setMemoryFraction: allowed_memory_maximum = floor(fraction x total) and
- * set_fraction, from then on (1.0 included), as PyTorch's allocator.  The
- * GC stays as created: garbage_collection_threshold takes effect with a
- * fraction given in the configuration (Note [Locking]: global_only is read
- * without a lock). */
+ * set_fraction, from then on (1.0 included), as PyTorch's allocator; so
+ * garbage_collection_threshold takes effect from then on too (PyTorch's GC
+ * runs when set_fraction and a threshold): every allocation takes the
+ * global path and frees are no longer deferred.  Quiesced (every lock
+ * held): the deferred frees are applied first; global_only is atomic for
+ * the fast path, which reads it before its stream's lock (an allocation
+ * that read it just before serves one cached block without the GC's
+ * check, as one made a moment earlier would have). */
 static void cache_set_fraction(gmr_policy_t *self, double fraction) {
   cache_t *c = (cache_t *)self;
   c->fraction_set = true;
   c->allowed_max = (size_t)(fraction * (double)c->device_total);
+  if (c->conf.gc_threshold > 0 && !atomic_load_explicit(&c->global_only, memory_order_relaxed)) {
+    cache_apply_deferred(c);
+    c->defer = false;
+    atomic_store_explicit(&c->global_only, true, memory_order_relaxed);
+  }
 }
 
 static int cache_trim(gmr_policy_t *self) {

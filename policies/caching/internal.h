@@ -211,9 +211,10 @@ struct cache_stream_s {
  * without locks by the fast path. */
 #define CACHE_STAB 4096
 
-/* The policy.  Synchronization: conf, device_total and global_only are set
- * at creation and then only read; fraction_set and allowed_max too, but for
- * set_fraction, which runs quiesced (every lock held); `st`
+/* The policy.  Synchronization: conf and device_total are set at creation
+ * and then only read; fraction_set, allowed_max, global_only and defer too,
+ * but for set_fraction, which runs quiesced (every lock held; global_only is
+ * atomic, read by the fast path before any lock); `st`
  * is changed by fast paths under slock and by the global path; n_pending,
  * sharded and stab are atomics read by fast paths; everything else belongs
  * to the global path (glock and every stream lock held). */
@@ -232,7 +233,7 @@ typedef struct cache_s {
   size_t n_segs;
   cache_event_t *spare_ev;  /* recycled event records */
   _Atomic size_t n_pending; /* events recorded and not yet completed */
-  bool global_only;         /* GC on: every alloc takes the global path */
+  _Atomic bool global_only; /* GC on: every alloc takes the global path (set_fraction sets it) */
   bool defer;               /* fast frees wait for the stream's next op (not expandable, no GC) */
   bool divisions;           /* some roundup_power2_divisions > 1 */
   /* A stream was recorded on a block (record_stream): from then on a freed
@@ -472,7 +473,8 @@ static inline cache_block_t *treap_predecessor(const cache_block_t *n) {
  * record's stamp does (records are made zeroed), so the stamp is not
  * written and the block's second line is not touched. */
 static inline void cache_gc_stamp(const cache_t *c, const cache_pool_t *p, cache_block_t *b) {
-  if (GMR_UNLIKELY(c->global_only)) b->gc_count_base = c->gc_clock[p->is_small];
+  if (GMR_UNLIKELY(atomic_load_explicit(&c->global_only, memory_order_relaxed)))
+    b->gc_count_base = c->gc_clock[p->is_small];
 }
 
 /* BlockPool::insert_into_blocks: stamps the GC clock. */
