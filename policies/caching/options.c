@@ -474,8 +474,8 @@ const gmr_opt_desc_t gmr__cache_opts_desc[] = {
      .min_exclusive = true,
      .default_text = "off",
      .help = "In (0, 1): free the oldest unused whole large segments when the cache holds more "
-             "than this share of the allowed memory; active only with "
-             "per_process_memory_fraction, as in PyTorch.",
+             "than this share of the allowed memory; active only under a memory fraction "
+             "(per_process_memory_fraction, or one set at run time), as in PyTorch.",
      .tune = (const char *const[]){"0.6", "0.8", NULL}},
     {.key = "expandable_segments",
      .type = GMR_OPT_CUSTOM,
