@@ -19,6 +19,14 @@
 
 /* From lib/core/util.c (this test links the library statically). */
 void gmr__host_fail_nth(uint64_t k);
+/* policies/caching/report.c: the OOM message's sentence on the device's
+ * processes (NVML's, on a GPU; the simulator has none). */
+typedef struct gmr_proc_usage_s {
+  unsigned pid;
+  uint64_t bytes;
+} gmr_proc_usage_t;
+const char *gmr__cache_proc_info(const gmr_proc_usage_t *p, size_t n, unsigned self, char *buf,
+                                 size_t len);
 
 #define MiB  ((size_t)1 << 20)
 #define GiB  ((size_t)1 << 30)
@@ -750,6 +758,26 @@ static void test_keys(void) {
   gmr_runtime_free(rt);
 }
 
+/* reportProcessMemoryInfo's words (the spec, 2.9 step 4): every process on
+ * the device, this one as "Including non-PyTorch memory, this process". */
+static void test_proc_info(void) {
+  gmr_proc_usage_t p[3] = {{41, 6580ull << 20}, {7, 512}, {99, 3ull << 30}};
+  char buf[512];
+  is_str(gmr__cache_proc_info(p, 3, 7, buf, sizeof buf),
+         "Process 41 has 6.43 GiB memory in use. Including non-PyTorch memory, this process has "
+         "512 bytes memory in use. Process 99 has 3.00 GiB memory in use. ",
+         "OOM: the device's processes in PyTorch's words");
+  is_str(gmr__cache_proc_info(p, 0, 7, buf, sizeof buf), "", "OOM: no process known, nothing said");
+  is_str(gmr__cache_proc_info(p, 3, 7, buf, 60), "Process 41 has 6.43 GiB memory in use. ",
+         "OOM: whole sentences only when the buffer is short");
+  gmr_runtime_t *rt = make_rt("policy: caching\n", 1 << 30);
+  void *a = NULL;
+  is_int(gmr_alloc(rt, 2ull << 30, NULL, &a), GMR_ENOMEM, "OOM on the simulator");
+  like(gmr_last_error(rt), "is free. Of the allocated memory",
+       "  which knows no processes: nothing between the free bytes and the allocated ones");
+  gmr_runtime_free(rt);
+}
+
 int main(void) {
   test_one_byte();
   test_segments();
@@ -764,6 +792,7 @@ int main(void) {
   test_option_errors();
   test_keys();
   test_gc();
+  test_proc_info();
   test_large_segment();
   test_host_oom_sweep();
   test_destroy_live();

@@ -92,6 +92,16 @@ int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len) {
   return be->ops->device_id(be, buf, len);
 }
 
+int gmr__backend_proc_usage(gmr_backend_t *be, gmr_proc_usage_t *out, size_t max, size_t *n) {
+  *n = 0;
+  while (be->ops->proc_usage == NULL && be->forwards_to != NULL)
+    be = be->forwards_to;
+  if (be->ops->proc_usage == NULL)
+    return gmr__error_set(GMR_ENOTSUP, "backend %s does not know the device's processes",
+                          be->ops->name);
+  return be->ops->proc_usage(be, out, max, n);
+}
+
 int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out) {
   if (be->ops->phys_create == NULL)
     return gmr__error_set(GMR_ENOTSUP, "the %s backend cannot create physical pages",

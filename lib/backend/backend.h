@@ -38,6 +38,12 @@ typedef uint64_t gmr_phys_t; /* a physical page handle (CUmemGenericAllocationHa
  * Synchronization: backends are thread-safe; the wrappers' counters are
  * atomics.
  */
+/* One process's memory on the device (proc_usage). */
+typedef struct gmr_proc_usage_s {
+  unsigned pid;
+  uint64_t bytes;
+} gmr_proc_usage_t;
+
 typedef struct gmr_backend_ops_s {
   const char *name; /* "sim", "cuda" */
   /* Physical ranges: reserve `size` bytes of device memory.  `s` is the
@@ -57,6 +63,10 @@ typedef struct gmr_backend_ops_s {
   /* A name of the device that is the same in every process: the GPU UUID
    * ("GPU-xxxxxxxx-...") for CUDA, "sim<ordinal>-<capacity>" for the simulator. */
   int (*device_id)(gmr_backend_t *self, char *buf, size_t len);
+  /* The processes holding memory on the device, as NVML's compute
+   * processes: up to `max` into out, *n written (PyTorch's OOM message names
+   * them).  NULL or an error: not known (no NVML). */
+  int (*proc_usage)(gmr_backend_t *self, gmr_proc_usage_t *out, size_t max, size_t *n);
   /* Physical pages as handles (cuMemCreate / cuMemRelease): `size` is a
    * multiple of `granularity`.  A handle holds memory until released; it may
    * be mapped at any number of virtual addresses meanwhile. */
@@ -161,6 +171,9 @@ int gmr__backend_map(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s)
 int gmr__backend_unmap(gmr_backend_t *be, void *addr, size_t size, gmr_stream_t s);
 int gmr__backend_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total);
 int gmr__backend_device_id(gmr_backend_t *be, char *buf, size_t len);
+/* The first backend down the chain that has proc_usage answers; GMR_ENOTSUP
+ * when none has (the simulator). */
+int gmr__backend_proc_usage(gmr_backend_t *be, gmr_proc_usage_t *out, size_t max, size_t *n);
 /* Physical pages: create/release count as reserved bytes and device
  * allocations/frees; map/unmap of a handle count as device calls only. */
 int gmr__backend_phys_create(gmr_backend_t *be, size_t size, gmr_phys_t *out);

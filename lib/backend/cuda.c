@@ -12,6 +12,8 @@
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -291,6 +293,66 @@ static int cuda_device_id(gmr_backend_t *be, char *buf, size_t len) {
   return 0;
 }
 
+/* Note [NVML]
+ * PyTorch's OOM message names every process that holds memory on the
+ * device, from NVML (reportProcessMemoryInfo); the caching policy says the
+ * same, so this backend asks NVML too: libnvidia-ml.so.1 opened on the
+ * first out-of-memory error (never at start, never closed), initialized
+ * once, the device found by its PCI bus id, its compute processes listed
+ * (nvmlProcessInfo_v2_t: pid, used bytes, GPU and compute instance).
+ * Without NVML, or on any NVML error, nothing is said, as in PyTorch. */
+typedef struct nvml_proc_s {
+  unsigned int pid;
+  unsigned long long used;
+  unsigned int gpu_instance, compute_instance;
+} nvml_proc_t;
+
+static struct {
+  int (*init)(void);
+  int (*by_pci)(const char *bus, void **dev);
+  int (*procs)(void *dev, unsigned int *count, nvml_proc_t *out);
+  int ok;
+} nvml;
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+
+static void nvml_open(void) {
+  void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) return;
+  *(void **)&nvml.init = dlsym(h, "nvmlInit_v2");
+  *(void **)&nvml.by_pci = dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2");
+  *(void **)&nvml.procs = dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
+  nvml.ok = nvml.init != NULL && nvml.by_pci != NULL && nvml.procs != NULL && nvml.init() == 0;
+}
+
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+
+static int cuda_proc_usage(gmr_backend_t *be, gmr_proc_usage_t *out, size_t max, size_t *n) {
+  *n = 0;
+  pthread_once(&nvml_once, nvml_open);
+  if (!nvml.ok) return gmr__error_set(GMR_ENOTSUP, "NVML is not available");
+  char bus[32];
+  cudaError_t e = cudaDeviceGetPCIBusId(bus, (int)sizeof bus, cuda_of(be)->ordinal);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetPCIBusId");
+  void *dev = NULL;
+  if (nvml.by_pci(bus, &dev) != 0)
+    return gmr__error_set(GMR_ENOTSUP, "NVML does not know the device at %s", bus);
+  unsigned int count = 8;
+  nvml_proc_t *p = NULL;
+  int r = NVML_ERROR_INSUFFICIENT_SIZE;
+  for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
+    count += 8; /* room for processes that start meanwhile */
+    nvml_proc_t *q = realloc(p, count * sizeof *p);
+    if (q == NULL) break;
+    p = q;
+    r = nvml.procs(dev, &count, p);
+  }
+  if (r == 0)
+    for (unsigned int i = 0; i < count && *n < max; ++i)
+      out[(*n)++] = (gmr_proc_usage_t){.pid = p[i].pid, .bytes = p[i].used};
+  free(p);
+  return r == 0 ? 0 : gmr__error_set(GMR_ENOTSUP, "NVML could not list the processes (%d)", r);
+}
+
 static int cuda_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out_ev) {
   cuda_be_t *c = cuda_of(be);
   int prev, err = use_device(c, &prev);
@@ -430,6 +492,7 @@ static const gmr_backend_ops_t cuda_ops = {
     .unmap = cuda_unmap,
     .mem_info = cuda_mem_info,
     .device_id = cuda_device_id,
+    .proc_usage = cuda_proc_usage,
     .phys_create = cuda_phys_create,
     .phys_release = cuda_phys_release,
     .phys_map = cuda_phys_map,
@@ -457,6 +520,7 @@ static const gmr_backend_ops_t cuda_ops_novmm = {
     .release = cuda_release,
     .mem_info = cuda_mem_info,
     .device_id = cuda_device_id,
+    .proc_usage = cuda_proc_usage,
     .stream_capturing = cuda_stream_capturing,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,

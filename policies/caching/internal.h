@@ -848,6 +848,9 @@ void gmr__cache_reset_accumulated(gmr_policy_t *self);
 int gmr__cache_stats_foreach(gmr_policy_t *self, gmr_stat_cb cb, void *ud);
 int gmr__cache_summary(gmr_policy_t *self, FILE *out);
 int gmr__cache_oom(cache_t *c, size_t alloc_size);
+/* PyTorch's sentence on the device's processes, in the OOM message (report.c). */
+const char *gmr__cache_proc_info(const gmr_proc_usage_t *p, size_t n, unsigned self, char *buf,
+                                 size_t len);
 
 /* check.c: the walk (deferred frees applied first, as above) and the
  * invariant check (the state as it stands), run quiesced. */

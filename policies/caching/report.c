@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "caching/internal.h"
 
@@ -250,6 +251,30 @@ static void cache_format_size(uint64_t size, char *buf, size_t len) {
     snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
 }
 
+/* reportProcessMemoryInfo's sentence, from the device's processes: "Process
+ * <pid> has <size> memory in use. " each, or, for this process, "Including
+ * non-PyTorch memory, this process has ..."; "" for none.  Returns buf. */
+const char *gmr__cache_proc_info(const gmr_proc_usage_t *p, size_t n, unsigned self, char *buf,
+                                 size_t len) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < n && at < len; ++i) {
+    char used[40], who[64];
+    cache_format_size(p[i].bytes, used, sizeof used);
+    if (p[i].pid == self)
+      snprintf(who, sizeof who, "Including non-PyTorch memory, this process");
+    else
+      snprintf(who, sizeof who, "Process %u", p[i].pid);
+    int k = snprintf(buf + at, len - at, "%s has %s memory in use. ", who, used);
+    if (k < 0 || (size_t)k >= len - at) { /* no room: the whole sentences only */
+      buf[at] = '\0';
+      break;
+    }
+    at += (size_t)k;
+  }
+  return buf;
+}
+
 /* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc).
  * Its free figure is cudaMemGetInfo's, the device's own: the innermost
  * backend's, not the fraction's or a cap's view that the faces above it
@@ -260,6 +285,11 @@ int gmr__cache_oom(cache_t *c, size_t alloc_size) {
   while (dev->forwards_to != NULL)
     dev = dev->forwards_to;
   gmr__backend_mem_info(dev, &dev_free, &dev_total);
+  gmr_proc_usage_t procs[32];
+  size_t nprocs = 0;
+  char proc_info[32 * 96];
+  if (gmr__backend_proc_usage(dev, procs, 32, &nprocs) != 0) nprocs = 0;
+  gmr__cache_proc_info(procs, nprocs, (unsigned)getpid(), proc_info, sizeof proc_info);
   ++c->st.num_ooms;
   char want[40], total[40], fr[40], cap[40], allowed[64] = "", alloc[40], unalloc[40];
   cache_format_size(alloc_size, want, sizeof want);
@@ -277,11 +307,11 @@ int gmr__cache_oom(cache_t *c, size_t alloc_size) {
   return gmr__error_set(
       GMR_ENOMEM,
       "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s "
-      "is free. %sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
+      "is free. %s%sOf the allocated memory %s is allocated by PyTorch, and %s is reserved by "
       "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
       "documentation for Memory Management  "
       "(https://docs.pytorch.org/docs/stable/notes/"
       "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-      want, c->base.backend->device, total, fr, allowed, alloc, unalloc);
+      want, c->base.backend->device, total, fr, proc_info, allowed, alloc, unalloc);
 }
