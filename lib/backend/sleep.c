@@ -557,7 +557,10 @@ static void copies_drop(sleep_face_t *f) {
  * before ends, copied in one call when their host copies are contiguous too
  * (the host buffer is laid out in address order, each copy 256-aligned, so
  * a run breaks only after a size that is not a multiple of 256), access set
- * in one call over a run of page ranges that need it. */
+ * in one call over a run of page ranges that need it.  A reservation's
+ * range (served through virtual memory for a policy that reserves segments)
+ * is its own virtual range, so it runs alone: two of them that happen to lie
+ * side by side are two address reservations, which no one call spans. */
 static int by_addr_cmp(const void *a, const void *b) {
   uintptr_t x = (*(sw_range_t *const *)a)->addr, y = (*(sw_range_t *const *)b)->addr;
   return x < y ? -1 : x > y;
@@ -592,6 +595,7 @@ static size_t run_end(sw_range_t *const *v, size_t n, size_t i, bool host) {
   size_t j = i + 1;
   for (; j < n; ++j) {
     const sw_range_t *a = v[j - 1], *b = v[j];
+    if (a->kind == SW_RESERVE || b->kind == SW_RESERVE) break; /* each its own reservation */
     if (a->addr + a->size != b->addr) break;
     if (host &&
         (a->host == NULL || b->host == NULL || (const unsigned char *)a->host + a->size != b->host))
