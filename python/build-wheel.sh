@@ -42,6 +42,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 stage="$out/stage"
 rm -rf "$stage"
+trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gmr/config" "$stage/gmr/csrc" "$stage/gmr/include"
 cp "$src/python/pyproject.toml" "$src/python/setup.py" "$src/python/README.md" "$src/LICENSE" "$stage/"
 cp "$src"/python/gmr/*.py "$stage/gmr/"
@@ -82,7 +83,7 @@ for so in "$stage"/gmr/libgmr.so.0 "$stage"/gmr/libgmr-preload.so; do
   if [ -f "$so" ]; then patchelf --set-rpath '$ORIGIN' "$so"; fi
 done
 GMR_WHEEL_PLAT=$("$py" "$src/python/manylinux.py" tag "$stage/gmr" ${GMR_MANYLINUX:+--plat "$GMR_MANYLINUX"}) || {
-  echo "build-wheel.sh: the wheel would not be a manylinux wheel (above)" >&2
+  echo "build-wheel.sh: the wheel breaks the manylinux policy (above)" >&2
   exit 1
 }
 export GMR_WHEEL_PLAT

@@ -85,6 +85,15 @@ class Elf:
 
     def __init__(self, name, data):
         self.name = name
+        if data[:4] != b"\x7fELF":
+            raise Refused("%s: not an ELF file" % name)
+        try:
+            self._read(data)
+        except (struct.error, IndexError, ValueError) as e:
+            raise Refused("%s: a truncated or malformed ELF file (%s)" % (name, e))
+
+    def _read(self, data):
+        name = self.name
         if data[4:6] != b"\x02\x01":
             raise Refused("%s: not a 64-bit little-endian ELF file" % name)
         machine, = struct.unpack_from("<H", data, 18)
@@ -334,7 +343,7 @@ def main(argv):
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv))
-    except (Refused, OSError, zipfile.BadZipFile, struct.error, ValueError) as e:
+    except (Refused, OSError, zipfile.BadZipFile) as e:
         for line in str(e).splitlines():
             sys.stderr.write("manylinux.py: %s\n" % line)
         sys.exit(1)
