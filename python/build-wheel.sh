@@ -42,6 +42,9 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 stage="$out/stage"
 rm -rf "$stage"
+# An older build's wheel (another version or tag) would be taken for this
+# one by the globs that pick dist/gmr_runtime-*.whl (scripts/gpu/bundle.sh).
+rm -f "$out"/gmr_runtime-*.whl
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gmr/config" "$stage/gmr/csrc" "$stage/gmr/include"
 cp "$src/python/pyproject.toml" "$src/python/setup.py" "$src/python/README.md" "$src/LICENSE" "$stage/"
