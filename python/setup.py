@@ -1,10 +1,16 @@
-"""setup.py: only makes the wheel a platform wheel (py3-none-linux_x86_64...).
+"""setup.py: only makes the wheel a manylinux platform wheel.
 
 The package is pure Python over ctypes, but the wheel that python/build-wheel.sh
 builds carries libgmr.so.0 (and libgmr-preload.so) compiled for this
-platform, so it must not be tagged "any".  Everything else is in
-pyproject.toml.
+platform, so it must not be tagged "any".  Its platform tag is the one
+python/manylinux.py computed from what those ELF files need
+(manylinux_2_X_x86_64, see Note [Manylinux policy] there), which
+build-wheel.sh passes in GMR_WHEEL_PLAT; without it (setup.py run by hand)
+the wheel is tagged with the build host's platform (linux_x86_64), which the
+Python Package Index refuses.  Everything else is in pyproject.toml.
 """
+
+import os
 
 from setuptools import setup
 from setuptools.dist import Distribution
@@ -22,6 +28,7 @@ class PlatformWheel(bdist_wheel):
 
     def get_tag(self):
         _, _, plat = super().get_tag()
+        plat = os.environ.get("GMR_WHEEL_PLAT") or plat
         return "py3", "none", plat  # ctypes: any Python 3, no extension ABI
 
 

@@ -158,16 +158,13 @@ def _declare(lib):
 
 
 def _bundled_yaml():
-    """The wheel carries libyaml-0.so.2 for hosts without it: load that copy
-    (so that the bundled libgmr's dependency is met) only when the system
-    has none."""
+    """The wheel carries libyaml-0.so.2 (the manylinux policy does not allow
+    it from the system): load that copy first, by its path, so that the
+    bundled libgmr uses it wherever the loader would look (LD_LIBRARY_PATH
+    comes before RUNPATH $ORIGIN)."""
     path = os.path.join(HERE, "libyaml-0.so.2")
-    if not os.path.exists(path):
-        return
-    try:
-        ctypes.CDLL("libyaml-0.so.2", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    if os.path.exists(path):
+        ctypes.CDLL(path)
 
 
 def load(want_version):

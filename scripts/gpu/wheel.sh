@@ -2,8 +2,8 @@
 # wheel.sh: the gmr-runtime wheel on a CUDA machine with PyTorch, as a user
 # installs it: a fresh virtual environment (seeing the system's PyTorch), pip
 # with no index, then from an empty folder with nothing set:
-#   1. import gmr loads the libgmr bundled in the wheel (and, on a host
-#      without libyaml, the libyaml bundled beside it);
+#   1. import gmr loads the libgmr bundled in the wheel and the libyaml
+#      bundled beside it (/proc/self/maps);
 #   2. gmr.use_in_torch("pytorch"): a CUDA tensor of 64 MiB is allocated
 #      through gmr (gmr.stats: allocated_bytes 67108864);
 #   3. gmr.compare on a small trace gives gmr-compare's figures
@@ -13,7 +13,7 @@
 #      reserved_bytes > 0).
 # Prints "wheel: PASS" at the end, "wheel: FAIL ..." otherwise (exit 1).
 #
-#   scripts/gpu/wheel.sh gmr_runtime-VERSION-py3-none-linux_x86_64.whl
+#   scripts/gpu/wheel.sh gmr_runtime-VERSION-py3-none-manylinux_2_X_x86_64.whl
 set -u
 whl=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -51,6 +51,7 @@ assert lib.origin == "bundled", lib
 maps = open("/proc/self/maps").read()
 yaml = sorted({l.split()[-1] for l in maps.splitlines() if "libyaml" in l})
 print("wheel: libyaml loaded from", yaml)
+assert yaml == [os.path.join(os.path.dirname(os.path.realpath(lib.path)), "libyaml-0.so.2")], yaml
 gmr.use_in_torch("pytorch")
 x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
 s = gmr.stats(0)
