@@ -276,15 +276,16 @@ const char *gmr__cache_proc_info(const gmr_proc_usage_t *p, size_t n, unsigned s
 }
 
 /* The OOM error, in PyTorch's words (CUDACachingAllocator.cpp, malloc).
- * Its free figure is cudaMemGetInfo's, the device's own: the innermost
- * backend's, not the fraction's or a cap's view that the faces above it
- * give (the fraction is named apart, "X allowed; "). */
+ * Its free figure is what the policy's backend says is free: the device's,
+ * under a `limit` or the shared cap what they leave; under a memory
+ * fraction, cudaMemGetInfo's, the device's own (the innermost backend's),
+ * as PyTorch's, the fraction being named apart ("X allowed; "). */
 int gmr__cache_oom(cache_t *c, size_t alloc_size) {
   size_t dev_free = 0, dev_total = 0;
-  gmr_backend_t *dev = c->base.backend;
+  gmr_backend_t *dev = c->base.backend, *be = dev;
   while (dev->forwards_to != NULL)
     dev = dev->forwards_to;
-  gmr__backend_mem_info(dev, &dev_free, &dev_total);
+  gmr__backend_mem_info(c->fraction_set ? dev : be, &dev_free, &dev_total);
   gmr_proc_usage_t procs[32];
   size_t nprocs = 0;
   char proc_info[32 * 96];
