@@ -311,27 +311,49 @@ def _tag(tag):
     return tag
 
 
+_STREAM_ANY = _ctypes.c_void_p(_ctypes.c_size_t(-1).value)  # GMR_STREAM_ANY
+
+
 class region:
     """``with gmr.region("weights"): ...``: every allocation this thread makes
     on the device's runtime inside the block (PyTorch tensors through the
     native adapter, CuPy arrays, the interposer's cudaMalloc) goes to the
     tag's own pool, which gmr.sleep and gmr.wake act on (docs/sleep-wake.md).
-    Regions nest; the innermost wins."""
+    Regions nest; the innermost wins.
 
-    def __init__(self, tag, device=0):
+    all_threads=True routes every thread's allocations on every stream to
+    the tag instead (gmr_tag_pool + gmr_pool_begin(pool, GMR_STREAM_ANY)):
+    for frameworks that allocate on threads of their own, such as XLA
+    (JAX with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async under the interposer).
+    It is a stream route, as a CUDA graph capture's is: the latest begun
+    wins, and a route wins over a thread's region."""
+
+    def __init__(self, tag, device=0, all_threads=False):
         self._tag = _tag(tag)
         self._device = _device(device)
-        self._rt = None
+        self._all = bool(all_threads)
+        self._rt = self._pool = None
 
     def __enter__(self):
         rt = _runtime(self._device)
-        _check(_library().gmr_region_begin(rt, self._tag), "gmr_region_begin", rt)
+        lib = _library()
+        if self._all:
+            pool = _ctypes.c_void_p()
+            _check(lib.gmr_tag_pool(rt, self._tag, _ctypes.byref(pool)), "gmr_tag_pool", rt)
+            _check(lib.gmr_pool_begin(pool, _STREAM_ANY), "gmr_pool_begin", rt)
+            self._pool = pool
+        else:
+            _check(lib.gmr_region_begin(rt, self._tag), "gmr_region_begin", rt)
         self._rt = rt
         return self
 
     def __exit__(self, *exc):
         rt, self._rt = self._rt, None
-        _check(_library().gmr_region_end(rt), "gmr_region_end", rt)
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            _check(_library().gmr_pool_end(pool, _STREAM_ANY), "gmr_pool_end", rt)
+        else:
+            _check(_library().gmr_region_end(rt), "gmr_region_end", rt)
         return False
 
 

@@ -147,6 +147,9 @@ def _declare(lib):
         "gmr_sleep": (i, [vp, cp, i]),
         "gmr_wake": (i, [vp, cp]),
         "gmr_tag_info": (i, [vp, cp, ctypes.POINTER(TagInfo)]),
+        "gmr_tag_pool": (i, [vp, cp, ctypes.POINTER(vp)]),
+        "gmr_pool_begin": (i, [vp, vp]),
+        "gmr_pool_end": (i, [vp, vp]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -434,6 +434,35 @@ class SleepWake(unittest.TestCase):
         self.assertIn("no tag 'nope'", out)
         self.assertEqual(out.strip().split("\n")[-1], "ok")
 
+    def test_all_threads(self):
+        rc, out = child("""
+            import ctypes, threading, gmr
+            lib = gmr._library()
+            MiB = 1 << 20
+            got = []
+            def work():  # a thread of the framework's own, as XLA's
+                p = lib.gmr_torch_alloc(3 * MiB, 0, None)
+                ctypes.memset(p, 0x5a, 3 * MiB)
+                got.append(p)
+            with gmr.region("jax", all_threads=True):
+                t = threading.Thread(target=work)
+                t.start()
+                t.join()
+            before = gmr.tag_info("jax")["mapped_bytes"]
+            assert before >= 3 * MiB, gmr.tag_info("jax")
+            outside = lib.gmr_torch_alloc(3 * MiB, 0, None)  # after the block: not tagged
+            assert gmr.tag_info("jax")["mapped_bytes"] == before, gmr.tag_info("jax")
+            gmr.sleep("jax", mode="offload")
+            assert gmr.tag_info("jax")["mapped_bytes"] == 0
+            gmr.wake("jax")
+            assert ctypes.string_at(got[0], 3 * MiB) == b"\x5a" * (3 * MiB)
+            lib.gmr_torch_free(got[0], 3 * MiB, 0, None)
+            lib.gmr_torch_free(outside, 3 * MiB, 0, None)
+            print("ok")
+        """, config_text=SLEEP_CONFIG)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.strip().split("\n")[-1], "ok")
+
     def test_bad_arguments(self):
         with self.assertRaises(ValueError):
             gmr.sleep("weights", mode="later")
