@@ -2,7 +2,7 @@
 
     LD_PRELOAD=$DIR/lib/libgmr-preload.so XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async \
     XLA_PYTHON_CLIENT_PREALLOCATE=false GMR_CONFIG=config/tf-growth.yaml \
-    python3 jax_pool.py [--steps 20] [--seed 0] [--no-cap]
+    python3 jax_pool.py [--steps 20] [--seed 0] [--no-cap] [--sleep]
 
 With XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, XLA allocates every buffer with
 cuMemAllocFromPoolAsync from cuDeviceGetDefaultMemPool's pool (or a pool of
@@ -74,6 +74,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-cap", action="store_true", help="skip the cap test")
+    ap.add_argument("--sleep", action="store_true",
+                    help="under gmr: a 256 MiB array made in gmr.region(all_threads=True) "
+                         "sleeps and wakes with its contents")
     args = ap.parse_args()
 
     preload = "libgmr-preload" in os.environ.get("LD_PRELOAD", "")
@@ -191,6 +194,24 @@ def main():
             used, "" if arrays is None else ", of which gmr reserved %d MiB" % (
                 arrays["reserved_bytes"] // MiB)))
     del held, total
+
+    # ---- sleep and wake (docs/sleep-wake.md): XLA allocates on its own
+    # threads, so the tag is a route of every stream (all_threads=True) ----
+    if args.sleep and gmr is not None:
+        with gmr.region("jax-held", all_threads=True):
+            kept = jnp.arange(64 * MiB, dtype=jnp.float32)  # 256 MiB
+            kept.block_until_ready()
+        want = float(kept.sum())
+        t = gmr.tag_info("jax-held")
+        check(t["mapped_bytes"] >= 256 * MiB, "the array is in the tag (%d bytes mapped)" %
+              t["mapped_bytes"])
+        gmr.sleep("jax-held", mode="offload")
+        t = gmr.tag_info("jax-held")
+        check(t["asleep"] and t["mapped_bytes"] == 0 and t["sleeping_bytes"] >= 256 * MiB,
+              "asleep, its device memory given back (%d bytes)" % t["sleeping_bytes"])
+        gmr.wake("jax-held")
+        check(float(kept.sum()) == want, "after the wake the array sums as before (%r)" % want)
+        del kept
 
     # ---- the cap: past it, JAX's own error, then it carries on ----
     if not args.no_cap:
