@@ -255,9 +255,8 @@ static st_len_t *len_get(stitch_t *t, uint64_t len) {
   return e;
 }
 
-int gmr__st_range_link(stitch_t *t, st_range_t *r) {
-  st_len_t *e = len_get(t, r->len);
-  if (e == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
+/* r, the youngest of its length: last in e's list, with a new serial. */
+static void len_append(stitch_t *t, st_len_t *e, st_range_t *r) {
   r->serial = ++t->serials;
   r->len_prev = e->last;
   r->len_next = NULL;
@@ -266,6 +265,24 @@ int gmr__st_range_link(stitch_t *t, st_range_t *r) {
   else
     e->first = r;
   e->last = r;
+}
+
+/* r out of e's list. */
+static void len_unlink(st_len_t *e, st_range_t *r) {
+  if (r->len_prev != NULL)
+    r->len_prev->len_next = r->len_next;
+  else
+    e->first = r->len_next;
+  if (r->len_next != NULL)
+    r->len_next->len_prev = r->len_prev;
+  else
+    e->last = r->len_prev;
+}
+
+int gmr__st_range_link(stitch_t *t, st_range_t *r) {
+  st_len_t *e = len_get(t, r->len);
+  if (e == NULL) return gmr__error_set(GMR_ENOMEM, "stitch: out of host memory for a range");
+  len_append(t, e, r);
   r->all_prev = NULL;
   r->all_next = t->all;
   if (t->all != NULL) t->all->all_prev = r;
@@ -277,14 +294,7 @@ void gmr__st_range_destroy(stitch_t *t, st_range_t *r) {
   if (r->serial != 0) { /* linked */
     st_len_t *e = st_len_find(t, r->len);
     gmr_assert(e != NULL);
-    if (r->len_prev != NULL)
-      r->len_prev->len_next = r->len_next;
-    else
-      e->first = r->len_next;
-    if (r->len_next != NULL)
-      r->len_next->len_prev = r->len_prev;
-    else
-      e->last = r->len_prev;
+    len_unlink(e, r);
   }
   if (r->all_prev != NULL)
     r->all_prev->all_next = r->all_next;
@@ -489,29 +499,13 @@ static bool resizable(const stitch_t *t, const st_range_t *r, uint64_t len) {
 /* File r under len, the youngest of that length. */
 static int range_relen(stitch_t *t, st_range_t *r, uint64_t len) {
   if (len_get(t, len) == NULL) return GMR_ENOMEM; /* may move the table's entries */
-  st_len_t *e = st_len_find(t, r->len);
-  if (r->len_prev != NULL)
-    r->len_prev->len_next = r->len_next;
-  else
-    e->first = r->len_next;
-  if (r->len_next != NULL)
-    r->len_next->len_prev = r->len_prev;
-  else
-    e->last = r->len_prev;
-  e = st_len_find(t, len);
+  len_unlink(st_len_find(t, r->len), r);
   if (r->state == ST_R_CACHED) {
     --t->lenf[(r->len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
     ++t->lenf[(len >> ST_LENF_SHIFT) & (ST_LENF - 1)];
   }
   r->len = len;
-  r->serial = ++t->serials;
-  r->len_prev = e->last;
-  r->len_next = NULL;
-  if (e->last != NULL)
-    e->last->len_next = r;
-  else
-    e->first = r;
-  e->last = r;
+  len_append(t, st_len_find(t, len), r);
   return 0;
 }
 
