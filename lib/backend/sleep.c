@@ -106,9 +106,6 @@ typedef struct sleep_face_s {
 static inline sleep_face_t *sf_of(gmr_backend_t *be) {
   return (sleep_face_t *)be;
 }
-static inline gmr_backend_t *real_of(gmr_backend_t *be) {
-  return sf_of(be)->real;
-}
 static inline sw_page_t *page_of(gmr_phys_t h) {
   return (sw_page_t *)(uintptr_t)h;
 }
@@ -404,59 +401,6 @@ static int sf_phys_unmap(gmr_backend_t *be, void *addr, size_t size) {
   return err;
 }
 
-/* ---- plain forwarders ----------------------------------------------------------------- */
-
-static int sf_va_reserve(gmr_backend_t *be, size_t size, void **out) {
-  return gmr__backend_va_reserve(real_of(be), size, out);
-}
-static int sf_va_release(gmr_backend_t *be, void *base, size_t size) {
-  return gmr__backend_va_release(real_of(be), base, size);
-}
-static int sf_mem_info(gmr_backend_t *be, size_t *out_free, size_t *out_total) {
-  return gmr__backend_mem_info(real_of(be), out_free, out_total);
-}
-static int sf_device_id(gmr_backend_t *be, char *buf, size_t len) {
-  return gmr__backend_device_id(real_of(be), buf, len);
-}
-static int sf_stream_capturing(gmr_backend_t *be, gmr_stream_t s) {
-  return gmr__backend_stream_capturing(real_of(be), s);
-}
-static int sf_event_record(gmr_backend_t *be, gmr_stream_t s, gmr_event_t *out) {
-  return gmr__backend_event_record(real_of(be), s, out);
-}
-static int sf_event_query(gmr_backend_t *be, gmr_event_t ev) {
-  return gmr__backend_event_query(real_of(be), ev);
-}
-static int sf_event_sync(gmr_backend_t *be, gmr_event_t ev) {
-  return gmr__backend_event_sync(real_of(be), ev);
-}
-static void sf_event_destroy(gmr_backend_t *be, gmr_event_t ev) {
-  gmr__backend_event_destroy(real_of(be), ev);
-}
-static int sf_stream_sync(gmr_backend_t *be, gmr_stream_t s) {
-  return gmr__backend_stream_sync(real_of(be), s);
-}
-static int sf_device_sync(gmr_backend_t *be) {
-  return gmr__backend_device_sync(real_of(be));
-}
-static uint64_t sf_now_ns(gmr_backend_t *be) {
-  return gmr__backend_now_ns(real_of(be));
-}
-static int sf_host_alloc(gmr_backend_t *be, size_t size, void **out) {
-  return gmr__backend_host_alloc(real_of(be), size, out);
-}
-static void sf_host_free(gmr_backend_t *be, void *p, size_t size) {
-  gmr__backend_host_free(real_of(be), p, size);
-}
-static int sf_copy_to_host(gmr_backend_t *be, void *dst, const void *src, size_t size,
-                           gmr_stream_t s) {
-  return gmr__backend_copy_to_host(real_of(be), dst, src, size, s);
-}
-static int sf_copy_to_device(gmr_backend_t *be, void *dst, const void *src, size_t size,
-                             gmr_stream_t s) {
-  return gmr__backend_copy_to_device(real_of(be), dst, src, size, s);
-}
-
 /* The pool goes: its policies gave back what was awake; asleep records and
  * host copies go here. */
 static void sf_destroy(gmr_backend_t *be) {
@@ -473,6 +417,8 @@ static void sf_destroy(gmr_backend_t *be) {
   gmr__free(f);
 }
 
+/* An op the device lacks stays NULL; the ops the face does not change are
+ * the plain forwarders (backend.h), which reach f->real through forwards_to. */
 #define SF_SLOT(slot, fn) f->ops.slot = d->slot ? fn : NULL
 
 int gmr__sleep_face_new(gmr_backend_t *real, gmr_backend_t **out) {
@@ -494,29 +440,29 @@ int gmr__sleep_face_new(gmr_backend_t *real, gmr_backend_t **out) {
   f->ops.name = d->name;
   f->ops.reserve = sf_reserve; /* served through virtual memory */
   f->ops.release = sf_release;
-  SF_SLOT(va_reserve, sf_va_reserve);
-  SF_SLOT(va_release, sf_va_release);
+  SF_SLOT(va_reserve, gmr__backend_forward_va_reserve);
+  SF_SLOT(va_release, gmr__backend_forward_va_release);
   SF_SLOT(map, sf_map);
   SF_SLOT(unmap, sf_unmap);
-  SF_SLOT(mem_info, sf_mem_info);
-  SF_SLOT(device_id, sf_device_id);
+  SF_SLOT(mem_info, gmr__backend_forward_mem_info);
+  SF_SLOT(device_id, gmr__backend_forward_device_id);
   SF_SLOT(phys_create, sf_phys_create);
   SF_SLOT(phys_release, sf_phys_release);
   SF_SLOT(phys_map, sf_phys_map);
   SF_SLOT(set_access, sf_set_access);
   SF_SLOT(phys_unmap, sf_phys_unmap);
-  SF_SLOT(stream_capturing, sf_stream_capturing);
-  SF_SLOT(event_record, sf_event_record);
-  SF_SLOT(event_query, sf_event_query);
-  SF_SLOT(event_sync, sf_event_sync);
-  SF_SLOT(event_destroy, sf_event_destroy);
-  SF_SLOT(stream_sync, sf_stream_sync);
-  SF_SLOT(device_sync, sf_device_sync);
-  SF_SLOT(now_ns, sf_now_ns);
-  SF_SLOT(host_alloc, sf_host_alloc);
-  SF_SLOT(host_free, sf_host_free);
-  SF_SLOT(copy_to_host, sf_copy_to_host);
-  SF_SLOT(copy_to_device, sf_copy_to_device);
+  SF_SLOT(stream_capturing, gmr__backend_forward_stream_capturing);
+  SF_SLOT(event_record, gmr__backend_forward_event_record);
+  SF_SLOT(event_query, gmr__backend_forward_event_query);
+  SF_SLOT(event_sync, gmr__backend_forward_event_sync);
+  SF_SLOT(event_destroy, gmr__backend_forward_event_destroy);
+  SF_SLOT(stream_sync, gmr__backend_forward_stream_sync);
+  SF_SLOT(device_sync, gmr__backend_forward_device_sync);
+  SF_SLOT(now_ns, gmr__backend_forward_now_ns);
+  SF_SLOT(host_alloc, gmr__backend_forward_host_alloc);
+  SF_SLOT(host_free, gmr__backend_forward_host_free);
+  SF_SLOT(copy_to_host, gmr__backend_forward_copy_to_host);
+  SF_SLOT(copy_to_device, gmr__backend_forward_copy_to_device);
   f->ops.destroy = sf_destroy;
   f->base.ops = &f->ops;
   f->base.granularity = real->granularity;
