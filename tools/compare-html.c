@@ -19,6 +19,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -893,6 +894,17 @@ static const char html_js[] =
     "  s.textContent='Rendered '+t+' timelines and '+m+' segment maps.';\n"
     "})();\n";
 
+/* An overview row's label, the configuration's name, with "did not run"
+ * after it when the configuration has no figures (false then). */
+static bool overview_label(FILE *out, const compare_run_t *r, int left, int baseline) {
+  fprintf(out, "<text class=\"ovl\" x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 8, baseline);
+  html_text(out, r->name);
+  fputs("</text>", out);
+  if (r->status == COMPARE_OK || r->status == COMPARE_ECHECK) return true;
+  fprintf(out, "<text class=\"ovv\" x=\"%d\" y=\"%d\">did not run</text>\n", left, baseline);
+  return false;
+}
+
 static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64_t vmax) {
   int bar_h = 18, gap = 10, left = 190, right = 200;
   int h = (int)n * (bar_h + gap) + 10;
@@ -904,15 +916,7 @@ static void html_overview(FILE *out, const compare_run_t *runs, size_t n, uint64
   for (size_t k = 0; k < n; ++k) {
     const compare_run_t *r = &runs[k];
     int y = 5 + (int)k * (bar_h + gap);
-    fprintf(out, "<text class=\"ovl\" x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 8,
-            y + bar_h - 5);
-    html_text(out, r->name);
-    fputs("</text>", out);
-    if (r->status != COMPARE_OK && r->status != COMPARE_ECHECK) {
-      fprintf(out, "<text class=\"ovv\" x=\"%d\" y=\"%d\">did not run</text>\n", left,
-              y + bar_h - 5);
-      continue;
-    }
+    if (!overview_label(out, r, left, y + bar_h - 5)) continue;
     double span = HTML_W - left - right;
     double wr = span * fmin(1.0, (double)r->final.peak_reserved_bytes / (double)vmax);
     double wq = span * fmin(1.0, (double)r->final.peak_requested_bytes / (double)vmax);
@@ -956,15 +960,7 @@ static void html_overview_cost(FILE *out, const compare_run_t *runs, size_t n) {
   for (size_t k = 0; k < n; ++k) {
     const compare_run_t *r = &runs[k];
     int y = 5 + (int)k * (bar_h + gap);
-    fprintf(out, "<text class=\"ovl\" x=\"%d\" y=\"%d\" text-anchor=\"end\">", left - 8,
-            y + bar_h - 5);
-    html_text(out, r->name);
-    fputs("</text>", out);
-    if (r->status != COMPARE_OK && r->status != COMPARE_ECHECK) {
-      fprintf(out, "<text class=\"ovv\" x=\"%d\" y=\"%d\">did not run</text>\n", left,
-              y + bar_h - 5);
-      continue;
-    }
+    if (!overview_label(out, r, left, y + bar_h - 5)) continue;
     compare_cost_t c;
     compare_cost_estimate(r, &c);
     double span = HTML_W - left - right;
