@@ -433,6 +433,37 @@ static void threads_and_graphs(void) {
  * allocation (its first failing call is then a copy, not an allocation); a
  * sleep without the flag uses it once and its wake gives it back; a discard
  * gives it back at once. */
+/* Note [Runs of ranges]: a block stitched from 5 pages is 5 page ranges
+ * side by side; the wake sets their access in one call, not one a range. */
+static void wake_by_runs(void) {
+  diag("a wake sets access by runs of ranges");
+  gmr_runtime_t *rt = sim_runtime(policies[0], 256 * MiB, 1);
+  if (!ok(rt != NULL, "  a host-backed stitch runtime")) return;
+  void *p = NULL;
+  size_t n = 9 * MiB + 4096;
+  int rc = gmr_region_begin(rt, "w");
+  if (rc == 0) rc = gmr_alloc(rt, n, GMR_SIM_STREAM(0), &p);
+  gmr_region_end(rt);
+  if (!ok(rc == 0, "  9 MiB in a tag: 5 pages")) {
+    gmr_runtime_free(rt);
+    return;
+  }
+  fill(p, n, 99);
+  gmr_sim_counters_t k0, k1;
+  rc = gmr_sleep(rt, "w", GMR_SLEEP_OFFLOAD);
+  gmr_sim_counters(rt, &k0);
+  rc |= gmr_wake(rt, "w");
+  gmr_sim_counters(rt, &k1);
+  ok(rc == 0 && k1.page_map_calls - k0.page_map_calls == 5 &&
+         k1.set_access_calls - k0.set_access_calls == 1,
+     "  5 page maps, one set-access call (%llu, %llu)",
+     (unsigned long long)(k1.page_map_calls - k0.page_map_calls),
+     (unsigned long long)(k1.set_access_calls - k0.set_access_calls));
+  ok(same(p, n, 99) && gmr_check(rt) == 0, "  the contents back, the invariants hold");
+  gmr_free(rt, p);
+  gmr_runtime_free(rt);
+}
+
 static void keep_host(void) {
   diag("keeping the host buffer between cycles");
   gmr_runtime_t *rt = sim_runtime(policies[0], 1024 * MiB, 1);
@@ -499,6 +530,7 @@ int main(void) {
     cycles_under(policies[i], i < 2 ? 100 : 4);
   states();
   keep_host();
+  wake_by_runs();
   short_memory();
   caps();
   threads_and_graphs();
