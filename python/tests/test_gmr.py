@@ -467,6 +467,8 @@ class SleepWake(unittest.TestCase):
         with self.assertRaises(ValueError):
             gmr.sleep("weights", mode="later")
         with self.assertRaises(ValueError):
+            gmr.sleep("weights", mode="discard", keep_host=True)
+        with self.assertRaises(ValueError):
             gmr.region("")
         with self.assertRaises(TypeError):
             gmr.region(3)
